@@ -1,0 +1,118 @@
+// qvg/codec.h — the PRQ codec (spec 1): k-means stages + block-quantized residual.
+//
+// encode() turns a dense [B, S, H, D] tensor into an EncodedTensor, a value type
+// holding exactly the arrays of spec 1.5; decode() reconstructs it with the pinned
+// arithmetic of spec 1.3 (bit-identical on every decoder). Both are deterministic:
+// the same input, config and build give identical bytes whatever `threads` is.
+// Work is spread over the (b, h) groups with OpenMP.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qvg/config.h"
+#include "qvg/tensor.h"
+
+namespace qvg {
+
+/// One encoded tensor: the arrays of spec 1.5, dense row-major.
+/// Invariant (checked by validate()): every array has the size its shape implies.
+struct EncodedTensor {
+  // --- what was encoded (also the `.qvgt` metadata) ---
+  DType dtype = DType::BF16;  ///< input dtype; centroids are stored in it
+  Shape4 shape;               ///< [B, S, H, D] of the input
+  int bits = 4;
+  int block_size = 64;
+  int stages = 1;
+  int centroids = 128;  ///< K (the stored codebook size, even if S < K)
+  bool asymmetric = false;
+  ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
+  Scaling scaling = Scaling::TwoLevel;
+
+  // --- the arrays ---
+  /// centroid[s]: [B, H, K, D] elements of `dtype` (as raw bytes), one per stage.
+  std::vector<std::vector<uint8_t>> centroid;
+  /// ids[s]: [B, H, S] uint8, one per stage; every id < min(K, S).
+  std::vector<std::vector<uint8_t>> ids;
+  /// codes: [B, H, S, D*bits/8]; packing order of spec 1.5.
+  std::vector<uint8_t> codes;
+  /// scales: [B, H, S, D/block_size] elements, fp8 (1 byte) or bf16 (2 bytes, LE).
+  std::vector<uint8_t> scales;
+  /// zeros: as scales, asymmetric only (else empty).
+  std::vector<uint8_t> zeros;
+  /// scale_factor: [B, H] fp32, two_level only (else empty); 1 with bf16 scales.
+  std::vector<float> scale_factor;
+  /// zero_factor: [B, H] fp32, two_level and asymmetric only (else empty).
+  std::vector<float> zero_factor;
+
+  int64_t groups() const { return shape.b * shape.h; }
+  int64_t blocks_per_token() const { return shape.d / block_size; }
+  int64_t code_bytes_per_token() const { return shape.d * bits / 8; }
+  size_t scale_elem_size() const { return scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 2; }
+
+  /// Exact encoded size in bytes: the sum of the arrays above.
+  size_t nbytes() const;
+  /// The size an encoding of `shape` in `dtype` with `cfg` will have (spec 1.5),
+  /// computed without encoding anything.
+  static size_t predicted_nbytes(Shape4 shape, DType dtype, const CodecConfig& cfg);
+  /// nbytes() * 8 / numel.
+  double bits_per_element() const;
+  /// The codec parameters this tensor was encoded with (seed/init/iters unknown: defaults).
+  CodecConfig config() const;
+
+  /// Throws CorruptData unless parameters are in range and every array has the
+  /// size implied by shape and parameters and every id < min(K, S).
+  void validate() const;
+
+  /// Effective scale s_eff of (b, h, s, block) per spec 1.4 (decode(stored) * factor).
+  float scale_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const;
+  /// Effective zero z_eff (asymmetric only).
+  float zero_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const;
+  /// Centroid value of stage st, group (b, h), entry k, channel d as fp32.
+  float centroid_at(int st, int64_t b, int64_t h, int64_t k, int64_t d) const;
+  /// Residual code of (b, h, s, d) (0 .. 2^bits-1), unpacked.
+  int code_at(int64_t b, int64_t h, int64_t s, int64_t d) const;
+
+  bool operator==(const EncodedTensor&) const = default;
+};
+
+/// Optional statistics of one encode call.
+struct EncodeStats {
+  /// Lloyd iterations actually run, per stage and group: [stages][B*H].
+  std::vector<std::vector<int>> iterations;
+};
+
+/// Encodes x ([B, S, H, D], bf16/f16/f32) with cfg.
+/// `warm`: previous encoding whose centroids seed k-means when cfg.init == Warm;
+/// it must have the same B, H, D, K and stages (else InvalidArgument). With
+/// cfg.init == Warm and warm == nullptr, the random init is used (first segment).
+/// Throws InvalidArgument for a bad config, empty or mismatched shape, non-finite
+/// or out-of-limit (|x| > 1e16) elements.
+EncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm = nullptr,
+                     EncodeStats* stats = nullptr);
+
+/// Decodes the whole tensor into `out` ([B, S, H, D] like the input; any dtype:
+/// the result is rounded once, nearest even, fp16 saturating). `threads`: 0 = all.
+void decode(const EncodedTensor& enc, TensorView out, int threads = 0);
+/// Decodes into a new tensor of the input dtype.
+Tensor decode(const EncodedTensor& enc, int threads = 0);
+
+/// Where a decoded sub-range goes: element (b, t, h, d) of the decoded range
+/// [tokens t0..t1) x [heads h0..h1) lands at
+///   base + b * batch_stride + (t - t0) * token_stride + (h - h0) * D + d   (elements).
+struct DecodeTarget {
+  void* base = nullptr;
+  DType dtype = DType::F32;
+  int64_t batch_stride = 0;  ///< elements between batches
+  int64_t token_stride = 0;  ///< elements between tokens
+};
+/// Decodes tokens [t0, t1) and heads [h0, h1) of enc into `dst` (spec 1.3 arithmetic).
+/// REQUIRES: 0 <= t0 <= t1 <= S, 0 <= h0 < h1 <= H; dst large enough (unchecked).
+void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
+                  const DecodeTarget& dst, int threads = 0);
+
+/// Inertia of points under centroids (spec 1.1): sum over points of the squared
+/// distance to the nearest centroid, in fp64. points: n * dim, centroids: k * dim.
+double inertia_fp64(const float* points, int64_t n, const float* centroids, int64_t k, int64_t dim);
+
+}  // namespace qvg

@@ -1,0 +1,57 @@
+// qvg/error.h — the typed errors of spec section 5.
+//
+// Every failing public call throws one of these; the message names the argument,
+// the value received and what is allowed. A call that throws leaves every piece
+// of state (caches, encoded tensors, files) exactly as it was before the call.
+// Internal invariant violations are not errors: they abort via QVG_CHECK.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace qvg {
+
+/// The four error kinds of spec section 5 (Python: ValueError, NotImplementedError,
+/// RuntimeError, ValueError). Persisted nowhere; order is free.
+enum class ErrorKind { InvalidArgument, Unsupported, OutOfRange, CorruptData };
+
+/// Base of all qvg errors; `kind()` tells which row of the spec 5 table applies.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const noexcept { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+/// Bad argument value, shape, dtype, configuration or non-finite data.
+class InvalidArgument : public Error {
+ public:
+  explicit InvalidArgument(const std::string& m) : Error(ErrorKind::InvalidArgument, m) {}
+};
+/// A call pattern the packed cache does not support (non-sequential write, ...).
+class Unsupported : public Error {
+ public:
+  explicit Unsupported(const std::string& m) : Error(ErrorKind::Unsupported, m) {}
+};
+/// A chunk that does not fit (cache, window, sink) or a rewrite of evicted tokens.
+class OutOfRange : public Error {
+ public:
+  explicit OutOfRange(const std::string& m) : Error(ErrorKind::OutOfRange, m) {}
+};
+/// A malformed or truncated file.
+class CorruptData : public Error {
+ public:
+  explicit CorruptData(const std::string& m) : Error(ErrorKind::CorruptData, m) {}
+};
+
+/// Aborts with file and line: for internal invariants only, never for user input.
+[[noreturn]] void check_failed(const char* expr, const char* file, int line);
+
+}  // namespace qvg
+
+#define QVG_CHECK(cond) \
+  do { \
+    if (!(cond)) ::qvg::check_failed(#cond, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,34 @@
+// tools/qvg/main.cpp — entry point of the `qvg` command-line tool.
+#include <cstdio>
+#include <exception>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+#include "command.h"
+
+namespace qvg::cli {
+std::vector<Registrar>& registry() {
+  static std::vector<Registrar> r;
+  return r;
+}
+}  // namespace qvg::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"qvg — compressed K/V caches for long video generation (Quant VideoGen / PRQ)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "qvg 0.1.0");
+  for (auto& reg : qvg::cli::registry()) reg(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const qvg::Error& e) {
+    fmt::print(stderr, "qvg: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "qvg: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
