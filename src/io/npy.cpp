@@ -1,0 +1,258 @@
+// `.npy` reader and writer (NumPy format versions 1.0 / 2.0 / 3.0).
+//
+// Layout: "\x93NUMPY", major, minor, header length (u16 LE for 1.0, u32 LE for
+// 2.0/3.0), an ASCII (3.0: UTF-8) Python dict literal
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// padded with spaces and a final '\n', then the raw C-order data. The header dict is
+// parsed by a small strict parser: exactly the three keys, string / bool / int-tuple
+// values; anything else is CorruptData.
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include <fmt/core.h>
+
+#include "io/io_util.h"
+#include "qvg/error.h"
+#include "qvg/io.h"
+
+namespace qvg {
+
+namespace {
+
+using io_detail::checked_nbytes;
+using io_detail::printable;
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr size_t kMagicLen = 6;
+
+[[noreturn]] void corrupt(const std::string& what) {
+  throw CorruptData(fmt::format("invalid .npy file: {}", what));
+}
+
+// Strict parser of the header dict literal.
+class HeaderParser {
+ public:
+  explicit HeaderParser(std::string_view s) : s_(s) {}
+
+  struct Result {
+    std::string descr;
+    bool fortran_order = false;
+    std::vector<int64_t> shape;
+  };
+
+  Result parse() {
+    Result r;
+    bool have_descr = false, have_fortran = false, have_shape = false;
+    skip_ws();
+    expect('{');
+    skip_ws();
+    while (!at('}')) {
+      const std::string key = parse_string();
+      skip_ws();
+      expect(':');
+      skip_ws();
+      if (key == "descr") {
+        if (have_descr) corrupt("header repeats key 'descr'");
+        have_descr = true;
+        if (!at('\'') && !at('"'))
+          throw InvalidArgument(
+              "unsupported .npy dtype: structured 'descr' (only '<f4' float32 and '<f2' "
+              "float16 are read)");
+        r.descr = parse_string();
+      } else if (key == "fortran_order") {
+        if (have_fortran) corrupt("header repeats key 'fortran_order'");
+        have_fortran = true;
+        r.fortran_order = parse_bool();
+      } else if (key == "shape") {
+        if (have_shape) corrupt("header repeats key 'shape'");
+        have_shape = true;
+        r.shape = parse_tuple();
+      } else {
+        corrupt(fmt::format("header has unknown key '{}' (allowed: descr, fortran_order, shape)",
+                            printable(key)));
+      }
+      skip_ws();
+      if (at(',')) {
+        ++pos_;
+        skip_ws();
+      } else if (!at('}')) {
+        corrupt(fmt::format("header: expected ',' or '}}' at byte {}", pos_));
+      }
+    }
+    ++pos_;  // '}'
+    skip_ws();
+    if (pos_ != s_.size()) corrupt(fmt::format("header: unexpected text after the dict at byte {}", pos_));
+    if (!have_descr || !have_fortran || !have_shape)
+      corrupt("header must have the keys descr, fortran_order and shape");
+    return r;
+  }
+
+ private:
+  bool at(char c) const { return pos_ < s_.size() && s_[pos_] == c; }
+  void skip_ws() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
+      ++pos_;
+  }
+  void expect(char c) {
+    if (!at(c)) corrupt(fmt::format("header: expected '{}' at byte {}", c, pos_));
+    ++pos_;
+  }
+  std::string parse_string() {
+    if (!at('\'') && !at('"')) corrupt(fmt::format("header: expected a quoted string at byte {}", pos_));
+    const char q = s_[pos_++];
+    const size_t start = pos_;
+    while (pos_ < s_.size() && s_[pos_] != q) {
+      if (s_[pos_] == '\\') corrupt("header: escapes in strings are not supported");
+      ++pos_;
+    }
+    if (pos_ >= s_.size()) corrupt("header: unterminated string");
+    std::string r(s_.substr(start, pos_ - start));
+    ++pos_;
+    return r;
+  }
+  bool parse_bool() {
+    if (s_.substr(pos_, 4) == "True") {
+      pos_ += 4;
+      return true;
+    }
+    if (s_.substr(pos_, 5) == "False") {
+      pos_ += 5;
+      return false;
+    }
+    corrupt(fmt::format("header: fortran_order must be True or False at byte {}", pos_));
+  }
+  int64_t parse_int() {
+    const size_t start = pos_;
+    int64_t v = 0;
+    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
+      if (v > (INT64_MAX - 9) / 10) corrupt("header: shape dimension too large");
+      v = v * 10 + (s_[pos_] - '0');
+      ++pos_;
+    }
+    if (pos_ == start)
+      corrupt(fmt::format("header: expected a non-negative integer at byte {}", pos_));
+    return v;
+  }
+  std::vector<int64_t> parse_tuple() {
+    expect('(');
+    std::vector<int64_t> dims;
+    bool trailing_comma = false;
+    skip_ws();
+    while (!at(')')) {
+      if (dims.size() >= 64) corrupt("header: shape has more than 64 dimensions");
+      dims.push_back(parse_int());
+      trailing_comma = false;
+      skip_ws();
+      if (at(',')) {
+        ++pos_;
+        trailing_comma = true;
+        skip_ws();
+      } else if (!at(')')) {
+        corrupt(fmt::format("header: expected ',' or ')' in shape at byte {}", pos_));
+      }
+    }
+    ++pos_;
+    if (dims.size() == 1 && !trailing_comma)
+      corrupt("header: a 1-d shape must be written as a tuple '(n,)'");
+    return dims;
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+NpyArray parse_npy(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kMagicLen + 2 || std::memcmp(bytes.data(), kMagic, kMagicLen) != 0)
+    corrupt("missing the magic string \\x93NUMPY");
+  const uint8_t major = bytes[6], minor = bytes[7];
+  size_t len_size;
+  if (major == 1 && minor == 0) {
+    len_size = 2;
+  } else if ((major == 2 || major == 3) && minor == 0) {
+    len_size = 4;
+  } else {
+    corrupt(fmt::format("unsupported format version {}.{} (allowed: 1.0, 2.0, 3.0)", major, minor));
+  }
+  const size_t prefix = kMagicLen + 2 + len_size;
+  if (bytes.size() < prefix)
+    corrupt(fmt::format("file is {} bytes, too short for the header length field", bytes.size()));
+  const uint64_t header_len =
+      len_size == 2 ? io_detail::load_le16(bytes.data() + 8) : io_detail::load_le32(bytes.data() + 8);
+  if (header_len > bytes.size() - prefix)
+    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", header_len,
+                        bytes.size()));
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data() + prefix),
+                                static_cast<size_t>(header_len));
+  for (char c : header) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u == 0 || (u >= 0x80 && major < 3)) corrupt("header contains a NUL or non-ASCII byte");
+  }
+  const auto h = HeaderParser(header).parse();
+
+  NpyArray a;
+  if (h.descr == "<f4") {
+    a.dtype = DType::F32;
+  } else if (h.descr == "<f2") {
+    a.dtype = DType::F16;
+  } else {
+    throw InvalidArgument(fmt::format(
+        "unsupported .npy dtype '{}' (only '<f4' float32 and '<f2' float16 are read)",
+        printable(h.descr)));
+  }
+  if (h.fortran_order)
+    throw InvalidArgument("unsupported .npy layout: fortran_order is True (only C order is read)");
+  a.shape = h.shape;
+  const auto nbytes = checked_nbytes(a.shape, dtype_size(a.dtype));
+  if (!nbytes) corrupt("shape overflows the addressable size");
+  const size_t data_start = prefix + static_cast<size_t>(header_len);
+  const size_t avail = bytes.size() - data_start;
+  if (*nbytes > avail)
+    corrupt(fmt::format("data truncated: shape needs {} bytes, file has {}", *nbytes, avail));
+  if (*nbytes < avail)
+    corrupt(fmt::format("{} trailing bytes after the {} data bytes", avail - *nbytes, *nbytes));
+  a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data_start), bytes.end());
+  return a;
+}
+
+std::vector<uint8_t> serialize_npy(const NpyArray& a) {
+  if (a.dtype == DType::BF16)
+    throw InvalidArgument("serialize_npy: dtype bf16 cannot be stored in .npy (allowed: f32, f16)");
+  const auto nbytes = checked_nbytes(a.shape, dtype_size(a.dtype));
+  if (!nbytes) throw InvalidArgument("serialize_npy: shape has a negative or overflowing dimension");
+  if (*nbytes != a.data.size())
+    throw InvalidArgument(fmt::format("serialize_npy: data has {} bytes, shape x dtype needs {}",
+                                      a.data.size(), *nbytes));
+  std::string shape = "(";
+  for (size_t i = 0; i < a.shape.size(); ++i) shape += fmt::format("{}, ", a.shape[i]);
+  if (a.shape.size() > 1) shape.resize(shape.size() - 2);  // "(2, 3)"; 1-d keeps "(n,"
+  else if (a.shape.size() == 1) shape.resize(shape.size() - 1);
+  shape += ")";
+  std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
+                                 a.dtype == DType::F32 ? "<f4" : "<f2", shape);
+  // Pad with spaces so that magic + version + length + header is a multiple of 64,
+  // the header ending in '\n' (what NumPy writes).
+  size_t len_size = 2;
+  size_t total = kMagicLen + 2 + len_size + dict.size() + 1;
+  if ((total + 63) / 64 * 64 - (kMagicLen + 2 + len_size) > 0xffff) {
+    len_size = 4;
+    total = kMagicLen + 2 + len_size + dict.size() + 1;
+  }
+  const size_t padded = (total + 63) / 64 * 64;
+  dict.append(padded - total, ' ');
+  dict.push_back('\n');
+  // Filled by memcpy into a presized buffer (GCC 12 warns falsely on chained inserts).
+  const size_t prefix = kMagicLen + 2 + len_size;
+  std::vector<uint8_t> out(prefix + dict.size() + a.data.size());
+  std::memcpy(out.data(), kMagic, kMagicLen);
+  out[6] = len_size == 2 ? 1 : 2;
+  out[7] = 0;
+  for (size_t i = 0; i < len_size; ++i) out[8 + i] = static_cast<uint8_t>(dict.size() >> (8 * i));
+  std::memcpy(out.data() + prefix, dict.data(), dict.size());
+  if (!a.data.empty()) std::memcpy(out.data() + prefix + dict.size(), a.data.data(), a.data.size());
+  return out;
+}
+
+}  // namespace qvg

@@ -1,0 +1,358 @@
+// `.qvgt`: one EncodedTensor as a safetensors file (spec 1.6).
+//
+// Arrays (spec 1.5), written in this order:
+//   centroids.<s>  BF16|F16|F32  [B, H, K, D]            s = 0 .. stages-1
+//   ids.<s>        U8            [B, H, S]               s = 0 .. stages-1
+//   codes          U8            [B, H, S, D*bits/8]
+//   scales         F8_E4M3|BF16  [B, H, S, D/block_size]
+//   zeros          as scales     [B, H, S, D/block_size] asymmetric only
+//   scale_factor   F32           [B, H]                  two_level only
+//   zero_factor    F32           [B, H]                  two_level and asymmetric
+// Metadata (all strings): format, dtype, shape, layout, bits, block_size, stages,
+// centroids, asymmetric, scale_dtype, scaling. The reader accepts the canonical
+// spellings the writer produces (plus whitespace inside the `shape` list) and
+// nothing else.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "io/io_util.h"
+#include "io/safetensors_impl.h"
+#include "qvg/error.h"
+#include "qvg/io.h"
+#include "qvg/numeric.h"
+
+namespace qvg {
+
+namespace {
+
+using io_detail::printable;
+
+constexpr const char* kMetadataKeys[] = {"format", "dtype",     "shape",       "layout",
+                                         "bits",   "block_size", "stages",      "centroids",
+                                         "asymmetric", "scale_dtype", "scaling"};
+
+[[noreturn]] void corrupt(const std::string& what) {
+  throw CorruptData(fmt::format("invalid .qvgt file: {}", what));
+}
+
+StDType st_dtype_of(DType t) {
+  switch (t) {
+    case DType::BF16: return StDType::BF16;
+    case DType::F16: return StDType::F16;
+    case DType::F32: return StDType::F32;
+  }
+  return StDType::F32;
+}
+
+StDType st_dtype_of(ScaleDType t) {
+  return t == ScaleDType::FP8_E4M3 ? StDType::F8_E4M3 : StDType::BF16;
+}
+
+// The arrays an encoding with these parameters has: name, dtype, shape.
+struct ArraySpec {
+  std::string name;
+  StDType dtype;
+  std::vector<int64_t> shape;
+};
+
+std::vector<ArraySpec> expected_arrays(DType dtype, const Shape4& x, int bits, int block_size,
+                                       int stages, int centroids, bool asymmetric,
+                                       ScaleDType scale_dtype, Scaling scaling) {
+  std::vector<ArraySpec> r;
+  for (int s = 0; s < stages; ++s)
+    r.push_back({fmt::format("centroids.{}", s), st_dtype_of(dtype), {x.b, x.h, centroids, x.d}});
+  for (int s = 0; s < stages; ++s) r.push_back({fmt::format("ids.{}", s), StDType::U8, {x.b, x.h, x.s}});
+  // D * bits / 8 written as D / (8 / bits): no overflow, exact since block_size
+  // (a multiple of 8 / bits) divides D.
+  r.push_back({"codes", StDType::U8, {x.b, x.h, x.s, x.d / (8 / bits)}});
+  const int64_t blocks = x.d / block_size;
+  r.push_back({"scales", st_dtype_of(scale_dtype), {x.b, x.h, x.s, blocks}});
+  if (asymmetric) r.push_back({"zeros", st_dtype_of(scale_dtype), {x.b, x.h, x.s, blocks}});
+  if (scaling == Scaling::TwoLevel) {
+    r.push_back({"scale_factor", StDType::F32, {x.b, x.h}});
+    if (asymmetric) r.push_back({"zero_factor", StDType::F32, {x.b, x.h}});
+  }
+  return r;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += fmt::format("{}{}", i ? "," : "", s[i]);
+  return r + "]";
+}
+
+// Strict decimal integer in [lo, hi]: digits only, no sign, no leading zeros.
+int parse_meta_int(const std::string& key, const std::string& v, int lo, int hi) {
+  bool ok = !v.empty() && v.size() <= 10 && (v.size() == 1 || v[0] != '0');
+  long long x = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') {
+      ok = false;
+      break;
+    }
+    x = x * 10 + (c - '0');
+  }
+  if (!ok || x < lo || x > hi)
+    corrupt(fmt::format("metadata '{}' must be a decimal integer in {}..{}, got '{}'", key, lo, hi,
+                        printable(v)));
+  return static_cast<int>(x);
+}
+
+Shape4 parse_meta_shape(const std::string& v) {
+  using Json = nlohmann::json;
+  const Json j = Json::parse(v, nullptr, /*allow_exceptions=*/false);
+  bool ok = j.is_array() && j.size() == 4;
+  int64_t d[4] = {0, 0, 0, 0};
+  for (size_t i = 0; ok && i < 4; ++i) {
+    ok = j[i].is_number_unsigned() && j[i].get<uint64_t>() >= 1 &&
+         j[i].get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+    if (ok) d[i] = static_cast<int64_t>(j[i].get<uint64_t>());
+  }
+  if (!ok)
+    corrupt(fmt::format("metadata 'shape' must be a JSON list of 4 positive integers [B,S,H,D], "
+                        "got '{}'",
+                        printable(v)));
+  return {d[0], d[1], d[2], d[3]};
+}
+
+// A metadata value that must be one of `allowed`; returns its index.
+size_t parse_meta_choice(const std::string& key, const std::string& v,
+                         std::initializer_list<std::string_view> allowed) {
+  size_t i = 0;
+  std::string list;
+  for (auto a : allowed) {
+    if (v == a) return i;
+    list += fmt::format("{}'{}'", i ? ", " : "", a);
+    ++i;
+  }
+  corrupt(fmt::format("metadata '{}' must be one of {}, got '{}'", key, list, printable(v)));
+}
+
+std::vector<float> floats_of(const std::vector<uint8_t>& bytes) {
+  std::vector<float> r(bytes.size() / 4);
+  if (!r.empty()) std::memcpy(r.data(), bytes.data(), r.size() * 4);
+  return r;
+}
+
+// Content checks that EncodedTensor::validate() leaves to the file reader: values a
+// correct encoder never writes and that would decode to NaN or out-of-range residuals.
+void check_values(const EncodedTensor& e) {
+  for (size_t s = 0; s < e.centroid.size(); ++s) {
+    const size_t n = e.centroid[s].size() / dtype_size(e.dtype);
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(load_f32(e.centroid[s].data(), e.dtype, i)))
+        corrupt(fmt::format("centroids.{} holds a non-finite value at element {}", s, i));
+  }
+  auto scale_value = [&](const std::vector<uint8_t>& a, size_t i) {
+    return e.scale_dtype == ScaleDType::FP8_E4M3
+               ? fp8e4m3_to_f32(a[i])
+               : bf16_to_f32(static_cast<uint16_t>(a[2 * i] | (a[2 * i + 1] << 8)));
+  };
+  const size_t nscales = e.scales.size() / e.scale_elem_size();
+  for (size_t i = 0; i < nscales; ++i) {
+    const float v = scale_value(e.scales, i);
+    if (!std::isfinite(v) || std::signbit(v))
+      corrupt(fmt::format("scales holds {} at element {} (scales are finite and >= 0)", v, i));
+  }
+  for (size_t i = 0; i < e.zeros.size() / e.scale_elem_size(); ++i)
+    if (!std::isfinite(scale_value(e.zeros, i)))
+      corrupt(fmt::format("zeros holds a non-finite value at element {}", i));
+  for (const auto* fv : {&e.scale_factor, &e.zero_factor}) {
+    const char* what = fv == &e.scale_factor ? "scale_factor" : "zero_factor";
+    for (size_t i = 0; i < fv->size(); ++i) {
+      const float g = (*fv)[i];
+      if (!std::isfinite(g) || !(g > 0.0f))
+        corrupt(fmt::format("{} holds {} at group {} (factors are finite and > 0)", what, g, i));
+      if (e.scale_dtype == ScaleDType::BF16 && g != 1.0f)
+        corrupt(fmt::format("{} holds {} at group {}; with bf16 scales every factor is 1", what,
+                            g, i));
+    }
+  }
+  if (!e.asymmetric) {
+    // Symmetric codes are q + qmax with |q| <= qmax: at most 2 * qmax.
+    const int max_code = 2 * ((1 << (e.bits - 1)) - 1);
+    const int per_byte = 8 / e.bits;
+    const int mask = (1 << e.bits) - 1;
+    for (size_t i = 0; i < e.codes.size(); ++i)
+      for (int k = 0; k < per_byte; ++k)
+        if (((e.codes[i] >> (k * e.bits)) & mask) > max_code)
+          corrupt(fmt::format("codes byte {} holds a symmetric int{} code above {}", i, e.bits,
+                              max_code));
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc) {
+  try {
+    enc.validate();
+  } catch (const CorruptData& e) {
+    throw InvalidArgument(fmt::format("cannot write an inconsistent EncodedTensor: {}", e.what()));
+  }
+  const Shape4& x = enc.shape;
+  const std::vector<std::pair<std::string, std::string>> meta = {
+      {"format", std::string(kQvgtFormat)},
+      {"dtype", std::string(dtype_name(enc.dtype))},
+      {"shape", shape_str({x.b, x.s, x.h, x.d})},
+      {"layout", "BSHD"},
+      {"bits", std::to_string(enc.bits)},
+      {"block_size", std::to_string(enc.block_size)},
+      {"stages", std::to_string(enc.stages)},
+      {"centroids", std::to_string(enc.centroids)},
+      {"asymmetric", enc.asymmetric ? "true" : "false"},
+      {"scale_dtype", std::string(name(enc.scale_dtype))},
+      {"scaling", std::string(name(enc.scaling))},
+  };
+  auto specs = expected_arrays(enc.dtype, x, enc.bits, enc.block_size, enc.stages, enc.centroids,
+                               enc.asymmetric, enc.scale_dtype, enc.scaling);
+  auto bytes_of = [](const std::vector<float>& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4);
+  };
+  std::vector<io_detail::TensorRef> refs;
+  for (auto& spec : specs) {
+    std::span<const uint8_t> data;
+    const std::string& n = spec.name;
+    if (n.starts_with("centroids.")) {
+      data = enc.centroid.at(std::stoul(n.substr(10)));
+    } else if (n.starts_with("ids.")) {
+      data = enc.ids.at(std::stoul(n.substr(4)));
+    } else if (n == "codes") {
+      data = enc.codes;
+    } else if (n == "scales") {
+      data = enc.scales;
+    } else if (n == "zeros") {
+      data = enc.zeros;
+    } else if (n == "scale_factor") {
+      data = bytes_of(enc.scale_factor);
+    } else {
+      data = bytes_of(enc.zero_factor);
+    }
+    refs.push_back({std::move(spec.name), spec.dtype, std::move(spec.shape), data});
+  }
+  return io_detail::serialize_safetensors_refs(refs, meta);
+}
+
+EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
+  SafetensorsFile f;
+  try {
+    f = parse_safetensors(bytes);
+  } catch (const Error& e) {  // an unsupported dtype is corruption here
+    corrupt(e.what());
+  }
+
+  // --- metadata: exactly the keys of spec 1.6 ---
+  std::map<std::string, std::string> m;
+  for (const auto& [k, v] : f.metadata) {
+    bool known = false;
+    for (const char* key : kMetadataKeys) known = known || k == key;
+    if (!known)
+      corrupt(fmt::format("unknown metadata entry '{}' (allowed: format, dtype, shape, layout, bits, "
+                          "block_size, stages, centroids, asymmetric, scale_dtype, scaling)",
+                          printable(k)));
+    m[k] = v;
+  }
+  for (const char* key : kMetadataKeys)
+    if (!m.count(key)) corrupt(fmt::format("missing metadata entry '{}'", key));
+
+  if (m["format"] != kQvgtFormat)
+    corrupt(fmt::format("metadata 'format' must be '{}', got '{}'", kQvgtFormat,
+                        printable(m["format"])));
+  if (m["layout"] != "BSHD")
+    corrupt(fmt::format("metadata 'layout' must be 'BSHD', got '{}'", printable(m["layout"])));
+  EncodedTensor e;
+  constexpr DType kDTypes[] = {DType::BF16, DType::F16, DType::F32};
+  e.dtype = kDTypes[parse_meta_choice("dtype", m["dtype"], {"bf16", "f16", "f32"})];
+  e.shape = parse_meta_shape(m["shape"]);
+  e.bits = parse_meta_choice("bits", m["bits"], {"2", "4"}) == 0 ? 2 : 4;
+  e.block_size = parse_meta_int("block_size", m["block_size"], 1, INT32_MAX);
+  e.stages = parse_meta_int("stages", m["stages"], 1, INT32_MAX);
+  e.centroids = parse_meta_int("centroids", m["centroids"], 1, 256);
+  e.asymmetric = parse_meta_choice("asymmetric", m["asymmetric"], {"false", "true"}) == 1;
+  e.scale_dtype = parse_meta_choice("scale_dtype", m["scale_dtype"], {"fp8_e4m3", "bf16"}) == 0
+                      ? ScaleDType::FP8_E4M3
+                      : ScaleDType::BF16;
+  e.scaling = parse_meta_choice("scaling", m["scaling"], {"two_level", "compat"}) == 0
+                  ? Scaling::TwoLevel
+                  : Scaling::Compat;
+  if (e.block_size % (8 / e.bits) != 0)
+    corrupt(fmt::format("metadata 'block_size' must be a multiple of {} at bits={}, got {}",
+                        8 / e.bits, e.bits, e.block_size));
+  if (e.shape.d % e.block_size != 0)
+    corrupt(fmt::format("metadata 'block_size' must divide head_dim {}, got {}", e.shape.d,
+                        e.block_size));
+  // Each stage has two arrays: a stage count beyond that cannot match (and must not
+  // make us build a huge list of expected names).
+  if (static_cast<size_t>(e.stages) > f.tensors.size() / 2)
+    corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages,
+                        f.tensors.size()));
+
+  // --- arrays: exactly the expected set, with their dtypes and shapes ---
+  const auto specs = expected_arrays(e.dtype, e.shape, e.bits, e.block_size, e.stages,
+                                     e.centroids, e.asymmetric, e.scale_dtype, e.scaling);
+  std::map<std::string, SafeTensor*> by_name;
+  for (auto& t : f.tensors) by_name[t.name] = &t;
+  for (const auto& t : f.tensors) {
+    bool known = false;
+    for (const auto& s : specs) known = known || s.name == t.name;
+    if (!known) corrupt(fmt::format("unexpected array '{}' for this metadata", printable(t.name)));
+  }
+  e.centroid.resize(static_cast<size_t>(e.stages));
+  e.ids.resize(static_cast<size_t>(e.stages));
+  for (const auto& s : specs) {
+    auto it = by_name.find(s.name);
+    if (it == by_name.end()) corrupt(fmt::format("missing array '{}'", s.name));
+    SafeTensor& t = *it->second;
+    if (t.dtype != s.dtype)
+      corrupt(fmt::format("array '{}' has dtype {}, expected {}", s.name, st_dtype_name(t.dtype),
+                          st_dtype_name(s.dtype)));
+    if (t.shape != s.shape)
+      corrupt(fmt::format("array '{}' has shape {}, expected {}", s.name, shape_str(t.shape),
+                          shape_str(s.shape)));
+    const std::string& n = s.name;
+    if (n.starts_with("centroids.")) {
+      e.centroid[std::stoul(n.substr(10))] = std::move(t.data);
+    } else if (n.starts_with("ids.")) {
+      e.ids[std::stoul(n.substr(4))] = std::move(t.data);
+    } else if (n == "codes") {
+      e.codes = std::move(t.data);
+    } else if (n == "scales") {
+      e.scales = std::move(t.data);
+    } else if (n == "zeros") {
+      e.zeros = std::move(t.data);
+    } else if (n == "scale_factor") {
+      e.scale_factor = floats_of(t.data);
+    } else {
+      e.zero_factor = floats_of(t.data);
+    }
+  }
+
+  check_values(e);
+  try {
+    e.validate();
+  } catch (const CorruptData& err) {
+    corrupt(err.what());
+  }
+  return e;
+}
+
+void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc) {
+  write_file_atomic(path, serialize_qvgt(enc));
+}
+
+EncodedTensor read_qvgt(const std::filesystem::path& path) {
+  const auto bytes = read_file_bytes(path);
+  try {
+    return parse_qvgt(bytes);
+  } catch (const CorruptData& e) {
+    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
+  }
+}
+
+}  // namespace qvg

@@ -1,0 +1,28 @@
+// src/io/safetensors_impl.h — private: serialising tensors that live elsewhere
+// (e.g. the arrays of an EncodedTensor) without copying them into SafeTensor first.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qvg/io.h"
+
+namespace qvg::io_detail {
+
+/// A tensor to serialise; `data` must outlive the call.
+struct TensorRef {
+  std::string name;
+  StDType dtype = StDType::U8;
+  std::vector<int64_t> shape;
+  std::span<const uint8_t> data;
+};
+
+/// serialize_safetensors() for borrowed tensors; same format, same errors.
+std::vector<uint8_t> serialize_safetensors_refs(
+    const std::vector<TensorRef>& tensors,
+    const std::vector<std::pair<std::string, std::string>>& metadata);
+
+}  // namespace qvg::io_detail
