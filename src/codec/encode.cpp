@@ -1,0 +1,203 @@
+// The PRQ encoder (spec 1.1, 1.2): per (b, h) group, k-means stages on the
+// progressive residuals, then the block-quantized final residual. Groups are
+// independent, so the result is the same whatever the thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+#include <fmt/core.h>
+
+#include "codec/encode_impl.h"
+#include "codec/residual.h"
+#include "qvg/error.h"
+
+namespace qvg {
+namespace detail {
+
+void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) {
+  const int64_t S = enc.shape.s, D = enc.shape.d, bs = enc.block_size, nb = D / bs;
+  const bool asym = enc.asymmetric;
+  const int qmax = qmax_of(enc.bits, asym);
+  const float fq = float(qmax);
+  const bool two = enc.scaling == Scaling::TwoLevel;
+  const bool fp8 = enc.scale_dtype == ScaleDType::FP8_E4M3;
+
+  // Pass 1: raw scales (and zeros) of every block; the group's largest ones.
+  std::vector<float> raw_s(static_cast<size_t>(S * nb)), raw_z(asym ? size_t(S * nb) : 0);
+  float max_s = 0, max_z = 0;
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t k = 0; k < nb; ++k) {
+      const float* x = r + t * D + k * bs;
+      float s;
+      if (!asym) {
+        float a = 0;
+        for (int64_t i = 0; i < bs; ++i) a = std::max(a, std::fabs(x[i]));
+        s = std::max(a, kTiny) / fq;
+      } else {
+        float lo = x[0], hi = x[0];
+        for (int64_t i = 1; i < bs; ++i) {
+          lo = std::min(lo, x[i]);
+          hi = std::max(hi, x[i]);
+        }
+        s = std::max((hi - lo) / fq, kTiny);
+        raw_z[size_t(t * nb + k)] = lo;
+        max_z = std::max(max_z, std::fabs(lo));
+      }
+      raw_s[size_t(t * nb + k)] = s;
+      max_s = std::max(max_s, s);
+    }
+  // Two-level factors (spec 1.4); 1 with bf16 scales.
+  float g = 1.0f, gz = 1.0f;
+  if (two && fp8) {
+    g = max_s > 0 ? max_s / kFp8E4M3Max : 1.0f;
+    if (asym) gz = max_z > 0 ? max_z / kFp8E4M3Max : 1.0f;
+  }
+  if (two) {
+    enc.scale_factor[size_t(group)] = g;
+    if (asym) enc.zero_factor[size_t(group)] = gz;
+  }
+
+  // Pass 2: store scales/zeros, quantize with the stored (effective) values, pack.
+  const int64_t cbytes = enc.code_bytes_per_token();
+  uint8_t* codes = enc.codes.data() + size_t(group * S * cbytes);
+  const size_t sbase = size_t(group * S * nb);
+  const int per_byte = 8 / enc.bits;
+  std::vector<int> q(static_cast<size_t>(D));
+  for (int64_t t = 0; t < S; ++t) {
+    const float* row = r + t * D;
+    for (int64_t k = 0; k < nb; ++k) {
+      const size_t si = sbase + size_t(t * nb + k);
+      const float s = raw_s[size_t(t * nb + k)];
+      store_value(enc.scales.data(), enc.scale_dtype, si, two && fp8 ? s / g : s);
+      const float s_eff = stored_value(enc.scales.data(), enc.scale_dtype, si) * g;
+      const float* x = row + k * bs;
+      int* qk = q.data() + k * bs;
+      if (!asym) {
+        for (int64_t i = 0; i < bs; ++i)
+          qk[i] = (s_eff == 0.0f ? 0 : round_clamp(x[i] / s_eff, -fq, fq)) + qmax;
+      } else {
+        const float z = raw_z[size_t(t * nb + k)];
+        store_value(enc.zeros.data(), enc.scale_dtype, si, two && fp8 ? z / gz : z);
+        const float z_eff = stored_value(enc.zeros.data(), enc.scale_dtype, si) * gz;
+        for (int64_t i = 0; i < bs; ++i)
+          qk[i] = s_eff == 0.0f ? 0 : round_clamp((x[i] - z_eff) / s_eff, 0.0f, fq);
+      }
+    }
+    uint8_t* out = codes + t * cbytes;
+    for (int64_t j = 0; j < cbytes; ++j) {
+      unsigned byte = 0;
+      for (int u = 0; u < per_byte; ++u) byte = (byte << enc.bits) | unsigned(q[size_t(j * per_byte + u)]);
+      out[j] = uint8_t(byte);
+    }
+  }
+}
+
+EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm,
+                               EncodeStats* stats, AssignPath path) {
+  const Shape4 sh = x.shape;
+  if (sh.b < 1 || sh.s < 1 || sh.h < 1 || sh.d < 1)
+    throw InvalidArgument(fmt::format("input shape must be [B, S, H, D] with every dimension >= 1, got {}", sh.str()));
+  cfg.validate_for_head_dim(sh.d);
+  if (sh.s > (int64_t(1) << 31) || sh.b * sh.h > (int64_t(1) << 31))
+    throw InvalidArgument(fmt::format("input shape {} is too large (tokens and groups must be < 2^31)", sh.str()));
+  if (cfg.init == Init::Warm && warm != nullptr) {
+    if (warm->shape.b != sh.b || warm->shape.h != sh.h || warm->shape.d != sh.d || warm->centroids != cfg.centroids ||
+        warm->stages != cfg.stages)
+      throw InvalidArgument(fmt::format(
+          "warm-start centroids must match B, H, D, centroids and stages of the input ({}, centroids={}, stages={}), "
+          "got shape {} with centroids={}, stages={}",
+          sh.str(), cfg.centroids, cfg.stages, warm->shape.str(), warm->centroids, warm->stages));
+  }
+  check_finite_and_bounded(x, "input");
+
+  EncodedTensor enc;
+  enc.dtype = x.dtype;
+  enc.shape = sh;
+  enc.bits = cfg.bits;
+  enc.block_size = cfg.block_size;
+  enc.stages = cfg.stages;
+  enc.centroids = cfg.centroids;
+  enc.asymmetric = cfg.asymmetric;
+  enc.scale_dtype = cfg.scale_dtype;
+  enc.scaling = cfg.scaling;
+  const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, K = cfg.centroids;
+  const size_t esz = dtype_size(x.dtype);
+  enc.centroid.assign(size_t(cfg.stages), std::vector<uint8_t>(size_t(G * K * D) * esz, 0));
+  enc.ids.assign(size_t(cfg.stages), std::vector<uint8_t>(size_t(G * S), 0));
+  enc.codes.assign(size_t(G * S * D * cfg.bits / 8), 0);
+  const size_t nblocks = size_t(G * S * (D / cfg.block_size));
+  enc.scales.assign(nblocks * enc.scale_elem_size(), 0);
+  if (cfg.asymmetric) enc.zeros.assign(nblocks * enc.scale_elem_size(), 0);
+  if (cfg.scaling == Scaling::TwoLevel) {
+    enc.scale_factor.assign(size_t(G), 1.0f);
+    if (cfg.asymmetric) enc.zero_factor.assign(size_t(G), 1.0f);
+  }
+  if (stats) stats->iterations.assign(size_t(cfg.stages), std::vector<int>(size_t(G), 0));
+
+  const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;
+  const int nthreads = cfg.threads > 0 ? cfg.threads : omp_get_max_threads();
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+  for (int64_t g = 0; g < G; ++g) {
+    try {
+      const int64_t b = g / sh.h, h = g % sh.h;
+      // Gather the group's S points (fp32, token rows).
+      std::vector<float> r(static_cast<size_t>(S * D));
+      for (int64_t t = 0; t < S; ++t) {
+        const size_t src = size_t(((b * S + t) * sh.h + h) * D);
+        if (x.dtype == DType::F32) {
+          std::copy_n(static_cast<const float*>(x.data) + src, D, r.data() + t * D);
+        } else {
+          convert_to_f32(static_cast<const uint8_t*>(x.data) + src * esz, x.dtype, r.data() + t * D, size_t(D));
+        }
+      }
+      std::vector<float> warm_c;
+      for (int st = 0; st < cfg.stages; ++st) {
+        detail::KMeansParams p;
+        p.k = cfg.centroids;
+        p.iters = cfg.kmeans_iters;
+        p.init = init;
+        p.seed = cfg.seed;
+        p.stage = st;
+        p.b = b;
+        p.h = h;
+        p.path = path;
+        if (init == Init::Warm) {
+          warm_c.resize(size_t(K * D));
+          for (int64_t i = 0; i < K * D; ++i) warm_c[size_t(i)] = warm->centroid_at(st, b, h, i / D, i % D);
+          p.warm = warm_c.data();
+        }
+        detail::KMeansResult km = detail::kmeans(r.data(), S, D, p);
+        if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
+        // Store centroids rounded to the input dtype; subtract the *stored* values.
+        uint8_t* cdst = enc.centroid[size_t(st)].data() + size_t(g * K * D) * esz;
+        convert_from_f32(km.centroids.data(), x.dtype, cdst, size_t(K * D));
+        std::vector<float> stored(static_cast<size_t>(K * D));
+        convert_to_f32(cdst, x.dtype, stored.data(), size_t(K * D));
+        uint8_t* ids = enc.ids[size_t(st)].data() + size_t(g * S);
+        std::copy(km.ids.begin(), km.ids.end(), ids);
+        for (int64_t t = 0; t < S; ++t) {
+          const float* c = stored.data() + int64_t(ids[t]) * D;
+          float* rt = r.data() + t * D;
+          for (int64_t d = 0; d < D; ++d) rt[d] = rt[d] - c[d];
+        }
+      }
+      quantize_residual_group(r.data(), g, enc);
+    } catch (...) {
+#pragma omp critical(qvg_encode_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  return enc;
+}
+
+}  // namespace detail
+
+EncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm, EncodeStats* stats) {
+  return detail::encode_with_path(x, cfg, warm, stats, detail::AssignPath::Fast);
+}
+
+}  // namespace qvg

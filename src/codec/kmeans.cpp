@@ -1,0 +1,221 @@
+// k-means of one group (spec 1.1). Scalar code written so that the compiler can
+// vectorise the inner loops; the Highway kernels of the performance work replace
+// the assignment and update steps behind the same function.
+#include "codec/kmeans.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "codec/rng.h"
+#include "qvg/codec.h"
+#include "qvg/error.h"
+
+namespace qvg::detail {
+namespace {
+
+// Dot product with 8 independent accumulators: vectorisable without reassociation
+// flags, and its rounding is fixed by the source order (deterministic per build).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+inline float sqdist(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      float t = a[i + j] - b[i + j];
+      acc[j] += t * t;
+    }
+  for (; i < n; ++i) {
+    float t = a[i] - b[i];
+    acc[i & 7] += t * t;
+  }
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// Assigns every point to its nearest centroid; returns how many ids changed.
+// `first` marks the first assignment (every point counts as changed).
+int64_t assign(const float* x, int64_t n, int64_t dim, const float* c, int k, AssignPath path, uint8_t* ids,
+               bool first) {
+  int64_t changed = 0;
+  if (path == AssignPath::Reference) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = x + i * dim;
+      float best = std::numeric_limits<float>::infinity();
+      int bi = 0;
+      for (int j = 0; j < k; ++j) {
+        float dj = sqdist(xi, c + j * dim, dim);
+        if (dj < best) {
+          best = dj;
+          bi = j;
+        }
+      }
+      if (first || ids[i] != bi) ++changed;
+      ids[i] = uint8_t(bi);
+    }
+    return changed;
+  }
+  // Fast path: ||x||^2 is constant per point, so argmin of ||c||^2 - 2 x.c.
+  std::vector<float> cn(static_cast<size_t>(k));
+  for (int j = 0; j < k; ++j) cn[j] = dot(c + j * dim, c + j * dim, dim);
+  constexpr int64_t kTile = 8;  // points per tile: centroids stay in cache across the tile
+  for (int64_t i0 = 0; i0 < n; i0 += kTile) {
+    const int64_t i1 = std::min(n, i0 + kTile);
+    float best[kTile];
+    int bi[kTile];
+    for (int64_t i = i0; i < i1; ++i) {
+      best[i - i0] = std::numeric_limits<float>::infinity();
+      bi[i - i0] = 0;
+    }
+    for (int j = 0; j < k; ++j) {
+      const float* cj = c + j * dim;
+      for (int64_t i = i0; i < i1; ++i) {
+        float dj = cn[j] - 2.0f * dot(x + i * dim, cj, dim);
+        if (dj < best[i - i0]) {
+          best[i - i0] = dj;
+          bi[i - i0] = j;
+        }
+      }
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      if (first || ids[i] != bi[i - i0]) ++changed;
+      ids[i] = uint8_t(bi[i - i0]);
+    }
+  }
+  return changed;
+}
+
+// New centroid = mean of its points (fp64 accumulation); empty clusters keep theirs.
+void update(const float* x, int64_t n, int64_t dim, const uint8_t* ids, int k, float* c) {
+  std::vector<double> sum(static_cast<size_t>(k) * size_t(dim), 0.0);
+  std::vector<int64_t> cnt(static_cast<size_t>(k), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    double* s = sum.data() + size_t(ids[i]) * size_t(dim);
+    const float* xi = x + i * dim;
+    for (int64_t d = 0; d < dim; ++d) s[d] += double(xi[d]);
+    ++cnt[ids[i]];
+  }
+  for (int j = 0; j < k; ++j) {
+    if (cnt[j] == 0) continue;
+    const double inv = 1.0 / double(cnt[j]);
+    for (int64_t d = 0; d < dim; ++d) c[size_t(j) * size_t(dim) + size_t(d)] = float(sum[size_t(j) * size_t(dim) + size_t(d)] * inv);
+  }
+}
+
+void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c) {
+  // Partial Fisher-Yates: k distinct indices (k <= n here).
+  std::vector<uint32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0u);
+  for (int j = 0; j < k; ++j) {
+    uint64_t r = uint64_t(j) + rng.below(uint64_t(n - j));
+    std::swap(idx[size_t(j)], idx[size_t(r)]);
+    std::copy_n(x + int64_t(idx[size_t(j)]) * dim, dim, c + int64_t(j) * dim);
+  }
+}
+
+void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c) {
+  std::vector<double> d2(static_cast<size_t>(n), std::numeric_limits<double>::infinity());
+  std::vector<char> chosen(static_cast<size_t>(n), 0);
+  int64_t pick = int64_t(rng.below(uint64_t(n)));
+  for (int j = 0; j < k; ++j) {
+    chosen[size_t(pick)] = 1;
+    std::copy_n(x + pick * dim, dim, c + int64_t(j) * dim);
+    if (j + 1 == k) break;
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double dd = double(sqdist(x + i * dim, c + int64_t(j) * dim, dim));
+      d2[size_t(i)] = std::min(d2[size_t(i)], dd);
+      total += d2[size_t(i)];
+    }
+    if (total > 0) {
+      double r = rng.uniform() * total;
+      double acc = 0;
+      pick = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        acc += d2[size_t(i)];
+        if (d2[size_t(i)] > 0 && acc > r) {
+          pick = i;
+          break;
+        }
+      }
+      if (pick < 0)  // rounding left r past the last positive weight: take the last one
+        for (int64_t i = n - 1; i >= 0; --i)
+          if (d2[size_t(i)] > 0) {
+            pick = i;
+            break;
+          }
+    } else {
+      // Every point coincides with a chosen centroid: take an unchosen point uniformly.
+      int64_t left = 0;
+      for (int64_t i = 0; i < n; ++i) left += chosen[size_t(i)] ? 0 : 1;
+      int64_t r = int64_t(rng.below(uint64_t(left)));
+      for (int64_t i = 0; i < n; ++i)
+        if (!chosen[size_t(i)] && r-- == 0) {
+          pick = i;
+          break;
+        }
+    }
+  }
+}
+
+}  // namespace
+
+KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p) {
+  QVG_CHECK(n >= 1 && dim >= 1 && p.k >= 1 && p.k <= 256 && p.iters >= 1);
+  KMeansResult res;
+  const int k = int(std::min<int64_t>(p.k, n));
+  res.k_eff = k;
+
+  // Group-centred copy of the points (spec 1.1: required for the expanded form).
+  std::vector<double> mean_d(static_cast<size_t>(dim), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) mean_d[size_t(d)] += double(points[i * dim + d]);
+  std::vector<float> mu(static_cast<size_t>(dim));
+  for (int64_t d = 0; d < dim; ++d) mu[size_t(d)] = float(mean_d[size_t(d)] / double(n));
+  std::vector<float> xc(static_cast<size_t>(n * dim));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) xc[size_t(i * dim + d)] = points[i * dim + d] - mu[size_t(d)];
+
+  std::vector<float> c(static_cast<size_t>(k) * size_t(dim));
+  Rng rng(p.seed, uint64_t(p.stage), uint64_t(p.b), uint64_t(p.h));
+  if (p.init == Init::Warm) {
+    QVG_CHECK(p.warm != nullptr);
+    for (int j = 0; j < k; ++j)
+      for (int64_t d = 0; d < dim; ++d)
+        c[size_t(j * dim + d)] = p.warm[j * dim + d] - mu[size_t(d)];
+  } else if (k == n) {
+    // S <= K: every point is its own centroid, in order (spec 1.1: S < K).
+    std::copy(xc.begin(), xc.end(), c.begin());
+  } else if (p.init == Init::KMeansPlusPlus) {
+    init_kmeanspp(xc.data(), n, dim, k, rng, c.data());
+  } else {
+    init_random(xc.data(), n, dim, k, rng, c.data());
+  }
+
+  res.ids.assign(size_t(n), 0);
+  if (p.record_inertia) res.inertia.push_back(inertia_fp64(xc.data(), n, c.data(), k, dim));
+  const double stop_below = 1e-4 * double(n);
+  for (int it = 0; it < p.iters; ++it) {
+    int64_t changed = assign(xc.data(), n, dim, c.data(), k, p.path, res.ids.data(), it == 0);
+    update(xc.data(), n, dim, res.ids.data(), k, c.data());
+    res.iterations = it + 1;
+    if (p.record_inertia) res.inertia.push_back(inertia_fp64(xc.data(), n, c.data(), k, dim));
+    if (double(changed) < stop_below) break;
+  }
+
+  res.centroids.assign(size_t(p.k) * size_t(dim), 0.0f);
+  for (int j = 0; j < k; ++j)
+    for (int64_t d = 0; d < dim; ++d)
+      res.centroids[size_t(j * dim + d)] = c[size_t(j * dim + d)] + mu[size_t(d)];
+  return res;
+}
+
+}  // namespace qvg::detail

@@ -1,0 +1,43 @@
+// src/codec/kmeans.h — k-means of one (b, h) group (spec 1.1). Internal: tests use it
+// to check monotone inertia and agreement between the reference and fast paths.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qvg/config.h"
+
+namespace qvg::detail {
+
+/// How assignment distances are computed.
+enum class AssignPath {
+  Reference,  ///< difference form sum((x-c)^2) in fp32; exact tie rule (lowest index)
+  Fast,       ///< expanded ||c||^2 - 2 x.c on group-centred data (spec 1.1 allows it)
+};
+
+struct KMeansParams {
+  int k = 128;            ///< requested codebook size (1..256)
+  int iters = 2;          ///< maximum Lloyd iterations
+  Init init = Init::Random;
+  uint64_t seed = 1234;
+  int stage = 0;          ///< with (b, h): selects the PRNG stream
+  int64_t b = 0, h = 0;
+  const float* warm = nullptr;  ///< k x dim centroids (original coordinates) when init == Warm
+  AssignPath path = AssignPath::Fast;
+  bool record_inertia = false;  ///< fill KMeansResult::inertia (costs one fp64 pass per iteration)
+};
+
+struct KMeansResult {
+  int k_eff = 0;                 ///< min(k, n): centroids that ids may refer to
+  std::vector<float> centroids;  ///< k x dim, original coordinates, fp32 (unused rows zero)
+  std::vector<uint8_t> ids;      ///< n ids of the last assignment, each < k_eff
+  int iterations = 0;            ///< Lloyd iterations run
+  /// inertia[0] of the initial centroids, inertia[i] after iteration i (fp64, spec 1.1).
+  std::vector<double> inertia;
+};
+
+/// Clusters n points of dimension dim (row-major n x dim, fp32). REQUIRES n >= 1,
+/// 1 <= k <= 256, iters >= 1, warm non-null when init == Warm.
+KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p);
+
+}  // namespace qvg::detail

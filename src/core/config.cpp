@@ -1,0 +1,218 @@
+#include "qvg/config.h"
+
+#include <charconv>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+
+namespace qvg {
+
+std::string_view name(ScaleDType v) { return v == ScaleDType::FP8_E4M3 ? "fp8_e4m3" : "bf16"; }
+std::string_view name(Scaling v) { return v == Scaling::TwoLevel ? "two_level" : "compat"; }
+std::string_view name(Init v) {
+  switch (v) {
+    case Init::Random: return "random";
+    case Init::KMeansPlusPlus: return "kmeans++";
+    case Init::Warm: return "warm";
+  }
+  return "?";
+}
+std::string_view name(SinkSpan v) { return v == SinkSpan::Chunk ? "chunk" : "full"; }
+
+ScaleDType parse_scale_dtype(std::string_view s) {
+  if (s == "fp8_e4m3" || s == "fp8" || s == "f8_e4m3") return ScaleDType::FP8_E4M3;
+  if (s == "bf16") return ScaleDType::BF16;
+  throw InvalidArgument(fmt::format("scale_dtype must be one of fp8_e4m3 (or fp8), bf16, got '{}'", s));
+}
+Scaling parse_scaling(std::string_view s) {
+  if (s == "two_level") return Scaling::TwoLevel;
+  if (s == "compat") return Scaling::Compat;
+  throw InvalidArgument(fmt::format("scaling must be one of two_level, compat, got '{}'", s));
+}
+Init parse_init(std::string_view s) {
+  if (s == "random") return Init::Random;
+  if (s == "kmeans++" || s == "kmeanspp") return Init::KMeansPlusPlus;
+  if (s == "warm") return Init::Warm;
+  throw InvalidArgument(fmt::format("init must be one of random, kmeans++, warm, got '{}'", s));
+}
+SinkSpan parse_sink_span(std::string_view s) {
+  if (s == "chunk") return SinkSpan::Chunk;
+  if (s == "full") return SinkSpan::Full;
+  throw InvalidArgument(fmt::format("sink_span must be one of chunk, full, got '{}'", s));
+}
+
+namespace {
+
+void check_bits(int bits) {
+  if (bits != 2 && bits != 4)
+    throw InvalidArgument(fmt::format("bits must be 2 or 4 (or none to disable quantization), got {}", bits));
+}
+
+// Shared by CodecConfig and QuantArgs: the codec fields of spec 2.
+void check_codec_fields(int bits, int centroids, int block_size, int stages, int iters) {
+  check_bits(bits);
+  if (centroids <= 0 || centroids > 256)
+    throw InvalidArgument(fmt::format("centroids must be in 1..256, got {}", centroids));
+  if (block_size <= 0) throw InvalidArgument(fmt::format("block_size must be > 0, got {}", block_size));
+  if (stages <= 0) throw InvalidArgument(fmt::format("stages must be > 0, got {}", stages));
+  if (iters <= 0) throw InvalidArgument(fmt::format("kmeans_iters must be > 0, got {}", iters));
+  const int per_byte = 8 / bits;
+  if (block_size % per_byte != 0)
+    throw InvalidArgument(fmt::format(
+        "block_size must be a multiple of {} (8/bits, so codes fill whole bytes) at bits={}, got {}", per_byte,
+        bits, block_size));
+}
+
+void check_head_dim(int block_size, int64_t head_dim) {
+  if (head_dim <= 0) throw InvalidArgument(fmt::format("head_dim must be > 0, got {}", head_dim));
+  if (head_dim % block_size != 0)
+    throw InvalidArgument(
+        fmt::format("block_size must divide head_dim ({}), got block_size={}", head_dim, block_size));
+}
+
+}  // namespace
+
+void CodecConfig::validate() const {
+  check_codec_fields(bits, centroids, block_size, stages, kmeans_iters);
+  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+}
+
+void CodecConfig::validate_for_head_dim(int64_t head_dim) const {
+  validate();
+  check_head_dim(block_size, head_dim);
+}
+
+std::string CodecConfig::describe() const {
+  return fmt::format(
+      "bits={} centroids={} stages={} kmeans_iters={} block_size={} asymmetric={} scale_dtype={} scaling={} "
+      "init={} seed={}",
+      bits, centroids, stages, kmeans_iters, block_size, asymmetric, name(scale_dtype), name(scaling), name(init),
+      seed);
+}
+
+void QuantArgs::validate() const {
+  if (bits) {
+    check_codec_fields(*bits, centroids, block_size, stages, kmeans_iters);
+  } else {
+    // Off: the codec fields are still checked so that a bad flag never waits
+    // silently for the day quantization is switched on.
+    if (centroids <= 0 || centroids > 256)
+      throw InvalidArgument(fmt::format("centroids must be in 1..256, got {}", centroids));
+    if (block_size <= 0) throw InvalidArgument(fmt::format("block_size must be > 0, got {}", block_size));
+    if (stages <= 0) throw InvalidArgument(fmt::format("stages must be > 0, got {}", stages));
+    if (kmeans_iters <= 0) throw InvalidArgument(fmt::format("kmeans_iters must be > 0, got {}", kmeans_iters));
+  }
+  if (keep_recent_chunks < 0)
+    throw InvalidArgument(fmt::format("keep_recent_chunks must be >= 0, got {}", keep_recent_chunks));
+  if (sink_keep_chunks < 0)
+    throw InvalidArgument(fmt::format("sink_keep_chunks must be >= 0, got {}", sink_keep_chunks));
+  if (span_chunks < 1) throw InvalidArgument(fmt::format("span_chunks must be >= 1, got {}", span_chunks));
+  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+}
+
+void QuantArgs::validate_for_head_dim(int64_t head_dim) const {
+  validate();
+  if (bits) check_head_dim(block_size, head_dim);
+}
+
+std::string QuantArgs::describe() const {
+  if (!bits) return "kv_cache_quant=off";
+  return fmt::format(
+      "kv_cache_quant=int{} centroids={} block_size={} stages={} kmeans_iters={} asymmetric={} "
+      "keep_recent_chunks={} sink={} sink_span={} sink_keep_chunks={} span_chunks={} scaling={} scale_dtype={} "
+      "init={} seed={}",
+      *bits, centroids, block_size, stages, kmeans_iters, asymmetric, keep_recent_chunks, sink, name(sink_span),
+      sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed);
+}
+
+CodecConfig QuantArgs::codec() const {
+  QVG_CHECK(bits.has_value());
+  CodecConfig c;
+  c.bits = *bits;
+  c.centroids = centroids;
+  c.stages = stages;
+  c.kmeans_iters = kmeans_iters;
+  c.block_size = block_size;
+  c.asymmetric = asymmetric;
+  c.scale_dtype = scale_dtype;
+  c.scaling = scaling;
+  c.init = init;
+  c.seed = seed;
+  c.threads = threads;
+  return c;
+}
+
+namespace {
+
+int64_t parse_int_flag(const std::string& key, const std::string& v) {
+  int64_t out = 0;
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  auto [p, ec] = std::from_chars(b, e, out);
+  if (ec != std::errc() || p != e || v.empty())
+    throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", key, v));
+  return out;
+}
+
+int parse_int32_flag(const std::string& key, const std::string& v) {
+  int64_t x = parse_int_flag(key, v);
+  if (x < -2147483647 || x > 2147483647)
+    throw InvalidArgument(fmt::format("{} must fit in 32 bits, got '{}'", key, v));
+  return int(x);
+}
+
+bool parse_bool_flag(const std::string& key, const std::string& v) {
+  if (v == "true" || v == "True" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "False" || v == "0" || v == "no" || v == "off") return false;
+  throw InvalidArgument(fmt::format("{} must be a boolean (true/false/1/0), got '{}'", key, v));
+}
+
+}  // namespace
+
+QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags) {
+  QuantArgs a;
+  auto it = flags.find("kv_cache_quant");
+  if (it != flags.end()) {
+    const std::string& m = it->second;
+    if (m == "off" || m == "none" || m == "bf16" || m == "None") {
+      a.bits.reset();
+    } else if (m == "int4") {
+      a.bits = 4;
+    } else if (m == "int2") {
+      a.bits = 2;
+    } else {
+      throw InvalidArgument(
+          fmt::format("kv_cache_quant must be one of off, none, bf16, int4, int2, got '{}'", m));
+    }
+  }
+  for (const auto& [key, value] : flags) {
+    if (key == "kv_cache_quant") continue;
+    if (key.rfind("kv_cache_quant", 0) != 0) continue;  // not ours
+    std::string f = key.substr(std::string("kv_cache_quant").size());
+    if (f == "_centroids") a.centroids = parse_int32_flag(key, value);
+    else if (f == "_block_size") a.block_size = parse_int32_flag(key, value);
+    else if (f == "_stages") a.stages = parse_int32_flag(key, value);
+    else if (f == "_iters") a.kmeans_iters = parse_int32_flag(key, value);
+    else if (f == "_keep_recent") a.keep_recent_chunks = parse_int32_flag(key, value);
+    else if (f == "_sink_keep") a.sink_keep_chunks = parse_int32_flag(key, value);
+    else if (f == "_asymmetric") a.asymmetric = parse_bool_flag(key, value);
+    else if (f == "_sink") a.sink = parse_bool_flag(key, value);
+    else if (f == "_sink_span") a.sink_span = parse_sink_span(value);
+    else if (f == "_span_chunks") a.span_chunks = parse_int32_flag(key, value);
+    else if (f == "_scaling") a.scaling = parse_scaling(value);
+    else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
+    else if (f == "_init") a.init = parse_init(value);
+    else if (f == "_seed") a.seed = uint64_t(parse_int_flag(key, value));
+    else
+      throw InvalidArgument(fmt::format(
+          "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
+          "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _scaling, _scale_dtype, "
+          "_init, _seed",
+          key));
+  }
+  a.validate();
+  return a;
+}
+
+}  // namespace qvg

@@ -1,0 +1,170 @@
+#include "qvg/tensor.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+#include "qvg/numeric.h"
+
+namespace qvg {
+
+size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::F32: return "f32";
+  }
+  return "?";
+}
+
+DType parse_dtype(std::string_view s, std::string_view what) {
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  if (s == "f16" || s == "fp16" || s == "float16" || s == "half") return DType::F16;
+  if (s == "f32" || s == "fp32" || s == "float32" || s == "float") return DType::F32;
+  throw InvalidArgument(fmt::format("{} must be one of bf16, f16, f32, got '{}'", what, s));
+}
+
+std::string Shape4::str() const { return fmt::format("[{}, {}, {}, {}]", b, s, h, d); }
+
+// ---- AlignedBuffer ---------------------------------------------------------
+AlignedBuffer::AlignedBuffer(size_t n) : n_(n) {
+  if (n == 0) return;
+  size_t rounded = (n + 63) / 64 * 64;
+  p_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+  if (!p_) throw std::bad_alloc();
+  std::memset(p_, 0, rounded);
+}
+AlignedBuffer::AlignedBuffer(const AlignedBuffer& o) : AlignedBuffer(o.n_) {
+  if (n_) std::memcpy(p_, o.p_, n_);
+}
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept
+    : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+  return *this;
+}
+AlignedBuffer::~AlignedBuffer() { std::free(p_); }
+
+// ---- element access --------------------------------------------------------
+float load_f32(const void* p, DType t, size_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+void store_f32(void* p, DType t, size_t i, float v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(p)[i] = v; break;
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    case DType::F16: static_cast<uint16_t*>(p)[i] = f32_to_f16_sat(v); break;
+  }
+}
+
+void convert_to_f32(const void* src, DType t, float* dst, size_t n) {
+  switch (t) {
+    case DType::F32: std::memcpy(dst, src, n * 4); break;
+    case DType::BF16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      break;
+    }
+    case DType::F16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      break;
+    }
+  }
+}
+
+void convert_from_f32(const float* src, DType t, void* dst, size_t n) {
+  switch (t) {
+    case DType::F32: std::memcpy(dst, src, n * 4); break;
+    case DType::BF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      break;
+    }
+    case DType::F16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16_sat(src[i]);
+      break;
+    }
+  }
+}
+
+void check_finite_and_bounded(ConstTensorView v, std::string_view what) {
+  const size_t n = size_t(v.shape.numel());
+  if (n > 0 && v.data == nullptr)
+    throw InvalidArgument(fmt::format("{} has no data (null pointer) for shape {}", what, v.shape.str()));
+  // Scan in parallel chunks; report the first offending flat index.
+  size_t bad = n;
+#pragma omp parallel for reduction(min : bad) schedule(static) if (n > (1u << 20))
+  for (int64_t c = 0; c < int64_t((n + 4095) / 4096); ++c) {
+    size_t lo = size_t(c) * 4096, hi = std::min(n, lo + 4096);
+    for (size_t i = lo; i < hi; ++i) {
+      float x = load_f32(v.data, v.dtype, i);
+      if (!(std::fabs(x) <= kMaxAbsInput)) {  // also catches NaN
+        bad = std::min(bad, i);
+        break;
+      }
+    }
+  }
+  if (bad < n) {
+    float x = load_f32(v.data, v.dtype, bad);
+    const auto& s = v.shape;
+    int64_t i = int64_t(bad);
+    int64_t d = i % s.d, h = (i / s.d) % s.h, t = (i / (s.d * s.h)) % s.s, b = i / (s.d * s.h * s.s);
+    throw InvalidArgument(fmt::format(
+        "{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}]", what, x, b, t, h, d));
+  }
+}
+
+// ---- Tensor ----------------------------------------------------------------
+Tensor::Tensor(DType dtype, Shape4 shape) : dtype_(dtype), shape_(shape) {
+  if (shape.b < 0 || shape.s < 0 || shape.h < 0 || shape.d < 0)
+    throw InvalidArgument(fmt::format("tensor shape must be non-negative, got {}", shape.str()));
+  storage_ = AlignedBuffer(size_t(shape.numel()) * dtype_size(dtype));
+}
+
+float Tensor::at(int64_t b, int64_t s, int64_t h, int64_t d) const {
+  size_t i = size_t(((b * shape_.s + s) * shape_.h + h) * shape_.d + d);
+  return load_f32(data(), dtype_, i);
+}
+
+void Tensor::set(int64_t b, int64_t s, int64_t h, int64_t d, float v) {
+  size_t i = size_t(((b * shape_.s + s) * shape_.h + h) * shape_.d + d);
+  store_f32(data(), dtype_, i, v);
+}
+
+Tensor Tensor::copy_of(ConstTensorView v) {
+  Tensor t(v.dtype, v.shape);
+  if (t.nbytes()) std::memcpy(t.data(), v.data, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return *this;
+  Tensor t(dtype, shape_);
+  std::vector<float> f = to_f32();
+  convert_from_f32(f.data(), dtype, t.data(), f.size());
+  return t;
+}
+
+std::vector<float> Tensor::to_f32() const {
+  std::vector<float> f(static_cast<size_t>(shape_.numel()));
+  convert_to_f32(data(), dtype_, f.data(), f.size());
+  return f;
+}
+
+}  // namespace qvg
