@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages qvg builds and tests with, when any is missing.
+# Usage: scripts/deps.sh [--python]   (--python adds what the PyTorch extension needs)
+set -euo pipefail
+pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev librapidcheck-dev libbenchmark-dev
+      libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libxxhash-dev)
+if [[ "${1:-}" == "--python" ]]; then
+  pkgs+=(python3 python3-dev python3-pytest pybind11-dev python3-torch libtorch-dev)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "qvg: installing Debian packages: ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
