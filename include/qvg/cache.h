@@ -1,0 +1,378 @@
+// qvg/cache.h — the causal K/V caches of spec sections 3 to 5.
+//
+// A video transformer block owns one cache for its K and V. Once per denoising
+// step it calls update() with the K/V of the chunk being generated and attends
+// the chunk's queries over the view update() returns. Two caches share that
+// interface (CausalCache):
+//   * DenseCausalCache (spec 3.2): sink tokens + a rolling buffer, the baseline.
+//   * PackedCausalCache (spec 4): the QVG segment store; completed chunks are
+//     encoded with the PRQ codec (qvg/codec.h) in spans, old ones are evicted.
+//
+// Errors (spec 5): every update() validates all its arguments and the call's
+// placement before anything changes. A call that throws leaves the cache
+// exactly as it was (buffers, segments, cursors, byte counts, the previous
+// view's memory) and the next valid call behaves as if the bad one never
+// happened. The error kinds are those of qvg/error.h:
+//   InvalidArgument — negative recent_window_tokens, head slice, shape / dtype /
+//                     head_dim / key-value mismatch, n = 0, negative chunk start,
+//                     non-finite or |x| > 1e16 values, bad options or QuantArgs;
+//   Unsupported     — packed: non-sequential write, size change of the current
+//                     chunk, allow_growth;
+//   OutOfRange      — a chunk longer than the cache or not entirely visible in
+//                     the window, a placement overwriting sink tokens; dense: a
+//                     rewrite of evicted positions.
+// Only allocation failure (std::bad_alloc) can interrupt a call after
+// validation; the cache then stays consistent (basic guarantee).
+//
+// Thread safety: a cache is not thread-safe; one caller at a time. update()
+// itself uses OpenMP (codec) where it helps.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "qvg/codec.h"
+#include "qvg/config.h"
+#include "qvg/tensor.h"
+
+namespace qvg {
+
+/// Non-owning read-only view of a [B, T, H, D] tensor whose channels (d) are
+/// contiguous: element (b, t, h, d) is at
+///   data + (b * stride_b + t * stride_t + h * stride_h + d) elements of `dtype`.
+/// A dense tensor has stride_h = D, stride_t = H * D, stride_b = T * H * D.
+struct StridedView {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  Shape4 shape;              ///< [B, T, H, D]
+  int64_t stride_b = 0;      ///< elements between batches
+  int64_t stride_t = 0;      ///< elements between tokens
+  int64_t stride_h = 0;      ///< elements between heads
+
+  /// Pointer to element (b, t, h, 0). REQUIRES: indices inside shape.
+  const void* row(int64_t b, int64_t t, int64_t h) const;
+  /// Element (b, t, h, d) as fp32 (exact). REQUIRES: indices inside shape.
+  float at(int64_t b, int64_t t, int64_t h, int64_t d) const;
+  /// True when the strides are those of a dense [B, T, H, D] tensor.
+  bool is_dense() const;
+  /// A dense copy in the same dtype.
+  Tensor to_tensor() const;
+  /// A dense tensor seen as a strided view.
+  static StridedView of(ConstTensorView v);
+};
+
+/// What update() returns (spec 3.1). The views k and v are valid until the next
+/// mutating call (update() that succeeds, reset_indices(), set_indices()) on the
+/// same cache, or the cache's destruction; a call that throws does not
+/// invalidate them. They point either into the cache's resident storage
+/// (zero_copy: no bytes were copied) or into a scratch buffer the cache owns.
+struct KVView {
+  StridedView k;  ///< [B, T, h_in, D]: the visible tokens in global order, heads [hs, hs + h_in)
+  StridedView v;  ///< same shape and strides as k
+  /// Where the written chunk lies: dense — its position in the cache's buffer;
+  /// packed — its position in k/v, i.e. [T - n, T).
+  int64_t local_start_index = 0;
+  int64_t local_end_index = 0;
+  int64_t visible_local_end = 0;   ///< tokens held in the buffer: min(global_end, cache_size)
+  int64_t visible_global_end = 0;  ///< global_end after the call
+  bool zero_copy = false;          ///< k/v alias resident storage (no copy, no decode)
+};
+
+/// The constructor arguments shared by both caches (spec 3.1). Validated once,
+/// at construction; the cache trusts them afterwards.
+struct CacheOptions {
+  int64_t batch = 1;       ///< B >= 1
+  int64_t cache_size = 0;  ///< tokens the cache holds, >= 1
+  int64_t heads = 1;       ///< H >= 1
+  int64_t head_dim = 0;    ///< D >= 1
+  DType dtype = DType::BF16;  ///< of every key/value passed in and of the views
+  int64_t sink_tokens = 0;    ///< 0 <= sink_tokens <= cache_size: leading tokens never evicted
+  /// Tokens a view shows (1..cache_size); nullopt = cache_size.
+  std::optional<int64_t> attention_window_size;
+  /// Dense only: grow the buffer instead of evicting (the packed cache rejects it).
+  bool allow_growth = false;
+
+  /// The window in tokens (attention_window_size or cache_size).
+  int64_t window() const { return attention_window_size.value_or(cache_size); }
+  /// Throws InvalidArgument naming the field for any value outside its range.
+  void validate() const;
+};
+
+/// The interface both caches share (spec 3.1).
+class CausalCache {
+ public:
+  virtual ~CausalCache() = default;
+
+  /// Writes the chunk [c, c + n) of K/V and returns the visible window.
+  /// key, value: [B, n, h_in, D] dense, the cache's dtype, identical shapes.
+  /// current_chunk_start (c): global position of the chunk's first token, >= 0.
+  /// cache_head_start (hs): required when h_in != H; heads [hs, hs + h_in) must
+  ///   lie in [0, H); only those heads are written and returned.
+  /// recent_window_tokens (rw): nullopt, or >= 0 to restrict the non-sink part
+  ///   of the view to the rw tokens before the chunk (plus the chunk).
+  /// Throws as described at the top of this file; nothing changes on a throw.
+  KVView update(ConstTensorView key, ConstTensorView value, int64_t current_chunk_start,
+                std::optional<int64_t> cache_head_start = std::nullopt,
+                std::optional<int64_t> recent_window_tokens = std::nullopt) {
+    return do_update(key, value, current_chunk_start, cache_head_start, recent_window_tokens);
+  }
+
+  /// Dense: cursors to 0 (buffer content is kept). Packed: an empty cache.
+  virtual void reset_indices() = 0;
+  /// sink_tokens == 0 and cache_size == n and window == n: the current chunk is
+  /// the whole view, so attention can use the chunk's own K/V directly.
+  bool can_direct_current_attention(int64_t n) const {
+    return sink_tokens() == 0 && cache_size() == n && attention_window_size() == n;
+  }
+
+  /// Bytes of the cache's state (see each class).
+  virtual size_t resident_nbytes() const = 0;
+  /// The most bytes the last successful update() held beyond the resident
+  /// state at any moment (view buffer if it copied, encode scratch). Unchanged
+  /// by a failing call; 0 before the first call and after reset_indices().
+  virtual size_t peak_transient_nbytes() const = 0;
+
+  virtual int64_t global_end() const = 0;  ///< tokens [0, global_end) have been generated
+  virtual int64_t local_end() const = 0;   ///< tokens held in the buffer
+  virtual int64_t cache_size() const = 0;
+  virtual int64_t attention_window_size() const = 0;
+  virtual int64_t sink_tokens() const = 0;
+  virtual int64_t batch() const = 0;
+  virtual int64_t num_heads() const = 0;
+  virtual int64_t head_dim() const = 0;
+  virtual DType dtype() const = 0;
+
+ protected:
+  virtual KVView do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
+                           std::optional<int64_t> rw) = 0;
+};
+
+// ---------------------------------------------------------------------------
+/// The dense cache of spec 3.2: the baseline every packed result is compared to.
+///
+/// State: buffers K, V, each [B, cache_size, H, D] of dtype; cursors
+/// global_end (tokens [0, global_end) were generated) and local_end (the
+/// buffer's valid prefix).
+/// Invariants:
+///   * 0 <= local_end <= cache_size and local_end <= global_end;
+///   * shift = global_end - local_end counts evicted tokens; shift > 0 only once
+///     an eviction happened, and then local_end == cache_size;
+///   * buffer[0, min(sink, local_end)) holds global tokens [0, min(sink, local_end));
+///     a global position g >= sink lives at buffer index g - shift when that is
+///     >= min(sink, local_end) (older ones were evicted);
+///   * resident_nbytes() == 2 * B * cache_size * H * D * dtype_size (the buffers,
+///     owned or external), whatever the cursors.
+/// Calls (ce = c + n):
+///   * Rewrite (ce <= global_end): written at buffer index c - shift; cursors
+///     unchanged. OutOfRange ("rewrite of evicted positions") when that index is
+///     negative, and also — a decision beyond the engine, which silently wrote
+///     into the sink slots — when an eviction happened and the index falls
+///     inside the sink slots [0, min(sink, local_end)).
+///   * Advance (ce > global_end, gaps allowed): appended = ce - global_end. If
+///     local_end + appended > cache_size: with allow_growth the buffers grow to
+///     max(local_end + appended, 2 * cache_size) (a window equal to the old size
+///     follows); otherwise evicted = local_end + appended - cache_size, the rolled
+///     = max(0, local_end - evicted - sink) tokens after them move down to
+///     buffer[sink, sink + rolled) (all heads) and the chunk ends at cache_size.
+///     Else the chunk ends at local_end + appended. global_end = ce, local_end =
+///     the chunk's end. Gap tokens hold whatever the buffer held.
+///   * View: rw absent: buffer[max(0, local_end - window), local_end). rw >= 0:
+///     sink_end = min(sink, local_end), start = max(sink_end, local_start - rw);
+///     buffer[0, local_end) if start <= sink_end, else buffer[0, sink_end) ++
+///     buffer[start, local_end). A single range is returned without a copy
+///     (strided view into the buffer); two ranges are copied into scratch.
+class DenseCausalCache final : public CausalCache {
+ public:
+  /// Caller-owned storage for the buffers: each [B, cache_size, H, D] of the
+  /// cache's dtype, dense, alive as long as the cache uses it. Its content is
+  /// taken as is (the buffer's state). On growth the cache switches to storage
+  /// it owns (copying), after which owns_storage() is true.
+  struct ExternalStorage {
+    void* k = nullptr;
+    void* v = nullptr;
+  };
+
+  /// Owned, zero-filled buffers. Throws InvalidArgument for bad options.
+  explicit DenseCausalCache(const CacheOptions& options);
+  /// Buffers in caller storage (see ExternalStorage). Throws InvalidArgument for
+  /// bad options or null pointers.
+  DenseCausalCache(const CacheOptions& options, ExternalStorage storage);
+  ~DenseCausalCache() override;
+  DenseCausalCache(DenseCausalCache&&) noexcept;
+  DenseCausalCache& operator=(DenseCausalCache&&) noexcept;
+
+  void reset_indices() override;
+  /// Sets the cursors (for bindings whose index tensors live outside the cache).
+  /// REQUIRES 0 <= local_end <= cache_size, local_end <= global_end, and
+  /// global_end == local_end unless local_end == cache_size; else InvalidArgument.
+  void set_indices(int64_t global_end, int64_t local_end);
+
+  size_t resident_nbytes() const override;
+  size_t peak_transient_nbytes() const override;
+  int64_t global_end() const override;
+  int64_t local_end() const override;
+  int64_t cache_size() const override;  ///< current size (grows with allow_growth)
+  int64_t attention_window_size() const override;
+  int64_t sink_tokens() const override;
+  int64_t batch() const override;
+  int64_t num_heads() const override;
+  int64_t head_dim() const override;
+  DType dtype() const override;
+  bool allow_growth() const;
+
+  /// The buffers, [B, cache_size, H, D]; valid until the next mutating call.
+  ConstTensorView k_buffer() const;
+  ConstTensorView v_buffer() const;
+  bool owns_storage() const;
+
+  /// A full snapshot for tests: equal snapshots mean equal caches.
+  struct DebugState {
+    std::vector<uint8_t> k, v;  ///< buffer bytes
+    int64_t cache_size = 0, window = 0, global_end = 0, local_end = 0;
+    size_t resident_nbytes = 0, peak_transient_nbytes = 0;
+    std::vector<uint8_t> view_scratch;  ///< bytes behind the last copied view
+    bool owns_storage = true;
+    bool operator==(const DebugState&) const = default;
+  };
+  DebugState debug_state() const;
+
+ protected:
+  KVView do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
+                   std::optional<int64_t> rw) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------
+/// The packed causal cache of spec 4 (QVG).
+///
+/// State: a list of segments [g0, g1) in global order, each raw (K and V in the
+/// cache dtype, [B, g1 - g0, H, D]) or packed (one EncodedTensor for K and one
+/// for V, spec 1.5, encoding a *span* of consecutive chunks with one codebook);
+/// the last segment is the *current* chunk, raw. global_end; chunk_tokens
+/// (fixed by the first advance, informational: chunks may vary in size); the
+/// warm-start codebooks of the last K and V encodings (init = warm).
+/// Invariants:
+///   * segments are sorted, adjacent ones touch (s[i].g1 == s[i+1].g0), and the
+///     last one ends at global_end; the first one starts at 0 while sink
+///     segments exist (they are never dropped);
+///   * a raw segment is exactly one chunk; a packed span never mixes sink and
+///     non-sink chunks; a segment is a sink segment iff its g0 < sink_tokens;
+///   * local_end == min(global_end, cache_size);
+///   * resident_nbytes() == sum of raw segment bytes (2 * B * (g1-g0) * H * D *
+///     dtype_size, the current one included) + sum over spans of
+///     k.nbytes() + v.nbytes(). Not counted: the warm-start codebooks
+///     (warm_state_nbytes()) and the view scratch (transient).
+/// Calls (ce = c + n):
+///   * c == current.g0: rewrite of the current chunk (a denoising step); n must
+///     equal its size (else Unsupported).
+///   * c == global_end: advance. The current chunk is finalized, a new raw
+///     chunk [c, ce) (zeros in heads this call does not write) becomes current,
+///     global_end = ce, then pack-and-evict runs, in this order:
+///       sink_end = min(sink, global_end),
+///       tail_start = max(sink_end, global_end - max(0, window - sink_end));
+///       1. finalized non-sink segments with g1 <= tail_start are dropped;
+///       2. with quantization on, eligible chunks are encoded: non-sink
+///          finalized raw chunks older than the newest keep_recent_chunks, in
+///          spans of span_chunks chunks, oldest first, as soon as a span is
+///          full; with `sink` on, finalized sink chunks after the first
+///          sink_keep_chunks — one span per chunk (sink_span = chunk) or all
+///          together at the first advance with c >= sink_tokens (sink_span =
+///          full). Sink spans are encoded first, then non-sink spans.
+///          NOTE: chunks that leave the window before their span fills are
+///          dropped raw, so a window too small to hold a full span of eligible
+///          chunks packs nothing.
+///       3. init = warm: each encoding seeds k-means from the previous
+///          encoding's codebook of the same tensor (K or V); the first
+///          encoding (and the first after reset_indices()) uses random init.
+///   * anything else: Unsupported (non-sequential write).
+///   * Also rejected like the dense cache: a chunk longer than the cache, an
+///     advance whose placement would overwrite sink tokens (OutOfRange), and a
+///     chunk not entirely visible: tail_start > max(c, sink_end) (OutOfRange).
+///   * View: the sink [0, sink_end) followed by [lo, global_end), lo =
+///     tail_start (rw absent) or max(tail_start, c - rw) (adjacent ranges
+///     merge). A view inside the current chunk is returned without a copy;
+///     otherwise raw rows are copied and packed spans are decoded one at a time
+///     (qvg::decode_range) straight into a scratch buffer the cache owns.
+///   With quantization off and window == cache_size every view equals the
+///   dense cache's bit for bit. With window < cache_size this cache shows the
+///   sink plus the newest window - sink_end tokens, the dense one the last
+///   `window` buffer tokens (deliberate, as spec 4 says).
+class PackedCausalCache final : public CausalCache {
+ public:
+  /// Throws InvalidArgument for bad options or quant args (block_size must
+  /// divide head_dim when quantization is on), Unsupported for allow_growth.
+  explicit PackedCausalCache(const CacheOptions& options, const QuantArgs& quant = {});
+  ~PackedCausalCache() override;
+  PackedCausalCache(PackedCausalCache&&) noexcept;
+  PackedCausalCache& operator=(PackedCausalCache&&) noexcept;
+
+  void reset_indices() override;
+
+  size_t resident_nbytes() const override;
+  size_t peak_transient_nbytes() const override;
+  int64_t global_end() const override;
+  int64_t local_end() const override;
+  int64_t cache_size() const override;
+  int64_t attention_window_size() const override;
+  int64_t sink_tokens() const override;
+  int64_t batch() const override;
+  int64_t num_heads() const override;
+  int64_t head_dim() const override;
+  DType dtype() const override;
+  const QuantArgs& quant_args() const;
+  /// Size of the first advance's chunk; nullopt while the cache is empty.
+  std::optional<int64_t> chunk_tokens() const;
+  /// Bytes of the warm-start codebooks kept for init = warm (not resident).
+  size_t warm_state_nbytes() const;
+
+  /// Read-only access to one segment; pointers valid until the next mutating call.
+  struct SegmentInfo {
+    int64_t g0 = 0, g1 = 0;  ///< global token range
+    bool is_sink = false;
+    bool packed = false;
+    bool current = false;  ///< the current (last, raw) chunk
+    int chunks = 1;        ///< chunks in the span (1 for a raw segment)
+    StridedView k_raw, v_raw;                ///< raw only: [B, g1 - g0, H, D]
+    const EncodedTensor* k_enc = nullptr;    ///< packed only
+    const EncodedTensor* v_enc = nullptr;    ///< packed only
+    size_t nbytes = 0;                       ///< resident bytes of K and V
+  };
+  size_t num_segments() const;
+  SegmentInfo segment(size_t i) const;  ///< REQUIRES i < num_segments()
+
+  /// A full snapshot for tests: equal snapshots mean equal caches.
+  struct SegmentState {
+    int64_t g0 = 0, g1 = 0;
+    bool is_sink = false, packed = false;
+    int chunks = 1;
+    std::vector<uint8_t> k_raw, v_raw;
+    EncodedTensor k_enc, v_enc;
+    bool operator==(const SegmentState&) const = default;
+  };
+  struct DebugState {
+    std::vector<SegmentState> segments;
+    int64_t global_end = 0, local_end = 0;
+    std::optional<int64_t> chunk_tokens;
+    std::optional<EncodedTensor> warm_k, warm_v;
+    size_t resident_nbytes = 0, peak_transient_nbytes = 0;
+    std::vector<uint8_t> view_scratch;
+    bool operator==(const DebugState&) const = default;
+  };
+  DebugState debug_state() const;
+
+ protected:
+  KVView do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
+                   std::optional<int64_t> rw) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qvg

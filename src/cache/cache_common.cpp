@@ -1,0 +1,165 @@
+#include "cache/cache_common.h"
+
+#include <cstring>
+#include <limits>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+
+namespace qvg {
+
+// ---- StridedView -------------------------------------------------------------
+const void* StridedView::row(int64_t b, int64_t t, int64_t h) const {
+  const int64_t off = b * stride_b + t * stride_t + h * stride_h;
+  return static_cast<const std::byte*>(data) + size_t(off) * dtype_size(dtype);
+}
+
+float StridedView::at(int64_t b, int64_t t, int64_t h, int64_t d) const {
+  return load_f32(row(b, t, h), dtype, size_t(d));
+}
+
+bool StridedView::is_dense() const {
+  return stride_h == shape.d && stride_t == shape.h * shape.d && stride_b == shape.s * shape.h * shape.d;
+}
+
+Tensor StridedView::to_tensor() const {
+  Tensor out(dtype, shape);
+  const size_t esz = dtype_size(dtype);
+  const size_t row_bytes = size_t(shape.d) * esz;
+  auto* dst = static_cast<std::byte*>(out.data());
+  for (int64_t b = 0; b < shape.b; ++b)
+    for (int64_t t = 0; t < shape.s; ++t)
+      for (int64_t h = 0; h < shape.h; ++h) {
+        std::memcpy(dst, row(b, t, h), row_bytes);
+        dst += row_bytes;
+      }
+  return out;
+}
+
+StridedView StridedView::of(ConstTensorView v) {
+  return {v.data, v.dtype, v.shape, v.shape.s * v.shape.h * v.shape.d, v.shape.h * v.shape.d, v.shape.d};
+}
+
+// ---- CacheOptions -------------------------------------------------------------
+void CacheOptions::validate() const { detail::validate_options(*this); }
+
+namespace detail {
+
+void validate_options(const CacheOptions& o) {
+  if (o.batch < 1) throw InvalidArgument(fmt::format("batch must be >= 1, got {}", o.batch));
+  if (o.cache_size < 1) throw InvalidArgument(fmt::format("cache_size must be >= 1, got {}", o.cache_size));
+  if (o.heads < 1) throw InvalidArgument(fmt::format("num_heads must be >= 1, got {}", o.heads));
+  if (o.head_dim < 1) throw InvalidArgument(fmt::format("head_dim must be >= 1, got {}", o.head_dim));
+  if (o.sink_tokens < 0 || o.sink_tokens > o.cache_size)
+    throw InvalidArgument(fmt::format("sink_tokens must be in [0, cache_size = {}], got {}", o.cache_size,
+                                      o.sink_tokens));
+  if (o.attention_window_size && (*o.attention_window_size < 1 || *o.attention_window_size > o.cache_size))
+    throw InvalidArgument(fmt::format("attention_window_size must be in [1, cache_size = {}] or None, got {}",
+                                      o.cache_size, *o.attention_window_size));
+  // Buffer elements must stay far below 2^62 bytes (no overflow anywhere).
+  constexpr int64_t kLimit = int64_t(1) << 40;
+  const bool too_big = o.batch > kLimit || o.heads > kLimit || o.head_dim > kLimit || o.cache_size > kLimit ||
+                       double(o.batch) * double(o.cache_size) * double(o.heads) * double(o.head_dim) * 8.0 >
+                           double(int64_t(1) << 52);
+  if (too_big)
+    throw InvalidArgument(fmt::format(
+        "cache of batch={} cache_size={} num_heads={} head_dim={} is too large (at most 2^52 bytes of K and V)",
+        o.batch, o.cache_size, o.heads, o.head_dim));
+}
+
+CallArgs validate_call(const CacheOptions& o, ConstTensorView key, ConstTensorView value, int64_t c,
+                       std::optional<int64_t> hs, std::optional<int64_t> rw) {
+  if (rw && *rw < 0) throw InvalidArgument(fmt::format("recent_window_tokens must be >= 0 or None, got {}", *rw));
+  const Shape4 ks = key.shape;
+  if (key.dtype != o.dtype)
+    throw InvalidArgument(
+        fmt::format("key dtype must be the cache dtype {}, got {}", dtype_name(o.dtype), dtype_name(key.dtype)));
+  if (value.dtype != key.dtype)
+    throw InvalidArgument(fmt::format("value dtype must equal key dtype {}, got {}", dtype_name(key.dtype),
+                                      dtype_name(value.dtype)));
+  if (ks.b != o.batch)
+    throw InvalidArgument(fmt::format("key batch (dim 0 of [B, n, h, D]) must be the cache batch {}, got {} (key shape {})",
+                                      o.batch, ks.b, ks.str()));
+  if (ks.d != o.head_dim)
+    throw InvalidArgument(fmt::format("key head_dim (dim 3 of [B, n, h, D]) must be {}, got {} (key shape {})",
+                                      o.head_dim, ks.d, ks.str()));
+  if (ks.h < 1 || ks.h > o.heads)
+    throw InvalidArgument(fmt::format("key heads (dim 2 of [B, n, h, D]) must be in 1..{}, got {} (key shape {})",
+                                      o.heads, ks.h, ks.str()));
+  if (ks.s < 1)
+    throw InvalidArgument(fmt::format("key tokens n (dim 1 of [B, n, h, D]) must be >= 1, got {} (key shape {})",
+                                      ks.s, ks.str()));
+  if (!(value.shape == ks))
+    throw InvalidArgument(fmt::format("value shape must equal key shape {}, got {}", ks.str(), value.shape.str()));
+  if (key.data == nullptr || value.data == nullptr)
+    throw InvalidArgument(fmt::format("key and value data must not be null, got key={} value={}",
+                                      key.data ? "non-null" : "null", value.data ? "non-null" : "null"));
+  CallArgs a;
+  a.n = ks.s;
+  a.h_in = ks.h;
+  if (ks.h != o.heads && !hs)
+    throw InvalidArgument(fmt::format(
+        "cache_head_start is required when key has {} of the cache's {} heads (head slice), got None", ks.h,
+        o.heads));
+  a.hs = hs.value_or(0);
+  if (a.hs < 0 || a.hs > o.heads - ks.h)
+    throw InvalidArgument(fmt::format(
+        "cache_head_start must be in [0, {}] so that heads [cache_head_start, cache_head_start + {}) lie in [0, {}), "
+        "got {}",
+        o.heads - ks.h, ks.h, o.heads, a.hs));
+  if (c < 0 || c > kMaxPosition)
+    throw InvalidArgument(fmt::format("current_chunk_start must be in [0, 2^60], got {}", c));
+  a.c = c;
+  a.ce = c + a.n;
+  return a;
+}
+
+void check_values(ConstTensorView key, ConstTensorView value) {
+  check_finite_and_bounded(key, "key");
+  check_finite_and_bounded(value, "value");
+}
+
+void write_rows(ConstTensorView src, std::byte* dst, int64_t dst_batch_tokens, int64_t dst_heads, int64_t t0,
+                int64_t hs) {
+  const int64_t B = src.shape.b, n = src.shape.s, h = src.shape.h, D = src.shape.d;
+  const size_t esz = dtype_size(src.dtype);
+  const size_t bytes = size_t(h * D) * esz;
+  const auto* s = static_cast<const std::byte*>(src.data);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t) {
+      const size_t so = size_t((b * n + t) * h * D) * esz;
+      const size_t doff = size_t(((b * dst_batch_tokens + t0 + t) * dst_heads + hs) * D) * esz;
+      std::memcpy(dst + doff, s + so, bytes);
+    }
+}
+
+void gather_rows(const std::byte* src, int64_t B, int64_t src_tokens, int64_t src_heads, int64_t D, size_t esz,
+                 int64_t t0, int64_t t1, int64_t hs, int64_t h_out, std::byte* out, int64_t T_out, int64_t out_t) {
+  const size_t bytes = size_t(h_out * D) * esz;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = t0; t < t1; ++t) {
+      const size_t so = size_t(((b * src_tokens + t) * src_heads + hs) * D) * esz;
+      const size_t doff = size_t(((b * T_out + out_t + (t - t0)) * h_out) * D) * esz;
+      std::memcpy(out + doff, src + so, bytes);
+    }
+}
+
+StridedView sub_view(const void* base, DType dt, int64_t B, int64_t tokens, int64_t heads, int64_t D, int64_t t0,
+                     int64_t T, int64_t hs, int64_t h) {
+  StridedView v;
+  v.dtype = dt;
+  v.shape = {B, T, h, D};
+  v.stride_h = D;
+  v.stride_t = heads * D;
+  v.stride_b = tokens * heads * D;
+  v.data = static_cast<const std::byte*>(base) + size_t((t0 * heads + hs) * D) * dtype_size(dt);
+  return v;
+}
+
+StridedView dense_view(const void* base, DType dt, int64_t B, int64_t T, int64_t h, int64_t D) {
+  return {base, dt, {B, T, h, D}, T * h * D, h * D, D};
+}
+
+}  // namespace detail
+}  // namespace qvg
