@@ -1,0 +1,123 @@
+// The shared codec flags (see codec_flags.h).
+#include "codec_flags.h"
+
+#include <charconv>
+#include <limits>
+#include <string>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+
+namespace qvg::cli {
+
+int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  const char* end = value.data() + value.size();
+  const auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (value.empty() || ec != std::errc() || p != end || v < lo || v > hi)
+    throw InvalidArgument(
+        fmt::format("{} must be an integer in {}..{}, got '{}'", flag, lo, hi, value));
+  return v;
+}
+
+namespace {
+
+uint64_t parse_u64_flag(const char* flag, const std::string& value) {
+  uint64_t v = 0;
+  const char* end = value.data() + value.size();
+  const auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (value.empty() || ec != std::errc() || p != end)
+    throw InvalidArgument(fmt::format("{} must be an unsigned 64-bit integer, got '{}'", flag, value));
+  return v;
+}
+
+// An integer flag bound to `target`; range checks beyond int are CodecConfig::validate's.
+void add_int(CLI::App& cmd, const char* flag, int& target, const std::string& help) {
+  cmd.add_option_function<std::string>(
+         flag,
+         [flag, &target](const std::string& v) {
+           target = static_cast<int>(parse_int_flag(flag, v, std::numeric_limits<int>::min(),
+                                                    std::numeric_limits<int>::max()));
+         },
+         help)
+      ->type_name("INT")
+      ->default_str(std::to_string(target));
+}
+
+// Runs a config.h parse_* function, naming the flag in its error.
+template <class F>
+auto named(const char* flag, F&& parse) {
+  try {
+    return parse();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {}", flag, e.what()));
+  }
+}
+
+}  // namespace
+
+void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
+  cfg = CodecConfig{};
+  cfg.bits = 4;
+  add_int(cmd, "--bits", cfg.bits, "residual code width: 2 or 4");
+  add_int(cmd, "--centroids", cfg.centroids, "k-means codebook size per stage and group: 1..256");
+  add_int(cmd, "--block-size", cfg.block_size,
+          "channels sharing one residual scale; divides head_dim, multiple of 8/bits");
+  add_int(cmd, "--stages", cfg.stages, "k-means (progressive residual) stages: >= 1");
+  add_int(cmd, "--iters", cfg.kmeans_iters, "Lloyd iterations per stage: >= 1");
+  cmd.add_flag("--asymmetric", cfg.asymmetric,
+               "min/max + zero point per block instead of absmax");
+  cmd.add_option_function<std::string>(
+         "--scale-dtype",
+         [&cfg](const std::string& v) {
+           cfg.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(v); });
+         },
+         "storage of block scales and zeros: fp8_e4m3 (or fp8) | bf16")
+      ->type_name("NAME")
+      ->default_str("fp8_e4m3");
+  cmd.add_option_function<std::string>(
+         "--scaling",
+         [&cfg](const std::string& v) {
+           cfg.scaling = named("--scaling", [&] { return parse_scaling(v); });
+         },
+         "two_level (fp32 factor per group) | compat (the QVG Triton layout)")
+      ->type_name("NAME")
+      ->default_str("two_level");
+  cmd.add_option_function<std::string>(
+         "--init",
+         [&cfg](const std::string& v) {
+           if (v == "warm")
+             throw InvalidArgument(
+                 "--init must be random or kmeans++, got 'warm' (warm starts need the previous "
+                 "segment of a cache)");
+           cfg.init = named("--init", [&] { return parse_init(v); });
+         },
+         "k-means initialisation: random | kmeans++")
+      ->type_name("NAME")
+      ->default_str("random");
+  cmd.add_option_function<std::string>(
+         "--seed", [&cfg](const std::string& v) { cfg.seed = parse_u64_flag("--seed", v); },
+         "seed every random choice derives from")
+      ->type_name("UINT")
+      ->default_str(std::to_string(cfg.seed));
+  add_int(cmd, "--threads", cfg.threads, "worker threads (0 = all cores); never changes bytes");
+}
+
+void check_codec_flags(const CodecConfig& cfg) {
+  try {
+    cfg.validate();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("invalid codec flags: {}", e.what()));
+  }
+}
+
+void check_codec_flags(const CodecConfig& cfg, int64_t head_dim) {
+  try {
+    cfg.validate_for_head_dim(head_dim);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("invalid codec flags for this input: {}", e.what()));
+  }
+}
+
+}  // namespace qvg::cli

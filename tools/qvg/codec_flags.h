@@ -1,0 +1,34 @@
+// tools/qvg/codec_flags.h — the codec flags shared by `encode`, `eval` and later
+// commands: --bits --centroids --block-size --stages --iters --asymmetric
+// --scale-dtype --scaling --init --seed --threads.
+//
+// Defaults are those of spec section 1, with --bits 4. Values are parsed while the
+// command line is parsed, into the CodecConfig given to add_codec_flags (which must
+// outlive the CLI::App). A malformed value (not an integer, a name outside its set)
+// throws qvg::InvalidArgument naming the flag, the value and what is allowed; range
+// checks that need the data (block size vs head_dim) run in check_codec_flags.
+#pragma once
+
+#include <cstdint>
+
+#include <CLI/CLI.hpp>
+
+#include "qvg/config.h"
+
+namespace qvg::cli {
+
+/// Adds the codec flags to `cmd`, writing into `cfg` (reset to the defaults here).
+void add_codec_flags(CLI::App& cmd, CodecConfig& cfg);
+
+/// Post-parse checks before any input is read: cfg.validate() (bits, centroids, ...).
+/// Throws InvalidArgument ("invalid codec flags: ...").
+void check_codec_flags(const CodecConfig& cfg);
+
+/// Post-parse checks once the input's head_dim is known: cfg.validate_for_head_dim().
+void check_codec_flags(const CodecConfig& cfg, int64_t head_dim);
+
+/// Parses a whole string as a decimal integer in [lo, hi]; throws InvalidArgument
+/// naming `flag` otherwise. Shared by the commands for their own integer flags.
+int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi);
+
+}  // namespace qvg::cli
