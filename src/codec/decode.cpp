@@ -8,71 +8,84 @@
 
 #include <fmt/core.h>
 
+#include "codec/decode_impl.h"
 #include "codec/residual.h"
+#include "kernels/kernels.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 
 namespace qvg {
-namespace {
+namespace detail {
 
-// Decodes tokens [t0, t1) of group (b, h) into rows of fp32 `tmp` (D per token),
-// then rounds into the destination.
-void decode_group_tokens(const EncodedTensor& enc, int64_t b, int64_t h, int64_t t0, int64_t t1,
-                         const std::vector<std::vector<float>>& cent, const DecodeTarget& dst, int64_t h_out,
-                         int64_t dst_t0, std::vector<float>& tmp) {
-  const int64_t D = enc.shape.d, S = enc.shape.s, bs = enc.block_size, nb = D / bs;
-  const int64_t g = b * enc.shape.h + h;
-  const bool asym = enc.asymmetric;
-  const int qmax = detail::qmax_of(enc.bits, asym);
-  const bool two = enc.scaling == Scaling::TwoLevel;
-  const float gs = two ? enc.scale_factor[size_t(g)] : 1.0f;
-  const float gz = two && asym ? enc.zero_factor[size_t(g)] : 1.0f;
-  const int64_t cbytes = enc.code_bytes_per_token();
-  tmp.resize(size_t(D));
-  float* acc = tmp.data();
-  for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* code = enc.codes.data() + size_t((g * S + t) * cbytes);
-    const size_t sbase = size_t((g * S + t) * nb);
+void decode_rows_reference(const kernels::DecodeRows& j) {
+  const int64_t D = j.dim, nb = D / j.block, cbytes = D * j.bits / 8;
+  const int qmax = qmax_of(j.bits, j.asymmetric);
+  std::vector<float> acc(static_cast<size_t>(D));
+  for (int64_t t = 0; t < j.count; ++t) {
+    const uint8_t* code = j.codes + t * cbytes;
     for (int64_t k = 0; k < nb; ++k) {
-      const float s_eff = detail::stored_value(enc.scales.data(), enc.scale_dtype, sbase + size_t(k)) * gs;
+      const size_t si = size_t(t * nb + k);
+      const float s_eff = stored_value(j.scales, j.scale_dtype, si) * j.scale_factor;
       float z_eff = 0.0f;
-      if (asym) z_eff = detail::stored_value(enc.zeros.data(), enc.scale_dtype, sbase + size_t(k)) * gz;
-      for (int64_t i = k * bs; i < (k + 1) * bs; ++i) {
+      if (j.asymmetric) z_eff = stored_value(j.zeros, j.scale_dtype, si) * j.zero_factor;
+      for (int64_t i = k * j.block; i < (k + 1) * j.block; ++i) {
         int c;
-        if (enc.bits == 4) {
-          uint8_t byte = code[i >> 1];
+        if (j.bits == 4) {
+          const uint8_t byte = code[i >> 1];
           c = (i & 1) ? (byte & 0xF) : (byte >> 4);
         } else {
-          uint8_t byte = code[i >> 2];
+          const uint8_t byte = code[i >> 2];
           c = (byte >> (6 - 2 * (i & 3))) & 0x3;
         }
         float v;
-        if (!asym) {
+        if (!j.asymmetric) {
           v = float(c - qmax) * s_eff;
         } else {
-          float m = float(c) * s_eff;
+          const float m = float(c) * s_eff;
           v = m + z_eff;
         }
-        acc[i] = v;
+        acc[size_t(i)] = v;
       }
     }
-    for (int st = 0; st < enc.stages; ++st) {
-      const uint8_t id = enc.ids[size_t(st)][size_t(g * S + t)];
-      const float* c = cent[size_t(st)].data() + int64_t(id) * D;
-      for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] + c[d];
+    for (int st = 0; st < j.stages; ++st) {
+      const float* c = j.centroids[st] + int64_t(j.ids[st][t]) * D;
+      for (int64_t d = 0; d < D; ++d) acc[size_t(d)] = acc[size_t(d)] + c[d];
     }
-    const size_t off = size_t(b * dst.batch_stride + (dst_t0 + (t - t0)) * dst.token_stride + h_out * D);
-    convert_from_f32(acc, dst.dtype, static_cast<uint8_t*>(dst.base) + off * dtype_size(dst.dtype), size_t(D));
+    void* dst = static_cast<uint8_t*>(j.out) + size_t(t * j.out_token_stride) * dtype_size(j.out_dtype);
+    convert_from_f32(acc.data(), j.out_dtype, dst, size_t(D));
   }
 }
 
-}  // namespace
+}  // namespace detail
+
+namespace detail {
+
+kernels::DecodeRows rows_job(const EncodedTensor& enc, int64_t g, int64_t t0, int64_t t1) {
+  kernels::DecodeRows j;
+  const int64_t S = enc.shape.s, nb = enc.blocks_per_token();
+  j.codes = enc.codes.data() + size_t((g * S + t0) * enc.code_bytes_per_token());
+  j.scales = enc.scales.data() + size_t((g * S + t0) * nb) * enc.scale_elem_size();
+  if (enc.asymmetric) j.zeros = enc.zeros.data() + size_t((g * S + t0) * nb) * enc.scale_elem_size();
+  j.scale_dtype = enc.scale_dtype;
+  const bool two = enc.scaling == Scaling::TwoLevel;
+  j.scale_factor = two ? enc.scale_factor[size_t(g)] : 1.0f;
+  j.zero_factor = two && enc.asymmetric ? enc.zero_factor[size_t(g)] : 1.0f;
+  j.bits = enc.bits;
+  j.asymmetric = enc.asymmetric;
+  j.block = enc.block_size;
+  j.dim = enc.shape.d;
+  j.stages = enc.stages;
+  j.count = t1 - t0;
+  return j;
+}
+
+}  // namespace detail
 
 void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst,
                   int threads) {
   QVG_CHECK(0 <= t0 && t0 <= t1 && t1 <= enc.shape.s && 0 <= h0 && h0 < h1 && h1 <= enc.shape.h);
   if (t0 == t1) return;
-  const int64_t B = enc.shape.b, H = h1 - h0, D = enc.shape.d, K = enc.centroids;
+  const int64_t B = enc.shape.b, H = h1 - h0, D = enc.shape.d, K = enc.centroids, S = enc.shape.s;
   // Work items: (b, h, token block). Token blocks keep both cores busy when B*H is small.
   constexpr int64_t kTokBlock = 256;
   const int64_t nblk = (t1 - t0 + kTokBlock - 1) / kTokBlock;
@@ -80,8 +93,9 @@ void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, 
   const int nthreads = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel num_threads(nthreads)
   {
-    std::vector<std::vector<float>> cent(size_t(enc.stages));
-    std::vector<float> tmp;
+    std::vector<std::vector<float>> cent(static_cast<size_t>(enc.stages));
+    std::vector<const float*> cptr(static_cast<size_t>(enc.stages));
+    std::vector<const uint8_t*> iptr(static_cast<size_t>(enc.stages));
     int64_t cached_group = -1;
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
@@ -93,11 +107,20 @@ void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, 
           cent[size_t(st)].resize(size_t(K * D));
           convert_to_f32(enc.centroid[size_t(st)].data() + size_t(g * K * D) * dtype_size(enc.dtype), enc.dtype,
                          cent[size_t(st)].data(), size_t(K * D));
+          cptr[size_t(st)] = cent[size_t(st)].data();
         }
         cached_group = g;
       }
       const int64_t a = t0 + blk * kTokBlock, e = std::min(t1, a + kTokBlock);
-      decode_group_tokens(enc, b, h, a, e, cent, dst, h - h0, a - t0, tmp);
+      kernels::DecodeRows job = detail::rows_job(enc, g, a, e);
+      for (int st = 0; st < enc.stages; ++st) iptr[size_t(st)] = enc.ids[size_t(st)].data() + size_t(g * S + a);
+      job.ids = iptr.data();
+      job.centroids = cptr.data();
+      job.out = static_cast<uint8_t*>(dst.base) +
+                size_t(b * dst.batch_stride + (a - t0) * dst.token_stride + (h - h0) * D) * dtype_size(dst.dtype);
+      job.out_dtype = dst.dtype;
+      job.out_token_stride = dst.token_stride;
+      kernels::decode_rows(job);
     }
   }
 }

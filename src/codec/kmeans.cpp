@@ -9,22 +9,12 @@
 #include <numeric>
 
 #include "codec/rng.h"
+#include "kernels/kernels.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 
 namespace qvg::detail {
 namespace {
-
-// Dot product with 8 independent accumulators: vectorisable without reassociation
-// flags, and its rounding is fixed by the source order (deterministic per build).
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
 
 inline float sqdist(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -63,34 +53,8 @@ int64_t assign(const float* x, int64_t n, int64_t dim, const float* c, int k, As
     }
     return changed;
   }
-  // Fast path: ||x||^2 is constant per point, so argmin of ||c||^2 - 2 x.c.
-  std::vector<float> cn(static_cast<size_t>(k));
-  for (int j = 0; j < k; ++j) cn[j] = dot(c + j * dim, c + j * dim, dim);
-  constexpr int64_t kTile = 8;  // points per tile: centroids stay in cache across the tile
-  for (int64_t i0 = 0; i0 < n; i0 += kTile) {
-    const int64_t i1 = std::min(n, i0 + kTile);
-    float best[kTile];
-    int bi[kTile];
-    for (int64_t i = i0; i < i1; ++i) {
-      best[i - i0] = std::numeric_limits<float>::infinity();
-      bi[i - i0] = 0;
-    }
-    for (int j = 0; j < k; ++j) {
-      const float* cj = c + j * dim;
-      for (int64_t i = i0; i < i1; ++i) {
-        float dj = cn[j] - 2.0f * dot(x + i * dim, cj, dim);
-        if (dj < best[i - i0]) {
-          best[i - i0] = dj;
-          bi[i - i0] = j;
-        }
-      }
-    }
-    for (int64_t i = i0; i < i1; ++i) {
-      if (first || ids[i] != bi[i - i0]) ++changed;
-      ids[i] = uint8_t(bi[i - i0]);
-    }
-  }
-  return changed;
+  // Fast path (SIMD kernel): argmin of ||c||^2 - 2 x.c on the centred points.
+  return kernels::assign_nearest(x, n, dim, c, k, ids, first);
 }
 
 // New centroid = mean of its points (fp64 accumulation); empty clusters keep theirs.

@@ -8,6 +8,7 @@
 
 #include <fmt/core.h>
 
+#include "kernels/kernels.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
 
@@ -74,11 +75,7 @@ void store_f32(void* p, DType t, size_t i, float v) {
 void convert_to_f32(const void* src, DType t, float* dst, size_t n) {
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-      break;
-    }
+    case DType::BF16: kernels::bf16_to_f32(static_cast<const uint16_t*>(src), dst, n); break;
     case DType::F16: {
       auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
@@ -90,11 +87,7 @@ void convert_to_f32(const void* src, DType t, float* dst, size_t n) {
 void convert_from_f32(const float* src, DType t, void* dst, size_t n) {
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
-      break;
-    }
+    case DType::BF16: kernels::f32_to_bf16(src, static_cast<uint16_t*>(dst), n); break;
     case DType::F16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16_sat(src[i]);

@@ -1,0 +1,329 @@
+// CPU kernels, compiled once per SIMD target with Highway (foreach_target) and
+// dispatched at run time. See src/kernels/kernels.h for the contracts.
+//
+// Arithmetic notes:
+// - assign: x.c accumulates with fused multiply-adds per channel in SIMD lanes;
+//   the result may differ from the scalar reference in the last bits (spec 1.1
+//   allows it for fast paths).
+// - decode: separate Mul and Add only (spec 1.3); the library is built with
+//   -ffp-contract=off so the compiler does not fuse them either.
+
+// Every attainable target is compiled so that tests can force each one.
+#ifndef HWY_COMPILE_ALL_ATTAINABLE
+#define HWY_COMPILE_ALL_ATTAINABLE
+#endif
+// Arrays of vectors are used below; sizeless SVE/RVV vectors do not allow them.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/kernels.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/aligned_allocator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/kernels.h"
+#include "qvg/numeric.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qvg {
+namespace kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ---- k-means assignment -------------------------------------------------------
+// Register-blocked micro-kernel: P points x NV vectors of centroids, accumulators
+// in registers, centroids transposed (dim x kpad) so that one load serves P points.
+template <int P, int NV>
+int64_t AssignBlocked(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids, bool first) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const int64_t tileK = NV * L;
+  const int64_t kpad = (k + tileK - 1) / tileK * tileK;
+  auto cT = hwy::AllocateAligned<float>(size_t(dim * kpad));
+  auto cn = hwy::AllocateAligned<float>(size_t(kpad));
+  std::fill(cT.get(), cT.get() + dim * kpad, 0.0f);
+  for (int64_t j = 0; j < kpad; ++j) {
+    if (j < k) {
+      float s = 0;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float v = c[j * dim + d];
+        cT[size_t(d * kpad + j)] = v;
+        s += v * v;
+      }
+      cn[size_t(j)] = s;
+    } else {
+      cn[size_t(j)] = std::numeric_limits<float>::infinity();  // padding: never nearest
+    }
+  }
+  std::vector<float> zero_row(size_t(dim), 0.0f);
+  constexpr int64_t kChunk = 128;  // points whose rows stay in L2 while tiles sweep
+  std::vector<float> best(static_cast<size_t>(kChunk));
+  std::vector<int> bidx(static_cast<size_t>(kChunk));
+  int64_t changed = 0;
+  const V two = hn::Set(df, 2.0f);
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    std::fill(best.begin(), best.end(), std::numeric_limits<float>::infinity());
+    std::fill(bidx.begin(), bidx.end(), 0);
+    for (int64_t j0 = 0; j0 < kpad; j0 += tileK) {
+      for (int64_t i0 = c0; i0 < c1; i0 += P) {
+        const float* xp[P];
+        for (int p = 0; p < P; ++p) xp[p] = (i0 + p < c1) ? x + (i0 + p) * dim : zero_row.data();
+        V acc[P][NV];
+        for (int p = 0; p < P; ++p)
+          for (int v = 0; v < NV; ++v) acc[p][v] = hn::Zero(df);
+        const float* crow = cT.get() + j0;
+        for (int64_t d = 0; d < dim; ++d, crow += kpad) {
+          V cv[NV];
+          for (int v = 0; v < NV; ++v) cv[v] = hn::Load(df, crow + v * L);
+          for (int p = 0; p < P; ++p) {
+            const V xv = hn::Set(df, xp[p][d]);
+            for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(xv, cv[v], acc[p][v]);
+          }
+        }
+        for (int p = 0; p < P && i0 + p < c1; ++p) {
+          V dist[NV];
+          for (int v = 0; v < NV; ++v) dist[v] = hn::NegMulAdd(two, acc[p][v], hn::Load(df, cn.get() + j0 + v * L));
+          V m = dist[0];
+          for (int v = 1; v < NV; ++v) m = hn::Min(m, dist[v]);
+          const float mv = hn::GetLane(hn::MinOfLanes(df, m));
+          const size_t slot = size_t(i0 + p - c0);
+          if (mv < best[slot]) {  // strict: earlier tiles (lower indices) win ties
+            best[slot] = mv;
+            const V mvv = hn::Set(df, mv);
+            for (int v = 0; v < NV; ++v) {
+              const intptr_t lane = hn::FindFirstTrue(df, hn::Eq(dist[v], mvv));
+              if (lane >= 0) {
+                bidx[slot] = int(j0 + v * L + lane);
+                break;
+              }
+            }
+          }
+        }
+      }
+    }
+    for (int64_t i = c0; i < c1; ++i) {
+      const int b = bidx[size_t(i - c0)];
+      if (first || ids[i] != b) ++changed;
+      ids[i] = uint8_t(b);
+    }
+  }
+  return changed;
+}
+
+int64_t AssignNearestImpl(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids, bool first) {
+#if HWY_MAX_BYTES >= 64
+  return AssignBlocked<4, 4>(x, n, dim, c, k, ids, first);
+#else
+  return AssignBlocked<4, 3>(x, n, dim, c, k, ids, first);
+#endif
+}
+
+// ---- conversions -----------------------------------------------------------------
+template <class DF, class V>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> ToBf16(DF /*df*/, V v) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  auto r = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
+  // NaN stays a quiet NaN (rounding could otherwise carry it into infinity).
+  const auto nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
+  r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, r);
+  return hn::DemoteTo(du16, hn::BitCast(di, r));
+}
+
+void F32ToBf16Impl(const float* src, uint16_t* dst, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t L = hn::Lanes(df);
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  size_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(ToBf16(df, hn::LoadU(df, src + i)), du16, dst + i);
+  for (; i < n; ++i) dst[i] = qvg::f32_to_bf16(src[i]);
+}
+
+void Bf16ToF32Impl(const uint16_t* src, float* dst, size_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  const size_t L = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + L <= n; i += L)
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, src + i)))), df, dst + i);
+  for (; i < n; ++i) dst[i] = qvg::bf16_to_f32(src[i]);
+}
+
+// ---- decode ----------------------------------------------------------------------
+// Code values as floats, per packed byte: int4 -> 2 values, int2 -> 4 values, for
+// symmetric (code - qmax) and asymmetric (code) decoding. Exact small integers.
+struct CodeTables {
+  alignas(64) float s4[256][2], a4[256][2], s2[256][4], a2[256][4];
+  CodeTables() {
+    for (int b = 0; b < 256; ++b) {
+      a4[b][0] = float(b >> 4);
+      a4[b][1] = float(b & 0xF);
+      s4[b][0] = float((b >> 4) - 7);
+      s4[b][1] = float((b & 0xF) - 7);
+      for (int u = 0; u < 4; ++u) {
+        const int code = (b >> (6 - 2 * u)) & 3;
+        a2[b][u] = float(code);
+        s2[b][u] = float(code - 1);
+      }
+    }
+  }
+};
+const CodeTables& Tables() {
+  static const CodeTables t;
+  return t;
+}
+
+inline float StoredScale(const uint8_t* arr, ScaleDType t, size_t i) {
+  if (t == ScaleDType::FP8_E4M3) return qvg::fp8e4m3_to_f32(arr[i]);
+  return qvg::bf16_to_f32(uint16_t(arr[2 * i] | (uint16_t(arr[2 * i + 1]) << 8)));
+}
+
+void DecodeRowsImpl(const DecodeRows& j) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const int64_t D = j.dim, nb = D / j.block, cbytes = D * j.bits / 8;
+  const bool uniform = (j.block % L) == 0;  // one scale per vector
+  const CodeTables& tab = Tables();
+  const float* lut = j.bits == 4 ? (j.asymmetric ? &tab.a4[0][0] : &tab.s4[0][0])
+                                 : (j.asymmetric ? &tab.a2[0][0] : &tab.s2[0][0]);
+  const int per = 8 / j.bits;
+  auto vals = hwy::AllocateAligned<float>(size_t(D));
+  auto acc = hwy::AllocateAligned<float>(size_t(D));
+  auto sc = hwy::AllocateAligned<float>(size_t(D));
+  auto zc = hwy::AllocateAligned<float>(size_t(D));
+  std::vector<float> s_eff(static_cast<size_t>(nb)), z_eff(static_cast<size_t>(nb));
+  const int64_t dvec = D / L * L;
+  for (int64_t t = 0; t < j.count; ++t) {
+    const uint8_t* code = j.codes + t * cbytes;
+    for (int64_t b = 0; b < cbytes; ++b) std::memcpy(vals.get() + b * per, lut + size_t(code[b]) * size_t(per), size_t(per) * 4);
+    for (int64_t k = 0; k < nb; ++k) {
+      const size_t si = size_t(t * nb + k);
+      s_eff[size_t(k)] = StoredScale(j.scales, j.scale_dtype, si) * j.scale_factor;
+      if (j.asymmetric) z_eff[size_t(k)] = StoredScale(j.zeros, j.scale_dtype, si) * j.zero_factor;
+    }
+    if (!uniform) {
+      for (int64_t d = 0; d < D; ++d) {
+        sc[size_t(d)] = s_eff[size_t(d / j.block)];
+        zc[size_t(d)] = z_eff[size_t(d / j.block)];
+      }
+    }
+    const float* crow[8];
+    const int ns = std::min(j.stages, 8);
+    for (int s = 0; s < ns; ++s) crow[s] = j.centroids[s] + int64_t(j.ids[s][t]) * D;
+    for (int64_t d = 0; d < dvec; d += L) {
+      V sv, zv;
+      if (uniform) {
+        sv = hn::Set(df, s_eff[size_t(d / j.block)]);
+        zv = hn::Set(df, z_eff[size_t(d / j.block)]);
+      } else {
+        sv = hn::Load(df, sc.get() + d);
+        zv = hn::Load(df, zc.get() + d);
+      }
+      V v = hn::Mul(hn::Load(df, vals.get() + d), sv);
+      if (j.asymmetric) v = hn::Add(v, zv);
+      for (int s = 0; s < ns; ++s) v = hn::Add(v, hn::LoadU(df, crow[s] + d));
+      hn::Store(v, df, acc.get() + d);
+    }
+    for (int64_t d = dvec; d < D; ++d) {  // tail: the same operations, scalar
+      const int64_t k = d / j.block;
+      float v = vals[size_t(d)] * s_eff[size_t(k)];
+      if (j.asymmetric) v = v + z_eff[size_t(k)];
+      for (int s = 0; s < ns; ++s) v = v + crow[s][d];
+      acc[size_t(d)] = v;
+    }
+    for (int s = 8; s < j.stages; ++s) {  // rare: more than 8 stages
+      const float* cr = j.centroids[s] + int64_t(j.ids[s][t]) * D;
+      for (int64_t d = 0; d < D; ++d) acc[size_t(d)] = acc[size_t(d)] + cr[d];
+    }
+    switch (j.out_dtype) {
+      case DType::F32:
+        std::memcpy(static_cast<float*>(j.out) + t * j.out_token_stride, acc.get(), size_t(D) * 4);
+        break;
+      case DType::BF16: {
+        uint16_t* o = static_cast<uint16_t*>(j.out) + t * j.out_token_stride;
+        int64_t d = 0;
+        for (; d + L <= D; d += L) hn::StoreU(ToBf16(df, hn::Load(df, acc.get() + d)), du16, o + d);
+        for (; d < D; ++d) o[d] = qvg::f32_to_bf16(acc[size_t(d)]);
+        break;
+      }
+      case DType::F16: {  // scalar integer conversion (Highway 1.0.3's demotion is not RNE everywhere)
+        uint16_t* o = static_cast<uint16_t*>(j.out) + t * j.out_token_stride;
+        for (int64_t d = 0; d < D; ++d) o[d] = qvg::f32_to_f16_sat(acc[size_t(d)]);
+        break;
+      }
+    }
+  }
+}
+
+// ---- machine limit: FMA throughput -------------------------------------------------
+double FmaLoopImpl(int64_t iters) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  constexpr int kAcc = 12;  // enough independent chains to cover FMA latency x ports
+  V a[kAcc];
+  for (int i = 0; i < kAcc; ++i) a[i] = hn::Set(df, float(i) * 1e-3f);
+  const V m = hn::Set(df, 0.9999999f), c = hn::Set(df, 1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kAcc; ++i) a[i] = hn::MulAdd(a[i], m, c);
+  }
+  V s = a[0];
+  for (int i = 1; i < kAcc; ++i) s = hn::Add(s, a[i]);
+  volatile float sink = hn::GetLane(s);
+  (void)sink;
+  return double(iters) * kAcc * double(hn::Lanes(df)) * 2.0;
+}
+
+const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace qvg
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace qvg {
+namespace kernels {
+
+HWY_EXPORT(AssignNearestImpl);
+HWY_EXPORT(F32ToBf16Impl);
+HWY_EXPORT(Bf16ToF32Impl);
+HWY_EXPORT(DecodeRowsImpl);
+HWY_EXPORT(FmaLoopImpl);
+HWY_EXPORT(TargetNameImpl);
+
+int64_t assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids, bool first) {
+  return HWY_DYNAMIC_DISPATCH(AssignNearestImpl)(x, n, dim, c, k, ids, first);
+}
+void f32_to_bf16(const float* src, uint16_t* dst, size_t n) { HWY_DYNAMIC_DISPATCH(F32ToBf16Impl)(src, dst, n); }
+void bf16_to_f32(const uint16_t* src, float* dst, size_t n) { HWY_DYNAMIC_DISPATCH(Bf16ToF32Impl)(src, dst, n); }
+void decode_rows(const DecodeRows& job) { HWY_DYNAMIC_DISPATCH(DecodeRowsImpl)(job); }
+double fma_loop(int64_t iters) { return HWY_DYNAMIC_DISPATCH(FmaLoopImpl)(iters); }
+std::string current_target_name() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+std::vector<Target> available_targets() {
+  std::vector<Target> out;
+  // Lower bits are better targets in Highway's encoding: best first.
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) out.push_back({t, hwy::TargetName(t)});
+  return out;
+}
+
+void force_target(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+}  // namespace kernels
+}  // namespace qvg
+#endif  // HWY_ONCE

@@ -1,0 +1,74 @@
+// src/kernels/kernels.h — the small kernel interface behind the codec and caches.
+//
+// Plain functions over raw pointers; no vector types leak out. The CPU
+// implementation (src/kernels/cpu/kernels.cpp) is compiled once per SIMD target
+// with Highway and dispatched at run time to the best target of the machine.
+// Every kernel states its arithmetic: the decode kernels follow spec 1.3 exactly
+// (no fused multiply-add), so every target gives the scalar path's bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qvg/config.h"
+#include "qvg/tensor.h"
+
+namespace qvg::kernels {
+
+/// Fast k-means assignment (spec 1.1, expanded form): for each of the n points
+/// (row-major n x dim, fp32, group-centred by the caller) the index of the nearest
+/// of the k centroids (row-major k x dim) by ||c||^2 - 2 x.c, ties to the lowest
+/// index as computed (near-ties may differ from the difference form: allowed).
+/// Writes ids[0..n); returns how many ids differ from their previous value
+/// (every id when `first`). REQUIRES 1 <= k <= 256, dim >= 1.
+/// Allocates a transposed copy of the centroids (dim x k, padded).
+int64_t assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids, bool first);
+
+/// One group's decode job: tokens [0, count) of the group's arrays.
+struct DecodeRows {
+  const uint8_t* codes = nullptr;    ///< count x (dim*bits/8) packed codes
+  const uint8_t* scales = nullptr;   ///< count x (dim/block) stored scales (fp8 bytes or bf16 LE)
+  const uint8_t* zeros = nullptr;    ///< as scales; asymmetric only
+  ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
+  float scale_factor = 1.0f;         ///< two_level factor g (1 for compat / bf16)
+  float zero_factor = 1.0f;          ///< two_level factor gz
+  int bits = 4;
+  bool asymmetric = false;
+  int64_t block = 64;
+  int64_t dim = 128;
+  int stages = 1;
+  const uint8_t* const* ids = nullptr;     ///< [stages] pointers to count ids
+  const float* const* centroids = nullptr; ///< [stages] pointers to k x dim fp32 codebooks
+  void* out = nullptr;               ///< token 0's first element
+  DType out_dtype = DType::BF16;
+  int64_t out_token_stride = 0;      ///< elements between consecutive tokens in `out`
+  int64_t count = 0;
+};
+/// out[t, :] = dequant(code) + sum_s C_s[id_s[t], :] with spec 1.3's pinned fp32
+/// arithmetic, rounded once to out_dtype (nearest even; fp16 saturates).
+void decode_rows(const DecodeRows& job);
+
+/// n elements, nearest even (integer arithmetic on every target).
+void f32_to_bf16(const float* src, uint16_t* dst, size_t n);
+void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
+
+/// Runs a register-resident FMA loop of `iters` iterations on the calling thread
+/// and returns the number of floating-point operations it did (a multiply-add
+/// counts 2). For the machine-limit benchmark.
+double fma_loop(int64_t iters);
+
+/// SIMD targets compiled into this build and supported by this CPU, best first.
+struct Target {
+  int64_t id;
+  std::string name;
+};
+std::vector<Target> available_targets();
+/// Restricts dispatch to `target` (one of available_targets()); 0 restores the
+/// default. For tests and benchmarks only; not thread-safe.
+void force_target(int64_t target);
+/// Name of the target the dispatcher currently uses.
+std::string current_target_name();
+
+}  // namespace qvg::kernels

@@ -1,0 +1,175 @@
+// Every SIMD target that runs here against the scalar reference: decode bit for
+// bit (spec 1.3), bf16 conversions exhaustively, k-means assignment by agreement
+// (spec 1.1), and the encoder per target (deterministic, MSE within 1 percent).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "codec/decode_impl.h"
+#include "codec/encode_impl.h"
+#include "codec/kmeans.h"
+#include "kernels/kernels.h"
+#include "qvg/codec.h"
+#include "qvg/numeric.h"
+#include "support/codec_check.h"
+#include "support/data.h"
+
+namespace qvg {
+namespace {
+
+class PerTarget : public ::testing::TestWithParam<kernels::Target> {
+ protected:
+  void SetUp() override { kernels::force_target(GetParam().id); }
+  void TearDown() override { kernels::force_target(0); }
+};
+
+std::string target_label(const ::testing::TestParamInfo<kernels::Target>& i) {
+  std::string s = i.param.name;
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+TEST(Targets, SeveralCompiledAndDispatchable) {
+  auto t = kernels::available_targets();
+  ASSERT_FALSE(t.empty());
+  for (const auto& x : t) {
+    kernels::force_target(x.id);
+    EXPECT_EQ(kernels::current_target_name(), x.name);
+  }
+  kernels::force_target(0);
+  std::printf("[ targets ] best: %s; available:", kernels::current_target_name().c_str());
+  for (const auto& x : t) std::printf(" %s", x.name.c_str());
+  std::printf("\n");
+}
+
+TEST_P(PerTarget, Bf16ConversionsExhaustive) {
+  // Every bf16 code round-trips; every fp32 tie and neighbour rounds like the scalar reference.
+  std::vector<float> f;
+  std::vector<uint16_t> codes;
+  for (uint32_t c = 0; c < 65536; ++c) {
+    codes.push_back(uint16_t(c));
+    const uint32_t base = c << 16;
+    for (uint32_t low : {0x0000u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) f.push_back(f32_from_bits(base | low));
+  }
+  std::vector<uint16_t> got(f.size());
+  kernels::f32_to_bf16(f.data(), got.data(), f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (std::isnan(f[i])) {
+      ASSERT_TRUE(std::isnan(bf16_to_f32(got[i])));
+      continue;
+    }
+    ASSERT_EQ(got[i], f32_to_bf16(f[i])) << "input bits " << std::hex << f32_bits(f[i]);
+  }
+  std::vector<float> back(codes.size());
+  kernels::bf16_to_f32(codes.data(), back.data(), codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) ASSERT_EQ(f32_bits(back[i]), uint32_t(codes[i]) << 16);
+}
+
+struct DecodeCase {
+  int bits;
+  bool asym;
+  ScaleDType sd;
+  Scaling sc;
+  int stages;
+  int64_t block, dim;
+};
+
+TEST_P(PerTarget, DecodeBitIdenticalToScalarReference) {
+  std::vector<DecodeCase> cases;
+  for (int bits : {2, 4})
+    for (bool asym : {false, true})
+      for (ScaleDType sd : {ScaleDType::FP8_E4M3, ScaleDType::BF16})
+        for (int64_t block : {8, 16, 64})
+          for (int64_t dim : {64, 72, 128}) {
+            if (dim % block) continue;
+            cases.push_back({bits, asym, sd, Scaling::TwoLevel, 1 + int(dim % 3), block, dim});
+          }
+  cases.push_back({4, false, ScaleDType::FP8_E4M3, Scaling::Compat, 2, 32, 96});
+  cases.push_back({2, false, ScaleDType::FP8_E4M3, Scaling::TwoLevel, 1, 4, 12});  // dim below one vector
+  for (const auto& c : cases) {
+    CodecConfig cfg;
+    cfg.bits = c.bits;
+    cfg.asymmetric = c.asym;
+    cfg.scale_dtype = c.sd;
+    cfg.scaling = c.sc;
+    cfg.stages = c.stages;
+    cfg.block_size = int(c.block);
+    cfg.centroids = 8;
+    Tensor x = testing::clustered_tensor({1, 37, 2, c.dim}, DType::BF16, 3, 4, 50, 200, 0.2f);
+    EncodedTensor enc = encode(x, cfg);
+    for (DType out : {DType::BF16, DType::F32, DType::F16}) {
+      Tensor a(out, x.shape()), b(out, x.shape());
+      decode(enc, a.view());  // dispatched kernel
+      // Scalar reference, group by group.
+      for (int64_t g = 0; g < 2; ++g) {
+        std::vector<std::vector<float>> cent(size_t(cfg.stages));
+        std::vector<const float*> cp;
+        std::vector<const uint8_t*> ip;
+        for (int st = 0; st < cfg.stages; ++st) {
+          cent[size_t(st)].resize(size_t(8 * c.dim));
+          convert_to_f32(enc.centroid[size_t(st)].data() + size_t(g * 8 * c.dim) * 2, DType::BF16,
+                         cent[size_t(st)].data(), cent[size_t(st)].size());
+          cp.push_back(cent[size_t(st)].data());
+          ip.push_back(enc.ids[size_t(st)].data() + g * 37);
+        }
+        kernels::DecodeRows j = detail::rows_job(enc, g, 0, 37);
+        j.ids = ip.data();
+        j.centroids = cp.data();
+        j.out = static_cast<uint8_t*>(b.data()) + size_t(g * c.dim) * dtype_size(out);
+        j.out_dtype = out;
+        j.out_token_stride = 2 * c.dim;
+        detail::decode_rows_reference(j);
+      }
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0)
+          << cfg.describe() << " dim " << c.dim << " out " << dtype_name(out) << " target " << GetParam().name;
+    }
+  }
+}
+
+TEST_P(PerTarget, AssignmentAgreesWithReference) {
+  Tensor x = testing::clustered_tensor({1, 3000, 1, 128}, DType::F32, 5, 64, 20, 0, 0.5f);
+  std::vector<float> p = x.to_f32();
+  for (int k : {1, 7, 64, 256}) {
+    detail::KMeansParams kp;
+    kp.k = k;
+    kp.iters = 1;
+    kp.path = detail::AssignPath::Reference;
+    auto ref = detail::kmeans(p.data(), 3000, 128, kp);
+    kp.path = detail::AssignPath::Fast;
+    auto fast = detail::kmeans(p.data(), 3000, 128, kp);
+    int diff = 0;
+    for (size_t i = 0; i < ref.ids.size(); ++i) diff += ref.ids[i] != fast.ids[i];
+    EXPECT_LT(diff, 30) << "k " << k << ": " << diff << " of 3000 ids differ";
+    for (uint8_t id : fast.ids) ASSERT_LT(id, k);
+    const double a = inertia_fp64(p.data(), 3000, ref.centroids.data(), k, 128);
+    const double b = inertia_fp64(p.data(), 3000, fast.centroids.data(), k, 128);
+    EXPECT_NEAR(b / a, 1.0, 1e-3) << "k " << k;
+  }
+}
+
+TEST_P(PerTarget, EncoderDeterministicAndCloseToScalarEncoder) {
+  Tensor x = testing::clustered_tensor({1, 2000, 2, 128}, DType::BF16, 6, 48, 50, 300, 0.1f);
+  CodecConfig cfg;
+  cfg.bits = 2;
+  cfg.centroids = 64;
+  cfg.threads = 1;
+  EncodedTensor a = encode(x, cfg);
+  cfg.threads = 2;
+  EXPECT_EQ(encode(x, cfg), a) << "not deterministic on " << GetParam().name;
+  EncodedTensor ref = detail::encode_with_path(x, cfg, nullptr, nullptr, detail::AssignPath::Reference);
+  const double ma = testing::rel_mse(x, decode(a)), mr = testing::rel_mse(x, decode(ref));
+  EXPECT_NEAR(ma / mr, 1.0, 0.01) << "rel mse " << ma << " vs scalar " << mr;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
+
+TEST(Kernels, FmaLoopCountsFlops) {
+  const double flops = kernels::fma_loop(1000);
+  EXPECT_GT(flops, 1000.0 * 12 * 2);  // at least one lane per accumulator
+}
+
+}  // namespace
+}  // namespace qvg
