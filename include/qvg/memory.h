@@ -1,0 +1,134 @@
+// qvg/memory.h — the exact memory model of the packed cache (`qvg memory`).
+//
+// Everything here is computed from sizes alone, without allocating or encoding
+// anything: raw segments cost tokens * H * D * dtype_size for each of K and V, an
+// encoded span costs EncodedTensor::predicted_nbytes([1, span_tokens, H, D]) for each
+// of K and V (spec 1.5). Three figures per layer (docs/workload.md):
+//  - raw context: the context's K and V in the cache dtype (bf16 by default);
+//  - fully encoded context: the context encoded as the published runs report it —
+//    sink chunks as the sink policy spans them (sink_keep_chunks leading chunks raw;
+//    all of them raw with sink = false), the other context tokens cut into spans of
+//    span_chunks chunks from the oldest, the last span possibly shorter;
+//  - policy peak: the most resident bytes the packed cache of spec 4 reaches over a
+//    full period of steady-state streaming, found by replaying spec 4's
+//    pack-and-evict on segment sizes (current chunk and keep_recent chunks raw, spans
+//    filling, eviction), so it is exact for that policy.
+// Ratios are raw / packed. The policy peak is compared with the dense cache holding
+// the same window (context + one chunk), which is what the packed cache replaces.
+//
+// Stream geometry (shared with the workload generator's chunk schedule): the sink
+// tokens come first, cut into chunks of chunk_tokens (the last sink chunk shorter if
+// the sink is not a whole number of chunks); then chunks of chunk_tokens. The cache
+// size and attention window are context_tokens + chunk_tokens. Batch is 1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "qvg/config.h"
+#include "qvg/tensor.h"
+
+namespace qvg {
+
+struct ModelPreset;
+
+/// Shapes of one layer's cache and of the stream that fills it.
+struct MemoryShape {
+  int64_t layers = 1;
+  int64_t heads = 1;
+  int64_t head_dim = 128;
+  int64_t chunk_tokens = 1;    ///< tokens generated per chunk (after the sink)
+  int64_t context_tokens = 1;  ///< history a layer holds while a chunk is generated, sink included
+  int64_t sink_tokens = 0;     ///< leading tokens never evicted; <= context_tokens
+  DType dtype = DType::BF16;   ///< cache dtype (raw segments and codebooks)
+
+  int64_t cache_tokens() const { return context_tokens + chunk_tokens; }
+  /// Number of sink chunks: ceil(sink_tokens / chunk_tokens).
+  int64_t sink_chunks() const { return (sink_tokens + chunk_tokens - 1) / chunk_tokens; }
+  /// Tokens of chunk i of the stream (see the header comment).
+  int64_t chunk_size(int64_t i) const;
+  /// Raw K+V bytes of `tokens` tokens.
+  size_t raw_bytes(int64_t tokens) const;
+  /// Throws InvalidArgument naming the field unless all values are in range.
+  void validate() const;
+
+  /// The full-size shapes of a preset; `context_frames` overrides its context
+  /// (the sink is then min(sink, context)). InvalidArgument if context_frames < 1.
+  static MemoryShape of(const ModelPreset& preset, std::optional<int64_t> context_frames = std::nullopt);
+};
+
+/// One segment of a cache layout: raw tokens or one encoded span.
+struct SegmentSize {
+  int64_t g0 = 0, g1 = 0;  ///< global token range [g0, g1)
+  int64_t chunks = 1;      ///< chunks it holds
+  bool sink = false;
+  bool packed = false;     ///< an encoded span (else raw K and V)
+  size_t k_bytes = 0, v_bytes = 0;
+  int64_t tokens() const { return g1 - g0; }
+  size_t bytes() const { return k_bytes + v_bytes; }
+};
+
+/// The state after one advance (a new chunk) of the replayed policy.
+struct PolicyStep {
+  int64_t chunk = 0;        ///< index of the chunk just started (the current one)
+  int64_t global_end = 0;   ///< tokens generated so far
+  size_t resident_bytes = 0;
+  size_t raw_bytes = 0;     ///< of which raw segments (current chunk included)
+  size_t packed_bytes = 0;  ///< of which encoded spans
+  int64_t raw_tokens = 0, packed_tokens = 0;
+  int64_t segments = 0;     ///< current included
+};
+
+/// The packed cache's pack-and-evict policy (spec 4) replayed on sizes.
+/// REQUIRES: shape.validate() and args.validate_for_head_dim(head_dim) hold (checked).
+class PolicyReplay {
+ public:
+  PolicyReplay(const MemoryShape& shape, const QuantArgs& args);
+  /// Starts the next chunk (an advance at global_end) and runs pack-and-evict.
+  const PolicyStep& advance();
+  const std::vector<SegmentSize>& segments() const { return segs_; }  ///< oldest first, current last
+  const std::vector<PolicyStep>& steps() const { return steps_; }
+  /// Size of an encoded span of `tokens` tokens (K + V).
+  size_t span_bytes(int64_t tokens) const;
+
+ private:
+  void pack(size_t first, size_t count);  // merge segs_[first, first+count) into one span
+  MemoryShape shape_;
+  QuantArgs args_;
+  std::vector<SegmentSize> segs_;
+  std::vector<PolicyStep> steps_;
+  int64_t global_end_ = 0;
+  int64_t next_chunk_ = 0;
+  bool sink_full_done_ = false;
+};
+
+/// The `qvg memory` figures for one layer and for all layers.
+struct MemoryReport {
+  MemoryShape shape;
+  QuantArgs args;
+  // --- per layer, bytes ---
+  size_t raw_context_bytes = 0;     ///< context K+V in the cache dtype
+  size_t packed_context_bytes = 0;  ///< fully encoded context
+  size_t dense_window_bytes = 0;    ///< the dense cache of the same window: (context + chunk) raw
+  size_t policy_peak_bytes = 0;     ///< the packed cache's steady-state peak
+  /// How the fully encoded context is cut (oldest first).
+  std::vector<SegmentSize> context_layout;
+  /// Steady state: the replay ran `steady_from` chunks before the measured period of
+  /// `period_chunks` chunks; the peak was reached after chunk `peak_chunk` started.
+  int64_t steady_from = 0, period_chunks = 1, peak_chunk = 0;
+  PolicyStep peak_step;  ///< the state at the peak
+
+  double ratio() const;         ///< raw_context / packed_context
+  double policy_ratio() const;  ///< dense_window / policy_peak
+  size_t total(size_t per_layer) const { return per_layer * size_t(shape.layers); }
+};
+
+/// Computes the report. Throws InvalidArgument for an invalid shape or arguments.
+MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args);
+
+/// bytes / 2^20.
+inline double to_mib(size_t bytes) { return double(bytes) / double(1 << 20); }
+
+}  // namespace qvg

@@ -1,0 +1,239 @@
+// The exact memory model of the packed cache (include/qvg/memory.h).
+#include "qvg/memory.h"
+
+#include <algorithm>
+
+#include <fmt/core.h>
+
+#include "qvg/codec.h"
+#include "qvg/error.h"
+#include "qvg/workload.h"
+
+namespace qvg {
+
+// ---- MemoryShape ----------------------------------------------------------------
+
+int64_t MemoryShape::chunk_size(int64_t i) const {
+  QVG_CHECK(i >= 0);
+  const int64_t sc = sink_chunks();
+  if (i < sc) return std::min(chunk_tokens, sink_tokens - i * chunk_tokens);
+  return chunk_tokens;
+}
+
+size_t MemoryShape::raw_bytes(int64_t tokens) const {
+  return 2 * size_t(tokens) * size_t(heads) * size_t(head_dim) * dtype_size(dtype);
+}
+
+void MemoryShape::validate() const {
+  auto need = [](bool ok, std::string_view field, int64_t v, std::string_view allowed) {
+    if (!ok) throw InvalidArgument(fmt::format("memory model: {} must be {}, got {}", field, allowed, v));
+  };
+  constexpr int64_t kMaxTokens = int64_t(1) << 34;
+  need(layers >= 1 && layers <= 100000, "layers", layers, "in 1..100000");
+  need(heads >= 1 && heads <= 4096, "heads", heads, "in 1..4096");
+  need(head_dim >= 1 && head_dim <= 65536, "head_dim", head_dim, "in 1..65536");
+  need(chunk_tokens >= 1 && chunk_tokens <= kMaxTokens, "chunk_tokens", chunk_tokens, "in 1..2^34");
+  need(context_tokens >= 1 && context_tokens <= kMaxTokens, "context_tokens", context_tokens, "in 1..2^34");
+  need(sink_tokens >= 0 && sink_tokens <= context_tokens, "sink_tokens", sink_tokens,
+       fmt::format("in 0..context_tokens ({})", context_tokens));
+}
+
+MemoryShape MemoryShape::of(const ModelPreset& p, std::optional<int64_t> context_frames) {
+  p.validate();
+  const int64_t frames = context_frames.value_or(p.context_frames);
+  if (frames < 1 || frames > 10'000'000)
+    throw InvalidArgument(fmt::format("context frames must be in 1..10000000, got {}", frames));
+  MemoryShape s;
+  s.layers = p.layers;
+  s.heads = p.heads;
+  s.head_dim = p.head_dim;
+  s.chunk_tokens = p.chunk_tokens();
+  s.context_tokens = frames * p.tokens_per_frame();
+  s.sink_tokens = std::min<int64_t>(p.sink_frames, frames) * p.tokens_per_frame();
+  s.validate();
+  return s;
+}
+
+// ---- PolicyReplay ---------------------------------------------------------------
+
+PolicyReplay::PolicyReplay(const MemoryShape& shape, const QuantArgs& args) : shape_(shape), args_(args) {
+  shape_.validate();
+  args_.validate_for_head_dim(shape_.head_dim);
+}
+
+size_t PolicyReplay::span_bytes(int64_t tokens) const {
+  const Shape4 s{1, tokens, shape_.heads, shape_.head_dim};
+  return 2 * EncodedTensor::predicted_nbytes(s, shape_.dtype, args_.codec());
+}
+
+void PolicyReplay::pack(size_t first, size_t count) {
+  QVG_CHECK(count >= 1 && first + count <= segs_.size());
+  SegmentSize span;
+  span.g0 = segs_[first].g0;
+  span.g1 = segs_[first + count - 1].g1;
+  span.sink = segs_[first].sink;
+  span.packed = true;
+  span.chunks = 0;
+  for (size_t i = first; i < first + count; ++i) {
+    QVG_CHECK(!segs_[i].packed && segs_[i].sink == span.sink);
+    span.chunks += segs_[i].chunks;
+  }
+  const size_t half = span_bytes(span.tokens()) / 2;
+  span.k_bytes = span.v_bytes = half;
+  segs_.erase(segs_.begin() + std::ptrdiff_t(first), segs_.begin() + std::ptrdiff_t(first + count));
+  segs_.insert(segs_.begin() + std::ptrdiff_t(first), span);
+}
+
+const PolicyStep& PolicyReplay::advance() {
+  const int64_t n = shape_.chunk_size(next_chunk_);
+  const int64_t c = global_end_, ce = c + n;
+  // The previous current chunk is now finalized; the new chunk becomes current.
+  SegmentSize cur;
+  cur.g0 = c;
+  cur.g1 = ce;
+  cur.sink = c < shape_.sink_tokens;
+  cur.k_bytes = cur.v_bytes = shape_.raw_bytes(n) / 2;
+  segs_.push_back(cur);
+  global_end_ = ce;
+
+  // pack-and-evict (spec 4). Finalized segments are segs_[0, last).
+  const int64_t window = shape_.cache_tokens();
+  const int64_t sink_end = std::min(shape_.sink_tokens, global_end_);
+  const int64_t tail_start = std::max(sink_end, global_end_ - std::max<int64_t>(0, window - sink_end));
+  // 1. Drop finalized non-sink segments whose every token is < tail_start.
+  for (size_t i = 0; i + 1 < segs_.size();) {
+    if (!segs_[i].sink && segs_[i].g1 <= tail_start) segs_.erase(segs_.begin() + std::ptrdiff_t(i));
+    else ++i;
+  }
+  if (args_.enabled()) {
+    const size_t last = segs_.size() - 1;
+    // 2a. Non-sink: all finalized non-sink chunks but the newest keep_recent_chunks are
+    // eligible; eligible raw chunks are packed span_chunks at a time, oldest first.
+    int64_t kept = 0;
+    size_t eligible_end = last;  // finalized non-sink segments before this index are eligible
+    while (eligible_end > 0 && kept < args_.keep_recent_chunks && !segs_[eligible_end - 1].sink) {
+      kept += segs_[eligible_end - 1].chunks;
+      --eligible_end;
+    }
+    for (;;) {
+      size_t first = eligible_end;  // the oldest eligible raw non-sink chunk
+      for (size_t i = 0; i < eligible_end; ++i)
+        if (!segs_[i].sink && !segs_[i].packed) {
+          first = i;
+          break;
+        }
+      if (first == eligible_end || eligible_end - first < size_t(args_.span_chunks)) break;
+      pack(first, size_t(args_.span_chunks));
+      eligible_end -= size_t(args_.span_chunks) - 1;
+    }
+    // 2b. Sink chunks, except the first sink_keep_chunks, when `sink` is on.
+    if (args_.sink) {
+      std::vector<size_t> eligible;  // raw, finalized, past the kept ones
+      int64_t sink_seen = 0;
+      for (size_t i = 0; i + 1 < segs_.size(); ++i) {
+        if (!segs_[i].sink) continue;
+        const bool keep = sink_seen < args_.sink_keep_chunks;
+        sink_seen += segs_[i].chunks;
+        if (!keep && !segs_[i].packed) eligible.push_back(i);
+      }
+      if (args_.sink_span == SinkSpan::Chunk) {
+        // Packing one segment in place keeps every index valid.
+        for (size_t i : eligible) pack(i, 1);
+      } else if (!sink_full_done_ && c >= shape_.sink_tokens) {
+        sink_full_done_ = true;
+        // Eligible sink chunks are consecutive: kept chunks come first, none is dropped.
+        if (!eligible.empty()) pack(eligible.front(), eligible.size());
+      }
+    }
+  }
+
+  PolicyStep st;
+  st.chunk = next_chunk_++;
+  st.global_end = global_end_;
+  st.segments = int64_t(segs_.size());
+  for (const SegmentSize& s : segs_) {
+    (s.packed ? st.packed_bytes : st.raw_bytes) += s.bytes();
+    (s.packed ? st.packed_tokens : st.raw_tokens) += s.tokens();
+  }
+  st.resident_bytes = st.raw_bytes + st.packed_bytes;
+  steps_.push_back(st);
+  return steps_.back();
+}
+
+// ---- the report -----------------------------------------------------------------
+
+double MemoryReport::ratio() const {
+  return packed_context_bytes > 0 ? double(raw_context_bytes) / double(packed_context_bytes) : 0.0;
+}
+double MemoryReport::policy_ratio() const {
+  return policy_peak_bytes > 0 ? double(dense_window_bytes) / double(policy_peak_bytes) : 0.0;
+}
+
+MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
+  PolicyReplay replay(shape, args);  // validates both
+  MemoryReport r;
+  r.shape = shape;
+  r.args = args;
+  r.raw_context_bytes = shape.raw_bytes(shape.context_tokens);
+  r.dense_window_bytes = shape.raw_bytes(shape.cache_tokens());
+
+  // Fully encoded context.
+  auto raw_seg = [&](int64_t g0, int64_t g1, bool sink, int64_t chunks) {
+    SegmentSize s;
+    s.g0 = g0;
+    s.g1 = g1;
+    s.sink = sink;
+    s.chunks = chunks;
+    s.k_bytes = s.v_bytes = shape.raw_bytes(g1 - g0) / 2;
+    return s;
+  };
+  auto span_seg = [&](int64_t g0, int64_t g1, bool sink, int64_t chunks) {
+    SegmentSize s = raw_seg(g0, g1, sink, chunks);
+    s.packed = true;
+    s.k_bytes = s.v_bytes = replay.span_bytes(g1 - g0) / 2;
+    return s;
+  };
+  const bool on = args.enabled();
+  int64_t g = 0;
+  std::vector<std::pair<int64_t, int64_t>> pending_sink;  // sink chunks to span together (full)
+  for (int64_t i = 0; i < shape.sink_chunks(); ++i) {
+    const int64_t n = shape.chunk_size(i);
+    if (!on || !args.sink || i < args.sink_keep_chunks) r.context_layout.push_back(raw_seg(g, g + n, true, 1));
+    else if (args.sink_span == SinkSpan::Chunk) r.context_layout.push_back(span_seg(g, g + n, true, 1));
+    else pending_sink.emplace_back(g, g + n);
+    g += n;
+  }
+  if (!pending_sink.empty())
+    r.context_layout.push_back(span_seg(pending_sink.front().first, pending_sink.back().second, true,
+                                        int64_t(pending_sink.size())));
+  const int64_t span_tokens = on ? int64_t(args.span_chunks) * shape.chunk_tokens : shape.chunk_tokens;
+  while (g < shape.context_tokens) {
+    const int64_t e = std::min(shape.context_tokens, g + span_tokens);
+    const int64_t chunks = (e - g + shape.chunk_tokens - 1) / shape.chunk_tokens;
+    r.context_layout.push_back(on ? span_seg(g, e, false, chunks) : raw_seg(g, e, false, chunks));
+    g = e;
+  }
+  for (const SegmentSize& s : r.context_layout) r.packed_context_bytes += s.bytes();
+
+  // Policy peak: replay until steady, then take the maximum over one period. After
+  // the sink is complete every chunk has the same size, so the state relative to
+  // global_end repeats with the span period; the replay checks that it did.
+  const int64_t period = on ? args.span_chunks : 1;
+  const int64_t window_chunks = (shape.cache_tokens() + shape.chunk_tokens - 1) / shape.chunk_tokens;
+  r.steady_from = shape.sink_chunks() + window_chunks + period + (on ? args.keep_recent_chunks : 0) + 2;
+  r.period_chunks = period;
+  for (int64_t i = 0; i < r.steady_from + 2 * period; ++i) replay.advance();
+  const auto& steps = replay.steps();
+  const size_t end = steps.size();
+  for (size_t i = end - size_t(period); i < end; ++i) {
+    QVG_CHECK(steps[i].resident_bytes == steps[i - size_t(period)].resident_bytes);
+    if (steps[i].resident_bytes > r.policy_peak_bytes) {
+      r.policy_peak_bytes = steps[i].resident_bytes;
+      r.peak_chunk = steps[i].chunk;
+      r.peak_step = steps[i];
+    }
+  }
+  return r;
+}
+
+}  // namespace qvg

@@ -1,0 +1,213 @@
+// Model presets of docs/workload.md, scaling, and the chunk schedule.
+#include <cmath>
+#include <string>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+#include "qvg/workload.h"
+
+namespace qvg {
+
+std::string_view assumed_mark(bool assumed) { return assumed ? " (a)" : ""; }
+
+namespace {
+
+std::vector<ModelPreset> make_presets() {
+  std::vector<ModelPreset> v;
+  {
+    // Wan2.1 1.3B at 480x832: VAE stride 8 and 2x2 patches give a 30 x 52 grid.
+    ModelPreset p;
+    p.name = "self-forcing-1.3b";
+    p.model = "Self-Forcing (Wan2.1 1.3B, 480x832)";
+    p.layers = 30;
+    p.heads = 12;
+    p.head_dim = 128;
+    p.grid_h = 30;
+    p.grid_w = 52;
+    p.frames_per_chunk = 3;
+    p.context_frames = 168;  // the published QVG run
+    p.sink_frames = 0;
+    p.rope_dims = 128;       // Wan's 3D RoPE over the whole head (44/42/42 channels)
+    p.k_wall_ratio = 5.4;
+    p.k_norm_spread = 1.15;
+    p.k_channel_median = 1.0;
+    p.v_wall_ratio = 2.0;
+    p.v_norm_spread = 4.5;
+    p.v_token_norm = 16.0;
+    p.v_outlier_rate = 2e-4;
+    p.v_outlier_norm = 6.0;
+    p.k_cluster_layers = 3;
+    p.assumed.sink = true;
+    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
+    v.push_back(p);
+  }
+  {
+    ModelPreset p;
+    p.name = "lingbot-world-14b";
+    p.model = "LingBot-World (Wan2.2 A14B, 480x832)";
+    p.layers = 40;
+    p.heads = 40;
+    p.head_dim = 128;
+    p.grid_h = 30;
+    p.grid_w = 52;
+    p.frames_per_chunk = 3;
+    p.context_frames = 68;
+    p.sink_frames = 6;
+    p.rope_dims = 128;
+    p.k_wall_ratio = 7.0;
+    p.k_norm_spread = 1.2;
+    p.k_channel_median = 1.0;
+    p.v_wall_ratio = 2.4;
+    p.v_norm_spread = 5.0;
+    p.v_token_norm = 24.0;
+    p.v_outlier_rate = 2e-4;
+    p.v_outlier_norm = 6.0;
+    p.k_cluster_layers = 4;
+    p.assumed.frames_per_chunk = true;
+    p.assumed.k_wall = p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
+    v.push_back(p);
+  }
+  {
+    ModelPreset p;
+    p.name = "longcat-video-13.6b";
+    p.model = "LongCat-Video 13.6B (480p)";
+    p.layers = 48;
+    p.heads = 32;
+    p.head_dim = 128;
+    p.grid_h = 30;
+    p.grid_w = 52;
+    p.frames_per_chunk = 24;
+    p.context_frames = 19;  // the cached conditioning
+    p.sink_frames = 19;     // ... which is the sink
+    p.sink_span = SinkSpan::Full;
+    p.rope_dims = 128;
+    p.k_wall_ratio = 9.0;
+    p.k_norm_spread = 1.2;
+    p.k_channel_median = 1.33;  // wall channels around 12 ("K stays around 12")
+    p.v_wall_ratio = 2.0;
+    p.v_norm_spread = 3.5;
+    p.v_token_norm = 1700.0;    // token norms 1000-2800, entries in the hundreds
+    p.v_outlier_rate = 1e-4;
+    p.v_outlier_norm = 2.4;     // one token ~4000
+    p.k_cluster_layers = 5;
+    p.assumed.frames_per_chunk = true;
+    p.assumed.rope = true;
+    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = true;
+    v.push_back(p);
+  }
+  {
+    ModelPreset p;
+    p.name = "hy-worldplay-8b";
+    p.model = "HY-WorldPlay 8B";
+    p.layers = 30;
+    p.heads = 16;
+    p.head_dim = 256;  // rope and camera branches concatenated
+    p.grid_h = 22;
+    p.grid_w = 40;     // 880 tokens per frame
+    p.frames_per_chunk = 4;
+    p.context_frames = 72;  // matches the published 990 MiB of bf16 K+V per layer
+    p.sink_frames = 0;
+    p.rope_dims = 128;      // the rope branch; the camera branch is not rotated
+    p.k_wall_ratio = 12.8;
+    p.k_norm_spread = 1.2;
+    p.k_channel_median = 1.0;
+    p.v_wall_ratio = 3.0;
+    p.v_norm_spread = 5.5;
+    p.v_token_norm = 32.0;
+    p.v_outlier_rate = 2e-4;
+    p.v_outlier_norm = 6.0;
+    p.k_cluster_layers = 3;
+    p.assumed.heads = p.assumed.grid = p.assumed.frames_per_chunk = p.assumed.context = true;
+    p.assumed.sink = p.assumed.rope = true;
+    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
+    v.push_back(p);
+  }
+  for (const auto& p : v) p.validate();
+  return v;
+}
+
+}  // namespace
+
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> v = make_presets();
+  return v;
+}
+
+const ModelPreset& find_model_preset(std::string_view name) {
+  std::string names;
+  for (const auto& p : model_presets()) {
+    if (p.name == name) return p;
+    names += (names.empty() ? "" : ", ") + p.name;
+  }
+  throw InvalidArgument(fmt::format("model preset must be one of {}, got '{}'", names, name));
+}
+
+void ModelPreset::validate() const {
+  auto need = [&](bool ok, std::string_view field, auto value, std::string_view allowed) {
+    if (!ok)
+      throw InvalidArgument(fmt::format("model preset '{}': {} must be {}, got {}", name, field, allowed, value));
+  };
+  need(layers >= 1, "layers", layers, ">= 1");
+  need(heads >= 1, "heads", heads, ">= 1");
+  need(head_dim >= 2 && head_dim % 2 == 0 && head_dim <= 4096, "head_dim", head_dim, "even and in 2..4096");
+  need(grid_h >= 1, "grid_h", grid_h, ">= 1");
+  need(grid_w >= 1, "grid_w", grid_w, ">= 1");
+  need(frames_per_chunk >= 1, "frames_per_chunk", frames_per_chunk, ">= 1");
+  need(context_frames >= 1, "context_frames", context_frames, ">= 1");
+  need(sink_frames >= 0 && sink_frames <= context_frames, "sink_frames", sink_frames,
+       fmt::format("in 0..context_frames ({})", context_frames));
+  need(rope_dims >= 0 && rope_dims <= head_dim && rope_dims % 2 == 0, "rope_dims", rope_dims,
+       fmt::format("even and in 0..head_dim ({})", head_dim));
+  need(rope_theta > 1.0, "rope_theta", rope_theta, "> 1");
+  need(scale > 0 && scale <= 1, "scale", scale, "in (0, 1]");
+  need(k_wall_ratio >= 1 && k_wall_ratio <= 100, "k_wall_ratio", k_wall_ratio, "in [1, 100]");
+  need(v_wall_ratio >= 1 && v_wall_ratio <= 100, "v_wall_ratio", v_wall_ratio, "in [1, 100]");
+  need(k_norm_spread >= 1 && k_norm_spread <= 100, "k_norm_spread", k_norm_spread, "in [1, 100]");
+  need(v_norm_spread >= 1 && v_norm_spread <= 100, "v_norm_spread", v_norm_spread, "in [1, 100]");
+  need(k_channel_median > 0 && k_channel_median < 1e6, "k_channel_median", k_channel_median, "in (0, 1e6)");
+  need(v_token_norm > 0 && v_token_norm < 1e8, "v_token_norm", v_token_norm, "in (0, 1e8)");
+  need(v_outlier_rate >= 0 && v_outlier_rate <= 0.01, "v_outlier_rate", v_outlier_rate, "in [0, 0.01]");
+  need(v_outlier_norm >= 1 && v_outlier_norm <= 100, "v_outlier_norm", v_outlier_norm, "in [1, 100]");
+  need(k_cluster_layers >= 0 && k_cluster_layers <= layers, "k_cluster_layers", k_cluster_layers,
+       fmt::format("in 0..layers ({})", layers));
+  need(k_cluster_norm >= 1 && k_cluster_norm <= 100, "k_cluster_norm", k_cluster_norm, "in [1, 100]");
+}
+
+ModelPreset ModelPreset::scaled(double s) const {
+  if (!(s > 0.0 && s <= 1.0))
+    throw InvalidArgument(fmt::format("scale must be in (0, 1], got {}", s));
+  ModelPreset p = *this;
+  if (s == 1.0) return p;
+  auto cnt = [&](int n) { return std::max(1, int(std::lround(double(n) * s))); };
+  auto dim = [&](int n) { return std::max(2, int(std::lround(double(n) * std::sqrt(s)))); };
+  p.scale = scale * s;
+  p.layers = cnt(layers);
+  p.heads = cnt(heads);
+  p.grid_h = dim(grid_h);
+  p.grid_w = dim(grid_w);
+  if (k_cluster_layers > 0)
+    p.k_cluster_layers = std::min(p.layers, std::max(1, int(std::lround(double(k_cluster_layers) * s))));
+  p.validate();
+  return p;
+}
+
+ChunkInfo chunk_info(const ModelPreset& p, int64_t index) {
+  if (index < 0) throw InvalidArgument(fmt::format("chunk index must be >= 0, got {}", index));
+  ChunkInfo c;
+  c.index = index;
+  const int64_t sink_chunks = p.sink_chunks();
+  if (index < sink_chunks) {
+    c.frame0 = index * p.frames_per_chunk;
+    c.frames = std::min<int64_t>(p.frames_per_chunk, p.sink_frames - c.frame0);
+    c.sink = true;
+  } else {
+    c.frame0 = p.sink_frames + (index - sink_chunks) * p.frames_per_chunk;
+    c.frames = p.frames_per_chunk;
+  }
+  c.token0 = c.frame0 * p.tokens_per_frame();
+  c.tokens = c.frames * p.tokens_per_frame();
+  return c;
+}
+
+}  // namespace qvg

@@ -1,0 +1,220 @@
+// Tests of the memory model (include/qvg/memory.h): hand-computed sizes for small
+// cases, consistency with EncodedTensor::predicted_nbytes, and the policy replay
+// against hand-derived resident sizes.
+#include <gtest/gtest.h>
+
+#include "qvg/codec.h"
+#include "qvg/error.h"
+#include "qvg/memory.h"
+#include "qvg/workload.h"
+
+namespace qvg {
+namespace {
+
+// The small case used throughout: 2 heads, head_dim 64, chunks of 10 tokens, bf16.
+MemoryShape small_shape(int64_t context, int64_t sink) {
+  MemoryShape s;
+  s.layers = 3;
+  s.heads = 2;
+  s.head_dim = 64;
+  s.chunk_tokens = 10;
+  s.context_tokens = context;
+  s.sink_tokens = sink;
+  return s;
+}
+// int2, 4 centroids, block 32, one stage, fp8 scales, two-level scaling.
+QuantArgs small_args() {
+  QuantArgs a;
+  a.bits = 2;
+  a.centroids = 4;
+  a.block_size = 32;
+  return a;
+}
+// Hand-computed size of one encoded [1, S, 2, 64] tensor with small_args():
+//   centroids 2 groups * 4 * 64 * 2 bytes = 1024; ids 2 * S; codes 2 * S * 64 * 2 / 8 = 32 S;
+//   scales 2 * S * 2 blocks * 1 byte = 4 S; two-level factors 2 * 4 = 8.
+size_t enc_bytes(int64_t S) { return 1032 + 38 * size_t(S); }
+constexpr size_t kRawChunk = 2 * 10 * 2 * 64 * 2;  // K+V of one 10-token chunk in bf16 = 5120
+
+TEST(Memory, HandComputedSpanSizeMatchesPredictedNbytes) {
+  const QuantArgs a = small_args();
+  for (int64_t S : {1, 3, 10, 20, 25}) {
+    EXPECT_EQ(EncodedTensor::predicted_nbytes({1, S, 2, 64}, DType::BF16, a.codec()), enc_bytes(S)) << S;
+    PolicyReplay r(small_shape(30, 0), a);
+    EXPECT_EQ(r.span_bytes(S), 2 * enc_bytes(S));
+  }
+}
+
+TEST(Memory, FullyEncodedContextWithoutSink) {
+  const MemoryShape s = small_shape(30, 0);
+  QuantArgs a = small_args();
+  MemoryReport r = memory_report(s, a);
+  EXPECT_EQ(r.raw_context_bytes, 3 * kRawChunk);
+  EXPECT_EQ(r.dense_window_bytes, 4 * kRawChunk);
+  ASSERT_EQ(r.context_layout.size(), 3u);
+  EXPECT_EQ(r.packed_context_bytes, 3 * 2 * enc_bytes(10));  // 8472
+  EXPECT_EQ(r.packed_context_bytes, 8472u);
+  EXPECT_DOUBLE_EQ(r.ratio(), 15360.0 / 8472.0);
+  EXPECT_EQ(r.total(r.packed_context_bytes), 3 * 8472u);
+
+  // Spans of two chunks from the oldest: 20 + 10 tokens.
+  a.span_chunks = 2;
+  r = memory_report(s, a);
+  ASSERT_EQ(r.context_layout.size(), 2u);
+  EXPECT_EQ(r.context_layout[0].tokens(), 20);
+  EXPECT_EQ(r.context_layout[0].chunks, 2);
+  EXPECT_EQ(r.context_layout[1].tokens(), 10);
+  EXPECT_EQ(r.packed_context_bytes, 2 * enc_bytes(20) + 2 * enc_bytes(10));  // 6408
+  EXPECT_EQ(r.packed_context_bytes, 6408u);
+
+  // A context that is not a whole number of spans: 35 tokens in spans of 20 -> 20 + 15.
+  r = memory_report(small_shape(35, 0), a);
+  ASSERT_EQ(r.context_layout.size(), 2u);
+  EXPECT_EQ(r.context_layout[1].tokens(), 15);
+  EXPECT_EQ(r.packed_context_bytes, 2 * enc_bytes(20) + 2 * enc_bytes(15));
+}
+
+TEST(Memory, PolicyPeakSpanOneHandDerived) {
+  // Window 40 tokens = 4 chunks. Steady state while chunk k is current: chunks k-3 and
+  // k-2 packed (one span each), k-1 raw (keep_recent 1), k raw (current).
+  MemoryReport r = memory_report(small_shape(30, 0), small_args());
+  EXPECT_EQ(r.policy_peak_bytes, 2 * 2 * enc_bytes(10) + 2 * kRawChunk);  // 15888
+  EXPECT_EQ(r.policy_peak_bytes, 15888u);
+  EXPECT_EQ(r.peak_step.packed_tokens, 20);
+  EXPECT_EQ(r.peak_step.raw_tokens, 20);
+  EXPECT_DOUBLE_EQ(r.policy_ratio(), 20480.0 / 15888.0);
+}
+
+TEST(Memory, PolicyReplayStepByStepSpanTwo) {
+  // span_chunks 2, keep_recent 1, window 40 (derived by hand in the comments):
+  // k=0 [0c]                       5120
+  // k=1 [0r 1c]                   10240
+  // k=2 [0r 1r 2c]                15360 (chunk 0 eligible alone: no span yet)
+  // k=3 [S01 2r 3c]               S20 + 10240
+  // k=4 [S01 2r 3r 4c]            S20 + 15360 (tail_start 10: S01 ends at 20, kept)
+  // k=5 [S23 4r 5c]               S20 + 10240 (tail_start 20: S01 dropped, 2 and 3 packed)
+  // k=6 like k=4, k=7 like k=5, ...
+  QuantArgs a = small_args();
+  a.span_chunks = 2;
+  PolicyReplay rp(small_shape(30, 0), a);
+  const size_t s20 = 2 * enc_bytes(20);
+  const std::vector<size_t> want{5120, 10240, 15360, s20 + 10240, s20 + 15360, s20 + 10240, s20 + 15360,
+                                 s20 + 10240};
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(rp.advance().resident_bytes, want[k]) << "chunk " << k;
+  MemoryReport r = memory_report(small_shape(30, 0), a);
+  EXPECT_EQ(r.policy_peak_bytes, s20 + 15360);  // 18944
+  EXPECT_EQ(r.period_chunks, 2);
+}
+
+TEST(Memory, SinkChunkSpans) {
+  // Sink of one chunk, chunk mode: steady state holds the packed sink, one packed
+  // chunk, the kept chunk and the current one (sink 10 + 30 tokens = the window).
+  const MemoryShape s = small_shape(30, 10);
+  MemoryReport r = memory_report(s, small_args());
+  EXPECT_EQ(r.packed_context_bytes, 3 * 2 * enc_bytes(10));
+  EXPECT_TRUE(r.context_layout[0].sink && r.context_layout[0].packed);
+  EXPECT_EQ(r.policy_peak_bytes, 2 * 2 * enc_bytes(10) + 2 * kRawChunk);
+
+  // sink = false keeps the sink raw in both figures.
+  QuantArgs a = small_args();
+  a.sink = false;
+  r = memory_report(s, a);
+  EXPECT_EQ(r.packed_context_bytes, kRawChunk + 2 * 2 * enc_bytes(10));
+  EXPECT_FALSE(r.context_layout[0].packed);
+  EXPECT_EQ(r.policy_peak_bytes, kRawChunk + 2 * enc_bytes(10) + 2 * kRawChunk);
+}
+
+TEST(Memory, SinkFullWithKeptChunkHandDerived) {
+  // Sink of 25 tokens = chunks of 10, 10, 5; the context is all sink; window 35.
+  // sink_span full, sink_keep 1: chunk 0 stays raw, chunks 1-2 form one 15-token span
+  // (packed when chunk 3 starts at c = 25 >= sink). Steady: R0 + S12 + current.
+  QuantArgs a = small_args();
+  a.sink_span = SinkSpan::Full;
+  a.sink_keep_chunks = 1;
+  const MemoryShape s = small_shape(25, 25);
+  EXPECT_EQ(s.sink_chunks(), 3);
+  EXPECT_EQ(s.chunk_size(2), 5);
+  EXPECT_EQ(s.chunk_size(3), 10);
+  MemoryReport r = memory_report(s, a);
+  EXPECT_EQ(r.raw_context_bytes, 12800u);
+  ASSERT_EQ(r.context_layout.size(), 2u);
+  EXPECT_EQ(r.context_layout[1].tokens(), 15);
+  EXPECT_EQ(r.context_layout[1].chunks, 2);
+  EXPECT_EQ(r.packed_context_bytes, kRawChunk + 2 * enc_bytes(15));  // 5120 + 3204
+  EXPECT_EQ(r.policy_peak_bytes, kRawChunk + 2 * enc_bytes(15) + kRawChunk);  // 13444
+  EXPECT_EQ(r.dense_window_bytes, 17920u);
+
+  PolicyReplay rp(s, a);
+  EXPECT_EQ(rp.advance().resident_bytes, kRawChunk);      // sink chunk 0
+  EXPECT_EQ(rp.advance().resident_bytes, 2 * kRawChunk);  // sink chunk 1
+  EXPECT_EQ(rp.advance().resident_bytes, 2 * kRawChunk + kRawChunk / 2);  // sink chunk 2 (5 tokens)
+  EXPECT_EQ(rp.advance().resident_bytes, kRawChunk + 2 * enc_bytes(15) + kRawChunk);  // packed at c = 25
+  ASSERT_EQ(rp.segments().size(), 3u);
+  EXPECT_FALSE(rp.segments()[0].packed);
+  EXPECT_TRUE(rp.segments()[1].packed && rp.segments()[1].sink);
+}
+
+TEST(Memory, QuantizationOffKeepsEverythingRaw) {
+  QuantArgs off;  // bits = none
+  MemoryReport r = memory_report(small_shape(30, 0), off);
+  EXPECT_EQ(r.packed_context_bytes, r.raw_context_bytes);
+  EXPECT_EQ(r.policy_peak_bytes, r.dense_window_bytes);
+  EXPECT_DOUBLE_EQ(r.ratio(), 1.0);
+}
+
+TEST(Memory, SmallWindowPacksNothingWithLongSpans) {
+  // Spans of 8 chunks never fill in a window of 4 chunks: chunks leave raw.
+  QuantArgs a = small_args();
+  a.span_chunks = 8;
+  MemoryReport r = memory_report(small_shape(30, 0), a);
+  EXPECT_EQ(r.peak_step.packed_bytes, 0u);
+  EXPECT_EQ(r.policy_peak_bytes, r.dense_window_bytes);
+}
+
+TEST(Memory, PresetShapesFollowTheFormat) {
+  // Self-Forcing at int2 with the spec defaults: 56 context chunks of 4680 tokens,
+  // each its own span; 12 heads x 128 dims.
+  const ModelPreset& p = find_model_preset("self-forcing-1.3b");
+  const MemoryShape s = MemoryShape::of(p);
+  EXPECT_EQ(s.context_tokens, 262080);
+  EXPECT_EQ(s.chunk_tokens, 4680);
+  QuantArgs a;
+  a.bits = 2;
+  MemoryReport r = memory_report(s, a);
+  const size_t span = EncodedTensor::predicted_nbytes({1, 4680, 12, 128}, DType::BF16, a.codec());
+  // By hand: centroids 12*128*128*2 = 393216; ids 12*4680 = 56160; codes 12*4680*32 = 1797120;
+  // scales 12*4680*2 = 112320; factors 48.
+  EXPECT_EQ(span, 393216u + 56160u + 1797120u + 112320u + 48u);
+  EXPECT_EQ(r.packed_context_bytes, 56 * 2 * span);
+  EXPECT_EQ(r.raw_context_bytes, size_t(262080) * 12 * 128 * 2 * 2);
+  // Steady state: 55 packed chunks + the kept one + the current one (57-chunk window).
+  EXPECT_EQ(r.policy_peak_bytes, 55 * 2 * span + 2 * s.raw_bytes(4680));
+  EXPECT_EQ(r.total(r.raw_context_bytes), 30 * r.raw_context_bytes);
+
+  // HY-WorldPlay: the published 990 MiB of bf16 K+V per layer.
+  const MemoryShape hy = MemoryShape::of(find_model_preset("hy-worldplay-8b"));
+  EXPECT_NEAR(to_mib(hy.raw_bytes(hy.context_tokens)), 990.0, 0.5);
+
+  // --frames override: the sink shrinks with the context.
+  const MemoryShape lc = MemoryShape::of(find_model_preset("longcat-video-13.6b"), 10);
+  EXPECT_EQ(lc.context_tokens, 15600);
+  EXPECT_EQ(lc.sink_tokens, 15600);
+}
+
+TEST(Memory, TypedErrors) {
+  MemoryShape s = small_shape(30, 40);  // sink past the context
+  EXPECT_THROW(memory_report(s, small_args()), InvalidArgument);
+  s = small_shape(30, 0);
+  QuantArgs a = small_args();
+  a.block_size = 48;  // does not divide 64
+  EXPECT_THROW(memory_report(s, a), InvalidArgument);
+  a = small_args();
+  a.span_chunks = 0;
+  EXPECT_THROW(memory_report(s, a), InvalidArgument);
+  EXPECT_THROW(MemoryShape::of(find_model_preset("self-forcing-1.3b"), 0), InvalidArgument);
+  s.chunk_tokens = 0;
+  EXPECT_THROW(memory_report(s, small_args()), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace qvg
