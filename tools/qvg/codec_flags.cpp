@@ -2,7 +2,6 @@
 #include "codec_flags.h"
 
 #include <charconv>
-#include <limits>
 #include <string>
 
 #include <fmt/core.h>
@@ -15,9 +14,12 @@ int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, i
   int64_t v = 0;
   const char* end = value.data() + value.size();
   const auto [p, ec] = std::from_chars(value.data(), end, v);
-  if (value.empty() || ec != std::errc() || p != end || v < lo || v > hi)
-    throw InvalidArgument(
-        fmt::format("{} must be an integer in {}..{}, got '{}'", flag, lo, hi, value));
+  if (ec == std::errc::result_out_of_range)
+    throw InvalidArgument(fmt::format("{} is out of range ({}..{}), got '{}'", flag, lo, hi, value));
+  if (value.empty() || ec != std::errc() || p != end)
+    throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, value));
+  if (v < lo || v > hi)
+    throw InvalidArgument(fmt::format("{} must be in {}..{}, got {}", flag, lo, hi, v));
   return v;
 }
 
@@ -32,13 +34,20 @@ uint64_t parse_u64_flag(const char* flag, const std::string& value) {
   return v;
 }
 
-// An integer flag bound to `target`; range checks beyond int are CodecConfig::validate's.
+// An integer flag bound to `target`. Only "is it an int" is checked here; the
+// ranges are CodecConfig::validate's (one place, one message per field).
 void add_int(CLI::App& cmd, const char* flag, int& target, const std::string& help) {
   cmd.add_option_function<std::string>(
          flag,
          [flag, &target](const std::string& v) {
-           target = static_cast<int>(parse_int_flag(flag, v, std::numeric_limits<int>::min(),
-                                                    std::numeric_limits<int>::max()));
+           int x = 0;
+           const char* end = v.data() + v.size();
+           const auto [p, ec] = std::from_chars(v.data(), end, x);
+           if (ec == std::errc::result_out_of_range)
+             throw InvalidArgument(fmt::format("{} is out of range, got '{}'", flag, v));
+           if (v.empty() || ec != std::errc() || p != end)
+             throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, v));
+           target = x;
          },
          help)
       ->type_name("INT")
