@@ -139,12 +139,16 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
   const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;
   const int nthreads = cfg.threads > 0 ? cfg.threads : omp_get_max_threads();
   std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+#pragma omp parallel num_threads(nthreads)
+  {
+  // Per-thread scratch, reused across the groups this thread encodes.
+  detail::KMeansWorkspace ws;
+  std::vector<float> r(static_cast<size_t>(S * D)), stored(static_cast<size_t>(K * D)), warm_c;
+#pragma omp for schedule(dynamic, 1)
   for (int64_t g = 0; g < G; ++g) {
     try {
       const int64_t b = g / sh.h, h = g % sh.h;
       // Gather the group's S points (fp32, token rows).
-      std::vector<float> r(static_cast<size_t>(S * D));
       for (int64_t t = 0; t < S; ++t) {
         const size_t src = size_t(((b * S + t) * sh.h + h) * D);
         if (x.dtype == DType::F32) {
@@ -153,7 +157,6 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
           convert_to_f32(static_cast<const uint8_t*>(x.data) + src * esz, x.dtype, r.data() + t * D, size_t(D));
         }
       }
-      std::vector<float> warm_c;
       for (int st = 0; st < cfg.stages; ++st) {
         detail::KMeansParams p;
         p.k = cfg.centroids;
@@ -169,12 +172,11 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
           for (int64_t i = 0; i < K * D; ++i) warm_c[size_t(i)] = warm->centroid_at(st, b, h, i / D, i % D);
           p.warm = warm_c.data();
         }
-        detail::KMeansResult km = detail::kmeans(r.data(), S, D, p);
+        detail::KMeansResult km = detail::kmeans(r.data(), S, D, p, ws);
         if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
         // Store centroids rounded to the input dtype; subtract the *stored* values.
         uint8_t* cdst = enc.centroid[size_t(st)].data() + size_t(g * K * D) * esz;
         convert_from_f32(km.centroids.data(), x.dtype, cdst, size_t(K * D));
-        std::vector<float> stored(static_cast<size_t>(K * D));
         convert_to_f32(cdst, x.dtype, stored.data(), size_t(K * D));
         uint8_t* ids = enc.ids[size_t(st)].data() + size_t(g * S);
         std::copy(km.ids.begin(), km.ids.end(), ids);
@@ -189,6 +191,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
 #pragma omp critical(qvg_encode_failure)
       if (!failure) failure = std::current_exception();
     }
+  }
   }
   if (failure) std::rethrow_exception(failure);
   return enc;

@@ -58,9 +58,11 @@ int64_t assign(const float* x, int64_t n, int64_t dim, const float* c, int k, As
 }
 
 // New centroid = mean of its points (fp64 accumulation); empty clusters keep theirs.
-void update(const float* x, int64_t n, int64_t dim, const uint8_t* ids, int k, float* c) {
-  std::vector<double> sum(static_cast<size_t>(k) * size_t(dim), 0.0);
-  std::vector<int64_t> cnt(static_cast<size_t>(k), 0);
+void update(const float* x, int64_t n, int64_t dim, const uint8_t* ids, int k, float* c, KMeansWorkspace& ws) {
+  std::vector<double>& sum = ws.sum;
+  std::vector<int64_t>& cnt = ws.cnt;
+  sum.assign(static_cast<size_t>(k) * size_t(dim), 0.0);
+  cnt.assign(static_cast<size_t>(k), 0);
   for (int64_t i = 0; i < n; ++i) {
     double* s = sum.data() + size_t(ids[i]) * size_t(dim);
     const float* xi = x + i * dim;
@@ -74,9 +76,10 @@ void update(const float* x, int64_t n, int64_t dim, const uint8_t* ids, int k, f
   }
 }
 
-void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c) {
+void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c, KMeansWorkspace& ws) {
   // Partial Fisher-Yates: k distinct indices (k <= n here).
-  std::vector<uint32_t> idx(static_cast<size_t>(n));
+  std::vector<uint32_t>& idx = ws.idx;
+  idx.resize(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0u);
   for (int j = 0; j < k; ++j) {
     uint64_t r = uint64_t(j) + rng.below(uint64_t(n - j));
@@ -85,9 +88,11 @@ void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float*
   }
 }
 
-void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c) {
-  std::vector<double> d2(static_cast<size_t>(n), std::numeric_limits<double>::infinity());
-  std::vector<char> chosen(static_cast<size_t>(n), 0);
+void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c, KMeansWorkspace& ws) {
+  std::vector<double>& d2 = ws.d2;
+  std::vector<char>& chosen = ws.chosen;
+  d2.assign(static_cast<size_t>(n), std::numeric_limits<double>::infinity());
+  chosen.assign(static_cast<size_t>(n), 0);
   int64_t pick = int64_t(rng.below(uint64_t(n)));
   for (int j = 0; j < k; ++j) {
     chosen[size_t(pick)] = 1;
@@ -133,22 +138,31 @@ void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, floa
 }  // namespace
 
 KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p) {
+  KMeansWorkspace ws;
+  return kmeans(points, n, dim, p, ws);
+}
+
+KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p, KMeansWorkspace& ws) {
   QVG_CHECK(n >= 1 && dim >= 1 && p.k >= 1 && p.k <= 256 && p.iters >= 1);
   KMeansResult res;
   const int k = int(std::min<int64_t>(p.k, n));
   res.k_eff = k;
 
   // Group-centred copy of the points (spec 1.1: required for the expanded form).
-  std::vector<double> mean_d(static_cast<size_t>(dim), 0.0);
+  std::vector<double>& mean_d = ws.mean;
+  mean_d.assign(static_cast<size_t>(dim), 0.0);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = 0; d < dim; ++d) mean_d[size_t(d)] += double(points[i * dim + d]);
-  std::vector<float> mu(static_cast<size_t>(dim));
+  std::vector<float>& mu = ws.mu;
+  mu.resize(static_cast<size_t>(dim));
   for (int64_t d = 0; d < dim; ++d) mu[size_t(d)] = float(mean_d[size_t(d)] / double(n));
-  std::vector<float> xc(static_cast<size_t>(n * dim));
+  std::vector<float>& xc = ws.xc;
+  xc.resize(static_cast<size_t>(n * dim));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = 0; d < dim; ++d) xc[size_t(i * dim + d)] = points[i * dim + d] - mu[size_t(d)];
 
-  std::vector<float> c(static_cast<size_t>(k) * size_t(dim));
+  std::vector<float>& c = ws.c;
+  c.resize(static_cast<size_t>(k) * size_t(dim));
   Rng rng(p.seed, uint64_t(p.stage), uint64_t(p.b), uint64_t(p.h));
   if (p.init == Init::Warm) {
     QVG_CHECK(p.warm != nullptr);
@@ -157,11 +171,11 @@ KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansPar
         c[size_t(j * dim + d)] = p.warm[j * dim + d] - mu[size_t(d)];
   } else if (k == n) {
     // S <= K: every point is its own centroid, in order (spec 1.1: S < K).
-    std::copy(xc.begin(), xc.end(), c.begin());
+    std::copy_n(xc.begin(), n * dim, c.begin());
   } else if (p.init == Init::KMeansPlusPlus) {
-    init_kmeanspp(xc.data(), n, dim, k, rng, c.data());
+    init_kmeanspp(xc.data(), n, dim, k, rng, c.data(), ws);
   } else {
-    init_random(xc.data(), n, dim, k, rng, c.data());
+    init_random(xc.data(), n, dim, k, rng, c.data(), ws);
   }
 
   res.ids.assign(size_t(n), 0);
@@ -169,7 +183,7 @@ KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansPar
   const double stop_below = 1e-4 * double(n);
   for (int it = 0; it < p.iters; ++it) {
     int64_t changed = assign(xc.data(), n, dim, c.data(), k, p.path, res.ids.data(), it == 0);
-    update(xc.data(), n, dim, res.ids.data(), k, c.data());
+    update(xc.data(), n, dim, res.ids.data(), k, c.data(), ws);
     res.iterations = it + 1;
     if (p.record_inertia) res.inertia.push_back(inertia_fp64(xc.data(), n, c.data(), k, dim));
     if (double(changed) < stop_below) break;

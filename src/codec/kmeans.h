@@ -36,8 +36,19 @@ struct KMeansResult {
   std::vector<double> inertia;
 };
 
+/// Scratch memory reused across the groups one thread encodes (avoids page faults
+/// and zero-fills of fresh allocations per group). Contents are unspecified.
+struct KMeansWorkspace {
+  std::vector<float> xc, c, mu;
+  std::vector<double> mean, sum, d2;
+  std::vector<int64_t> cnt;
+  std::vector<uint32_t> idx;
+  std::vector<char> chosen;
+};
+
 /// Clusters n points of dimension dim (row-major n x dim, fp32). REQUIRES n >= 1,
 /// 1 <= k <= 256, iters >= 1, warm non-null when init == Warm.
 KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p);
+KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p, KMeansWorkspace& ws);
 
 }  // namespace qvg::detail

@@ -47,9 +47,13 @@ int64_t AssignBlocked(const float* x, int64_t n, int64_t dim, const float* c, in
   const int64_t L = int64_t(hn::Lanes(df));
   const int64_t tileK = NV * L;
   const int64_t kpad = (k + tileK - 1) / tileK * tileK;
-  auto cT = hwy::AllocateAligned<float>(size_t(dim * kpad));
-  auto cn = hwy::AllocateAligned<float>(size_t(kpad));
-  std::fill(cT.get(), cT.get() + dim * kpad, 0.0f);
+  // Thread-local scratch (bounded: k <= 256), reused across calls.
+  thread_local std::vector<float> cT_buf, cn_buf, zero_row;
+  cT_buf.assign(size_t(dim * kpad), 0.0f);
+  cn_buf.resize(size_t(kpad));
+  zero_row.assign(size_t(dim), 0.0f);
+  float* cT = cT_buf.data();
+  float* cn = cn_buf.data();
   for (int64_t j = 0; j < kpad; ++j) {
     if (j < k) {
       float s = 0;
@@ -63,7 +67,6 @@ int64_t AssignBlocked(const float* x, int64_t n, int64_t dim, const float* c, in
       cn[size_t(j)] = std::numeric_limits<float>::infinity();  // padding: never nearest
     }
   }
-  std::vector<float> zero_row(size_t(dim), 0.0f);
   constexpr int64_t kChunk = 128;  // points whose rows stay in L2 while tiles sweep
   std::vector<float> best(static_cast<size_t>(kChunk));
   std::vector<int> bidx(static_cast<size_t>(kChunk));
@@ -80,10 +83,10 @@ int64_t AssignBlocked(const float* x, int64_t n, int64_t dim, const float* c, in
         V acc[P][NV];
         for (int p = 0; p < P; ++p)
           for (int v = 0; v < NV; ++v) acc[p][v] = hn::Zero(df);
-        const float* crow = cT.get() + j0;
+        const float* crow = cT + j0;
         for (int64_t d = 0; d < dim; ++d, crow += kpad) {
           V cv[NV];
-          for (int v = 0; v < NV; ++v) cv[v] = hn::Load(df, crow + v * L);
+          for (int v = 0; v < NV; ++v) cv[v] = hn::LoadU(df, crow + v * L);
           for (int p = 0; p < P; ++p) {
             const V xv = hn::Set(df, xp[p][d]);
             for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(xv, cv[v], acc[p][v]);
@@ -91,7 +94,7 @@ int64_t AssignBlocked(const float* x, int64_t n, int64_t dim, const float* c, in
         }
         for (int p = 0; p < P && i0 + p < c1; ++p) {
           V dist[NV];
-          for (int v = 0; v < NV; ++v) dist[v] = hn::NegMulAdd(two, acc[p][v], hn::Load(df, cn.get() + j0 + v * L));
+          for (int v = 0; v < NV; ++v) dist[v] = hn::NegMulAdd(two, acc[p][v], hn::LoadU(df, cn + j0 + v * L));
           V m = dist[0];
           for (int v = 1; v < NV; ++v) m = hn::Min(m, dist[v]);
           const float mv = hn::GetLane(hn::MinOfLanes(df, m));
@@ -139,6 +142,18 @@ HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> ToBf16(DF /*df*/, V v) {
   // NaN stays a quiet NaN (rounding could otherwise carry it into infinity).
   const auto nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
   r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, r);
+  return hn::DemoteTo(du16, hn::BitCast(di, r));
+}
+
+// As ToBf16 for inputs known not to be NaN (decoded values are finite).
+template <class DF, class V>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> ToBf16NoNaN(DF /*df*/, V v) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto r = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
   return hn::DemoteTo(du16, hn::BitCast(di, r));
 }
 
@@ -191,7 +206,87 @@ inline float StoredScale(const uint8_t* arr, ScaleDType t, size_t i) {
   return qvg::bf16_to_f32(uint16_t(arr[2 * i] | (uint16_t(arr[2 * i + 1]) << 8)));
 }
 
+// Vector unpack: the codes of one vector of L channels are L*bits/8 bytes; they are
+// loaded as one little-endian word, broadcast, and every lane shifts its own code
+// down (per-lane shift amounts), so no byte shuffles or tables are needed.
+// REQUIRES L >= 4, dim % L == 0, block % L == 0.
+template <int kBits>
+void DecodeRowsVec(const DecodeRows& j) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Repartition<uint64_t, decltype(du)> du64;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  constexpr size_t L = hn::MaxLanes(df);
+  // (Never called with L < 4; the guard keeps the instantiation well-formed.)
+  constexpr size_t kBytes = L * kBits / 8 >= 1 ? L * kBits / 8 : 1;
+  static_assert(kBytes <= 8, "one word of codes per vector");
+  alignas(64) uint32_t shift_arr[L];
+  alignas(64) int32_t word_arr[L];
+  for (size_t i = 0; i < L; ++i) {
+    const uint32_t p = kBits == 4 ? uint32_t(8 * (i / 2) + ((i % 2) == 0 ? 4 : 0)) : uint32_t(8 * (i / 4) + 6 - 2 * (i % 4));
+    shift_arr[i] = p % 32;
+    word_arr[i] = int32_t(p / 32);
+  }
+  const auto shifts = hn::Load(du, shift_arr);
+  const auto words = hn::SetTableIndices(du, word_arr);
+  const auto mask = hn::Set(du, (1u << kBits) - 1u);
+  const auto qoff = hn::Set(di, j.asymmetric ? 0 : (1 << (kBits - 1)) - 1);
+  const int64_t D = j.dim, nb = D / j.block, cbytes = D * kBits / 8;
+  std::vector<float> s_eff(static_cast<size_t>(nb)), z_eff(static_cast<size_t>(nb), 0.0f);
+  auto acc = hwy::AllocateAligned<float>(size_t(D));
+  const float* crow[8];
+  const int ns = j.stages;
+  for (int64_t t = 0; t < j.count; ++t) {
+    const uint8_t* code = j.codes + t * cbytes;
+    for (int64_t k = 0; k < nb; ++k) {
+      const size_t si = size_t(t * nb + k);
+      s_eff[size_t(k)] = StoredScale(j.scales, j.scale_dtype, si) * j.scale_factor;
+      if (j.asymmetric) z_eff[size_t(k)] = StoredScale(j.zeros, j.scale_dtype, si) * j.zero_factor;
+    }
+    for (int s = 0; s < ns; ++s) crow[s] = j.centroids[s] + int64_t(j.ids[s][t]) * D;
+    uint16_t* obf = j.out_dtype == DType::BF16 ? static_cast<uint16_t*>(j.out) + t * j.out_token_stride : nullptr;
+    float* of32 = j.out_dtype == DType::F32 ? static_cast<float*>(j.out) + t * j.out_token_stride : acc.get();
+    for (int64_t d = 0; d < D; d += int64_t(L)) {
+      uint64_t w = 0;
+      std::memcpy(&w, code + size_t(d) * kBits / 8, kBytes);
+      hn::Vec<decltype(du)> wv;
+      if constexpr (kBytes > 4) {
+        wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
+      } else {
+        wv = hn::Set(du, uint32_t(w));
+      }
+      const auto c = hn::And(wv >> shifts, mask);
+      const V cf = hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff));  // code - qmax, exact
+      const int64_t k = d / j.block;
+      V v = hn::Mul(cf, hn::Set(df, s_eff[size_t(k)]));
+      if (j.asymmetric) v = hn::Add(v, hn::Set(df, z_eff[size_t(k)]));
+      for (int s = 0; s < ns; ++s) v = hn::Add(v, hn::LoadU(df, crow[s] + d));
+      if (obf) {
+        hn::StoreU(ToBf16NoNaN(df, v), du16, obf + d);
+      } else {
+        hn::StoreU(v, df, of32 + d);
+      }
+    }
+    if (j.out_dtype == DType::F16) {
+      uint16_t* o = static_cast<uint16_t*>(j.out) + t * j.out_token_stride;
+      for (int64_t d = 0; d < D; ++d) o[d] = qvg::f32_to_f16_sat(acc[size_t(d)]);
+    }
+  }
+}
+
 void DecodeRowsImpl(const DecodeRows& j) {
+  {
+    const hn::ScalableTag<float> dfl;
+    constexpr size_t L = hn::MaxLanes(dfl);
+    if constexpr (L >= 4) {
+      if (j.dim % int64_t(L) == 0 && j.block % int64_t(L) == 0 && j.stages <= 8) {
+        if (j.bits == 4) return DecodeRowsVec<4>(j);
+        return DecodeRowsVec<2>(j);
+      }
+    }
+  }
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const hn::Rebind<uint16_t, decltype(df)> du16;
