@@ -41,9 +41,9 @@ constexpr int kObjects = 5;       // moving objects
 constexpr int kObjTexture = 2;    // texture waves per object
 constexpr float kLatentNoise = 0.15f;  // per-frame iid noise of z (per dim)
 // Relative iid element noise of the projections (the part no codebook can learn).
-constexpr float kKNoise = 0.30f;
+constexpr float kKNoise = 0.22f;
 constexpr float kQNoise = 0.50f;
-constexpr float kVNoise = 0.55f;
+constexpr float kVNoise = 0.9f;
 constexpr float kNormSmooth = 0.75f;   // share of the smooth field in the token-norm variable u
 constexpr double kLogitStd = 2.5;      // target std over keys of q.k / sqrt(D) (pre-RoPE)
 constexpr int kCalibTokens = 768;
