@@ -471,7 +471,7 @@ void memory_run(int span_chunks) {
     }
     return t;
   };
-  const int chunks = 7 + 2 * std::max(4, span_chunks) + 1;
+  const int chunks = 7 + (span_chunks == 1 ? 4 : 2 * span_chunks + 1);  // window full, then a full period
   double first_full = -1, lo = 1e9, hi = 0;
   size_t peak_transient = 0;
   std::printf("span_chunks=%d (tokens/frame %lld, chunk %lld tokens, window %lld tokens, dense %.2f MiB)\n",
@@ -505,6 +505,11 @@ void memory_run(int span_chunks) {
               "transient peak of a call %.2f MiB = %.3f of the dense cache\n",
               span_chunks, first_full, lo, hi, double(peak_transient) / 1048576.0,
               double(peak_transient) / double(dense_bytes));
+  EXPECT_GT(lo, 0.0);
+  // The view of a full window is materialized: at most K+V of the window in bf16
+  // plus encode scratch (a span's concatenated input and its encoding).
+  EXPECT_LE(peak_transient, dense_bytes + dense_bytes / 2);
+  if (small_scale()) return;  // at the reduced sanitizer scale the 256-entry codebooks dominate: no ratio bounds
   if (span_chunks == 1) {
     EXPECT_LT(hi, 0.5);
   } else {
@@ -512,13 +517,30 @@ void memory_run(int span_chunks) {
     EXPECT_LT(lo, 0.5);
     EXPECT_LT(hi, 0.9);
   }
-  EXPECT_GT(lo, 0.0);
-  // The view of a full window is materialized: at most K+V of the window in bf16
-  // plus encode scratch (a span's concatenated input and its encoding).
-  EXPECT_LE(peak_transient, dense_bytes + dense_bytes / 2);
 }
 
 }  // namespace
 
 TEST(PackedCacheMemory, SelfForcingShapesSpan1) { memory_run(1); }
 TEST(PackedCacheMemory, SelfForcingShapesSpan4) { memory_run(4); }
+
+TEST(PackedCachePolicy, HeadsNotWrittenInANewChunkAreZeros) {
+  CacheOptions o = small_opts(100);
+  PackedCausalCache c(o);
+  std::mt19937_64 rng(9);
+  Tensor k = random_tensor(rng, DType::F32, {1, 3, 1, 8}), v = random_tensor(rng, DType::F32, {1, 3, 1, 8});
+  KVView view = c.update(k, v, 0, 1);  // writes head 1 only
+  EXPECT_EQ(view.k.shape, (Shape4{1, 3, 1, 8}));
+  EXPECT_EQ(view.k.at(0, 2, 0, 5), k.at(0, 2, 0, 5));
+  const auto seg = c.segment(0);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t d = 0; d < 8; ++d) {
+      EXPECT_EQ(seg.k_raw.at(0, t, 0, d), 0.0f);
+      EXPECT_EQ(seg.v_raw.at(0, t, 0, d), 0.0f);
+      EXPECT_EQ(seg.k_raw.at(0, t, 1, d), k.at(0, t, 0, d));
+    }
+  // The other head in a second call of the same step: a rewrite of the current chunk.
+  view = c.update(k, v, 0, 0);
+  EXPECT_EQ(c.segment(0).k_raw.at(0, 1, 0, 3), k.at(0, 1, 0, 3));
+  EXPECT_EQ(c.global_end(), 3);
+}
