@@ -1,0 +1,63 @@
+// src/perf/perf.h — the performance measurements of `qvg bench` and bench/.
+//
+// Every measurement reports wall-clock medians over repetitions, and figures
+// relative to a limit or a peer measured in the same run: bandwidths count bytes
+// read plus bytes written by the algorithm (a copy of N bytes counts 2N), FLOP
+// rates count a multiply-add as 2. Nothing here asserts a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace qvg::perf {
+
+struct Timing {
+  double median_s = 0, min_s = 0, max_s = 0;
+  int reps = 0;
+};
+/// Runs fn once untimed (warm-up), then at least `min_reps` times and until
+/// `min_time_s` has passed (at most `max_reps`).
+Timing time_it(const std::function<void()>& fn, int min_reps = 5, double min_time_s = 0.2, int max_reps = 200);
+
+struct Measurement {
+  std::string name;
+  Timing t;
+  std::map<std::string, double> figures;  ///< derived figures (gbps, ratios, ...)
+  std::string note;
+};
+
+/// The peer k-means (faiss), when the build has it: clusters each of `groups`
+/// point sets (n x d, contiguous one after the other) into k centroids with
+/// `iters` Lloyd iterations using `threads` threads; writes groups x k x d
+/// centroids. Returns false when faiss is not built in.
+using PeerKMeans = std::function<bool(const float* x, int64_t groups, int64_t n, int64_t d, int k, int iters,
+                                      int threads, uint64_t seed, float* centroids)>;
+
+struct BenchOptions {
+  bool quick = false;  ///< smaller shapes and fewer repetitions (CI smoke run)
+  int threads = 0;     ///< 0 = all cores
+  PeerKMeans faiss;    ///< empty: the faiss comparison is reported as unavailable
+  std::function<void(const std::string&)> progress;  ///< called before each measurement
+};
+
+/// Runs the suite of issue 5 (machine limits, decode, k-means vs faiss, encode,
+/// window reconstruction, attention) and returns the measurements in order.
+std::vector<Measurement> run_suite(const BenchOptions& opt);
+
+// ---- the pieces (also used by the Google Benchmark suite) ----
+
+/// memcpy of `bytes` between two buffers, split over `threads` threads.
+void parallel_copy(void* dst, const void* src, size_t bytes, int threads);
+/// Runs kernels::fma_loop on every thread; returns FLOPs done.
+double parallel_fma(int64_t iters_per_thread, int threads);
+
+}  // namespace qvg::perf
+
+namespace qvg::perf {
+/// faiss k-means as a PeerKMeans; defined only in builds with faiss
+/// (QVG_HAVE_FAISS), in src/perf/faiss_peer.cpp.
+PeerKMeans faiss_kmeans();
+}  // namespace qvg::perf

@@ -1,0 +1,77 @@
+// `qvg bench`: the performance suite of src/perf, as a table and as JSON.
+#include <cstdio>
+#include <fstream>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "kernels/kernels.h"
+#include "perf/perf.h"
+#include "qvg/error.h"
+
+namespace qvg::cli {
+namespace {
+
+struct BenchArgs {
+  std::string json;
+  bool quick = false;
+  int threads = 0;
+  std::string device = "cpu";
+};
+
+void run(const BenchArgs& a) {
+  if (a.device != "cpu")
+    throw InvalidArgument(fmt::format("--device must be cpu in this build (CUDA backend not built), got '{}'", a.device));
+  perf::BenchOptions opt;
+  opt.quick = a.quick;
+  opt.threads = a.threads;
+#ifdef QVG_HAVE_FAISS
+  opt.faiss = perf::faiss_kmeans();
+#endif
+  opt.progress = [](const std::string& s) { fmt::print(stderr, "qvg bench: {} ...\n", s); };
+  fmt::print("qvg bench — CPU target {}{}\n", kernels::current_target_name(), a.quick ? " (quick: reduced shapes)" : "");
+  auto ms = perf::run_suite(opt);
+  nlohmann::json j = nlohmann::json::object();
+  fmt::print("{:<28} {:>11} {:>11} {:>11}  {}\n", "measurement", "median_s", "min_s", "max_s", "figures");
+  for (const auto& m : ms) {
+    std::string figs;
+    nlohmann::json o = {{"median_s", m.t.median_s}, {"min_s", m.t.min_s}, {"max_s", m.t.max_s}, {"reps", m.t.reps}};
+    for (const auto& [k, v] : m.figures) {
+      o[k] = v;
+      figs += fmt::format("{}={:.4g} ", k, v);
+    }
+    if (!m.note.empty()) o["note"] = m.note;
+    j[m.name] = o;
+    fmt::print("{:<28} {:>11.6f} {:>11.6f} {:>11.6f}  {}\n", m.name, m.t.median_s, m.t.min_s, m.t.max_s, figs);
+  }
+  j["target"] = kernels::current_target_name();
+  j["quick"] = a.quick;
+  if (!a.json.empty()) {
+    const std::string tmp = a.json + ".tmp";
+    {
+      std::ofstream f(tmp);
+      if (!f) throw InvalidArgument(fmt::format("--json: cannot write '{}'", a.json));
+      f << j.dump(2) << "\n";
+    }
+    if (std::rename(tmp.c_str(), a.json.c_str()) != 0)
+      throw InvalidArgument(fmt::format("--json: cannot write '{}'", a.json));
+    fmt::print("wrote {}\n", a.json);
+  }
+}
+
+void register_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* c = app.add_subcommand("bench", "Measure decode, k-means (vs faiss), encode, window reconstruction and "
+                                            "attention against this machine's copy bandwidth and FMA peak");
+  c->add_option("--json", args->json, "write the measurements as one JSON object to this file");
+  c->add_flag("--quick", args->quick, "reduced shapes and repetitions (seconds, for smoke tests)");
+  c->add_option("--threads", args->threads, "threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  c->add_option("--device", args->device, "cpu (cuda when the CUDA backend is built)");
+  c->callback([args] { run(*args); });
+}
+
+QVG_REGISTER_COMMAND(register_bench);
+
+}  // namespace
+}  // namespace qvg::cli
