@@ -1,0 +1,496 @@
+"""qvg.torch — drop-in replacements for the SGLang engine's causal K/V cache classes.
+
+The multimodal-generation runtime of SGLang builds one cache per transformer block
+and calls ``update_and_get_attention_kv`` once per denoising step. This module offers
+the same three names with the same constructor signatures, backed by qvg's C++
+caches (``include/qvg/cache.h``) through the binding module ``qvg._C``:
+
+* :class:`QVGKVQuantArgs` — the quantization settings (spec section 2), with the
+  engine's flat flag names in :meth:`QVGKVQuantArgs.from_dict`.
+* :class:`CausalSelfAttentionKVCache` — the dense cache (spec 3.2) over the caller's
+  ``k``/``v`` tensors ``[B, cache_size, H, D]``.
+* :class:`QVGPackedCausalKVCache` — the packed QVG cache (spec 4).
+
+Switching is an import change::
+
+    from qvg.torch import (CausalSelfAttentionKVCache, QVGKVQuantArgs,
+                           QVGPackedCausalKVCache)
+
+Scope and differences from the engine (all deliberate):
+
+* CPU tensors only, dtype float32, bfloat16 or float16. Keys and values are read in
+  place when contiguous ``[B, n, h, D]``; otherwise a contiguous copy is made.
+* Errors are typed as in spec 5: ``ValueError`` (bad argument, shape, dtype, values,
+  configuration), ``NotImplementedError`` (packed: non-sequential write, size change
+  of the current chunk, ``allow_growth``; a non-CPU device), ``RuntimeError`` (a
+  chunk that does not fit the cache or window, overwrites sink tokens, or rewrites
+  evicted positions). A call that raises changes nothing: buffers, cursors, index
+  tensors and ``*_int`` attributes are as before.
+* ``debug_name`` is accepted for compatibility and not used; messages are qvg's.
+* The view's ``k``/``v`` hold only the heads written by the call
+  (``[cache_head_start, cache_head_start + h_in)``), as spec 3.1 says.
+* Packed view: ``local_start_index, local_end_index`` locate the chunk inside the
+  returned ``k``/``v`` (``T - n, T``), as spec 3.1 says.
+
+Lifetime of the returned views (``CausalAttentionKVView.k`` / ``.v``):
+
+* ``view.zero_copy`` True: the tensors alias cache memory (no bytes copied). Dense:
+  they are views of ``cache.k``/``cache.v``, exactly as the engine's slices, so later
+  calls change what they show. Packed: they alias the current chunk until the next
+  call on the cache; if you still hold them then, qvg first gives them a private
+  copy of their bytes (they never dangle, they just stop following the cache). Drop
+  the view before the next call to avoid that copy.
+* ``view.zero_copy`` False (the visible tokens are not one contiguous range of one
+  buffer: sink plus a recent window, or packed segments decoded): fresh tensors
+  owned by the caller, as the engine's packed cache returns.
+
+Not thread-safe: one caller per cache at a time (a second thread gets RuntimeError).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+try:
+    from . import _C
+except ImportError as e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "qvg.torch needs the compiled extension qvg._C: configure with "
+        "`cmake -S . -B build/python -DQVG_BUILD_PYTHON=ON`, build the target qvg_torch_ext and put "
+        "build/python/python on PYTHONPATH (use the interpreter torch belongs to, e.g. /usr/bin/python3)"
+    ) from e
+
+__all__ = [
+    "CausalAttentionKVView",
+    "CausalSelfAttentionKVCache",
+    "QVGKVQuantArgs",
+    "QVGPackedCausalKVCache",
+]
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+# ---------------------------------------------------------------------------
+# Configuration (spec 2)
+# ---------------------------------------------------------------------------
+
+# Engine flag name -> field; the last five are qvg's extensions, same style.
+_FLAG_TO_FIELD = {
+    "kv_cache_quant_centroids": "centroids",
+    "kv_cache_quant_block_size": "block_size",
+    "kv_cache_quant_stages": "stages",
+    "kv_cache_quant_iters": "kmeans_iters",
+    "kv_cache_quant_keep_recent": "keep_recent_chunks",
+    "kv_cache_quant_sink_keep": "sink_keep_chunks",
+    "kv_cache_quant_asymmetric": "asymmetric",
+    "kv_cache_quant_sink": "sink",
+    "kv_cache_quant_sink_span": "sink_span",
+    "kv_cache_quant_span_chunks": "span_chunks",
+    "kv_cache_quant_scaling": "scaling",
+    "kv_cache_quant_scale_dtype": "scale_dtype",
+    "kv_cache_quant_init": "init",
+    "kv_cache_quant_seed": "seed",
+}
+
+
+def _flag_text(value: Any) -> str:
+    """A typed flag value (as argparse produces it) in the C++ parser's text form."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass
+class QVGKVQuantArgs:
+    """PRQ K/V-cache quantization settings (spec 2); the engine's ``QVGKVQuantArgs``.
+
+    ``bits is None`` (the default) means quantization is off: every segment stays raw.
+    Validation is qvg's C++ ``QuantArgs::validate`` so messages match the CLI's.
+    """
+
+    bits: int | None = None  # None = off; 2 or 4
+    centroids: int = 128  # k-means centroids per stage and group, 1..256
+    block_size: int = 64  # channels per residual scale; divides head_dim, multiple of 8/bits
+    stages: int = 1  # k-means stages
+    kmeans_iters: int = 2  # Lloyd iterations per stage
+    asymmetric: bool = False  # min/max + zero point instead of absmax
+    keep_recent_chunks: int = 1  # completed non-sink chunks kept raw
+    sink: bool = True  # quantize the sink chunks too
+    sink_span: str = "chunk"  # "chunk" (each sink chunk its own span) | "full"
+    sink_keep_chunks: int = 0  # leading sink chunks never packed
+    # qvg extensions
+    span_chunks: int = 1  # consecutive chunks sharing one codebook
+    scaling: str = "two_level"  # "two_level" | "compat"
+    scale_dtype: str = "fp8_e4m3"  # "fp8_e4m3" | "bf16"
+    init: str = "random"  # "random" | "kmeans++" | "warm"
+    seed: int = 1234
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits is not None
+
+    def validate(self) -> QVGKVQuantArgs:
+        """Raises ValueError naming the field, the value and what is allowed; returns self."""
+        _quant_to_c(self).validate()
+        return self
+
+    def describe(self) -> str:
+        return _quant_to_c(self).describe()
+
+    @classmethod
+    def from_dict(cls, kwargs: dict) -> QVGKVQuantArgs:
+        """Builds the settings from the engine's flat flags (``kv_cache_quant``,
+        ``kv_cache_quant_centroids``, ``_block_size``, ``_stages``, ``_iters``,
+        ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
+        and qvg's ``_span_chunks``, ``_scaling``, ``_scale_dtype``, ``_init``,
+        ``_seed``). Values may be typed (ints, bools) or strings; ``None`` means
+        "not given". Without ``kv_cache_quant`` everything is default (off), as in
+        the engine. Other keys are ignored. Raises ValueError on bad values."""
+        master = kwargs.get("kv_cache_quant")
+        if master is None:
+            return cls()
+        flags = {"kv_cache_quant": str(master).strip().lower()}
+        for flag in _FLAG_TO_FIELD:
+            value = kwargs.get(flag)
+            if value is not None:
+                flags[flag] = _flag_text(value)
+        return cls(**_C.quant_args_from_flags(flags))
+
+
+_QUANT_DEFAULTS = {f.name: f.default for f in fields(QVGKVQuantArgs)}
+_INT_FIELDS = ("centroids", "block_size", "stages", "kmeans_iters", "keep_recent_chunks", "sink_keep_chunks",
+               "span_chunks", "seed")
+_BOOL_FIELDS = ("asymmetric", "sink")
+_STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init")
+
+
+def _quant_to_c(q: Any) -> "_C.QuantArgs":
+    """Any object with QVGKVQuantArgs' attributes (ours or the engine's; missing
+    qvg extensions take their defaults) -> the C++ QuantArgs (not yet validated)."""
+    v = {name: getattr(q, name, default) for name, default in _QUANT_DEFAULTS.items()}
+    if v["bits"] is not None and (isinstance(v["bits"], bool) or not isinstance(v["bits"], int)):
+        raise ValueError(f"bits must be 2 or 4 (or none to disable quantization), got {v['bits']!r}")
+    for name in _INT_FIELDS:
+        if isinstance(v[name], bool) or not isinstance(v[name], int):
+            raise ValueError(f"{name} must be an integer, got {v[name]!r}")
+    if v["seed"] < 0 or v["seed"] >= 2**64:
+        raise ValueError(f"seed must be in [0, 2^64), got {v['seed']}")
+    for name in _BOOL_FIELDS:
+        if not isinstance(v[name], bool):
+            raise ValueError(f"{name} must be a boolean (True/False), got {v[name]!r}")
+    for name in _STR_FIELDS:
+        if not isinstance(v[name], str):
+            raise ValueError(f"{name} must be a string, got {v[name]!r}")
+    for name in _INT_FIELDS[:-1] + ("bits",):
+        x = v[name]
+        if x is not None and not -(2**31) < x < 2**31:
+            raise ValueError(f"{name} must fit in 32 bits, got {x}")
+    return _C.QuantArgs(**v)
+
+
+# ---------------------------------------------------------------------------
+# The view
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CausalAttentionKVView:
+    """What ``update_and_get_attention_kv`` returns (spec 3.1); the engine's class
+    of the same name plus ``zero_copy`` (True: k/v alias cache memory)."""
+
+    k: torch.Tensor  # [B, T, h_in, D], the visible tokens in global order
+    v: torch.Tensor
+    local_start_index: int
+    local_end_index: int
+    visible_local_end: int  # min(global_end, cache_size)
+    visible_global_end: int  # global_end after the call
+    zero_copy: bool = False
+
+
+# ---------------------------------------------------------------------------
+# The dense cache (spec 3.2)
+# ---------------------------------------------------------------------------
+
+
+class CausalSelfAttentionKVCache:
+    """One transformer block's dense causal self-attention K/V cache and cursors.
+
+    ``k``, ``v``: the buffers, CPU tensors ``[B, cache_size, H, D]``, contiguous; the
+    cache writes into them in place (they are its storage). With ``allow_growth`` a
+    growth replaces them by new, larger tensors, read back through ``cache.k`` /
+    ``cache.v`` as in the engine.
+
+    ``global_end_index``, ``local_end_index``: index tensors (e.g. ``torch.zeros(1,
+    dtype=torch.long)``). As in the engine, the cursors are read from them on the
+    first call unless both ``*_int`` cursors are given, are kept in
+    ``global_end_index_int`` / ``local_end_index_int`` from then on (the source of
+    truth), and the tensors are written only when a call changes the cursors.
+
+    ``cache_size``: 0 or ``k.shape[1]``. ``attention_window_size``: 0 (= cache_size)
+    or 1..cache_size tokens shown by a view. ``sink_tokens``: leading tokens never
+    evicted.
+    """
+
+    def __init__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        global_end_index: torch.Tensor,
+        local_end_index: torch.Tensor,
+        global_end_index_int: int | None = None,
+        local_end_index_int: int | None = None,
+        cache_size: int = 0,
+        sink_tokens: int = 0,
+        attention_window_size: int = 0,
+        allow_growth: bool = False,
+    ) -> None:
+        window = None if not attention_window_size else attention_window_size
+        self._c = _C.DenseCache(k, v, sink_tokens, window, bool(allow_growth))
+        if cache_size and cache_size != self._c.cache_size:
+            raise ValueError(
+                f"cache_size must be 0 or k.shape[1] = {self._c.cache_size} (the buffers hold the cache), "
+                f"got {cache_size}"
+            )
+        self.global_end_index = global_end_index
+        self.local_end_index = local_end_index
+        self.global_end_index_int = global_end_index_int
+        self.local_end_index_int = local_end_index_int
+
+    # -- the engine's fields ---------------------------------------------------------
+    @property
+    def k(self) -> torch.Tensor:
+        return self._c.k
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._c.v
+
+    @property
+    def cache_size(self) -> int:
+        return self._c.cache_size
+
+    @property
+    def sink_tokens(self) -> int:
+        return self._c.sink_tokens
+
+    @property
+    def attention_window_size(self) -> int:
+        return self._c.attention_window_size
+
+    @property
+    def allow_growth(self) -> bool:
+        return self._c.allow_growth
+
+    @property
+    def num_cache_heads(self) -> int:
+        return self._c.num_heads
+
+    # The newer engine also lets callers treat the cache as a mapping of its fields.
+    _FIELD_NAMES = frozenset(
+        {"k", "v", "global_end_index", "local_end_index", "global_end_index_int", "local_end_index_int"}
+    )
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._FIELD_NAMES:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self._FIELD_NAMES:
+            raise KeyError(key)
+        if key in ("k", "v"):
+            raise NotImplementedError(f"the buffers of a qvg cache cannot be replaced; build a new cache, got key {key!r}")
+        setattr(self, key, value)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._FIELD_NAMES and getattr(self, key) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self._FIELD_NAMES:
+            return default
+        value = getattr(self, key)
+        return default if value is None else value
+
+    # -- the interface -----------------------------------------------------------------
+    def reset_indices(self) -> None:
+        """Cursors to 0 (buffer content is kept), index tensors zeroed."""
+        self._c.reset_indices()
+        self.global_end_index.zero_()
+        self.local_end_index.zero_()
+        if self.global_end_index_int is not None:
+            self.global_end_index_int = 0
+        if self.local_end_index_int is not None:
+            self.local_end_index_int = 0
+
+    def can_direct_current_attention(self, num_new_tokens: int) -> bool:
+        return self._c.can_direct_current_attention(num_new_tokens)
+
+    def resident_nbytes(self) -> int:
+        """Bytes of the K and V buffers (2 * B * cache_size * H * D * itemsize)."""
+        return self._c.resident_nbytes()
+
+    def peak_transient_nbytes(self) -> int:
+        """Most bytes the last successful call held beyond the buffers (spec 3.1)."""
+        return self._c.peak_transient_nbytes()
+
+    def update_and_get_attention_kv(
+        self,
+        *,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        current_chunk_start: int,
+        cache_head_start: int | None = None,
+        recent_window_tokens: int | None = None,
+        debug_name: str = "causal KV cache",
+    ) -> CausalAttentionKVView:
+        """Writes the chunk ``[current_chunk_start, + n)`` of ``key``/``value``
+        (``[B, n, h_in, D]``) and returns the tokens visible to it (spec 3.2)."""
+        ge = self.global_end_index_int
+        le = self.local_end_index_int
+        if ge is None or le is None:
+            ge = int(self.global_end_index.item())
+            le = int(self.local_end_index.item())
+        k, v, ls, lend, vle, vge, zero_copy = self._c.update(
+            key, value, current_chunk_start, cache_head_start, recent_window_tokens, ge, le
+        )
+        if vge != ge or vle != le:
+            self.global_end_index.fill_(vge)
+            self.local_end_index.fill_(vle)
+        self.global_end_index_int = vge
+        self.local_end_index_int = vle
+        return CausalAttentionKVView(k, v, ls, lend, vle, vge, zero_copy)
+
+
+# ---------------------------------------------------------------------------
+# The packed cache (spec 4)
+# ---------------------------------------------------------------------------
+
+
+class QVGPackedCausalKVCache:
+    """Chunk-segmented causal K/V cache whose completed chunks are PRQ-packed (spec 4).
+
+    Same call contract as :class:`CausalSelfAttentionKVCache`; writes must be a
+    rewrite of the current chunk (same size) or an advance at ``global_end``.
+    ``global_end_index`` / ``local_end_index`` are written after every call, unless
+    ``use_int_indices``: then only ``global_end_index_int`` / ``local_end_index_int``
+    are (the tensors are zeroed by :meth:`reset_indices` only), as in the engine.
+    ``device`` must be the CPU. ``quant_args``: :class:`QVGKVQuantArgs` or any object
+    with its attributes (the engine's); ``None`` means off. ``allow_growth`` (qvg
+    only) must stay False.
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        cache_size: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        global_end_index: torch.Tensor,
+        local_end_index: torch.Tensor,
+        use_int_indices: bool = False,
+        sink_tokens: int = 0,
+        attention_window_size: int | None = None,
+        quant_args: QVGKVQuantArgs | None,
+        allow_growth: bool = False,
+    ) -> None:
+        dev = torch.device(device)
+        if dev.type != "cpu":
+            raise NotImplementedError(
+                f"QVGPackedCausalKVCache: qvg.torch runs on the CPU, device must be 'cpu', got '{dev}'"
+            )
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {dtype}")
+        if quant_args is None:
+            quant_args = QVGKVQuantArgs()
+        window = attention_window_size or None
+        self._c = _C.PackedCache(
+            batch_size, cache_size, num_heads, head_dim, _DTYPE_NAMES[dtype], sink_tokens, window,
+            bool(allow_growth), _quant_to_c(quant_args),
+        )
+        self.batch_size = batch_size
+        self.cache_size = cache_size
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = dev
+        self.sink_tokens = sink_tokens
+        self.attention_window_size = attention_window_size or cache_size
+        self.q = quant_args
+        self.global_end_index = global_end_index
+        self.local_end_index = local_end_index
+        self.global_end_index_int = 0 if use_int_indices else None
+        self.local_end_index_int = 0 if use_int_indices else None
+
+    @property
+    def quant_args(self) -> Any:
+        return self.q
+
+    @property
+    def num_cache_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def chunk_tokens(self) -> int | None:
+        """Size of the first advance's chunk; None while the cache is empty."""
+        return self._c.chunk_tokens
+
+    def reset_indices(self) -> None:
+        """Drops every segment (an empty cache) and zeroes the cursors."""
+        self._c.reset_indices()
+        if self.global_end_index_int is not None:
+            self.global_end_index_int = 0
+            self.local_end_index_int = 0
+        self.global_end_index.zero_()
+        self.local_end_index.zero_()
+
+    def can_direct_current_attention(self, num_new_tokens: int) -> bool:
+        return self._c.can_direct_current_attention(num_new_tokens)
+
+    def pin_current_chunk(self, current_num_tokens: int) -> None:
+        raise NotImplementedError(
+            "QVGPackedCausalKVCache does not support pinning the current chunk as a sink "
+            f"(got current_num_tokens={current_num_tokens})"
+        )
+
+    def resident_nbytes(self) -> int:
+        """Bytes of all raw segments (the current one included) and encoded spans."""
+        return self._c.resident_nbytes()
+
+    def peak_transient_nbytes(self) -> int:
+        return self._c.peak_transient_nbytes()
+
+    def update_and_get_attention_kv(
+        self,
+        *,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        current_chunk_start: int,
+        cache_head_start: int | None = None,
+        recent_window_tokens: int | None = None,
+        debug_name: str = "QVG packed KV cache",
+    ) -> CausalAttentionKVView:
+        """Rewrites the current chunk or advances by one chunk and returns the
+        visible tokens: the sink, then the recent tail (spec 4)."""
+        k, v, ls, lend, vle, vge, zero_copy = self._c.update(
+            key, value, current_chunk_start, cache_head_start, recent_window_tokens
+        )
+        if self.global_end_index_int is not None:
+            self.global_end_index_int = vge
+            self.local_end_index_int = vle
+        else:
+            self.global_end_index.fill_(vge)
+            self.local_end_index.fill_(vle)
+        return CausalAttentionKVView(k, v, ls, lend, vle, vge, zero_copy)
+
+    # -- for tests and diagnostics ------------------------------------------------------
+    def _segments(self) -> list[dict]:
+        """One dict per segment: g0, g1, is_sink, packed, current, chunks, k_ptr,
+        v_ptr (raw buffers' addresses, 0 when packed), nbytes."""
+        keys = ("g0", "g1", "is_sink", "packed", "current", "chunks", "k_ptr", "v_ptr", "nbytes")
+        return [dict(zip(keys, s)) for s in self._c.segments()]
