@@ -25,7 +25,8 @@
 // validation; the cache then stays consistent (basic guarantee).
 //
 // Thread safety: a cache is not thread-safe; one caller at a time. update()
-// itself uses OpenMP (codec) where it helps.
+// itself uses OpenMP (codec) where it helps. Caches are movable, not copyable;
+// a moved-from cache may only be destroyed or assigned to.
 #pragma once
 
 #include <cstddef>
@@ -113,7 +114,9 @@ class CausalCache {
   ///   lie in [0, H); only those heads are written and returned.
   /// recent_window_tokens (rw): nullopt, or >= 0 to restrict the non-sink part
   ///   of the view to the rw tokens before the chunk (plus the chunk).
-  /// Throws as described at the top of this file; nothing changes on a throw.
+  /// REQUIRES: nothing beyond the types — every argument is validated and a
+  /// violation throws as described at the top of this file; nothing changes on
+  /// a throw. The result's k/v live until the next mutating call (KVView).
   KVView update(ConstTensorView key, ConstTensorView value, int64_t current_chunk_start,
                 std::optional<int64_t> cache_head_start = std::nullopt,
                 std::optional<int64_t> recent_window_tokens = std::nullopt) {
@@ -131,8 +134,11 @@ class CausalCache {
   /// Bytes of the cache's state (see each class).
   virtual size_t resident_nbytes() const = 0;
   /// The most bytes the last successful update() held beyond the resident
-  /// state at any moment (view buffer if it copied, encode scratch). Unchanged
-  /// by a failing call; 0 before the first call and after reset_indices().
+  /// state at any moment: the view buffer if it copied, the old buffers during
+  /// a dense growth, and for the packed cache a span's concatenated input plus
+  /// its encodings before they replace the raw chunks. Working memory inside
+  /// qvg::encode() itself (per-group fp32 copies) is not counted. Unchanged by
+  /// a failing call; 0 before the first call and after reset_indices().
   virtual size_t peak_transient_nbytes() const = 0;
 
   virtual int64_t global_end() const = 0;  ///< tokens [0, global_end) have been generated
