@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# `qvg memory`: the JSON has exactly the documented keys, its figures follow from the
+# packed format (spec 1.5) by hand, flags change what they should, the table marks
+# assumptions, and bad flags exit non-zero with one "qvg: error: ..." line.
+# Usage: bash memory.sh /path/to/qvg   (python3 standard library only)
+set -euo pipefail
+QVG=${1:?usage: memory.sh /path/to/qvg}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$QVG" memory --model self-forcing-1.3b --json > "$T/sf.json"
+"$QVG" memory --model self-forcing-1.3b --json --centroids 256 --span-chunks 8 > "$T/sf8.json"
+"$QVG" memory --model hy-worldplay-8b --json --frames 10 > "$T/hy10.json"
+"$QVG" memory --model longcat-video-13.6b --json --bits 4 --no-sink > "$T/lc4.json"
+"$QVG" memory --model lingbot-world-14b --json --scale-dtype bf16 --asymmetric --block-size 32 > "$T/lb.json"
+
+python3 - "$T" <<'PY'
+import json, sys, os
+T = sys.argv[1]
+MiB = 2.0 ** 20
+keys = ["per_layer_bf16_mib", "per_layer_packed_mib", "total_bf16_mib", "total_packed_mib", "ratio",
+        "per_layer_policy_mib", "policy_ratio"]
+
+def load(name):
+    j = json.load(open(os.path.join(T, name)))
+    assert list(j.keys()) == keys, (name, list(j.keys()))
+    assert abs(j["ratio"] - j["per_layer_bf16_mib"] / j["per_layer_packed_mib"]) < 1e-9, name
+    return j
+
+def enc(S, H, D, bits=2, K=128, block=64, stages=1, scale_bytes=1, asym=False, two_level=True):
+    """Bytes of one encoded [1, S, H, D] bf16 tensor, spec 1.5 by hand."""
+    n = stages * (H * K * D * 2 + H * S)          # centroids (bf16) + ids
+    n += H * S * D * bits // 8                     # codes
+    n += H * S * (D // block) * scale_bytes * (2 if asym else 1)  # scales (+ zeros)
+    if two_level:
+        n += H * 4 * (2 if asym else 1)            # per-group fp32 factors
+    return n
+
+def close(a, b, what):
+    assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), f"{what}: {a} != {b}"
+
+# Self-Forcing, defaults: 56 chunks of 4680 tokens, each its own span; 12 heads x 128.
+sf = load("sf.json")
+close(sf["per_layer_bf16_mib"], 262080 * 12 * 128 * 2 * 2 / MiB, "sf bf16")
+close(sf["per_layer_packed_mib"], 56 * 2 * enc(4680, 12, 128) / MiB, "sf packed")
+close(sf["total_packed_mib"], 30 * sf["per_layer_packed_mib"], "sf total")
+# Steady state: 55 packed chunks + kept + current raw; vs the dense 57-chunk window.
+policy = 55 * 2 * enc(4680, 12, 128) + 2 * 4680 * 12 * 128 * 4
+close(sf["per_layer_policy_mib"], policy / MiB, "sf policy")
+close(sf["policy_ratio"], 57 * 4680 * 12 * 128 * 4 / policy, "sf policy ratio")
+
+# The published Self-Forcing run: 256 centroids, spans of 8 chunks (7 spans).
+sf8 = load("sf8.json")
+close(sf8["per_layer_packed_mib"], 7 * 2 * enc(8 * 4680, 12, 128, K=256) / MiB, "sf8 packed")
+assert sf8["ratio"] > sf["ratio"], "longer spans amortise the codebooks"
+
+# HY-WorldPlay with --frames 10: 8,800 tokens = 2 spans of 3,520 + one of 1,760.
+hy = load("hy10.json")
+close(hy["per_layer_bf16_mib"], 8800 * 16 * 256 * 4 / MiB, "hy bf16")
+close(hy["per_layer_packed_mib"], (2 * 2 * enc(3520, 16, 256) + 2 * enc(1760, 16, 256)) / MiB, "hy packed")
+
+# LongCat, int4, sink kept raw: the whole context is sink, so nothing is packed.
+lc = load("lc4.json")
+close(lc["ratio"], 1.0, "lc ratio")
+
+# LingBot with bf16 scales, asymmetric, block 32: 2 sink spans + 20 + 1 short span.
+lb = load("lb.json")
+e = lambda S: 2 * enc(S, 40, 128, block=32, scale_bytes=2, asym=True)
+close(lb["per_layer_packed_mib"], (22 * e(4680) + e(3120)) / MiB, "lb packed")
+print("memory JSON figures match the hand computation")
+PY
+
+# The table marks assumptions and shows the four figures.
+"$QVG" memory --model hy-worldplay-8b > "$T/hy.txt"
+grep -q "16 (a) heads" "$T/hy.txt" || fail "table: assumed heads not marked"
+for row in "bf16 context" "fully encoded context" "dense cache" "policy peak"; do
+  grep -q "$row" "$T/hy.txt" || fail "table: no '$row' row"
+done
+grep -q "990.00 MiB" "$T/hy.txt" || fail "table: HY-WorldPlay bf16 context is not 990 MiB"
+
+# Errors: non-zero exit, one line on stderr.
+bad=("--bits 3" "--bits x" "--frames 0" "--span-chunks 0" "--centroids 257" "--block-size 48"
+     "--keep-recent -1" "--sink-span half" "--scale-dtype fp16" "--scaling odd" "--stages 0")
+for flags in "${bad[@]}"; do
+  # shellcheck disable=SC2086
+  if "$QVG" memory --model self-forcing-1.3b $flags > /dev/null 2> "$T/err.txt"; then fail "accepted $flags"; fi
+  [ "$(wc -l < "$T/err.txt")" -eq 1 ] || fail "$flags: stderr not one line: $(cat "$T/err.txt")"
+  grep -q "^qvg: error: " "$T/err.txt" || fail "$flags: stderr: $(cat "$T/err.txt")"
+done
+if "$QVG" memory --model gpt-9 > /dev/null 2> "$T/err.txt"; then fail "accepted an unknown preset"; fi
+grep -q "self-forcing-1.3b" "$T/err.txt" || fail "unknown preset: the message does not list the presets"
+echo "memory.sh: OK"

@@ -1,0 +1,211 @@
+// `qvg memory`: the exact memory table of a model preset's K/V cache, computed from
+// the packed format (spec 1.5) and the packed-cache policy (spec 4) without
+// allocating anything (include/qvg/memory.h).
+//
+// Figures per layer and for all layers: the bf16 context, the fully encoded context,
+// the dense cache of the same window (context + one chunk, what the packed cache
+// replaces) and the packed cache's steady-state peak. Ratios: bf16 context / fully
+// encoded context, and dense cache / policy peak. With --json exactly
+//   {per_layer_bf16_mib, per_layer_packed_mib, total_bf16_mib, total_packed_mib,
+//    ratio, per_layer_policy_mib, policy_ratio}
+// (MiB = 2^20 bytes). Defaults: the preset's context and sink policy, --bits 2 and
+// the codec and cache defaults of spec section 2.
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "codec_flags.h"
+#include "command.h"
+#include "qvg/error.h"
+#include "qvg/memory.h"
+#include "qvg/workload.h"
+
+namespace qvg::cli {
+namespace {
+
+struct MemoryOptions {
+  std::string model;
+  std::string bits = "2";
+  std::optional<std::string> frames;
+  std::string span_chunks = "1";
+  std::string centroids = "128";
+  std::string block_size = "64";
+  std::string stages = "1";
+  std::string keep_recent = "1";
+  std::string sink_keep = "0";
+  std::optional<std::string> sink_span;
+  bool no_sink = false;
+  bool asymmetric = false;
+  std::string scale_dtype = "fp8_e4m3";
+  std::string scaling = "two_level";
+  bool json = false;
+};
+
+/// 1234567 -> "1,234,567".
+std::string grouped(int64_t v) {
+  std::string s = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string mib(size_t bytes) {
+  const double m = to_mib(bytes);
+  if (m >= 1000.0) {
+    const auto tenths = int64_t(std::llround(m * 10.0));
+    return fmt::format("{}.{} MiB", grouped(tenths / 10), tenths % 10);
+  }
+  return fmt::format("{:.2f} MiB", m);
+}
+
+/// "2 sink spans of 4,680 tokens, 20 spans of 4,680 tokens, 1 span of 3,120 tokens".
+std::string describe_layout(const std::vector<SegmentSize>& segs) {
+  std::string out;
+  size_t i = 0;
+  while (i < segs.size()) {
+    size_t j = i;
+    while (j < segs.size() && segs[j].sink == segs[i].sink && segs[j].packed == segs[i].packed &&
+           segs[j].tokens() == segs[i].tokens())
+      ++j;
+    const size_t n = j - i;
+    const std::string what = segs[i].packed ? (n == 1 ? "span" : "spans") : (n == 1 ? "raw chunk" : "raw chunks");
+    out += fmt::format("{}{} {}{} of {} tokens", out.empty() ? "" : ", ", n, segs[i].sink ? "sink " : "", what,
+                       grouped(segs[i].tokens()));
+    i = j;
+  }
+  return out;
+}
+
+QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
+  QuantArgs a;
+  const int64_t bits = parse_int_flag("--bits", o.bits, 0, 64);
+  if (bits != 2 && bits != 4) throw InvalidArgument(fmt::format("--bits must be 2 or 4, got {}", bits));
+  a.bits = int(bits);
+  a.span_chunks = int(parse_int_flag("--span-chunks", o.span_chunks, 1, 1'000'000));
+  a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
+  a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
+  a.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
+  a.keep_recent_chunks = int(parse_int_flag("--keep-recent", o.keep_recent, 0, 1'000'000));
+  a.sink_keep_chunks = int(parse_int_flag("--sink-keep", o.sink_keep, 0, 1'000'000));
+  a.sink = !o.no_sink;
+  a.asymmetric = o.asymmetric;
+  a.sink_span = p.sink_span;
+  try {
+    if (o.sink_span) a.sink_span = parse_sink_span(*o.sink_span);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("--sink-span: {}", e.what()));
+  }
+  try {
+    a.scale_dtype = parse_scale_dtype(o.scale_dtype);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("--scale-dtype: {}", e.what()));
+  }
+  try {
+    a.scaling = parse_scaling(o.scaling);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("--scaling: {}", e.what()));
+  }
+  a.validate_for_head_dim(p.head_dim);
+  return a;
+}
+
+void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport& r, bool frames_overridden) {
+  const QuantArgs& a = r.args;
+  const auto& as = p.assumed;
+  const std::string_view A = assumed_mark(true);
+  fmt::print("qvg memory: {} — {}\n", p.name, p.model);
+  fmt::print("  model    {}{} layers, {}{} heads x head_dim {}{}, {} tokens/frame ({} x {} patches{}), "
+             "{}{} frames/chunk = {} tokens\n",
+             p.layers, assumed_mark(as.layers), p.heads, assumed_mark(as.heads), p.head_dim, assumed_mark(as.head_dim),
+             grouped(p.tokens_per_frame()), p.grid_h, p.grid_w, assumed_mark(as.grid), p.frames_per_chunk,
+             assumed_mark(as.frames_per_chunk), grouped(s.chunk_tokens));
+  const int64_t ctx_frames = s.context_tokens / p.tokens_per_frame();
+  const int64_t sink_frames = s.sink_tokens / p.tokens_per_frame();
+  const std::string sink_mark(frames_overridden ? "" : assumed_mark(as.sink));
+  const std::string sink = sink_frames == 0 ? fmt::format("no sink{}", sink_mark)
+                                            : fmt::format("sink {} frames{} = {} tokens", sink_frames, sink_mark,
+                                                          grouped(s.sink_tokens));
+  fmt::print("  context  {} frames = {} tokens{}, {}; window = context + 1 chunk = {} tokens\n", ctx_frames,
+             grouped(s.context_tokens), frames_overridden ? " (--frames)" : assumed_mark(as.context), sink,
+             grouped(s.cache_tokens()));
+  fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}\n", *a.bits, a.centroids,
+             a.block_size, a.stages, a.stages == 1 ? "" : "s", name(a.scale_dtype), name(a.scaling),
+             a.asymmetric ? "asymmetric" : "symmetric");
+  fmt::print("  cache    span_chunks {}, keep_recent {}, sink {} (sink_span {}, sink_keep {})\n\n", a.span_chunks,
+             a.keep_recent_chunks, a.sink ? "quantized" : "kept raw", name(a.sink_span), a.sink_keep_chunks);
+
+  const std::string all = fmt::format("all {} layers", s.layers);
+  fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", "", "per layer", all, "ratio");
+  auto row = [&](const std::string& label, size_t per_layer, const std::string& ratio) {
+    fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", label, mib(per_layer), mib(r.total(per_layer)), ratio);
+  };
+  row("bf16 context (K+V)", r.raw_context_bytes, "1.00x");
+  row("fully encoded context", r.packed_context_bytes, fmt::format("{:.2f}x", r.ratio()));
+  row("dense cache: context + chunk, bf16", r.dense_window_bytes, "");
+  row("packed cache: policy peak", r.policy_peak_bytes, fmt::format("{:.2f}x", r.policy_ratio()));
+  fmt::print("\n  fully encoded context: {}\n", describe_layout(r.context_layout));
+  fmt::print("  policy peak: {} encoded + {} raw tokens resident ({} segments) at the steady-state peak; its ratio "
+             "is vs the dense cache (vs the bf16 context alone: {:.2f}x)\n",
+             grouped(r.peak_step.packed_tokens), grouped(r.peak_step.raw_tokens), r.peak_step.segments,
+             r.policy_peak_bytes > 0 ? double(r.raw_context_bytes) / double(r.policy_peak_bytes) : 0.0);
+  fmt::print("  MiB = 2^20 bytes; {} = an assumption where the public material is silent (docs/workload.md)\n",
+             A.substr(1));
+}
+
+void run_memory(const MemoryOptions& o) {
+  const ModelPreset& p = find_model_preset(o.model);
+  std::optional<int64_t> frames;
+  if (o.frames) frames = parse_int_flag("--frames", *o.frames, 1, 10'000'000);
+  const QuantArgs args = build_args(o, p);
+  const MemoryShape shape = MemoryShape::of(p, frames);
+  const MemoryReport r = memory_report(shape, args);
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["per_layer_bf16_mib"] = to_mib(r.raw_context_bytes);
+    j["per_layer_packed_mib"] = to_mib(r.packed_context_bytes);
+    j["total_bf16_mib"] = to_mib(r.total(r.raw_context_bytes));
+    j["total_packed_mib"] = to_mib(r.total(r.packed_context_bytes));
+    j["ratio"] = r.ratio();
+    j["per_layer_policy_mib"] = to_mib(r.policy_peak_bytes);
+    j["policy_ratio"] = r.policy_ratio();
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  print_table(p, shape, r, frames.has_value());
+}
+
+void register_memory(CLI::App& root) {
+  auto o = std::make_shared<MemoryOptions>();
+  CLI::App* cmd = root.add_subcommand(
+      "memory", "Exact K/V cache memory of a model preset: bf16 vs packed (spec 1.5), and the packed cache's peak");
+  std::string presets;
+  for (const auto& p : model_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
+  cmd->add_option("--model", o->model, "model preset: " + presets)->type_name("PRESET")->required();
+  cmd->add_option("--bits", o->bits, "residual code width: 2 or 4")->default_str("2")->type_name("INT");
+  cmd->add_option("--frames", o->frames, "context length in frames (default: the preset's)")->type_name("INT");
+  cmd->add_option("--span-chunks", o->span_chunks, "chunks per encoded span (one codebook)")->default_str("1")->type_name("INT");
+  cmd->add_option("--centroids", o->centroids, "k-means codebook size: 1..256")->default_str("128")->type_name("INT");
+  cmd->add_option("--block-size", o->block_size, "channels per residual scale")->default_str("64")->type_name("INT");
+  cmd->add_option("--stages", o->stages, "k-means stages")->default_str("1")->type_name("INT");
+  cmd->add_option("--keep-recent", o->keep_recent, "completed non-sink chunks kept raw")->default_str("1")->type_name("INT");
+  cmd->add_option("--sink-keep", o->sink_keep, "leading sink chunks never packed")->default_str("0")->type_name("INT");
+  cmd->add_option("--sink-span", o->sink_span, "chunk | full (default: the preset's sink policy)")->type_name("NAME");
+  cmd->add_flag("--no-sink", o->no_sink, "keep the sink chunks raw (sink = false)");
+  cmd->add_flag("--asymmetric", o->asymmetric, "min/max + zero point per block");
+  cmd->add_option("--scale-dtype", o->scale_dtype, "fp8_e4m3 | bf16")->default_str("fp8_e4m3")->type_name("NAME");
+  cmd->add_option("--scaling", o->scaling, "two_level | compat")->default_str("two_level")->type_name("NAME");
+  cmd->add_flag("--json", o->json, "print the figures as JSON");
+  cmd->callback([o] { run_memory(*o); });
+}
+
+}  // namespace
+}  // namespace qvg::cli
+
+QVG_REGISTER_COMMAND(qvg::cli::register_memory);
