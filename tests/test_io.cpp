@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -16,7 +17,6 @@
 #include <fstream>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "qvg/codec.h"
@@ -30,7 +30,9 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 
-Bytes bytes_of(std::string_view s) { return Bytes(s.begin(), s.end()); }
+Bytes bytes_of(std::string_view s) {
+  return Bytes(s.begin(), s.end());
+}
 Bytes concat(Bytes a, const Bytes& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -51,8 +53,7 @@ class TempDir {
  public:
   TempDir() {
     static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("qvg_test_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path_ = fs::temp_directory_path() / ("qvg_test_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -167,16 +168,16 @@ TEST(Npy, WritesNumpysExactHeader) {
 TEST(Npy, ReadsVersion2And3AndHeaderVariants) {
   const Bytes data = f32_bytes({1, 2, 3, 4, 5, 6});
   for (int major : {1, 2, 3}) {
-    const NpyArray a = parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", data, major));
+    const NpyArray a =
+        parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", data, major));
     EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3}));
     EXPECT_EQ(a.data, data);
   }
   // Double quotes, other key order, no trailing comma, odd whitespace.
-  const NpyArray b = parse_npy(
-      npy_with_header("{ \"shape\" :(2,3),\"fortran_order\":False , 'descr':'<f4'}", data));
+  const NpyArray b = parse_npy(npy_with_header("{ \"shape\" :(2,3),\"fortran_order\":False , 'descr':'<f4'}", data));
   EXPECT_EQ(b.shape, (std::vector<int64_t>{2, 3}));
-  const NpyArray c = parse_npy(npy_with_header("{'descr': '<f2', 'fortran_order': False, 'shape': (3, ), }",
-                                               Bytes(6, 0)));
+  const NpyArray c =
+      parse_npy(npy_with_header("{'descr': '<f2', 'fortran_order': False, 'shape': (3, ), }", Bytes(6, 0)));
   EXPECT_EQ(c.dtype, DType::F16);
   EXPECT_EQ(c.shape, (std::vector<int64_t>{3}));
 }
@@ -190,8 +191,7 @@ TEST(Npy, RejectsUnsupportedContentWithInvalidArgument) {
                      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2,), }", d8)),
                  InvalidArgument)
         << descr;
-  EXPECT_THROW(parse_npy(npy_with_header(
-                   "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), }", d8)),
+  EXPECT_THROW(parse_npy(npy_with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), }", d8)),
                InvalidArgument);
   try {
     parse_npy(npy_with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", d8));
@@ -207,10 +207,10 @@ TEST(Npy, RejectsMalformedHeadersWithCorruptData) {
   const char* bad[] = {
       "",
       "{}",
-      "{'descr': '<f4', 'fortran_order': False}",                                  // no shape
-      "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1, }",     // unknown key
-      "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", // duplicate
-      "{'descr': '<f4', 'fortran_order': False, 'shape': (2), }",                  // int, not tuple
+      "{'descr': '<f4', 'fortran_order': False}",                                   // no shape
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1, }",      // unknown key
+      "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",  // duplicate
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (2), }",                   // int, not tuple
       "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }",
       "{'descr': '<f4', 'fortran_order': False, 'shape': [2], }",
       "{'descr': '<f4', 'fortran_order': false, 'shape': (2,), }",
@@ -257,7 +257,8 @@ TEST(Npy, EveryTruncationAndByteFlipIsAnErrorNeverACrash) {
     for (uint8_t x : {0x01, 0x08, 0x20, 0x80, 0xff}) {
       Bytes m = good;
       m[i] ^= x;
-      parse_or_error(m, [](auto s) { return parse_npy(s); }, /*invalid_argument_allowed=*/true);
+      parse_or_error(
+          m, [](auto s) { return parse_npy(s); }, /*invalid_argument_allowed=*/true);
     }
 }
 
@@ -319,8 +320,7 @@ TEST(Safetensors, KnownBytes) {
   f.metadata = {{"k", "v"}};
   f.tensors.push_back({"x", StDType::U8, {2}, Bytes{7, 9}});
   const Bytes b = serialize_safetensors(f);
-  const std::string h =
-      R"({"__metadata__":{"k":"v"},"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+  const std::string h = R"({"__metadata__":{"k":"v"},"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
   std::string padded = h;
   padded.append((8 - h.size() % 8) % 8, ' ');
   Bytes expect(8);
@@ -368,12 +368,12 @@ TEST(Safetensors, RejectsMalformedHeaders) {
       R"({"x":{"dtype":"U8","shape":[-4],"data_offsets":[0,4]}})",
       R"({"x":{"dtype":"U8","shape":[4.0],"data_offsets":[0,4]}})",
       R"({"x":{"dtype":"U8","shape":4,"data_offsets":[0,4]}})",
-      R"({"x":{"dtype":"U8","shape":[2],"data_offsets":[0,4]}})",        // size != shape
-      R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,4]}})",       // size != shape x 4
-      R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}})",        // reversed
+      R"({"x":{"dtype":"U8","shape":[2],"data_offsets":[0,4]}})",   // size != shape
+      R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,4]}})",  // size != shape x 4
+      R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}})",   // reversed
       R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[0,4,4]}})",
-      R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[1,5]}})",        // gap + past end
-      R"({"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})",        // not covering
+      R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[1,5]}})",  // gap + past end
+      R"({"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})",  // not covering
       R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"y":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
       R"({"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"y":{"dtype":"U8","shape":[1],"data_offsets":[3,4]}})",
       R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[18446744073709551615,3]}})",
@@ -391,8 +391,8 @@ TEST(Safetensors, RejectsBadHeaderLengths) {
   const Bytes good = serialize_safetensors(sample_st());
   EXPECT_THROW(parse_safetensors(Bytes{}), CorruptData);
   EXPECT_THROW(parse_safetensors(Bytes{1, 0, 0}), CorruptData);
-  for (uint64_t n : {uint64_t(0), uint64_t(1), uint64_t(good.size() - 7), uint64_t(good.size()),
-                     uint64_t(1) << 40, ~uint64_t(0), ~uint64_t(0) - 7}) {
+  for (uint64_t n : {uint64_t(0), uint64_t(1), uint64_t(good.size() - 7), uint64_t(good.size()), uint64_t(1) << 40,
+                     ~uint64_t(0), ~uint64_t(0) - 7}) {
     Bytes m = good;
     std::memcpy(m.data(), &n, 8);
     EXPECT_THROW(parse_safetensors(m), CorruptData) << n;
@@ -409,7 +409,8 @@ TEST(Safetensors, EveryTruncationAndByteFlipIsAnErrorNeverACrash) {
     for (uint8_t x : {0x01, 0x02, 0x10, 0x20, 0x80, 0xff}) {
       Bytes m = good;
       m[i] ^= x;
-      parse_or_error(m, [](auto s) { return parse_safetensors(s); }, true);
+      parse_or_error(
+          m, [](auto s) { return parse_safetensors(s); }, true);
     }
 }
 
@@ -451,8 +452,7 @@ RC_GTEST_PROP(SafetensorsProp, RandomFilesRoundTrip, ()) {
   }
   const auto nmeta = *rc::gen::inRange(0, 4);
   for (int i = 0; i < nmeta; ++i)
-    f.metadata.emplace_back("m" + std::to_string(i),
-                            *rc::gen::container<std::string>(rc::gen::inRange(' ', '~')));
+    f.metadata.emplace_back("m" + std::to_string(i), *rc::gen::container<std::string>(rc::gen::inRange(' ', '~')));
   const Bytes b = serialize_safetensors(f);
   RC_ASSERT(parse_safetensors(b) == f);
 }
@@ -485,15 +485,14 @@ EncodedTensor tiny_enc() {
   return e;
 }
 
-const char* kTinyHeader =
-    R"({"__metadata__":{"format":"qvg.prq/1","dtype":"f32","shape":"[1,2,1,8]","layout":"BSHD",)"
-    R"("bits":"4","block_size":"8","stages":"1","centroids":"2","asymmetric":"false",)"
-    R"("scale_dtype":"fp8_e4m3","scaling":"two_level"},)"
-    R"("centroids.0":{"dtype":"F32","shape":[1,1,2,8],"data_offsets":[0,64]},)"
-    R"("ids.0":{"dtype":"U8","shape":[1,1,2],"data_offsets":[64,66]},)"
-    R"("codes":{"dtype":"U8","shape":[1,1,2,4],"data_offsets":[66,74]},)"
-    R"("scales":{"dtype":"F8_E4M3","shape":[1,1,2,1],"data_offsets":[74,76]},)"
-    R"("scale_factor":{"dtype":"F32","shape":[1,1],"data_offsets":[76,80]}})";
+const char* kTinyHeader = R"({"__metadata__":{"format":"qvg.prq/1","dtype":"f32","shape":"[1,2,1,8]","layout":"BSHD",)"
+                          R"("bits":"4","block_size":"8","stages":"1","centroids":"2","asymmetric":"false",)"
+                          R"("scale_dtype":"fp8_e4m3","scaling":"two_level"},)"
+                          R"("centroids.0":{"dtype":"F32","shape":[1,1,2,8],"data_offsets":[0,64]},)"
+                          R"("ids.0":{"dtype":"U8","shape":[1,1,2],"data_offsets":[64,66]},)"
+                          R"("codes":{"dtype":"U8","shape":[1,1,2,4],"data_offsets":[66,74]},)"
+                          R"("scales":{"dtype":"F8_E4M3","shape":[1,1,2,1],"data_offsets":[74,76]},)"
+                          R"("scale_factor":{"dtype":"F32","shape":[1,1],"data_offsets":[76,80]}})";
 
 TEST(Qvgt, TinyFileIsByteExact) {
   const EncodedTensor e = tiny_enc();
@@ -562,9 +561,8 @@ TEST(Qvgt, EncodedTensorsRoundTripBitExact) {
     EXPECT_TRUE(same_bytes(decode(back, 1), decode(enc, 1)));
     // Metadata as spec 1.6 writes it.
     const SafetensorsFile st = parse_safetensors(b);
-    EXPECT_EQ(*st.find_metadata("shape"),
-              "[" + std::to_string(c.shape.b) + "," + std::to_string(c.shape.s) + "," +
-                  std::to_string(c.shape.h) + "," + std::to_string(c.shape.d) + "]");
+    EXPECT_EQ(*st.find_metadata("shape"), "[" + std::to_string(c.shape.b) + "," + std::to_string(c.shape.s) + "," +
+                                              std::to_string(c.shape.h) + "," + std::to_string(c.shape.d) + "]");
     EXPECT_EQ(*st.find_metadata("dtype"), dtype_name(c.dtype));
     EXPECT_EQ(*st.find_metadata("asymmetric"), c.cfg.asymmetric ? "true" : "false");
     EXPECT_EQ(*st.find_metadata("stages"), std::to_string(c.cfg.stages));
@@ -622,13 +620,14 @@ std::vector<Bytes> qvgt_bases() {
 TEST(Qvgt, ReordedArraysAndSpacedShapeAreAccepted) {
   for (const Bytes& base : qvgt_bases()) {
     const EncodedTensor e = parse_qvgt(base);
-    EXPECT_EQ(parse_qvgt(mutated(base, [](SafetensorsFile& st) {
-                std::reverse(st.tensors.begin(), st.tensors.end());
-                std::reverse(st.metadata.begin(), st.metadata.end());
-              })),
+    EXPECT_EQ(parse_qvgt(mutated(base,
+                                 [](SafetensorsFile& st) {
+                                   std::reverse(st.tensors.begin(), st.tensors.end());
+                                   std::reverse(st.metadata.begin(), st.metadata.end());
+                                 })),
               e);
-    const std::string spaced = "[ " + std::to_string(e.shape.b) + ", " + std::to_string(e.shape.s) +
-                               " , " + std::to_string(e.shape.h) + ",\t" + std::to_string(e.shape.d) + " ]";
+    const std::string spaced = "[ " + std::to_string(e.shape.b) + ", " + std::to_string(e.shape.s) + " , " +
+                               std::to_string(e.shape.h) + ",\t" + std::to_string(e.shape.d) + " ]";
     EXPECT_EQ(parse_qvgt(mutated(base, [&](SafetensorsFile& st) { set_meta(st, "shape", spaced); })), e);
   }
 }
@@ -638,28 +637,63 @@ TEST(Qvgt, RejectsMissingUnknownAndBadMetadata) {
   const SafetensorsFile st0 = parse_safetensors(base);
   for (size_t i = 0; i < st0.metadata.size(); ++i) {
     SCOPED_TRACE(st0.metadata[i].first);
-    EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) {
-                   st.metadata.erase(st.metadata.begin() + static_cast<std::ptrdiff_t>(i));
-                 })),
+    EXPECT_THROW(parse_qvgt(mutated(base,
+                                    [&](SafetensorsFile& st) {
+                                      st.metadata.erase(st.metadata.begin() + static_cast<std::ptrdiff_t>(i));
+                                    })),
                  CorruptData);
   }
   EXPECT_THROW(parse_qvgt(mutated(base, [](SafetensorsFile& st) { st.metadata.clear(); })), CorruptData);
-  EXPECT_THROW(parse_qvgt(mutated(base, [](SafetensorsFile& st) { set_meta(st, "comment", "hi"); })),
-               CorruptData);
+  EXPECT_THROW(parse_qvgt(mutated(base, [](SafetensorsFile& st) { set_meta(st, "comment", "hi"); })), CorruptData);
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"format", "qvg.prq/2"}, {"format", ""},        {"dtype", "bfloat16"}, {"dtype", "F32"},
-      {"dtype", "f64"},        {"shape", "[1,2,1]"},  {"shape", "[1,2,1,8,1]"}, {"shape", "[1,2,1,0]"},
-      {"shape", "1,2,1,8"},    {"shape", "[1,2,1,8.0]"}, {"shape", "[-1,2,1,8]"}, {"shape", "[1,2,1,\"8\"]"},
-      {"shape", "[1,3,1,8]"},  {"shape", "[1,2,2,8]"}, {"shape", "[1,2,1,16]"},
-      {"shape", "[1,2,1,99999999999999999999]"},       {"layout", "BHSD"},    {"layout", "bshd"},
-      {"bits", "3"},           {"bits", "04"},        {"bits", "2"},         {"bits", ""},
-      {"block_size", "0"},     {"block_size", "-8"},  {"block_size", "3"},   {"block_size", "16"},
-      {"block_size", "4"},     {"block_size", "08"},  {"block_size", " 8"},  {"block_size", "8.0"},
-      {"block_size", "99999999999"},                  {"stages", "0"},       {"stages", "2"},
-      {"stages", "99999999999"}, {"stages", "1e3"},   {"centroids", "0"},    {"centroids", "257"},
-      {"centroids", "3"},      {"centroids", "1"},    {"centroids", "+2"},   {"asymmetric", "True"},
-      {"asymmetric", "1"},     {"asymmetric", "true"}, {"scale_dtype", "fp8"}, {"scale_dtype", "bf16"},
-      {"scale_dtype", "f16"},  {"scaling", "compat"}, {"scaling", "twolevel"},
+      {"format", "qvg.prq/2"},
+      {"format", ""},
+      {"dtype", "bfloat16"},
+      {"dtype", "F32"},
+      {"dtype", "f64"},
+      {"shape", "[1,2,1]"},
+      {"shape", "[1,2,1,8,1]"},
+      {"shape", "[1,2,1,0]"},
+      {"shape", "1,2,1,8"},
+      {"shape", "[1,2,1,8.0]"},
+      {"shape", "[-1,2,1,8]"},
+      {"shape", "[1,2,1,\"8\"]"},
+      {"shape", "[1,3,1,8]"},
+      {"shape", "[1,2,2,8]"},
+      {"shape", "[1,2,1,16]"},
+      {"shape", "[1,2,1,99999999999999999999]"},
+      {"layout", "BHSD"},
+      {"layout", "bshd"},
+      {"bits", "3"},
+      {"bits", "04"},
+      {"bits", "2"},
+      {"bits", ""},
+      {"block_size", "0"},
+      {"block_size", "-8"},
+      {"block_size", "3"},
+      {"block_size", "16"},
+      {"block_size", "4"},
+      {"block_size", "08"},
+      {"block_size", " 8"},
+      {"block_size", "8.0"},
+      {"block_size", "99999999999"},
+      {"stages", "0"},
+      {"stages", "2"},
+      {"stages", "99999999999"},
+      {"stages", "1e3"},
+      {"centroids", "0"},
+      {"centroids", "257"},
+      {"centroids", "3"},
+      {"centroids", "1"},
+      {"centroids", "+2"},
+      {"asymmetric", "True"},
+      {"asymmetric", "1"},
+      {"asymmetric", "true"},
+      {"scale_dtype", "fp8"},
+      {"scale_dtype", "bf16"},
+      {"scale_dtype", "f16"},
+      {"scaling", "compat"},
+      {"scaling", "twolevel"},
   };
   for (const auto& [k, v] : bad) {
     SCOPED_TRACE(k + "=" + v);
@@ -674,46 +708,51 @@ TEST(Qvgt, RejectsMissingUnknownAndMisshapedArrays) {
       const std::string name = st0.tensors[i].name;
       SCOPED_TRACE(name);
       // Missing.
-      EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) {
-                     st.tensors.erase(st.tensors.begin() + static_cast<std::ptrdiff_t>(i));
-                   })),
+      EXPECT_THROW(parse_qvgt(mutated(base,
+                                      [&](SafetensorsFile& st) {
+                                        st.tensors.erase(st.tensors.begin() + static_cast<std::ptrdiff_t>(i));
+                                      })),
                    CorruptData);
       // Every other dtype (data resized to stay a valid safetensors file).
       for (StDType dt : {StDType::F32, StDType::F16, StDType::BF16, StDType::U8, StDType::F8_E4M3}) {
         if (dt == st0.tensors[i].dtype) continue;
-        EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) {
-                       auto& t = tensor(st, name);
-                       t.data.resize(t.data.size() / st_dtype_size(t.dtype) * st_dtype_size(dt));
-                       t.dtype = dt;
-                     })),
+        EXPECT_THROW(parse_qvgt(mutated(base,
+                                        [&](SafetensorsFile& st) {
+                                          auto& t = tensor(st, name);
+                                          t.data.resize(t.data.size() / st_dtype_size(t.dtype) * st_dtype_size(dt));
+                                          t.dtype = dt;
+                                        })),
                      CorruptData)
             << st_dtype_name(dt);
       }
       // Same bytes, other shapes: flattened, an extra unit dim, two dims swapped.
-      EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) {
-                     auto& t = tensor(st, name);
-                     int64_t n = 1;
-                     for (auto d : t.shape) n *= d;
-                     t.shape = {n};
-                   })),
+      EXPECT_THROW(parse_qvgt(mutated(base,
+                                      [&](SafetensorsFile& st) {
+                                        auto& t = tensor(st, name);
+                                        int64_t n = 1;
+                                        for (auto d : t.shape) n *= d;
+                                        t.shape = {n};
+                                      })),
                    CorruptData);
-      EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) {
-                     tensor(st, name).shape.insert(tensor(st, name).shape.begin(), 1);
-                   })),
-                   CorruptData);
-      EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) {
-                     auto& s = tensor(st, name).shape;
-                     s.push_back(1);
-                     std::reverse(s.begin(), s.end());
-                   })),
+      EXPECT_THROW(
+          parse_qvgt(mutated(
+              base, [&](SafetensorsFile& st) { tensor(st, name).shape.insert(tensor(st, name).shape.begin(), 1); })),
+          CorruptData);
+      EXPECT_THROW(parse_qvgt(mutated(base,
+                                      [&](SafetensorsFile& st) {
+                                        auto& s = tensor(st, name).shape;
+                                        s.push_back(1);
+                                        std::reverse(s.begin(), s.end());
+                                      })),
                    CorruptData);
     }
     // Unknown arrays.
     for (const char* extra : {"extra", "centroids.9", "ids.9", "zeros", "zero_factor", "scale_factor"}) {
       if (st0.find(extra)) continue;
-      EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) {
-                     st.tensors.push_back({extra, StDType::U8, {1}, Bytes{0}});
-                   })),
+      EXPECT_THROW(parse_qvgt(mutated(base,
+                                      [&](SafetensorsFile& st) {
+                                        st.tensors.push_back({extra, StDType::U8, {1}, Bytes{0}});
+                                      })),
                    CorruptData)
           << extra;
     }
@@ -730,20 +769,18 @@ TEST(Qvgt, RejectsBadValues) {
   EXPECT_THROW(parse_qvgt(with([](SafetensorsFile& st) { tensor(st, "ids.0").data[0] = 255; })), CorruptData);
   // Non-finite centroids.
   for (float v : {nan, inf, -inf})
-    EXPECT_THROW(parse_qvgt(with([&](SafetensorsFile& st) {
-                   std::memcpy(tensor(st, "centroids.0").data.data() + 20, &v, 4);
-                 })),
-                 CorruptData);
+    EXPECT_THROW(
+        parse_qvgt(with([&](SafetensorsFile& st) { std::memcpy(tensor(st, "centroids.0").data.data() + 20, &v, 4); })),
+        CorruptData);
   // Scales: NaN (0x7f / 0xff) and negative.
   for (uint8_t v : {0x7f, 0xff, 0xb8})
     EXPECT_THROW(parse_qvgt(with([&](SafetensorsFile& st) { tensor(st, "scales").data[1] = v; })), CorruptData);
   EXPECT_NO_THROW(parse_qvgt(with([](SafetensorsFile& st) { tensor(st, "scales").data[1] = 0; })));
   // Factors.
   for (float v : {0.0f, -1.0f, nan, inf})
-    EXPECT_THROW(parse_qvgt(with([&](SafetensorsFile& st) {
-                   std::memcpy(tensor(st, "scale_factor").data.data(), &v, 4);
-                 })),
-                 CorruptData);
+    EXPECT_THROW(
+        parse_qvgt(with([&](SafetensorsFile& st) { std::memcpy(tensor(st, "scale_factor").data.data(), &v, 4); })),
+        CorruptData);
   // Symmetric int4 codes are 0..14.
   EXPECT_THROW(parse_qvgt(with([](SafetensorsFile& st) { tensor(st, "codes").data[3] = 0x7f; })), CorruptData);
   EXPECT_THROW(parse_qvgt(with([](SafetensorsFile& st) { tensor(st, "codes").data[3] = 0xf0; })), CorruptData);
@@ -754,21 +791,22 @@ TEST(Qvgt, RejectsBadValues) {
     const EncodedTensor e = parse_qvgt(b);
     if (e.scale_dtype != ScaleDType::BF16) continue;
     if (e.scaling == Scaling::TwoLevel) {
-      EXPECT_THROW(parse_qvgt(mutated(b, [](SafetensorsFile& st) {
-                     const float two = 2.0f;
-                     std::memcpy(tensor(st, "scale_factor").data.data(), &two, 4);
-                   })),
+      EXPECT_THROW(parse_qvgt(mutated(b,
+                                      [](SafetensorsFile& st) {
+                                        const float two = 2.0f;
+                                        std::memcpy(tensor(st, "scale_factor").data.data(), &two, 4);
+                                      })),
                    CorruptData);
     }
     for (uint16_t v : {uint16_t(0x7fc0), uint16_t(0x7f80), uint16_t(0xbf80)})
-      EXPECT_THROW(parse_qvgt(mutated(b, [&](SafetensorsFile& st) {
-                     std::memcpy(tensor(st, "scales").data.data() + 2, &v, 2);
-                   })),
+      EXPECT_THROW(parse_qvgt(mutated(
+                       b, [&](SafetensorsFile& st) { std::memcpy(tensor(st, "scales").data.data() + 2, &v, 2); })),
                    CorruptData);
-    EXPECT_THROW(parse_qvgt(mutated(b, [&](SafetensorsFile& st) {
-                   const uint16_t v = 0x7fc0;
-                   std::memcpy(tensor(st, "zeros").data.data(), &v, 2);
-                 })),
+    EXPECT_THROW(parse_qvgt(mutated(b,
+                                    [&](SafetensorsFile& st) {
+                                      const uint16_t v = 0x7fc0;
+                                      std::memcpy(tensor(st, "zeros").data.data(), &v, 2);
+                                    })),
                  CorruptData);
   }
 }
@@ -784,19 +822,26 @@ TEST(Qvgt, UnsupportedSafetensorsDtypeIsCorruptData) {
 }
 
 TEST(Qvgt, EveryTruncationAndByteFlipIsCorruptDataNeverACrash) {
-  for (const Bytes& good : qvgt_bases()) {
+  const std::vector<Bytes> bases = qvgt_bases();
+  for (size_t b = 0; b < bases.size(); ++b) {
+    const Bytes& good = bases[b];
+    const size_t header_end = 8 + header_text(good).size();
+    // The tiny file (b == 0) completely; in the larger ones every header byte, the
+    // last 16 bytes and a sample of the data (keeps the ASan run short).
+    auto sampled = [&](size_t i) { return b == 0 || i < header_end || i + 16 >= good.size() || i % 7 == 0; };
     for (size_t n = 0; n < good.size(); ++n) {
+      if (!sampled(n)) continue;
       const Bytes cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
       EXPECT_THROW(parse_qvgt(cut), CorruptData) << "prefix " << n;
     }
-    const size_t header_end = 8 + header_text(good).size();
     for (size_t i = 0; i < good.size(); ++i) {
-      // Every byte of the header; a sample of the data.
-      if (i >= header_end && i % 7 != 0) continue;
+      if (!sampled(i)) continue;
       for (uint8_t x : {0x01, 0x04, 0x20, 0x80, 0xff}) {
+        if (b != 0 && x != 0x01 && x != 0x80) continue;
         Bytes m = good;
         m[i] ^= x;
-        parse_or_error(m, [](auto s) { return parse_qvgt(s); }, /*invalid_argument_allowed=*/false);
+        parse_or_error(
+            m, [](auto s) { return parse_qvgt(s); }, /*invalid_argument_allowed=*/false);
       }
     }
   }

@@ -79,7 +79,7 @@ struct SafeTensor {
 
 /// A whole safetensors file: its tensors and its `__metadata__` (string -> string).
 struct SafetensorsFile {
-  std::vector<SafeTensor> tensors;  ///< in byte-buffer order
+  std::vector<SafeTensor> tensors;                            ///< in byte-buffer order
   std::vector<std::pair<std::string, std::string>> metadata;  ///< in header order
   const SafeTensor* find(std::string_view name) const;        ///< nullptr if absent
   const std::string* find_metadata(std::string_view key) const;
@@ -129,13 +129,11 @@ EncodedTensor read_qvgt(const std::filesystem::path& path);
 /// without it the file must hold exactly one tensor (else InvalidArgument listing the
 /// names). A name given for a `.npy` file is InvalidArgument. The result has the file's
 /// dtype (npy float16 -> F16).
-Tensor read_tensor_file(const std::filesystem::path& path,
-                        const std::optional<std::string>& name = std::nullopt);
+Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<std::string>& name = std::nullopt);
 
 /// Writes `t` as a 4-D [B, S, H, D] array, dispatching on the extension: `.npy` stores
 /// F32 and F16 as they are and BF16 as float32 holding exactly the bf16 values (spec
 /// 1.6); `.safetensors` stores F32/F16/BF16 as they are, under `name`.
-void write_tensor_file(const std::filesystem::path& path, ConstTensorView t,
-                       std::string_view name = "tensor");
+void write_tensor_file(const std::filesystem::path& path, ConstTensorView t, std::string_view name = "tensor");
 
 }  // namespace qvg

@@ -17,7 +17,9 @@ namespace qvg {
 
 namespace {
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 // Closes the descriptor on scope exit.
 struct Fd {
@@ -32,13 +34,11 @@ struct Fd {
 std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
   Fd f;
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0)
-    throw InvalidArgument(fmt::format("cannot read '{}': {}", path.string(), errno_text(errno)));
+  if (f.fd < 0) throw InvalidArgument(fmt::format("cannot read '{}': {}", path.string(), errno_text(errno)));
   struct stat st {};
   if (::fstat(f.fd, &st) != 0)
     throw InvalidArgument(fmt::format("cannot read '{}': {}", path.string(), errno_text(errno)));
-  if (!S_ISREG(st.st_mode))
-    throw InvalidArgument(fmt::format("cannot read '{}': not a regular file", path.string()));
+  if (!S_ISREG(st.st_mode)) throw InvalidArgument(fmt::format("cannot read '{}': not a regular file", path.string()));
   std::vector<uint8_t> out(static_cast<size_t>(st.st_size));
   size_t done = 0;
   while (done < out.size()) {
@@ -56,19 +56,15 @@ std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
 
 void write_file_atomic(const std::filesystem::path& path, std::span<const uint8_t> bytes) {
   static std::atomic<unsigned> counter{0};
-  const std::string tmp =
-      fmt::format("{}.tmp.{}.{}", path.string(), static_cast<long>(::getpid()), counter++);
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path.string(), static_cast<long>(::getpid()), counter++);
   auto fail = [&](const char* what, int e) {
     ::unlink(tmp.c_str());
-    throw InvalidArgument(
-        fmt::format("cannot write '{}': {} ({})", path.string(), errno_text(e), what));
+    throw InvalidArgument(fmt::format("cannot write '{}': {} ({})", path.string(), errno_text(e), what));
   };
   {
     Fd f;
     f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (f.fd < 0)
-      throw InvalidArgument(
-          fmt::format("cannot write '{}': {}", path.string(), errno_text(errno)));
+    if (f.fd < 0) throw InvalidArgument(fmt::format("cannot write '{}': {}", path.string(), errno_text(errno)));
     size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);

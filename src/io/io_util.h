@@ -39,7 +39,9 @@ inline std::optional<uint64_t> checked_nbytes(std::span<const int64_t> dims, uin
   return n;
 }
 
-inline uint16_t load_le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+inline uint16_t load_le16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
 inline uint32_t load_le32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);

@@ -69,8 +69,7 @@ class HeaderParser {
         have_shape = true;
         r.shape = parse_tuple();
       } else {
-        corrupt(fmt::format("header has unknown key '{}' (allowed: descr, fortran_order, shape)",
-                            printable(key)));
+        corrupt(fmt::format("header has unknown key '{}' (allowed: descr, fortran_order, shape)", printable(key)));
       }
       skip_ws();
       if (at(',')) {
@@ -91,8 +90,7 @@ class HeaderParser {
  private:
   bool at(char c) const { return pos_ < s_.size() && s_[pos_] == c; }
   void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
-      ++pos_;
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
   }
   void expect(char c) {
     if (!at(c)) corrupt(fmt::format("header: expected '{}' at byte {}", c, pos_));
@@ -130,8 +128,7 @@ class HeaderParser {
       v = v * 10 + (s_[pos_] - '0');
       ++pos_;
     }
-    if (pos_ == start)
-      corrupt(fmt::format("header: expected a non-negative integer at byte {}", pos_));
+    if (pos_ == start) corrupt(fmt::format("header: expected a non-negative integer at byte {}", pos_));
     return v;
   }
   std::vector<int64_t> parse_tuple() {
@@ -153,8 +150,7 @@ class HeaderParser {
       }
     }
     ++pos_;
-    if (dims.size() == 1 && !trailing_comma)
-      corrupt("header: a 1-d shape must be written as a tuple '(n,)'");
+    if (dims.size() == 1 && !trailing_comma) corrupt("header: a 1-d shape must be written as a tuple '(n,)'");
     return dims;
   }
 
@@ -182,10 +178,8 @@ NpyArray parse_npy(std::span<const uint8_t> bytes) {
   const uint64_t header_len =
       len_size == 2 ? io_detail::load_le16(bytes.data() + 8) : io_detail::load_le32(bytes.data() + 8);
   if (header_len > bytes.size() - prefix)
-    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", header_len,
-                        bytes.size()));
-  const std::string_view header(reinterpret_cast<const char*>(bytes.data() + prefix),
-                                static_cast<size_t>(header_len));
+    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, bytes.size()));
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data() + prefix), static_cast<size_t>(header_len));
   for (char c : header) {
     const auto u = static_cast<unsigned char>(c);
     if (u == 0 || (u >= 0x80 && major < 3)) corrupt("header contains a NUL or non-ASCII byte");
@@ -198,21 +192,17 @@ NpyArray parse_npy(std::span<const uint8_t> bytes) {
   } else if (h.descr == "<f2") {
     a.dtype = DType::F16;
   } else {
-    throw InvalidArgument(fmt::format(
-        "unsupported .npy dtype '{}' (only '<f4' float32 and '<f2' float16 are read)",
-        printable(h.descr)));
+    throw InvalidArgument(
+        fmt::format("unsupported .npy dtype '{}' (only '<f4' float32 and '<f2' float16 are read)", printable(h.descr)));
   }
-  if (h.fortran_order)
-    throw InvalidArgument("unsupported .npy layout: fortran_order is True (only C order is read)");
+  if (h.fortran_order) throw InvalidArgument("unsupported .npy layout: fortran_order is True (only C order is read)");
   a.shape = h.shape;
   const auto nbytes = checked_nbytes(a.shape, dtype_size(a.dtype));
   if (!nbytes) corrupt("shape overflows the addressable size");
   const size_t data_start = prefix + static_cast<size_t>(header_len);
   const size_t avail = bytes.size() - data_start;
-  if (*nbytes > avail)
-    corrupt(fmt::format("data truncated: shape needs {} bytes, file has {}", *nbytes, avail));
-  if (*nbytes < avail)
-    corrupt(fmt::format("{} trailing bytes after the {} data bytes", avail - *nbytes, *nbytes));
+  if (*nbytes > avail) corrupt(fmt::format("data truncated: shape needs {} bytes, file has {}", *nbytes, avail));
+  if (*nbytes < avail) corrupt(fmt::format("{} trailing bytes after the {} data bytes", avail - *nbytes, *nbytes));
   a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data_start), bytes.end());
   return a;
 }
@@ -223,12 +213,14 @@ std::vector<uint8_t> serialize_npy(const NpyArray& a) {
   const auto nbytes = checked_nbytes(a.shape, dtype_size(a.dtype));
   if (!nbytes) throw InvalidArgument("serialize_npy: shape has a negative or overflowing dimension");
   if (*nbytes != a.data.size())
-    throw InvalidArgument(fmt::format("serialize_npy: data has {} bytes, shape x dtype needs {}",
-                                      a.data.size(), *nbytes));
+    throw InvalidArgument(
+        fmt::format("serialize_npy: data has {} bytes, shape x dtype needs {}", a.data.size(), *nbytes));
   std::string shape = "(";
   for (size_t i = 0; i < a.shape.size(); ++i) shape += fmt::format("{}, ", a.shape[i]);
-  if (a.shape.size() > 1) shape.resize(shape.size() - 2);  // "(2, 3)"; 1-d keeps "(n,"
-  else if (a.shape.size() == 1) shape.resize(shape.size() - 1);
+  if (a.shape.size() > 1)
+    shape.resize(shape.size() - 2);  // "(2, 3)"; 1-d keeps "(n,"
+  else if (a.shape.size() == 1)
+    shape.resize(shape.size() - 1);
   shape += ")";
   std::string dict = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
                                  a.dtype == DType::F32 ? "<f4" : "<f2", shape);

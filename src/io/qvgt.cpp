@@ -34,9 +34,8 @@ namespace {
 
 using io_detail::printable;
 
-constexpr const char* kMetadataKeys[] = {"format", "dtype",     "shape",       "layout",
-                                         "bits",   "block_size", "stages",      "centroids",
-                                         "asymmetric", "scale_dtype", "scaling"};
+constexpr const char* kMetadataKeys[] = {"format", "dtype",     "shape",      "layout",      "bits",   "block_size",
+                                         "stages", "centroids", "asymmetric", "scale_dtype", "scaling"};
 
 [[noreturn]] void corrupt(const std::string& what) {
   throw CorruptData(fmt::format("invalid .qvgt file: {}", what));
@@ -62,9 +61,8 @@ struct ArraySpec {
   std::vector<int64_t> shape;
 };
 
-std::vector<ArraySpec> expected_arrays(DType dtype, const Shape4& x, int bits, int block_size,
-                                       int stages, int centroids, bool asymmetric,
-                                       ScaleDType scale_dtype, Scaling scaling) {
+std::vector<ArraySpec> expected_arrays(DType dtype, const Shape4& x, int bits, int block_size, int stages,
+                                       int centroids, bool asymmetric, ScaleDType scale_dtype, Scaling scaling) {
   std::vector<ArraySpec> r;
   for (int s = 0; s < stages; ++s)
     r.push_back({fmt::format("centroids.{}", s), st_dtype_of(dtype), {x.b, x.h, centroids, x.d}});
@@ -100,8 +98,7 @@ int parse_meta_int(const std::string& key, const std::string& v, int lo, int hi)
     x = x * 10 + (c - '0');
   }
   if (!ok || x < lo || x > hi)
-    corrupt(fmt::format("metadata '{}' must be a decimal integer in {}..{}, got '{}'", key, lo, hi,
-                        printable(v)));
+    corrupt(fmt::format("metadata '{}' must be a decimal integer in {}..{}, got '{}'", key, lo, hi, printable(v)));
   return static_cast<int>(x);
 }
 
@@ -116,9 +113,10 @@ Shape4 parse_meta_shape(const std::string& v) {
     if (ok) d[i] = static_cast<int64_t>(j[i].get<uint64_t>());
   }
   if (!ok)
-    corrupt(fmt::format("metadata 'shape' must be a JSON list of 4 positive integers [B,S,H,D], "
-                        "got '{}'",
-                        printable(v)));
+    corrupt(
+        fmt::format("metadata 'shape' must be a JSON list of 4 positive integers [B,S,H,D], "
+                    "got '{}'",
+                    printable(v)));
   return {d[0], d[1], d[2], d[3]};
 }
 
@@ -151,9 +149,8 @@ void check_values(const EncodedTensor& e) {
         corrupt(fmt::format("centroids.{} holds a non-finite value at element {}", s, i));
   }
   auto scale_value = [&](const std::vector<uint8_t>& a, size_t i) {
-    return e.scale_dtype == ScaleDType::FP8_E4M3
-               ? fp8e4m3_to_f32(a[i])
-               : bf16_to_f32(static_cast<uint16_t>(a[2 * i] | (a[2 * i + 1] << 8)));
+    return e.scale_dtype == ScaleDType::FP8_E4M3 ? fp8e4m3_to_f32(a[i])
+                                                 : bf16_to_f32(static_cast<uint16_t>(a[2 * i] | (a[2 * i + 1] << 8)));
   };
   const size_t nscales = e.scales.size() / e.scale_elem_size();
   for (size_t i = 0; i < nscales; ++i) {
@@ -171,8 +168,7 @@ void check_values(const EncodedTensor& e) {
       if (!std::isfinite(g) || !(g > 0.0f))
         corrupt(fmt::format("{} holds {} at group {} (factors are finite and > 0)", what, g, i));
       if (e.scale_dtype == ScaleDType::BF16 && g != 1.0f)
-        corrupt(fmt::format("{} holds {} at group {}; with bf16 scales every factor is 1", what,
-                            g, i));
+        corrupt(fmt::format("{} holds {} at group {}; with bf16 scales every factor is 1", what, g, i));
     }
   }
   if (!e.asymmetric) {
@@ -183,8 +179,7 @@ void check_values(const EncodedTensor& e) {
     for (size_t i = 0; i < e.codes.size(); ++i)
       for (int k = 0; k < per_byte; ++k)
         if (((e.codes[i] >> (k * e.bits)) & mask) > max_code)
-          corrupt(fmt::format("codes byte {} holds a symmetric int{} code above {}", i, e.bits,
-                              max_code));
+          corrupt(fmt::format("codes byte {} holds a symmetric int{} code above {}", i, e.bits, max_code));
   }
 }
 
@@ -210,8 +205,8 @@ std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc) {
       {"scale_dtype", std::string(name(enc.scale_dtype))},
       {"scaling", std::string(name(enc.scaling))},
   };
-  auto specs = expected_arrays(enc.dtype, x, enc.bits, enc.block_size, enc.stages, enc.centroids,
-                               enc.asymmetric, enc.scale_dtype, enc.scaling);
+  auto specs = expected_arrays(enc.dtype, x, enc.bits, enc.block_size, enc.stages, enc.centroids, enc.asymmetric,
+                               enc.scale_dtype, enc.scaling);
   auto bytes_of = [](const std::vector<float>& v) {
     return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4);
   };
@@ -253,19 +248,18 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
     bool known = false;
     for (const char* key : kMetadataKeys) known = known || k == key;
     if (!known)
-      corrupt(fmt::format("unknown metadata entry '{}' (allowed: format, dtype, shape, layout, bits, "
-                          "block_size, stages, centroids, asymmetric, scale_dtype, scaling)",
-                          printable(k)));
+      corrupt(
+          fmt::format("unknown metadata entry '{}' (allowed: format, dtype, shape, layout, bits, "
+                      "block_size, stages, centroids, asymmetric, scale_dtype, scaling)",
+                      printable(k)));
     m[k] = v;
   }
   for (const char* key : kMetadataKeys)
     if (!m.count(key)) corrupt(fmt::format("missing metadata entry '{}'", key));
 
   if (m["format"] != kQvgtFormat)
-    corrupt(fmt::format("metadata 'format' must be '{}', got '{}'", kQvgtFormat,
-                        printable(m["format"])));
-  if (m["layout"] != "BSHD")
-    corrupt(fmt::format("metadata 'layout' must be 'BSHD', got '{}'", printable(m["layout"])));
+    corrupt(fmt::format("metadata 'format' must be '{}', got '{}'", kQvgtFormat, printable(m["format"])));
+  if (m["layout"] != "BSHD") corrupt(fmt::format("metadata 'layout' must be 'BSHD', got '{}'", printable(m["layout"])));
   EncodedTensor e;
   constexpr DType kDTypes[] = {DType::BF16, DType::F16, DType::F32};
   e.dtype = kDTypes[parse_meta_choice("dtype", m["dtype"], {"bf16", "f16", "f32"})];
@@ -275,27 +269,23 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
   e.stages = parse_meta_int("stages", m["stages"], 1, INT32_MAX);
   e.centroids = parse_meta_int("centroids", m["centroids"], 1, 256);
   e.asymmetric = parse_meta_choice("asymmetric", m["asymmetric"], {"false", "true"}) == 1;
-  e.scale_dtype = parse_meta_choice("scale_dtype", m["scale_dtype"], {"fp8_e4m3", "bf16"}) == 0
-                      ? ScaleDType::FP8_E4M3
-                      : ScaleDType::BF16;
-  e.scaling = parse_meta_choice("scaling", m["scaling"], {"two_level", "compat"}) == 0
-                  ? Scaling::TwoLevel
-                  : Scaling::Compat;
+  e.scale_dtype = parse_meta_choice("scale_dtype", m["scale_dtype"], {"fp8_e4m3", "bf16"}) == 0 ? ScaleDType::FP8_E4M3
+                                                                                                : ScaleDType::BF16;
+  e.scaling =
+      parse_meta_choice("scaling", m["scaling"], {"two_level", "compat"}) == 0 ? Scaling::TwoLevel : Scaling::Compat;
   if (e.block_size % (8 / e.bits) != 0)
-    corrupt(fmt::format("metadata 'block_size' must be a multiple of {} at bits={}, got {}",
-                        8 / e.bits, e.bits, e.block_size));
-  if (e.shape.d % e.block_size != 0)
-    corrupt(fmt::format("metadata 'block_size' must divide head_dim {}, got {}", e.shape.d,
+    corrupt(fmt::format("metadata 'block_size' must be a multiple of {} at bits={}, got {}", 8 / e.bits, e.bits,
                         e.block_size));
+  if (e.shape.d % e.block_size != 0)
+    corrupt(fmt::format("metadata 'block_size' must divide head_dim {}, got {}", e.shape.d, e.block_size));
   // Each stage has two arrays: a stage count beyond that cannot match (and must not
   // make us build a huge list of expected names).
   if (static_cast<size_t>(e.stages) > f.tensors.size() / 2)
-    corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages,
-                        f.tensors.size()));
+    corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages, f.tensors.size()));
 
   // --- arrays: exactly the expected set, with their dtypes and shapes ---
-  const auto specs = expected_arrays(e.dtype, e.shape, e.bits, e.block_size, e.stages,
-                                     e.centroids, e.asymmetric, e.scale_dtype, e.scaling);
+  const auto specs = expected_arrays(e.dtype, e.shape, e.bits, e.block_size, e.stages, e.centroids, e.asymmetric,
+                                     e.scale_dtype, e.scaling);
   std::map<std::string, SafeTensor*> by_name;
   for (auto& t : f.tensors) by_name[t.name] = &t;
   for (const auto& t : f.tensors) {
@@ -310,11 +300,10 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
     if (it == by_name.end()) corrupt(fmt::format("missing array '{}'", s.name));
     SafeTensor& t = *it->second;
     if (t.dtype != s.dtype)
-      corrupt(fmt::format("array '{}' has dtype {}, expected {}", s.name, st_dtype_name(t.dtype),
-                          st_dtype_name(s.dtype)));
+      corrupt(
+          fmt::format("array '{}' has dtype {}, expected {}", s.name, st_dtype_name(t.dtype), st_dtype_name(s.dtype)));
     if (t.shape != s.shape)
-      corrupt(fmt::format("array '{}' has shape {}, expected {}", s.name, shape_str(t.shape),
-                          shape_str(s.shape)));
+      corrupt(fmt::format("array '{}' has shape {}, expected {}", s.name, shape_str(t.shape), shape_str(s.shape)));
     const std::string& n = s.name;
     if (n.starts_with("centroids.")) {
       e.centroid[std::stoul(n.substr(10))] = std::move(t.data);

@@ -38,8 +38,8 @@ constexpr std::string_view kMetadataKey = "__metadata__";
 
 // Dtype names of the safetensors format that qvg knows but does not handle.
 bool is_other_known_dtype(std::string_view s) {
-  static constexpr std::string_view kOthers[] = {"BOOL", "I8",  "U16", "I16", "U32", "I32",
-                                                 "U64",  "I64", "F64", "F8_E5M2"};
+  static constexpr std::string_view kOthers[] = {"BOOL", "I8",  "U16", "I16", "U32",
+                                                 "I32",  "U64", "I64", "F64", "F8_E5M2"};
   return std::find(std::begin(kOthers), std::end(kOthers), s) != std::end(kOthers);
 }
 
@@ -47,9 +47,9 @@ StDType parse_dtype_field(std::string_view s, const std::string& tensor) {
   for (StDType t : {StDType::F32, StDType::F16, StDType::BF16, StDType::U8, StDType::F8_E4M3})
     if (s == st_dtype_name(t)) return t;
   if (is_other_known_dtype(s))
-    throw InvalidArgument(fmt::format(
-        "unsupported safetensors dtype '{}' of tensor '{}' (qvg reads F32, F16, BF16, U8, F8_E4M3)",
-        s, printable(tensor)));
+    throw InvalidArgument(
+        fmt::format("unsupported safetensors dtype '{}' of tensor '{}' (qvg reads F32, F16, BF16, U8, F8_E4M3)", s,
+                    printable(tensor)));
   corrupt(fmt::format("tensor '{}' has unknown dtype '{}'", printable(tensor), printable(s)));
 }
 
@@ -60,8 +60,8 @@ std::vector<int64_t> parse_uint_array(const Json& j, const std::string& tensor, 
   r.reserve(j.size());
   for (const auto& v : j) {
     if (!v.is_number_unsigned() || v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      corrupt(fmt::format("tensor '{}': {} must hold non-negative integers, got {}",
-                          printable(tensor), field, printable(v.dump())));
+      corrupt(fmt::format("tensor '{}': {} must hold non-negative integers, got {}", printable(tensor), field,
+                          printable(v.dump())));
     r.push_back(static_cast<int64_t>(v.get<uint64_t>()));
   }
   return r;
@@ -109,12 +109,10 @@ const std::string* SafetensorsFile::find_metadata(std::string_view key) const {
 }
 
 SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
-  if (bytes.size() < 8)
-    corrupt(fmt::format("file is {} bytes, shorter than the 8-byte header length", bytes.size()));
+  if (bytes.size() < 8) corrupt(fmt::format("file is {} bytes, shorter than the 8-byte header length", bytes.size()));
   const uint64_t n = io_detail::load_le64(bytes.data());
   if (n > bytes.size() - 8)
-    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", n,
-                        bytes.size()));
+    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", n, bytes.size()));
   if (n > kMaxHeader) corrupt(fmt::format("header length {} exceeds the limit of {}", n, kMaxHeader));
   const auto* hb = reinterpret_cast<const char*>(bytes.data() + 8);
   if (n < 2 || hb[0] != '{') corrupt("header is not a JSON object");
@@ -125,23 +123,21 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
   std::string duplicate;
   Json header;
   try {
-    header = Json::parse(
-        hb, hb + n,
-        [&](int /*depth*/, Json::parse_event_t ev, Json& parsed) {
-          switch (ev) {
-            case Json::parse_event_t::object_start: open_keys.emplace_back(); break;
-            case Json::parse_event_t::object_end:
-              if (!open_keys.empty()) open_keys.pop_back();
-              break;
-            case Json::parse_event_t::key:
-              if (!open_keys.empty() && parsed.is_string() &&
-                  !open_keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-                duplicate = parsed.get<std::string>();
-              break;
-            default: break;
-          }
-          return true;
-        });
+    header = Json::parse(hb, hb + n, [&](int /*depth*/, Json::parse_event_t ev, Json& parsed) {
+      switch (ev) {
+        case Json::parse_event_t::object_start: open_keys.emplace_back(); break;
+        case Json::parse_event_t::object_end:
+          if (!open_keys.empty()) open_keys.pop_back();
+          break;
+        case Json::parse_event_t::key:
+          if (!open_keys.empty() && parsed.is_string() && !open_keys.back().insert(parsed.get<std::string>()).second &&
+              duplicate.empty())
+            duplicate = parsed.get<std::string>();
+          break;
+        default: break;
+      }
+      return true;
+    });
   } catch (const Json::exception& e) {
     corrupt(fmt::format("header is not valid JSON: {}", e.what()));
   }
@@ -156,8 +152,7 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
       if (!val.is_object()) corrupt("__metadata__ must be an object of strings");
       for (const auto& [mk, mv] : val.items()) {
         if (!mv.is_string())
-          corrupt(fmt::format("__metadata__ entry '{}' must be a string, got {}", printable(mk),
-                              printable(mv.dump())));
+          corrupt(fmt::format("__metadata__ entry '{}' must be a string, got {}", printable(mk), printable(mv.dump())));
         f.metadata.emplace_back(mk, mv.get<std::string>());
       }
       continue;
@@ -166,8 +161,8 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
     for (const auto& [fk, fv] : val.items()) {
       (void)fv;
       if (fk != "dtype" && fk != "shape" && fk != "data_offsets")
-        corrupt(fmt::format("tensor '{}' has unknown field '{}' (allowed: dtype, shape, data_offsets)",
-                            printable(key), printable(fk)));
+        corrupt(fmt::format("tensor '{}' has unknown field '{}' (allowed: dtype, shape, data_offsets)", printable(key),
+                            printable(fk)));
     }
     if (!val.contains("dtype") || !val.contains("shape") || !val.contains("data_offsets"))
       corrupt(fmt::format("tensor '{}' needs dtype, shape and data_offsets", printable(key)));
@@ -179,15 +174,14 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
     e.t.shape = parse_uint_array(val["shape"], key, "shape");
     const auto offs = parse_uint_array(val["data_offsets"], key, "data_offsets");
     if (offs.size() != 2 || offs[0] > offs[1])
-      corrupt(fmt::format("tensor '{}': data_offsets must be [begin, end] with begin <= end",
-                          printable(key)));
+      corrupt(fmt::format("tensor '{}': data_offsets must be [begin, end] with begin <= end", printable(key)));
     e.begin = static_cast<uint64_t>(offs[0]);
     e.end = static_cast<uint64_t>(offs[1]);
     const auto need = checked_nbytes(e.t.shape, st_dtype_size(e.t.dtype));
     if (!need) corrupt(fmt::format("tensor '{}': shape overflows the addressable size", printable(key)));
     if (*need != e.end - e.begin)
-      corrupt(fmt::format("tensor '{}': data_offsets span {} bytes, shape x dtype needs {}",
-                          printable(key), e.end - e.begin, *need));
+      corrupt(fmt::format("tensor '{}': data_offsets span {} bytes, shape x dtype needs {}", printable(key),
+                          e.end - e.begin, *need));
     entries.push_back(std::move(e));
   }
 
@@ -200,16 +194,13 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
   uint64_t cursor = 0;
   for (const auto& e : entries) {
     if (e.begin != cursor)
-      corrupt(fmt::format("tensor '{}' starts at byte {} of the data, expected {} ({})",
-                          printable(e.t.name), e.begin, cursor,
-                          e.begin < cursor ? "overlap" : "gap"));
+      corrupt(fmt::format("tensor '{}' starts at byte {} of the data, expected {} ({})", printable(e.t.name), e.begin,
+                          cursor, e.begin < cursor ? "overlap" : "gap"));
     if (e.end > data_len)
-      corrupt(fmt::format("tensor '{}' ends at byte {}, past the {} data bytes", printable(e.t.name),
-                          e.end, data_len));
+      corrupt(fmt::format("tensor '{}' ends at byte {}, past the {} data bytes", printable(e.t.name), e.end, data_len));
     cursor = e.end;
   }
-  if (cursor != data_len)
-    corrupt(fmt::format("tensors cover {} of the {} data bytes", cursor, data_len));
+  if (cursor != data_len) corrupt(fmt::format("tensors cover {} of the {} data bytes", cursor, data_len));
 
   const uint8_t* data = bytes.data() + 8 + n;
   f.tensors.reserve(entries.size());
@@ -222,9 +213,8 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
 
 namespace io_detail {
 
-std::vector<uint8_t> serialize_safetensors_refs(
-    const std::vector<TensorRef>& tensors,
-    const std::vector<std::pair<std::string, std::string>>& metadata) {
+std::vector<uint8_t> serialize_safetensors_refs(const std::vector<TensorRef>& tensors,
+                                                const std::vector<std::pair<std::string, std::string>>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) {
     Json meta = Json::object();
@@ -237,21 +227,18 @@ std::vector<uint8_t> serialize_safetensors_refs(
   }
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    if (t.name == kMetadataKey)
-      throw InvalidArgument("safetensors tensor name '__metadata__' is reserved");
+    if (t.name == kMetadataKey) throw InvalidArgument("safetensors tensor name '__metadata__' is reserved");
     if (header.contains(t.name))
       throw InvalidArgument(fmt::format("safetensors tensor name '{}' appears twice", printable(t.name)));
     const auto need = checked_nbytes(t.shape, st_dtype_size(t.dtype));
     if (!need)
-      throw InvalidArgument(fmt::format("tensor '{}': shape has a negative or overflowing dimension",
-                                        printable(t.name)));
+      throw InvalidArgument(
+          fmt::format("tensor '{}': shape has a negative or overflowing dimension", printable(t.name)));
     if (*need != t.data.size())
-      throw InvalidArgument(fmt::format("tensor '{}': data has {} bytes, shape x {} needs {}",
-                                        printable(t.name), t.data.size(), st_dtype_name(t.dtype),
-                                        *need));
-    header[t.name] = {{"dtype", st_dtype_name(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.data.size()}}};
+      throw InvalidArgument(fmt::format("tensor '{}': data has {} bytes, shape x {} needs {}", printable(t.name),
+                                        t.data.size(), st_dtype_name(t.dtype), *need));
+    header[t.name] = {
+        {"dtype", st_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
     offset += t.data.size();
   }
   std::string text;

@@ -21,8 +21,7 @@ struct TensorRef {
 };
 
 /// serialize_safetensors() for borrowed tensors; same format, same errors.
-std::vector<uint8_t> serialize_safetensors_refs(
-    const std::vector<TensorRef>& tensors,
-    const std::vector<std::pair<std::string, std::string>>& metadata);
+std::vector<uint8_t> serialize_safetensors_refs(const std::vector<TensorRef>& tensors,
+                                                const std::vector<std::pair<std::string, std::string>>& metadata);
 
 }  // namespace qvg::io_detail

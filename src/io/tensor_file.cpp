@@ -26,8 +26,8 @@ FileKind kind_of(const std::filesystem::path& path) {
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (ext == ".npy") return FileKind::Npy;
   if (ext == ".safetensors") return FileKind::Safetensors;
-  throw InvalidArgument(fmt::format(
-      "tensor file '{}' has extension '{}'; allowed: .npy, .safetensors", path.string(), ext));
+  throw InvalidArgument(
+      fmt::format("tensor file '{}' has extension '{}'; allowed: .npy, .safetensors", path.string(), ext));
 }
 
 Shape4 shape4_of(const std::vector<int64_t>& s, const std::filesystem::path& path) {
@@ -35,10 +35,10 @@ Shape4 shape4_of(const std::vector<int64_t>& s, const std::filesystem::path& pat
   if (s.size() == 4) return {s[0], s[1], s[2], s[3]};
   std::string dims;
   for (size_t i = 0; i < s.size(); ++i) dims += fmt::format("{}{}", i ? ", " : "", s[i]);
-  throw InvalidArgument(fmt::format(
-      "tensor in '{}' has rank {} (shape [{}]); allowed: 3 ([S, H, D], read as B = 1) or 4 "
-      "([B, S, H, D])",
-      path.string(), s.size(), dims));
+  throw InvalidArgument(
+      fmt::format("tensor in '{}' has rank {} (shape [{}]); allowed: 3 ([S, H, D], read as B = 1) or 4 "
+                  "([B, S, H, D])",
+                  path.string(), s.size(), dims));
 }
 
 Tensor tensor_of(DType dtype, const std::vector<int64_t>& shape, const std::vector<uint8_t>& data,
@@ -67,10 +67,10 @@ Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<s
   const FileKind kind = kind_of(path);
   if (kind == FileKind::Npy) {
     if (name)
-      throw InvalidArgument(fmt::format(
-          "tensor name '{}' given for '{}', but a .npy file holds one unnamed array (names "
-          "apply to .safetensors)",
-          *name, path.string()));
+      throw InvalidArgument(
+          fmt::format("tensor name '{}' given for '{}', but a .npy file holds one unnamed array (names "
+                      "apply to .safetensors)",
+                      *name, path.string()));
     const auto bytes = read_file_bytes(path);
     const NpyArray a = with_path(path, [&] { return parse_npy(bytes); });
     return tensor_of(a.dtype, a.shape, a.data, path);
@@ -84,14 +84,12 @@ Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<s
   if (name) {
     t = f.find(*name);
     if (!t)
-      throw InvalidArgument(fmt::format("no tensor named '{}' in '{}'; it holds: {}", *name,
-                                        path.string(), f.tensors.empty() ? "nothing" : names));
+      throw InvalidArgument(fmt::format("no tensor named '{}' in '{}'; it holds: {}", *name, path.string(),
+                                        f.tensors.empty() ? "nothing" : names));
   } else if (f.tensors.size() != 1) {
-    throw InvalidArgument(
-        f.tensors.empty()
-            ? fmt::format("'{}' holds no tensors", path.string())
-            : fmt::format("'{}' holds {} tensors ({}); name the one to read", path.string(),
-                          f.tensors.size(), names));
+    throw InvalidArgument(f.tensors.empty() ? fmt::format("'{}' holds no tensors", path.string())
+                                            : fmt::format("'{}' holds {} tensors ({}); name the one to read",
+                                                          path.string(), f.tensors.size(), names));
   } else {
     t = &f.tensors.front();
   }
@@ -101,15 +99,13 @@ Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<s
     case StDType::F16: dtype = DType::F16; break;
     case StDType::BF16: dtype = DType::BF16; break;
     default:
-      throw InvalidArgument(fmt::format(
-          "tensor '{}' in '{}' has dtype {}; a K/V tensor must be F32, F16 or BF16", t->name,
-          path.string(), st_dtype_name(t->dtype)));
+      throw InvalidArgument(fmt::format("tensor '{}' in '{}' has dtype {}; a K/V tensor must be F32, F16 or BF16",
+                                        t->name, path.string(), st_dtype_name(t->dtype)));
   }
   return tensor_of(dtype, t->shape, t->data, path);
 }
 
-void write_tensor_file(const std::filesystem::path& path, ConstTensorView t,
-                       std::string_view name) {
+void write_tensor_file(const std::filesystem::path& path, ConstTensorView t, std::string_view name) {
   const FileKind kind = kind_of(path);
   const Shape4& s = t.shape;
   if (s.b < 0 || s.s < 0 || s.h < 0 || s.d < 0)
@@ -134,11 +130,8 @@ void write_tensor_file(const std::filesystem::path& path, ConstTensorView t,
     write_file_atomic(path, serialize_npy(a));
     return;
   }
-  if (name.empty())
-    throw InvalidArgument(fmt::format("tensor name for '{}' must not be empty", path.string()));
-  const StDType st = t.dtype == DType::F32   ? StDType::F32
-                     : t.dtype == DType::F16 ? StDType::F16
-                                             : StDType::BF16;
+  if (name.empty()) throw InvalidArgument(fmt::format("tensor name for '{}' must not be empty", path.string()));
+  const StDType st = t.dtype == DType::F32 ? StDType::F32 : t.dtype == DType::F16 ? StDType::F16 : StDType::BF16;
   std::vector<io_detail::TensorRef> refs = {
       {std::string(name), st, dims, std::span<const uint8_t>(raw, numel ? t.nbytes() : 0)}};
   write_file_atomic(path, io_detail::serialize_safetensors_refs(refs, {}));

@@ -26,28 +26,26 @@ void run_decode(const DecodeOptions& o) {
   const std::filesystem::path out(o.output);
   const std::string ext = out.extension().string();
   if (ext != ".npy" && ext != ".safetensors")
-    throw InvalidArgument(
-        fmt::format("--output must name a .npy or .safetensors file, got '{}'", o.output));
+    throw InvalidArgument(fmt::format("--output must name a .npy or .safetensors file, got '{}'", o.output));
   if (o.tensor && ext != ".safetensors")
-    throw InvalidArgument(fmt::format(
-        "--tensor names the tensor of a .safetensors output; '{}' is a .npy file", o.output));
+    throw InvalidArgument(
+        fmt::format("--tensor names the tensor of a .safetensors output; '{}' is a .npy file", o.output));
   const int threads = static_cast<int>(parse_int_flag("--threads", o.threads, 0, 1 << 16));
   const EncodedTensor enc = read_qvgt(o.input);
   const auto t0 = std::chrono::steady_clock::now();
   const Tensor x = decode(enc, threads);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_tensor_file(out, x, o.tensor.value_or("tensor"));
-  fmt::print("{}: {} {} decoded from {} bytes in {:.3f} s\n", o.output, x.shape().str(),
-             ext == ".npy" && x.dtype() == DType::BF16 ? "bf16 (stored as float32)"
-                                                       : std::string(dtype_name(x.dtype())),
-             enc.nbytes(), secs);
+  fmt::print(
+      "{}: {} {} decoded from {} bytes in {:.3f} s\n", o.output, x.shape().str(),
+      ext == ".npy" && x.dtype() == DType::BF16 ? "bf16 (stored as float32)" : std::string(dtype_name(x.dtype())),
+      enc.nbytes(), secs);
 }
 
 void register_decode(CLI::App& root) {
   auto o = std::make_shared<DecodeOptions>();
-  CLI::App* cmd = root.add_subcommand(
-      "decode", "Decode a .qvgt file into a [B,S,H,D] tensor file of the input's dtype");
+  CLI::App* cmd =
+      root.add_subcommand("decode", "Decode a .qvgt file into a [B,S,H,D] tensor file of the input's dtype");
   cmd->add_option("--input,-i", o->input, "input .qvgt file")->required();
   cmd->add_option("--output,-o", o->output,
                   "output .npy (bf16 stored as float32) or .safetensors (written only on success)")

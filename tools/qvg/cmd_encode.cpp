@@ -24,31 +24,24 @@ struct EncodeOptions {
 void run_encode(const EncodeOptions& o) {
   const std::filesystem::path out(o.output);
   if (out.extension() != ".qvgt")
-    throw InvalidArgument(
-        fmt::format("--output must name a .qvgt file, got '{}'", o.output));
+    throw InvalidArgument(fmt::format("--output must name a .qvgt file, got '{}'", o.output));
   check_codec_flags(o.cfg);
   const Tensor x = read_tensor_file(o.input, o.tensor);
   check_codec_flags(o.cfg, x.shape().d);
   const auto t0 = std::chrono::steady_clock::now();
   const EncodedTensor enc = encode(x, o.cfg);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_qvgt(out, enc);
-  fmt::print("{}: {} {} -> {} bytes ({:.4f} bits/element, {:.2f}x vs bf16) in {:.3f} s\n",
-             o.output, x.shape().str(), dtype_name(x.dtype()), enc.nbytes(),
-             enc.bits_per_element(), 16.0 / enc.bits_per_element(), secs);
+  fmt::print("{}: {} {} -> {} bytes ({:.4f} bits/element, {:.2f}x vs bf16) in {:.3f} s\n", o.output, x.shape().str(),
+             dtype_name(x.dtype()), enc.nbytes(), enc.bits_per_element(), 16.0 / enc.bits_per_element(), secs);
 }
 
 void register_encode(CLI::App& root) {
   auto o = std::make_shared<EncodeOptions>();
-  CLI::App* cmd = root.add_subcommand(
-      "encode", "Encode a [B,S,H,D] (or [S,H,D]) tensor with PRQ into a .qvgt file");
-  cmd->add_option("--input,-i", o->input, "input tensor: .npy (float32/float16) or .safetensors")
-      ->required();
-  cmd->add_option("--output,-o", o->output, "output .qvgt file (written only on success)")
-      ->required();
-  cmd->add_option("--tensor", o->tensor,
-                  "tensor to read from a .safetensors input holding several");
+  CLI::App* cmd = root.add_subcommand("encode", "Encode a [B,S,H,D] (or [S,H,D]) tensor with PRQ into a .qvgt file");
+  cmd->add_option("--input,-i", o->input, "input tensor: .npy (float32/float16) or .safetensors")->required();
+  cmd->add_option("--output,-o", o->output, "output .qvgt file (written only on success)")->required();
+  cmd->add_option("--tensor", o->tensor, "tensor to read from a .safetensors input holding several");
   add_codec_flags(*cmd, o->cfg);
   cmd->callback([o] { run_encode(*o); });
 }

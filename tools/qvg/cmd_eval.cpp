@@ -89,7 +89,9 @@ Figures run_baseline(BaselineMethod m, const Tensor& x, TensorRole role, const C
 }
 
 // JSON number, or null for a non-finite value.
-nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+nlohmann::json num(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
 std::string txt(double v, const char* fmt_spec) {
   return std::isfinite(v) ? fmt::format(fmt::runtime(fmt_spec), v) : std::string("inf");
 }
@@ -102,8 +104,7 @@ void run_eval(const EvalOptions& o) {
     try {
       baseline = parse_baseline_method(o.method);
     } catch (const InvalidArgument&) {
-      throw InvalidArgument(
-          fmt::format("--method must be one of qvg, rtn, kivi, quarot, got '{}'", o.method));
+      throw InvalidArgument(fmt::format("--method must be one of qvg, rtn, kivi, quarot, got '{}'", o.method));
     }
   }
   const Tensor x = read_tensor_file(o.input, o.tensor);
@@ -148,10 +149,9 @@ void run_eval(const EvalOptions& o) {
     return;
   }
   fmt::print("input              {} {} {}\n", o.input, x.shape().str(), dtype_name(x.dtype()));
-  fmt::print("method             {} ({})\n", o.method,
-             baseline ? fmt::format("bits={} block_size={} role={}", o.cfg.bits,
-                                    o.cfg.block_size, o.role)
-                      : o.cfg.describe());
+  fmt::print(
+      "method             {} ({})\n", o.method,
+      baseline ? fmt::format("bits={} block_size={} role={}", o.cfg.bits, o.cfg.block_size, o.role) : o.cfg.describe());
   fmt::print("bits per element   {:.4f}\n", primary.bits_per_element);
   fmt::print("compression        {:.3f}x vs bf16\n", ratio);
   fmt::print("relative MSE       {}\n", txt(primary.rel_mse, "{:.6e}"));
@@ -161,21 +161,18 @@ void run_eval(const EvalOptions& o) {
   } else {
     fmt::print("round trip         {:.4f} s (encode + decode in one call)\n", primary.encode_s);
   }
-  fmt::print("baseline rtn       {:.4f} bits/element, relative MSE {}, SNR {} dB\n",
-             rtn.bits_per_element, txt(rtn.rel_mse, "{:.6e}"), txt(rtn.snr_db, "{:.3f}"));
+  fmt::print("baseline rtn       {:.4f} bits/element, relative MSE {}, SNR {} dB\n", rtn.bits_per_element,
+             txt(rtn.rel_mse, "{:.6e}"), txt(rtn.snr_db, "{:.3f}"));
 }
 
 void register_eval(CLI::App& root) {
   auto o = std::make_shared<EvalOptions>();
-  CLI::App* cmd = root.add_subcommand(
-      "eval", "Encode + decode a tensor; report bits per element, error and time vs RTN");
-  cmd->add_option("--input,-i", o->input, "input tensor: .npy (float32/float16) or .safetensors")
-      ->required();
-  cmd->add_option("--tensor", o->tensor,
-                  "tensor to read from a .safetensors input holding several");
+  CLI::App* cmd =
+      root.add_subcommand("eval", "Encode + decode a tensor; report bits per element, error and time vs RTN");
+  cmd->add_option("--input,-i", o->input, "input tensor: .npy (float32/float16) or .safetensors")->required();
+  cmd->add_option("--tensor", o->tensor, "tensor to read from a .safetensors input holding several");
   cmd->add_option("--method", o->method, "qvg | rtn | kivi | quarot")->default_str("qvg");
-  cmd->add_option("--role", o->role, "key | value (KIVI quantizes them differently)")
-      ->default_str("key");
+  cmd->add_option("--role", o->role, "key | value (KIVI quantizes them differently)")->default_str("key");
   cmd->add_flag("--json", o->json, "print one JSON object instead of text");
   add_codec_flags(*cmd, o->cfg);
   cmd->callback([o] { run_eval(*o); });

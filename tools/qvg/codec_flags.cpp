@@ -18,8 +18,7 @@ int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, i
     throw InvalidArgument(fmt::format("{} is out of range ({}..{}), got '{}'", flag, lo, hi, value));
   if (value.empty() || ec != std::errc() || p != end)
     throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, value));
-  if (v < lo || v > hi)
-    throw InvalidArgument(fmt::format("{} must be in {}..{}, got {}", flag, lo, hi, v));
+  if (v < lo || v > hi) throw InvalidArgument(fmt::format("{} must be in {}..{}, got {}", flag, lo, hi, v));
   return v;
 }
 
@@ -75,8 +74,7 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
           "channels sharing one residual scale; divides head_dim, multiple of 8/bits");
   add_int(cmd, "--stages", cfg.stages, "k-means (progressive residual) stages: >= 1");
   add_int(cmd, "--iters", cfg.kmeans_iters, "Lloyd iterations per stage: >= 1");
-  cmd.add_flag("--asymmetric", cfg.asymmetric,
-               "min/max + zero point per block instead of absmax");
+  cmd.add_flag("--asymmetric", cfg.asymmetric, "min/max + zero point per block instead of absmax");
   cmd.add_option_function<std::string>(
          "--scale-dtype",
          [&cfg](const std::string& v) {
@@ -87,9 +85,7 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
       ->default_str("fp8_e4m3");
   cmd.add_option_function<std::string>(
          "--scaling",
-         [&cfg](const std::string& v) {
-           cfg.scaling = named("--scaling", [&] { return parse_scaling(v); });
-         },
+         [&cfg](const std::string& v) { cfg.scaling = named("--scaling", [&] { return parse_scaling(v); }); },
          "two_level (fp32 factor per group) | compat (the QVG Triton layout)")
       ->type_name("NAME")
       ->default_str("two_level");
