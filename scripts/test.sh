@@ -11,3 +11,18 @@ for preset in ci asan; do
   cmake --build --preset "$preset" -j "$jobs"
   ctest --preset "$preset"
 done
+
+# The PyTorch extension and its pytest suite, with Debian's interpreter (the one
+# python3-torch belongs to; another python3 may come first on PATH).
+echo "=== qvg: build the PyTorch extension (build/python) and run its pytest suite ==="
+bash scripts/deps.sh --python
+cmake -S . -B build/python -G Ninja -DCMAKE_BUILD_TYPE=Release -DQVG_BUILD_PYTHON=ON -DQVG_BUILD_TESTS=OFF \
+  -DQVG_BUILD_BENCH=OFF -DPython_EXECUTABLE=/usr/bin/python3 >/dev/null
+cmake --build build/python --target qvg_torch_ext -j "$jobs"
+rc=0
+PYTHONPATH="$PWD/build/python/python" /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests || rc=$?
+if ((rc == 5)); then
+  echo "qvg: pytest collected no tests in python/tests" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,124 @@
+"""QVGKVQuantArgs: the fields, defaults, flag names and errors of spec 2."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import chunk, make_packed
+import qvg.torch as qt
+
+
+def test_defaults_are_spec_2():
+    q = qt.QVGKVQuantArgs()
+    assert q.bits is None and not q.enabled
+    assert dataclasses.asdict(q) == dict(
+        bits=None, centroids=128, block_size=64, stages=1, kmeans_iters=2, asymmetric=False, keep_recent_chunks=1,
+        sink=True, sink_span="chunk", sink_keep_chunks=0, span_chunks=1, scaling="two_level",
+        scale_dtype="fp8_e4m3", init="random", seed=1234)
+    assert q.validate() is q
+    assert q.describe() == "kv_cache_quant=off"
+    assert qt.QVGKVQuantArgs(bits=4).enabled
+    assert qt.QVGKVQuantArgs(bits=2, block_size=32).describe().startswith("kv_cache_quant=int2 centroids=128 block_size=32")
+
+
+@pytest.mark.parametrize("mode,bits", [("off", None), ("none", None), ("bf16", None), ("int4", 4), ("int2", 2),
+                                       ("INT4", 4), (" int2 ", 2), ("None", None)])
+def test_from_dict_modes(mode, bits):
+    q = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": mode})
+    assert q.bits == bits and q.enabled == (bits is not None)
+
+
+def test_from_dict_reads_every_flag():
+    q = qt.QVGKVQuantArgs.from_dict({
+        "kv_cache_quant": "int2", "kv_cache_quant_centroids": 64, "kv_cache_quant_block_size": 32,
+        "kv_cache_quant_stages": 2, "kv_cache_quant_iters": 5, "kv_cache_quant_keep_recent": 0,
+        "kv_cache_quant_sink_keep": 1, "kv_cache_quant_asymmetric": True, "kv_cache_quant_sink": False,
+        "kv_cache_quant_sink_span": "full", "kv_cache_quant_span_chunks": 3, "kv_cache_quant_scaling": "compat",
+        "kv_cache_quant_scale_dtype": "bf16", "kv_cache_quant_init": "warm", "kv_cache_quant_seed": 7,
+        # not ours: ignored, as by the engine (argparse dicts carry every server flag)
+        "kv_cache_quant_config": object(), "model_path": "x", "kv_cache_quant_typo": None,
+    })
+    assert dataclasses.asdict(q) == dict(
+        bits=2, centroids=64, block_size=32, stages=2, kmeans_iters=5, asymmetric=True, keep_recent_chunks=0,
+        sink=False, sink_span="full", sink_keep_chunks=1, span_chunks=3, scaling="compat", scale_dtype="bf16",
+        init="warm", seed=7)
+
+
+def test_from_dict_defaults_and_strings():
+    assert qt.QVGKVQuantArgs.from_dict({}) == qt.QVGKVQuantArgs()
+    # Without the master flag everything is default (off), as in the engine.
+    assert qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": None, "kv_cache_quant_centroids": 0}) == qt.QVGKVQuantArgs()
+    # None means "flag not given"; strings as on a command line work too.
+    q = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int4", "kv_cache_quant_centroids": None,
+                                     "kv_cache_quant_sink": "false", "kv_cache_quant_iters": "3"})
+    assert (q.bits, q.centroids, q.sink, q.kmeans_iters) == (4, 128, False, 3)
+
+
+@pytest.mark.parametrize("flags,message", [
+    ({"kv_cache_quant": "int8"}, r"^kv_cache_quant must be one of off, none, bf16, int4, int2, got 'int8'$"),
+    ({"kv_cache_quant_centroids": 0}, r"^centroids must be in 1\.\.256, got 0$"),
+    ({"kv_cache_quant_centroids": 257}, r"^centroids must be in 1\.\.256, got 257$"),
+    ({"kv_cache_quant_block_size": 0}, r"^block_size must be > 0, got 0$"),
+    ({"kv_cache_quant_stages": 0}, r"^stages must be > 0, got 0$"),
+    ({"kv_cache_quant_iters": -1}, r"^kmeans_iters must be > 0, got -1$"),
+    ({"kv_cache_quant_keep_recent": -1}, r"^keep_recent_chunks must be >= 0, got -1$"),
+    ({"kv_cache_quant_sink_keep": -2}, r"^sink_keep_chunks must be >= 0, got -2$"),
+    ({"kv_cache_quant_sink_span": "half"}, r"^sink_span must be one of chunk, full, got 'half'$"),
+    ({"kv_cache_quant": "int2", "kv_cache_quant_block_size": 6},
+     r"^block_size must be a multiple of 4 \(8/bits, so codes fill whole bytes\) at bits=2, got 6$"),
+    ({"kv_cache_quant_span_chunks": 0}, r"^span_chunks must be >= 1, got 0$"),
+    ({"kv_cache_quant_iters": "two"}, r"^kv_cache_quant_iters must be an integer, got 'two'$"),
+    ({"kv_cache_quant_asymmetric": "maybe"}, r"^kv_cache_quant_asymmetric must be a boolean"),
+])
+def test_from_dict_errors(flags, message):
+    with pytest.raises(ValueError, match=message):
+        qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int4", **flags})
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(bits=3), r"^bits must be 2 or 4 \(or none to disable quantization\), got 3$"),
+    (dict(bits="4"), r"^bits must be 2 or 4 \(or none to disable quantization\), got '4'$"),
+    (dict(bits=4, centroids=0), r"^centroids must be in 1\.\.256, got 0$"),
+    (dict(centroids=300), r"^centroids must be in 1\.\.256, got 300$"),
+    (dict(bits=4, block_size=0), r"^block_size must be > 0, got 0$"),
+    (dict(bits=4, stages=0), r"^stages must be > 0, got 0$"),
+    (dict(bits=4, kmeans_iters=0), r"^kmeans_iters must be > 0, got 0$"),
+    (dict(keep_recent_chunks=-1), r"^keep_recent_chunks must be >= 0, got -1$"),
+    (dict(sink_keep_chunks=-1), r"^sink_keep_chunks must be >= 0, got -1$"),
+    (dict(sink_span="all"), r"^sink_span must be one of chunk, full, got 'all'$"),
+    (dict(bits=4, block_size=3), r"^block_size must be a multiple of 2 .* at bits=4, got 3$"),
+    (dict(span_chunks=0), r"^span_chunks must be >= 1, got 0$"),
+    (dict(scaling="x"), r"^scaling must be one of two_level, compat, got 'x'$"),
+    (dict(scale_dtype="fp16"), r"^scale_dtype must be one of fp8_e4m3 \(or fp8\), bf16, got 'fp16'$"),
+    (dict(init="zeros"), r"^init must be one of random, kmeans\+\+, warm, got 'zeros'$"),
+    (dict(centroids=1.5), r"^centroids must be an integer, got 1\.5$"),
+    (dict(sink=1), r"^sink must be a boolean \(True/False\), got 1$"),
+])
+def test_validate_errors(fields, message):
+    q = qt.QVGKVQuantArgs(**fields)
+    with pytest.raises(ValueError, match=message):
+        q.validate()
+
+
+def test_block_size_must_divide_head_dim_when_the_cache_is_built():
+    q = qt.QVGKVQuantArgs(bits=4, block_size=64)
+    q.validate()  # fine on its own
+    with pytest.raises(ValueError, match=r"^block_size must divide head_dim \(96\), got block_size=64$"):
+        make_packed(1, 8, 1, 96, quant=q)
+    make_packed(1, 8, 1, 96, quant=qt.QVGKVQuantArgs(block_size=64))  # quantization off: not checked
+
+
+def test_engine_style_quant_args_object_is_accepted(gen):
+    """The engine's own QVGKVQuantArgs (without qvg's extension fields) works too."""
+    engine_like = SimpleNamespace(bits=4, centroids=4, block_size=8, stages=1, kmeans_iters=2, asymmetric=False,
+                                  keep_recent_chunks=0, sink=True, sink_span="chunk", sink_keep_chunks=0)
+    cache = make_packed(1, 16, 2, 8, quant=engine_like)
+    assert cache.q is engine_like
+    for c in range(0, 16, 4):
+        x = chunk(gen, 1, 4, 2, 8)
+        cache.update_and_get_attention_kv(key=x, value=x, current_chunk_start=c)
+    assert sum(s["packed"] for s in cache._segments()) == 3
