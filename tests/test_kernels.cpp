@@ -164,6 +164,43 @@ TEST_P(PerTarget, EncoderDeterministicAndCloseToScalarEncoder) {
   EXPECT_NEAR(ma / mr, 1.0, 0.01) << "rel mse " << ma << " vs scalar " << mr;
 }
 
+TEST_P(PerTarget, AttentionHeadMatchesFp64) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int64_t D : {8, 24, 64, 128})
+    for (int64_t T : {1, 5, 37, 300})
+      for (int64_t n : {1, 3, 9}) {
+        const int64_t pad = kernels::attention_key_padding(), tpad = (T + pad - 1) / pad * pad;
+        std::vector<float> q(static_cast<size_t>(n * D)), k(static_cast<size_t>(T * D)), kT(static_cast<size_t>(D * tpad), 7.0f), v(static_cast<size_t>(T * D));
+        for (auto& x : q) x = nd(rng);
+        for (auto& x : k) x = nd(rng);
+        for (auto& x : v) x = nd(rng);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t d = 0; d < D; ++d) kT[size_t(d * tpad + t)] = k[size_t(t * D + d)];
+        const float scale = 1.0f / std::sqrt(float(D));
+        std::vector<float> out(size_t(n * (D + 3)), -1.0f);
+        kernels::attention_head(q.data(), n, kT.data(), tpad, T, v.data(), D, scale, out.data(), D + 3);
+        for (int64_t i = 0; i < n; ++i) {
+          std::vector<double> s(static_cast<size_t>(T));
+          double m = -1e300, l = 0;
+          for (int64_t t = 0; t < T; ++t) {
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += double(q[size_t(i * D + d)]) * k[size_t(t * D + d)];
+            s[size_t(t)] = dot * scale;
+            m = std::max(m, s[size_t(t)]);
+          }
+          for (auto& x : s) l += (x = std::exp(x - m));
+          for (int64_t d = 0; d < D; ++d) {
+            double want = 0;
+            for (int64_t t = 0; t < T; ++t) want += s[size_t(t)] / l * v[size_t(t * D + d)];
+            ASSERT_NEAR(out[size_t(i * (D + 3) + d)], want, 2e-5 * (1 + std::fabs(want)))
+                << "D " << D << " T " << T << " n " << n << " target " << GetParam().name;
+          }
+          for (int64_t d = D; d < D + 3; ++d) ASSERT_EQ(out[size_t(i * (D + 3) + d)], -1.0f);  // stride respected
+        }
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
 
 TEST(Kernels, FmaLoopCountsFlops) {

@@ -1,4 +1,4 @@
-// Reference attention (qvg/attention.h): simple, exact fp32, OpenMP over (b, h).
+// Reference attention (qvg/attention.h): fp32, SIMD kernel per (b, h) and query block.
 #include "qvg/attention.h"
 
 #include <omp.h>
@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include "kernels/kernels.h"
 #include "qvg/error.h"
 
 namespace qvg {
@@ -33,37 +34,36 @@ Tensor attention(ConstTensorView q, const StridedView& k, const StridedView& v, 
   const int nthreads = threads > 0 ? threads : omp_get_max_threads();
   const size_t qesz = dtype_size(q.dtype);
 
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads)
+  // Per (b, h): K transposed and V as fp32 (converted in parallel over tokens),
+  // then the queries in blocks over the threads (SIMD kernel, src/kernels).
+  const int64_t pad = kernels::attention_key_padding();
+  const int64_t tpad = (T + pad - 1) / pad * pad;
+  std::vector<float> kT(static_cast<size_t>(D * tpad), 0.0f), vf(static_cast<size_t>(T * D)),
+      qf(static_cast<size_t>(n * D));
+  constexpr int64_t kQueryBlock = 16;
+  const int64_t nqb = (n + kQueryBlock - 1) / kQueryBlock;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
-      // K and V of this (b, h) as fp32 token rows.
-      const size_t td = size_t(T * D), dd = size_t(D), tt = size_t(T);
-      std::vector<float> kf(td), vf(td), qf(dd), s(tt), acc(dd);
-      for (int64_t t = 0; t < T; ++t) {
-        convert_to_f32(k.row(b, t, h), k.dtype, kf.data() + t * D, size_t(D));
-        convert_to_f32(v.row(b, t, h), v.dtype, vf.data() + t * D, size_t(D));
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const auto* qrow = static_cast<const std::byte*>(q.data) + size_t(((b * n + i) * H + h) * D) * qesz;
-        convert_to_f32(qrow, q.dtype, qf.data(), size_t(D));
-        float m = -INFINITY;
+#pragma omp parallel num_threads(nthreads)
+      {
+        std::vector<float> row(static_cast<size_t>(D));
+#pragma omp for schedule(static)
         for (int64_t t = 0; t < T; ++t) {
-          const float* kt = kf.data() + t * D;
-          float dot = 0.0f;
-          for (int64_t d = 0; d < D; ++d) dot += qf[size_t(d)] * kt[d];
-          s[size_t(t)] = dot * scale;
-          m = std::max(m, s[size_t(t)]);
+          convert_to_f32(k.row(b, t, h), k.dtype, row.data(), size_t(D));
+          for (int64_t d = 0; d < D; ++d) kT[size_t(d * tpad + t)] = row[size_t(d)];
+          convert_to_f32(v.row(b, t, h), v.dtype, vf.data() + t * D, size_t(D));
         }
-        float l = 0.0f;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t t = 0; t < T; ++t) {
-          const float p = std::exp(s[size_t(t)] - m);
-          l += p;
-          const float* vt = vf.data() + t * D;
-          for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += p * vt[d];
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; ++i) {
+          const auto* qrow = static_cast<const std::byte*>(q.data) + size_t(((b * n + i) * H + h) * D) * qesz;
+          convert_to_f32(qrow, q.dtype, qf.data() + i * D, size_t(D));
         }
-        float* orow = o + ((b * n + i) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) orow[d] = acc[size_t(d)] / l;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t qb = 0; qb < nqb; ++qb) {
+          const int64_t i0 = qb * kQueryBlock, cnt = std::min(kQueryBlock, n - i0);
+          kernels::attention_head(qf.data() + i0 * D, cnt, kT.data(), tpad, T, vf.data(), D, scale,
+                                  o + ((b * n + i0) * H + h) * D, H * D);
+        }
       }
     }
   }

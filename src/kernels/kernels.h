@@ -54,6 +54,17 @@ void decode_rows(const DecodeRows& job);
 void f32_to_bf16(const float* src, uint16_t* dst, size_t n);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
 
+/// Attention of n queries over T keys of one (batch, head), fp32:
+/// out[i, :] = sum_t softmax_t(scale * q[i, :] . k[t, :]) v[t, :].
+/// q: n x D rows; kT: keys transposed, D x tpad (columns >= T are ignored, any
+/// finite value); v: T x D rows; out: row i at out + i * out_stride.
+/// REQUIRES T >= 1, tpad a multiple of attention_key_padding() and >= T.
+/// Allocates (4 x tpad + small) floats of scratch.
+void attention_head(const float* q, int64_t n, const float* kT, int64_t tpad, int64_t T, const float* v, int64_t D,
+                    float scale, float* out, int64_t out_stride);
+/// The multiple kT's row length must be padded to on the dispatched target.
+int64_t attention_key_padding();
+
 /// Runs a register-resident FMA loop of `iters` iterations on the calling thread
 /// and returns the number of floating-point operations it did (a multiply-add
 /// counts 2). For the machine-limit benchmark.
