@@ -81,11 +81,12 @@ std::string torch_dtype_name(at::ScalarType t) {
   }
 }
 
-std::string shape_str(const at::Tensor& t) {
+std::string shape_str(at::IntArrayRef sizes) {
   std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
   return s + "]";
 }
+std::string shape_str(const at::Tensor& t) { return shape_str(t.sizes()); }
 
 // ---- inputs -----------------------------------------------------------------------
 /// A key or value tensor seen as a qvg view; `owner` keeps a contiguous copy alive
@@ -260,6 +261,7 @@ class DenseCache {
   py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
                    std::optional<int64_t> rw, int64_t ge, int64_t le) {
     BusyGuard busy(mu_);
+    check_buffers_unchanged();
     const Input ki = as_input(key, "key"), vi = as_input(value, "value");
     if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
     qvg::KVView kv;
@@ -293,6 +295,19 @@ class DenseCache {
   const qvg::DenseCausalCache& cache() const { return *cache_; }
 
  private:
+  /// The C++ cache writes through raw pointers into k_/v_: refuse to go on if the
+  /// caller resized them or swapped their storage in place since.
+  void check_buffers_unchanged() const {
+    const auto kb = cache_->k_buffer(), vb = cache_->v_buffer();
+    const std::vector<int64_t> shape = {kb.shape.b, kb.shape.s, kb.shape.h, kb.shape.d};
+    if (k_.data_ptr() != kb.data || v_.data_ptr() != vb.data || k_.sizes() != at::IntArrayRef(shape) ||
+        v_.sizes() != at::IntArrayRef(shape) || !k_.is_contiguous() || !v_.is_contiguous())
+      throw qvg::InvalidArgument(fmt::format(
+          "the cache's k/v tensors must keep their storage and shape {} (they are the cache's buffers), got k shape "
+          "{} after an in-place resize or set_()",
+          shape_str(shape), shape_str(k_)));
+  }
+
   /// Growth as a transaction: new torch buffers, a new C++ cache over them with
   /// the same cursors; swapped in only if the update succeeds. The sizes are
   /// those of spec 3.2 (max(needed, 2 * old), a window equal to the old size follows).

@@ -220,3 +220,20 @@ def test_failed_growth_changes_nothing():
     with pytest.raises(ValueError, match="finite"):
         cache.update_and_get_attention_kv(key=bad, value=x, current_chunk_start=8)
     assert cache.k is k_before and cache.cache_size == 8 and same_snapshot(snapshot(cache), before)
+
+
+def test_snapshot_detects_changes():
+    """The unchanged-state checks above can fail: any valid call changes the snapshot."""
+    for kind in ("dense", "packed"):
+        cache, _ = primed(kind)
+        before = snapshot(cache)
+        cache.update_and_get_attention_kv(key=good()[0], value=good()[1], current_chunk_start=20)
+        assert not same_snapshot(snapshot(cache), before)
+
+
+def test_dense_buffers_resized_in_place_are_refused():
+    cache = make_dense(1, 8, 2, 8)
+    cache.k.resize_(1, 64, 2, 8)  # reallocates the caller's tensor under the cache
+    with pytest.raises(ValueError, match=r"^the cache's k/v tensors must keep their storage and shape \[1, 8, 2, 8\]"):
+        cache.update_and_get_attention_kv(key=torch.zeros(1, 4, 2, 8), value=torch.zeros(1, 4, 2, 8),
+                                          current_chunk_start=0)
