@@ -39,7 +39,8 @@ Lifetime of the returned views (``CausalAttentionKVView.k`` / ``.v``):
   calls change what they show. Packed: they alias the current chunk until the next
   call on the cache; if you still hold them then, qvg first gives them a private
   copy of their bytes (they never dangle, they just stop following the cache). Drop
-  the view before the next call to avoid that copy.
+  the view before the next call to avoid that copy. Raw-pointer exports of such a
+  view (``.numpy()``, DLPack) are not moved along: do not keep them past the next call.
 * ``view.zero_copy`` False (the visible tokens are not one contiguous range of one
   buffer: sink plus a recent window, or packed segments decoded): fresh tensors
   owned by the caller, as the engine's packed cache returns.
