@@ -201,6 +201,33 @@ TEST_P(PerTarget, AttentionHeadMatchesFp64) {
       }
 }
 
+TEST_P(PerTarget, InputLimitScanMatchesDefinition) {
+  auto within = [](double x) { return std::fabs(x) <= kMaxAbsInput; };  // false for NaN
+  // bf16 and fp16: every code, alone at every position of a short buffer.
+  for (DType t : {DType::BF16, DType::F16}) {
+    for (uint32_t c = 0; c < 65536; ++c) {
+      const float x = t == DType::BF16 ? bf16_to_f32(uint16_t(c)) : f16_to_f32(uint16_t(c));
+      std::vector<uint16_t> buf(static_cast<size_t>(37), 0);
+      const size_t pos = c % 37;
+      buf[pos] = uint16_t(c);
+      const size_t got = kernels::first_out_of_limit(buf.data(), t, buf.size());
+      ASSERT_EQ(got, within(x) ? buf.size() : pos) << dtype_name(t) << " code " << c;
+    }
+  }
+  // fp32: the boundary, specials and random bit patterns.
+  std::mt19937 rng(3);
+  std::vector<float> vals = {9999999198822400.0f, std::nextafter(9999999198822400.0f, INFINITY), -1e16f, 1e16f,
+                             INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-45f};
+  for (int i = 0; i < 200000; ++i) vals.push_back(f32_from_bits(uint32_t(rng())));
+  for (size_t i = 0; i < vals.size(); ++i) {
+    std::vector<float> buf(static_cast<size_t>(19), 1.0f);
+    const size_t pos = i % 19;
+    buf[pos] = vals[i];
+    const size_t got = kernels::first_out_of_limit(buf.data(), DType::F32, buf.size());
+    ASSERT_EQ(got, within(vals[i]) ? buf.size() : pos) << vals[i];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
 
 TEST(Kernels, FmaLoopCountsFlops) {

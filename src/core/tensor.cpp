@@ -100,18 +100,17 @@ void check_finite_and_bounded(ConstTensorView v, std::string_view what) {
   const size_t n = size_t(v.shape.numel());
   if (n > 0 && v.data == nullptr)
     throw InvalidArgument(fmt::format("{} has no data (null pointer) for shape {}", what, v.shape.str()));
-  // Scan in parallel chunks; report the first offending flat index.
+  // SIMD scan (integer compares on magnitude bits), in parallel chunks; the
+  // first offending flat index is reported whatever the thread count.
+  constexpr size_t kChunk = size_t(1) << 16;
+  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
   size_t bad = n;
-#pragma omp parallel for reduction(min : bad) schedule(static) if (n > (1u << 20))
-  for (int64_t c = 0; c < int64_t((n + 4095) / 4096); ++c) {
-    size_t lo = size_t(c) * 4096, hi = std::min(n, lo + 4096);
-    for (size_t i = lo; i < hi; ++i) {
-      float x = load_f32(v.data, v.dtype, i);
-      if (!(std::fabs(x) <= kMaxAbsInput)) {  // also catches NaN
-        bad = std::min(bad, i);
-        break;
-      }
-    }
+#pragma omp parallel for reduction(min : bad) schedule(static) if (chunks > 8)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t lo = size_t(c) * kChunk, len = std::min(n, lo + kChunk) - lo;
+    const size_t i = kernels::first_out_of_limit(static_cast<const uint8_t*>(v.data) + lo * dtype_size(v.dtype),
+                                                 v.dtype, len);
+    if (i < len) bad = std::min(bad, lo + i);
   }
   if (bad < n) {
     float x = load_f32(v.data, v.dtype, bad);

@@ -65,6 +65,10 @@ void attention_head(const float* q, int64_t n, const float* kT, int64_t tpad, in
 /// The multiple kT's row length must be padded to on the dispatched target.
 int64_t attention_key_padding();
 
+/// Index of the first element of p[0..n) (dtype t) that is NaN, infinite or has
+/// |x| > 1e16 (the input limit of spec 1), or n when every element is within it.
+size_t first_out_of_limit(const void* p, DType t, size_t n);
+
 /// Runs a register-resident FMA loop of `iters` iterations on the calling thread
 /// and returns the number of floating-point operations it did (a multiply-add
 /// counts 2). For the machine-limit benchmark.
