@@ -99,7 +99,9 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes);
 /// metadata keys, data sizes not matching shape x dtype, or strings that are not UTF-8.
 std::vector<uint8_t> serialize_safetensors(const SafetensorsFile& f);
 
+/// read_file_bytes + parse_safetensors; error messages are prefixed with the path.
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
+/// serialize_safetensors + write_file_atomic.
 void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& f);
 
 // ---- .qvgt: one encoded tensor (spec 1.5, 1.6) -------------------------------------
@@ -118,7 +120,9 @@ std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc);
 /// Every problem is CorruptData.
 EncodedTensor parse_qvgt(std::span<const uint8_t> bytes);
 
+/// serialize_qvgt + write_file_atomic: nothing is written if `enc` is inconsistent.
 void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc);
+/// read_file_bytes + parse_qvgt; CorruptData messages are prefixed with the path.
 EncodedTensor read_qvgt(const std::filesystem::path& path);
 
 // ---- K/V tensors for the CLI ------------------------------------------------------
