@@ -530,6 +530,11 @@ TEST(Config, CodecValidation) {
 
 TEST(Config, EngineFlags) {
   EXPECT_FALSE(QuantArgs::from_flags({}).enabled());
+  // Without the master flag nothing else is read (spec 2).
+  QuantArgs none = QuantArgs::from_flags({{"kv_cache_quant_centroids", "300"}, {"kv_cache_quant_bogus", "x"}});
+  EXPECT_FALSE(none.enabled());
+  EXPECT_EQ(none.centroids, 128);
+  EXPECT_NO_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_config", "{}"}}));
   for (const char* off : {"off", "none", "bf16"}) EXPECT_FALSE(QuantArgs::from_flags({{"kv_cache_quant", off}}).enabled());
   QuantArgs a = QuantArgs::from_flags({{"kv_cache_quant", "int2"},
                                        {"kv_cache_quant_centroids", "256"},

@@ -84,8 +84,10 @@ struct QuantArgs {
   /// `kv_cache_quant_centroids`, `_block_size`, `_stages`, `_iters`, `_keep_recent`,
   /// `_sink_keep`, `_asymmetric`, `_sink`, `_sink_span`, and qvg's `_span_chunks`,
   /// `_scaling`, `_scale_dtype`, `_init`, `_seed`. Values are strings as on a command
-  /// line ("true"/"false"/"1"/"0" for booleans). Unknown keys starting with
-  /// `kv_cache_quant` are an error; other keys are ignored. Validates the result.
+  /// line ("true"/"false"/"1"/"0" for booleans). Without `kv_cache_quant` the
+  /// result is the default (off) and no other flag is read (spec 2, as the engine).
+  /// Unknown keys starting with `kv_cache_quant` are an error (the engine's
+  /// `kv_cache_quant_config` is ignored); other keys are ignored. Validates the result.
   static QuantArgs from_flags(const std::map<std::string, std::string>& flags);
 };
 

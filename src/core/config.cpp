@@ -173,7 +173,10 @@ bool parse_bool_flag(const std::string& key, const std::string& v) {
 QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags) {
   QuantArgs a;
   auto it = flags.find("kv_cache_quant");
-  if (it != flags.end()) {
+  // Spec 2 (and the engine): without kv_cache_quant everything is default (off);
+  // sub-flags are then not read.
+  if (it == flags.end()) return a;
+  {
     const std::string& m = it->second;
     if (m == "off" || m == "none" || m == "bf16" || m == "None") {
       a.bits.reset();
@@ -189,6 +192,7 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
   for (const auto& [key, value] : flags) {
     if (key == "kv_cache_quant") continue;
     if (key.rfind("kv_cache_quant", 0) != 0) continue;  // not ours
+    if (key == "kv_cache_quant_config") continue;  // the engine's own key: no cache setting in it
     std::string f = key.substr(std::string("kv_cache_quant").size());
     if (f == "_centroids") a.centroids = parse_int32_flag(key, value);
     else if (f == "_block_size") a.block_size = parse_int32_flag(key, value);
