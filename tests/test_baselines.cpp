@@ -34,7 +34,9 @@ double half_ulp(float v, DType dt) {
 }
 
 /// Few fp32 ulps of the decode arithmetic for values of magnitude m.
-double fp32_slack(double m) { return 4.0 * std::ldexp(1.0, -23) * (std::fabs(m) + 1e-30); }
+double fp32_slack(double m) {
+  return 4.0 * std::ldexp(1.0, -23) * (std::fabs(m) + 1e-30);
+}
 
 /// Checks |x - x'| <= s_eff / 2 per element for RTN and KIVI (both roles).
 void check_elementwise_bound(BaselineMethod m, TensorRole role, const Tensor& x, const BaselineConfig& cfg) {
@@ -62,9 +64,8 @@ void check_elementwise_bound(BaselineMethod m, TensorRole role, const Tensor& x,
             ASSERT_GE(z + qmax * se + fp32_slack(z + qmax * se), xv);
           }
           const double bound = se / 2 + fp32_slack(std::fabs(xv) + std::fabs(z) + se) + half_ulp(float(yv), x.dtype());
-          ASSERT_LE(std::fabs(xv - yv), bound)
-              << name(m) << " " << name(role) << " at (" << b << "," << t << "," << h << "," << d << ") x=" << xv
-              << " x'=" << yv << " s_eff=" << se;
+          ASSERT_LE(std::fabs(xv - yv), bound) << name(m) << " " << name(role) << " at (" << b << "," << t << "," << h
+                                               << "," << d << ") x=" << xv << " x'=" << yv << " s_eff=" << se;
           ++checked;
         }
   EXPECT_EQ(checked, s.numel());
@@ -99,8 +100,8 @@ TEST(Baselines, ExactByteCounts) {
     }
   // The usual operating point: int2, block 64, head_dim 128 costs 2 + 16/64 bits per element.
   cfg.bits = 2;
-  RoundTrip rt = baseline_roundtrip(BaselineMethod::RTN, random_tensor({1, 8, 1, 128}, DType::F32, 4),
-                                    TensorRole::Key, cfg);
+  RoundTrip rt =
+      baseline_roundtrip(BaselineMethod::RTN, random_tensor({1, 8, 1, 128}, DType::F32, 4), TensorRole::Key, cfg);
   EXPECT_DOUBLE_EQ(rt.bits_per_element, 2.25);
 }
 
@@ -281,8 +282,8 @@ RC_GTEST_PROP(Baselines, BoundsHoldForRandomShapes, ()) {
   cfg.bits = bits;
   cfg.block_size = bs;
   cfg.kivi_group_tokens = *rc::gen::inRange(1, 9);
-  Tensor x = random_tensor({1, s, h, d}, *rc::gen::element(DType::F32, DType::BF16),
-                           *rc::gen::arbitrary<uint32_t>(), scale, scale * *rc::gen::inRange(-3, 4));
+  Tensor x = random_tensor({1, s, h, d}, *rc::gen::element(DType::F32, DType::BF16), *rc::gen::arbitrary<uint32_t>(),
+                           scale, scale * *rc::gen::inRange(-3, 4));
   check_elementwise_bound(BaselineMethod::RTN, TensorRole::Value, x, cfg);
   check_elementwise_bound(BaselineMethod::KIVI, TensorRole::Key, x, cfg);
   check_elementwise_bound(BaselineMethod::KIVI, TensorRole::Value, x, cfg);

@@ -33,7 +33,9 @@ QuantArgs small_args() {
 // Hand-computed size of one encoded [1, S, 2, 64] tensor with small_args():
 //   centroids 2 groups * 4 * 64 * 2 bytes = 1024; ids 2 * S; codes 2 * S * 64 * 2 / 8 = 32 S;
 //   scales 2 * S * 2 blocks * 1 byte = 4 S; two-level factors 2 * 4 = 8.
-size_t enc_bytes(int64_t S) { return 1032 + 38 * size_t(S); }
+size_t enc_bytes(int64_t S) {
+  return 1032 + 38 * size_t(S);
+}
 constexpr size_t kRawChunk = 2 * 10 * 2 * 64 * 2;  // K+V of one 10-token chunk in bf16 = 5120
 
 TEST(Memory, HandComputedSpanSizeMatchesPredictedNbytes) {
@@ -98,8 +100,7 @@ TEST(Memory, PolicyReplayStepByStepSpanTwo) {
   a.span_chunks = 2;
   PolicyReplay rp(small_shape(30, 0), a);
   const size_t s20 = 2 * enc_bytes(20);
-  const std::vector<size_t> want{5120, 10240, 15360, s20 + 10240, s20 + 15360, s20 + 10240, s20 + 15360,
-                                 s20 + 10240};
+  const std::vector<size_t> want{5120, 10240, 15360, s20 + 10240, s20 + 15360, s20 + 10240, s20 + 15360, s20 + 10240};
   for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(rp.advance().resident_bytes, want[k]) << "chunk " << k;
   MemoryReport r = memory_report(small_shape(30, 0), a);
   EXPECT_EQ(r.policy_peak_bytes, s20 + 15360);  // 18944
@@ -140,14 +141,14 @@ TEST(Memory, SinkFullWithKeptChunkHandDerived) {
   ASSERT_EQ(r.context_layout.size(), 2u);
   EXPECT_EQ(r.context_layout[1].tokens(), 15);
   EXPECT_EQ(r.context_layout[1].chunks, 2);
-  EXPECT_EQ(r.packed_context_bytes, kRawChunk + 2 * enc_bytes(15));  // 5120 + 3204
+  EXPECT_EQ(r.packed_context_bytes, kRawChunk + 2 * enc_bytes(15));           // 5120 + 3204
   EXPECT_EQ(r.policy_peak_bytes, kRawChunk + 2 * enc_bytes(15) + kRawChunk);  // 13444
   EXPECT_EQ(r.dense_window_bytes, 17920u);
 
   PolicyReplay rp(s, a);
-  EXPECT_EQ(rp.advance().resident_bytes, kRawChunk);      // sink chunk 0
-  EXPECT_EQ(rp.advance().resident_bytes, 2 * kRawChunk);  // sink chunk 1
-  EXPECT_EQ(rp.advance().resident_bytes, 2 * kRawChunk + kRawChunk / 2);  // sink chunk 2 (5 tokens)
+  EXPECT_EQ(rp.advance().resident_bytes, kRawChunk);                                  // sink chunk 0
+  EXPECT_EQ(rp.advance().resident_bytes, 2 * kRawChunk);                              // sink chunk 1
+  EXPECT_EQ(rp.advance().resident_bytes, 2 * kRawChunk + kRawChunk / 2);              // sink chunk 2 (5 tokens)
   EXPECT_EQ(rp.advance().resident_bytes, kRawChunk + 2 * enc_bytes(15) + kRawChunk);  // packed at c = 25
   ASSERT_EQ(rp.segments().size(), 3u);
   EXPECT_FALSE(rp.segments()[0].packed);

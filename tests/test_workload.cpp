@@ -123,11 +123,12 @@ TEST_P(WorkloadStats, MatchTheTargets) {
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const KVStats kp = kv_stats(c.k_pre_rope), k = kv_stats(c.k), v = kv_stats(c.v);
   RecordProperty("first_call_ms", int(ms));
-  std::printf("%-20s K wall %.2f (target %.1f) K spread %.3f (%.2f) | V wall %.2f (%.1f) V spread %.2f (%.2f) "
-              "V norm median %.1f (%.1f) | K channel median %.3f (%.2f) | K max |x| %.1f V max |x| %.1f\n",
-              p.name.c_str(), kp.wall_ratio, p.k_wall_ratio, kp.norm_spread, p.k_norm_spread, v.wall_ratio,
-              p.v_wall_ratio, v.norm_spread, p.v_norm_spread, v.norm_median, p.v_token_norm, kp.channel_median,
-              p.k_channel_median, kp.abs_max, v.abs_max);
+  std::printf(
+      "%-20s K wall %.2f (target %.1f) K spread %.3f (%.2f) | V wall %.2f (%.1f) V spread %.2f (%.2f) "
+      "V norm median %.1f (%.1f) | K channel median %.3f (%.2f) | K max |x| %.1f V max |x| %.1f\n",
+      p.name.c_str(), kp.wall_ratio, p.k_wall_ratio, kp.norm_spread, p.k_norm_spread, v.wall_ratio, p.v_wall_ratio,
+      v.norm_spread, p.v_norm_spread, v.norm_median, p.v_token_norm, kp.channel_median, p.k_channel_median, kp.abs_max,
+      v.abs_max);
   // K walls before RoPE; RoPE spreads them (never raises them much).
   EXPECT_NEAR(kp.wall_ratio, p.k_wall_ratio, 0.2 * p.k_wall_ratio);
   EXPECT_LT(k.wall_ratio, kp.wall_ratio * 1.05);
@@ -216,7 +217,8 @@ TEST(Workload, FinalLayersHoldHighNormKCluster) {
   const ModelPreset& p = w.preset();
   // Object 0 is a cluster of tokens; frames where it is in view show the spread.
   double best = 0;
-  for (int64_t f : {0, 20, 40, 60}) best = std::max(best, kv_stats(w.generate_frames(p.layers - 1, f, 1).k).norm_spread);
+  for (int64_t f : {0, 20, 40, 60})
+    best = std::max(best, kv_stats(w.generate_frames(p.layers - 1, f, 1).k).norm_spread);
   EXPECT_GT(best, 2.0);
   EXPECT_LT(kv_stats(w.generate_frames(0, 40, 1).k).norm_spread, 1.4);
 }

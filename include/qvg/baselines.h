@@ -84,8 +84,7 @@ struct RoundTrip {
 /// Quantizes and dequantizes x ([B, S, H, D], bf16/f16/f32) with method m.
 /// Throws InvalidArgument for an invalid cfg (validate_for), an empty tensor, or
 /// non-finite / out-of-limit (|x| > 1e16) elements.
-RoundTrip baseline_roundtrip(BaselineMethod m, ConstTensorView x, TensorRole role,
-                             const BaselineConfig& cfg);
+RoundTrip baseline_roundtrip(BaselineMethod m, ConstTensorView x, TensorRole role, const BaselineConfig& cfg);
 
 /// The size in bytes baseline_roundtrip would report for a tensor of `shape`, without
 /// any data (the sizes depend only on shape, role and cfg). Validates like the round trip.

@@ -64,7 +64,7 @@ struct SegmentSize {
   int64_t g0 = 0, g1 = 0;  ///< global token range [g0, g1)
   int64_t chunks = 1;      ///< chunks it holds
   bool sink = false;
-  bool packed = false;     ///< an encoded span (else raw K and V)
+  bool packed = false;  ///< an encoded span (else raw K and V)
   size_t k_bytes = 0, v_bytes = 0;
   int64_t tokens() const { return g1 - g0; }
   size_t bytes() const { return k_bytes + v_bytes; }
@@ -72,13 +72,13 @@ struct SegmentSize {
 
 /// The state after one advance (a new chunk) of the replayed policy.
 struct PolicyStep {
-  int64_t chunk = 0;        ///< index of the chunk just started (the current one)
-  int64_t global_end = 0;   ///< tokens generated so far
+  int64_t chunk = 0;       ///< index of the chunk just started (the current one)
+  int64_t global_end = 0;  ///< tokens generated so far
   size_t resident_bytes = 0;
   size_t raw_bytes = 0;     ///< of which raw segments (current chunk included)
   size_t packed_bytes = 0;  ///< of which encoded spans
   int64_t raw_tokens = 0, packed_tokens = 0;
-  int64_t segments = 0;     ///< current included
+  int64_t segments = 0;  ///< current included
 };
 
 /// The packed cache's pack-and-evict policy (spec 4) replayed on sizes.
@@ -129,6 +129,8 @@ struct MemoryReport {
 MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args);
 
 /// bytes / 2^20.
-inline double to_mib(size_t bytes) { return double(bytes) / double(1 << 20); }
+inline double to_mib(size_t bytes) {
+  return double(bytes) / double(1 << 20);
+}
 
 }  // namespace qvg

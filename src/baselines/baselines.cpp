@@ -43,7 +43,9 @@ float round_clamp(float v, float lo, float hi) {
   return std::clamp(r, lo, hi);
 }
 
-bool is_pow2(int64_t d) { return d > 0 && (d & (d - 1)) == 0; }
+bool is_pow2(int64_t d) {
+  return d > 0 && (d & (d - 1)) == 0;
+}
 
 /// RTN on one block of n values in place; returns s_eff.
 float rtn_block(float* x, int64_t n, int qmax) {
@@ -69,8 +71,8 @@ float asym_roundtrip(float x, float s_eff, float z_eff, int qmax) {
 void check_input(BaselineMethod m, ConstTensorView x, const BaselineConfig& cfg) {
   const Shape4& s = x.shape;
   if (s.b < 1 || s.s < 1 || s.h < 1 || s.d < 1)
-    throw InvalidArgument(fmt::format("baseline {}: x must have positive dimensions [B, S, H, D], got {}", name(m),
-                                      s.str()));
+    throw InvalidArgument(
+        fmt::format("baseline {}: x must have positive dimensions [B, S, H, D], got {}", name(m), s.str()));
   if (x.data == nullptr) throw InvalidArgument(fmt::format("baseline {}: x has no data (null pointer)", name(m)));
   cfg.validate_for(m, s.d);
   check_finite_and_bounded(x, "x");
@@ -82,8 +84,8 @@ void BaselineConfig::validate() const {
   if (bits != 2 && bits != 4 && bits != 8)
     throw InvalidArgument(fmt::format("baseline bits must be 2, 4 or 8, got {}", bits));
   if (block_size < 1 || (block_size * bits) % 8 != 0)
-    throw InvalidArgument(fmt::format("baseline block_size must be a positive multiple of {} (8/bits), got {}",
-                                      8 / bits, block_size));
+    throw InvalidArgument(
+        fmt::format("baseline block_size must be a positive multiple of {} (8/bits), got {}", 8 / bits, block_size));
   if (kivi_group_tokens < 1)
     throw InvalidArgument(fmt::format("baseline kivi_group_tokens must be >= 1, got {}", kivi_group_tokens));
 }
@@ -107,7 +109,9 @@ std::string_view name(BaselineMethod m) {
   return "?";
 }
 
-std::string_view name(TensorRole r) { return r == TensorRole::Key ? "key" : "value"; }
+std::string_view name(TensorRole r) {
+  return r == TensorRole::Key ? "key" : "value";
+}
 
 BaselineMethod parse_baseline_method(std::string_view s) {
   for (BaselineMethod m : all_baseline_methods())
@@ -141,16 +145,16 @@ void hadamard_rotate(float* v, int64_t n, int64_t d) {
 
 size_t baseline_nbytes(BaselineMethod m, Shape4 s, TensorRole role, const BaselineConfig& cfg) {
   if (s.b < 1 || s.s < 1 || s.h < 1 || s.d < 1)
-    throw InvalidArgument(fmt::format("baseline {}: shape must have positive dimensions [B, S, H, D], got {}",
-                                      name(m), s.str()));
+    throw InvalidArgument(
+        fmt::format("baseline {}: shape must have positive dimensions [B, S, H, D], got {}", name(m), s.str()));
   cfg.validate_for(m, s.d);
   const size_t numel = size_t(s.numel());
   const size_t codes = numel * size_t(cfg.bits) / 8;
   const size_t token_blocks = size_t(s.b * s.s * s.h) * size_t(s.d / cfg.block_size);
   if (m == BaselineMethod::KIVI) {
     if (role == TensorRole::Key) {
-      const size_t groups = size_t(s.b * s.h) * size_t((s.s + cfg.kivi_group_tokens - 1) / cfg.kivi_group_tokens) *
-                            size_t(s.d);
+      const size_t groups =
+          size_t(s.b * s.h) * size_t((s.s + cfg.kivi_group_tokens - 1) / cfg.kivi_group_tokens) * size_t(s.d);
       return codes + 4 * groups;
     }
     return codes + 4 * token_blocks;

@@ -102,8 +102,10 @@ const PolicyStep& PolicyReplay::advance() {
   const int64_t tail_start = std::max(sink_end, global_end_ - std::max<int64_t>(0, window - sink_end));
   // 1. Drop finalized non-sink segments whose every token is < tail_start.
   for (size_t i = 0; i + 1 < segs_.size();) {
-    if (!segs_[i].sink && segs_[i].g1 <= tail_start) segs_.erase(segs_.begin() + std::ptrdiff_t(i));
-    else ++i;
+    if (!segs_[i].sink && segs_[i].g1 <= tail_start)
+      segs_.erase(segs_.begin() + std::ptrdiff_t(i));
+    else
+      ++i;
   }
   if (args_.enabled()) {
     const size_t last = segs_.size() - 1;
@@ -198,14 +200,17 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   std::vector<std::pair<int64_t, int64_t>> pending_sink;  // sink chunks to span together (full)
   for (int64_t i = 0; i < shape.sink_chunks(); ++i) {
     const int64_t n = shape.chunk_size(i);
-    if (!on || !args.sink || i < args.sink_keep_chunks) r.context_layout.push_back(raw_seg(g, g + n, true, 1));
-    else if (args.sink_span == SinkSpan::Chunk) r.context_layout.push_back(span_seg(g, g + n, true, 1));
-    else pending_sink.emplace_back(g, g + n);
+    if (!on || !args.sink || i < args.sink_keep_chunks)
+      r.context_layout.push_back(raw_seg(g, g + n, true, 1));
+    else if (args.sink_span == SinkSpan::Chunk)
+      r.context_layout.push_back(span_seg(g, g + n, true, 1));
+    else
+      pending_sink.emplace_back(g, g + n);
     g += n;
   }
   if (!pending_sink.empty())
-    r.context_layout.push_back(span_seg(pending_sink.front().first, pending_sink.back().second, true,
-                                        int64_t(pending_sink.size())));
+    r.context_layout.push_back(
+        span_seg(pending_sink.front().first, pending_sink.back().second, true, int64_t(pending_sink.size())));
   const int64_t span_tokens = on ? int64_t(args.span_chunks) * shape.chunk_tokens : shape.chunk_tokens;
   while (g < shape.context_tokens) {
     const int64_t e = std::min(shape.context_tokens, g + span_tokens);

@@ -33,19 +33,19 @@
 namespace qvg {
 namespace {
 
-constexpr int kLatent = 24;       // dimensions of the scene latent z
-constexpr int kRegions = 6;       // background regions
-constexpr int kRegionWaves = 3;   // smooth waves per region field
-constexpr int kTexture = 10;      // texture waves of the background
-constexpr int kObjects = 5;       // moving objects
-constexpr int kObjTexture = 2;    // texture waves per object
+constexpr int kLatent = 24;            // dimensions of the scene latent z
+constexpr int kRegions = 6;            // background regions
+constexpr int kRegionWaves = 3;        // smooth waves per region field
+constexpr int kTexture = 10;           // texture waves of the background
+constexpr int kObjects = 5;            // moving objects
+constexpr int kObjTexture = 2;         // texture waves per object
 constexpr float kLatentNoise = 0.15f;  // per-frame iid noise of z (per dim)
 // Relative iid element noise of the projections (the part no codebook can learn).
 constexpr float kKNoise = 0.22f;
 constexpr float kQNoise = 0.50f;
 constexpr float kVNoise = 0.9f;
-constexpr float kNormSmooth = 0.75f;   // share of the smooth field in the token-norm variable u
-constexpr double kLogitStd = 2.5;      // target std over keys of q.k / sqrt(D) (pre-RoPE)
+constexpr float kNormSmooth = 0.75f;  // share of the smooth field in the token-norm variable u
+constexpr double kLogitStd = 2.5;     // target std over keys of q.k / sqrt(D) (pre-RoPE)
 constexpr int kCalibTokens = 768;
 
 // ---- counter-based random numbers ------------------------------------------------
@@ -71,7 +71,9 @@ inline float normal_from_bits(uint64_t r) {
   const float s = float(r & 0xFFFF) + float((r >> 16) & 0xFFFF) + float((r >> 32) & 0xFFFF) + float(r >> 48);
   return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
 }
-inline float uniform_from_bits(uint64_t r) { return float(r >> 40) * (1.0f / 16777216.0f); }
+inline float uniform_from_bits(uint64_t r) {
+  return float(r >> 40) * (1.0f / 16777216.0f);
+}
 
 /// Sequential generator for setup-time parameters (independent of <random>'s
 /// implementation-defined distributions).
@@ -104,9 +106,9 @@ struct Object {
 };
 
 struct Scene {
-  int gh = 0, gw = 0;            // the generated grid
-  double fy = 1, fx = 1;         // full-size patches per generated patch (1 / sqrt(scale))
-  double full_h = 0, full_w = 0; // the full-size grid the scene is laid out on
+  int gh = 0, gw = 0;             // the generated grid
+  double fy = 1, fx = 1;          // full-size patches per generated patch (1 / sqrt(scale))
+  double full_h = 0, full_w = 0;  // the full-size grid the scene is laid out on
   std::array<std::array<Wave, kRegionWaves>, kRegions> region_field{};
   std::array<float, kRegions> region_bias{};
   std::array<float, kRegions * kLatent> region_proto{};
@@ -223,8 +225,10 @@ struct Scene {
         for (int m = 0; m < kObjTexture; ++m) val += o.tex_mix[size_t(i * kObjTexture + m)] * ot[size_t(m)];
         z[i] = (1.0f - w) * z[i] + w * val;
       }
-      if (oi == 0) w0 = w;
-      else w0 *= (1.0f - w);
+      if (oi == 0)
+        w0 = w;
+      else
+        w0 *= (1.0f - w);
     }
     uint64_t s = hash_of(seed, kZNoise, t, y, x);
     for (int i = 0; i < kLatent; ++i) z[i] += kLatentNoise * normal_from_bits(splitmix(s));
@@ -234,12 +238,12 @@ struct Scene {
 
 // ---- per-layer parameters --------------------------------------------------------
 struct HeadParams {
-  std::vector<float> wk, wq, wv;  // [kLatent][D]
-  std::vector<float> mu_k, mu_v;  // [D]
-  std::vector<float> gk, gq, gv;  // per-channel gains [D]
+  std::vector<float> wk, wq, wv;                  // [kLatent][D]
+  std::vector<float> mu_k, mu_v;                  // [D]
+  std::vector<float> gk, gq, gv;                  // per-channel gains [D]
   std::array<float, kLatent> nk_dir{}, nv_dir{};  // smooth norm field directions
   float nk_mean = 0, nk_std = 1, nv_mean = 0, nv_std = 1;
-  float sigma_k = 0, sigma_v = 0;  // log-norm spread
+  float sigma_k = 0, sigma_v = 0;            // log-norm spread
   float norm_k = 1, norm_q = 1, norm_v = 1;  // token-norm scales
 };
 struct LayerParams {
@@ -261,8 +265,8 @@ inline uint32_t fmix32(uint32_t h) {
 /// Built for AVX2 and the baseline target (chosen at load time); lane order does not
 /// change any result, so every target gives the same bits.
 __attribute__((target_clones("avx2", "default"))) void project(const float* w, const float* z, const float* mu,
-                                                              float sigma, uint64_t noise_seed, int64_t D,
-                                                              float* out) {
+                                                               float sigma, uint64_t noise_seed, int64_t D,
+                                                               float* out) {
   std::memcpy(out, mu, size_t(D) * sizeof(float));
   for (int i = 0; i < kLatent; ++i) {
     const float zi = z[i];
@@ -317,12 +321,14 @@ double quantile(std::vector<double> v, double q) {  // nearest rank
   std::nth_element(v.begin(), v.begin() + k, v.end());
   return v[size_t(k)];
 }
-double median_of(std::vector<double> v) { return quantile(std::move(v), 0.5); }
+double median_of(std::vector<double> v) {
+  return quantile(std::move(v), 0.5);
+}
 
 /// A per-channel target profile of median |x|, normalised to median 1.
 struct Profile {
-  std::vector<double> c;     ///< [D]
-  std::vector<bool> wall;    ///< [D]: a wall channel
+  std::vector<double> c;   ///< [D]
+  std::vector<bool> wall;  ///< [D]: a wall channel
 };
 
 /// Channel profile with max/median exactly `ratio`. walls > 0: that many wall
@@ -413,7 +419,8 @@ struct Workload::Impl {
   std::vector<double> inv_freq;  // [rope_dims / 2]
 
   Impl(const ModelPreset& p, const WorkloadOptions& o)
-      : preset(p), opts(o),
+      : preset(p),
+        opts(o),
         scene(o.seed, p.grid_h, p.grid_w, p.grid_h / std::sqrt(p.scale), p.grid_w / std::sqrt(p.scale)),
         layers(static_cast<size_t>(p.layers)),
         once(new std::once_flag[size_t(p.layers)]) {
@@ -424,8 +431,7 @@ struct Workload::Impl {
     pairs_t = R / 2 - pairs_h - pairs_w;
     for (int64_t sec = 0; sec < 3; ++sec) {
       const int64_t np = sec == 0 ? pairs_t : (sec == 1 ? pairs_h : pairs_w);
-      for (int64_t j = 0; j < np; ++j)
-        inv_freq.push_back(std::pow(p.rope_theta, -2.0 * double(j) / double(2 * np)));
+      for (int64_t j = 0; j < np; ++j) inv_freq.push_back(std::pow(p.rope_theta, -2.0 * double(j) / double(2 * np)));
     }
   }
 
@@ -530,8 +536,10 @@ struct Workload::Impl {
       for (size_t i = 0; i < n; ++i) {
         const int64_t t = smp.t[i];
         const int y = smp.y[i], x = smp.x[i];
-        uk[i] = a * (sk[i] - hp.nk_mean) / hp.nk_std + b * normal_from_bits(hash_of(opts.seed, kKNormEps, l, h, t, y, x));
-        uv[i] = a * (sv[i] - hp.nv_mean) / hp.nv_std + b * normal_from_bits(hash_of(opts.seed, kVNormEps, l, h, t, y, x));
+        uk[i] =
+            a * (sk[i] - hp.nk_mean) / hp.nk_std + b * normal_from_bits(hash_of(opts.seed, kKNormEps, l, h, t, y, x));
+        uv[i] =
+            a * (sv[i] - hp.nv_mean) / hp.nv_std + b * normal_from_bits(hash_of(opts.seed, kVNormEps, l, h, t, y, x));
       }
       // Token-norm spreads: a token's norm is exactly N * exp(sigma * u).
       auto sigma_for = [&](const std::vector<double>& u, double spread) {
@@ -565,8 +573,7 @@ struct Workload::Impl {
           double m = 0, m2 = 0;
           for (size_t j = 0; j < n; ++j) {
             double s = 0;
-            for (int64_t d = 0; d < D; ++d)
-              s += double(qr[qi * size_t(D) + size_t(d)]) * kr[j * size_t(D) + size_t(d)];
+            for (int64_t d = 0; d < D; ++d) s += double(qr[qi * size_t(D) + size_t(d)]) * kr[j * size_t(D) + size_t(d)];
             s *= double(hp.norm_k) / std::sqrt(double(D));
             m += s;
             m2 += s * s;
@@ -595,8 +602,12 @@ Workload::~Workload() = default;
 Workload::Workload(Workload&&) noexcept = default;
 Workload& Workload::operator=(Workload&&) noexcept = default;
 
-const ModelPreset& Workload::preset() const { return impl_->preset; }
-const WorkloadOptions& Workload::options() const { return impl_->opts; }
+const ModelPreset& Workload::preset() const {
+  return impl_->preset;
+}
+const WorkloadOptions& Workload::options() const {
+  return impl_->opts;
+}
 
 LayerChunk Workload::generate(int layer, int64_t chunk_index, GenerateParts parts) const {
   LayerChunk out;
@@ -638,8 +649,10 @@ void Workload::generate_frames_into(int layer, int64_t frame0, int64_t frames, L
   out.chunk.tokens = n;
   out.chunk.sink = frame0 < p.sink_frames;
   auto ensure = [&](Tensor& t, bool want) {
-    if (!want) t = Tensor();
-    else if (t.dtype() != dt || !(t.shape() == shape)) t = Tensor(dt, shape);
+    if (!want)
+      t = Tensor();
+    else if (t.dtype() != dt || !(t.shape() == shape))
+      t = Tensor(dt, shape);
   };
   ensure(out.k, true);
   ensure(out.v, true);
@@ -729,8 +742,7 @@ void Workload::generate_frames_into(int layer, int64_t frame0, int64_t frames, L
           convert_from_f32(rot.data(), dt, kp + off, size_t(D));
           // Q
           if (qp) {
-            project(hp.wq.data(), z, hp.mu_k.data(), kQNoise, hash_of(seed, kQEps, layer, h, t, y, x), D,
-                    row.data());
+            project(hp.wq.data(), z, hp.mu_k.data(), kQNoise, hash_of(seed, kQEps, layer, h, t, y, x), D, row.data());
             gain_normalize(row.data(), hp.gq.data(), D);
             for (int64_t d = 0; d < D; ++d) row[size_t(d)] *= hp.norm_q;
             rope(row.data(), rot.data());

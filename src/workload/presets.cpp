@@ -9,7 +9,9 @@
 
 namespace qvg {
 
-std::string_view assumed_mark(bool assumed) { return assumed ? " (a)" : ""; }
+std::string_view assumed_mark(bool assumed) {
+  return assumed ? " (a)" : "";
+}
 
 namespace {
 
@@ -28,7 +30,7 @@ std::vector<ModelPreset> make_presets() {
     p.frames_per_chunk = 3;
     p.context_frames = 168;  // the published QVG run
     p.sink_frames = 0;
-    p.rope_dims = 128;       // Wan's 3D RoPE over the whole head (44/42/42 channels)
+    p.rope_dims = 128;  // Wan's 3D RoPE over the whole head (44/42/42 channels)
     p.k_wall_ratio = 5.4;
     p.k_norm_spread = 1.15;
     p.k_channel_median = 1.0;
@@ -87,9 +89,9 @@ std::vector<ModelPreset> make_presets() {
     p.k_channel_median = 1.33;  // wall channels around 12 ("K stays around 12")
     p.v_wall_ratio = 2.0;
     p.v_norm_spread = 3.5;
-    p.v_token_norm = 1700.0;    // token norms 1000-2800, entries in the hundreds
+    p.v_token_norm = 1700.0;  // token norms 1000-2800, entries in the hundreds
     p.v_outlier_rate = 1e-4;
-    p.v_outlier_norm = 2.4;     // one token ~4000
+    p.v_outlier_norm = 2.4;  // one token ~4000
     p.k_cluster_layers = 5;
     p.assumed.frames_per_chunk = true;
     p.assumed.rope = true;
@@ -104,11 +106,11 @@ std::vector<ModelPreset> make_presets() {
     p.heads = 16;
     p.head_dim = 256;  // rope and camera branches concatenated
     p.grid_h = 22;
-    p.grid_w = 40;     // 880 tokens per frame
+    p.grid_w = 40;  // 880 tokens per frame
     p.frames_per_chunk = 4;
     p.context_frames = 72;  // matches the published 990 MiB of bf16 K+V per layer
     p.sink_frames = 0;
-    p.rope_dims = 128;      // the rope branch; the camera branch is not rotated
+    p.rope_dims = 128;  // the rope branch; the camera branch is not rotated
     p.k_wall_ratio = 12.8;
     p.k_norm_spread = 1.2;
     p.k_channel_median = 1.0;
@@ -175,8 +177,7 @@ void ModelPreset::validate() const {
 }
 
 ModelPreset ModelPreset::scaled(double s) const {
-  if (!(s > 0.0 && s <= 1.0))
-    throw InvalidArgument(fmt::format("scale must be in (0, 1], got {}", s));
+  if (!(s > 0.0 && s <= 1.0)) throw InvalidArgument(fmt::format("scale must be in (0, 1], got {}", s));
   ModelPreset p = *this;
   if (s == 1.0) return p;
   auto cnt = [&](int n) { return std::max(1, int(std::lround(double(n) * s))); };

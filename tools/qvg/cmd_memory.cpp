@@ -121,17 +121,18 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   const auto& as = p.assumed;
   const std::string_view A = assumed_mark(true);
   fmt::print("qvg memory: {} — {}\n", p.name, p.model);
-  fmt::print("  model    {}{} layers, {}{} heads x head_dim {}{}, {} tokens/frame ({} x {} patches{}), "
-             "{}{} frames/chunk = {} tokens\n",
-             p.layers, assumed_mark(as.layers), p.heads, assumed_mark(as.heads), p.head_dim, assumed_mark(as.head_dim),
-             grouped(p.tokens_per_frame()), p.grid_h, p.grid_w, assumed_mark(as.grid), p.frames_per_chunk,
-             assumed_mark(as.frames_per_chunk), grouped(s.chunk_tokens));
+  fmt::print(
+      "  model    {}{} layers, {}{} heads x head_dim {}{}, {} tokens/frame ({} x {} patches{}), "
+      "{}{} frames/chunk = {} tokens\n",
+      p.layers, assumed_mark(as.layers), p.heads, assumed_mark(as.heads), p.head_dim, assumed_mark(as.head_dim),
+      grouped(p.tokens_per_frame()), p.grid_h, p.grid_w, assumed_mark(as.grid), p.frames_per_chunk,
+      assumed_mark(as.frames_per_chunk), grouped(s.chunk_tokens));
   const int64_t ctx_frames = s.context_tokens / p.tokens_per_frame();
   const int64_t sink_frames = s.sink_tokens / p.tokens_per_frame();
   const std::string sink_mark(frames_overridden ? "" : assumed_mark(as.sink));
-  const std::string sink = sink_frames == 0 ? fmt::format("no sink{}", sink_mark)
-                                            : fmt::format("sink {} frames{} = {} tokens", sink_frames, sink_mark,
-                                                          grouped(s.sink_tokens));
+  const std::string sink =
+      sink_frames == 0 ? fmt::format("no sink{}", sink_mark)
+                       : fmt::format("sink {} frames{} = {} tokens", sink_frames, sink_mark, grouped(s.sink_tokens));
   fmt::print("  context  {} frames = {} tokens{}, {}; window = context + 1 chunk = {} tokens\n", ctx_frames,
              grouped(s.context_tokens), frames_overridden ? " (--frames)" : assumed_mark(as.context), sink,
              grouped(s.cache_tokens()));
@@ -151,10 +152,11 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   row("dense cache: context + chunk, bf16", r.dense_window_bytes, "");
   row("packed cache: policy peak", r.policy_peak_bytes, fmt::format("{:.2f}x", r.policy_ratio()));
   fmt::print("\n  fully encoded context: {}\n", describe_layout(r.context_layout));
-  fmt::print("  policy peak: {} encoded + {} raw tokens resident ({} segments) at the steady-state peak; its ratio "
-             "is vs the dense cache (vs the bf16 context alone: {:.2f}x)\n",
-             grouped(r.peak_step.packed_tokens), grouped(r.peak_step.raw_tokens), r.peak_step.segments,
-             r.policy_peak_bytes > 0 ? double(r.raw_context_bytes) / double(r.policy_peak_bytes) : 0.0);
+  fmt::print(
+      "  policy peak: {} encoded + {} raw tokens resident ({} segments) at the steady-state peak; its ratio "
+      "is vs the dense cache (vs the bf16 context alone: {:.2f}x)\n",
+      grouped(r.peak_step.packed_tokens), grouped(r.peak_step.raw_tokens), r.peak_step.segments,
+      r.policy_peak_bytes > 0 ? double(r.raw_context_bytes) / double(r.policy_peak_bytes) : 0.0);
   fmt::print("  MiB = 2^20 bytes; {} = an assumption where the public material is silent (docs/workload.md)\n",
              A.substr(1));
 }
@@ -190,11 +192,15 @@ void register_memory(CLI::App& root) {
   cmd->add_option("--model", o->model, "model preset: " + presets)->type_name("PRESET")->required();
   cmd->add_option("--bits", o->bits, "residual code width: 2 or 4")->default_str("2")->type_name("INT");
   cmd->add_option("--frames", o->frames, "context length in frames (default: the preset's)")->type_name("INT");
-  cmd->add_option("--span-chunks", o->span_chunks, "chunks per encoded span (one codebook)")->default_str("1")->type_name("INT");
+  cmd->add_option("--span-chunks", o->span_chunks, "chunks per encoded span (one codebook)")
+      ->default_str("1")
+      ->type_name("INT");
   cmd->add_option("--centroids", o->centroids, "k-means codebook size: 1..256")->default_str("128")->type_name("INT");
   cmd->add_option("--block-size", o->block_size, "channels per residual scale")->default_str("64")->type_name("INT");
   cmd->add_option("--stages", o->stages, "k-means stages")->default_str("1")->type_name("INT");
-  cmd->add_option("--keep-recent", o->keep_recent, "completed non-sink chunks kept raw")->default_str("1")->type_name("INT");
+  cmd->add_option("--keep-recent", o->keep_recent, "completed non-sink chunks kept raw")
+      ->default_str("1")
+      ->type_name("INT");
   cmd->add_option("--sink-keep", o->sink_keep, "leading sink chunks never packed")->default_str("0")->type_name("INT");
   cmd->add_option("--sink-span", o->sink_span, "chunk | full (default: the preset's sink policy)")->type_name("NAME");
   cmd->add_flag("--no-sink", o->no_sink, "keep the sink chunks raw (sink = false)");
