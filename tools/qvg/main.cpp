@@ -1,5 +1,6 @@
 // tools/qvg/main.cpp — entry point of the `qvg` command-line tool.
 #include <cstdio>
+#include <string>
 #include <exception>
 
 #include <fmt/core.h>
@@ -18,6 +19,8 @@ int main(int argc, char** argv) {
   CLI::App app{"qvg — compressed K/V caches for long video generation (Quant VideoGen / PRQ)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "qvg 0.1.0");
+  // Every error is one line on stderr (spec of the CLI), parse errors included.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) { return std::string("qvg: error: ") + e.what() + "\n"; });
   for (auto& reg : qvg::cli::registry()) reg(app);
   try {
     app.parse(argc, argv);
