@@ -3,6 +3,9 @@
 // against hand-derived resident sizes.
 #include <gtest/gtest.h>
 
+#include <random>
+
+#include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
@@ -200,6 +203,61 @@ TEST(Memory, PresetShapesFollowTheFormat) {
   const MemoryShape lc = MemoryShape::of(find_model_preset("longcat-video-13.6b"), 10);
   EXPECT_EQ(lc.context_tokens, 15600);
   EXPECT_EQ(lc.sink_tokens, 15600);
+}
+
+// The replay is the packed cache's policy on sizes: streaming real data through
+// PackedCausalCache gives the same resident bytes after every advance.
+TEST(Memory, ReplayMatchesThePackedCache) {
+  struct Case {
+    const char* what;
+    int64_t context, sink, chunk;
+    QuantArgs args;
+  };
+  std::vector<Case> cases;
+  QuantArgs a = small_args();
+  cases.push_back({"span 1", 30, 0, 10, a});
+  a.span_chunks = 2;
+  cases.push_back({"span 2, context not a whole number of chunks", 35, 0, 10, a});
+  a.span_chunks = 3;
+  a.keep_recent_chunks = 0;
+  cases.push_back({"span 3, keep 0", 50, 0, 10, a});
+  a = small_args();
+  cases.push_back({"sink chunk", 30, 10, 10, a});
+  a.sink_span = SinkSpan::Full;
+  a.sink_keep_chunks = 1;
+  cases.push_back({"sink full, keep 1, short last sink chunk", 40, 25, 10, a});
+  a = small_args();
+  a.sink = false;
+  a.span_chunks = 2;
+  cases.push_back({"sink raw", 40, 20, 10, a});
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    MemoryShape s = small_shape(c.context, c.sink);
+    s.chunk_tokens = c.chunk;
+    s.dtype = DType::F32;
+    CacheOptions o;
+    o.cache_size = s.cache_tokens();
+    o.heads = s.heads;
+    o.head_dim = s.head_dim;
+    o.dtype = DType::F32;
+    o.sink_tokens = s.sink_tokens;
+    PackedCausalCache cache(o, c.args);
+    PolicyReplay replay(s, c.args);
+    int64_t g = 0;
+    for (int64_t i = 0; i < 14; ++i) {
+      const int64_t n = s.chunk_size(i);
+      Tensor k(DType::F32, {1, n, s.heads, s.head_dim}), v(DType::F32, {1, n, s.heads, s.head_dim});
+      for (Tensor* t : {&k, &v})
+        for (int64_t j = 0; j < t->shape().numel(); ++j) static_cast<float*>(t->data())[j] = nd(rng);
+      cache.update(k, v, g);
+      g += n;
+      const PolicyStep& st = replay.advance();
+      ASSERT_EQ(st.global_end, g);
+      ASSERT_EQ(cache.resident_nbytes(), st.resident_bytes) << "after chunk " << i;
+    }
+  }
 }
 
 TEST(Memory, TypedErrors) {
