@@ -1,0 +1,288 @@
+// A small SVG line-chart renderer (qvg/simulate.h): axes, 1/2/5 ticks, grid,
+// labels, title, legend, vertical markers. Hand-written SVG 1.1, no dependencies.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+#include "qvg/simulate.h"
+
+namespace qvg {
+
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  std::vector<double> t;
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return t;
+  if (hi < lo) std::swap(lo, hi);
+  if (hi == lo) {
+    t.push_back(lo);
+    return t;
+  }
+  target = std::max(2, target);
+  const double raw = (hi - lo) / double(target);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+    step = m * mag;
+    if (raw <= step * 1.0000001) break;
+  }
+  const double first = std::ceil(lo / step - 1e-9) * step;
+  for (int i = 0; i < 1000; ++i) {
+    const double v = first + double(i) * step;
+    if (v > hi + step * 1e-9) break;
+    t.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  }
+  return t;
+}
+
+namespace {
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += ch;
+    }
+  }
+  return o;
+}
+
+/// Tick label with as many decimals as the step needs; thousands grouped.
+std::string tick_label(double v, double step) {
+  // Enough decimals that every multiple of the step prints exactly (0.25 -> 2, 2.5 -> 1).
+  int dec = 0;
+  while (step > 0 && dec < 6) {
+    const double scaled = step * std::pow(10.0, dec);
+    if (std::abs(scaled - std::round(scaled)) <= 1e-6 * scaled) break;
+    ++dec;
+  }
+  std::string s = fmt::format("{:.{}f}", v, dec);
+  if (dec == 0 && std::abs(v) >= 10000) {
+    std::string digits = s, sign;
+    if (!digits.empty() && digits[0] == '-') sign = "-", digits = digits.substr(1);
+    std::string g;
+    for (size_t i = 0; i < digits.size(); ++i) {
+      if (i > 0 && (digits.size() - i) % 3 == 0) g += ',';
+      g += digits[i];
+    }
+    s = sign + g;
+  }
+  return s;
+}
+
+/// Rough text width of `s` at font size `px` (sans-serif average glyph ~0.56 em).
+double text_width(const std::string& s, double px) { return double(s.size()) * px * 0.56; }
+
+}  // namespace
+
+std::string render_line_chart(const LineChart& c) {
+  if (c.width < 200 || c.height < 200)
+    throw InvalidArgument(fmt::format("chart size must be at least 200 x 200 px, got {} x {}", c.width, c.height));
+  for (const ChartSeries& s : c.series)
+    if (s.x.size() != s.y.size())
+      throw InvalidArgument(fmt::format("chart series '{}': x has {} values, y has {}; they must be equal", s.name,
+                                        s.x.size(), s.y.size()));
+
+  // Data ranges (a staircase's last step extends one spacing to the right).
+  double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
+  for (const ChartSeries& s : c.series) {
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.x[i])) continue;
+      xmin = std::min(xmin, s.x[i]);
+      xmax = std::max(xmax, s.x[i]);
+      if (s.steps && i + 1 == s.x.size() && i > 0) xmax = std::max(xmax, 2 * s.x[i] - s.x[i - 1]);
+      if (std::isfinite(s.y[i])) {
+        ymin = std::min(ymin, s.y[i]);
+        ymax = std::max(ymax, s.y[i]);
+      }
+    }
+  }
+  for (const ChartMarker& m : c.markers) {
+    xmin = std::min(xmin, m.x);
+    xmax = std::max(xmax, m.x);
+  }
+  if (!std::isfinite(xmin)) xmin = 0, xmax = 1;
+  if (!std::isfinite(ymin)) ymin = 0, ymax = 1;
+  if (c.y_from_zero) ymin = std::min(0.0, ymin);
+  if (xmax == xmin) xmax = xmin + 1;
+  if (ymax == ymin) ymax = ymin + (ymin == 0 ? 1 : std::abs(ymin) * 0.1);
+  // Headroom above the data, then round the axis to the ticks.
+  ymax += (ymax - ymin) * 0.06;
+  std::vector<double> yt = nice_ticks(ymin, ymax, 6);
+  const double ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
+  if (!yt.empty() && yt.back() < ymax) yt.push_back(yt.back() + ystep);
+  if (!yt.empty() && yt.front() > ymin) yt.insert(yt.begin(), yt.front() - ystep);
+  if (!yt.empty()) ymin = yt.front(), ymax = yt.back();
+  const std::vector<double> xt = nice_ticks(xmin, xmax, 10);
+  const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1;
+
+  // Layout.
+  std::vector<const ChartSeries*> leg;
+  for (const ChartSeries& s : c.series)
+    if (s.legend && !s.name.empty()) leg.push_back(&s);
+  const double W = c.width, H = c.height;
+  double ylab_w = 0;
+  for (double v : yt) ylab_w = std::max(ylab_w, text_width(tick_label(v, ystep), 12));
+  const double left = std::max(64.0, ylab_w + 40);
+  const double right = 28;
+  // Legend rows: entries flow left to right under the subtitle.
+  const double leg_px = 12, swatch = 26, gap = 22;
+  std::vector<std::vector<const ChartSeries*>> rows(1);
+  double row_w = 0;
+  const double avail = W - left - right;
+  for (const ChartSeries* s : leg) {
+    const double w = swatch + 6 + text_width(s->name, leg_px) + gap;
+    if (row_w + w > avail && !rows.back().empty()) rows.emplace_back(), row_w = 0;
+    rows.back().push_back(s);
+    row_w += w;
+  }
+  if (leg.empty()) rows.clear();
+  // Subtitle lines: wrapped at " · " (else a space) to fit the width.
+  std::vector<std::string> sub;
+  {
+    std::string rest = c.subtitle;
+    while (!rest.empty() && sub.size() < 3) {
+      if (text_width(rest, 12) <= W - left - right || sub.size() == 2) {
+        sub.push_back(rest);
+        break;
+      }
+      const size_t fit = size_t(std::max(1.0, (W - left - right) / (12 * 0.56)));
+      size_t cut = rest.rfind(" \u00b7 ", fit);
+      size_t skip = 4;  // " · " is 4 bytes in UTF-8
+      if (cut == std::string::npos || cut == 0) cut = rest.rfind(' ', fit), skip = 1;
+      if (cut == std::string::npos || cut == 0) cut = fit, skip = 0;
+      sub.push_back(rest.substr(0, cut));
+      rest = rest.substr(std::min(rest.size(), cut + skip));
+    }
+  }
+  const double title_h = 40 + 18 * double(sub.size()) + (c.note.empty() ? 0 : 20);
+  const double top = title_h + double(rows.size()) * 20 + 14;
+  const double bottom = 58;
+  const double px0 = left, px1 = W - right, py0 = top, py1 = H - bottom;
+  auto X = [&](double x) { return px0 + (x - xmin) / (xmax - xmin) * (px1 - px0); };
+  auto Y = [&](double y) { return py1 - (y - ymin) / (ymax - ymin) * (py1 - py0); };
+
+  std::string o;
+  o += fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
+      c.width, c.height);
+  o += fmt::format("<title>{}</title>\n", esc(c.title));
+  o += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", c.width, c.height);
+  o += fmt::format("<text x=\"{:.1f}\" y=\"28\" font-size=\"18\" font-weight=\"bold\" fill=\"#222222\">{}</text>\n",
+                   px0, esc(c.title));
+  for (size_t i = 0; i < sub.size(); ++i)
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" fill=\"#555555\">{}</text>\n", px0,
+                     48 + 18 * double(i), esc(sub[i]));
+  if (!c.note.empty())
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\" fill=\"#1f4e79\">{}</text>\n",
+                     px0, 50 + 18 * double(sub.size()), esc(c.note));
+
+  // Legend.
+  for (size_t r = 0; r < rows.size(); ++r) {
+    double lx = px0;
+    const double ly = title_h + 12 + double(r) * 20;
+    for (const ChartSeries* s : rows[r]) {
+      o += fmt::format(
+          "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"{:.1f}\"{}{}/>\n",
+          lx, ly - 4, lx + swatch, ly - 4, s->color, std::max(2.0, s->width),
+          s->dashed ? " stroke-dasharray=\"6,4\"" : "",
+          s->opacity < 1 ? fmt::format(" stroke-opacity=\"{:.2f}\"", s->opacity) : "");
+      if (s->markers)
+        o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", lx + swatch / 2, ly - 4,
+                         s->color);
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" fill=\"#333333\">{}</text>\n",
+                       lx + swatch + 6, ly, leg_px, esc(s->name));
+      lx += swatch + 6 + text_width(s->name, leg_px) + gap;
+    }
+  }
+
+  // Plot area, grid and ticks.
+  o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#fbfbfb\" "
+                   "stroke=\"none\"/>\n",
+                   px0, py0, px1 - px0, py1 - py0);
+  o += "<g class=\"grid\" stroke=\"#e3e3e3\" stroke-width=\"1\">\n";
+  for (double v : yt)
+    o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\"/>\n", px0, Y(v), px1, Y(v));
+  for (double v : xt)
+    if (v >= xmin && v <= xmax)
+      o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\"/>\n", X(v), py0, X(v), py1);
+  o += "</g>\n";
+  o += "<g class=\"ticks\" font-size=\"12\" fill=\"#444444\">\n";
+  for (double v : yt)
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", px0 - 8, Y(v) + 4,
+                     tick_label(v, ystep));
+  for (double v : xt)
+    if (v >= xmin && v <= xmax)
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", X(v), py1 + 18,
+                       tick_label(v, xstep));
+  o += "</g>\n";
+  o += fmt::format("<g class=\"axes\" stroke=\"#333333\" stroke-width=\"1.2\">"
+                   "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\"/>"
+                   "<line x1=\"{0:.1f}\" y1=\"{2:.1f}\" x2=\"{3:.1f}\" y2=\"{2:.1f}\"/></g>\n",
+                   px0, py0, py1, px1);
+  o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\">{}</text>\n",
+                   (px0 + px1) / 2, H - 16, esc(c.x_label));
+  o += fmt::format("<text x=\"{0:.1f}\" y=\"{1:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\" "
+                   "transform=\"rotate(-90 {0:.1f} {1:.1f})\">{2}</text>\n",
+                   18.0, (py0 + py1) / 2, esc(c.y_label));
+
+  // Markers.
+  for (const ChartMarker& m : c.markers) {
+    const double x = X(m.x);
+    o += fmt::format("<line class=\"marker\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
+                     "stroke=\"#888888\" stroke-width=\"1\" stroke-dasharray=\"3,3\"/>\n",
+                     x, py0, py1);
+    const bool flip = x + text_width(m.label, 11) + 6 > px1;
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#666666\" text-anchor=\"{}\">{}</text>\n",
+                     flip ? x - 4 : x + 4, py0 + 13, flip ? "end" : "start", esc(m.label));
+  }
+
+  // Series: clipped to the plot area.
+  o += fmt::format("<clipPath id=\"plot\"><rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\"/></clipPath>\n",
+                   px0 - 4, py0 - 4, px1 - px0 + 8, py1 - py0 + 8);
+  o += "<g clip-path=\"url(#plot)\">\n";
+  for (const ChartSeries& s : c.series) {
+    std::string d;
+    bool open = false;
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
+        open = false;
+        continue;
+      }
+      const double x = X(s.x[i]), y = Y(s.y[i]);
+      if (s.steps) {
+        double xn;
+        if (i + 1 < s.x.size() && std::isfinite(s.x[i + 1]))
+          xn = X(s.x[i + 1]);
+        else
+          xn = i > 0 ? X(2 * s.x[i] - s.x[i - 1]) : x;
+        d += open ? fmt::format(" V{:.1f} H{:.1f}", y, xn) : fmt::format(" M{:.1f},{:.1f} H{:.1f}", x, y, xn);
+      } else {
+        d += fmt::format(" {}{:.1f},{:.1f}", open ? 'L' : 'M', x, y);
+      }
+      open = true;
+    }
+    if (!d.empty())
+      o += fmt::format("<path class=\"series\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{:.1f}\" "
+                       "stroke-linejoin=\"round\" stroke-linecap=\"round\"{}{}><title>{}</title></path>\n",
+                       d.substr(1), s.color, s.width, s.dashed ? " stroke-dasharray=\"6,4\"" : "",
+                       s.opacity < 1 ? fmt::format(" stroke-opacity=\"{:.2f}\"", s.opacity) : "", esc(s.name));
+    if (s.markers)
+      for (size_t i = 0; i < s.x.size(); ++i)
+        if (std::isfinite(s.x[i]) && std::isfinite(s.y[i]))
+          o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.6\" fill=\"{}\"{}/>\n", X(s.x[i]), Y(s.y[i]),
+                           s.color, s.opacity < 1 ? fmt::format(" fill-opacity=\"{:.2f}\"", s.opacity) : "");
+  }
+  o += "</g>\n</svg>\n";
+  return o;
+}
+
+}  // namespace qvg

@@ -1,0 +1,146 @@
+// The quantizer comparison (qvg/simulate.h, compare()): the PRQ codec and the
+// RTN / KIVI-style / QuaRot-style baselines on one context of the workload.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/core.h>
+
+#include "qvg/attention.h"
+#include "qvg/baselines.h"
+#include "qvg/codec.h"
+#include "qvg/error.h"
+#include "qvg/simulate.h"
+#include "sim/sim_common.h"
+
+namespace qvg {
+
+int64_t default_context_chunks(const ModelPreset& scaled, int centroids) {
+  const int64_t need = 64 * int64_t(std::max(1, centroids));
+  const int64_t ct = std::max<int64_t>(1, scaled.chunk_tokens());
+  return std::max<int64_t>(1, (need + ct - 1) / ct);
+}
+
+void CompareConfig::validate() const {
+  const ModelPreset& base = find_model_preset(model);
+  if (!(scale > 0 && scale <= 1)) throw InvalidArgument(fmt::format("scale must be in (0, 1], got {}", scale));
+  const ModelPreset p = base.scaled(scale);
+  if (context_chunks && (*context_chunks < 1 || *context_chunks > 1000))
+    throw InvalidArgument(fmt::format("context_chunks must be in 1..1000, got {}", *context_chunks));
+  if (layers < 1 || layers > p.layers)
+    throw InvalidArgument(fmt::format("layers must be in 1..{} (the layers of {} at scale {}), got {}", p.layers,
+                                      p.name, scale, layers));
+  if (query_stride < 1) throw InvalidArgument(fmt::format("query_stride must be >= 1, got {}", query_stride));
+  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+  codec.validate_for_head_dim(p.head_dim);
+  BaselineConfig b;
+  b.bits = codec.bits;
+  b.block_size = codec.block_size;
+  b.kivi_group_tokens = codec.block_size;
+  for (BaselineMethod m : all_baseline_methods()) b.validate_for(m, p.head_dim);
+}
+
+namespace {
+
+ErrorSums tensor_error(ConstTensorView x, ConstTensorView y) {
+  QVG_CHECK(x.shape == y.shape);
+  const size_t n = size_t(x.shape.numel());
+  std::vector<float> a(n), b(n);
+  convert_to_f32(x.data, x.dtype, a.data(), n);
+  convert_to_f32(y.data, y.dtype, b.data(), n);
+  ErrorSums s;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    s.err += d * d;
+    s.ref += double(a[i]) * double(a[i]);
+  }
+  s.tokens = x.shape.b * x.shape.s;
+  return s;
+}
+
+}  // namespace
+
+CompareResult compare(const CompareConfig& cfg) {
+  cfg.validate();
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  WorkloadOptions wo;
+  wo.scale = cfg.scale;
+  wo.seed = cfg.seed;
+  wo.threads = cfg.threads;
+  const Workload w(find_model_preset(cfg.model), wo);
+
+  CompareResult res;
+  res.config = cfg;
+  res.preset = w.preset();
+  const ModelPreset& p = res.preset;
+  res.layers = select_layers(p.layers, cfg.layers);
+  res.context_chunks = cfg.context_chunks.value_or(default_context_chunks(p, cfg.codec.centroids));
+  const int64_t ctx_frames = res.context_chunks * p.frames_per_chunk;
+  res.context_tokens = ctx_frames * p.tokens_per_frame();
+
+  CodecConfig codec = cfg.codec;
+  if (cfg.threads > 0 && codec.threads == 0) codec.threads = cfg.threads;
+  BaselineConfig bc;
+  bc.bits = cfg.codec.bits;
+  bc.block_size = cfg.codec.block_size;
+  bc.kivi_group_tokens = cfg.codec.block_size;
+
+  const std::vector<std::string> methods = {"qvg", "rtn", "kivi", "quarot"};
+  res.rows.resize(methods.size());
+  std::vector<size_t> bytes(methods.size(), 0);
+  double elements = 0;
+  for (size_t m = 0; m < methods.size(); ++m) res.rows[m].method = methods[m];
+
+  GenerateParts ctx_parts;
+  ctx_parts.k_pre_rope = false;
+  ctx_parts.q = false;
+  GenerateParts cur_parts;
+  cur_parts.k_pre_rope = false;
+  for (int layer : res.layers) {
+    const LayerChunk ctx = w.generate_frames(layer, 0, ctx_frames, ctx_parts);
+    const LayerChunk cur = w.generate_frames(layer, ctx_frames, p.frames_per_chunk, cur_parts);
+    const Tensor q = sim::subsample_tokens(cur.q.view(), cfg.query_stride);
+    res.queries = q.shape().s;
+    const Tensor k_all = sim::concat_tokens(ctx.k.view(), cur.k.view());
+    const Tensor v_all = sim::concat_tokens(ctx.v.view(), cur.v.view());
+    const Tensor ref = attention(q.view(), StridedView::of(k_all.view()), StridedView::of(v_all.view()), cfg.threads);
+    elements += 2.0 * double(ctx.k.shape().numel());
+
+    for (size_t m = 0; m < methods.size(); ++m) {
+      CompareRow& row = res.rows[m];
+      Tensor kq, vq;
+      const auto t0 = clock::now();
+      if (methods[m] == "qvg") {
+        const EncodedTensor ek = encode(ctx.k.view(), codec);
+        const EncodedTensor ev = encode(ctx.v.view(), codec);
+        kq = decode(ek, codec.threads);
+        vq = decode(ev, codec.threads);
+        bytes[m] += ek.nbytes() + ev.nbytes();
+      } else {
+        const BaselineMethod bm = parse_baseline_method(methods[m]);
+        RoundTrip rk = baseline_roundtrip(bm, ctx.k.view(), TensorRole::Key, bc);
+        RoundTrip rv = baseline_roundtrip(bm, ctx.v.view(), TensorRole::Value, bc);
+        bytes[m] += rk.nbytes + rv.nbytes;
+        kq = std::move(rk.decoded);
+        vq = std::move(rv.decoded);
+      }
+      row.seconds += sim::seconds_since(t0);
+      row.k.add(tensor_error(ctx.k.view(), kq.view()));
+      row.v.add(tensor_error(ctx.v.view(), vq.view()));
+      const Tensor kq_all = sim::concat_tokens(kq.view(), cur.k.view());
+      const Tensor vq_all = sim::concat_tokens(vq.view(), cur.v.view());
+      const Tensor out =
+          attention(q.view(), StridedView::of(kq_all.view()), StridedView::of(vq_all.view()), cfg.threads);
+      row.attention.add(attention_error(out, ref));
+    }
+  }
+  for (size_t m = 0; m < methods.size(); ++m) {
+    res.rows[m].bits_per_element = double(bytes[m]) * 8.0 / elements;
+    res.rows[m].ratio = 16.0 / res.rows[m].bits_per_element;
+  }
+  res.wall_s = sim::seconds_since(t_start);
+  return res;
+}
+
+}  // namespace qvg

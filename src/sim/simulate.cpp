@@ -1,0 +1,572 @@
+// The streaming simulation (qvg/simulate.h): a dense cache and packed caches fed
+// the same workload, chunk by chunk and layer by layer, scored against each other.
+#include "qvg/simulate.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include <fmt/core.h>
+
+#include "qvg/attention.h"
+#include "qvg/cache.h"
+#include "qvg/error.h"
+#include "qvg/memory.h"
+#include "sim/sim_common.h"
+
+namespace qvg {
+
+// ---------------------------------------------------------------------------
+// Error sums
+
+std::optional<double> ErrorSums::rel_mse() const {
+  if (tokens == 0 || ref <= 0) return std::nullopt;
+  return err / ref;
+}
+
+std::optional<double> ErrorSums::snr_db() const {
+  const auto r = rel_mse();
+  if (!r || *r <= 0) return std::nullopt;
+  return -10.0 * std::log10(*r);
+}
+
+void AttentionSums::add(const AttentionSums& o) {
+  err += o.err;
+  ref += o.ref;
+  cos_sum += o.cos_sum;
+  if (o.vectors > 0) cos_min = vectors > 0 ? std::min(cos_min, o.cos_min) : o.cos_min;
+  vectors += o.vectors;
+}
+
+double AttentionSums::rel_l2() const { return ref > 0 ? std::sqrt(err / ref) : 0.0; }
+double AttentionSums::cosine() const { return vectors > 0 ? cos_sum / double(vectors) : 1.0; }
+
+AttentionSums attention_error(const Tensor& out, const Tensor& ref) {
+  if (!(out.shape() == ref.shape()) || out.dtype() != DType::F32 || ref.dtype() != DType::F32)
+    throw InvalidArgument(fmt::format("attention_error: outputs must be fp32 of one shape, got {} {} and {} {}",
+                                      out.shape().str(), dtype_name(out.dtype()), ref.shape().str(),
+                                      dtype_name(ref.dtype())));
+  const auto* a = static_cast<const float*>(out.data());
+  const auto* b = static_cast<const float*>(ref.data());
+  const int64_t D = out.shape().d;
+  const int64_t rows = out.shape().b * out.shape().s * out.shape().h;
+  AttentionSums s;
+  for (int64_t r = 0; r < rows; ++r) {
+    double dot = 0, na = 0, nb = 0, e = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double x = a[r * D + d], y = b[r * D + d];
+      dot += x * y;
+      na += x * x;
+      nb += y * y;
+      e += (x - y) * (x - y);
+    }
+    double c;
+    if (na == 0 && nb == 0)
+      c = 1.0;
+    else if (na == 0 || nb == 0)
+      c = 0.0;
+    else
+      c = dot / (std::sqrt(na) * std::sqrt(nb));
+    s.err += e;
+    s.ref += nb;
+    s.cos_sum += c;
+    s.cos_min = s.vectors == 0 ? c : std::min(s.cos_min, c);
+    ++s.vectors;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Configuration
+
+PackedConfig default_packed_config() {
+  PackedConfig p;
+  p.label = "int2";
+  p.quant.bits = 2;
+  p.quant.centroids = 256;
+  p.quant.block_size = 64;
+  p.quant.stages = 1;
+  p.quant.kmeans_iters = 2;
+  p.quant.span_chunks = 8;
+  p.quant.keep_recent_chunks = 1;
+  return p;
+}
+
+namespace {
+
+/// The unscaled preset with the context override applied.
+ModelPreset base_preset(const std::string& model, std::optional<int64_t> context_frames) {
+  ModelPreset p = find_model_preset(model);
+  if (context_frames) {
+    p.context_frames = int(*context_frames);
+    p.sink_frames = std::min(p.sink_frames, p.context_frames);
+  }
+  p.validate();
+  return p;
+}
+
+void need(bool ok, std::string_view field, const std::string& value, std::string_view allowed) {
+  if (!ok) throw InvalidArgument(fmt::format("{} must be {}, got {}", field, allowed, value));
+}
+
+}  // namespace
+
+std::vector<int> select_layers(int total, int count) {
+  if (total < 1) throw InvalidArgument(fmt::format("layer total must be >= 1, got {}", total));
+  if (count < 1 || count > total)
+    throw InvalidArgument(fmt::format("layers must be in 1..{} (the model's layers), got {}", total, count));
+  std::vector<int> v;
+  for (int i = 0; i < count; ++i)
+    v.push_back(static_cast<int>(std::floor((double(i) + 0.5) * double(total) / double(count))));
+  return v;
+}
+
+ModelPreset simulation_preset(const SimulationConfig& cfg) {
+  return base_preset(cfg.model, cfg.context_frames).scaled(cfg.scale);
+}
+
+void SimulationConfig::validate() const {
+  find_model_preset(model);  // names the presets on error
+  need(scale > 0 && scale <= 1, "scale", fmt::format("{}", scale), "in (0, 1]");
+  if (context_frames)
+    need(*context_frames >= 1 && *context_frames <= 100000, "context_frames", std::to_string(*context_frames),
+         "in 1..100000");
+  need(chunks >= 1 && chunks <= 100000, "chunks", std::to_string(chunks), "in 1..100000");
+  need(steps >= 1 && steps <= 64, "steps", std::to_string(steps), "in 1..64");
+  need(step_noise >= 0 && step_noise <= 1, "step_noise", fmt::format("{}", step_noise), "in [0, 1]");
+  need(query_stride >= 1, "query_stride", std::to_string(query_stride), ">= 1");
+  need(threads >= 0, "threads", std::to_string(threads), ">= 0 (0 = all cores)");
+  const ModelPreset p = simulation_preset(*this);
+  need(layers >= 1 && layers <= p.layers, "layers", std::to_string(layers),
+       fmt::format("in 1..{} (the layers of {} at scale {})", p.layers, p.name, scale));
+  need(!packed.empty(), "packed configurations", "none", "at least one");
+  std::set<std::string> labels;
+  for (const PackedConfig& c : packed) {
+    need(!c.label.empty(), "packed configuration label", "''", "non-empty");
+    need(labels.insert(c.label).second, "packed configuration labels", "'" + c.label + "' twice", "unique");
+    need(c.quant.enabled(), fmt::format("packed configuration '{}': bits", c.label), "none", "2 or 4");
+    try {
+      c.quant.validate_for_head_dim(p.head_dim);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("packed configuration '{}': {}", c.label, e.what()));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The streaming loop
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// x + a * rms(x) * N(0, 1), the noise a pure function of (key, element index);
+/// the result is rounded to x's dtype. a == 0 returns a copy.
+Tensor perturbed(const Tensor& x, double a, uint64_t key) {
+  Tensor out(x.dtype(), x.shape());
+  const size_t n = size_t(x.shape().numel());
+  if (a == 0 || n == 0) {
+    std::memcpy(out.data(), x.data(), x.nbytes());
+    return out;
+  }
+  std::vector<float> f(n);
+  convert_to_f32(x.data(), x.dtype(), f.data(), n);
+  double ss = 0;
+  for (float v : f) ss += double(v) * double(v);
+  const double amp = a * std::sqrt(ss / double(n));
+  const int64_t pairs = int64_t((n + 1) / 2);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pairs; ++i) {
+    const uint64_t h1 = splitmix64(key ^ splitmix64(uint64_t(i)));
+    const uint64_t h2 = splitmix64(h1);
+    const double u1 = (double(h1 >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = double(h2 >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)), th = 6.283185307179586 * u2;
+    const size_t j = size_t(2 * i);
+    f[j] = static_cast<float>(double(f[j]) + amp * r * std::cos(th));
+    if (j + 1 < n) f[j + 1] = static_cast<float>(double(f[j + 1]) + amp * r * std::sin(th));
+  }
+  convert_from_f32(f.data(), x.dtype(), out.data(), n);
+  return out;
+}
+
+/// Which global token ranges the packed cache holds encoded, oldest first.
+struct EncodedInfo {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t tokens = 0;
+  size_t bytes = 0;
+  int spans = 0;
+};
+EncodedInfo encoded_info(const PackedCausalCache& c) {
+  EncodedInfo e;
+  for (size_t i = 0; i < c.num_segments(); ++i) {
+    const auto s = c.segment(i);
+    if (!s.packed) continue;
+    e.ranges.emplace_back(s.g0, s.g1);
+    e.tokens += s.g1 - s.g0;
+    e.bytes += s.nbytes;
+    ++e.spans;
+  }
+  return e;
+}
+
+/// Error of view `got` against view `want` (same [1, T, H, D]) over the view rows
+/// that hold encoded tokens. The view shows global tokens [0, sink_end) ++ [lo, ge).
+/// Deterministic: per-row partial sums, summed in order.
+void encoded_view_error(const StridedView& want, const StridedView& got, const EncodedInfo& enc,
+                        int64_t sink_end, int64_t lo, int64_t ge, ErrorSums& out, int threads) {
+  const int64_t T = want.shape.s, H = want.shape.h, D = want.shape.d;
+  const bool merged = lo <= sink_end;
+  std::vector<int64_t> rows;  // view rows of encoded tokens
+  auto view_row = [&](int64_t g) -> int64_t {
+    if (merged) return g;
+    if (g < sink_end) return g;
+    if (g >= lo) return sink_end + (g - lo);
+    return -1;  // not shown
+  };
+  for (const auto& [g0, g1] : enc.ranges)
+    for (int64_t g = g0; g < std::min(g1, ge); ++g) {
+      const int64_t t = view_row(g);
+      if (t >= 0) rows.push_back(t);
+    }
+  if (rows.empty()) return;
+  std::vector<double> err(rows.size()), ref(rows.size());
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> a(static_cast<size_t>(D)), b(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < int64_t(rows.size()); ++i) {
+      const int64_t t = rows[size_t(i)];
+      QVG_CHECK(t < T);
+      double e = 0, r = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        convert_to_f32(want.row(0, t, h), want.dtype, a.data(), size_t(D));
+        convert_to_f32(got.row(0, t, h), got.dtype, b.data(), size_t(D));
+        for (int64_t d = 0; d < D; ++d) {
+          const double x = a[size_t(d)], y = b[size_t(d)];
+          e += (x - y) * (x - y);
+          r += x * x;
+        }
+      }
+      err[size_t(i)] = e;
+      ref[size_t(i)] = r;
+    }
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    out.err += err[i];
+    out.ref += ref[i];
+  }
+  out.tokens += int64_t(rows.size());
+}
+
+struct LayerState {
+  int layer = 0;
+  std::unique_ptr<DenseCausalCache> dense;
+  std::vector<std::unique_ptr<PackedCausalCache>> packed;
+  std::vector<std::unique_ptr<PolicyReplay>> replay;  // null when the memory model rejects the shapes
+};
+
+}  // namespace
+
+SimulationResult simulate(const SimulationConfig& cfg, const ProgressFn& progress) {
+  cfg.validate();
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+
+  const ModelPreset base = base_preset(cfg.model, cfg.context_frames);
+  WorkloadOptions wo;
+  wo.scale = cfg.scale;
+  wo.seed = cfg.seed;
+  wo.dtype = DType::BF16;
+  wo.threads = cfg.threads;
+  const Workload workload(base, wo);
+
+  SimulationResult res;
+  res.config = cfg;
+  res.preset = workload.preset();
+  const ModelPreset& p = res.preset;
+  res.layers = select_layers(p.layers, cfg.layers);
+
+  CacheOptions co;
+  co.batch = 1;
+  co.cache_size = p.cache_tokens();
+  co.heads = p.heads;
+  co.head_dim = p.head_dim;
+  co.dtype = DType::BF16;
+  co.sink_tokens = p.sink_tokens();
+
+  MemoryShape ms;
+  ms.layers = 1;
+  ms.heads = p.heads;
+  ms.head_dim = p.head_dim;
+  ms.chunk_tokens = p.chunk_tokens();
+  ms.context_tokens = p.context_tokens();
+  ms.sink_tokens = p.sink_tokens();
+  ms.dtype = DType::BF16;
+
+  std::vector<LayerState> states;
+  for (int layer : res.layers) {
+    LayerState st;
+    st.layer = layer;
+    st.dense = std::make_unique<DenseCausalCache>(co);
+    for (const PackedConfig& pc : cfg.packed) {
+      QuantArgs q = pc.quant;
+      if (cfg.threads > 0 && q.threads == 0) q.threads = cfg.threads;
+      st.packed.push_back(std::make_unique<PackedCausalCache>(co, q));
+      std::unique_ptr<PolicyReplay> r;
+      try {
+        r = std::make_unique<PolicyReplay>(ms, q);
+      } catch (const InvalidArgument&) {
+        r.reset();  // the memory model does not cover these shapes: no prediction
+      }
+      st.replay.push_back(std::move(r));
+    }
+    states.push_back(std::move(st));
+  }
+
+  const size_t ncfg = cfg.packed.size();
+  const int64_t sink_tokens = p.sink_tokens();
+  const int64_t window = co.cache_size;
+  LayerChunk lc;
+  GenerateParts parts;
+  parts.k_pre_rope = false;
+  parts.q = true;
+
+  for (int64_t ci = 0; ci < cfg.chunks; ++ci) {
+    const auto t_chunk = clock::now();
+    ChunkRecord rec;
+    rec.chunk = workload.chunk(ci);
+    const int64_t c = rec.chunk.token0;
+    const int64_t ge = c + rec.chunk.tokens;
+    rec.global_end = ge;
+    const int64_t sink_end = std::min(sink_tokens, ge);
+    const int64_t tail_start = std::max(sink_end, ge - std::max<int64_t>(0, window - sink_end));
+    rec.window_tokens = (tail_start <= sink_end) ? ge : sink_end + (ge - tail_start);
+
+    for (size_t li = 0; li < states.size(); ++li) {
+      LayerState& st = states[li];
+      LayerRecord lr;
+      lr.layer = st.layer;
+      lr.packed.resize(ncfg);
+
+      auto t0 = clock::now();
+      workload.generate_into(st.layer, ci, lc, parts);
+      lr.generate_s += sim::seconds_since(t0);
+
+      // Step s's K, V and subsampled Q: the chunk plus noise of relative size
+      // step_noise * (steps-1-s) / steps (the last step is the clean chunk).
+      struct StepTensors {
+        Tensor k, v, qsub;
+      };
+      auto make_step = [&](int s) {
+        const auto ts = clock::now();
+        const double a = cfg.step_noise * double(cfg.steps - 1 - s) / double(cfg.steps);
+        const uint64_t key = splitmix64(cfg.seed ^ splitmix64(uint64_t(st.layer) * 1000003u + uint64_t(ci))) ^
+                             splitmix64(uint64_t(s) + 0x51ED);
+        StepTensors t;
+        t.k = perturbed(lc.k, a, key ^ 1);
+        t.v = perturbed(lc.v, a, key ^ 2);
+        t.qsub = sim::subsample_tokens(perturbed(lc.q, a, key ^ 3).view(), cfg.query_stride);
+        lr.generate_s += sim::seconds_since(ts);
+        return t;
+      };
+      StepTensors step0 = make_step(0);
+
+      // The advance (rw = 0): pack-and-evict without decoding the history.
+      t0 = clock::now();
+      st.dense->update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
+      lr.dense_update_s += sim::seconds_since(t0);
+      lr.dense_transient_peak_bytes = st.dense->peak_transient_nbytes();
+      for (size_t j = 0; j < ncfg; ++j) {
+        PackedCausalCache& pk = *st.packed[j];
+        std::set<int64_t> packed_before;  // spans already encoded (by first token)
+        for (size_t i = 0; i < pk.num_segments(); ++i)
+          if (pk.segment(i).packed) packed_before.insert(pk.segment(i).g0);
+        t0 = clock::now();
+        pk.update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
+        lr.packed[j].encode_s = sim::seconds_since(t0);
+        lr.packed[j].transient_peak_bytes = pk.peak_transient_nbytes();
+        for (size_t i = 0; i < pk.num_segments(); ++i)
+          if (pk.segment(i).packed && !packed_before.count(pk.segment(i).g0)) ++lr.packed[j].spans_encoded;
+      }
+
+      for (int s = 0; s < cfg.steps; ++s) {
+        const bool last = s + 1 == cfg.steps;
+        StepTensors cur = s == 0 ? std::move(step0) : make_step(s);
+        const Tensor& ks = cur.k;
+        const Tensor& vs = cur.v;
+        const Tensor& qsub = cur.qsub;
+        rec.queries = qsub.shape().s;
+
+        t0 = clock::now();
+        const KVView dv = st.dense->update(ks.view(), vs.view(), c);
+        lr.dense_update_s += sim::seconds_since(t0);
+        lr.dense_transient_peak_bytes = std::max(lr.dense_transient_peak_bytes, st.dense->peak_transient_nbytes());
+        lr.window_tokens = dv.k.shape.s;
+
+        const bool score = last || cfg.attention_every_step;
+        Tensor ref;
+        if (score) {
+          t0 = clock::now();
+          ref = attention(qsub.view(), dv, cfg.threads);
+          lr.dense_attention_s += sim::seconds_since(t0);
+        }
+        for (size_t j = 0; j < ncfg; ++j) {
+          PackedCausalCache& pk = *st.packed[j];
+          PackedLayerRecord& pr = lr.packed[j];
+          t0 = clock::now();
+          const KVView pv = pk.update(ks.view(), vs.view(), c);
+          pr.decode_s += sim::seconds_since(t0);
+          pr.transient_peak_bytes = std::max(pr.transient_peak_bytes, pk.peak_transient_nbytes());
+          if (pv.k.shape.s != dv.k.shape.s)
+            throw std::logic_error(fmt::format("simulate: packed view holds {} tokens, dense view {} (chunk {})",
+                                               pv.k.shape.s, dv.k.shape.s, ci));
+          if (score) {
+            t0 = clock::now();
+            const Tensor out = attention(qsub.view(), pv, cfg.threads);
+            pr.attention_s += sim::seconds_since(t0);
+            pr.attention.add(attention_error(out, ref));
+          }
+          if (last) {
+            const EncodedInfo enc = encoded_info(pk);
+            pr.encoded_tokens = enc.tokens;
+            pr.encoded_bytes = enc.bytes;
+            ErrorSums ek, ev;
+            encoded_view_error(dv.k, pv.k, enc, sink_end, tail_start, ge, ek, cfg.threads);
+            encoded_view_error(dv.v, pv.v, enc, sink_end, tail_start, ge, ev, cfg.threads);
+            pr.k = ek;
+            pr.v = ev;
+            pr.encoded_visible = ek.tokens;
+          }
+        }
+      }
+      lr.dense_resident_bytes = st.dense->resident_nbytes();
+      for (size_t j = 0; j < ncfg; ++j) {
+        PackedLayerRecord& pr = lr.packed[j];
+        pr.resident_bytes = st.packed[j]->resident_nbytes();
+        if (st.replay[j]) pr.predicted_resident_bytes = st.replay[j]->advance().resident_bytes;
+      }
+      rec.layers.push_back(std::move(lr));
+      if (progress && li + 1 < states.size()) {
+        SimulationProgress pg;
+        pg.chunk = ci;
+        pg.chunks = cfg.chunks;
+        pg.layer = int(li + 1);
+        pg.layers = int(states.size());
+        pg.elapsed_s = sim::seconds_since(t_start);
+        progress(pg);
+      }
+    }
+    rec.wall_s = sim::seconds_since(t_chunk);
+    if (res.window_full_chunk < 0 && rec.window_tokens >= window) res.window_full_chunk = ci;
+    res.chunks.push_back(std::move(rec));
+    if (progress) {
+      SimulationProgress pg;
+      pg.chunk = ci + 1;
+      pg.chunks = cfg.chunks;
+      pg.layer = 0;
+      pg.layers = int(states.size());
+      pg.elapsed_s = sim::seconds_since(t_start);
+      pg.last = &res.chunks.back();
+      progress(pg);
+    }
+  }
+  res.wall_s = sim::seconds_since(t_start);
+  summarize(res);
+  return res;
+}
+
+// ---------------------------------------------------------------------------
+// Summary
+
+void summarize(SimulationResult& r) {
+  r.summary.clear();
+  const size_t ncfg = r.config.packed.size();
+  const int64_t first_full = r.window_full_chunk >= 0 ? r.window_full_chunk : 0;
+  for (size_t j = 0; j < ncfg; ++j) {
+    PackedSummary s;
+    s.label = r.config.packed[j].label;
+    s.memory_model_matches = true;
+    double packed_full_sum = 0;
+    int64_t full_n = 0, step_calls = 0, enc_chunks_spans = 0;
+    double enc_time_spans = 0, dec_time = 0, att_time = 0;
+    int64_t layer_chunks = 0;
+    for (const ChunkRecord& c : r.chunks) {
+      if (c.layers.empty()) continue;
+      AttentionSums chunk_att;
+      bool quality = false;
+      for (const LayerRecord& l : c.layers) {
+        const PackedLayerRecord& p = l.packed[j];
+        s.dense_bytes = std::max(s.dense_bytes, l.dense_resident_bytes);
+        s.packed_peak_bytes = std::max(s.packed_peak_bytes, p.resident_bytes);
+        s.transient_peak_bytes = std::max(s.transient_peak_bytes, p.transient_peak_bytes);
+        if (!p.predicted_resident_bytes || *p.predicted_resident_bytes != p.resident_bytes)
+          s.memory_model_matches = false;
+        if (p.encoded_visible > 0) {
+          quality = true;
+          s.k.add(p.k);
+          s.v.add(p.v);
+          s.attention.add(p.attention);
+          chunk_att.add(p.attention);
+        }
+        if (p.spans_encoded > 0) {
+          enc_time_spans += p.encode_s;
+          enc_chunks_spans += p.spans_encoded;
+        }
+        dec_time += p.decode_s;
+        step_calls += r.config.steps;
+        att_time += p.attention_s;
+        ++layer_chunks;
+      }
+      if (quality) {
+        ++s.quality_chunks;
+        s.worst_attention_rel_l2 = std::max(s.worst_attention_rel_l2, chunk_att.rel_l2());
+      }
+      if (c.chunk.index >= first_full) {
+        packed_full_sum += double(c.layers.front().packed[j].resident_bytes);
+        ++full_n;
+      }
+    }
+    if (!r.chunks.empty() && !r.chunks.back().layers.empty()) {
+      const PackedLayerRecord& last = r.chunks.back().layers.front().packed[j];
+      s.packed_last_bytes = last.resident_bytes;
+      if (last.encoded_tokens > 0) {
+        const double elems = 2.0 * double(last.encoded_tokens) * double(r.preset.heads) * double(r.preset.head_dim);
+        s.bits_per_element = double(last.encoded_bytes) * 8.0 / elems;
+      }
+    }
+    s.packed_mean_full_bytes = full_n > 0 ? size_t(std::llround(packed_full_sum / double(full_n))) : 0;
+    s.ratio_peak = s.packed_peak_bytes > 0 ? double(s.dense_bytes) / double(s.packed_peak_bytes) : 0;
+    s.ratio_full = s.packed_mean_full_bytes > 0 ? double(s.dense_bytes) / double(s.packed_mean_full_bytes) : 0;
+    const double nl = double(std::max<size_t>(1, r.layers.size()));
+    s.spans = int64_t(std::llround(double(enc_chunks_spans) / nl));
+    s.encode_s_per_span = enc_chunks_spans > 0 ? enc_time_spans / double(enc_chunks_spans) : 0;
+    s.decode_s_per_step = step_calls > 0 ? dec_time / double(step_calls) : 0;
+    s.attention_s_per_chunk = layer_chunks > 0 ? att_time / double(layer_chunks) : 0;
+
+    // The full-size model with this run's context and configuration.
+    try {
+      const ModelPreset& full = find_model_preset(r.config.model);  // its own context
+      const MemoryReport mr = memory_report(MemoryShape::of(full), r.config.packed[j].quant);
+      s.full_dense_bytes = mr.dense_window_bytes;
+      s.full_policy_peak_bytes = mr.policy_peak_bytes;
+      s.full_layers = full.layers;
+    } catch (const InvalidArgument&) {
+      s.full_layers = 0;  // not covered by the memory model: left out of the report
+    }
+    r.summary.push_back(std::move(s));
+  }
+}
+
+}  // namespace qvg

@@ -1,0 +1,328 @@
+// `qvg simulate`: stream a realistic workload through a dense and a packed K/V
+// cache side by side and report memory, quality and time per chunk
+// (include/qvg/simulate.h describes the loop and every figure; docs/simulate.md
+// explains how to read the report).
+//
+// Defaults (the embedded default run): self-forcing-1.3b scaled x0.25, its context
+// capped at 72 frames for a quick run, 40 chunks x 2 denoising steps, 2 layers,
+// int2 with 256 centroids and block 64 in spans of 8 chunks (the published QVG
+// configuration). Progress goes to stderr (a bar on a terminal, one line per chunk
+// otherwise; --quiet silences it); the summary goes to stdout. --json FILE and
+// --report DIR are written only after the whole run succeeded.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <fmt/core.h>
+
+#include "codec_flags.h"
+#include "command.h"
+#include "qvg/error.h"
+#include "qvg/simulate.h"
+#include "qvg/workload.h"
+
+namespace qvg::cli {
+namespace {
+
+constexpr int64_t kDefaultContextCap = 72;  // frames: keeps the default run under two minutes
+
+struct SimulateOptions {
+  std::string model = "self-forcing-1.3b";
+  std::string scale = "0.25";
+  std::optional<std::string> context_frames;
+  std::string chunks = "40";
+  std::string steps = "2";
+  std::string layers = "2";
+  std::string query_stride = "16";
+  std::string step_noise = "0.05";
+  bool attention_every_step = false;
+  std::string bits = "2";
+  std::string init = "random";
+  std::string codec_seed = "1234";
+  std::string seed = "0";
+  std::string span_chunks = "8";
+  std::string keep_recent = "1";
+  std::string sink_keep = "0";
+  std::optional<std::string> sink_span;
+  bool no_sink = false;
+  std::optional<std::string> json;
+  std::optional<std::string> report;
+  bool quiet = false;
+  CodecConfig cfg;
+};
+
+double parse_double_flag(const char* flag, const std::string& v, double lo, double hi, const char* allowed) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !std::isfinite(x))
+    throw InvalidArgument(fmt::format("{} must be a number, got '{}'", flag, v));
+  if (!(x >= lo && x <= hi)) throw InvalidArgument(fmt::format("{} must be {}, got {}", flag, allowed, v));
+  return x;
+}
+
+uint64_t parse_seed(const char* flag, const std::string& v) {
+  return uint64_t(parse_int_flag(flag, v, 0, INT64_MAX));
+}
+
+/// "2" | "4" | "2,4" | "4,2" -> [2] ...
+std::vector<int> parse_bits_list(const std::string& v) {
+  std::vector<int> out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const int64_t b = parse_int_flag("--bits", item, 0, 64);
+    if (b != 2 && b != 4) throw InvalidArgument(fmt::format("--bits must be 2, 4 or a list like 2,4, got '{}'", v));
+    if (std::find(out.begin(), out.end(), int(b)) != out.end())
+      throw InvalidArgument(fmt::format("--bits lists {} twice: '{}'", b, v));
+    out.push_back(int(b));
+  }
+  if (out.empty() || v.back() == ',')
+    throw InvalidArgument(fmt::format("--bits must be 2, 4 or a list like 2,4, got '{}'", v));
+  return out;
+}
+
+SimulationConfig build_config(const SimulateOptions& o) {
+  SimulationConfig c;
+  c.model = o.model;
+  const ModelPreset& preset = find_model_preset(o.model);
+  c.scale = parse_double_flag("--scale", o.scale, 0, 1, "in (0, 1]");
+  if (c.scale == 0) throw InvalidArgument(fmt::format("--scale must be in (0, 1], got {}", o.scale));
+  if (o.context_frames)
+    c.context_frames = parse_int_flag("--context-frames", *o.context_frames, 1, 100000);
+  else
+    c.context_frames = std::min<int64_t>(preset.context_frames, kDefaultContextCap);
+  c.chunks = parse_int_flag("--chunks", o.chunks, 1, 100000);
+  c.steps = int(parse_int_flag("--steps", o.steps, 1, 64));
+  c.layers = int(parse_int_flag("--layers", o.layers, 1, 100000));
+  c.query_stride = int(parse_int_flag("--query-stride", o.query_stride, 1, 1'000'000));
+  c.step_noise = parse_double_flag("--step-noise", o.step_noise, 0, 1, "in [0, 1]");
+  c.attention_every_step = o.attention_every_step;
+  c.seed = parse_seed("--seed", o.seed);
+  c.threads = o.cfg.threads;
+  if (c.threads < 0) throw InvalidArgument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", c.threads));
+
+  QuantArgs q;
+  q.centroids = o.cfg.centroids;
+  q.block_size = o.cfg.block_size;
+  q.stages = o.cfg.stages;
+  q.kmeans_iters = o.cfg.kmeans_iters;
+  q.asymmetric = o.cfg.asymmetric;
+  q.scale_dtype = o.cfg.scale_dtype;
+  q.scaling = o.cfg.scaling;
+  try {
+    q.init = parse_init(o.init);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("--init: {}", e.what()));
+  }
+  q.seed = parse_seed("--codec-seed", o.codec_seed);
+  q.threads = o.cfg.threads;
+  q.span_chunks = int(parse_int_flag("--span-chunks", o.span_chunks, 1, 1'000'000));
+  q.keep_recent_chunks = int(parse_int_flag("--keep-recent", o.keep_recent, 0, 1'000'000));
+  q.sink_keep_chunks = int(parse_int_flag("--sink-keep", o.sink_keep, 0, 1'000'000));
+  q.sink = !o.no_sink;
+  q.sink_span = preset.sink_span;
+  if (o.sink_span) {
+    try {
+      q.sink_span = parse_sink_span(*o.sink_span);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("--sink-span: {}", e.what()));
+    }
+  }
+  for (int b : parse_bits_list(o.bits)) {
+    PackedConfig pc;
+    pc.label = fmt::format("int{}", b);
+    pc.quant = q;
+    pc.quant.bits = b;
+    c.packed.push_back(pc);
+  }
+  c.validate();
+  return c;
+}
+
+/// Progress on stderr: a redrawn bar on a terminal, one line per chunk otherwise.
+class Progress {
+ public:
+  explicit Progress(bool quiet) : quiet_(quiet), tty_(::isatty(::fileno(stderr)) == 1) {}
+
+  void operator()(const SimulationProgress& p) {
+    if (quiet_) return;
+    const double done = (double(p.chunk) + (p.layers > 0 ? double(p.layer) / double(p.layers) : 0)) /
+                        double(std::max<int64_t>(1, p.chunks));
+    if (p.last) last_ = describe(*p.last);
+    if (tty_) {
+      constexpr int kWidth = 28;
+      const int filled = std::clamp(int(std::lround(done * kWidth)), 0, kWidth);
+      std::string bar;
+      for (int i = 0; i < kWidth; ++i) bar += i < filled ? "\u2588" : "\u2591";
+      const std::string eta =
+          done > 0.02 ? fmt::format(", ~{:.0f} s left", p.elapsed_s * (1 - done) / done) : std::string();
+      fmt::print(stderr, "\r\033[K{} {:3.0f}%  chunk {}/{}  {:.0f} s{}{}", bar, 100 * done,
+                 std::min(p.chunk + (p.layer > 0 ? 1 : 0), p.chunks), p.chunks, p.elapsed_s, eta,
+                 last_.empty() ? "" : "  | " + last_);
+      std::fflush(stderr);
+      drawn_ = true;
+    } else if (p.last) {
+      fmt::print(stderr, "qvg simulate: chunk {}/{} done after {:.1f} s: {}\n", p.chunk, p.chunks, p.elapsed_s, last_);
+    }
+  }
+
+  void finish() {
+    if (drawn_) {
+      fmt::print(stderr, "\r\033[K");
+      std::fflush(stderr);
+    }
+  }
+
+ private:
+  static std::string describe(const ChunkRecord& c) {
+    if (c.layers.empty() || c.layers.front().packed.empty()) return {};
+    const LayerRecord& l = c.layers.front();
+    const PackedLayerRecord& p = l.packed.front();
+    AttentionSums a;
+    for (const LayerRecord& x : c.layers) a.add(x.packed.front().attention);
+    return fmt::format("packed {:.1f} MiB vs dense {:.1f} MiB per layer, attention error {:.2f}%",
+                       double(p.resident_bytes) / double(1 << 20), double(l.dense_resident_bytes) / double(1 << 20),
+                       100 * a.rel_l2());
+  }
+
+  bool quiet_, tty_;
+  bool drawn_ = false;
+  std::string last_;
+};
+
+void write_text_file(const std::string& path, const std::string& text, const char* flag) {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::path(path).concat(fmt::format(".tmp.{}", ::getpid()));
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (f) f.write(text.data(), std::streamsize(text.size()));
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw InvalidArgument(fmt::format("{} file '{}' cannot be written", flag, path));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw InvalidArgument(fmt::format("{} file '{}' cannot be written", flag, path));
+  }
+}
+
+void run_simulate(const SimulateOptions& o) {
+  check_codec_flags(o.cfg);
+  const SimulationConfig cfg = build_config(o);
+  // Fail early on unwritable outputs, before minutes of work.
+  if (o.json) {
+    const auto parent = std::filesystem::absolute(*o.json).parent_path();
+    if (!std::filesystem::is_directory(parent))
+      throw InvalidArgument(fmt::format("--json file '{}': directory '{}' does not exist", *o.json, parent.string()));
+  }
+  if (o.report && std::filesystem::exists(*o.report) && !std::filesystem::is_directory(*o.report))
+    throw InvalidArgument(fmt::format("--report '{}' exists and is not a directory", *o.report));
+
+  Progress progress(o.quiet);
+  SimulationResult r;
+  try {
+    r = simulate(cfg, [&](const SimulationProgress& p) { progress(p); });
+  } catch (...) {
+    progress.finish();
+    throw;
+  }
+  progress.finish();
+  if (o.json) write_text_file(*o.json, simulation_json(r, 2) + "\n", "--json");
+  if (o.report) write_simulation_report(r, *o.report);
+  fmt::print("{}", simulation_summary_text(r));
+  if (o.json) fmt::print("  JSON report: {}\n", *o.json);
+  if (o.report)
+    fmt::print("  report: {}/report.json, memory.svg, attention.svg, summary.txt (open the SVGs in a browser)\n",
+               *o.report);
+}
+
+void register_simulate(CLI::App& root) {
+  auto o = std::make_shared<SimulateOptions>();
+  CLI::App* cmd = root.add_subcommand(
+      "simulate",
+      "Stream a realistic workload through a dense and a packed K/V cache side by side; memory, quality and time "
+      "per chunk");
+  std::string presets;
+  for (const auto& p : model_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
+  cmd->add_option("--model", o->model, "model preset: " + presets)->type_name("PRESET")->default_str(o->model);
+  cmd->add_option("--scale", o->scale, "shrink heads, layers and frame size by this factor, in (0, 1]")
+      ->type_name("S")
+      ->default_str(o->scale);
+  cmd->add_option("--context-frames", o->context_frames,
+                  "frames of history a layer keeps (default: the preset's, capped at 72 for a quick run)")
+      ->type_name("N");
+  cmd->add_option("--chunks", o->chunks, "chunks to stream")->type_name("N")->default_str(o->chunks);
+  cmd->add_option("--steps", o->steps, "denoising steps per chunk (each calls both caches)")
+      ->type_name("N")
+      ->default_str(o->steps);
+  cmd->add_option("--layers", o->layers, "layers simulated, spread evenly over the model")
+      ->type_name("N")
+      ->default_str(o->layers);
+  cmd->add_option("--query-stride", o->query_stride, "score every N-th query of a chunk (attention is the slow part)")
+      ->type_name("N")
+      ->default_str(o->query_stride);
+  cmd->add_option("--step-noise", o->step_noise,
+                  "relative noise on the first step's K/V/Q, shrinking to 0 at the last step: [0, 1]")
+      ->type_name("F")
+      ->default_str(o->step_noise);
+  cmd->add_flag("--attention-every-step", o->attention_every_step,
+                "score attention at every denoising step (default: the last, clean step)");
+
+  add_codec_flags(*cmd, o->cfg);
+  // Replace the codec flags that mean something else here.
+  cmd->remove_option(cmd->get_option("--bits"));
+  cmd->remove_option(cmd->get_option("--seed"));
+  cmd->remove_option(cmd->get_option("--init"));
+  o->cfg.bits = 2;
+  o->cfg.centroids = 256;
+  cmd->get_option("--centroids")->default_str("256");
+  cmd->add_option("--bits", o->bits, "residual code width: 2, 4, or a list (2,4) to stream several packed caches")
+      ->type_name("LIST")
+      ->default_str(o->bits);
+  cmd->add_option("--seed", o->seed, "the workload's video")->type_name("UINT")->default_str(o->seed);
+  cmd->add_option("--init", o->init, "k-means initialisation: random | kmeans++ | warm (previous span's codebook)")
+      ->type_name("NAME")
+      ->default_str(o->init);
+  cmd->add_option("--codec-seed", o->codec_seed, "seed of the codec's random choices")
+      ->type_name("UINT")
+      ->default_str(o->codec_seed);
+
+  cmd->add_option("--span-chunks", o->span_chunks, "chunks encoded together (one codebook)")
+      ->type_name("N")
+      ->default_str(o->span_chunks);
+  cmd->add_option("--keep-recent", o->keep_recent, "completed chunks kept bf16")
+      ->type_name("N")
+      ->default_str(o->keep_recent);
+  cmd->add_option("--sink-keep", o->sink_keep, "leading sink chunks never packed")
+      ->type_name("N")
+      ->default_str(o->sink_keep);
+  cmd->add_option("--sink-span", o->sink_span, "chunk | full (default: the preset's sink policy)")->type_name("NAME");
+  cmd->add_flag("--no-sink", o->no_sink, "keep the sink chunks bf16 (sink = false)");
+  cmd->add_option("--json", o->json, "write the report JSON (docs/simulate.schema.json) to FILE")->type_name("FILE");
+  cmd->add_option("--report", o->report, "write report.json, memory.svg, attention.svg and summary.txt into DIR")
+      ->type_name("DIR");
+  cmd->add_flag("--quiet,-q", o->quiet, "no progress on stderr");
+  cmd->callback([o] { run_simulate(*o); });
+}
+
+}  // namespace
+}  // namespace qvg::cli
+
+QVG_REGISTER_COMMAND(qvg::cli::register_simulate);
