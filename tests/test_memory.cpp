@@ -87,7 +87,8 @@ TEST(Memory, PolicyPeakSpanOneHandDerived) {
   EXPECT_EQ(r.policy_peak_bytes, 15888u);
   EXPECT_EQ(r.peak_step.packed_tokens, 20);
   EXPECT_EQ(r.peak_step.raw_tokens, 20);
-  EXPECT_DOUBLE_EQ(r.policy_ratio(), 20480.0 / 15888.0);
+  EXPECT_DOUBLE_EQ(r.policy_ratio_vs_dense_window(), 20480.0 / 15888.0);
+  EXPECT_DOUBLE_EQ(r.policy_ratio(), double(r.raw_context_bytes) / 15888.0);
 }
 
 TEST(Memory, PolicyReplayStepByStepSpanTwo) {

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "qvg/cache.h"
@@ -543,4 +544,37 @@ TEST(PackedCachePolicy, HeadsNotWrittenInANewChunkAreZeros) {
   view = c.update(k, v, 0, 0);
   EXPECT_EQ(c.segment(0).k_raw.at(0, 1, 0, 3), k.at(0, 1, 0, 3));
   EXPECT_EQ(c.global_end(), 3);
+}
+
+// Two layers' caches sharing one ViewScratch: identical views to unshared caches,
+// one window of view memory for both, and the documented lifetime (a shared
+// view is overwritten by the other cache's next update).
+TEST(PackedCacheScratch, SharedViewScratchAcrossLayers) {
+  std::mt19937_64 rng(77);
+  CacheOptions o = small_opts(24, 4);
+  auto shared = std::make_shared<ViewScratch>();
+  CacheOptions os = o;
+  os.view_scratch = shared;
+  QuantArgs q = small_quant();
+  PackedCausalCache a(o, q), b(o, q), as(os, q), bs(os, q);
+  for (int64_t c = 0; c < 48; c += 4) {
+    Tensor ka = random_tensor(rng, o.dtype, {o.batch, 4, o.heads, o.head_dim});
+    Tensor va = random_tensor(rng, o.dtype, {o.batch, 4, o.heads, o.head_dim});
+    Tensor kb = random_tensor(rng, o.dtype, {o.batch, 4, o.heads, o.head_dim});
+    Tensor vb = random_tensor(rng, o.dtype, {o.batch, 4, o.heads, o.head_dim});
+    for (int step = 0; step < 2; ++step) {
+      const Tensor ra = a.update(ka, va, c).k.to_tensor();
+      const KVView sa = as.update(ka, va, c);
+      const Tensor sa_k = sa.k.to_tensor();
+      ASSERT_EQ(std::memcmp(ra.data(), sa_k.data(), ra.nbytes()), 0) << "layer a, chunk at " << c;
+      const Tensor rb = b.update(kb, vb, c).k.to_tensor();
+      const KVView sb = bs.update(kb, vb, c);
+      ASSERT_EQ(std::memcmp(rb.data(), sb.k.to_tensor().data(), rb.nbytes()), 0) << "layer b, chunk at " << c;
+      if (!sa.zero_copy && !sb.zero_copy) {
+        // Both copied views live in the one shared buffer.
+        EXPECT_EQ(sa.k.data, sb.k.data);
+        EXPECT_LE(shared->size(), 2 * size_t(o.batch * 24 * o.heads * o.head_dim) * dtype_size(o.dtype));
+      }
+    }
+  }
 }

@@ -82,6 +82,29 @@ struct KVView {
   bool zero_copy = false;          ///< k/v alias resident storage (no copy, no decode)
 };
 
+/// Memory that backs copied views (dense two-range views, packed windows that
+/// need decoding). Each cache owns one unless CacheOptions::view_scratch names a
+/// shared one. Several caches — typically the layers of one model — may share a
+/// ViewScratch: a copied view is then valid only until the next successful
+/// mutating call on *any* cache sharing it (the usual pattern: layer i attends
+/// before layer i+1 updates), and the model holds one window of view memory
+/// instead of one per layer. Not thread-safe: caches sharing it are used from one
+/// thread at a time.
+class ViewScratch {
+ public:
+  size_t size() const { return buf_.size(); }  ///< bytes held now
+  std::byte* data() { return buf_.data(); }
+  const std::byte* data() const { return buf_.data(); }
+  /// Makes the buffer exactly n bytes (content unspecified when it changes size).
+  void resize(size_t n) {
+    if (n != buf_.size()) buf_ = AlignedBuffer::uninitialized(n);
+  }
+  void release() { buf_ = AlignedBuffer(); }  ///< frees the memory (views into it die)
+
+ private:
+  AlignedBuffer buf_;
+};
+
 /// The constructor arguments shared by both caches (spec 3.1). Validated once,
 /// at construction; the cache trusts them afterwards.
 struct CacheOptions {
@@ -95,6 +118,8 @@ struct CacheOptions {
   std::optional<int64_t> attention_window_size;
   /// Dense only: grow the buffer instead of evicting (the packed cache rejects it).
   bool allow_growth = false;
+  /// Backing memory of copied views; nullptr: the cache owns its own. See ViewScratch.
+  std::shared_ptr<ViewScratch> view_scratch;
 
   /// The window in tokens (attention_window_size or cache_size).
   int64_t window() const { return attention_window_size.value_or(cache_size); }

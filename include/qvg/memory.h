@@ -121,7 +121,10 @@ struct MemoryReport {
   PolicyStep peak_step;  ///< the state at the peak
 
   double ratio() const;         ///< raw_context / packed_context
-  double policy_ratio() const;  ///< dense_window / policy_peak
+  /// raw_context / policy_peak: bf16 / packed as `qvg memory --json` defines its ratios.
+  double policy_ratio() const;
+  /// dense_window / policy_peak: against the dense cache holding the same window.
+  double policy_ratio_vs_dense_window() const;
   size_t total(size_t per_layer) const { return per_layer * size_t(shape.layers); }
 };
 

@@ -52,7 +52,9 @@ struct TensorView {
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  explicit AlignedBuffer(size_t n);
+  explicit AlignedBuffer(size_t n);  ///< zero-filled
+  /// n bytes of unspecified content (for buffers that are fully overwritten).
+  static AlignedBuffer uninitialized(size_t n);
   AlignedBuffer(const AlignedBuffer& o);
   AlignedBuffer(AlignedBuffer&& o) noexcept;
   AlignedBuffer& operator=(AlignedBuffer o) noexcept;
@@ -62,6 +64,7 @@ class AlignedBuffer {
   size_t size() const { return n_; }
 
  private:
+  AlignedBuffer(size_t n, bool zero);
   std::byte* p_ = nullptr;
   size_t n_ = 0;
 };

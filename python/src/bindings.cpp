@@ -341,6 +341,20 @@ class DenseCache {
 };
 
 // ---- the packed cache ---------------------------------------------------------------
+// Every packed cache of the process assembles its copied views in one shared
+// ViewScratch: the binding copies each view out into a fresh tensor right away,
+// so the scratch only has to outlive one call, and a model with L layers holds
+// one window of view memory instead of L. A process-wide mutex serialises the
+// update + copy-out of packed caches that share it.
+std::shared_ptr<qvg::ViewScratch> shared_view_scratch() {
+  static const auto s = std::make_shared<qvg::ViewScratch>();
+  return s;
+}
+std::mutex& shared_view_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 class PackedCache {
  public:
   PackedCache(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
@@ -355,6 +369,7 @@ class PackedCache {
     o.sink_tokens = sink_tokens;
     o.attention_window_size = attention_window_size;
     o.allow_growth = allow_growth;
+    o.view_scratch = shared_view_scratch();
     cache_ = std::make_shared<qvg::PackedCausalCache>(o, quant);
   }
 
@@ -364,8 +379,10 @@ class PackedCache {
     const Input ki = as_input(key, "key"), vi = as_input(value, "value");
     detach_lent_views();
     qvg::KVView kv;
+    std::unique_lock<std::mutex> shared_lock;
     {
       py::gil_scoped_release nogil;
+      shared_lock = std::unique_lock<std::mutex>(shared_view_mutex());
       kv = cache_->update(ki.view, vi.view, c, hs, rw);
     }
     at::Tensor ok, ov;
@@ -382,6 +399,7 @@ class PackedCache {
   void reset_indices() {
     BusyGuard busy(mu_);
     detach_lent_views();
+    std::lock_guard<std::mutex> shared_lock(shared_view_mutex());  // reset releases the shared scratch
     cache_->reset_indices();
   }
 

@@ -23,10 +23,15 @@ struct DenseCausalCache::Impl {
   std::byte* v = nullptr;
   bool owns = true;
   int64_t ge = 0, le = 0;
-  AlignedBuffer scratch;  // K then V of the last copied view
+  std::shared_ptr<ViewScratch> scratch;  // K then V of the last copied view (maybe shared)
   size_t peak_transient = 0;
 
-  explicit Impl(const CacheOptions& o) : opt(o), esz(dtype_size(o.dtype)), cap(o.cache_size), window(o.window()) {}
+  explicit Impl(const CacheOptions& o)
+      : opt(o),
+        esz(dtype_size(o.dtype)),
+        cap(o.cache_size),
+        window(o.window()),
+        scratch(o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>()) {}
 
   size_t buffer_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
   size_t token_bytes() const { return size_t(opt.heads * opt.head_dim) * esz; }
@@ -139,7 +144,7 @@ struct DenseCausalCache::Impl {
     const int64_t T = (p.r1 - p.r0) + (p.r3 - p.r2);
     const bool copy = p.r3 > p.r2;
     const size_t view_bytes = copy ? 2 * size_t(B * T * p.a.h_in * D) * esz : 0;
-    if (scratch.size() != view_bytes || p.new_cap != cap) scratch = AlignedBuffer();  // release before growth
+    if (scratch->size() != view_bytes || p.new_cap != cap) scratch->release();  // release before growth
     if (p.new_cap != cap) {
       AlignedBuffer nk(buffer_bytes(p.new_cap)), nv(buffer_bytes(p.new_cap));
       const size_t old_bytes = 2 * buffer_bytes(cap);
@@ -179,10 +184,10 @@ struct DenseCausalCache::Impl {
       out.v = detail::sub_view(v, opt.dtype, B, cap, H, D, p.r0, T, p.a.hs, p.a.h_in);
       out.zero_copy = true;
     } else {
-      if (scratch.size() != view_bytes) scratch = AlignedBuffer(view_bytes);
+      if (scratch->size() != view_bytes) scratch->resize(view_bytes);
       meter.add(view_bytes);
-      std::byte* sk = scratch.data();
-      std::byte* sv = scratch.data() + view_bytes / 2;
+      std::byte* sk = scratch->data();
+      std::byte* sv = scratch->data() + view_bytes / 2;
       const int64_t len0 = p.r1 - p.r0;
       detail::gather_rows(k, B, cap, H, D, esz, p.r0, p.r1, p.a.hs, p.a.h_in, sk, T, 0);
       detail::gather_rows(k, B, cap, H, D, esz, p.r2, p.r3, p.a.hs, p.a.h_in, sk, T, len0);
@@ -233,7 +238,7 @@ KVView DenseCausalCache::do_update(ConstTensorView key, ConstTensorView value, i
 void DenseCausalCache::reset_indices() {
   impl_->ge = 0;
   impl_->le = 0;
-  impl_->scratch = AlignedBuffer();
+  impl_->scratch->release();
   impl_->peak_transient = 0;
 }
 
@@ -251,7 +256,7 @@ void DenseCausalCache::set_indices(int64_t global_end, int64_t local_end) {
         local_end, cap, global_end));
   impl_->ge = global_end;
   impl_->le = local_end;
-  impl_->scratch = AlignedBuffer();
+  impl_->scratch->release();
 }
 
 size_t DenseCausalCache::resident_nbytes() const { return 2 * impl_->buffer_bytes(impl_->cap); }
@@ -288,8 +293,8 @@ DenseCausalCache::DebugState DenseCausalCache::debug_state() const {
   s.local_end = impl_->le;
   s.resident_nbytes = resident_nbytes();
   s.peak_transient_nbytes = impl_->peak_transient;
-  const auto* sb = reinterpret_cast<const uint8_t*>(impl_->scratch.data());
-  s.view_scratch.assign(sb, sb + impl_->scratch.size());
+  const auto* sb = reinterpret_cast<const uint8_t*>(impl_->scratch->data());
+  s.view_scratch.assign(sb, sb + impl_->scratch->size());
   s.owns_storage = impl_->owns;
   return s;
 }

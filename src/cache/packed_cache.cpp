@@ -61,11 +61,12 @@ struct PackedCausalCache::Impl {
   int64_t ge = 0;
   std::optional<int64_t> chunk_tokens;
   std::optional<EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
-  AlignedBuffer scratch;                        // K then V of the last copied view
+  std::shared_ptr<ViewScratch> scratch;  // K then V of the last copied view (maybe shared)
   size_t peak_transient = 0;
 
   Impl(const CacheOptions& o, const QuantArgs& q)
       : opt(o), quant(q), esz(dtype_size(o.dtype)), cap(o.cache_size), window(o.window()) {
+    scratch = o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>();
     if (q.enabled()) codec = q.codec();
   }
 
@@ -258,8 +259,11 @@ struct PackedCausalCache::Impl {
     const int64_t T = r1 + (r3 - r2);
     const bool copy = r1 > 0 || r2 < c;
     const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * D) * esz : 0;
-    if (scratch.size() != view_bytes || (p.advance && quant.enabled())) scratch = AlignedBuffer();
-    meter.add(scratch.size());  // kept for reuse: held through the call
+    // An advance that encodes frees an unshared view buffer first (lower peak while
+    // encoding); a shared one is kept for the other caches that use it.
+    if (scratch->size() != view_bytes || (p.advance && quant.enabled() && scratch.use_count() == 1))
+      scratch->release();
+    meter.add(scratch->size());  // kept for reuse: held through the call
 
     if (p.advance) {
       Segment cur;
@@ -290,12 +294,12 @@ struct PackedCausalCache::Impl {
       out.v = detail::sub_view(cur.v_raw.data(), opt.dtype, B, cur.tokens(), H, D, r2 - cur.g0, T, p.a.hs, h_in);
       out.zero_copy = true;
     } else {
-      if (scratch.size() != view_bytes) {
-        scratch = AlignedBuffer(view_bytes);
+      if (scratch->size() != view_bytes) {
+        scratch->resize(view_bytes);
         meter.add(view_bytes);
       }
-      std::byte* sk = scratch.data();
-      std::byte* sv = scratch.data() + view_bytes / 2;
+      std::byte* sk = scratch->data();
+      std::byte* sv = scratch->data() + view_bytes / 2;
       fill(0, r1, 0, p.a.hs, h_in, sk, sv, T);
       fill(r2, r3, r1, p.a.hs, h_in, sk, sv, T);
       out.k = detail::dense_view(sk, opt.dtype, B, T, h_in, D);
@@ -363,7 +367,7 @@ void PackedCausalCache::reset_indices() {
   impl_->chunk_tokens.reset();
   impl_->warm_k.reset();
   impl_->warm_v.reset();
-  impl_->scratch = AlignedBuffer();
+  impl_->scratch->release();
   impl_->peak_transient = 0;
 }
 
@@ -440,8 +444,8 @@ PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
   st.warm_v = impl_->warm_v;
   st.resident_nbytes = resident_nbytes();
   st.peak_transient_nbytes = impl_->peak_transient;
-  const auto* sb = reinterpret_cast<const uint8_t*>(impl_->scratch.data());
-  st.view_scratch.assign(sb, sb + impl_->scratch.size());
+  const auto* sb = reinterpret_cast<const uint8_t*>(impl_->scratch->data());
+  st.view_scratch.assign(sb, sb + impl_->scratch->size());
   return st;
 }
 

@@ -35,12 +35,14 @@ DType parse_dtype(std::string_view s, std::string_view what) {
 std::string Shape4::str() const { return fmt::format("[{}, {}, {}, {}]", b, s, h, d); }
 
 // ---- AlignedBuffer ---------------------------------------------------------
-AlignedBuffer::AlignedBuffer(size_t n) : n_(n) {
+AlignedBuffer::AlignedBuffer(size_t n) : AlignedBuffer(n, true) {}
+AlignedBuffer AlignedBuffer::uninitialized(size_t n) { return AlignedBuffer(n, false); }
+AlignedBuffer::AlignedBuffer(size_t n, bool zero) : n_(n) {
   if (n == 0) return;
   size_t rounded = (n + 63) / 64 * 64;
   p_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
   if (!p_) throw std::bad_alloc();
-  std::memset(p_, 0, rounded);
+  if (zero) std::memset(p_, 0, rounded);
 }
 AlignedBuffer::AlignedBuffer(const AlignedBuffer& o) : AlignedBuffer(o.n_) {
   if (n_) std::memcpy(p_, o.p_, n_);

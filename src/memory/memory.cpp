@@ -168,6 +168,9 @@ double MemoryReport::ratio() const {
   return packed_context_bytes > 0 ? double(raw_context_bytes) / double(packed_context_bytes) : 0.0;
 }
 double MemoryReport::policy_ratio() const {
+  return policy_peak_bytes > 0 ? double(raw_context_bytes) / double(policy_peak_bytes) : 0.0;
+}
+double MemoryReport::policy_ratio_vs_dense_window() const {
   return policy_peak_bytes > 0 ? double(dense_window_bytes) / double(policy_peak_bytes) : 0.0;
 }
 

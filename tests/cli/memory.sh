@@ -20,12 +20,13 @@ import json, sys, os
 T = sys.argv[1]
 MiB = 2.0 ** 20
 keys = ["per_layer_bf16_mib", "per_layer_packed_mib", "total_bf16_mib", "total_packed_mib", "ratio",
-        "per_layer_policy_mib", "policy_ratio"]
+        "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window"]
 
 def load(name):
     j = json.load(open(os.path.join(T, name)))
     assert list(j.keys()) == keys, (name, list(j.keys()))
     assert abs(j["ratio"] - j["per_layer_bf16_mib"] / j["per_layer_packed_mib"]) < 1e-9, name
+    assert abs(j["policy_ratio"] - j["per_layer_bf16_mib"] / j["per_layer_policy_mib"]) < 1e-9, name
     return j
 
 def enc(S, H, D, bits=2, K=128, block=64, stages=1, scale_bytes=1, asym=False, two_level=True):
@@ -48,7 +49,8 @@ close(sf["total_packed_mib"], 30 * sf["per_layer_packed_mib"], "sf total")
 # Steady state: 55 packed chunks + kept + current raw; vs the dense 57-chunk window.
 policy = 55 * 2 * enc(4680, 12, 128) + 2 * 4680 * 12 * 128 * 4
 close(sf["per_layer_policy_mib"], policy / MiB, "sf policy")
-close(sf["policy_ratio"], 57 * 4680 * 12 * 128 * 4 / policy, "sf policy ratio")
+close(sf["policy_ratio"], 56 * 4680 * 12 * 128 * 4 / policy, "sf policy ratio (bf16 context / policy)")
+close(sf["policy_ratio_vs_dense_window"], 57 * 4680 * 12 * 128 * 4 / policy, "sf policy ratio vs dense window")
 
 # The published Self-Forcing run: 256 centroids, spans of 8 chunks (7 spans).
 sf8 = load("sf8.json")
