@@ -3,7 +3,8 @@
 # Usage: scripts/deps.sh [--python]   (--python adds what the PyTorch extension needs)
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev librapidcheck-dev libbenchmark-dev
-      libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libxxhash-dev libfaiss-dev libopenblas0-openmp)
+      libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libxxhash-dev libfaiss-dev libopenblas0-openmp
+      python3-jsonschema)
 if [[ "${1:-}" == "--python" ]]; then
   pkgs+=(python3 python3-dev python3-pytest pybind11-dev python3-torch libtorch-dev)
 fi

@@ -1,0 +1,630 @@
+// Tests of the streaming simulation, the comparison and their reports (qvg/simulate.h):
+// record counts and geometry, memory sanity and the memory model, quality figures
+// (exactly zero before the first span, bounded after), determinism across thread
+// counts, JSON against docs/simulate.schema.json (a small validator for the schema's
+// keywords), SVG structure, chart helpers, configuration errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "qvg/error.h"
+#include "qvg/simulate.h"
+
+namespace qvg {
+namespace {
+
+using nlohmann::json;
+
+// The tiny workload: self-forcing x0.05 (1 head, 2 layers, 84 tokens/frame,
+// 252-token chunks), a 5-chunk context (window 6 chunks), spans of 2 chunks.
+SimulationConfig tiny_config() {
+  SimulationConfig c;
+  c.model = "self-forcing-1.3b";
+  c.scale = 0.05;
+  c.context_frames = 15;
+  c.chunks = 12;
+  c.steps = 2;
+  c.layers = 2;
+  c.query_stride = 8;
+  PackedConfig p = default_packed_config();
+  p.quant.centroids = 64;
+  p.quant.span_chunks = 2;
+  c.packed = {p};
+  c.threads = 2;
+  return c;
+}
+
+const SimulationResult& tiny_result() {
+  static const SimulationResult r = simulate(tiny_config());
+  return r;
+}
+
+TEST(Simulate, RecordCountsAndGeometry) {
+  const SimulationResult& r = tiny_result();
+  const ModelPreset& p = r.preset;
+  ASSERT_EQ(p.heads, 1);
+  ASSERT_EQ(p.chunk_tokens(), 252);
+  ASSERT_EQ(p.cache_tokens(), 6 * 252);
+  ASSERT_EQ(r.chunks.size(), 12u);
+  EXPECT_EQ(r.layers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(r.window_full_chunk, 5);
+  int64_t prev_window = 0;
+  for (size_t i = 0; i < r.chunks.size(); ++i) {
+    const ChunkRecord& c = r.chunks[i];
+    EXPECT_EQ(c.chunk.index, int64_t(i));
+    EXPECT_EQ(c.global_end, int64_t(i + 1) * 252);
+    EXPECT_EQ(c.window_tokens, std::min<int64_t>(c.global_end, p.cache_tokens()));
+    EXPECT_GE(c.window_tokens, prev_window);
+    prev_window = c.window_tokens;
+    EXPECT_EQ(c.queries, (252 + 7) / 8);
+    ASSERT_EQ(c.layers.size(), 2u);
+    for (const LayerRecord& l : c.layers) {
+      EXPECT_EQ(l.window_tokens, c.window_tokens);
+      ASSERT_EQ(l.packed.size(), 1u);
+      EXPECT_GE(l.generate_s, 0);
+      EXPECT_GE(l.packed[0].encode_s, 0);
+      EXPECT_GE(l.packed[0].decode_s, 0);
+    }
+  }
+}
+
+TEST(Simulate, MemorySanityAndModel) {
+  const SimulationResult& r = tiny_result();
+  const ModelPreset& p = r.preset;
+  const size_t raw_chunk = 2 * size_t(p.chunk_tokens()) * size_t(p.heads) * size_t(p.head_dim) * 2;
+  const size_t dense = 2 * size_t(p.cache_tokens()) * size_t(p.heads) * size_t(p.head_dim) * 2;
+  bool encoded_yet = false;
+  int64_t prev_encoded = 0;
+  for (const ChunkRecord& c : r.chunks) {
+    for (const LayerRecord& l : c.layers) {
+      const PackedLayerRecord& pk = l.packed[0];
+      EXPECT_EQ(l.dense_resident_bytes, dense) << "the dense cache's buffers are allocated up front";
+      ASSERT_TRUE(pk.predicted_resident_bytes.has_value());
+      EXPECT_EQ(pk.resident_bytes, *pk.predicted_resident_bytes) << "chunk " << c.chunk.index;
+      if (pk.encoded_tokens > 0) encoded_yet = true;
+      if (!encoded_yet) {
+        // Before any encoding the packed cache holds exactly the raw chunks.
+        EXPECT_EQ(pk.resident_bytes, size_t(c.chunk.index + 1) * raw_chunk);
+      }
+      if (c.chunk.index < r.window_full_chunk) {
+        EXPECT_GE(pk.encoded_tokens, prev_encoded);
+      }
+      if (c.chunk.index >= r.window_full_chunk) {
+        EXPECT_LE(pk.resident_bytes, l.dense_resident_bytes) << "int2 must not exceed dense once the window is full";
+      }
+      EXPECT_LE(pk.encoded_visible, pk.encoded_tokens);
+      EXPECT_LE(pk.encoded_visible, c.window_tokens);
+    }
+    prev_encoded = c.layers.front().packed[0].encoded_tokens;
+  }
+  ASSERT_EQ(r.summary.size(), 1u);
+  const PackedSummary& s = r.summary[0];
+  EXPECT_TRUE(s.memory_model_matches);
+  EXPECT_EQ(s.dense_bytes, dense);
+  EXPECT_GT(s.ratio_peak, 1.0);
+  EXPECT_GE(s.ratio_full, s.ratio_peak);
+  ASSERT_TRUE(s.bits_per_element.has_value());
+  EXPECT_GT(*s.bits_per_element, 2.0);
+  EXPECT_LT(*s.bits_per_element, 16.0);
+  EXPECT_GT(s.spans, 0);
+  EXPECT_EQ(s.full_layers, 30);
+  EXPECT_GT(s.full_dense_bytes, s.full_policy_peak_bytes);
+}
+
+TEST(Simulate, QualityZeroBeforeEncodingBoundedAfter) {
+  const SimulationResult& r = tiny_result();
+  bool seen = false;
+  for (const ChunkRecord& c : r.chunks) {
+    for (const LayerRecord& l : c.layers) {
+      const PackedLayerRecord& pk = l.packed[0];
+      if (pk.encoded_visible == 0) {
+        // Identical views: the errors are exactly zero.
+        EXPECT_EQ(pk.attention.err, 0.0) << "chunk " << c.chunk.index;
+        EXPECT_DOUBLE_EQ(pk.attention.cosine(), 1.0);
+        EXPECT_FALSE(pk.k.rel_mse().has_value());
+      } else {
+        seen = true;
+        ASSERT_TRUE(pk.k.rel_mse() && pk.v.rel_mse());
+        EXPECT_GT(*pk.k.rel_mse(), 0);
+        EXPECT_LT(*pk.k.rel_mse(), 0.5);
+        EXPECT_GT(*pk.v.rel_mse(), 0);
+        EXPECT_LT(*pk.v.rel_mse(), 0.5);
+        EXPECT_GT(pk.attention.rel_l2(), 0);
+        EXPECT_LT(pk.attention.rel_l2(), 0.5);
+        EXPECT_GT(pk.attention.cosine(), 0.9);
+        EXPECT_EQ(pk.attention.vectors, c.queries * r.preset.heads);
+      }
+    }
+  }
+  EXPECT_TRUE(seen);
+  const PackedSummary& s = r.summary[0];
+  EXPECT_GT(s.quality_chunks, 0);
+  ASSERT_TRUE(s.k.snr_db().has_value());
+  EXPECT_GT(*s.k.snr_db(), 3.0);
+  EXPECT_GE(s.worst_attention_rel_l2, s.attention.rel_l2() - 1e-12);
+}
+
+// Every figure except the wall times, as text, for determinism checks.
+std::string figures(const SimulationResult& r) {
+  std::ostringstream o;
+  o.precision(17);
+  for (const ChunkRecord& c : r.chunks)
+    for (const LayerRecord& l : c.layers) {
+      o << c.chunk.index << ' ' << l.layer << ' ' << l.dense_resident_bytes << ' ' << l.dense_transient_peak_bytes
+        << ' ' << l.window_tokens;
+      for (const PackedLayerRecord& p : l.packed)
+        o << " | " << p.resident_bytes << ' ' << p.transient_peak_bytes << ' ' << p.encoded_tokens << ' '
+          << p.encoded_visible << ' ' << p.encoded_bytes << ' ' << p.spans_encoded << ' ' << p.k.err << ' ' << p.k.ref
+          << ' ' << p.v.err << ' ' << p.v.ref << ' ' << p.attention.err << ' ' << p.attention.ref << ' '
+          << p.attention.cos_sum << ' ' << p.attention.cos_min;
+      o << '\n';
+    }
+  return o.str();
+}
+
+TEST(Simulate, DeterministicAcrossThreadCounts) {
+  SimulationConfig c = tiny_config();
+  c.chunks = 9;
+  c.threads = 1;
+  const SimulationResult a = simulate(c);
+  c.threads = 2;
+  const SimulationResult b = simulate(c);
+  EXPECT_EQ(figures(a), figures(b));
+  c.seed = 7;
+  const SimulationResult other = simulate(c);
+  EXPECT_NE(figures(a), figures(other)) << "another seed is another video";
+}
+
+TEST(Simulate, SeveralConfigurationsAndStepNoise) {
+  SimulationConfig c = tiny_config();
+  c.chunks = 8;
+  c.layers = 1;
+  c.steps = 3;
+  c.attention_every_step = true;
+  PackedConfig p4 = c.packed[0];
+  p4.label = "int4";
+  p4.quant.bits = 4;
+  c.packed.push_back(p4);
+  const SimulationResult r = simulate(c);
+  ASSERT_EQ(r.summary.size(), 2u);
+  EXPECT_EQ(r.summary[1].label, "int4");
+  for (const ChunkRecord& ch : r.chunks) {
+    ASSERT_EQ(ch.layers[0].packed.size(), 2u);
+    const PackedLayerRecord &a = ch.layers[0].packed[0], &b = ch.layers[0].packed[1];
+    EXPECT_EQ(a.attention.vectors, 3 * ch.queries * r.preset.heads) << "attention scored at every step";
+    EXPECT_EQ(b.encoded_tokens, a.encoded_tokens) << "the policy does not depend on bits";
+    if (a.encoded_visible > 0) {
+      EXPECT_GT(a.encoded_bytes, 0u);
+      EXPECT_GT(b.encoded_bytes, a.encoded_bytes) << "int4 codes take more bytes";
+      EXPECT_LT(*b.k.rel_mse(), *a.k.rel_mse()) << "int4 reconstructs K better";
+    }
+  }
+}
+
+// ---- JSON against the schema ------------------------------------------------
+
+std::filesystem::path repo_root() { return std::filesystem::path(__FILE__).parent_path().parent_path(); }
+
+json load_schema() {
+  std::ifstream f(repo_root() / "docs" / "simulate.schema.json");
+  EXPECT_TRUE(f.good()) << "docs/simulate.schema.json not found next to the tests";
+  return json::parse(f);
+}
+
+// A validator for the keywords docs/simulate.schema.json uses: type, const, enum,
+// required, properties, additionalProperties: false, items, minItems, maxItems,
+// minimum, maximum, exclusiveMinimum, minLength, oneOf, $ref (#/$defs/...).
+void check(const json& schema, const json& v, const json& root, const std::string& path,
+           std::vector<std::string>& errors) {
+  if (schema.contains("$ref")) {
+    const std::string ref = schema["$ref"];
+    ASSERT_EQ(ref.rfind("#/$defs/", 0), 0u) << ref;
+    check(root["$defs"][ref.substr(8)], v, root, path, errors);
+  }
+  auto type_ok = [&](const std::string& t) {
+    if (t == "object") return v.is_object();
+    if (t == "array") return v.is_array();
+    if (t == "string") return v.is_string();
+    if (t == "boolean") return v.is_boolean();
+    if (t == "null") return v.is_null();
+    if (t == "integer") return v.is_number_integer();
+    if (t == "number") return v.is_number();
+    return false;
+  };
+  if (schema.contains("type")) {
+    bool ok = false;
+    if (schema["type"].is_array()) {
+      for (const auto& t : schema["type"]) ok = ok || type_ok(t.get<std::string>());
+    } else {
+      ok = type_ok(schema["type"].get<std::string>());
+    }
+    if (!ok) {
+      errors.push_back(path + ": type " + schema["type"].dump() + " expected, got " + v.dump().substr(0, 60));
+      return;
+    }
+  }
+  if (schema.contains("const") && v != schema["const"]) errors.push_back(path + ": const");
+  if (schema.contains("enum")) {
+    bool found = false;
+    for (const auto& e : schema["enum"]) found = found || e == v;
+    if (!found) errors.push_back(path + ": not in enum: " + v.dump());
+  }
+  if (schema.contains("oneOf")) {
+    int matches = 0;
+    for (const auto& alt : schema["oneOf"]) {
+      std::vector<std::string> e;
+      check(alt, v, root, path, e);
+      matches += e.empty() ? 1 : 0;
+    }
+    if (matches != 1) errors.push_back(path + ": oneOf matched " + std::to_string(matches));
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if (schema.contains("minimum") && x < schema["minimum"].get<double>()) errors.push_back(path + ": < minimum");
+    if (schema.contains("maximum") && x > schema["maximum"].get<double>()) errors.push_back(path + ": > maximum");
+    if (schema.contains("exclusiveMinimum") && x <= schema["exclusiveMinimum"].get<double>())
+      errors.push_back(path + ": <= exclusiveMinimum");
+  }
+  if (v.is_string() && schema.contains("minLength") && v.get<std::string>().size() < schema["minLength"].get<size_t>())
+    errors.push_back(path + ": too short");
+  if (v.is_object()) {
+    if (schema.contains("required"))
+      for (const auto& k : schema["required"])
+        if (!v.contains(k.get<std::string>())) errors.push_back(path + ": missing required key " + k.dump());
+    if (schema.contains("properties")) {
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (schema["properties"].contains(it.key()))
+          check(schema["properties"][it.key()], it.value(), root, path + "." + it.key(), errors);
+        else if (schema.contains("additionalProperties") && schema["additionalProperties"] == false)
+          errors.push_back(path + ": unexpected key " + it.key());
+      }
+    }
+  }
+  if (v.is_array()) {
+    if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>()) errors.push_back(path + ": minItems");
+    if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) errors.push_back(path + ": maxItems");
+    if (schema.contains("items"))
+      for (size_t i = 0; i < v.size(); ++i) check(schema["items"], v[i], root, path + "[" + std::to_string(i) + "]", errors);
+  }
+}
+
+std::vector<std::string> validate(const json& doc) {
+  const json schema = load_schema();
+  std::vector<std::string> errors;
+  check(schema, doc, schema, "$", errors);
+  return errors;
+}
+
+TEST(SimulateJson, ValidatesAgainstTheSchema) {
+  const json doc = json::parse(simulation_json(tiny_result()));
+  const std::vector<std::string> errors = validate(doc);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " errors, first: " << (errors.empty() ? "" : errors[0]);
+  EXPECT_EQ(doc["format"], "qvg.simulate/1");
+  EXPECT_EQ(doc["chunks"].size(), 12u);
+  EXPECT_EQ(doc["chunks"][0]["layers"].size(), 2u);
+  EXPECT_EQ(doc["summary"][0]["label"], "int2");
+  EXPECT_EQ(doc["workload"]["assumed"], json({"sink", "k_norm_spread", "v_wall_ratio", "v_norm_spread", "magnitude"}));
+  // The chunk aggregates pool the layers' sums.
+  const ChunkRecord& last = tiny_result().chunks.back();
+  AttentionSums a;
+  for (const LayerRecord& l : last.layers) a.add(l.packed[0].attention);
+  EXPECT_NEAR(doc["chunks"][11]["packed"][0]["attention_rel_l2"].get<double>(), a.rel_l2(), 1e-12);
+  // One line when indent < 0.
+  EXPECT_EQ(simulation_json(tiny_result(), -1).find('\n'), std::string::npos);
+}
+
+TEST(SimulateJson, TheValidatorCatchesViolations) {
+  json doc = json::parse(simulation_json(tiny_result()));
+  doc["run"].erase("steps");
+  doc["chunks"][0]["packed"][0]["resident_bytes"] = -1;
+  doc["chunks"][1]["extra"] = 1;
+  doc["configs"][0]["bits"] = 3;
+  const std::vector<std::string> errors = validate(doc);
+  EXPECT_EQ(errors.size(), 4u);
+}
+
+// ---- SVG --------------------------------------------------------------------
+
+// Tag balance of an SVG document: every <tag> closed in order, self-closing tags
+// skipped, the prolog and comments ignored. Returns the element names seen.
+std::multiset<std::string> check_xml(const std::string& s) {
+  std::vector<std::string> stack;
+  std::multiset<std::string> seen;
+  size_t i = 0;
+  while ((i = s.find('<', i)) != std::string::npos) {
+    const size_t j = s.find('>', i);
+    EXPECT_NE(j, std::string::npos);
+    if (j == std::string::npos) break;
+    const std::string tag = s.substr(i + 1, j - i - 1);
+    i = j + 1;
+    if (tag.empty() || tag[0] == '?' || tag[0] == '!') continue;
+    if (tag[0] == '/') {
+      EXPECT_FALSE(stack.empty()) << "closing " << tag << " without opening";
+      if (stack.empty()) continue;
+      EXPECT_EQ(stack.back(), tag.substr(1));
+      stack.pop_back();
+      continue;
+    }
+    const std::string name = tag.substr(0, tag.find_first_of(" \n/"));
+    seen.insert(name);
+    if (tag.back() != '/') stack.push_back(name);
+  }
+  EXPECT_TRUE(stack.empty()) << "unclosed elements";
+  for (size_t a = s.find('&'); a != std::string::npos; a = s.find('&', a + 1)) {
+    const std::string ent = s.substr(a, 6);
+    EXPECT_TRUE(ent.rfind("&amp;", 0) == 0 || ent.rfind("&lt;", 0) == 0 || ent.rfind("&gt;", 0) == 0 ||
+                ent.rfind("&quot;", 0) == 0)
+        << "raw ampersand: " << ent;
+  }
+  return seen;
+}
+
+TEST(SimulateSvg, MemoryAndAttentionChartsAreWellFormed) {
+  const std::string mem = memory_chart_svg(tiny_result());
+  const std::string att = attention_chart_svg(tiny_result());
+  for (const std::string* s : {&mem, &att}) {
+    EXPECT_EQ(s->rfind("<?xml", 0), 0u);
+    EXPECT_NE(s->find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+    EXPECT_EQ(s->substr(s->size() - 7), "</svg>\n");
+    const auto seen = check_xml(*s);
+    EXPECT_GE(seen.count("text"), 10u) << "title, labels and ticks";
+    EXPECT_GE(seen.count("line"), 8u) << "grid, axes, legend";
+    EXPECT_NE(s->find("window full"), std::string::npos);
+  }
+  // memory: dense, packed, packed + transient.
+  EXPECT_NE(mem.find("dense cache (bf16)"), std::string::npos);
+  EXPECT_NE(mem.find("packed int2"), std::string::npos);
+  EXPECT_NE(mem.find("resident MiB per layer"), std::string::npos);
+  size_t n = 0;
+  for (size_t i = 0; (i = mem.find("class=\"series\"", i)) != std::string::npos; ++i) ++n;
+  EXPECT_EQ(n, 3u);
+  // attention: two thin layer lines + the pooled line.
+  n = 0;
+  for (size_t i = 0; (i = att.find("class=\"series\"", i)) != std::string::npos; ++i) ++n;
+  EXPECT_EQ(n, 3u);
+  EXPECT_NE(att.find("first span encoded"), std::string::npos);
+  EXPECT_NE(att.find("attention relative error (%)"), std::string::npos);
+}
+
+TEST(SimulateSvg, RendererEscapesAndRejectsBadInput) {
+  LineChart c;
+  c.title = "a < b & c";
+  c.series.push_back({});
+  c.series[0].name = "x>y";
+  c.series[0].x = {0, 1, 2};
+  c.series[0].y = {1, std::nan(""), 3};
+  const std::string s = render_line_chart(c);
+  check_xml(s);
+  EXPECT_NE(s.find("a &lt; b &amp; c"), std::string::npos);
+  EXPECT_NE(s.find("x&gt;y"), std::string::npos);
+  // The NaN breaks the line into two subpaths.
+  const size_t p = s.find("class=\"series\" d=\"");
+  ASSERT_NE(p, std::string::npos);
+  const std::string d = s.substr(p, s.find('"', p + 18) - p);
+  EXPECT_EQ(std::count(d.begin(), d.end(), 'M'), 2);
+
+  c.series[0].y = {1, 2};
+  EXPECT_THROW(render_line_chart(c), InvalidArgument);
+  c.series.clear();
+  c.width = 100;
+  EXPECT_THROW(render_line_chart(c), InvalidArgument);
+  c.width = 400;
+  EXPECT_NO_THROW(render_line_chart(c));  // empty charts render axes only
+}
+
+TEST(SimulateSvg, NiceTicks) {
+  auto t = nice_ticks(0, 43.2, 6);
+  ASSERT_GE(t.size(), 4u);
+  EXPECT_EQ(t.front(), 0);
+  const double step = t[1] - t[0];
+  const double mant = step / std::pow(10.0, std::floor(std::log10(step)));
+  EXPECT_TRUE(std::abs(mant - 1) < 1e-9 || std::abs(mant - 2) < 1e-9 || std::abs(mant - 2.5) < 1e-9 ||
+              std::abs(mant - 5) < 1e-9)
+      << step;
+  for (size_t i = 1; i < t.size(); ++i) EXPECT_NEAR(t[i] - t[i - 1], step, 1e-9);
+  EXPECT_LE(t.back(), 43.2);
+  EXPECT_GT(t.back() + step, 43.2);
+  EXPECT_EQ(nice_ticks(3, 3).size(), 1u);
+  EXPECT_TRUE(nice_ticks(0, std::nan("")).empty());
+  const auto small = nice_ticks(0.001, 0.0042, 5);
+  EXPECT_GE(small.size(), 3u);
+}
+
+// ---- the report directory ---------------------------------------------------
+
+TEST(SimulateReport, WritesFourFilesOrNothing) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("qvg_sim_report_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  write_simulation_report(tiny_result(), (dir / "sub").string());
+  for (const char* f : {"report.json", "memory.svg", "attention.svg", "summary.txt"})
+    EXPECT_TRUE(fs::is_regular_file(dir / "sub" / f)) << f;
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "sub")) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 4u) << "no temporaries left behind";
+  std::ifstream j(dir / "sub" / "report.json");
+  EXPECT_TRUE(validate(json::parse(j)).empty());
+  // A file where the directory should be: an error naming it.
+  std::ofstream(dir / "file").put('x');
+  try {
+    write_simulation_report(tiny_result(), (dir / "file").string());
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("file"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(SimulateReport, SummaryTextSaysWhatAndHowToRead) {
+  const std::string s = simulation_summary_text(tiny_result());
+  for (const char* w : {"what was simulated", "self-forcing-1.3b", "x0.05", "context 15 frames", "(a)", "memory",
+                        "smaller", "bits per element", "quality", "attention output", "K SNR", "time", "wall time",
+                        "How to read it", "memory model"})
+    EXPECT_NE(s.find(w), std::string::npos) << w << "\n" << s;
+}
+
+// ---- configuration ----------------------------------------------------------
+
+void expect_invalid(const SimulationConfig& c, const std::string& field) {
+  try {
+    c.validate();
+    ADD_FAILURE() << "expected InvalidArgument naming " << field;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(SimulateConfig, ErrorsNameTheField) {
+  SimulationConfig c = tiny_config();
+  EXPECT_NO_THROW(c.validate());
+  auto with = [&](auto f) {
+    SimulationConfig x = tiny_config();
+    f(x);
+    return x;
+  };
+  expect_invalid(with([](SimulationConfig& x) { x.model = "nope"; }), "self-forcing-1.3b");
+  expect_invalid(with([](SimulationConfig& x) { x.scale = 0; }), "scale");
+  expect_invalid(with([](SimulationConfig& x) { x.scale = 1.5; }), "scale");
+  expect_invalid(with([](SimulationConfig& x) { x.context_frames = 0; }), "context_frames");
+  expect_invalid(with([](SimulationConfig& x) { x.chunks = 0; }), "chunks");
+  expect_invalid(with([](SimulationConfig& x) { x.steps = 0; }), "steps");
+  expect_invalid(with([](SimulationConfig& x) { x.step_noise = -0.1; }), "step_noise");
+  expect_invalid(with([](SimulationConfig& x) { x.query_stride = 0; }), "query_stride");
+  expect_invalid(with([](SimulationConfig& x) { x.layers = 3; }), "layers");
+  expect_invalid(with([](SimulationConfig& x) { x.threads = -1; }), "threads");
+  expect_invalid(with([](SimulationConfig& x) { x.packed.clear(); }), "packed");
+  expect_invalid(with([](SimulationConfig& x) { x.packed.push_back(x.packed[0]); }), "unique");
+  expect_invalid(with([](SimulationConfig& x) { x.packed[0].label.clear(); }), "label");
+  expect_invalid(with([](SimulationConfig& x) { x.packed[0].quant.bits.reset(); }), "bits");
+  expect_invalid(with([](SimulationConfig& x) { x.packed[0].quant.block_size = 48; }), "block_size");
+  EXPECT_THROW(simulate(with([](SimulationConfig& x) { x.chunks = 0; })), InvalidArgument);
+}
+
+TEST(SimulateConfig, SelectLayers) {
+  EXPECT_EQ(select_layers(8, 1), (std::vector<int>{4}));
+  EXPECT_EQ(select_layers(8, 2), (std::vector<int>{2, 6}));
+  EXPECT_EQ(select_layers(3, 3), (std::vector<int>{0, 1, 2}));
+  EXPECT_THROW(select_layers(8, 0), InvalidArgument);
+  EXPECT_THROW(select_layers(8, 9), InvalidArgument);
+}
+
+TEST(SimulateConfig, DefaultsAreThePublishedConfiguration) {
+  const PackedConfig p = default_packed_config();
+  EXPECT_EQ(p.quant.bits, 2);
+  EXPECT_EQ(p.quant.centroids, 256);
+  EXPECT_EQ(p.quant.block_size, 64);
+  EXPECT_EQ(p.quant.span_chunks, 8);
+  const SimulationConfig c;
+  EXPECT_EQ(c.model, "self-forcing-1.3b");
+  EXPECT_EQ(simulation_preset(c).cache_tokens(), (72 + 3) * 390);
+}
+
+TEST(ErrorSums, Definitions) {
+  ErrorSums e;
+  EXPECT_FALSE(e.rel_mse().has_value());
+  e.err = 0.01;
+  e.ref = 1;
+  e.tokens = 3;
+  EXPECT_NEAR(*e.rel_mse(), 0.01, 1e-15);
+  EXPECT_NEAR(*e.snr_db(), 20.0, 1e-12);
+  e.err = 0;
+  EXPECT_FALSE(e.snr_db().has_value()) << "identical: infinite SNR";
+
+  Tensor a(DType::F32, Shape4{1, 2, 1, 2}), b(DType::F32, Shape4{1, 2, 1, 2});
+  auto* pa = static_cast<float*>(a.data());
+  auto* pb = static_cast<float*>(b.data());
+  pa[0] = 1, pa[1] = 0, pa[2] = 0, pa[3] = 0;  // second vector zero
+  pb[0] = 0, pb[1] = 1, pb[2] = 0, pb[3] = 0;
+  const AttentionSums s = attention_error(a, b);
+  EXPECT_EQ(s.vectors, 2);
+  EXPECT_NEAR(s.cosine(), 0.5, 1e-15) << "orthogonal (0) and both-zero (1)";
+  EXPECT_NEAR(s.rel_l2(), std::sqrt(2.0), 1e-15);
+  EXPECT_EQ(s.cos_min, 0.0);
+  EXPECT_THROW(attention_error(a, Tensor(DType::F32, Shape4{1, 1, 1, 2})), InvalidArgument);
+}
+
+// ---- compare ----------------------------------------------------------------
+
+TEST(Compare, TinyWorkloadRowsAndSizes) {
+  CompareConfig c;
+  c.scale = 0.05;
+  c.layers = 1;
+  c.query_stride = 4;
+  c.codec.bits = 2;
+  c.codec.centroids = 16;
+  c.codec.block_size = 64;
+  c.threads = 2;
+  const CompareResult r = compare(c);
+  EXPECT_EQ(r.context_chunks, default_context_chunks(r.preset, 16));
+  EXPECT_EQ(r.context_chunks, (64 * 16 + 251) / 252);
+  EXPECT_GE(r.context_tokens, 64 * 16);
+  ASSERT_EQ(r.rows.size(), 4u);
+  const std::vector<std::string> names = {"qvg", "rtn", "kivi", "quarot"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.rows[i].method, names[i]);
+    EXPECT_NEAR(r.rows[i].ratio, 16.0 / r.rows[i].bits_per_element, 1e-12);
+    EXPECT_GT(r.rows[i].attention.cosine(), 0.5);
+  }
+  EXPECT_DOUBLE_EQ(r.rows[1].bits_per_element, 2.25) << "2-bit codes + one bf16 scale per 64 channels";
+  EXPECT_DOUBLE_EQ(r.rows[3].bits_per_element, 2.25);
+  {
+    // KIVI: bf16 scale + zero per group: K per channel over 64 tokens (the last group
+    // shorter), V per 64 channels of a token.
+    const double S = double(r.context_tokens), D = 128;
+    const double bytes = 2 * S * D * 2 / 8 + 4 * std::ceil(S / 64) * D + 4 * S * (D / 64);
+    EXPECT_NEAR(r.rows[2].bits_per_element, bytes * 8 / (2 * S * D), 1e-12);
+  }
+  EXPECT_GT(r.rows[0].bits_per_element, 2.0);
+  // Clustering beats plain rounding by far at int2, even on a tiny workload.
+  EXPECT_GT(*r.rows[0].k.snr_db(), *r.rows[1].k.snr_db());
+  EXPECT_GT(*r.rows[0].v.snr_db(), *r.rows[1].v.snr_db());
+  EXPECT_LT(r.rows[0].attention.rel_l2(), r.rows[1].attention.rel_l2());
+
+  const json j = json::parse(compare_json(r));
+  EXPECT_EQ(j["format"], "qvg.compare/1");
+  ASSERT_EQ(j["rows"].size(), 4u);
+  for (const char* k : {"method", "bits_per_element", "compression_ratio", "k_snr_db", "v_snr_db", "kv_snr_db",
+                        "attention_rel_l2", "attention_cosine"})
+    EXPECT_TRUE(j["rows"][0].contains(k)) << k;
+  const std::string t = compare_table_text(r);
+  for (const char* w : {"method", "bits/elem", "qvg", "rtn", "kivi", "quarot", "attn error", "cosine"})
+    EXPECT_NE(t.find(w), std::string::npos) << w;
+}
+
+TEST(Compare, ConfigErrors) {
+  CompareConfig c;
+  c.scale = 0.05;
+  c.layers = 1;
+  EXPECT_NO_THROW(c.validate());
+  CompareConfig x = c;
+  x.layers = 5;
+  EXPECT_THROW(x.validate(), InvalidArgument);
+  x = c;
+  x.context_chunks = 0;
+  EXPECT_THROW(x.validate(), InvalidArgument);
+  x = c;
+  x.codec.block_size = 48;
+  EXPECT_THROW(x.validate(), InvalidArgument);
+  x = c;
+  x.query_stride = 0;
+  EXPECT_THROW(x.validate(), InvalidArgument);
+  x = c;
+  x.model = "nope";
+  EXPECT_THROW(compare(x), InvalidArgument);
+  EXPECT_EQ(default_context_chunks(find_model_preset("self-forcing-1.3b").scaled(0.25), 256), 15);
+}
+
+}  // namespace
+}  // namespace qvg
