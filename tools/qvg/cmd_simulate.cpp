@@ -9,6 +9,7 @@
 // configuration). Progress goes to stderr (a bar on a terminal, one line per chunk
 // otherwise; --quiet silences it); the summary goes to stdout. --json FILE and
 // --report DIR are written only after the whole run succeeded.
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -169,9 +170,16 @@ class Progress {
       for (int i = 0; i < kWidth; ++i) bar += i < filled ? "\u2588" : "\u2591";
       const std::string eta =
           done > 0.02 ? fmt::format(", ~{:.0f} s left", p.elapsed_s * (1 - done) / done) : std::string();
-      fmt::print(stderr, "\r\033[K{} {:3.0f}%  chunk {}/{}  {:.0f} s{}{}", bar, 100 * done,
-                 std::min(p.chunk + (p.layer > 0 ? 1 : 0), p.chunks), p.chunks, p.elapsed_s, eta,
-                 last_.empty() ? "" : "  | " + last_);
+      // The text after the bar is ASCII; cut it to the terminal's width so that the
+      // line never wraps (a wrapped line cannot be redrawn with \r).
+      std::string text = fmt::format(" {:3.0f}%  chunk {}/{}  {:.0f} s{}{}", 100 * done,
+                                     std::min(p.chunk + (p.layer > 0 ? 1 : 0), p.chunks), p.chunks, p.elapsed_s, eta,
+                                     last_.empty() ? "" : "  | " + last_);
+      winsize ws{};
+      const int cols = ::ioctl(::fileno(stderr), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 100;
+      const size_t room = size_t(std::max(0, cols - kWidth - 1));
+      if (text.size() > room) text.resize(room);
+      fmt::print(stderr, "\r\033[K{}{}", bar, text);
       std::fflush(stderr);
       drawn_ = true;
     } else if (p.last) {
