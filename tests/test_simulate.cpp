@@ -215,7 +215,9 @@ TEST(Simulate, SeveralConfigurationsAndStepNoise) {
 
 // ---- JSON against the schema ------------------------------------------------
 
-std::filesystem::path repo_root() { return std::filesystem::path(__FILE__).parent_path().parent_path(); }
+std::filesystem::path repo_root() {
+  return std::filesystem::path(__FILE__).parent_path().parent_path();
+}
 
 json load_schema() {
   std::ifstream f(repo_root() / "docs" / "simulate.schema.json");
@@ -293,10 +295,13 @@ void check(const json& schema, const json& v, const json& root, const std::strin
     }
   }
   if (v.is_array()) {
-    if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>()) errors.push_back(path + ": minItems");
-    if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) errors.push_back(path + ": maxItems");
+    if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>())
+      errors.push_back(path + ": minItems");
+    if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>())
+      errors.push_back(path + ": maxItems");
     if (schema.contains("items"))
-      for (size_t i = 0; i < v.size(); ++i) check(schema["items"], v[i], root, path + "[" + std::to_string(i) + "]", errors);
+      for (size_t i = 0; i < v.size(); ++i)
+        check(schema["items"], v[i], root, path + "[" + std::to_string(i) + "]", errors);
   }
 }
 
@@ -527,6 +532,9 @@ TEST(SimulateConfig, DefaultsAreThePublishedConfiguration) {
   EXPECT_EQ(p.quant.block_size, 64);
   EXPECT_EQ(p.quant.span_chunks, 8);
   const SimulationConfig c;
+  EXPECT_NO_THROW(c.validate());
+  ASSERT_EQ(c.packed.size(), 1u);
+  EXPECT_EQ(c.packed[0].label, "int2");
   EXPECT_EQ(c.model, "self-forcing-1.3b");
   EXPECT_EQ(simulation_preset(c).cache_tokens(), (72 + 3) * 390);
 }

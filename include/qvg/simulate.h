@@ -57,9 +57,9 @@ namespace qvg {
 
 /// Reconstruction error of one tensor over a set of elements.
 struct ErrorSums {
-  double err = 0;       ///< sum of (x - x')^2
-  double ref = 0;       ///< sum of x^2
-  int64_t tokens = 0;   ///< tokens (rows of all heads) the sums cover
+  double err = 0;      ///< sum of (x - x')^2
+  double ref = 0;      ///< sum of x^2
+  int64_t tokens = 0;  ///< tokens (rows of all heads) the sums cover
   void add(const ErrorSums& o) { err += o.err, ref += o.ref, tokens += o.tokens; }
   /// err / ref; nullopt when no tokens were compared or ref == 0.
   std::optional<double> rel_mse() const;
@@ -69,14 +69,14 @@ struct ErrorSums {
 
 /// Attention output error of one view against the reference output.
 struct AttentionSums {
-  double err = 0;          ///< sum over outputs of ||o - o_ref||^2
-  double ref = 0;          ///< sum over outputs of ||o_ref||^2
-  double cos_sum = 0;      ///< sum over (query, head) vectors of cos(o, o_ref)
-  double cos_min = 1;      ///< smallest cosine of any (query, head) vector
-  int64_t vectors = 0;     ///< (query, head) vectors compared
+  double err = 0;       ///< sum over outputs of ||o - o_ref||^2
+  double ref = 0;       ///< sum over outputs of ||o_ref||^2
+  double cos_sum = 0;   ///< sum over (query, head) vectors of cos(o, o_ref)
+  double cos_min = 1;   ///< smallest cosine of any (query, head) vector
+  int64_t vectors = 0;  ///< (query, head) vectors compared
   void add(const AttentionSums& o);
-  double rel_l2() const;   ///< sqrt(err / ref); 0 when ref == 0
-  double cosine() const;   ///< cos_sum / vectors (mean cosine); 1 when empty
+  double rel_l2() const;  ///< sqrt(err / ref); 0 when ref == 0
+  double cosine() const;  ///< cos_sum / vectors (mean cosine); 1 when empty
 };
 
 /// Accumulates the error of `out` against `ref` (both fp32 [B, n, H, D], same shape).
@@ -89,8 +89,13 @@ AttentionSums attention_error(const Tensor& out, const Tensor& ref);
 /// One packed-cache configuration streamed next to the dense cache.
 struct PackedConfig {
   std::string label;  ///< shown in tables, JSON and legends, e.g. "int2"; non-empty, unique
-  QuantArgs quant;    ///< must be enabled (bits set)
+  QuantArgs quant;    ///< must be enabled (bits set); used as given (`qvg simulate` sets
+                      ///< sink_span to the preset's sink policy unless --sink-span says otherwise)
 };
+
+/// The published Self-Forcing QVG configuration: int2, 256 centroids, block 64,
+/// 1 stage, 2 k-means iterations, spans of 8 chunks, keep_recent 1 (label "int2").
+PackedConfig default_packed_config();
 
 /// What to simulate. Defaults are the embedded default run of `qvg simulate`.
 struct SimulationConfig {
@@ -100,24 +105,20 @@ struct SimulationConfig {
   /// Overrides the preset's context (the cache holds context + one chunk); the sink
   /// becomes min(sink, context). nullopt: the preset's. 1..100000.
   std::optional<int64_t> context_frames = 72;
-  int64_t chunks = 40;                      ///< chunks streamed (sink chunks first): 1..100000
-  int steps = 2;                            ///< denoising steps per chunk: 1..64
-  double step_noise = 0.05;                 ///< relative noise of the first step: [0, 1]
-  int layers = 2;                           ///< layers simulated (see select_layers): 1..model layers
-  int query_stride = 16;                    ///< every query_stride-th query of a chunk is scored: >= 1
-  bool attention_every_step = false;        ///< score attention at every step, not only the last
-  std::vector<PackedConfig> packed;         ///< at least one; see default_packed_config()
-  int threads = 0;                          ///< OpenMP threads for generation, codec, attention (0 = all)
+  int64_t chunks = 40;                ///< chunks streamed (sink chunks first): 1..100000
+  int steps = 2;                      ///< denoising steps per chunk: 1..64
+  double step_noise = 0.05;           ///< relative noise of the first step: [0, 1]
+  int layers = 2;                     ///< layers simulated (see select_layers): 1..model layers
+  int query_stride = 16;              ///< every query_stride-th query of a chunk is scored: >= 1
+  bool attention_every_step = false;  ///< score attention at every step, not only the last
+  std::vector<PackedConfig> packed = {default_packed_config()};  ///< at least one
+  int threads = 0;  ///< OpenMP threads for generation, codec, attention (0 = all)
 
   /// Throws InvalidArgument naming the field unless every value is in range
   /// (including the model name, the layer count against the scaled preset, and
   /// each packed configuration against head_dim).
   void validate() const;
 };
-
-/// The published Self-Forcing QVG configuration: int2, 256 centroids, block 64,
-/// 1 stage, 2 k-means iterations, spans of 8 chunks, keep_recent 1 (label "int2").
-PackedConfig default_packed_config();
 
 /// The scaled preset a configuration runs on (scale and context override applied).
 ModelPreset simulation_preset(const SimulationConfig& cfg);
@@ -129,18 +130,18 @@ std::vector<int> select_layers(int total, int count);
 
 /// One packed configuration on one layer during one chunk.
 struct PackedLayerRecord {
-  size_t resident_bytes = 0;         ///< after the chunk's calls
-  size_t transient_peak_bytes = 0;   ///< max peak_transient_nbytes() over the chunk's calls
-  int64_t encoded_tokens = 0;        ///< tokens held in packed spans (resident)
-  int64_t encoded_visible = 0;       ///< of the last step's view, tokens inside packed spans
-  size_t encoded_bytes = 0;          ///< bytes of the resident packed spans (K + V)
-  int spans_encoded = 0;             ///< spans encoded by this chunk's advance
+  size_t resident_bytes = 0;                       ///< after the chunk's calls
+  size_t transient_peak_bytes = 0;                 ///< max peak_transient_nbytes() over the chunk's calls
+  int64_t encoded_tokens = 0;                      ///< tokens held in packed spans (resident)
+  int64_t encoded_visible = 0;                     ///< of the last step's view, tokens inside packed spans
+  size_t encoded_bytes = 0;                        ///< bytes of the resident packed spans (K + V)
+  int spans_encoded = 0;                           ///< spans encoded by this chunk's advance
   std::optional<size_t> predicted_resident_bytes;  ///< memory model (PolicyReplay) for this chunk
-  ErrorSums k, v;                    ///< last step's view vs dense view, encoded tokens only
-  AttentionSums attention;           ///< vs the dense view's attention
-  double encode_s = 0;               ///< the advance call (pack-and-evict; see top)
-  double decode_s = 0;               ///< the step calls (view reconstruction), summed over steps
-  double attention_s = 0;            ///< reference attention over the packed views
+  ErrorSums k, v;                                  ///< last step's view vs dense view, encoded tokens only
+  AttentionSums attention;                         ///< vs the dense view's attention
+  double encode_s = 0;                             ///< the advance call (pack-and-evict; see top)
+  double decode_s = 0;                             ///< the step calls (view reconstruction), summed over steps
+  double attention_s = 0;                          ///< reference attention over the packed views
 };
 
 /// One simulated layer during one chunk.
@@ -148,27 +149,27 @@ struct LayerRecord {
   int layer = 0;
   size_t dense_resident_bytes = 0;
   size_t dense_transient_peak_bytes = 0;
-  int64_t window_tokens = 0;       ///< tokens of the last step's view
-  double generate_s = 0;           ///< workload generation and step perturbation
-  double dense_update_s = 0;       ///< all dense calls of the chunk
-  double dense_attention_s = 0;    ///< reference attention over the dense views
+  int64_t window_tokens = 0;              ///< tokens of the last step's view
+  double generate_s = 0;                  ///< workload generation and step perturbation
+  double dense_update_s = 0;              ///< all dense calls of the chunk
+  double dense_attention_s = 0;           ///< reference attention over the dense views
   std::vector<PackedLayerRecord> packed;  ///< one per PackedConfig, in order
 };
 
 /// One chunk of the stream.
 struct ChunkRecord {
   ChunkInfo chunk;
-  int64_t global_end = 0;          ///< tokens generated after this chunk
-  int64_t window_tokens = 0;       ///< tokens visible to this chunk's queries
-  int64_t queries = 0;             ///< queries scored per head and step
-  double wall_s = 0;               ///< wall time of the whole chunk (all layers)
-  std::vector<LayerRecord> layers; ///< one per simulated layer, in select_layers order
+  int64_t global_end = 0;           ///< tokens generated after this chunk
+  int64_t window_tokens = 0;        ///< tokens visible to this chunk's queries
+  int64_t queries = 0;              ///< queries scored per head and step
+  double wall_s = 0;                ///< wall time of the whole chunk (all layers)
+  std::vector<LayerRecord> layers;  ///< one per simulated layer, in select_layers order
 };
 
 /// Progress of a running simulation (for progress bars).
 struct SimulationProgress {
-  int64_t chunk = 0, chunks = 0;   ///< chunks finished so far, of chunks
-  int layer = 0, layers = 0;       ///< layers finished in the current chunk, of layers
+  int64_t chunk = 0, chunks = 0;  ///< chunks finished so far, of chunks
+  int layer = 0, layers = 0;      ///< layers finished in the current chunk, of layers
   double elapsed_s = 0;
   const ChunkRecord* last = nullptr;  ///< the chunk just finished (when layer == 0), else null
 };
@@ -182,17 +183,17 @@ using ProgressFn = std::function<void(const SimulationProgress&)>;
 /// identical and the errors are exactly 0).
 struct PackedSummary {
   std::string label;
-  size_t dense_bytes = 0;             ///< the dense cache (its buffers: constant)
-  size_t packed_last_bytes = 0;       ///< after the last chunk
-  size_t packed_peak_bytes = 0;       ///< the most over the run
-  size_t packed_mean_full_bytes = 0;  ///< mean over the full-window chunks
-  size_t transient_peak_bytes = 0;    ///< the most over the run
-  double ratio_peak = 0;              ///< dense / packed peak
-  double ratio_full = 0;              ///< dense / packed mean over the full-window chunks
+  size_t dense_bytes = 0;                  ///< the dense cache (its buffers: constant)
+  size_t packed_last_bytes = 0;            ///< after the last chunk
+  size_t packed_peak_bytes = 0;            ///< the most over the run
+  size_t packed_mean_full_bytes = 0;       ///< mean over the full-window chunks
+  size_t transient_peak_bytes = 0;         ///< the most over the run
+  double ratio_peak = 0;                   ///< dense / packed peak
+  double ratio_full = 0;                   ///< dense / packed mean over the full-window chunks
   std::optional<double> bits_per_element;  ///< of the encoded spans after the last chunk
-  ErrorSums k, v;                     ///< pooled over the quality chunks and layers
-  AttentionSums attention;            ///< pooled over the quality chunks and layers
-  double worst_attention_rel_l2 = 0;  ///< largest per-chunk value (layers pooled)
+  ErrorSums k, v;                          ///< pooled over the quality chunks and layers
+  AttentionSums attention;                 ///< pooled over the quality chunks and layers
+  double worst_attention_rel_l2 = 0;       ///< largest per-chunk value (layers pooled)
   int64_t quality_chunks = 0;
   int64_t spans = 0;                  ///< spans encoded over the run (per layer)
   double encode_s_per_span = 0;       ///< mean advance-call time of chunks that encoded, per span and layer
@@ -208,11 +209,11 @@ struct PackedSummary {
 /// The result of simulate().
 struct SimulationResult {
   SimulationConfig config;
-  ModelPreset preset;               ///< the scaled preset (context override applied)
-  std::vector<int> layers;          ///< simulated layer indices
+  ModelPreset preset;       ///< the scaled preset (context override applied)
+  std::vector<int> layers;  ///< simulated layer indices
   std::vector<ChunkRecord> chunks;
   std::vector<PackedSummary> summary;  ///< one per PackedConfig
-  int64_t window_full_chunk = -1;   ///< first chunk whose view is the full cache (-1: never)
+  int64_t window_full_chunk = -1;      ///< first chunk whose view is the full cache (-1: never)
   double wall_s = 0;
 };
 
@@ -237,9 +238,10 @@ std::string memory_chart_svg(const SimulationResult& result);
 std::string attention_chart_svg(const SimulationResult& result);
 
 /// Writes report.json, memory.svg, attention.svg and summary.txt into `dir`
-/// (created if missing). Throws InvalidArgument naming the path when a file cannot be
-/// written. Files are written to temporaries first and renamed, so an error leaves
-/// no partial report file behind.
+/// (created if missing). Throws InvalidArgument naming the path when the directory
+/// cannot be created or a file cannot be written. All four files are first written
+/// to temporaries in `dir` and then renamed, so a write error leaves none of them
+/// (the temporaries are removed); only a failing rename could leave some.
 void write_simulation_report(const SimulationResult& result, const std::string& dir);
 
 // ---------------------------------------------------------------------------
@@ -247,15 +249,15 @@ void write_simulation_report(const SimulationResult& result, const std::string& 
 
 /// One line of a chart.
 struct ChartSeries {
-  std::string name;                 ///< legend text (XML-escaped when rendered)
-  std::vector<double> x, y;         ///< same length; non-finite y values break the line
+  std::string name;          ///< legend text (XML-escaped when rendered)
+  std::vector<double> x, y;  ///< same length; non-finite y values break the line
   std::string color = "#1f77b4";
-  double width = 2.0;               ///< stroke width in px
+  double width = 2.0;  ///< stroke width in px
   bool dashed = false;
-  bool steps = false;               ///< a staircase: y[i] holds from x[i] to x[i+1]
-  bool markers = false;             ///< a dot at every point
+  bool steps = false;    ///< a staircase: y[i] holds from x[i] to x[i+1]
+  bool markers = false;  ///< a dot at every point
   double opacity = 1.0;
-  bool legend = true;               ///< listed in the legend
+  bool legend = true;  ///< listed in the legend
 };
 
 /// A vertical marker line with a label (e.g. "window full").
@@ -265,13 +267,13 @@ struct ChartMarker {
 };
 
 struct LineChart {
-  std::string title, subtitle;       ///< the subtitle wraps onto a second line when too long
-  std::string note;                  ///< optional headline under the subtitle (e.g. the ratio)
+  std::string title, subtitle;  ///< the subtitle wraps onto a second line when too long
+  std::string note;             ///< optional headline under the subtitle (e.g. the ratio)
   std::string x_label, y_label;
   std::vector<ChartSeries> series;
   std::vector<ChartMarker> markers;
-  bool y_from_zero = true;          ///< the y axis starts at 0
-  int width = 900, height = 460;    ///< px
+  bool y_from_zero = true;        ///< the y axis starts at 0
+  int width = 900, height = 460;  ///< px
 };
 
 /// Renders the chart as SVG text: axes with "nice" ticks (1, 2, 5 x 10^k), grid
@@ -293,12 +295,12 @@ struct CompareConfig {
   /// holding at least 64 x centroids tokens, so codebooks cost at most 0.25 bits per
   /// element (see default_context_chunks). 1..1000.
   std::optional<int64_t> context_chunks;
-  int layers = 2;          ///< layers scored, spread by select_layers: 1..model layers
-  int query_stride = 8;    ///< every query_stride-th query of the next chunk: >= 1
-  CodecConfig codec;       ///< bits, block size etc. shared by every method
+  int layers = 2;        ///< layers scored, spread by select_layers: 1..model layers
+  int query_stride = 8;  ///< every query_stride-th query of the next chunk: >= 1
+  CodecConfig codec;     ///< bits, block size etc. shared by every method
   int threads = 0;
 
-  void validate() const;   ///< InvalidArgument naming the field
+  void validate() const;  ///< InvalidArgument naming the field
 };
 
 /// ceil(64 * centroids / chunk_tokens) (at least 1).
@@ -306,20 +308,20 @@ int64_t default_context_chunks(const ModelPreset& scaled, int centroids);
 
 /// One method's figures (pooled over the scored layers).
 struct CompareRow {
-  std::string method;               ///< "qvg" | "rtn" | "kivi" | "quarot"
-  double bits_per_element = 0;      ///< everything stored (codebooks, ids, scales, zeros), K and V
-  double ratio = 0;                 ///< 16 / bits_per_element (vs bf16)
-  ErrorSums k, v;                   ///< over the context tokens
-  AttentionSums attention;          ///< vs attention over the original tensors
-  double seconds = 0;               ///< quantize + dequantize time
+  std::string method;           ///< "qvg" | "rtn" | "kivi" | "quarot"
+  double bits_per_element = 0;  ///< everything stored (codebooks, ids, scales, zeros), K and V
+  double ratio = 0;             ///< 16 / bits_per_element (vs bf16)
+  ErrorSums k, v;               ///< over the context tokens
+  AttentionSums attention;      ///< vs attention over the original tensors
+  double seconds = 0;           ///< quantize + dequantize time
 };
 
 struct CompareResult {
   CompareConfig config;
-  ModelPreset preset;               ///< scaled
+  ModelPreset preset;  ///< scaled
   std::vector<int> layers;
   int64_t context_chunks = 0, context_tokens = 0, queries = 0;
-  std::vector<CompareRow> rows;     ///< qvg, rtn, kivi, quarot
+  std::vector<CompareRow> rows;  ///< qvg, rtn, kivi, quarot
   double wall_s = 0;
 };
 

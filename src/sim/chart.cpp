@@ -77,7 +77,9 @@ std::string tick_label(double v, double step) {
 }
 
 /// Rough text width of `s` at font size `px` (sans-serif average glyph ~0.56 em).
-double text_width(const std::string& s, double px) { return double(s.size()) * px * 0.56; }
+double text_width(const std::string& s, double px) {
+  return double(s.size()) * px * 0.56;
+}
 
 }  // namespace
 
@@ -182,8 +184,9 @@ std::string render_line_chart(const LineChart& c) {
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" fill=\"#555555\">{}</text>\n", px0,
                      48 + 18 * double(i), esc(sub[i]));
   if (!c.note.empty())
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\" fill=\"#1f4e79\">{}</text>\n",
-                     px0, 50 + 18 * double(sub.size()), esc(c.note));
+    o += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\" fill=\"#1f4e79\">{}</text>\n", px0,
+        50 + 18 * double(sub.size()), esc(c.note));
 
   // Legend.
   for (size_t r = 0; r < rows.size(); ++r) {
@@ -198,16 +201,17 @@ std::string render_line_chart(const LineChart& c) {
       if (s->markers)
         o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", lx + swatch / 2, ly - 4,
                          s->color);
-      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" fill=\"#333333\">{}</text>\n",
-                       lx + swatch + 6, ly, leg_px, esc(s->name));
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" fill=\"#333333\">{}</text>\n", lx + swatch + 6,
+                       ly, leg_px, esc(s->name));
       lx += swatch + 6 + text_width(s->name, leg_px) + gap;
     }
   }
 
   // Plot area, grid and ticks.
-  o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#fbfbfb\" "
-                   "stroke=\"none\"/>\n",
-                   px0, py0, px1 - px0, py1 - py0);
+  o += fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#fbfbfb\" "
+      "stroke=\"none\"/>\n",
+      px0, py0, px1 - px0, py1 - py0);
   o += "<g class=\"grid\" stroke=\"#e3e3e3\" stroke-width=\"1\">\n";
   for (double v : yt)
     o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\"/>\n", px0, Y(v), px1, Y(v));
@@ -224,30 +228,35 @@ std::string render_line_chart(const LineChart& c) {
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", X(v), py1 + 18,
                        tick_label(v, xstep));
   o += "</g>\n";
-  o += fmt::format("<g class=\"axes\" stroke=\"#333333\" stroke-width=\"1.2\">"
-                   "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\"/>"
-                   "<line x1=\"{0:.1f}\" y1=\"{2:.1f}\" x2=\"{3:.1f}\" y2=\"{2:.1f}\"/></g>\n",
-                   px0, py0, py1, px1);
-  o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\">{}</text>\n",
-                   (px0 + px1) / 2, H - 16, esc(c.x_label));
-  o += fmt::format("<text x=\"{0:.1f}\" y=\"{1:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\" "
-                   "transform=\"rotate(-90 {0:.1f} {1:.1f})\">{2}</text>\n",
-                   18.0, (py0 + py1) / 2, esc(c.y_label));
+  o += fmt::format(
+      "<g class=\"axes\" stroke=\"#333333\" stroke-width=\"1.2\">"
+      "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\"/>"
+      "<line x1=\"{0:.1f}\" y1=\"{2:.1f}\" x2=\"{3:.1f}\" y2=\"{2:.1f}\"/></g>\n",
+      px0, py0, py1, px1);
+  o += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\">{}</text>\n",
+      (px0 + px1) / 2, H - 16, esc(c.x_label));
+  o += fmt::format(
+      "<text x=\"{0:.1f}\" y=\"{1:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\" "
+      "transform=\"rotate(-90 {0:.1f} {1:.1f})\">{2}</text>\n",
+      18.0, (py0 + py1) / 2, esc(c.y_label));
 
   // Markers.
   for (const ChartMarker& m : c.markers) {
     const double x = X(m.x);
-    o += fmt::format("<line class=\"marker\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
-                     "stroke=\"#888888\" stroke-width=\"1\" stroke-dasharray=\"3,3\"/>\n",
-                     x, py0, py1);
+    o += fmt::format(
+        "<line class=\"marker\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
+        "stroke=\"#888888\" stroke-width=\"1\" stroke-dasharray=\"3,3\"/>\n",
+        x, py0, py1);
     const bool flip = x + text_width(m.label, 11) + 6 > px1;
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#666666\" text-anchor=\"{}\">{}</text>\n",
                      flip ? x - 4 : x + 4, py0 + 13, flip ? "end" : "start", esc(m.label));
   }
 
   // Series: clipped to the plot area.
-  o += fmt::format("<clipPath id=\"plot\"><rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\"/></clipPath>\n",
-                   px0 - 4, py0 - 4, px1 - px0 + 8, py1 - py0 + 8);
+  o += fmt::format(
+      "<clipPath id=\"plot\"><rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\"/></clipPath>\n",
+      px0 - 4, py0 - 4, px1 - px0 + 8, py1 - py0 + 8);
   o += "<g clip-path=\"url(#plot)\">\n";
   for (const ChartSeries& s : c.series) {
     std::string d;
@@ -271,10 +280,11 @@ std::string render_line_chart(const LineChart& c) {
       open = true;
     }
     if (!d.empty())
-      o += fmt::format("<path class=\"series\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{:.1f}\" "
-                       "stroke-linejoin=\"round\" stroke-linecap=\"round\"{}{}><title>{}</title></path>\n",
-                       d.substr(1), s.color, s.width, s.dashed ? " stroke-dasharray=\"6,4\"" : "",
-                       s.opacity < 1 ? fmt::format(" stroke-opacity=\"{:.2f}\"", s.opacity) : "", esc(s.name));
+      o += fmt::format(
+          "<path class=\"series\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{:.1f}\" "
+          "stroke-linejoin=\"round\" stroke-linecap=\"round\"{}{}><title>{}</title></path>\n",
+          d.substr(1), s.color, s.width, s.dashed ? " stroke-dasharray=\"6,4\"" : "",
+          s.opacity < 1 ? fmt::format(" stroke-opacity=\"{:.2f}\"", s.opacity) : "", esc(s.name));
     if (s.markers)
       for (size_t i = 0; i < s.x.size(); ++i)
         if (std::isfinite(s.x[i]) && std::isfinite(s.y[i]))

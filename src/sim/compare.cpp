@@ -28,8 +28,8 @@ void CompareConfig::validate() const {
   if (context_chunks && (*context_chunks < 1 || *context_chunks > 1000))
     throw InvalidArgument(fmt::format("context_chunks must be in 1..1000, got {}", *context_chunks));
   if (layers < 1 || layers > p.layers)
-    throw InvalidArgument(fmt::format("layers must be in 1..{} (the layers of {} at scale {}), got {}", p.layers,
-                                      p.name, scale, layers));
+    throw InvalidArgument(
+        fmt::format("layers must be in 1..{} (the layers of {} at scale {}), got {}", p.layers, p.name, scale, layers));
   if (query_stride < 1) throw InvalidArgument(fmt::format("query_stride must be >= 1, got {}", query_stride));
   if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
   codec.validate_for_head_dim(p.head_dim);

@@ -21,8 +21,12 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(); }
-ojson num(const std::optional<double>& v) { return v && std::isfinite(*v) ? ojson(*v) : ojson(); }
+ojson num(double v) {
+  return std::isfinite(v) ? ojson(v) : ojson();
+}
+ojson num(const std::optional<double>& v) {
+  return v && std::isfinite(*v) ? ojson(*v) : ojson();
+}
 
 std::vector<std::string> assumed_fields(const PresetAssumptions& a) {
   std::vector<std::string> v;
@@ -148,25 +152,30 @@ std::string label_list(const std::vector<int>& v) {
 }
 
 std::string describe_quant(const QuantArgs& q) {
-  std::string s = fmt::format("{}-bit residuals, {} centroids, block {}, {} stage{}, {} k-means iteration{}, {} scales ({}), {}",
-                              q.bits.value_or(0), q.centroids, q.block_size, q.stages, q.stages == 1 ? "" : "s",
-                              q.kmeans_iters, q.kmeans_iters == 1 ? "" : "s", name(q.scale_dtype), name(q.scaling),
-                              q.asymmetric ? "asymmetric" : "symmetric");
+  std::string s = fmt::format(
+      "{}-bit residuals, {} centroids, block {}, {} stage{}, {} k-means iteration{}, {} scales ({}), {}",
+      q.bits.value_or(0), q.centroids, q.block_size, q.stages, q.stages == 1 ? "" : "s", q.kmeans_iters,
+      q.kmeans_iters == 1 ? "" : "s", name(q.scale_dtype), name(q.scaling), q.asymmetric ? "asymmetric" : "symmetric");
   if (q.init != Init::Random) s += fmt::format(", init {}", name(q.init));
   return s;
 }
 
-std::string pct(double v) { return fmt::format("{:.2f}%", 100.0 * v); }
-std::string db(const std::optional<double>& v) { return v ? fmt::format("{:.1f} dB", *v) : std::string("n/a"); }
+std::string pct(double v) {
+  return fmt::format("{:.2f}%", 100.0 * v);
+}
+std::string db(const std::optional<double>& v) {
+  return v ? fmt::format("{:.1f} dB", *v) : std::string("n/a");
+}
 
 const char* kPalette[] = {"#1f6fb4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"};
-const char* color_of(size_t j) { return kPalette[j % (sizeof(kPalette) / sizeof(kPalette[0]))]; }
+const char* color_of(size_t j) {
+  return kPalette[j % (sizeof(kPalette) / sizeof(kPalette[0]))];
+}
 
 std::string preset_line(const ModelPreset& p, double scale) {
   const auto& a = p.assumed;
   return fmt::format("{} x{:g} · {}{} head{} x {}{} · {}{} tokens/chunk", p.name, scale, p.heads, assumed_mark(a.heads),
-                     p.heads == 1 ? "" : "s",
-                     p.head_dim, assumed_mark(a.head_dim), sim::grouped(p.chunk_tokens()),
+                     p.heads == 1 ? "" : "s", p.head_dim, assumed_mark(a.head_dim), sim::grouped(p.chunk_tokens()),
                      assumed_mark(a.frames_per_chunk || a.grid));
 }
 
@@ -195,8 +204,8 @@ std::string simulation_json(const SimulationResult& r, int indent) {
   w["frames_per_chunk"] = p.frames_per_chunk;
   w["chunk_tokens"] = p.chunk_tokens();
   w["context_frames"] = p.context_frames;
-  w["context_frames_overridden"] = c.context_frames.has_value() &&
-                                   *c.context_frames != find_model_preset(c.model).context_frames;
+  w["context_frames_overridden"] =
+      c.context_frames.has_value() && *c.context_frames != find_model_preset(c.model).context_frames;
   w["context_tokens"] = p.context_tokens();
   w["sink_frames"] = p.sink_frames;
   w["sink_tokens"] = p.sink_tokens();
@@ -299,8 +308,8 @@ std::string simulation_json(const SimulationResult& r, int indent) {
       f["layers"] = s.full_layers;
       f["dense_bytes_per_layer"] = s.full_dense_bytes;
       f["policy_peak_bytes_per_layer"] = s.full_policy_peak_bytes;
-      f["ratio"] = s.full_policy_peak_bytes > 0 ? num(double(s.full_dense_bytes) / double(s.full_policy_peak_bytes))
-                                                : ojson();
+      f["ratio"] =
+          s.full_policy_peak_bytes > 0 ? num(double(s.full_dense_bytes) / double(s.full_policy_peak_bytes)) : ojson();
       sj["full_size"] = f;
     } else {
       sj["full_size"] = ojson();
@@ -323,95 +332,99 @@ std::string simulation_summary_text(const SimulationResult& r) {
   o += "\n== qvg simulate: what was simulated ==\n";
   o += fmt::format("  model    {} — {}{}\n", p.name, p.model,
                    c.scale < 1 ? fmt::format(", scaled x{:g} for a quick run", c.scale) : std::string());
-  o += fmt::format("           {}{} layers, {}{} head{} x head_dim {}{}, {} x {} patches{} = {} tokens/frame, "
-                   "{}{} frames/chunk = {} tokens/chunk\n",
-                   p.layers, assumed_mark(a.layers), p.heads, assumed_mark(a.heads), p.heads == 1 ? "" : "s", p.head_dim,
-                   assumed_mark(a.head_dim), p.grid_h, p.grid_w, assumed_mark(a.grid), sim::grouped(p.tokens_per_frame()),
-                   p.frames_per_chunk, assumed_mark(a.frames_per_chunk), sim::grouped(p.chunk_tokens()));
+  o += fmt::format(
+      "           {}{} layers, {}{} head{} x head_dim {}{}, {} x {} patches{} = {} tokens/frame, "
+      "{}{} frames/chunk = {} tokens/chunk\n",
+      p.layers, assumed_mark(a.layers), p.heads, assumed_mark(a.heads), p.heads == 1 ? "" : "s", p.head_dim,
+      assumed_mark(a.head_dim), p.grid_h, p.grid_w, assumed_mark(a.grid), sim::grouped(p.tokens_per_frame()),
+      p.frames_per_chunk, assumed_mark(a.frames_per_chunk), sim::grouped(p.chunk_tokens()));
   const bool ctx_over = c.context_frames && *c.context_frames != full.context_frames;
-  const std::string ctx_note = ctx_over ? fmt::format(" (shortened for a quick run: the model's is {} frames{}; "
-                                                      "--context-frames to change)", full.context_frames,
-                                                      assumed_mark(a.context))
+  const std::string ctx_note = ctx_over ? fmt::format(
+                                              " (shortened for a quick run: the model's is {} frames{}; "
+                                              "--context-frames to change)",
+                                              full.context_frames, assumed_mark(a.context))
                                         : std::string(assumed_mark(a.context));
-  const std::string sink = p.sink_frames == 0
-                               ? fmt::format("no sink{}", assumed_mark(a.sink))
-                               : fmt::format("sink {} frames{} = {} tokens", p.sink_frames, assumed_mark(a.sink),
-                                             sim::grouped(p.sink_tokens()));
+  const std::string sink = p.sink_frames == 0 ? fmt::format("no sink{}", assumed_mark(a.sink))
+                                              : fmt::format("sink {} frames{} = {} tokens", p.sink_frames,
+                                                            assumed_mark(a.sink), sim::grouped(p.sink_tokens()));
   o += fmt::format("  cache    context {} frames{} + the current chunk = {} tokens per layer (the window); {}\n",
                    p.context_frames, ctx_note, sim::grouped(p.cache_tokens()), sink);
-  o += fmt::format("  stream   {} chunks ({} frames) x {} denoising step{}; layer{} {} of {} simulated; seed {}\n",
-                   c.chunks, r.chunks.empty() ? 0 : r.chunks.back().chunk.frame0 + r.chunks.back().chunk.frames,
-                   c.steps, c.steps == 1 ? "" : "s", r.layers.size() == 1 ? "" : "s", label_list(r.layers), p.layers,
-                   c.seed);
-  o += fmt::format("           attention scored for every {}{} query of a chunk ({} per head) at {}\n",
-                   c.query_stride, c.query_stride == 1 ? "" : "th", r.chunks.empty() ? 0 : r.chunks.front().queries,
+  o +=
+      fmt::format("  stream   {} chunks ({} frames) x {} denoising step{}; layer{} {} of {} simulated; seed {}\n",
+                  c.chunks, r.chunks.empty() ? 0 : r.chunks.back().chunk.frame0 + r.chunks.back().chunk.frames, c.steps,
+                  c.steps == 1 ? "" : "s", r.layers.size() == 1 ? "" : "s", label_list(r.layers), p.layers, c.seed);
+  o += fmt::format("           attention scored for every {}{} query of a chunk ({} per head) at {}\n", c.query_stride,
+                   c.query_stride == 1 ? "" : "th", r.chunks.empty() ? 0 : r.chunks.front().queries,
                    c.attention_every_step ? "every step" : "the last (clean) step");
   for (const PackedConfig& pc : c.packed) {
     const QuantArgs& q = pc.quant;
     o += fmt::format("  packed   {}: {}\n", pc.label, describe_quant(q));
-    o += fmt::format("           spans of {} chunk{} share a codebook; the current chunk and the newest {} completed "
-                     "chunk{} stay bf16{}\n",
-                     q.span_chunks, q.span_chunks == 1 ? "" : "s", q.keep_recent_chunks,
-                     q.keep_recent_chunks == 1 ? "" : "s",
-                     p.sink_frames > 0 ? fmt::format("; sink {} (sink_span {})", q.sink ? "packed" : "kept raw",
-                                                     name(q.sink_span))
-                                       : std::string());
+    o += fmt::format(
+        "           spans of {} chunk{} share a codebook; the current chunk and the newest {} completed "
+        "chunk{} stay bf16{}\n",
+        q.span_chunks, q.span_chunks == 1 ? "" : "s", q.keep_recent_chunks, q.keep_recent_chunks == 1 ? "" : "s",
+        p.sink_frames > 0 ? fmt::format("; sink {} (sink_span {})", q.sink ? "packed" : "kept raw", name(q.sink_span))
+                          : std::string());
   }
 
   for (const PackedSummary& s : r.summary) {
     o += fmt::format("\n== results: {} ==\n", s.label);
     if (s.quality_chunks > 0)
-      o += fmt::format("  in short: the packed cache needed {:.1f}x less memory than the dense cache at its peak ({} vs {} "
-                       "per layer) and changed the attention output by {:.2f}% on average (cosine {:.5f})\n",
-                       s.ratio_peak, sim::mib(s.packed_peak_bytes), sim::mib(s.dense_bytes),
-                       100 * s.attention.rel_l2(), s.attention.cosine());
-    o += fmt::format("  memory   dense cache {} per layer (bf16, allocated up front); packed cache {} at its peak "
-                     "-> {:.2f}x smaller",
-                     sim::mib(s.dense_bytes), sim::mib(s.packed_peak_bytes), s.ratio_peak);
-    if (r.window_full_chunk >= 0)
-      o += fmt::format(" ({:.2f}x on average once the window is full)", s.ratio_full);
+      o += fmt::format(
+          "  in short: the packed cache needed {:.1f}x less memory than the dense cache at its peak ({} vs {} "
+          "per layer) and changed the attention output by {:.2f}% on average (cosine {:.5f})\n",
+          s.ratio_peak, sim::mib(s.packed_peak_bytes), sim::mib(s.dense_bytes), 100 * s.attention.rel_l2(),
+          s.attention.cosine());
+    o += fmt::format(
+        "  memory   dense cache {} per layer (bf16, allocated up front); packed cache {} at its peak "
+        "-> {:.2f}x smaller",
+        sim::mib(s.dense_bytes), sim::mib(s.packed_peak_bytes), s.ratio_peak);
+    if (r.window_full_chunk >= 0) o += fmt::format(" ({:.2f}x on average once the window is full)", s.ratio_full);
     o += "\n";
     o += fmt::format("           all {} layers at this scale: {} -> {} (saves {})\n", p.layers,
                      sim::mib(s.dense_bytes * size_t(p.layers)), sim::mib(s.packed_peak_bytes * size_t(p.layers)),
                      sim::mib((s.dense_bytes - std::min(s.dense_bytes, s.packed_peak_bytes)) * size_t(p.layers)));
     if (s.bits_per_element)
-      o += fmt::format("           encoded spans cost {:.3f} bits per element (bf16: 16; codebooks, ids and scales "
-                       "included)\n",
-                       *s.bits_per_element);
+      o += fmt::format(
+          "           encoded spans cost {:.3f} bits per element (bf16: 16; codebooks, ids and scales "
+          "included)\n",
+          *s.bits_per_element);
     if (s.full_layers > 0)
-      o += fmt::format("           full-size model ({} layers, its {}-frame context, this configuration; the memory "
-                       "model of `qvg memory`): {} -> {} per layer, {:.2f}x\n",
-                       s.full_layers, full.context_frames, sim::mib(s.full_dense_bytes), sim::mib(s.full_policy_peak_bytes),
-                       s.full_policy_peak_bytes > 0 ? double(s.full_dense_bytes) / double(s.full_policy_peak_bytes)
-                                                    : 0.0);
+      o += fmt::format(
+          "           full-size model ({} layers, its {}-frame context, this configuration; the memory "
+          "model of `qvg memory`): {} -> {} per layer, {:.2f}x\n",
+          s.full_layers, full.context_frames, sim::mib(s.full_dense_bytes), sim::mib(s.full_policy_peak_bytes),
+          s.full_policy_peak_bytes > 0 ? double(s.full_dense_bytes) / double(s.full_policy_peak_bytes) : 0.0);
     o += fmt::format("           measured sizes {} the memory model's prediction at every chunk\n",
                      s.memory_model_matches ? "equal" : "DIFFER from");
-    o += fmt::format("           transient: up to {} per layer beyond the resident bytes while a call runs (the "
-                     "decoded bf16 view, encoding buffers)\n",
-                     sim::mib(s.transient_peak_bytes));
+    o += fmt::format(
+        "           transient: up to {} per layer beyond the resident bytes while a call runs (the "
+        "decoded bf16 view, encoding buffers)\n",
+        sim::mib(s.transient_peak_bytes));
     if (s.quality_chunks > 0) {
-      o += fmt::format("  quality  attention output vs the dense cache: {} relative error, cosine {:.5f} (worst chunk "
-                       "{}, lowest single-vector cosine {:.4f})\n",
-                       pct(s.attention.rel_l2()), s.attention.cosine(), pct(s.worst_attention_rel_l2),
-                       s.attention.cos_min);
-      o += fmt::format("           encoded tokens of the window: K SNR {}, V SNR {} (relative MSE {:.2e} / {:.2e}); "
-                       "over {} chunks whose window held encoded tokens\n",
-                       db(s.k.snr_db()), db(s.v.snr_db()), s.k.rel_mse().value_or(0), s.v.rel_mse().value_or(0),
-                       s.quality_chunks);
+      o += fmt::format(
+          "  quality  attention output vs the dense cache: {} relative error, cosine {:.5f} (worst chunk "
+          "{}, lowest single-vector cosine {:.4f})\n",
+          pct(s.attention.rel_l2()), s.attention.cosine(), pct(s.worst_attention_rel_l2), s.attention.cos_min);
+      o += fmt::format(
+          "           encoded tokens of the window: K SNR {}, V SNR {} (relative MSE {:.2e} / {:.2e}); "
+          "over {} chunks whose window held encoded tokens\n",
+          db(s.k.snr_db()), db(s.v.snr_db()), s.k.rel_mse().value_or(0), s.v.rel_mse().value_or(0), s.quality_chunks);
     } else {
       o += "  quality  no span was encoded during the run (too few chunks for a full span beyond keep_recent): "
            "packed and dense views were identical\n";
     }
-    o += fmt::format("  time     per layer: encoding {:.3f} s per span ({} span{}), view reconstruction {:.4f} s per "
-                     "step, reference attention {:.3f} s per chunk\n",
-                     s.encode_s_per_span, s.spans, s.spans == 1 ? "" : "s", s.decode_s_per_step,
-                     s.attention_s_per_chunk);
+    o += fmt::format(
+        "  time     per layer: encoding {:.3f} s per span ({} span{}), view reconstruction {:.4f} s per "
+        "step, reference attention {:.3f} s per chunk\n",
+        s.encode_s_per_span, s.spans, s.spans == 1 ? "" : "s", s.decode_s_per_step, s.attention_s_per_chunk);
   }
   const double per_chunk = r.chunks.empty() ? 0 : r.wall_s / double(r.chunks.size());
-  o += fmt::format("\n  run      wall time {:.1f} s ({:.2f} s per chunk for {} layer{} and {} configuration{}, "
-                   "including the scoring)\n",
-                   r.wall_s, per_chunk, r.layers.size(), r.layers.size() == 1 ? "" : "s", c.packed.size(),
-                   c.packed.size() == 1 ? "" : "s");
+  o += fmt::format(
+      "\n  run      wall time {:.1f} s ({:.2f} s per chunk for {} layer{} and {} configuration{}, "
+      "including the scoring)\n",
+      r.wall_s, per_chunk, r.layers.size(), r.layers.size() == 1 ? "" : "s", c.packed.size(),
+      c.packed.size() == 1 ? "" : "s");
   o += "\n  How to read it: the packed cache holds the same window as the dense one in the memory shown; the smaller "
        "the attention error (and the closer the cosine to 1), the less the model's output can change — errors of a "
        "few percent with cosine above 0.999 mean the model sees nearly the same context.\n";
@@ -432,8 +445,8 @@ std::string memory_chart_svg(const SimulationResult& r) {
     cfgs += fmt::format("{}: {} centroids, block {}, spans of {} chunks", pc.label, pc.quant.centroids,
                         pc.quant.block_size, pc.quant.span_chunks);
   }
-  ch.subtitle = fmt::format("{} · window {} tokens · {}", preset_line(p, r.config.scale),
-                            sim::grouped(p.cache_tokens()), cfgs);
+  ch.subtitle =
+      fmt::format("{} · window {} tokens · {}", preset_line(p, r.config.scale), sim::grouped(p.cache_tokens()), cfgs);
   ch.x_label = fmt::format("chunk ({} frames = {} tokens each)", p.frames_per_chunk, sim::grouped(p.chunk_tokens()));
   ch.y_label = "resident MiB per layer";
   const double MiB = double(1 << 20);
@@ -473,8 +486,8 @@ std::string memory_chart_svg(const SimulationResult& r) {
   for (size_t j = 0; j < packed.size(); ++j) ch.series.push_back(trans[j]);
   if (r.window_full_chunk >= 0) ch.markers.push_back({double(r.window_full_chunk), "window full"});
   for (const PackedSummary& s : r.summary)
-    ch.note += fmt::format("{}{}: peak {} vs dense {} (dense / packed = {:.2f}x)", ch.note.empty() ? "" : ";  ", s.label,
-                           sim::mib(s.packed_peak_bytes), sim::mib(s.dense_bytes), s.ratio_peak);
+    ch.note += fmt::format("{}{}: peak {} vs dense {} (dense / packed = {:.2f}x)", ch.note.empty() ? "" : ";  ",
+                           s.label, sim::mib(s.packed_peak_bytes), sim::mib(s.dense_bytes), s.ratio_peak);
   return render_line_chart(ch);
 }
 
@@ -567,8 +580,8 @@ void write_simulation_report(const SimulationResult& r, const std::string& dir) 
     fs::rename(tmps[i], fs::path(dir) / files[i].first, ec);
     if (ec) {
       cleanup();
-      throw InvalidArgument(
-          fmt::format("report file '{}' cannot be written: {}", (fs::path(dir) / files[i].first).string(), ec.message()));
+      throw InvalidArgument(fmt::format("report file '{}' cannot be written: {}",
+                                        (fs::path(dir) / files[i].first).string(), ec.message()));
     }
   }
 }
@@ -608,10 +621,17 @@ std::string compare_json(const CompareResult& r, int indent) {
   w["assumed"] = assumed_fields(p.assumed);
   j["workload"] = w;
   const CodecConfig& cc = r.config.codec;
-  j["codec"] = {{"bits", cc.bits},          {"block_size", cc.block_size}, {"centroids", cc.centroids},
-                {"stages", cc.stages},      {"kmeans_iters", cc.kmeans_iters}, {"asymmetric", cc.asymmetric},
-                {"scale_dtype", std::string(name(cc.scale_dtype))}, {"scaling", std::string(name(cc.scaling))},
-                {"init", std::string(name(cc.init))}, {"seed", cc.seed}, {"kivi_group_tokens", cc.block_size}};
+  j["codec"] = {{"bits", cc.bits},
+                {"block_size", cc.block_size},
+                {"centroids", cc.centroids},
+                {"stages", cc.stages},
+                {"kmeans_iters", cc.kmeans_iters},
+                {"asymmetric", cc.asymmetric},
+                {"scale_dtype", std::string(name(cc.scale_dtype))},
+                {"scaling", std::string(name(cc.scaling))},
+                {"init", std::string(name(cc.init))},
+                {"seed", cc.seed},
+                {"kivi_group_tokens", cc.block_size}};
   ojson rows = ojson::array();
   for (const CompareRow& row : r.rows) {
     ojson rj;
@@ -644,18 +664,21 @@ std::string compare_table_text(const CompareResult& r) {
                    assumed_mark(a.heads), p.head_dim, assumed_mark(a.head_dim), sim::grouped(p.chunk_tokens()),
                    assumed_mark(a.frames_per_chunk || a.grid), r.layers.size() == 1 ? "" : "s", label_list(r.layers),
                    p.layers, r.config.seed);
-  o += fmt::format("  context   {} chunks = {} tokens quantized by each method (qvg: one span, {:.3f} bits/element of "
-                   "codebooks = {} x 16 bits / {} tokens)\n",
-                   r.context_chunks, sim::grouped(r.context_tokens),
-                   double(cc.centroids) * 16.0 * double(cc.stages) / double(r.context_tokens), cc.centroids,
-                   sim::grouped(r.context_tokens));
-  o += fmt::format("  queries   {} of the next chunk (every {}{} token, all heads) attend over the context + the next "
-                   "chunk (raw)\n",
-                   r.queries, r.config.query_stride, r.config.query_stride == 1 ? "" : "th");
-  o += fmt::format("  all methods: {}-bit codes, block {}; qvg {} centroids, {} stage{}, {} iters, {} scales ({}); "
-                   "kivi K per channel over {}-token groups, V per token\n\n",
-                   cc.bits, cc.block_size, cc.centroids, cc.stages, cc.stages == 1 ? "" : "s", cc.kmeans_iters,
-                   name(cc.scale_dtype), name(cc.scaling), cc.block_size);
+  o += fmt::format(
+      "  context   {} chunks = {} tokens quantized by each method (qvg: one span, {:.3f} bits/element of "
+      "codebooks = {} x 16 bits / {} tokens)\n",
+      r.context_chunks, sim::grouped(r.context_tokens),
+      double(cc.centroids) * 16.0 * double(cc.stages) / double(r.context_tokens), cc.centroids,
+      sim::grouped(r.context_tokens));
+  o += fmt::format(
+      "  queries   {} of the next chunk (every {}{} token, all heads) attend over the context + the next "
+      "chunk (raw)\n",
+      r.queries, r.config.query_stride, r.config.query_stride == 1 ? "" : "th");
+  o += fmt::format(
+      "  all methods: {}-bit codes, block {}; qvg {} centroids, {} stage{}, {} iters, {} scales ({}); "
+      "kivi K per channel over {}-token groups, V per token\n\n",
+      cc.bits, cc.block_size, cc.centroids, cc.stages, cc.stages == 1 ? "" : "s", cc.kmeans_iters, name(cc.scale_dtype),
+      name(cc.scaling), cc.block_size);
   o += fmt::format("  {:<8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>11} {:>9}\n", "method", "bits/elem", "ratio", "K SNR",
                    "V SNR", "KV SNR", "attn error", "cosine");
   auto snr = [](const std::optional<double>& v) { return v ? fmt::format("{:.2f}", *v) : std::string("inf"); };

@@ -22,8 +22,7 @@ Tensor subsample_tokens(ConstTensorView x, int64_t stride) {
 }
 
 Tensor concat_tokens(ConstTensorView a, ConstTensorView b) {
-  QVG_CHECK(a.shape.b == 1 && b.shape.b == 1 && a.shape.h == b.shape.h && a.shape.d == b.shape.d &&
-            a.dtype == b.dtype);
+  QVG_CHECK(a.shape.b == 1 && b.shape.b == 1 && a.shape.h == b.shape.h && a.shape.d == b.shape.d && a.dtype == b.dtype);
   Tensor out(a.dtype, Shape4{1, a.shape.s + b.shape.s, a.shape.h, a.shape.d});
   auto* dst = static_cast<std::byte*>(out.data());
   std::memcpy(dst, a.data, a.nbytes());

@@ -43,8 +43,12 @@ void AttentionSums::add(const AttentionSums& o) {
   vectors += o.vectors;
 }
 
-double AttentionSums::rel_l2() const { return ref > 0 ? std::sqrt(err / ref) : 0.0; }
-double AttentionSums::cosine() const { return vectors > 0 ? cos_sum / double(vectors) : 1.0; }
+double AttentionSums::rel_l2() const {
+  return ref > 0 ? std::sqrt(err / ref) : 0.0;
+}
+double AttentionSums::cosine() const {
+  return vectors > 0 ? cos_sum / double(vectors) : 1.0;
+}
 
 AttentionSums attention_error(const Tensor& out, const Tensor& ref) {
   if (!(out.shape() == ref.shape()) || out.dtype() != DType::F32 || ref.dtype() != DType::F32)
@@ -223,8 +227,8 @@ EncodedInfo encoded_info(const PackedCausalCache& c) {
 /// Error of view `got` against view `want` (same [1, T, H, D]) over the view rows
 /// that hold encoded tokens. The view shows global tokens [0, sink_end) ++ [lo, ge).
 /// Deterministic: per-row partial sums, summed in order.
-void encoded_view_error(const StridedView& want, const StridedView& got, const EncodedInfo& enc,
-                        int64_t sink_end, int64_t lo, int64_t ge, ErrorSums& out, int threads) {
+void encoded_view_error(const StridedView& want, const StridedView& got, const EncodedInfo& enc, int64_t sink_end,
+                        int64_t lo, int64_t ge, ErrorSums& out, int threads) {
   const int64_t T = want.shape.s, H = want.shape.h, D = want.shape.d;
   const bool merged = lo <= sink_end;
   std::vector<int64_t> rows;  // view rows of encoded tokens

@@ -142,6 +142,7 @@ SimulationConfig build_config(const SimulateOptions& o) {
       throw InvalidArgument(fmt::format("--sink-span: {}", e.what()));
     }
   }
+  c.packed.clear();  // replace the library's default configuration
   for (int b : parse_bits_list(o.bits)) {
     PackedConfig pc;
     pc.label = fmt::format("int{}", b);
@@ -252,8 +253,8 @@ void run_simulate(const SimulateOptions& o) {
     throw;
   }
   progress.finish();
-  if (o.json) write_text_file(*o.json, simulation_json(r, 2) + "\n", "--json");
   if (o.report) write_simulation_report(r, *o.report);
+  if (o.json) write_text_file(*o.json, simulation_json(r, 2) + "\n", "--json");
   fmt::print("{}", simulation_summary_text(r));
   if (o.json) fmt::print("  JSON report: {}\n", *o.json);
   if (o.report)
