@@ -46,12 +46,23 @@ Tensor attention(ConstTensorView q, const StridedView& k, const StridedView& v, 
     for (int64_t h = 0; h < H; ++h) {
 #pragma omp parallel num_threads(nthreads)
       {
-        std::vector<float> row(static_cast<size_t>(D));
+        // Blocked transpose: a tile of kTile key rows is converted, then written
+        // out as D runs of kTile contiguous floats (a per-element scatter with
+        // stride tpad would miss the cache on every store).
+        constexpr int64_t kTile = 64;
+        std::vector<float> tile(static_cast<size_t>(kTile * D));
+        const int64_t ntiles = (T + kTile - 1) / kTile;
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) {
-          convert_to_f32(k.row(b, t, h), k.dtype, row.data(), size_t(D));
-          for (int64_t d = 0; d < D; ++d) kT[size_t(d * tpad + t)] = row[size_t(d)];
-          convert_to_f32(v.row(b, t, h), v.dtype, vf.data() + t * D, size_t(D));
+        for (int64_t tb = 0; tb < ntiles; ++tb) {
+          const int64_t t0 = tb * kTile, cnt = std::min(kTile, T - t0);
+          for (int64_t j = 0; j < cnt; ++j) {
+            convert_to_f32(k.row(b, t0 + j, h), k.dtype, tile.data() + j * D, size_t(D));
+            convert_to_f32(v.row(b, t0 + j, h), v.dtype, vf.data() + (t0 + j) * D, size_t(D));
+          }
+          for (int64_t d = 0; d < D; ++d) {
+            float* dst = kT.data() + d * tpad + t0;
+            for (int64_t j = 0; j < cnt; ++j) dst[j] = tile[size_t(j * D + d)];
+          }
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; ++i) {
