@@ -22,6 +22,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 
 #include <algorithm>
 #include <cmath>
@@ -210,7 +211,19 @@ inline float StoredScale(const uint8_t* arr, ScaleDType t, size_t i) {
 // loaded as one little-endian word, broadcast, and every lane shifts its own code
 // down (per-lane shift amounts), so no byte shuffles or tables are needed.
 // REQUIRES L >= 4, dim % L == 0, block % L == 0.
-template <int kBits>
+// fp8 e4m3 scale values by code (exact), so a block's scale costs one load.
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = qvg::fp8e4m3_to_f32(uint8_t(i));
+  }
+};
+const Fp8Table& Fp8() {
+  static const Fp8Table t;
+  return t;
+}
+
+template <int kBits, bool kAsym, bool kOneStage>
 void DecodeRowsVec(const DecodeRows& j) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
@@ -225,48 +238,71 @@ void DecodeRowsVec(const DecodeRows& j) {
   alignas(64) uint32_t shift_arr[L];
   alignas(64) int32_t word_arr[L];
   for (size_t i = 0; i < L; ++i) {
-    const uint32_t p = kBits == 4 ? uint32_t(8 * (i / 2) + ((i % 2) == 0 ? 4 : 0)) : uint32_t(8 * (i / 4) + 6 - 2 * (i % 4));
+    const uint32_t p =
+        kBits == 4 ? uint32_t(8 * (i / 2) + ((i % 2) == 0 ? 4 : 0)) : uint32_t(8 * (i / 4) + 6 - 2 * (i % 4));
     shift_arr[i] = p % 32;
     word_arr[i] = int32_t(p / 32);
   }
   const auto shifts = hn::Load(du, shift_arr);
   const auto words = hn::SetTableIndices(du, word_arr);
   const auto mask = hn::Set(du, (1u << kBits) - 1u);
-  const auto qoff = hn::Set(di, j.asymmetric ? 0 : (1 << (kBits - 1)) - 1);
-  const int64_t D = j.dim, nb = D / j.block, cbytes = D * kBits / 8;
-  std::vector<float> s_eff(static_cast<size_t>(nb)), z_eff(static_cast<size_t>(nb), 0.0f);
+  const auto qoff = hn::Set(di, kAsym ? 0 : (1 << (kBits - 1)) - 1);
+  const int64_t D = j.dim, blk = j.block, nb = D / blk, cbytes = D * kBits / 8;
+  const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
+  const float* fp8v = Fp8().v;
+  auto stored = [&](const uint8_t* arr, size_t i) {
+    return fp8 ? fp8v[arr[i]] : qvg::bf16_to_f32(uint16_t(arr[2 * i] | (uint16_t(arr[2 * i + 1]) << 8)));
+  };
   auto acc = hwy::AllocateAligned<float>(size_t(D));
+  // Non-temporal stores for bf16 rows when every row start is aligned to the
+  // store width (the output is not re-read from cache by this call; streaming
+  // saves the read-for-ownership of each line). Partial-vector streams would
+  // write past the row on narrow targets, so only for stores of >= 16 bytes.
+  constexpr bool kCanStream = L * 2 >= 16;
+  const bool stream = kCanStream && j.out_dtype == DType::BF16 &&
+                      (reinterpret_cast<uintptr_t>(j.out) % (L * 2)) == 0 &&
+                      (size_t(j.out_token_stride) * 2) % (L * 2) == 0;
   const float* crow[8];
-  const int ns = j.stages;
+  const int ns = kOneStage ? 1 : j.stages;
   for (int64_t t = 0; t < j.count; ++t) {
     const uint8_t* code = j.codes + t * cbytes;
-    for (int64_t k = 0; k < nb; ++k) {
-      const size_t si = size_t(t * nb + k);
-      s_eff[size_t(k)] = StoredScale(j.scales, j.scale_dtype, si) * j.scale_factor;
-      if (j.asymmetric) z_eff[size_t(k)] = StoredScale(j.zeros, j.scale_dtype, si) * j.zero_factor;
-    }
     for (int s = 0; s < ns; ++s) crow[s] = j.centroids[s] + int64_t(j.ids[s][t]) * D;
     uint16_t* obf = j.out_dtype == DType::BF16 ? static_cast<uint16_t*>(j.out) + t * j.out_token_stride : nullptr;
     float* of32 = j.out_dtype == DType::F32 ? static_cast<float*>(j.out) + t * j.out_token_stride : acc.get();
-    for (int64_t d = 0; d < D; d += int64_t(L)) {
-      uint64_t w = 0;
-      std::memcpy(&w, code + size_t(d) * kBits / 8, kBytes);
-      hn::Vec<decltype(du)> wv;
-      if constexpr (kBytes > 4) {
-        wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
-      } else {
-        wv = hn::Set(du, uint32_t(w));
-      }
-      const auto c = hn::And(wv >> shifts, mask);
-      const V cf = hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff));  // code - qmax, exact
-      const int64_t k = d / j.block;
-      V v = hn::Mul(cf, hn::Set(df, s_eff[size_t(k)]));
-      if (j.asymmetric) v = hn::Add(v, hn::Set(df, z_eff[size_t(k)]));
-      for (int s = 0; s < ns; ++s) v = hn::Add(v, hn::LoadU(df, crow[s] + d));
-      if (obf) {
-        hn::StoreU(ToBf16NoNaN(df, v), du16, obf + d);
-      } else {
-        hn::StoreU(v, df, of32 + d);
+    for (int64_t k = 0; k < nb; ++k) {
+      const size_t si = size_t(t * nb + k);
+      const V sv = hn::Set(df, stored(j.scales, si) * j.scale_factor);
+      V zv = hn::Zero(df);
+      if constexpr (kAsym) zv = hn::Set(df, stored(j.zeros, si) * j.zero_factor);
+      for (int64_t d = k * blk; d < (k + 1) * blk; d += int64_t(L)) {
+        uint64_t w = 0;
+        std::memcpy(&w, code + size_t(d) * kBits / 8, kBytes);
+        hn::Vec<decltype(du)> wv;
+        if constexpr (kBytes > 4) {
+          wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
+        } else {
+          wv = hn::Set(du, uint32_t(w));
+        }
+        const auto c = hn::And(wv >> shifts, mask);
+        const V cf = hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff));  // code - qmax, exact
+        V v = hn::Mul(cf, sv);
+        if constexpr (kAsym) v = hn::Add(v, zv);
+        if constexpr (kOneStage) {
+          v = hn::Add(v, hn::LoadU(df, crow[0] + d));
+        } else {
+          for (int s = 0; s < ns; ++s) v = hn::Add(v, hn::LoadU(df, crow[s] + d));
+        }
+        if (obf) {
+          if constexpr (kCanStream) {
+            if (stream) {
+              hn::Stream(ToBf16NoNaN(df, v), du16, obf + d);
+              continue;
+            }
+          }
+          hn::StoreU(ToBf16NoNaN(df, v), du16, obf + d);
+        } else {
+          hn::StoreU(v, df, of32 + d);
+        }
       }
     }
     if (j.out_dtype == DType::F16) {
@@ -274,6 +310,17 @@ void DecodeRowsVec(const DecodeRows& j) {
       for (int64_t d = 0; d < D; ++d) o[d] = qvg::f32_to_f16_sat(acc[size_t(d)]);
     }
   }
+  if (stream) hwy::FlushStream();
+}
+
+template <int kBits>
+void DecodeRowsVecDispatch(const DecodeRows& j) {
+  if (j.asymmetric) {
+    if (j.stages == 1) return DecodeRowsVec<kBits, true, true>(j);
+    return DecodeRowsVec<kBits, true, false>(j);
+  }
+  if (j.stages == 1) return DecodeRowsVec<kBits, false, true>(j);
+  return DecodeRowsVec<kBits, false, false>(j);
 }
 
 void DecodeRowsImpl(const DecodeRows& j) {
@@ -282,8 +329,8 @@ void DecodeRowsImpl(const DecodeRows& j) {
     constexpr size_t L = hn::MaxLanes(dfl);
     if constexpr (L >= 4) {
       if (j.dim % int64_t(L) == 0 && j.block % int64_t(L) == 0 && j.stages <= 8) {
-        if (j.bits == 4) return DecodeRowsVec<4>(j);
-        return DecodeRowsVec<2>(j);
+        if (j.bits == 4) return DecodeRowsVecDispatch<4>(j);
+        return DecodeRowsVecDispatch<2>(j);
       }
     }
   }
