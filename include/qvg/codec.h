@@ -111,6 +111,16 @@ struct DecodeTarget {
 void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
                   const DecodeTarget& dst, int threads = 0);
 
+/// One range of decode_ranges(): tokens [t0, t1), heads [h0, h1) of *enc into dst.
+struct DecodeTask {
+  const EncodedTensor* enc = nullptr;
+  int64_t t0 = 0, t1 = 0, h0 = 0, h1 = 0;
+  DecodeTarget dst;
+};
+/// decode_range() for several ranges (e.g. every span of a window, K and V) in one
+/// parallel pass. REQUIRES each task as decode_range requires; targets disjoint.
+void decode_ranges(const std::vector<DecodeTask>& tasks, int threads = 0);
+
 /// Inertia of points under centroids (spec 1.1): sum over points of the squared
 /// distance to the nearest centroid, in fp64. points: n * dim, centroids: k * dim.
 double inertia_fp64(const float* points, int64_t n, const float* centroids, int64_t k, int64_t dim);

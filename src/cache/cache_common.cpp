@@ -1,5 +1,7 @@
 #include "cache/cache_common.h"
 
+#include <algorithm>
+
 #include <cstring>
 #include <limits>
 
@@ -120,6 +122,33 @@ void check_values(ConstTensorView key, ConstTensorView value) {
   check_finite_and_bounded(value, "value");
 }
 
+namespace {
+
+// Copies `rows` rows of `row_bytes` from src (rows src_stride bytes apart) to dst
+// (dst_stride apart). Contiguous runs become one memcpy; large copies are split
+// over the OpenMP threads (one thread's memcpy does not reach the machine's copy
+// bandwidth). REQUIRES non-overlapping ranges.
+void copy_rows(std::byte* dst, size_t dst_stride, const std::byte* src, size_t src_stride, int64_t rows,
+               size_t row_bytes) {
+  if (rows <= 0 || row_bytes == 0) return;
+  const size_t total = size_t(rows) * row_bytes;
+  constexpr size_t kParallelBytes = size_t(4) << 20;
+  if (dst_stride == row_bytes && src_stride == row_bytes) {
+    constexpr size_t kChunk = size_t(1) << 20;
+    const int64_t chunks = int64_t((total + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (total >= kParallelBytes)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const size_t lo = size_t(c) * kChunk, len = std::min(kChunk, total - lo);
+      std::memcpy(dst + lo, src + lo, len);
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (total >= kParallelBytes)
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + size_t(r) * dst_stride, src + size_t(r) * src_stride, row_bytes);
+}
+
+}  // namespace
+
 void write_rows(ConstTensorView src, std::byte* dst, int64_t dst_batch_tokens, int64_t dst_heads, int64_t t0,
                 int64_t hs) {
   const int64_t B = src.shape.b, n = src.shape.s, h = src.shape.h, D = src.shape.d;
@@ -127,22 +156,17 @@ void write_rows(ConstTensorView src, std::byte* dst, int64_t dst_batch_tokens, i
   const size_t bytes = size_t(h * D) * esz;
   const auto* s = static_cast<const std::byte*>(src.data);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < n; ++t) {
-      const size_t so = size_t((b * n + t) * h * D) * esz;
-      const size_t doff = size_t(((b * dst_batch_tokens + t0 + t) * dst_heads + hs) * D) * esz;
-      std::memcpy(dst + doff, s + so, bytes);
-    }
+    copy_rows(dst + size_t(((b * dst_batch_tokens + t0) * dst_heads + hs) * D) * esz, size_t(dst_heads * D) * esz,
+              s + size_t(b * n * h * D) * esz, bytes, n, bytes);
 }
 
 void gather_rows(const std::byte* src, int64_t B, int64_t src_tokens, int64_t src_heads, int64_t D, size_t esz,
                  int64_t t0, int64_t t1, int64_t hs, int64_t h_out, std::byte* out, int64_t T_out, int64_t out_t) {
   const size_t bytes = size_t(h_out * D) * esz;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = t0; t < t1; ++t) {
-      const size_t so = size_t(((b * src_tokens + t) * src_heads + hs) * D) * esz;
-      const size_t doff = size_t(((b * T_out + out_t + (t - t0)) * h_out) * D) * esz;
-      std::memcpy(out + doff, src + so, bytes);
-    }
+    copy_rows(out + size_t(((b * T_out + out_t) * h_out) * D) * esz, bytes,
+              src + size_t(((b * src_tokens + t0) * src_heads + hs) * D) * esz, size_t(src_heads * D) * esz, t1 - t0,
+              bytes);
 }
 
 StridedView sub_view(const void* base, DType dt, int64_t B, int64_t tokens, int64_t heads, int64_t D, int64_t t0,

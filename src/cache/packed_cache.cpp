@@ -300,8 +300,18 @@ struct PackedCausalCache::Impl {
       }
       std::byte* sk = scratch->data();
       std::byte* sv = scratch->data() + view_bytes / 2;
-      fill(0, r1, 0, p.a.hs, h_in, sk, sv, T);
-      fill(r2, r3, r1, p.a.hs, h_in, sk, sv, T);
+      // Raw segments are copied at once; packed spans are collected and decoded
+      // in one parallel pass (every span, K and V) straight into the view.
+      // The current chunk — always the view's last n tokens, and exactly the
+      // call's key/value rows — is copied from the input, not re-read from its
+      // segment.
+      std::vector<DecodeTask> tasks;
+      fill(0, r1, 0, p.a.hs, h_in, sk, sv, T, tasks);
+      fill(r2, c, r1, p.a.hs, h_in, sk, sv, T, tasks);
+      QVG_CHECK(r3 == p.a.ce && r1 + (c - r2) == T - p.a.n);
+      detail::write_rows(key, sk, T, h_in, T - p.a.n, 0);
+      detail::write_rows(value, sv, T, h_in, T - p.a.n, 0);
+      decode_ranges(tasks, quant.threads);
       out.k = detail::dense_view(sk, opt.dtype, B, T, h_in, D);
       out.v = detail::dense_view(sv, opt.dtype, B, T, h_in, D);
     }
@@ -314,9 +324,10 @@ struct PackedCausalCache::Impl {
   }
 
   /// Writes global tokens [x0, x1) (heads [hs, hs + h_out)) at view token out_t
-  /// of the dense [B, T, h_out, D] buffers sk, sv.
-  void fill(int64_t x0, int64_t x1, int64_t out_t, int64_t hs, int64_t h_out, std::byte* sk, std::byte* sv,
-            int64_t T) const {
+  /// of the dense [B, T, h_out, D] buffers sk, sv: raw segments now, packed ones
+  /// appended to `tasks` for the caller's decode_ranges().
+  void fill(int64_t x0, int64_t x1, int64_t out_t, int64_t hs, int64_t h_out, std::byte* sk, std::byte* sv, int64_t T,
+            std::vector<DecodeTask>& tasks) const {
     if (x0 >= x1) return;
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
     int64_t covered = 0;
@@ -331,8 +342,8 @@ struct PackedCausalCache::Impl {
         const size_t off = size_t(at * h_out * D) * esz;
         const DecodeTarget tk{sk + off, opt.dtype, T * h_out * D, h_out * D};
         const DecodeTarget tv{sv + off, opt.dtype, T * h_out * D, h_out * D};
-        decode_range(s.k_enc, o0 - s.g0, o1 - s.g0, hs, hs + h_out, tk, quant.threads);
-        decode_range(s.v_enc, o0 - s.g0, o1 - s.g0, hs, hs + h_out, tv, quant.threads);
+        tasks.push_back({&s.k_enc, o0 - s.g0, o1 - s.g0, hs, hs + h_out, tk});
+        tasks.push_back({&s.v_enc, o0 - s.g0, o1 - s.g0, hs, hs + h_out, tv});
       }
       covered += o1 - o0;
     }

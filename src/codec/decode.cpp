@@ -81,48 +81,76 @@ kernels::DecodeRows rows_job(const EncodedTensor& enc, int64_t g, int64_t t0, in
 
 }  // namespace detail
 
-void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst,
-                  int threads) {
-  QVG_CHECK(0 <= t0 && t0 <= t1 && t1 <= enc.shape.s && 0 <= h0 && h0 < h1 && h1 <= enc.shape.h);
-  if (t0 == t1) return;
-  const int64_t B = enc.shape.b, H = h1 - h0, D = enc.shape.d, K = enc.centroids, S = enc.shape.s;
-  // Work items: (b, h, token block). Token blocks keep both cores busy when B*H is small.
+void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
+  // Work items over all tasks: (task, b, h, token block), so one parallel region
+  // serves every range (a window of many spans costs one fork/join, and threads
+  // balance across spans). Token blocks keep both cores busy when B*H is small.
   constexpr int64_t kTokBlock = 256;
-  const int64_t nblk = (t1 - t0 + kTokBlock - 1) / kTokBlock;
-  const int64_t items = B * H * nblk;
+  std::vector<int64_t> first_item(tasks.size() + 1, 0);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const DecodeTask& tk = tasks[i];
+    QVG_CHECK(tk.enc != nullptr);
+    const EncodedTensor& enc = *tk.enc;
+    QVG_CHECK(0 <= tk.t0 && tk.t0 <= tk.t1 && tk.t1 <= enc.shape.s && 0 <= tk.h0 && tk.h0 < tk.h1 &&
+              tk.h1 <= enc.shape.h);
+    const int64_t nblk = (tk.t1 - tk.t0 + kTokBlock - 1) / kTokBlock;
+    first_item[i + 1] = first_item[i] + enc.shape.b * (tk.h1 - tk.h0) * nblk;
+  }
+  const int64_t items = first_item.back();
+  if (items == 0) return;
   const int nthreads = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel num_threads(nthreads)
   {
-    std::vector<std::vector<float>> cent(static_cast<size_t>(enc.stages));
-    std::vector<const float*> cptr(static_cast<size_t>(enc.stages));
-    std::vector<const uint8_t*> iptr(static_cast<size_t>(enc.stages));
+    std::vector<std::vector<float>> cent;
+    std::vector<const float*> cptr;
+    std::vector<const uint8_t*> iptr;
+    const EncodedTensor* cached_enc = nullptr;
     int64_t cached_group = -1;
+    size_t task = 0;
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t bh = it / nblk, blk = it % nblk;
-      const int64_t b = bh / H, h = h0 + bh % H;
+      while (it >= first_item[task + 1]) ++task;  // items of one thread are increasing
+      while (it < first_item[task]) --task;
+      const DecodeTask& tk = tasks[task];
+      const EncodedTensor& enc = *tk.enc;
+      const int64_t H = tk.h1 - tk.h0, D = enc.shape.d, K = enc.centroids, S = enc.shape.s;
+      const int64_t nblk = (tk.t1 - tk.t0 + kTokBlock - 1) / kTokBlock;
+      const int64_t local = it - first_item[task];
+      const int64_t bh = local / nblk, blk = local % nblk;
+      const int64_t b = bh / H, h = tk.h0 + bh % H;
       const int64_t g = b * enc.shape.h + h;
-      if (g != cached_group) {  // codebooks of this group as fp32
+      if (&enc != cached_enc || g != cached_group) {  // codebooks of this group as fp32
+        cent.resize(size_t(enc.stages));
+        cptr.resize(size_t(enc.stages));
+        iptr.resize(size_t(enc.stages));
         for (int st = 0; st < enc.stages; ++st) {
           cent[size_t(st)].resize(size_t(K * D));
           convert_to_f32(enc.centroid[size_t(st)].data() + size_t(g * K * D) * dtype_size(enc.dtype), enc.dtype,
                          cent[size_t(st)].data(), size_t(K * D));
           cptr[size_t(st)] = cent[size_t(st)].data();
         }
+        cached_enc = &enc;
         cached_group = g;
       }
-      const int64_t a = t0 + blk * kTokBlock, e = std::min(t1, a + kTokBlock);
+      const int64_t a = tk.t0 + blk * kTokBlock, e = std::min(tk.t1, a + kTokBlock);
       kernels::DecodeRows job = detail::rows_job(enc, g, a, e);
       for (int st = 0; st < enc.stages; ++st) iptr[size_t(st)] = enc.ids[size_t(st)].data() + size_t(g * S + a);
       job.ids = iptr.data();
       job.centroids = cptr.data();
+      const DecodeTarget& dst = tk.dst;
       job.out = static_cast<uint8_t*>(dst.base) +
-                size_t(b * dst.batch_stride + (a - t0) * dst.token_stride + (h - h0) * D) * dtype_size(dst.dtype);
+                size_t(b * dst.batch_stride + (a - tk.t0) * dst.token_stride + (h - tk.h0) * D) *
+                    dtype_size(dst.dtype);
       job.out_dtype = dst.dtype;
       job.out_token_stride = dst.token_stride;
       kernels::decode_rows(job);
     }
   }
+}
+
+void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst,
+                  int threads) {
+  decode_ranges({DecodeTask{&enc, t0, t1, h0, h1, dst}}, threads);
 }
 
 void decode(const EncodedTensor& enc, TensorView out, int threads) {
