@@ -22,6 +22,16 @@ struct Timing {
 /// `min_time_s` has passed (at most `max_reps`).
 Timing time_it(const std::function<void()>& fn, int min_reps = 5, double min_time_s = 0.2, int max_reps = 200);
 
+/// Two functions measured in alternating rounds (a, b, a, b, ...) so that both
+/// see the same machine state on a shared, noisy host. `ratio` is the median over
+/// rounds of (round median of a) / (round median of b).
+struct Paired {
+  Timing a, b;  ///< medians / extremes over all rounds
+  double ratio = 0;
+};
+Paired time_paired(const std::function<void()>& fa, const std::function<void()>& fb, int rounds = 7,
+                   double round_time_s = 0.1);
+
 struct Measurement {
   std::string name;
   Timing t;
