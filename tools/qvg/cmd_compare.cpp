@@ -16,6 +16,7 @@
 
 #include "codec_flags.h"
 #include "command.h"
+#include "workload_flags.h"
 #include "qvg/error.h"
 #include "qvg/simulate.h"
 #include "qvg/workload.h"
@@ -72,12 +73,7 @@ void register_compare(CLI::App& root) {
   auto o = std::make_shared<CompareOptions>();
   CLI::App* cmd = root.add_subcommand(
       "compare", "QVG vs RTN, KIVI-style and QuaRot-style quantization on a realistic workload, same bits and block");
-  std::string presets;
-  for (const auto& p : model_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
-  cmd->add_option("--model", o->model, "model preset: " + presets)->type_name("PRESET")->default_str(o->model);
-  cmd->add_option("--scale", o->scale, "shrink heads, layers and frame size by this factor, in (0, 1]")
-      ->type_name("S")
-      ->default_str(o->scale);
+  add_workload_flags(*cmd, o->model, o->scale);
   cmd->add_option("--context-chunks", o->context_chunks,
                   "chunks of context quantized together (default: the fewest holding 64 x centroids tokens)")
       ->type_name("N");

@@ -21,6 +21,7 @@
 
 #include "codec_flags.h"
 #include "command.h"
+#include "workload_flags.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
 #include "qvg/workload.h"
@@ -188,9 +189,7 @@ void register_memory(CLI::App& root) {
   auto o = std::make_shared<MemoryOptions>();
   CLI::App* cmd = root.add_subcommand(
       "memory", "Exact K/V cache memory of a model preset: bf16 vs packed (spec 1.5), and the packed cache's peak");
-  std::string presets;
-  for (const auto& p : model_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
-  cmd->add_option("--model", o->model, "model preset: " + presets)->type_name("PRESET")->required();
+  add_model_flag(*cmd, o->model)->required();
   cmd->add_option("--bits", o->bits, "residual code width: 2 or 4")->default_str("2")->type_name("INT");
   cmd->add_option("--frames", o->frames, "context length in frames (default: the preset's)")->type_name("INT");
   cmd->add_option("--span-chunks", o->span_chunks, "chunks per encoded span (one codebook)")

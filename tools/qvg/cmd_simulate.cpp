@@ -26,6 +26,7 @@
 
 #include "codec_flags.h"
 #include "command.h"
+#include "workload_flags.h"
 #include "qvg/error.h"
 #include "qvg/simulate.h"
 #include "qvg/workload.h"
@@ -268,12 +269,7 @@ void register_simulate(CLI::App& root) {
       "simulate",
       "Stream a realistic workload through a dense and a packed K/V cache side by side; memory, quality and time "
       "per chunk");
-  std::string presets;
-  for (const auto& p : model_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
-  cmd->add_option("--model", o->model, "model preset: " + presets)->type_name("PRESET")->default_str(o->model);
-  cmd->add_option("--scale", o->scale, "shrink heads, layers and frame size by this factor, in (0, 1]")
-      ->type_name("S")
-      ->default_str(o->scale);
+  add_workload_flags(*cmd, o->model, o->scale);
   cmd->add_option("--context-frames", o->context_frames,
                   "frames of history a layer keeps (default: the preset's, capped at 72 for a quick run)")
       ->type_name("N");

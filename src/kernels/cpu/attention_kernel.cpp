@@ -16,6 +16,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "kernels/cpu/blocked_product-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,17 +39,7 @@ void ScoresBlock(const float* const* qp, const float* kT, int64_t tpad, int64_t 
   const int64_t L = int64_t(hn::Lanes(df));
   for (int64_t t0 = 0; t0 < tpad; t0 += NV * L) {
     V acc[kP][NV];
-    for (int p = 0; p < kP; ++p)
-      for (int v = 0; v < NV; ++v) acc[p][v] = hn::Zero(df);
-    const float* krow = kT + t0;
-    for (int64_t d = 0; d < D; ++d, krow += tpad) {
-      V kv[NV];
-      for (int v = 0; v < NV; ++v) kv[v] = hn::LoadU(df, krow + v * L);
-      for (int p = 0; p < kP; ++p) {
-        const V qv = hn::Set(df, qp[p][d]);
-        for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(qv, kv[v], acc[p][v]);
-      }
-    }
+    BlockedProduct<kP, NV>(df, qp, kT, tpad, t0, D, acc);
     for (int p = 0; p < kP; ++p)
       for (int v = 0; v < NV; ++v) hn::StoreU(acc[p][v], df, s + p * tpad + t0 + v * L);
   }

@@ -23,6 +23,7 @@
 #include "hwy/highway.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
+#include "kernels/cpu/blocked_product-inl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -82,17 +83,7 @@ int64_t AssignBlocked(const float* x, int64_t n, int64_t dim, const float* c, in
         const float* xp[P];
         for (int p = 0; p < P; ++p) xp[p] = (i0 + p < c1) ? x + (i0 + p) * dim : zero_row.data();
         V acc[P][NV];
-        for (int p = 0; p < P; ++p)
-          for (int v = 0; v < NV; ++v) acc[p][v] = hn::Zero(df);
-        const float* crow = cT + j0;
-        for (int64_t d = 0; d < dim; ++d, crow += kpad) {
-          V cv[NV];
-          for (int v = 0; v < NV; ++v) cv[v] = hn::LoadU(df, crow + v * L);
-          for (int p = 0; p < P; ++p) {
-            const V xv = hn::Set(df, xp[p][d]);
-            for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(xv, cv[v], acc[p][v]);
-          }
-        }
+        BlockedProduct<P, NV>(df, xp, cT, kpad, j0, dim, acc);
         for (int p = 0; p < P && i0 + p < c1; ++p) {
           V dist[NV];
           for (int v = 0; v < NV; ++v) dist[v] = hn::NegMulAdd(two, acc[p][v], hn::LoadU(df, cn + j0 + v * L));

@@ -1,0 +1,50 @@
+// src/kernels/cpu/blocked_product-inl.h — the register-blocked product shared by
+// the k-means assignment and the attention scores (per-target Highway code;
+// include after hwy/highway.h inside a foreach_target translation unit).
+//
+// acc[p][v] (lane l) = sum_d rows[p][d] * colsT[d * stride + col0 + v * L + l]:
+// P rows (points or queries) against NV vectors of columns (centroids or keys)
+// stored transposed, so that one column load serves all P rows and the P x NV
+// accumulators stay in registers.
+
+// Per-target include guard (Highway's pattern for -inl headers).
+#if defined(QVG_KERNELS_BLOCKED_PRODUCT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QVG_KERNELS_BLOCKED_PRODUCT_INL_H_
+#undef QVG_KERNELS_BLOCKED_PRODUCT_INL_H_
+#else
+#define QVG_KERNELS_BLOCKED_PRODUCT_INL_H_
+#endif
+
+#include <cstdint>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qvg {
+namespace kernels {
+namespace HWY_NAMESPACE {
+
+template <int P, int NV, class DF, class V = hwy::HWY_NAMESPACE::Vec<DF>>
+HWY_INLINE void BlockedProduct(DF df, const float* const* rows, const float* colsT, int64_t stride, int64_t col0,
+                               int64_t dim, V (&acc)[P][NV]) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < NV; ++v) acc[p][v] = hn::Zero(df);
+  const float* col = colsT + col0;
+  for (int64_t d = 0; d < dim; ++d, col += stride) {
+    V cv[NV];
+    for (int v = 0; v < NV; ++v) cv[v] = hn::LoadU(df, col + v * L);
+    for (int p = 0; p < P; ++p) {
+      const V rv = hn::Set(df, rows[p][d]);
+      for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(rv, cv[v], acc[p][v]);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace qvg
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard
