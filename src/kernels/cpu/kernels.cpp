@@ -30,6 +30,7 @@
 #include <cstring>
 #include <limits>
 
+#include "codec/residual.h"  // stored scale/zero decoding, shared with the codec
 #include "kernels/kernels.h"
 #include "qvg/numeric.h"
 
@@ -193,10 +194,6 @@ const CodeTables& Tables() {
   return t;
 }
 
-inline float StoredScale(const uint8_t* arr, ScaleDType t, size_t i) {
-  if (t == ScaleDType::FP8_E4M3) return qvg::fp8e4m3_to_f32(arr[i]);
-  return qvg::bf16_to_f32(uint16_t(arr[2 * i] | (uint16_t(arr[2 * i + 1]) << 8)));
-}
 
 // Vector unpack: the codes of one vector of L channels are L*bits/8 bytes; they are
 // loaded as one little-endian word, broadcast, and every lane shifts its own code
@@ -242,7 +239,7 @@ void DecodeRowsVec(const DecodeRows& j) {
   const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
   const float* fp8v = Fp8().v;
   auto stored = [&](const uint8_t* arr, size_t i) {
-    return fp8 ? fp8v[arr[i]] : qvg::bf16_to_f32(uint16_t(arr[2 * i] | (uint16_t(arr[2 * i + 1]) << 8)));
+    return fp8 ? fp8v[arr[i]] : detail::stored_value(arr, ScaleDType::BF16, i);
   };
   auto acc = hwy::AllocateAligned<float>(size_t(D));
   // Non-temporal stores for bf16 rows when every row start is aligned to the
@@ -346,8 +343,8 @@ void DecodeRowsImpl(const DecodeRows& j) {
     for (int64_t b = 0; b < cbytes; ++b) std::memcpy(vals.get() + b * per, lut + size_t(code[b]) * size_t(per), size_t(per) * 4);
     for (int64_t k = 0; k < nb; ++k) {
       const size_t si = size_t(t * nb + k);
-      s_eff[size_t(k)] = StoredScale(j.scales, j.scale_dtype, si) * j.scale_factor;
-      if (j.asymmetric) z_eff[size_t(k)] = StoredScale(j.zeros, j.scale_dtype, si) * j.zero_factor;
+      s_eff[size_t(k)] = detail::stored_value(j.scales, j.scale_dtype, si) * j.scale_factor;
+      if (j.asymmetric) z_eff[size_t(k)] = detail::stored_value(j.zeros, j.scale_dtype, si) * j.zero_factor;
     }
     if (!uniform) {
       for (int64_t d = 0; d < D; ++d) {
