@@ -1,0 +1,90 @@
+# cmake/QvgCuda.cmake — the optional CUDA backend (docs/cuda.md).
+#
+# QVG_ENABLE_CUDA: AUTO (default: on when check_language(CUDA) finds nvcc), ON
+# (an error without nvcc) or OFF. QVG_CUDA_ARCHS: the architectures compiled
+# (default sm_90a for H100/H200 plus sm_80 and sm_89). When the backend is on:
+#   qvg_cuda              static library: src/kernels/cuda/*.cu and *.cpp, linked to
+#                         qvg_lib, CUDA::cudart and CUDA::cublas
+#   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
+#                         (runs without a GPU; registered with ctest)
+#   qvg_gpu_tests         GPU tests (tiny in-repo harness, no gtest)
+#   qvg_gpu_bench         GPU benchmarks (JSON + table)
+# QVG_HAVE_CUDA is set to ON or OFF for the rest of the build.
+set(QVG_ENABLE_CUDA "AUTO" CACHE STRING "Build the CUDA backend: AUTO (when nvcc is found), ON or OFF")
+set_property(CACHE QVG_ENABLE_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(QVG_CUDA_ARCHS "90a;80;89" CACHE STRING "CUDA architectures of the CUDA backend (CMAKE_CUDA_ARCHITECTURES syntax)")
+
+set(QVG_HAVE_CUDA OFF)
+string(TOUPPER "${QVG_ENABLE_CUDA}" _qvg_cuda_mode)
+if(NOT _qvg_cuda_mode MATCHES "^(AUTO|ON|OFF|TRUE|FALSE|YES|NO|1|0)$")
+  message(FATAL_ERROR "QVG_ENABLE_CUDA must be AUTO, ON or OFF, got '${QVG_ENABLE_CUDA}'")
+endif()
+if(NOT _qvg_cuda_mode MATCHES "^(OFF|FALSE|NO|0)$")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(QVG_HAVE_CUDA ON)
+  elseif(NOT _qvg_cuda_mode STREQUAL "AUTO")
+    message(FATAL_ERROR "QVG_ENABLE_CUDA=${QVG_ENABLE_CUDA} but no CUDA compiler was found "
+                        "(put nvcc on PATH or set CMAKE_CUDA_COMPILER)")
+  endif()
+endif()
+message(STATUS "qvg: CUDA backend: ${QVG_HAVE_CUDA} (QVG_ENABLE_CUDA=${QVG_ENABLE_CUDA})")
+
+if(QVG_HAVE_CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES ${QVG_CUDA_ARCHS})
+  # Device code is C++17 (CMake 3.25 does not know nvcc 13's C++20 flag); the .cu
+  # files include no qvg public header (those are C++20), only src/kernels/cuda/*.
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_EXTENSIONS OFF)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  message(STATUS "qvg: CUDA architectures: ${QVG_CUDA_ARCHS} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
+
+  # Host code of .cu files: the library's warnings through -Xcompiler (minus the
+  # ones nvcc's generated host code trips), errors when QVG_WERROR.
+  # Device code: --fmad=false, so that no multiply-add is contracted anywhere
+  # (the decode arithmetic of spec 1.3 is also written with __fmul_rn/__fadd_rn).
+  set(QVG_CUDA_FLAGS --fmad=false --expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra,-ffp-contract=off)
+  if(QVG_WERROR)
+    list(APPEND QVG_CUDA_FLAGS -Werror=all-warnings -Xcompiler=-Werror)
+  endif()
+
+  # Device code (.cu) in an object library that sees only src/ and CUDA's headers
+  # (fmt's imported include directory /usr/include would break nvcc's host includes);
+  # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
+  file(GLOB QVG_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cu)
+  file(GLOB QVG_CUDA_HOST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cpp)
+  add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
+  set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(qvg_cuda_kernels PRIVATE CUDA::cudart)
+  target_compile_options(qvg_cuda_kernels PRIVATE ${QVG_CUDA_FLAGS})
+
+  add_library(qvg_cuda STATIC ${QVG_CUDA_HOST_SOURCES} $<TARGET_OBJECTS:qvg_cuda_kernels>)
+  set_target_properties(qvg_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(qvg_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(qvg_cuda PUBLIC qvg_lib CUDA::cudart CUDA::cublas PRIVATE fmt::fmt)
+  target_compile_definitions(qvg_cuda PUBLIC QVG_HAVE_CUDA=1)
+  target_compile_options(qvg_cuda PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
+
+  # Host-side test of the shared arithmetic: no GPU needed.
+  add_executable(qvg_cuda_host_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_arith_test.cpp)
+  target_include_directories(qvg_cuda_host_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_host_test PRIVATE qvg_lib)
+  target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
+
+  add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp)
+  target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_gpu_tests PRIVATE qvg_cuda)
+  target_compile_options(qvg_gpu_tests PRIVATE ${QVG_WARNINGS})
+
+  add_executable(qvg_gpu_bench ${PROJECT_SOURCE_DIR}/bench/gpu/qvg_gpu_bench.cpp)
+  target_include_directories(qvg_gpu_bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(qvg_gpu_bench PRIVATE qvg_cuda)
+  target_compile_options(qvg_gpu_bench PRIVATE ${QVG_WARNINGS})
+
+  enable_testing()
+  add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
+endif()

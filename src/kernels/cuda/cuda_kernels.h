@@ -1,0 +1,88 @@
+// src/kernels/cuda/cuda_kernels.h — the CUDA kernel interface, mirroring
+// src/kernels/kernels.h: plain functions over raw device pointers, each enqueued
+// on the given stream; none synchronizes. Launch errors throw CudaError (through
+// check_launch); execution errors surface at the caller's next synchronization.
+//
+// Layouts are those of spec 1.5 and of the CPU encoder's per-group scratch:
+// a "group" is one (b, h) pair, g = b * H + h; per-group point arrays are
+// [G, S, D] row-major (token rows).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/bodies.cuh"
+
+namespace qvg::cuda::kernels {
+
+// DecodeTask: see bodies.cuh.
+// ---- decode -------------------------------------------------------------------
+
+/// Decodes the tasks (spec 1.3, bit-identical to decode_rows_reference) in
+/// ceil(n / 16) launches. REQUIRES every task in range; targets disjoint.
+void decode_tasks(const DecodeTask* tasks, int n, cudaStream_t stream);
+
+// ---- encode: points ---------------------------------------------------------
+
+/// r[g, t, :] = x[b, t, h, :] as fp32 (x dense [B, S, H, D] of dtype `dtype`).
+void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r,
+                   cudaStream_t stream);
+/// mu[g, :] = float(sum_t r[g, t, :] / S), summed in fp64 in a fixed order
+/// (chunks of points, then chunks in order). `partial`: G * ceil(S/1024) * D doubles.
+void group_mean(const float* r, int64_t G, int64_t S, int64_t D, double* partial, float* mu, cudaStream_t stream);
+/// xb[g, t, :] = bf16(r[g, t, :] - mu[g, :]) and maxabs[g] = max |r - mu| (fp32).
+/// REQUIRES maxabs zeroed.
+void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_t D, uint16_t* xb, float* maxabs,
+                   cudaStream_t stream);
+/// Initial point indices idx[g * K + j], j < k_eff, as init_random of kmeans.cpp picks
+/// them (same PRNG stream per (seed, stage, b, h)); 0..k_eff-1 in order when k_eff == S.
+/// `perm`: scratch of G * S uint32.
+void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, uint32_t* perm,
+                  uint32_t* idx, cudaStream_t stream);
+/// Initial centred centroids: c[g, j, :] = r[g, idx[g*K + j], :] - mu[g, :] for j < k_eff,
+/// zero for k_eff <= j < K.
+void init_centroids(const float* r, const float* mu, const uint32_t* idx, int64_t G, int64_t S, int64_t D, int K,
+                    int k_eff, float* c, cudaStream_t stream);
+/// cb = bf16(c) and cnorm[g, j] = ||cb[g, j]||^2 (fp32, fixed order) for j < k_eff,
+/// +inf (never chosen) for j >= k_eff.
+void prepare_centroids(const float* c, int64_t G, int64_t D, int K, int k_eff, uint16_t* cb, float* cnorm,
+                       cudaStream_t stream);
+
+// ---- encode: k-means iteration --------------------------------------------
+
+/// Whether group g still iterates at iteration `it`: changed[j * G + g] >= stop for
+/// every j < it (spec 1.1 early stop, decided on the device).
+/// Assignment (spec 1.1 expanded form on group-centred points, argmin fused, no
+/// N x K matrix): ids[g, t] = argmin_j cnorm[g, j] - 2 xb[g, t] . cb[g, j], x.c on
+/// tensor cores (mma.sync bf16, fp32 accumulation) when D is 64 or 128, else in
+/// fp32 from the bf16 values. changed[it * G + g] += ids that changed (all at it == 0).
+void assign(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t D, int K,
+            uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream);
+/// Centroid update: for active groups, c[g, j, :] = mean of the centred points
+/// (r - mu) with id j, accumulated exactly in 64-bit fixed point (scale from
+/// maxabs[g]); empty clusters keep c. `sums`: G*K*D int64, `counts`: G*K int32
+/// (both zeroed here).
+void update_centroids(const float* r, const float* mu, const float* maxabs, const uint8_t* ids, int64_t G, int64_t S,
+                      int64_t D, int K, long long* sums, int* counts, float* c, const int* changed, int it,
+                      double stop, cudaStream_t stream);
+
+// ---- encode: end of a stage -----------------------------------------------
+
+/// out_c[g, j, :] = (c + mu) rounded to `dtype` (zero for j >= k_eff); stored[g, j, :]
+/// = that value as fp32; then r[g, t, :] -= stored[g, ids[g, t], :].
+void finish_stage(float* r, const float* c, const float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D,
+                  int K, int k_eff, int dtype, void* out_c, float* stored, cudaStream_t stream);
+
+// ---- encode: residual quantize-and-pack (spec 1.2, 1.4) ----------------------
+
+// QuantizeArgs: see bodies.cuh.
+/// Bit-identical to quantize_residual_group for the same residual.
+void quantize_residual(const QuantizeArgs& a, cudaStream_t stream);
+
+/// Index of the first element of x (n elements of `dtype`) that is not finite or has
+/// |x| > 1e16, written to *first_bad (initialised to n by the caller).
+void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
+
+}  // namespace qvg::cuda::kernels

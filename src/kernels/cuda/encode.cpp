@@ -1,0 +1,145 @@
+// The device encoder (spec 1.1, 1.2): the host side enqueues, per stage, the
+// group mean, centring, initial centroids, kmeans_iters x (assignment, update),
+// stored centroids and next residual; then the residual quantizer. Every group
+// is processed by the same launches; early stopping is decided per group on the
+// device (kernels of a stopped group return at once), so nothing synchronizes.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include <fmt/core.h>
+
+#include "kernels/cuda/arith.cuh"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "qvg/cuda.h"
+
+namespace qvg::cuda {
+namespace {
+
+int arith_dtype(DType t) {
+  return t == DType::BF16 ? cuda_arith::kBF16 : t == DType::F16 ? cuda_arith::kF16 : cuda_arith::kF32;
+}
+
+/// Carves 256-byte aligned pieces out of one scratch allocation.
+class Carver {
+ public:
+  size_t take(size_t bytes) {
+    const size_t off = used_;
+    used_ += (bytes + 255) & ~size_t(255);
+    return off;
+  }
+  size_t size() const { return used_; }
+
+ private:
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc) {
+  if (x.data == nullptr) throw InvalidArgument("encode input is null");
+  if (cfg.init != Init::Random)
+    throw Unsupported(fmt::format("the CUDA encoder supports init random only, got init {}", name(cfg.init)));
+  DeviceEncodedTensor enc = DeviceEncodedTensor::allocate(x.shape, x.dtype, cfg, stream, alloc);
+  const int64_t B = x.shape.b, S = x.shape.s, H = x.shape.h, D = x.shape.d, G = B * H;
+  const int K = cfg.centroids, iters = cfg.kmeans_iters;
+  const int k_eff = int(std::min<int64_t>(K, S));
+  const int64_t nb = D / cfg.block_size;
+
+  Carver cv;
+  const size_t o_r = cv.take(size_t(G * S * D) * 4);
+  const size_t o_xb = cv.take(size_t(G * S * D) * 2);
+  const size_t o_perm = cv.take(size_t(G * S) * 4);
+  const size_t o_part = cv.take(size_t(G * ((S + 1023) / 1024) * D) * 8);
+  const size_t o_mu = cv.take(size_t(G * D) * 4);
+  const size_t o_maxabs = cv.take(size_t(G) * 4);
+  const size_t o_idx = cv.take(size_t(G * K) * 4);
+  const size_t o_c = cv.take(size_t(G * K * D) * 4);
+  const size_t o_cb = cv.take(size_t(G * K * D) * 2);
+  const size_t o_cn = cv.take(size_t(G * K) * 4);
+  const size_t o_stored = cv.take(size_t(G * K * D) * 4);
+  const size_t o_sums = cv.take(size_t(G * K * D) * 8);
+  const size_t o_counts = cv.take(size_t(G * K) * 4);
+  const size_t o_changed = cv.take(size_t(iters) * size_t(G) * 4);
+  const size_t o_raws = cv.take(size_t(G * S * nb) * 4);
+  const size_t o_rawz = cv.take(cfg.asymmetric ? size_t(G * S * nb) * 4 : 0);
+  const size_t o_gmax = cv.take(size_t(2 * G) * 4);
+  DeviceBuffer scratch(cv.size(), stream, alloc);
+  uint8_t* base = static_cast<uint8_t*>(scratch.data());
+  const auto F = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
+  float* r = F(o_r);
+  uint16_t* xb = reinterpret_cast<uint16_t*>(base + o_xb);
+  uint32_t* perm = reinterpret_cast<uint32_t*>(base + o_perm);
+  double* partial = reinterpret_cast<double*>(base + o_part);
+  float* mu = F(o_mu);
+  float* maxabs = F(o_maxabs);
+  uint32_t* idx = reinterpret_cast<uint32_t*>(base + o_idx);
+  float* c = F(o_c);
+  uint16_t* cb = reinterpret_cast<uint16_t*>(base + o_cb);
+  float* cnorm = F(o_cn);
+  float* stored = F(o_stored);
+  long long* sums = reinterpret_cast<long long*>(base + o_sums);
+  int* counts = reinterpret_cast<int*>(base + o_counts);
+  int* changed = reinterpret_cast<int*>(base + o_changed);
+
+  uint8_t* out = enc.mutable_base();
+  const size_t esz = dtype_size(x.dtype);
+  const double stop = 1e-4 * double(S);
+
+  kernels::gather_points(x.data, arith_dtype(x.dtype), B, S, H, D, r, stream);
+  for (int st = 0; st < cfg.stages; ++st) {
+    uint8_t* ids = out + enc.off_ids_ + size_t(st) * size_t(G * S);
+    void* out_c = out + enc.off_centroid_ + size_t(st) * size_t(G * K * D) * esz;
+    QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(iters) * size_t(G) * 4, stream));
+    QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
+    kernels::group_mean(r, G, S, D, partial, mu, stream);
+    kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
+    kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, perm, idx, stream);
+    kernels::init_centroids(r, mu, idx, G, S, D, K, k_eff, c, stream);
+    for (int it = 0; it < iters; ++it) {
+      kernels::prepare_centroids(c, G, D, K, k_eff, cb, cnorm, stream);
+      kernels::assign(xb, cb, cnorm, G, S, D, K, ids, changed, it, stop, stream);
+      kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K, sums, counts, c, changed, it, stop, stream);
+    }
+    kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, arith_dtype(x.dtype), out_c, stored, stream);
+  }
+  kernels::QuantizeArgs q;
+  q.r = r;
+  q.G = G;
+  q.S = S;
+  q.D = D;
+  q.bits = cfg.bits;
+  q.block = cfg.block_size;
+  q.asymmetric = cfg.asymmetric;
+  q.fp8 = cfg.scale_dtype == ScaleDType::FP8_E4M3;
+  q.two_level = cfg.scaling == Scaling::TwoLevel;
+  q.codes = out + enc.off_codes_;
+  q.scales = out + enc.off_scales_;
+  q.zeros = cfg.asymmetric ? out + enc.off_zeros_ : nullptr;
+  q.scale_factor = q.two_level ? reinterpret_cast<float*>(out + enc.off_sf_) : nullptr;
+  q.zero_factor = q.two_level && cfg.asymmetric ? reinterpret_cast<float*>(out + enc.off_zf_) : nullptr;
+  q.raw_s = F(o_raws);
+  q.raw_z = cfg.asymmetric ? F(o_rawz) : nullptr;
+  q.group_max = F(o_gmax);
+  kernels::quantize_residual(q, stream);
+  return enc;  // `scratch` is freed on `stream`, after the kernels above
+}
+
+void check_input_limits(ConstTensorView x, const char* what, Stream stream) {
+  const int64_t n = x.shape.numel();
+  if (n == 0) return;
+  DeviceBuffer flag(sizeof(unsigned long long), stream);
+  auto* p = static_cast<unsigned long long*>(flag.data());
+  const unsigned long long init = (unsigned long long)n;
+  QVG_CUDA(cudaMemcpyAsync(p, &init, sizeof init, cudaMemcpyHostToDevice, stream));
+  kernels::first_out_of_limit(x.data, arith_dtype(x.dtype), n, p, stream);
+  unsigned long long first = 0;
+  QVG_CUDA(cudaMemcpyAsync(&first, p, sizeof first, cudaMemcpyDeviceToHost, stream));
+  QVG_CUDA(cudaStreamSynchronize(stream));
+  if (first < (unsigned long long)n)
+    throw InvalidArgument(fmt::format("{}: element {} is not finite or exceeds the input limit |x| <= 1e16", what,
+                                      first));
+}
+
+}  // namespace qvg::cuda
