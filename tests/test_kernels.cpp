@@ -129,6 +129,97 @@ TEST_P(PerTarget, DecodeBitIdenticalToScalarReference) {
   }
 }
 
+// Decode jobs built by hand so that the fp32 values hit every class the bf16
+// rounding treats differently: exact zeros of both signs, denormals (which the
+// native AVX512-BF16 conversion flushes, so the kernel must route them through the
+// integer path), normals, values near the top of the range, and rounding ties.
+// Every target, with the native conversion allowed and forbidden, against the
+// scalar reference, bit for bit.
+TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
+  std::mt19937 rng(11);
+  const float magnitudes[] = {0.0f, 1e-41f, 3e-39f, 1.17e-38f, 1e-20f, 1.0f, 3e5f, 1e30f};
+  for (bool allow : {true, false}) {
+    kernels::allow_native_bf16(allow);
+    for (int rep = 0; rep < 300; ++rep) {
+      kernels::DecodeRows j;
+      j.bits = rep % 2 ? 2 : 4;
+      j.asymmetric = (rep / 2) % 2;
+      j.scale_dtype = (rep / 4) % 2 ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
+      j.block = int64_t(16) << (rep % 3);  // 16, 32, 64
+      j.dim = j.block * (1 + rep % 4);
+      j.stages = 1 + (rep / 3) % 2;
+      j.count = 1 + int64_t(rng() % 40);
+      const float fac[] = {1.0f, 1e-38f, 1e-45f, 0.5f};
+      j.scale_factor = fac[rng() % 4];
+      j.zero_factor = fac[rng() % 4];
+      const int64_t D = j.dim, nb = D / j.block, K = 5;
+      const size_t esz = j.scale_dtype == ScaleDType::BF16 ? 2 : 1;
+      std::vector<uint8_t> codes(size_t(j.count * D * j.bits / 8)), scales(size_t(j.count * nb) * esz),
+          zeros(scales.size());
+      for (auto& c : codes) c = uint8_t(rng());
+      for (size_t i = 0; i < scales.size(); ++i) {
+        // Finite stored values only (fp8 0x7F/0xFF and bf16 exponent 0xFF are NaN/Inf); some zero.
+        auto pick = [&]() {
+          uint8_t b = uint8_t(rng() % 5 == 0 ? 0 : rng());
+          if (esz == 1 && (b & 0x7F) == 0x7F) b = 0x7E;
+          return b;
+        };
+        scales[i] = pick();
+        zeros[i] = pick();
+        if (esz == 2 && i % 2 == 1) {
+          scales[i] &= 0x3F;  // high byte of a bf16 value: exponent well below 0xFF
+          zeros[i] = uint8_t(zeros[i] & 0x3F) | uint8_t(rng() % 2 ? 0x80 : 0);
+        }
+      }
+      std::vector<std::vector<float>> cent(size_t(j.stages), std::vector<float>(size_t(K * D)));
+      for (auto& cs : cent)
+        for (auto& v : cs) {
+          const float m = magnitudes[rng() % 8];
+          v = (rng() % 2 ? -m : m) * (1.0f + float(rng() % 1000) / 1000.0f);
+          if (rng() % 7 == 0) v = f32_from_bits((f32_bits(v) & 0xFFFF0000u) | 0x8000u);  // a bf16 tie
+        }
+      std::vector<std::vector<uint8_t>> ids(size_t(j.stages), std::vector<uint8_t>(size_t(j.count)));
+      for (auto& is : ids)
+        for (auto& v : is) v = uint8_t(rng() % K);
+      std::vector<const float*> cp;
+      std::vector<const uint8_t*> ip;
+      for (int st = 0; st < j.stages; ++st) {
+        cp.push_back(cent[size_t(st)].data());
+        ip.push_back(ids[size_t(st)].data());
+      }
+      j.codes = codes.data();
+      j.scales = scales.data();
+      j.zeros = j.asymmetric ? zeros.data() : nullptr;
+      j.ids = ip.data();
+      j.centroids = cp.data();
+      for (DType out : {DType::BF16, DType::F32, DType::F16}) {
+        const int64_t stride = D + 32 * (rep % 2);  // dense rows and rows inside a wider view
+        const size_t es = dtype_size(out);
+        // 64-byte aligned buffers so the streaming-store path is taken where it exists.
+        std::vector<uint8_t> a_buf(size_t(j.count * stride) * es + 64, 0xAB), b_buf(a_buf.size(), 0xAB);
+        auto align = [](std::vector<uint8_t>& v) {
+          const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+          return v.data() + ((64 - p % 64) % 64);
+        };
+        j.out_dtype = out;
+        j.out_token_stride = stride;
+        uint8_t* a = align(a_buf);
+        uint8_t* b = align(b_buf);
+        j.out = a;
+        kernels::decode_rows(j);
+        j.out = b;
+        detail::decode_rows_reference(j);
+        ASSERT_EQ(std::memcmp(a, b, size_t(j.count * stride) * es), 0)
+            << "rep " << rep << " bits " << j.bits << " asym " << j.asymmetric << " block " << j.block << " dim " << D
+            << " out " << dtype_name(out) << " native " << allow << " target " << GetParam().name;
+      }
+    }
+  }
+  kernels::allow_native_bf16(true);
+  std::printf("[ native bf16 ] AVX512-BF16 on this CPU: %s (used by the AVX3 targets only)\n",
+              kernels::native_bf16_available() ? "yes" : "no");
+}
+
 TEST_P(PerTarget, AssignmentAgreesWithReference) {
   Tensor x = testing::clustered_tensor({1, 3000, 1, 128}, DType::F32, 5, 64, 20, 0, 0.5f);
   std::vector<float> p = x.to_f32();

@@ -50,6 +50,16 @@ struct DecodeRows {
 /// arithmetic, rounded once to out_dtype (nearest even; fp16 saturates).
 void decode_rows(const DecodeRows& job);
 
+/// Native bf16 conversion (AVX512-BF16) in decode: available when the CPU has it
+/// and the dispatched target is AVX-512; used unless switched off. It flushes
+/// denormals, so decode keeps the integer rounding for any vector pair holding a
+/// zero exponent: output bits are the same either way (tests check both).
+bool native_bf16_available();
+/// Allows (default) or forbids the native conversion. For tests and benchmarks.
+void allow_native_bf16(bool allow);
+/// native_bf16_available() and allowed.
+bool native_bf16_enabled();
+
 /// n elements, nearest even (integer arithmetic on every target).
 void f32_to_bf16(const float* src, uint16_t* dst, size_t n);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);

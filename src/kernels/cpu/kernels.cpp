@@ -26,6 +26,7 @@
 #include "kernels/cpu/blocked_product-inl.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -211,7 +212,33 @@ const Fp8Table& Fp8() {
   return t;
 }
 
-template <int kBits, bool kAsym, bool kOneStage>
+// Native bf16 conversion of two vectors (AVX512-BF16 VCVTNE2PS2BF16: round to
+// nearest even, like the integer path, except that it flushes denormal inputs to
+// zero; callers use it only when no lane of either vector has a zero exponent).
+// Highway 1.0.3 has neither a target with AVX512-BF16 nor a rounding bf16 demotion,
+// so the one instruction is written as inline assembly (it needs no target
+// attribute; it runs only when the CPU reports the feature, see NativeBf16()).
+#undef QVG_NATIVE_BF16_PAIR
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define QVG_NATIVE_BF16_PAIR 1
+HWY_INLINE hn::Vec512<uint16_t> Bf16Pair(hn::Vec512<float> lo, hn::Vec512<float> hi) {
+  __m512i r;
+  // AT&T operand order: the second source fills the lower half of the result.
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(hi.raw), "v"(lo.raw));
+  return hn::Vec512<uint16_t>{r};
+}
+#else
+#define QVG_NATIVE_BF16_PAIR 0
+#endif
+
+// Decode of one token row by vectors. Residual values come from a per-block table:
+// entry c holds (c - qmax) * s_eff (symmetric) or c * s_eff + z_eff (asymmetric),
+// computed with the very operations of spec 1.3 on the very operands, so looking a
+// code up gives the bits of computing it; then the stages' centroids are added.
+// kLut: the 2^bits entries fit one vector (else codes are converted and scaled per
+// element). kPair: bf16 output converted two vectors at a time with the native
+// instruction (REQUIRES block % (2 L) == 0).
+template <int kBits, bool kAsym, bool kOneStage, bool kLut, bool kPair>
 void DecodeRowsVec(const DecodeRows& j) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
@@ -223,18 +250,23 @@ void DecodeRowsVec(const DecodeRows& j) {
   // (Never called with L < 4; the guard keeps the instantiation well-formed.)
   constexpr size_t kBytes = L * kBits / 8 >= 1 ? L * kBits / 8 : 1;
   static_assert(kBytes <= 8, "one word of codes per vector");
+  static_assert(!kLut || (size_t(1) << kBits) <= L, "the table fits one vector");
   alignas(64) uint32_t shift_arr[L];
   alignas(64) int32_t word_arr[L];
+  alignas(64) int32_t iota_arr[L];
   for (size_t i = 0; i < L; ++i) {
     const uint32_t p =
         kBits == 4 ? uint32_t(8 * (i / 2) + ((i % 2) == 0 ? 4 : 0)) : uint32_t(8 * (i / 4) + 6 - 2 * (i % 4));
     shift_arr[i] = p % 32;
     word_arr[i] = int32_t(p / 32);
+    iota_arr[i] = int32_t(i % (size_t(1) << kBits));
   }
   const auto shifts = hn::Load(du, shift_arr);
   const auto words = hn::SetTableIndices(du, word_arr);
   const auto mask = hn::Set(du, (1u << kBits) - 1u);
   const auto qoff = hn::Set(di, kAsym ? 0 : (1 << (kBits - 1)) - 1);
+  // Table lane i: code i (mod 2^bits) minus the offset, as an exact float.
+  const V lut_codes = hn::ConvertTo(df, hn::Sub(hn::Load(di, iota_arr), qoff));
   const int64_t D = j.dim, blk = j.block, nb = D / blk, cbytes = D * kBits / 8;
   const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
   const float* fp8v = Fp8().v;
@@ -247,11 +279,46 @@ void DecodeRowsVec(const DecodeRows& j) {
   // saves the read-for-ownership of each line). Partial-vector streams would
   // write past the row on narrow targets, so only for stores of >= 16 bytes.
   constexpr bool kCanStream = L * 2 >= 16;
+  const size_t align = kPair ? L * 4 : L * 2;
   const bool stream = kCanStream && j.out_dtype == DType::BF16 &&
-                      (reinterpret_cast<uintptr_t>(j.out) % (L * 2)) == 0 &&
-                      (size_t(j.out_token_stride) * 2) % (L * 2) == 0;
+                      (reinterpret_cast<uintptr_t>(j.out) % align) == 0 &&
+                      (size_t(j.out_token_stride) * 2) % align == 0;
+  const auto store16 = [&](hn::Vec<decltype(du16)> r, uint16_t* p) {
+    if constexpr (kCanStream) {
+      if (stream) return hn::Stream(r, du16, p);
+    }
+    hn::StoreU(r, du16, p);
+  };
   const float* crow[8];
   const int ns = kOneStage ? 1 : j.stages;
+  // Value of the L channels at d of a block with table `tab` (kLut) or scale/zero.
+  const auto value = [&](const uint8_t* code, int64_t d, V tab, V sv, V zv) {
+    uint64_t w = 0;
+    std::memcpy(&w, code + size_t(d) * kBits / 8, kBytes);
+    hn::Vec<decltype(du)> wv;
+    if constexpr (kBytes > 4) {
+      wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
+    } else {
+      wv = hn::Set(du, uint32_t(w));
+    }
+    const auto c = hn::And(wv >> shifts, mask);
+    V v;
+    if constexpr (kLut) {
+      v = hn::TableLookupLanes(tab, hn::IndicesFromVec(df, hn::BitCast(di, c)));
+      (void)sv;
+      (void)zv;
+    } else {
+      (void)tab;
+      v = hn::Mul(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff)), sv);  // (code - qmax) * s, exact codes
+      if constexpr (kAsym) v = hn::Add(v, zv);
+    }
+    if constexpr (kOneStage) {
+      v = hn::Add(v, hn::LoadU(df, crow[0] + d));
+    } else {
+      for (int s = 0; s < ns; ++s) v = hn::Add(v, hn::LoadU(df, crow[s] + d));
+    }
+    return v;
+  };
   for (int64_t t = 0; t < j.count; ++t) {
     const uint8_t* code = j.codes + t * cbytes;
     for (int s = 0; s < ns; ++s) crow[s] = j.centroids[s] + int64_t(j.ids[s][t]) * D;
@@ -262,32 +329,40 @@ void DecodeRowsVec(const DecodeRows& j) {
       const V sv = hn::Set(df, stored(j.scales, si) * j.scale_factor);
       V zv = hn::Zero(df);
       if constexpr (kAsym) zv = hn::Set(df, stored(j.zeros, si) * j.zero_factor);
-      for (int64_t d = k * blk; d < (k + 1) * blk; d += int64_t(L)) {
-        uint64_t w = 0;
-        std::memcpy(&w, code + size_t(d) * kBits / 8, kBytes);
-        hn::Vec<decltype(du)> wv;
-        if constexpr (kBytes > 4) {
-          wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
-        } else {
-          wv = hn::Set(du, uint32_t(w));
-        }
-        const auto c = hn::And(wv >> shifts, mask);
-        const V cf = hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff));  // code - qmax, exact
-        V v = hn::Mul(cf, sv);
-        if constexpr (kAsym) v = hn::Add(v, zv);
-        if constexpr (kOneStage) {
-          v = hn::Add(v, hn::LoadU(df, crow[0] + d));
-        } else {
-          for (int s = 0; s < ns; ++s) v = hn::Add(v, hn::LoadU(df, crow[s] + d));
-        }
+      V tab = hn::Zero(df);
+      if constexpr (kLut) {
+        tab = hn::Mul(lut_codes, sv);
+        if constexpr (kAsym) tab = hn::Add(tab, zv);
+      }
+#if QVG_NATIVE_BF16_PAIR
+      if constexpr (kPair) {
         if (obf) {
-          if constexpr (kCanStream) {
-            if (stream) {
-              hn::Stream(ToBf16NoNaN(df, v), du16, obf + d);
-              continue;
+          const auto expo = hn::Set(du, 0x7F800000u);
+          for (int64_t d = k * blk; d < (k + 1) * blk; d += 2 * int64_t(L)) {
+            const V v0 = value(code, d, tab, sv, zv), v1 = value(code, d + int64_t(L), tab, sv, zv);
+            // Lanes with a zero exponent (zeros, denormals) take the integer path.
+            const auto normal = hn::And(hn::TestBit(hn::BitCast(du, v0), expo), hn::TestBit(hn::BitCast(du, v1), expo));
+            if (HWY_LIKELY(hn::AllTrue(du, normal))) {
+              const auto r = Bf16Pair(v0, v1);
+              const hn::Full512<uint16_t> d32;
+              if (stream) {
+                hn::Stream(r, d32, obf + d);
+              } else {
+                hn::StoreU(r, d32, obf + d);
+              }
+            } else {
+              store16(ToBf16NoNaN(df, v0), obf + d);
+              store16(ToBf16NoNaN(df, v1), obf + d + L);
             }
           }
-          hn::StoreU(ToBf16NoNaN(df, v), du16, obf + d);
+          continue;
+        }
+      }
+#endif
+      for (int64_t d = k * blk; d < (k + 1) * blk; d += int64_t(L)) {
+        const V v = value(code, d, tab, sv, zv);
+        if (obf) {
+          store16(ToBf16NoNaN(df, v), obf + d);
         } else {
           hn::StoreU(v, df, of32 + d);
         }
@@ -301,14 +376,26 @@ void DecodeRowsVec(const DecodeRows& j) {
   if (stream) hwy::FlushStream();
 }
 
+template <int kBits, bool kAsym, bool kOneStage>
+void DecodeRowsVecSelect(const DecodeRows& j) {
+  const hn::ScalableTag<float> df;
+  constexpr size_t L = hn::MaxLanes(df);
+  constexpr bool kLut = (size_t(1) << kBits) <= L;
+#if QVG_NATIVE_BF16_PAIR
+  if (j.out_dtype == DType::BF16 && j.block % int64_t(2 * L) == 0 && kernels::native_bf16_enabled())
+    return DecodeRowsVec<kBits, kAsym, kOneStage, kLut, true>(j);
+#endif
+  return DecodeRowsVec<kBits, kAsym, kOneStage, kLut, false>(j);
+}
+
 template <int kBits>
 void DecodeRowsVecDispatch(const DecodeRows& j) {
   if (j.asymmetric) {
-    if (j.stages == 1) return DecodeRowsVec<kBits, true, true>(j);
-    return DecodeRowsVec<kBits, true, false>(j);
+    if (j.stages == 1) return DecodeRowsVecSelect<kBits, true, true>(j);
+    return DecodeRowsVecSelect<kBits, true, false>(j);
   }
-  if (j.stages == 1) return DecodeRowsVec<kBits, false, true>(j);
-  return DecodeRowsVec<kBits, false, false>(j);
+  if (j.stages == 1) return DecodeRowsVecSelect<kBits, false, true>(j);
+  return DecodeRowsVecSelect<kBits, false, false>(j);
 }
 
 void DecodeRowsImpl(const DecodeRows& j) {
@@ -504,6 +591,21 @@ std::vector<Target> available_targets() {
 }
 
 void force_target(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+namespace {
+std::atomic<bool> g_allow_native_bf16{true};
+}  // namespace
+
+bool native_bf16_available() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
+  return has;
+#else
+  return false;
+#endif
+}
+void allow_native_bf16(bool allow) { g_allow_native_bf16.store(allow); }
+bool native_bf16_enabled() { return g_allow_native_bf16.load(std::memory_order_relaxed) && native_bf16_available(); }
 
 }  // namespace kernels
 }  // namespace qvg
