@@ -10,6 +10,7 @@
 #include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
 #include "codec/kmeans.h"
+#include "codec/residual.h"
 #include "kernels/kernels.h"
 #include "qvg/codec.h"
 #include "qvg/numeric.h"
@@ -218,6 +219,111 @@ TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
   kernels::allow_native_bf16(true);
   std::printf("[ native bf16 ] AVX512-BF16 on this CPU: %s (used by the AVX3 targets only)\n",
               kernels::native_bf16_available() ? "yes" : "no");
+}
+
+// The encoder kernels against their scalar definitions (kernels.h), bit for bit,
+// on values chosen to hit rounding ties, signed zeros, zero scales and
+// quotients that overflow to infinity.
+TEST_P(PerTarget, EncoderKernelsMatchScalarDefinitions) {
+  std::mt19937 rng(21);
+  auto value = [&]() {
+    switch (rng() % 8) {
+      case 0: return 0.0f;
+      case 1: return -0.0f;
+      case 2: return float(int(rng() % 15) - 7) * 0.5f;  // exact halves: ties after division by 1 or 0.5
+      case 3: return f32_from_bits(uint32_t(rng() % 0x800000u));  // denormal
+      case 4: return 3e38f * (rng() % 2 ? 1.0f : -1.0f);
+      default: return std::normal_distribution<float>(0.0f, 3.0f)(rng);
+    }
+  };
+  for (int rep = 0; rep < 200; ++rep) {
+    const int64_t block = int64_t(4) << (rep % 5), nb = 1 + rep % 3, dim = block * nb;
+    const int64_t count = 1 + int64_t(rng() % 9);
+    std::vector<float> x(static_cast<size_t>(count * dim));
+    for (auto& v : x) v = value();
+    // Block maxima and minima.
+    std::vector<float> amax(static_cast<size_t>(count * nb)), lo(amax.size()), hi(amax.size());
+    kernels::block_absmax(x.data(), count * nb, block, amax.data());
+    kernels::block_minmax(x.data(), count * nb, block, lo.data(), hi.data());
+    for (int64_t b = 0; b < count * nb; ++b) {
+      const float* p = x.data() + b * block;
+      float a = 0, l = p[0], h = p[0];
+      for (int64_t i = 0; i < block; ++i) a = std::max(a, std::fabs(p[i]));
+      for (int64_t i = 1; i < block; ++i) {
+        l = std::min(l, p[i]);
+        h = std::max(h, p[i]);
+      }
+      ASSERT_EQ(f32_bits(amax[size_t(b)]), f32_bits(a)) << "block " << b;
+      ASSERT_EQ(f32_bits(lo[size_t(b)]), f32_bits(l)) << "block " << b;
+      ASSERT_EQ(f32_bits(hi[size_t(b)]), f32_bits(h)) << "block " << b;
+    }
+    // Quantize and pack.
+    const float scales[] = {0.0f, 1.0f, 0.5f, 1e-30f, 0.37f, 2.5f};
+    std::vector<float> se(static_cast<size_t>(count * nb)), ze(se.size());
+    for (auto& v : se) v = scales[rng() % 6];
+    for (auto& v : ze) v = value();
+    for (int bits : {2, 4})
+      for (bool asym : {false, true}) {
+        const int64_t cb = dim * bits / 8;
+        std::vector<uint8_t> got(static_cast<size_t>(count * cb)), want(got.size());
+        kernels::quantize_rows(x.data(), count, dim, block, bits, asym, se.data(), ze.data(), got.data());
+        const int qmax = detail::qmax_of(bits, asym);
+        for (int64_t t = 0; t < count; ++t)
+          for (int64_t d = 0; d < dim; ++d) {
+            const float s = se[size_t(t * nb + d / block)], z = ze[size_t(t * nb + d / block)];
+            const float xv = x[size_t(t * dim + d)];
+            int q;
+            if (!asym) {
+              q = (s == 0.0f ? 0 : detail::round_clamp(xv / s, -float(qmax), float(qmax))) + qmax;
+            } else {
+              q = s == 0.0f ? 0 : detail::round_clamp((xv - z) / s, 0.0f, float(qmax));
+            }
+            uint8_t& byte = want[size_t(t * cb + d * bits / 8)];
+            const int shift = bits == 4 ? ((d % 2) ? 0 : 4) : 6 - 2 * int(d % 4);
+            byte = uint8_t(byte | (q << shift));
+          }
+        ASSERT_EQ(got, want) << "rep " << rep << " bits " << bits << " asym " << asym << " block " << block;
+      }
+    // Centroid sums.
+    const int k = 1 + rep % 5;
+    std::vector<uint8_t> ids(static_cast<size_t>(count * nb));
+    for (auto& v : ids) v = uint8_t(rng() % k);
+    std::vector<float> pts(x);
+    for (auto& v : pts)
+      if (std::fabs(v) > 1e30f) v = 1.0f;  // finite sums
+    std::vector<double> sum(static_cast<size_t>(k * block), 0.0), sum_ref(sum);
+    std::vector<int64_t> cnt(static_cast<size_t>(k), 0), cnt_ref(cnt);
+    kernels::accumulate_clusters(pts.data(), count * nb, block, ids.data(), sum.data(), cnt.data());
+    for (int64_t i = 0; i < count * nb; ++i) {
+      for (int64_t d = 0; d < block; ++d) sum_ref[size_t(ids[size_t(i)] * block + d)] += double(pts[size_t(i * block + d)]);
+      ++cnt_ref[ids[size_t(i)]];
+    }
+    ASSERT_EQ(cnt, cnt_ref);
+    for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(std::memcmp(&sum[i], &sum_ref[i], 8), 0) << i;
+  }
+}
+
+// With the scalar (reference) assignment, every other encoder step is exact, so
+// every target must produce the same bytes.
+TEST(Kernels, EncoderBytesIdenticalAcrossTargetsWithReferenceAssignment) {
+  Tensor x = testing::clustered_tensor({1, 300, 2, 64}, DType::BF16, 6, 16, 50, 300, 0.1f);
+  for (bool asym : {false, true})
+    for (ScaleDType sd : {ScaleDType::FP8_E4M3, ScaleDType::BF16}) {
+      CodecConfig cfg;
+      cfg.bits = asym ? 4 : 2;
+      cfg.asymmetric = asym;
+      cfg.scale_dtype = sd;
+      cfg.centroids = 16;
+      cfg.block_size = 32;
+      std::vector<EncodedTensor> encs;
+      for (const auto& t : kernels::available_targets()) {
+        kernels::force_target(t.id);
+        encs.push_back(detail::encode_with_path(x, cfg, nullptr, nullptr, detail::AssignPath::Reference));
+      }
+      kernels::force_target(0);
+      for (size_t i = 1; i < encs.size(); ++i)
+        EXPECT_TRUE(encs[i] == encs[0]) << "target " << kernels::available_targets()[i].name << " " << cfg.describe();
+    }
 }
 
 TEST_P(PerTarget, AssignmentAgreesWithReference) {

@@ -11,6 +11,7 @@
 
 #include "codec/encode_impl.h"
 #include "codec/residual.h"
+#include "kernels/kernels.h"
 #include "qvg/error.h"
 
 namespace qvg {
@@ -25,29 +26,25 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
   const bool fp8 = enc.scale_dtype == ScaleDType::FP8_E4M3;
 
   // Pass 1: raw scales (and zeros) of every block; the group's largest ones.
+  // (Block maxima and minima come from the SIMD kernels; the rest is per block.)
   std::vector<float> raw_s(static_cast<size_t>(S * nb)), raw_z(asym ? size_t(S * nb) : 0);
   float max_s = 0, max_z = 0;
-  for (int64_t t = 0; t < S; ++t)
-    for (int64_t k = 0; k < nb; ++k) {
-      const float* x = r + t * D + k * bs;
-      float s;
-      if (!asym) {
-        float a = 0;
-        for (int64_t i = 0; i < bs; ++i) a = std::max(a, std::fabs(x[i]));
-        s = std::max(a, kTiny) / fq;
-      } else {
-        float lo = x[0], hi = x[0];
-        for (int64_t i = 1; i < bs; ++i) {
-          lo = std::min(lo, x[i]);
-          hi = std::max(hi, x[i]);
-        }
-        s = std::max((hi - lo) / fq, kTiny);
-        raw_z[size_t(t * nb + k)] = lo;
-        max_z = std::max(max_z, std::fabs(lo));
-      }
-      raw_s[size_t(t * nb + k)] = s;
+  if (!asym) {
+    kernels::block_absmax(r, S * nb, bs, raw_s.data());
+    for (float& s : raw_s) {
+      s = std::max(s, kTiny) / fq;
       max_s = std::max(max_s, s);
     }
+  } else {
+    std::vector<float> hi(static_cast<size_t>(S * nb));
+    kernels::block_minmax(r, S * nb, bs, raw_z.data(), hi.data());
+    for (size_t i = 0; i < raw_s.size(); ++i) {
+      const float s = std::max((hi[i] - raw_z[i]) / fq, kTiny);
+      raw_s[i] = s;
+      max_s = std::max(max_s, s);
+      max_z = std::max(max_z, std::fabs(raw_z[i]));
+    }
+  }
   // Two-level factors (spec 1.4); 1 with bf16 scales.
   float g = 1.0f, gz = 1.0f;
   if (two && fp8) {
@@ -59,39 +56,21 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
     if (asym) enc.zero_factor[size_t(group)] = gz;
   }
 
-  // Pass 2: store scales/zeros, quantize with the stored (effective) values, pack.
-  const int64_t cbytes = enc.code_bytes_per_token();
-  uint8_t* codes = enc.codes.data() + size_t(group * S * cbytes);
+  // Pass 2: store scales/zeros, then quantize with the stored (effective) values
+  // and pack (SIMD kernel).
   const size_t sbase = size_t(group * S * nb);
-  const int per_byte = 8 / enc.bits;
-  std::vector<int> q(static_cast<size_t>(D));
-  for (int64_t t = 0; t < S; ++t) {
-    const float* row = r + t * D;
-    for (int64_t k = 0; k < nb; ++k) {
-      const size_t si = sbase + size_t(t * nb + k);
-      const float s = raw_s[size_t(t * nb + k)];
-      store_value(enc.scales.data(), enc.scale_dtype, si, two && fp8 ? s / g : s);
-      const float s_eff = stored_value(enc.scales.data(), enc.scale_dtype, si) * g;
-      const float* x = row + k * bs;
-      int* qk = q.data() + k * bs;
-      if (!asym) {
-        for (int64_t i = 0; i < bs; ++i)
-          qk[i] = (s_eff == 0.0f ? 0 : round_clamp(x[i] / s_eff, -fq, fq)) + qmax;
-      } else {
-        const float z = raw_z[size_t(t * nb + k)];
-        store_value(enc.zeros.data(), enc.scale_dtype, si, two && fp8 ? z / gz : z);
-        const float z_eff = stored_value(enc.zeros.data(), enc.scale_dtype, si) * gz;
-        for (int64_t i = 0; i < bs; ++i)
-          qk[i] = s_eff == 0.0f ? 0 : round_clamp((x[i] - z_eff) / s_eff, 0.0f, fq);
-      }
-    }
-    uint8_t* out = codes + t * cbytes;
-    for (int64_t j = 0; j < cbytes; ++j) {
-      unsigned byte = 0;
-      for (int u = 0; u < per_byte; ++u) byte = (byte << enc.bits) | unsigned(q[size_t(j * per_byte + u)]);
-      out[j] = uint8_t(byte);
+  std::vector<float> s_eff(raw_s.size()), z_eff(raw_z.size());
+  for (size_t i = 0; i < raw_s.size(); ++i) {
+    const size_t si = sbase + i;
+    store_value(enc.scales.data(), enc.scale_dtype, si, two && fp8 ? raw_s[i] / g : raw_s[i]);
+    s_eff[i] = stored_value(enc.scales.data(), enc.scale_dtype, si) * g;
+    if (asym) {
+      store_value(enc.zeros.data(), enc.scale_dtype, si, two && fp8 ? raw_z[i] / gz : raw_z[i]);
+      z_eff[i] = stored_value(enc.zeros.data(), enc.scale_dtype, si) * gz;
     }
   }
+  uint8_t* codes = enc.codes.data() + size_t(group * S * enc.code_bytes_per_token());
+  kernels::quantize_rows(r, S, D, bs, enc.bits, asym, s_eff.data(), asym ? z_eff.data() : nullptr, codes);
 }
 
 EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm,

@@ -63,12 +63,7 @@ void update(const float* x, int64_t n, int64_t dim, const uint8_t* ids, int k, f
   std::vector<int64_t>& cnt = ws.cnt;
   sum.assign(static_cast<size_t>(k) * size_t(dim), 0.0);
   cnt.assign(static_cast<size_t>(k), 0);
-  for (int64_t i = 0; i < n; ++i) {
-    double* s = sum.data() + size_t(ids[i]) * size_t(dim);
-    const float* xi = x + i * dim;
-    for (int64_t d = 0; d < dim; ++d) s[d] += double(xi[d]);
-    ++cnt[ids[i]];
-  }
+  kernels::accumulate_clusters(x, n, dim, ids, sum.data(), cnt.data());  // SIMD, same bits as the scalar sum
   for (int j = 0; j < k; ++j) {
     if (cnt[j] == 0) continue;
     const double inv = 1.0 / double(cnt[j]);

@@ -50,6 +50,28 @@ struct DecodeRows {
 /// arithmetic, rounded once to out_dtype (nearest even; fp16 saturates).
 void decode_rows(const DecodeRows& job);
 
+/// Centroid-update sums: for i in [0, n), in that order,
+///   sum[ids[i] * dim + d] += double(x[i * dim + d]) for every d, and ++cnt[ids[i]].
+/// The caller zeroes sum and cnt. Bits equal the scalar loop's on every target.
+void accumulate_clusters(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum, int64_t* cnt);
+
+/// amax[b] = max |x| over the b-th run of bs consecutive elements (b < nblocks).
+void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax);
+/// lo[b], hi[b]: min and max of the b-th run of bs elements, equal to the sequential
+/// scan lo = min(lo, x[i]), hi = max(hi, x[i]) from x[0] (std::min/max), including
+/// the sign of a zero result.
+void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float* hi);
+
+/// Residual codes of spec 1.2 for count token rows of r (count x dim fp32), block by
+/// block with the effective scale s = s_eff[t * nb + k] (and zero z = z_eff[...]):
+///   symmetric:  q = (s == 0 ? 0 : clamp(round(x / s), -qmax, qmax)) + qmax
+///   asymmetric: q =  s == 0 ? 0 : clamp(round((x - z) / s), 0, qmax)
+/// round = half away from zero; packed into codes (count x dim*bits/8) in the order
+/// of spec 1.5. Bits equal detail::round_clamp's scalar definition on every target.
+/// REQUIRES dim % block == 0, bits 2 or 4, z_eff non-null when asym.
+void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
+                   const float* s_eff, const float* z_eff, uint8_t* codes);
+
 /// Native bf16 conversion (AVX512-BF16) in decode: available when the CPU has it
 /// and the dispatched target is AVX-512; used unless switched off. It flushes
 /// denormals, so decode keeps the integer rounding for any vector pair holding a

@@ -487,6 +487,140 @@ void DecodeRowsImpl(const DecodeRows& j) {
   }
 }
 
+// ---- encoder: centroid update and residual quantizer ------------------------------
+// All of these give the scalar definitions' bits on every target: fp64 sums are
+// added in point order per element, max/min are exact, and the residual code is
+// a correctly rounded division followed by an exact round-half-away-from-zero.
+
+void AccumulateClustersImpl(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum,
+                            int64_t* cnt) {
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;  // half-width float vector, promoted
+  const int64_t L = int64_t(hn::Lanes(dd));
+#else
+  const int64_t L = 1 << 30;  // no fp64 vectors: scalar loop only
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    double* srow = sum + int64_t(ids[i]) * dim;
+    const float* xi = x + i * dim;
+    int64_t d = 0;
+#if HWY_HAVE_FLOAT64
+    for (; d + L <= dim; d += L)
+      hn::StoreU(hn::Add(hn::LoadU(dd, srow + d), hn::PromoteTo(dd, hn::LoadU(dfh, xi + d))), dd, srow + d);
+#endif
+    for (; d < dim; ++d) srow[d] += double(xi[d]);
+    ++cnt[ids[i]];
+  }
+}
+
+void BlockAbsMaxImpl(const float* x, int64_t nblocks, int64_t bs, float* amax) {
+  const hn::ScalableTag<float> df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* p = x + b * bs;
+    float a = 0;
+    if (bs % L == 0) {
+      auto m = hn::Zero(df);
+      for (int64_t i = 0; i < bs; i += L) m = hn::Max(m, hn::Abs(hn::LoadU(df, p + i)));
+      a = hn::GetLane(hn::MaxOfLanes(df, m));
+    } else {
+      for (int64_t i = 0; i < bs; ++i) a = std::max(a, std::fabs(p[i]));
+    }
+    amax[b] = a;
+  }
+}
+
+void BlockMinMaxImpl(const float* x, int64_t nblocks, int64_t bs, float* lo_out, float* hi_out) {
+  const hn::ScalableTag<float> df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* p = x + b * bs;
+    float lo = p[0], hi = p[0];
+    bool scalar = bs % L != 0;
+    if (!scalar) {
+      auto vlo = hn::LoadU(df, p), vhi = vlo;
+      for (int64_t i = L; i < bs; i += L) {
+        const auto v = hn::LoadU(df, p + i);
+        vlo = hn::Min(vlo, v);
+        vhi = hn::Max(vhi, v);
+      }
+      lo = hn::GetLane(hn::MinOfLanes(df, vlo));
+      hi = hn::GetLane(hn::MaxOfLanes(df, vhi));
+      // Which zero a sequential scan keeps (+0 or -0) depends on the order; the
+      // sign of a zero minimum is stored, so such blocks are scanned in order.
+      scalar = lo == 0.0f || hi == 0.0f;
+    }
+    if (scalar) {
+      lo = p[0];
+      hi = p[0];
+      for (int64_t i = 1; i < bs; ++i) {
+        lo = std::min(lo, p[i]);
+        hi = std::max(hi, p[i]);
+      }
+    }
+    lo_out[b] = lo;
+    hi_out[b] = hi;
+  }
+}
+
+void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
+                      const float* s_eff, const float* z_eff, uint8_t* codes) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const int64_t nb = dim / block, cbytes = dim * bits / 8;
+  const int qmax = detail::qmax_of(bits, asym);
+  const float fq = float(qmax);
+  const float qlo = asym ? 0.0f : -fq;
+  const int qadd = asym ? 0 : qmax;
+  std::vector<uint8_t> q8(static_cast<size_t>(dim + L));
+  const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f), vlo = hn::Set(df, qlo), vhi = hn::Set(df, fq);
+  const auto vadd = hn::Set(di, qadd);
+  for (int64_t t = 0; t < count; ++t) {
+    const float* row = r + t * dim;
+    for (int64_t k = 0; k < nb; ++k) {
+      const float s = s_eff[t * nb + k];
+      const float z = asym ? z_eff[t * nb + k] : 0.0f;
+      const float* x = row + k * block;
+      uint8_t* qk = q8.data() + k * block;
+      if (s == 0.0f) {
+        std::fill_n(qk, block, uint8_t(qadd));
+        continue;
+      }
+      int64_t i = 0;
+      if (block % L == 0) {
+        const auto sv = hn::Set(df, s), zv = hn::Set(df, z);
+        for (; i < block; i += L) {
+          auto v = hn::LoadU(df, x + i);
+          if (asym) v = hn::Sub(v, zv);
+          v = hn::Div(v, sv);
+          // round half away from zero: v - trunc(v) is exact; infinities keep their
+          // value (their fraction is NaN, which compares false) and are clamped.
+          const auto tr = hn::Trunc(v);
+          const auto adj = hn::IfThenElseZero(hn::Ge(hn::Abs(hn::Sub(v, tr)), half), hn::CopySign(one, v));
+          const auto rq = hn::Min(hn::Max(hn::Add(tr, adj), vlo), vhi);
+          hn::StoreU(hn::DemoteTo(du8, hn::Add(hn::ConvertTo(di, rq), vadd)), du8, qk + i);
+        }
+      }
+      for (; i < block; ++i) {
+        const float v = asym ? (x[i] - z) / s : x[i] / s;
+        qk[i] = uint8_t(detail::round_clamp(v, qlo, fq) + qadd);
+      }
+    }
+    uint8_t* out = codes + t * cbytes;
+    if (bits == 4) {
+      for (int64_t j = 0; j < cbytes; ++j) out[j] = uint8_t((q8[size_t(2 * j)] << 4) | q8[size_t(2 * j + 1)]);
+    } else {
+      for (int64_t j = 0; j < cbytes; ++j) {
+        const uint8_t* qq = q8.data() + 4 * j;
+        out[j] = uint8_t((qq[0] << 6) | (qq[1] << 4) | (qq[2] << 2) | qq[3]);
+      }
+    }
+  }
+}
+
 // ---- input limits ------------------------------------------------------------------
 // |x| <= 1e16 compared on magnitude bits: the largest float <= 1e16 is
 // 9999999198822400 (0x5A0E1BC9); NaN and infinity have larger magnitude bits.
@@ -569,6 +703,24 @@ HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(FmaLoopImpl);
 HWY_EXPORT(TargetNameImpl);
 HWY_EXPORT(FirstOutOfLimitImpl);
+HWY_EXPORT(AccumulateClustersImpl);
+HWY_EXPORT(BlockAbsMaxImpl);
+HWY_EXPORT(BlockMinMaxImpl);
+HWY_EXPORT(QuantizeRowsImpl);
+
+void accumulate_clusters(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum, int64_t* cnt) {
+  HWY_DYNAMIC_DISPATCH(AccumulateClustersImpl)(x, n, dim, ids, sum, cnt);
+}
+void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax) {
+  HWY_DYNAMIC_DISPATCH(BlockAbsMaxImpl)(x, nblocks, bs, amax);
+}
+void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float* hi) {
+  HWY_DYNAMIC_DISPATCH(BlockMinMaxImpl)(x, nblocks, bs, lo, hi);
+}
+void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
+                   const float* s_eff, const float* z_eff, uint8_t* codes) {
+  HWY_DYNAMIC_DISPATCH(QuantizeRowsImpl)(r, count, dim, block, bits, asym, s_eff, z_eff, codes);
+}
 
 size_t first_out_of_limit(const void* p, DType t, size_t n) {
   return HWY_DYNAMIC_DISPATCH(FirstOutOfLimitImpl)(p, t, n);
