@@ -39,6 +39,9 @@ if(QVG_HAVE_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
   enable_language(CUDA)
+  # The runtime is linked explicitly (CUDA::cudart, shared) by qvg_cuda: no implicit
+  # cudart_static/cudadevrt for any target that links CUDA objects.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY None)
   find_package(CUDAToolkit REQUIRED)
   message(STATUS "qvg: CUDA architectures: ${QVG_CUDA_ARCHS} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
 

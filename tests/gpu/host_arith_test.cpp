@@ -359,7 +359,16 @@ QVG_TEST(quantize_bodies_match_quantize_residual_group) {
       a.raw_z = raw_z.data();
       a.group_max = gmax.data();
       for (int64_t i = 0; i < G * S * D * m.bits / 8; ++i) K::pack_byte(a, i);
-      QVG_EXPECT(got.codes == ref.codes) << describe(m, qvg::DType::F32) << "block" << block << "codes";
+      for (size_t i = 0; i < got.codes.size(); ++i)
+        if (got.codes[i] != ref.codes[i]) {
+          const int64_t cb = D * m.bits / 8, gt = int64_t(i) / cb, d0 = (int64_t(i) % cb) * (8 / m.bits);
+          const int64_t si = gt * nb + d0 / block;
+          QVG_EXPECT(got.codes[i] == ref.codes[i])
+              << describe(m, qvg::DType::F32) << "block" << block << "first differing code byte" << i << "got"
+              << int(got.codes[i]) << "cpu" << int(ref.codes[i]) << "x[0]" << r[size_t(gt * D + d0)] << "raw_s"
+              << raw_s[size_t(si)] << "factor" << (a.two_level ? ref.scale_factor[size_t(gt / S)] : 1.0f);
+          break;
+        }
       QVG_EXPECT(got.scales == ref.scales) << describe(m, qvg::DType::F32) << "block" << block << "scales";
       QVG_EXPECT(got.zeros == ref.zeros) << describe(m, qvg::DType::F32) << "block" << block << "zeros";
       QVG_EXPECT(got.scale_factor == ref.scale_factor) << describe(m, qvg::DType::F32) << "factors";

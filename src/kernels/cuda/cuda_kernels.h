@@ -85,4 +85,10 @@ void quantize_residual(const QuantizeArgs& a, cudaStream_t stream);
 /// |x| > 1e16, written to *first_bad (initialised to n by the caller).
 void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
 
+/// Benchmark data: x[b, t, h, d] (dense [B, S, H, D], bf16/f16/f32) = a clustered,
+/// per-head-offset pattern plus noise, from a counter-based hash of (seed, index):
+/// K/V-like structure without a host round trip. Scale about `scale`.
+void fill_clustered(void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, uint64_t seed, float scale,
+                    cudaStream_t stream);
+
 }  // namespace qvg::cuda::kernels

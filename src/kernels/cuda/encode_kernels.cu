@@ -444,6 +444,28 @@ __global__ void limit_kernel(const void* x, int dtype, int64_t n, unsigned long 
   }
 }
 
+__device__ __forceinline__ float hash_unit(uint64_t v) {  // uniform in [-1, 1)
+  uint64_t st = v;
+  return float(int64_t(A::splitmix64(st) >> 11) - (int64_t(1) << 52)) * 0x1.0p-52f;
+}
+
+__global__ void fill_kernel(void* x, int dtype, int64_t S, int64_t H, int64_t D, int64_t n, uint64_t seed,
+                            float scale) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = e % D, rest = e / D, h = rest % H, t = (rest / H) % S;
+    uint64_t st = seed ^ (uint64_t(t) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(h) << 48);
+    const uint64_t cluster = A::splitmix64(st) % 48;
+    const float center = hash_unit(seed + 0x1000 + (uint64_t(h) * 64 + cluster) * 4096 + uint64_t(d));
+    const float offset = (h % 3 == 1) ? 2.0f * hash_unit(seed + 0x777 + uint64_t(h) * 4096 + uint64_t(d)) : 0.0f;
+    const float v = scale * (offset + center + 0.25f * hash_unit(seed * 31 + uint64_t(e)));
+    const uint32_t bits = A::encode_elem(v, dtype);
+    if (dtype == A::kF32)
+      static_cast<float*>(x)[e] = v;
+    else
+      static_cast<uint16_t*>(x)[e] = uint16_t(bits);
+  }
+}
+
 unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>(blocks_for(n), 132 * 32)); }
 
 template <int DIM>
@@ -567,6 +589,13 @@ void quantize_residual(const QuantizeArgs& a, cudaStream_t stream) {
   const int64_t n = a.G * a.S * a.D * a.bits / 8;
   pack_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
   detail::check_launch("pack_kernel");
+}
+
+void fill_clustered(void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, uint64_t seed, float scale,
+                    cudaStream_t stream) {
+  const int64_t n = B * S * H * D;
+  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, dtype, S, H, D, n, seed, scale);
+  detail::check_launch("fill_kernel");
 }
 
 void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream) {

@@ -1,0 +1,235 @@
+// GPU benchmarks (`qvg bench --device cuda`, bench/gpu/qvg_gpu_bench): the
+// machine's limits measured in the same run (device-to-device copy bandwidth,
+// cuBLAS bf16 GEMM rate) and the backend against them: decode and encode of one
+// LongCat K/V tensor [1, 29640, 32, 128] and one Self-Forcing chunk tensor
+// [1, 4680, 12, 128] at int2 and int4 (2 k-means iterations, 256 centroids, block
+// 64), the k-means assignment kernel's rate as a fraction of cuBLAS's, and the
+// reconstruction of a 7-chunk window (14 segments, K and V, one launch) against a
+// copy of the same output bytes. Every figure is the median of `repeats` timings
+// with CUDA events on one stream, after a warm-up.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "qvg/cuda.h"
+
+namespace qvg::cuda {
+namespace {
+
+#define QVG_CUBLAS(call) \
+  do { \
+    cublasStatus_t st_ = (call); \
+    if (st_ != CUBLAS_STATUS_SUCCESS) \
+      throw CudaError(fmt::format("cuBLAS call {} failed: {}", #call, cublasGetStatusString(st_))); \
+  } while (0)
+
+class Timer {
+ public:
+  explicit Timer(cudaStream_t s) : s_(s) {
+    QVG_CUDA(cudaEventCreate(&a_));
+    QVG_CUDA(cudaEventCreate(&b_));
+  }
+  ~Timer() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  /// Median milliseconds of `reps` runs of f (after one warm-up run).
+  template <class F>
+  double median_ms(int reps, F&& f) {
+    f();
+    QVG_CUDA(cudaStreamSynchronize(s_));
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      QVG_CUDA(cudaEventRecord(a_, s_));
+      f();
+      QVG_CUDA(cudaEventRecord(b_, s_));
+      QVG_CUDA(cudaEventSynchronize(b_));
+      float ms = 0;
+      QVG_CUDA(cudaEventElapsedTime(&ms, a_, b_));
+      t.push_back(double(ms));
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+
+ private:
+  cudaStream_t s_;
+  cudaEvent_t a_{}, b_{};
+};
+
+struct Row {
+  std::string name;
+  double ms;
+  double value;      // GB/s or TFLOP/s
+  std::string unit;  // of value
+  double fraction;   // of the relevant machine limit (or ratio), < 0 if none
+  std::string of;    // what the fraction is relative to
+};
+
+}  // namespace
+
+std::string run_benchmarks(const BenchOptions& opt, std::string* table) {
+  if (device_count() == 0) throw CudaError("qvg bench --device cuda: no CUDA device");
+  cudaDeviceProp prop{};
+  QVG_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t s = nullptr;
+  QVG_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Timer timer(s);
+  const int reps = opt.quick ? 3 : std::max(3, opt.repeats);
+  std::vector<Row> rows;
+
+  // ---- copy bandwidth ------------------------------------------------------------
+  const size_t copy_bytes = opt.quick ? (size_t(256) << 20) : (size_t(2) << 30);
+  double copy_gbs = 0;
+  {
+    DeviceBuffer a(copy_bytes, s), b(copy_bytes, s);
+    QVG_CUDA(cudaMemsetAsync(a.data(), 1, copy_bytes, s));
+    const double ms = timer.median_ms(
+        reps, [&] { QVG_CUDA(cudaMemcpyAsync(b.data(), a.data(), copy_bytes, cudaMemcpyDeviceToDevice, s)); });
+    copy_gbs = 2.0 * double(copy_bytes) / (ms * 1e6);
+    rows.push_back({fmt::format("copy d2d {} MiB (read + write)", copy_bytes >> 20), ms, copy_gbs, "GB/s", -1, ""});
+  }
+
+  // ---- cuBLAS bf16 GEMM -------------------------------------------------------------
+  double gemm_tflops = 0;
+  {
+    const int n = opt.quick ? 2048 : 8192;
+    DeviceBuffer A(size_t(n) * n * 2, s), B(size_t(n) * n * 2, s), C(size_t(n) * n * 2, s);
+    kernels::fill_clustered(A.data(), 0, 1, n, 1, n, 1, 1.0f, s);
+    kernels::fill_clustered(B.data(), 0, 1, n, 1, n, 2, 1.0f, s);
+    cublasHandle_t h = nullptr;
+    QVG_CUBLAS(cublasCreate(&h));
+    QVG_CUBLAS(cublasSetStream(h, s));
+    const float alpha = 1.0f, beta = 0.0f;
+    double ms = 0;
+    try {
+      ms = timer.median_ms(reps, [&] {
+        QVG_CUBLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A.data(), CUDA_R_16BF, n, B.data(),
+                                CUDA_R_16BF, n, &beta, C.data(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+      });
+    } catch (...) {
+      cublasDestroy(h);
+      throw;
+    }
+    cublasDestroy(h);
+    gemm_tflops = 2.0 * double(n) * n * n / (ms * 1e9);
+    rows.push_back({fmt::format("cuBLAS bf16 GEMM {}^3 (fp32 accumulate)", n), ms, gemm_tflops, "TFLOP/s", -1, ""});
+  }
+
+  // ---- codec: decode and encode -----------------------------------------------------
+  struct Shape {
+    const char* name;
+    Shape4 sh;
+  };
+  const std::vector<Shape> shapes = opt.quick ? std::vector<Shape>{{"self-forcing chunk", {1, 4680, 12, 128}}}
+                                              : std::vector<Shape>{{"longcat tensor", {1, 29640, 32, 128}},
+                                                                   {"self-forcing chunk", {1, 4680, 12, 128}}};
+  for (const Shape& shp : shapes) {
+    const Shape4 sh = shp.sh;
+    DeviceBuffer x(size_t(sh.numel()) * 2, s), out(size_t(sh.numel()) * 2, s);
+    kernels::fill_clustered(x.data(), 0, sh.b, sh.s, sh.h, sh.d, 42, 1.0f, s);
+    const ConstTensorView xv{x.data(), DType::BF16, sh};
+    for (int bits : {2, 4}) {
+      CodecConfig cfg;
+      cfg.bits = bits;
+      cfg.centroids = 256;
+      cfg.kmeans_iters = 2;
+      cfg.block_size = 64;
+      DeviceEncodedTensor enc = encode(xv, cfg, s);
+      const double enc_ms = timer.median_ms(reps, [&] { (void)encode(xv, cfg, s); });
+      rows.push_back({fmt::format("encode {} int{} {} (K=256, 2 iters)", shp.name, bits, sh.str()), enc_ms,
+                      double(sh.numel()) / (enc_ms * 1e6), "Gelem/s", -1, ""});
+      const double dec_ms = timer.median_ms(reps, [&] { decode(enc, TensorView{out.data(), DType::BF16, sh}, s); });
+      const double bytes = double(enc.nbytes()) + double(sh.numel()) * 2.0;
+      const double gbs = bytes / (dec_ms * 1e6);
+      rows.push_back({fmt::format("decode {} int{} {}", shp.name, bits, sh.str()), dec_ms, gbs, "GB/s",
+                      gbs / copy_gbs, "copy bandwidth"});
+    }
+  }
+
+  // ---- k-means assignment kernel alone ----------------------------------------------
+  {
+    const Shape4 sh = opt.quick ? Shape4{1, 4680, 12, 128} : Shape4{1, 29640, 32, 128};
+    const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d;
+    const int K = 256;
+    DeviceBuffer xb(size_t(G * S * D) * 2, s), cb(size_t(G * K * D) * 2, s), cn(size_t(G * K) * 4, s),
+        ids(size_t(G * S), s), changed(size_t(G) * 4, s), cf(size_t(G * K * D) * 4, s);
+    kernels::fill_clustered(xb.data(), 0, 1, G * S, 1, D, 7, 1.0f, s);
+    kernels::fill_clustered(cf.data(), 2, 1, G * K, 1, D, 8, 1.0f, s);
+    kernels::prepare_centroids(static_cast<const float*>(cf.data()), G, D, K, K, static_cast<uint16_t*>(cb.data()),
+                               static_cast<float*>(cn.data()), s);
+    QVG_CUDA(cudaMemsetAsync(changed.data(), 0, size_t(G) * 4, s));
+    const double ms = timer.median_ms(reps, [&] {
+      kernels::assign(static_cast<const uint16_t*>(xb.data()), static_cast<const uint16_t*>(cb.data()),
+                      static_cast<const float*>(cn.data()), G, S, D, K, static_cast<uint8_t*>(ids.data()),
+                      static_cast<int*>(changed.data()), 0, 0.0, s);
+    });
+    const double tflops = 2.0 * double(G) * double(S) * K * double(D) / (ms * 1e9);
+    rows.push_back({fmt::format("k-means assignment {} K=256 (tensor cores, fused argmin)", sh.str()), ms, tflops,
+                    "TFLOP/s", tflops / gemm_tflops, "cuBLAS bf16 rate"});
+  }
+
+  // ---- 7-chunk window reconstruction ------------------------------------------------
+  {
+    const Shape4 chunk{1, 4680, 12, 128};
+    const int nchunks = 7;
+    std::vector<DeviceEncodedTensor> segs;
+    DeviceBuffer x(size_t(chunk.numel()) * 2, s);
+    CodecConfig cfg;
+    cfg.bits = 2;
+    cfg.centroids = 256;
+    for (int i = 0; i < 2 * nchunks; ++i) {
+      kernels::fill_clustered(x.data(), 0, chunk.b, chunk.s, chunk.h, chunk.d, 100 + uint64_t(i), 1.0f, s);
+      segs.push_back(encode(ConstTensorView{x.data(), DType::BF16, chunk}, cfg, s));
+    }
+    const int64_t row = chunk.h * chunk.d, window_tokens = nchunks * chunk.s;
+    const size_t window_bytes = size_t(2 * window_tokens * row) * 2;  // K and V windows, bf16
+    DeviceBuffer win(window_bytes, s), src(window_bytes, s);
+    std::vector<DeviceDecodeTask> tasks;
+    for (int i = 0; i < 2 * nchunks; ++i) {
+      const int kv = i % 2, c = i / 2;
+      uint8_t* base = static_cast<uint8_t*>(win.data()) + size_t((kv * window_tokens + c * chunk.s) * row) * 2;
+      tasks.push_back({&segs[size_t(i)], 0, chunk.s, 0, chunk.h, DecodeTarget{base, DType::BF16, 0, row}});
+    }
+    const double rec_ms = timer.median_ms(reps, [&] { decode_ranges(tasks, s); });
+    const double cpy_ms = timer.median_ms(
+        reps, [&] { QVG_CUDA(cudaMemcpyAsync(win.data(), src.data(), window_bytes, cudaMemcpyDeviceToDevice, s)); });
+    size_t enc_bytes = 0;
+    for (const auto& e : segs) enc_bytes += e.nbytes();
+    const double gbs = (double(enc_bytes) + double(window_bytes)) / (rec_ms * 1e6);
+    rows.push_back({"7-chunk window reconstruction (14 segments, int2, one launch)", rec_ms, gbs, "GB/s",
+                    rec_ms / cpy_ms, "time of a copy of the window bytes"});
+  }
+  QVG_CUDA(cudaStreamSynchronize(s));
+  QVG_CUDA(cudaStreamDestroy(s));
+
+  std::string json = fmt::format(
+      "{{\n  \"device\": \"{}\",\n  \"sm\": \"{}{}\",\n  \"multiprocessors\": {},\n  \"repeats\": {},\n"
+      "  \"copy_gbs\": {:.1f},\n  \"gemm_bf16_tflops\": {:.1f},\n  \"results\": [\n",
+      prop.name, prop.major, prop.minor, prop.multiProcessorCount, reps, copy_gbs, gemm_tflops);
+  std::string tab = fmt::format("{:<78} {:>10} {:>12} {:>9}  {}\n", "measurement (median)", "ms", "rate", "fraction",
+                                "of");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    json += fmt::format("    {{\"name\": \"{}\", \"ms\": {:.4f}, \"value\": {:.3f}, \"unit\": \"{}\"", r.name, r.ms,
+                        r.value, r.unit);
+    if (r.fraction >= 0) json += fmt::format(", \"fraction\": {:.4f}, \"of\": \"{}\"", r.fraction, r.of);
+    json += i + 1 < rows.size() ? "},\n" : "}\n";
+    tab += fmt::format("{:<78} {:>10.4f} {:>8.1f} {:<7} {:>6}  {}\n", r.name, r.ms, r.value, r.unit,
+                       r.fraction >= 0 ? fmt::format("{:.3f}", r.fraction) : std::string("-"), r.of);
+  }
+  json += "  ]\n}\n";
+  if (table) *table = tab;
+  return json;
+}
+
+}  // namespace qvg::cuda
