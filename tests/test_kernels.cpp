@@ -138,7 +138,7 @@ TEST_P(PerTarget, DecodeBitIdenticalToScalarReference) {
 // scalar reference, bit for bit.
 TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
   std::mt19937 rng(11);
-  const float magnitudes[] = {0.0f, 1e-41f, 3e-39f, 1.17e-38f, 1e-20f, 1.0f, 3e5f, 1e30f};
+  const float magnitudes[] = {0.0f, 1e-41f, 3e-39f, 1e-20f, 3e-7f, 4e-5f, 1.0f, 65510.0f, 3e5f, 1e30f};
   for (bool allow : {true, false}) {
     kernels::allow_native_bf16(allow);
     for (int rep = 0; rep < 300; ++rep) {
@@ -175,7 +175,7 @@ TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
       std::vector<std::vector<float>> cent(size_t(j.stages), std::vector<float>(size_t(K * D)));
       for (auto& cs : cent)
         for (auto& v : cs) {
-          const float m = magnitudes[rng() % 8];
+          const float m = magnitudes[rng() % 10];
           v = (rng() % 2 ? -m : m) * (1.0f + float(rng() % 1000) / 1000.0f);
           if (rng() % 7 == 0) v = f32_from_bits((f32_bits(v) & 0xFFFF0000u) | 0x8000u);  // a bf16 tie
         }

@@ -238,9 +238,20 @@ HWY_INLINE hn::Vec512<uint16_t> Bf16Pair(hn::Vec512<float> lo, hn::Vec512<float>
 // kLut: the 2^bits entries fit one vector (else codes are converted and scaled per
 // element). kPair: bf16 output converted two vectors at a time with the native
 // instruction (REQUIRES block % (2 L) == 0).
+// fp16 output: Highway's DemoteTo is the F16C instruction (nearest even, IEEE
+// denormals) on AVX2 and AVX-512; elsewhere it is an emulation that truncates, so
+// those targets convert with the scalar integer routine.
+#undef QVG_F16C_DEMOTE
+#if (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && !defined(HWY_DISABLE_F16C)
+#define QVG_F16C_DEMOTE 1
+#else
+#define QVG_F16C_DEMOTE 0
+#endif
+
 template <int kBits, bool kAsym, bool kOneStage, bool kLut, bool kPair>
 void DecodeRowsVec(const DecodeRows& j) {
   const hn::ScalableTag<float> df;
+  [[maybe_unused]] const hn::Rebind<hwy::float16_t, decltype(df)> df16;
   using V = hn::Vec<decltype(df)>;
   const hn::RebindToUnsigned<decltype(df)> du;
   const hn::RebindToSigned<decltype(df)> di;
@@ -324,6 +335,9 @@ void DecodeRowsVec(const DecodeRows& j) {
     for (int s = 0; s < ns; ++s) crow[s] = j.centroids[s] + int64_t(j.ids[s][t]) * D;
     uint16_t* obf = j.out_dtype == DType::BF16 ? static_cast<uint16_t*>(j.out) + t * j.out_token_stride : nullptr;
     float* of32 = j.out_dtype == DType::F32 ? static_cast<float*>(j.out) + t * j.out_token_stride : acc.get();
+#if QVG_F16C_DEMOTE
+    uint16_t* of16 = j.out_dtype == DType::F16 ? static_cast<uint16_t*>(j.out) + t * j.out_token_stride : nullptr;
+#endif
     for (int64_t k = 0; k < nb; ++k) {
       const size_t si = size_t(t * nb + k);
       const V sv = hn::Set(df, stored(j.scales, si) * j.scale_factor);
@@ -364,11 +378,20 @@ void DecodeRowsVec(const DecodeRows& j) {
         if (obf) {
           store16(ToBf16NoNaN(df, v), obf + d);
         } else {
+#if QVG_F16C_DEMOTE
+          if (of16) {
+            // Saturating fp16: clamping to +-65504 first leaves every value that
+            // rounds to a finite fp16 unchanged and turns the rest into 65504.
+            const V c = hn::Min(hn::Max(v, hn::Set(df, -65504.0f)), hn::Set(df, 65504.0f));
+            hn::StoreU(hn::BitCast(du16, hn::DemoteTo(df16, c)), du16, of16 + d);
+            continue;
+          }
+#endif
           hn::StoreU(v, df, of32 + d);
         }
       }
     }
-    if (j.out_dtype == DType::F16) {
+    if (!QVG_F16C_DEMOTE && j.out_dtype == DType::F16) {
       uint16_t* o = static_cast<uint16_t*>(j.out) + t * j.out_token_stride;
       for (int64_t d = 0; d < D; ++d) o[d] = qvg::f32_to_f16_sat(acc[size_t(d)]);
     }
