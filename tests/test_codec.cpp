@@ -405,6 +405,22 @@ TEST(Codec, DeterministicAcrossThreadCounts) {
   }
 }
 
+// Fewer groups than threads: the k-means assignment is split over token blocks
+// instead of groups; the bytes must not change.
+TEST(Codec, DeterministicWithFewerGroupsThanThreads) {
+  Tensor x = clustered_tensor({1, 3000, 1, 64}, DType::BF16, 7);
+  CodecConfig cfg;
+  cfg.bits = 4;
+  cfg.centroids = 64;
+  cfg.stages = 2;
+  cfg.threads = 1;
+  const EncodedTensor e1 = encode(x, cfg);
+  for (int t : {2, 3, 4}) {
+    cfg.threads = t;
+    EXPECT_EQ(encode(x, cfg), e1) << "threads " << t;
+  }
+}
+
 TEST(Codec, DecodeRangeMatchesFullDecode) {
   Tensor x = random_tensor({2, 700, 4, 32}, DType::BF16, 8);
   CodecConfig cfg;

@@ -117,8 +117,11 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
 
   const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;
   const int nthreads = cfg.threads > 0 ? cfg.threads : omp_get_max_threads();
+  // Threads go to the groups; with fewer groups than threads, the groups run one
+  // after the other and each k-means assignment is split over the threads instead.
+  const bool inner = G < nthreads;
   std::exception_ptr failure;
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(inner ? 1 : nthreads)
   {
   // Per-thread scratch, reused across the groups this thread encodes.
   detail::KMeansWorkspace ws;
@@ -146,6 +149,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
         p.b = b;
         p.h = h;
         p.path = path;
+        p.threads = inner ? nthreads : 1;
         if (init == Init::Warm) {
           warm_c.resize(size_t(K * D));
           for (int64_t i = 0; i < K * D; ++i) warm_c[size_t(i)] = warm->centroid_at(st, b, h, i / D, i % D);

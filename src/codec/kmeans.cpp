@@ -33,8 +33,10 @@ inline float sqdist(const float* a, const float* b, int64_t n) {
 
 // Assigns every point to its nearest centroid; returns how many ids changed.
 // `first` marks the first assignment (every point counts as changed).
+constexpr int64_t kAssignBlock = 512;  // points per parallel work item
+
 int64_t assign(const float* x, int64_t n, int64_t dim, const float* c, int k, AssignPath path, uint8_t* ids,
-               bool first) {
+               bool first, int threads) {
   int64_t changed = 0;
   if (path == AssignPath::Reference) {
     for (int64_t i = 0; i < n; ++i) {
@@ -54,7 +56,14 @@ int64_t assign(const float* x, int64_t n, int64_t dim, const float* c, int k, As
     return changed;
   }
   // Fast path (SIMD kernel): argmin of ||c||^2 - 2 x.c on the centred points.
-  return kernels::assign_nearest(x, n, dim, c, k, ids, first);
+  if (threads <= 1 || n < 2 * kAssignBlock) return kernels::assign_nearest(x, n, dim, c, k, ids, first);
+  const int64_t blocks = (n + kAssignBlock - 1) / kAssignBlock;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : changed)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t lo = b * kAssignBlock, m = std::min(kAssignBlock, n - lo);
+    changed += kernels::assign_nearest(x + lo * dim, m, dim, c, k, ids + lo, first);
+  }
+  return changed;
 }
 
 // New centroid = mean of its points (fp64 accumulation); empty clusters keep theirs.
@@ -177,7 +186,7 @@ KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansPar
   if (p.record_inertia) res.inertia.push_back(inertia_fp64(xc.data(), n, c.data(), k, dim));
   const double stop_below = 1e-4 * double(n);
   for (int it = 0; it < p.iters; ++it) {
-    int64_t changed = assign(xc.data(), n, dim, c.data(), k, p.path, res.ids.data(), it == 0);
+    int64_t changed = assign(xc.data(), n, dim, c.data(), k, p.path, res.ids.data(), it == 0, p.threads);
     update(xc.data(), n, dim, res.ids.data(), k, c.data(), ws);
     res.iterations = it + 1;
     if (p.record_inertia) res.inertia.push_back(inertia_fp64(xc.data(), n, c.data(), k, dim));

@@ -25,6 +25,10 @@ struct KMeansParams {
   const float* warm = nullptr;  ///< k x dim centroids (original coordinates) when init == Warm
   AssignPath path = AssignPath::Fast;
   bool record_inertia = false;  ///< fill KMeansResult::inertia (costs one fp64 pass per iteration)
+  /// Threads for the assignment step (split over blocks of points; each point's id
+  /// does not depend on the split, so results are the same for any count). Used
+  /// when there are fewer groups than threads.
+  int threads = 1;
 };
 
 struct KMeansResult {
