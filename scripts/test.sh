@@ -12,6 +12,19 @@ for preset in ci asan; do
   ctest --preset "$preset"
 done
 
+# The CUDA backend, compile only (no GPU here): sm_90a, warnings as errors, plus its
+# host-side test of the shared kernel arithmetic. The GPU tests run on a device
+# machine through scripts/gpu-check (docs/cuda.md).
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+if command -v nvcc >/dev/null; then
+  echo "=== qvg: compile the CUDA backend (cuda-compile preset, sm_90a) and run its host-side test ==="
+  cmake --preset cuda-compile >/dev/null
+  cmake --build --preset cuda-compile -j "$jobs" --target qvg_cuda qvg_cuda_host_test qvg_gpu_tests qvg_gpu_bench qvg
+  ctest --preset cuda-compile
+else
+  echo "=== qvg: nvcc not found (PATH, /usr/local/cuda/bin): CUDA backend compile step skipped ==="
+fi
+
 # The PyTorch extension and its pytest suite, with Debian's interpreter (the one
 # python3-torch belongs to; another python3 may come first on PATH).
 echo "=== qvg: build the PyTorch extension (build/python) and run its pytest suite ==="

@@ -9,6 +9,9 @@
 #include "kernels/kernels.h"
 #include "perf/perf.h"
 #include "qvg/error.h"
+#ifdef QVG_HAVE_CUDA
+#include "qvg/cuda.h"
+#endif
 
 namespace qvg::cli {
 namespace {
@@ -21,8 +24,23 @@ struct BenchArgs {
 };
 
 void run(const BenchArgs& a) {
-  if (a.device != "cpu")
-    throw InvalidArgument(fmt::format("--device must be cpu in this build (CUDA backend not built), got '{}'", a.device));
+  if (a.device == "cuda") {  // the GPU benchmarks of the CUDA backend (docs/cuda.md)
+#ifdef QVG_HAVE_CUDA
+    std::string table;
+    const std::string json = cuda::run_benchmarks(cuda::BenchOptions{a.quick, 20}, &table);
+    fmt::print("qvg bench --device cuda{}\n{}", a.quick ? " (quick: reduced shapes)" : "", table);
+    if (!a.json.empty()) {
+      std::ofstream f(a.json);
+      f << json;
+      if (!f) throw InvalidArgument(fmt::format("--json: cannot write '{}'", a.json));
+      fmt::print("wrote {}\n", a.json);
+    }
+    return;
+#else
+    throw InvalidArgument("--device cuda: this build has no CUDA backend (configure with QVG_ENABLE_CUDA=ON and nvcc)");
+#endif
+  }
+  if (a.device != "cpu") throw InvalidArgument(fmt::format("--device must be cpu or cuda, got '{}'", a.device));
   perf::BenchOptions opt;
   opt.quick = a.quick;
   opt.threads = a.threads;
