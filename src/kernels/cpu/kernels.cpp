@@ -312,13 +312,21 @@ void DecodeRowsVec(const DecodeRows& j) {
     } else {
       wv = hn::Set(du, uint32_t(w));
     }
-    const auto c = hn::And(wv >> shifts, mask);
     V v;
     if constexpr (kLut) {
-      v = hn::TableLookupLanes(tab, hn::IndicesFromVec(df, hn::BitCast(di, c)));
       (void)sv;
       (void)zv;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      // vpermps reads only the low 4 index bits, and table lane i holds code
+      // i mod 2^bits, so the bits above this lane's code need no masking.
+      v = hn::TableLookupLanes(tab, hn::Indices512<float>{(wv >> shifts).raw});
+#elif HWY_TARGET == HWY_AVX2
+      v = hn::TableLookupLanes(tab, hn::Indices256<float>{(wv >> shifts).raw});  // low 3 bits, as above
+#else
+      v = hn::TableLookupLanes(tab, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(wv >> shifts, mask))));
+#endif
     } else {
+      const auto c = hn::And(wv >> shifts, mask);
       (void)tab;
       v = hn::Mul(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff)), sv);  // (code - qmax) * s, exact codes
       if constexpr (kAsym) v = hn::Add(v, zv);
