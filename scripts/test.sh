@@ -30,7 +30,7 @@ fi
 echo "=== qvg: build the PyTorch extension (build/python) and run its pytest suite ==="
 bash scripts/deps.sh --python
 cmake -S . -B build/python -G Ninja -DCMAKE_BUILD_TYPE=Release -DQVG_BUILD_PYTHON=ON -DQVG_BUILD_TESTS=OFF \
-  -DQVG_BUILD_BENCH=OFF -DPython_EXECUTABLE=/usr/bin/python3 >/dev/null
+  -DQVG_BUILD_BENCH=OFF -DQVG_ENABLE_CUDA=OFF -DPython_EXECUTABLE=/usr/bin/python3 >/dev/null
 cmake --build build/python --target qvg_torch_ext -j "$jobs"
 rc=0
 PYTHONPATH="$PWD/build/python/python" /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests || rc=$?
