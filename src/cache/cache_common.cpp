@@ -160,6 +160,32 @@ void write_rows(ConstTensorView src, std::byte* dst, int64_t dst_batch_tokens, i
               s + size_t(b * n * h * D) * esz, bytes, n, bytes);
 }
 
+void write_rows_twice(ConstTensorView src, const RowsTarget& x, const RowsTarget& y) {
+  const int64_t B = src.shape.b, n = src.shape.s, h = src.shape.h, D = src.shape.d;
+  const size_t esz = dtype_size(src.dtype), row = size_t(h * D) * esz;
+  const auto* s = static_cast<const std::byte*>(src.data);
+  // Blocks of rows small enough to stay in L2 between the two copies.
+  const int64_t rows_per_block = std::max<int64_t>(1, int64_t((size_t(128) << 10) / row));
+  const int64_t blocks_per_batch = (n + rows_per_block - 1) / rows_per_block;
+  const int64_t blocks = B * blocks_per_batch;
+  const bool par = size_t(B * n) * row >= (size_t(4) << 20);
+#pragma omp parallel for schedule(dynamic, 4) if (par)
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t b = i / blocks_per_batch, r0 = (i % blocks_per_batch) * rows_per_block;
+    const int64_t r1 = std::min(n, r0 + rows_per_block);
+    for (const RowsTarget* t : {&x, &y}) {
+      std::byte* d = t->dst + size_t(((b * t->batch_tokens + t->t0 + r0) * t->heads + t->hs) * D) * esz;
+      const std::byte* p = s + size_t((b * n + r0) * h * D) * esz;
+      const size_t dstride = size_t(t->heads * D) * esz;
+      if (dstride == row) {
+        std::memcpy(d, p, size_t(r1 - r0) * row);
+      } else {
+        for (int64_t r = r0; r < r1; ++r, d += dstride, p += row) std::memcpy(d, p, row);
+      }
+    }
+  }
+}
+
 void gather_rows(const std::byte* src, int64_t B, int64_t src_tokens, int64_t src_heads, int64_t D, size_t esz,
                  int64_t t0, int64_t t1, int64_t hs, int64_t h_out, std::byte* out, int64_t T_out, int64_t out_t) {
   const size_t bytes = size_t(h_out * D) * esz;

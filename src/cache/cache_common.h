@@ -43,6 +43,15 @@ void validate_options(const CacheOptions& opt);
 void write_rows(ConstTensorView src, std::byte* dst, int64_t dst_batch_tokens, int64_t dst_heads, int64_t t0,
                 int64_t hs);
 
+/// Where write_rows_twice() puts a second copy: the same placement arguments.
+struct RowsTarget {
+  std::byte* dst;
+  int64_t batch_tokens, heads, t0, hs;
+};
+/// write_rows() into two destinations, reading src once (each block of rows is
+/// copied to the first and then, from cache, to the second).
+void write_rows_twice(ConstTensorView src, const RowsTarget& a, const RowsTarget& b);
+
 /// Copies tokens [t0, t1) of heads [hs, hs + h_out) from a dense
 /// [B, src_tokens, src_heads, D] buffer into a dense [B, T_out, h_out, D]
 /// buffer at token `out_t`.

@@ -281,11 +281,11 @@ struct PackedCausalCache::Impl {
       ge = p.new_ge;
       evict();
       pack(meter);
-    } else {
+    } else if (!copy) {
       Segment& cur = segs.back();
       detail::write_rows(key, cur.k_raw.data(), cur.tokens(), H, 0, p.a.hs);
       detail::write_rows(value, cur.v_raw.data(), cur.tokens(), H, 0, p.a.hs);
-    }
+    }  // else: written below together with the view (one read of the input)
 
     KVView out;
     const Segment& cur = segs.back();
@@ -309,8 +309,14 @@ struct PackedCausalCache::Impl {
       fill(0, r1, 0, p.a.hs, h_in, sk, sv, T, tasks);
       fill(r2, c, r1, p.a.hs, h_in, sk, sv, T, tasks);
       QVG_CHECK(r3 == p.a.ce && r1 + (c - r2) == T - p.a.n);
-      detail::write_rows(key, sk, T, h_in, T - p.a.n, 0);
-      detail::write_rows(value, sv, T, h_in, T - p.a.n, 0);
+      if (p.advance) {
+        detail::write_rows(key, sk, T, h_in, T - p.a.n, 0);
+        detail::write_rows(value, sv, T, h_in, T - p.a.n, 0);
+      } else {  // a denoising step: into the current segment and the view at once
+        Segment& c_seg = segs.back();
+        detail::write_rows_twice(key, {c_seg.k_raw.data(), c_seg.tokens(), H, 0, p.a.hs}, {sk, T, h_in, T - p.a.n, 0});
+        detail::write_rows_twice(value, {c_seg.v_raw.data(), c_seg.tokens(), H, 0, p.a.hs}, {sv, T, h_in, T - p.a.n, 0});
+      }
       decode_ranges(tasks, quant.threads);
       out.k = detail::dense_view(sk, opt.dtype, B, T, h_in, D);
       out.v = detail::dense_view(sv, opt.dtype, B, T, h_in, D);

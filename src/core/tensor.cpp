@@ -1,5 +1,7 @@
 #include "qvg/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -39,9 +41,19 @@ AlignedBuffer::AlignedBuffer(size_t n) : AlignedBuffer(n, true) {}
 AlignedBuffer AlignedBuffer::uninitialized(size_t n) { return AlignedBuffer(n, false); }
 AlignedBuffer::AlignedBuffer(size_t n, bool zero) : n_(n) {
   if (n == 0) return;
-  size_t rounded = (n + 63) / 64 * 64;
-  p_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+  // Large buffers (cache segments, decoded windows) are 2 MiB aligned and asked to
+  // be backed by transparent huge pages: a decode writes rows of one head at a
+  // stride of H * D elements, touching a new 4 KiB page every token or so, and the
+  // TLB misses cost about 10 % of a window's decode (measured on a 288 MB target).
+  constexpr size_t kHuge = size_t(2) << 20;
+  const bool huge = n >= 2 * kHuge;
+  const size_t align = huge ? kHuge : 64;
+  const size_t rounded = (n + align - 1) / align * align;
+  p_ = static_cast<std::byte*>(std::aligned_alloc(align, rounded));
   if (!p_) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (huge) (void)madvise(p_, rounded, MADV_HUGEPAGE);  // advice only: ignored where unsupported
+#endif
   if (zero) std::memset(p_, 0, rounded);
 }
 AlignedBuffer::AlignedBuffer(const AlignedBuffer& o) : AlignedBuffer(o.n_) {
