@@ -7,6 +7,8 @@
 #                         qvg_lib, CUDA::cudart and CUDA::cublas
 #   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
 #                         (runs without a GPU; registered with ctest)
+#   qvg_cuda_cache_plan_test  host-only test of the device packed cache's policy
+#                         against the CPU cache (runs without a GPU; ctest)
 #   qvg_gpu_tests         GPU tests (tiny in-repo harness, no gtest)
 #   qvg_gpu_bench         GPU benchmarks (JSON + table)
 # QVG_HAVE_CUDA is set to ON or OFF for the rest of the build.
@@ -78,6 +80,13 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_host_test PRIVATE qvg_lib)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
+  # Host-side test of the device packed cache's policy against the CPU cache, and of
+  # its argument errors (raised before any CUDA call): no GPU needed.
+  add_executable(qvg_cuda_cache_plan_test ${PROJECT_SOURCE_DIR}/tests/gpu/cache_plan_test.cpp)
+  target_include_directories(qvg_cuda_cache_plan_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_cache_plan_test PRIVATE qvg_cuda fmt::fmt)
+  target_compile_options(qvg_cuda_cache_plan_test PRIVATE ${QVG_WARNINGS})
+
   add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp)
   target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_gpu_tests PRIVATE qvg_cuda)
@@ -90,4 +99,5 @@ if(QVG_HAVE_CUDA)
 
   enable_testing()
   add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
+  add_test(NAME cuda.host_cache_plan COMMAND qvg_cuda_cache_plan_test)
 endif()

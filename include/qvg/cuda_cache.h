@@ -1,0 +1,137 @@
+// qvg/cuda_cache.h — the device-resident packed K/V cache (docs/cuda.md).
+//
+// qvg::cuda::PackedCausalCache is the CUDA counterpart of qvg::PackedCausalCache
+// (qvg/cache.h, spec 4): the same constructor arguments, the same update()
+// contract and the same segment policy (sink, keep_recent, spans, eviction, the
+// view's ranges and indices), but its segments live in device memory (raw chunks
+// as DeviceBuffer, packed spans as DeviceEncodedTensor, encoded by the device
+// encoder), its inputs are device tensors and its views point to device memory.
+// The bookkeeping is src/kernels/cuda/cache_plan.h, a mirror of the CPU cache's
+// policy that a host test compares with the CPU cache step by step.
+//
+// Streams: every call that enqueues work takes an explicit Stream and returns
+// without waiting for the device, except that update() synchronizes `stream` once
+// to check the input values (spec 1 limits) before anything changes (see
+// check_input_limits in qvg/cuda.h). Buffers are allocated from the cache's
+// Allocator on the stream of the call that creates them and are freed on that same
+// stream. REQUIRES: all calls on one cache, and all reads of its views, are
+// ordered on the device — in practice one stream per cache; to switch streams,
+// synchronize the old one first. Inputs must stay valid until the work enqueued on
+// `stream` has read them.
+//
+// Not supported (typed errors, raised before any state change): init kmeans++ or
+// warm (Unsupported, at construction), a shared CacheOptions::view_scratch (host
+// memory; Unsupported), allow_growth (Unsupported, as on the CPU).
+//
+// NOT YET VERIFIED ON A GPU: this cache compiles and its bookkeeping is tested on
+// the host against the CPU cache, but it has not run on a GPU (docs/cuda.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "qvg/cache.h"
+#include "qvg/config.h"
+#include "qvg/cuda.h"
+#include "qvg/tensor.h"
+
+namespace qvg::cuda {
+
+/// The packed causal cache of spec 4 with device-resident segments.
+///
+/// State and invariants: those of qvg::PackedCausalCache (qvg/cache.h), with raw
+/// segments held as DeviceBuffers ([B, g1 - g0, H, D] of the cache dtype, dense)
+/// and packed spans as DeviceEncodedTensors (one for K, one for V).
+/// Differences from the CPU cache: the spans are encoded by qvg::cuda::encode
+/// (its encodings may differ from the CPU encoder's in near-ties, spec 1.1, so
+/// packed tokens of a view may differ from the CPU cache's within the codec's
+/// error); only init = random; no ViewScratch sharing; no peak_transient_nbytes().
+/// Not thread-safe; movable, not copyable; a moved-from cache may only be
+/// destroyed or assigned to.
+class PackedCausalCache {
+ public:
+  /// Validates like qvg::PackedCausalCache: InvalidArgument for bad options or
+  /// quant args (block_size must divide head_dim when quantization is on),
+  /// Unsupported for allow_growth, for quant.init other than random (the device
+  /// encoder's limit) and for a non-null options.view_scratch. Allocates nothing.
+  /// `alloc` must outlive the cache.
+  explicit PackedCausalCache(const CacheOptions& options, const QuantArgs& quant = {},
+                             Allocator& alloc = default_allocator());
+  ~PackedCausalCache();
+  PackedCausalCache(PackedCausalCache&&) noexcept;
+  PackedCausalCache& operator=(PackedCausalCache&&) noexcept;
+  PackedCausalCache(const PackedCausalCache&) = delete;
+  PackedCausalCache& operator=(const PackedCausalCache&) = delete;
+
+  /// Writes the chunk [c, c + n) of K/V and returns the visible window, with the
+  /// contract of qvg::CausalCache::update (qvg/cache.h): key, value are DEVICE
+  /// tensors [B, n, h_in, D], dense, of the cache's dtype; cache_head_start and
+  /// recent_window_tokens as there. Every argument and the call's placement are
+  /// validated first (the values with a check_input_limits, which synchronizes
+  /// `stream`); a call that throws InvalidArgument / Unsupported / OutOfRange
+  /// changes nothing (segments, cursors, the previous view's memory). After
+  /// validation only a CudaError or an allocation failure can interrupt the call;
+  /// the cache then stays consistent (basic guarantee).
+  ///
+  /// The returned KVView has the CPU cache's indices (local_start_index = T - n,
+  /// ...); its k.data and v.data are DEVICE pointers: either into the current
+  /// segment (zero_copy, strided) or into a device view buffer the cache owns
+  /// (dense [B, T, h_in, D], K then V). They are valid until the next successful
+  /// update() or reset_indices() on this cache or its destruction, and readable by
+  /// work enqueued on `stream` after this call (the copies and the decode that fill
+  /// them are enqueued on `stream`, not finished, when update() returns).
+  KVView update(ConstTensorView key, ConstTensorView value, int64_t current_chunk_start, Stream stream,
+                std::optional<int64_t> cache_head_start = std::nullopt,
+                std::optional<int64_t> recent_window_tokens = std::nullopt);
+
+  /// An empty cache. Frees every segment and the view buffer, each on the stream it
+  /// was allocated on (stream-ordered: safe once the work reading them is enqueued).
+  void reset_indices();
+
+  /// Bytes of the state, as the CPU cache counts them: raw segments' K and V bytes
+  /// plus each span's DeviceEncodedTensor::nbytes() (not its alignment padding).
+  size_t resident_nbytes() const;
+  /// Device bytes allocated for the state (raw segments plus the spans' allocations,
+  /// alignment padding included); excludes the view buffer.
+  size_t allocated_nbytes() const;
+  /// Bytes of the device view buffer held now (0 after a zero-copy view).
+  size_t view_buffer_nbytes() const;
+
+  int64_t global_end() const;
+  int64_t local_end() const;  ///< min(global_end, cache_size)
+  int64_t cache_size() const;
+  int64_t attention_window_size() const;
+  int64_t sink_tokens() const;
+  int64_t batch() const;
+  int64_t num_heads() const;
+  int64_t head_dim() const;
+  DType dtype() const;
+  const QuantArgs& quant_args() const;
+  /// Size of the first advance's chunk; nullopt while the cache is empty.
+  std::optional<int64_t> chunk_tokens() const;
+
+  /// Read-only access to one segment (as qvg::PackedCausalCache::SegmentInfo);
+  /// pointers are device memory, valid until the next mutating call.
+  struct SegmentInfo {
+    int64_t g0 = 0, g1 = 0;  ///< global token range
+    bool is_sink = false;
+    bool packed = false;
+    bool current = false;  ///< the current (last, raw) chunk
+    int chunks = 1;        ///< chunks in the span (1 for a raw segment)
+    StridedView k_raw, v_raw;                    ///< raw only: dense [B, g1 - g0, H, D], device
+    const DeviceEncodedTensor* k_enc = nullptr;  ///< packed only
+    const DeviceEncodedTensor* v_enc = nullptr;  ///< packed only
+    size_t nbytes = 0;                           ///< resident bytes of K and V
+  };
+  size_t num_segments() const;
+  /// Throws InvalidArgument unless i < num_segments().
+  SegmentInfo segment(size_t i) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qvg::cuda

@@ -1,0 +1,262 @@
+// qvg::cuda::PackedCausalCache: the device-resident packed cache. The policy
+// (validation, eviction, spans, view ranges) is CachePolicy (cache_plan.h), a
+// mirror of src/cache/packed_cache.cpp; this file moves the bytes: raw chunks by
+// cudaMemcpy2DAsync, spans by the device encoder, windows by one decode_ranges.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "cache/cache_common.h"
+#include "kernels/cuda/cache_plan.h"
+#include "kernels/cuda/check.h"
+#include "qvg/cuda.h"
+#include "qvg/cuda_cache.h"
+#include "qvg/error.h"
+
+namespace qvg::cuda {
+namespace {
+
+/// A segment's device data: K and V raw ([B, tokens, H, D] dense) or encoded.
+struct SegData {
+  DeviceBuffer k_raw, v_raw;
+  DeviceEncodedTensor k_enc, v_enc;
+};
+
+using Policy = detail::CachePolicy<SegData>;
+using Seg = Policy::Segment;
+
+/// Copies `rows` rows of `width` bytes (rows src_pitch / dst_pitch bytes apart).
+void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows, Stream s) {
+  if (width == 0 || rows == 0) return;
+  QVG_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, s));
+}
+
+}  // namespace
+
+struct PackedCausalCache::Impl {
+  const CacheOptions opt;
+  const QuantArgs quant;
+  Allocator* alloc;
+  const size_t esz;
+  CodecConfig codec;  // valid when quant.enabled()
+  Policy pol;
+  DeviceBuffer view;  // K then V of the last copied view
+
+  Impl(const CacheOptions& o, const QuantArgs& q, Allocator& a)
+      : opt(o), quant(q), alloc(&a), esz(dtype_size(o.dtype)), pol(o, q) {
+    if (q.enabled()) codec = q.codec();
+  }
+
+  size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
+
+  /// Writes the call's [B, n, h_in, D] rows into a raw [B, n, H, D] segment buffer
+  /// at head hs (B * n rows, one 2D copy).
+  void write_chunk(ConstTensorView src, void* dst, int64_t hs, Stream s) const {
+    const int64_t B = src.shape.b, n = src.shape.s, h_in = src.shape.h, D = opt.head_dim, H = opt.heads;
+    const size_t row = size_t(h_in * D) * esz;
+    copy2d(static_cast<std::byte*>(dst) + size_t(hs * D) * esz, size_t(H * D) * esz, src.data, row, row,
+           size_t(B * n), s);
+  }
+
+  /// The device encoding of one span's K or V (parts concatenated when several).
+  DeviceEncodedTensor encode_one(const std::vector<const Seg*>& parts, bool is_k, Stream s) const {
+    const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
+    const int64_t S = parts.back()->g1 - parts.front()->g0;
+    ConstTensorView in{nullptr, opt.dtype, {B, S, H, D}};
+    DeviceBuffer concat;  // freed on `s` after encode's kernels (stream order)
+    if (parts.size() == 1) {
+      in.data = (is_k ? parts[0]->data.k_raw : parts[0]->data.v_raw).data();
+    } else {
+      concat = DeviceBuffer(raw_bytes(S), s, *alloc);
+      const size_t tb = size_t(H * D) * esz;
+      int64_t t = 0;
+      for (const Seg* p : parts) {
+        const DeviceBuffer& src = is_k ? p->data.k_raw : p->data.v_raw;
+        copy2d(static_cast<std::byte*>(concat.data()) + size_t(t) * tb, size_t(S) * tb, src.data(),
+               size_t(p->tokens()) * tb, size_t(p->tokens()) * tb, size_t(B), s);
+        t += p->tokens();
+      }
+      in.data = concat.data();
+    }
+    return encode(in, codec, s, *alloc);
+  }
+
+  KVView update(ConstTensorView key, ConstTensorView value, int64_t c, Stream s, std::optional<int64_t> hs,
+                std::optional<int64_t> rw) {
+    // --- validation: throws, changes nothing ---------------------------------
+    const detail::CallPlan p = pol.plan(key, value, c, hs, rw);
+    check_input_limits(key, "key", s);
+    check_input_limits(value, "value", s);
+
+    const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.a.h_in, n = p.a.n;
+    const size_t view_bytes = p.copy ? 2 * size_t(B * p.T * h_in * D) * esz : 0;
+    // New buffers first (an allocation failure here still changes nothing).
+    SegData cur;
+    if (p.advance) {
+      cur.k_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
+      cur.v_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
+    }
+    // --- from here on state changes ------------------------------------------
+    if (view.size() != view_bytes) view = DeviceBuffer();
+    if (p.advance) {
+      if (h_in != H) {  // zeros in the heads this call does not write
+        QVG_CUDA(cudaMemsetAsync(cur.k_raw.data(), 0, cur.k_raw.size(), s));
+        QVG_CUDA(cudaMemsetAsync(cur.v_raw.data(), 0, cur.v_raw.size(), s));
+      }
+      write_chunk(key, cur.k_raw.data(), p.a.hs, s);
+      write_chunk(value, cur.v_raw.data(), p.a.hs, s);
+      pol.push_current(p, std::move(cur));
+      pol.evict();
+      pol.pack([&](const std::vector<const Seg*>& parts, Seg& packed) {
+        packed.data.k_enc = encode_one(parts, true, s);
+        packed.data.v_enc = encode_one(parts, false, s);
+      });
+    } else {
+      Seg& c_seg = pol.segments().back();
+      write_chunk(key, c_seg.data.k_raw.data(), p.a.hs, s);
+      write_chunk(value, c_seg.data.v_raw.data(), p.a.hs, s);
+    }
+
+    KVView out;
+    const Seg& cs = pol.segments().back();
+    if (!p.copy) {
+      out.k = qvg::detail::sub_view(cs.data.k_raw.data(), opt.dtype, B, cs.tokens(), H, D, p.r2 - cs.g0, p.T, p.a.hs,
+                                    h_in);
+      out.v = qvg::detail::sub_view(cs.data.v_raw.data(), opt.dtype, B, cs.tokens(), H, D, p.r2 - cs.g0, p.T, p.a.hs,
+                                    h_in);
+      out.zero_copy = true;
+    } else {
+      if (view.size() != view_bytes) view = DeviceBuffer(view_bytes, s, *alloc);
+      auto* vk = static_cast<std::byte*>(view.data());
+      std::byte* vv = vk + view_bytes / 2;
+      const size_t out_row = size_t(h_in * D) * esz;         // one token of the view
+      const size_t view_batch = size_t(p.T) * out_row;        // one batch of the view
+      std::vector<DeviceDecodeTask> tasks;
+      for (const detail::ViewPiece& pc : pol.view_pieces(p)) {
+        const Seg& sg = pol.segments()[pc.seg];
+        const size_t off = size_t(pc.out_t) * out_row;
+        if (!sg.packed) {
+          const size_t seg_row = size_t(H * D) * esz, seg_batch = size_t(sg.tokens()) * seg_row;
+          const size_t src_off = size_t(pc.t0) * seg_row + size_t(p.a.hs * D) * esz;
+          for (int64_t b = 0; b < B; ++b) {
+            copy2d(vk + size_t(b) * view_batch + off, out_row,
+                   static_cast<const std::byte*>(sg.data.k_raw.data()) + size_t(b) * seg_batch + src_off, seg_row,
+                   out_row, size_t(pc.t1 - pc.t0), s);
+            copy2d(vv + size_t(b) * view_batch + off, out_row,
+                   static_cast<const std::byte*>(sg.data.v_raw.data()) + size_t(b) * seg_batch + src_off, seg_row,
+                   out_row, size_t(pc.t1 - pc.t0), s);
+          }
+        } else {
+          const DeviceDecodeTarget tk{vk + off, opt.dtype, p.T * h_in * D, h_in * D};
+          const DeviceDecodeTarget tv{vv + off, opt.dtype, p.T * h_in * D, h_in * D};
+          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, p.a.hs, p.a.hs + h_in, tk});
+          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, p.a.hs, p.a.hs + h_in, tv});
+        }
+      }
+      // The call's own chunk is the view's last n tokens: copied from the input.
+      const size_t chunk = size_t(n) * out_row, at = size_t(p.T - n) * out_row;
+      copy2d(vk + at, view_batch, key.data, chunk, chunk, size_t(B), s);
+      copy2d(vv + at, view_batch, value.data, chunk, chunk, size_t(B), s);
+      if (!tasks.empty()) decode_ranges(tasks, s);
+      out.k = qvg::detail::dense_view(vk, opt.dtype, B, p.T, h_in, D);
+      out.v = qvg::detail::dense_view(vv, opt.dtype, B, p.T, h_in, D);
+    }
+    const int64_t ge = pol.global_end();
+    out.local_start_index = p.T - n;
+    out.local_end_index = p.T;
+    out.visible_local_end = std::min(ge, opt.cache_size);
+    out.visible_global_end = ge;
+    return out;
+  }
+};
+
+PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArgs& quant, Allocator& alloc) {
+  qvg::detail::validate_options(options);
+  if (options.allow_growth)
+    throw Unsupported("allow_growth must be false for the packed cache (its segments never grow), got true");
+  if (options.view_scratch)
+    throw Unsupported(
+        "view_scratch must be null for the device packed cache (a ViewScratch is host memory; the cache owns a "
+        "device view buffer), got a shared ViewScratch");
+  if (quant.enabled())
+    quant.validate_for_head_dim(options.head_dim);
+  else
+    quant.validate();
+  if (quant.enabled() && quant.init != Init::Random)
+    throw Unsupported(fmt::format(
+        "init must be random for the device packed cache (the CUDA encoder supports random init only), got {}",
+        name(quant.init)));
+  impl_ = std::make_unique<Impl>(options, quant, alloc);
+}
+
+PackedCausalCache::~PackedCausalCache() = default;
+PackedCausalCache::PackedCausalCache(PackedCausalCache&&) noexcept = default;
+PackedCausalCache& PackedCausalCache::operator=(PackedCausalCache&&) noexcept = default;
+
+KVView PackedCausalCache::update(ConstTensorView key, ConstTensorView value, int64_t current_chunk_start, Stream stream,
+                                 std::optional<int64_t> cache_head_start, std::optional<int64_t> recent_window_tokens) {
+  return impl_->update(key, value, current_chunk_start, stream, cache_head_start, recent_window_tokens);
+}
+
+void PackedCausalCache::reset_indices() {
+  impl_->pol.reset();
+  impl_->view = DeviceBuffer();
+}
+
+size_t PackedCausalCache::resident_nbytes() const {
+  size_t n = 0;
+  for (const Seg& s : impl_->pol.segments())
+    n += s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
+  return n;
+}
+size_t PackedCausalCache::allocated_nbytes() const {
+  size_t n = 0;
+  for (const Seg& s : impl_->pol.segments())
+    n += s.packed ? s.data.k_enc.allocated_bytes() + s.data.v_enc.allocated_bytes()
+                  : s.data.k_raw.size() + s.data.v_raw.size();
+  return n;
+}
+size_t PackedCausalCache::view_buffer_nbytes() const { return impl_->view.size(); }
+int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
+int64_t PackedCausalCache::local_end() const { return std::min(impl_->pol.global_end(), impl_->opt.cache_size); }
+int64_t PackedCausalCache::cache_size() const { return impl_->opt.cache_size; }
+int64_t PackedCausalCache::attention_window_size() const { return impl_->opt.window(); }
+int64_t PackedCausalCache::sink_tokens() const { return impl_->opt.sink_tokens; }
+int64_t PackedCausalCache::batch() const { return impl_->opt.batch; }
+int64_t PackedCausalCache::num_heads() const { return impl_->opt.heads; }
+int64_t PackedCausalCache::head_dim() const { return impl_->opt.head_dim; }
+DType PackedCausalCache::dtype() const { return impl_->opt.dtype; }
+const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
+std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
+size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
+
+PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
+  const auto& segs = impl_->pol.segments();
+  if (i >= segs.size())
+    throw InvalidArgument(fmt::format("segment index i must be < num_segments() = {}, got {}", segs.size(), i));
+  const Seg& s = segs[i];
+  const CacheOptions& o = impl_->opt;
+  SegmentInfo info;
+  info.g0 = s.g0;
+  info.g1 = s.g1;
+  info.is_sink = s.is_sink;
+  info.packed = s.packed;
+  info.current = i + 1 == segs.size();
+  info.chunks = s.chunks;
+  if (s.packed) {
+    info.k_enc = &s.data.k_enc;
+    info.v_enc = &s.data.v_enc;
+    info.nbytes = s.data.k_enc.nbytes() + s.data.v_enc.nbytes();
+  } else {
+    info.k_raw = qvg::detail::dense_view(s.data.k_raw.data(), o.dtype, o.batch, s.tokens(), o.heads, o.head_dim);
+    info.v_raw = qvg::detail::dense_view(s.data.v_raw.data(), o.dtype, o.batch, s.tokens(), o.heads, o.head_dim);
+    info.nbytes = s.data.k_raw.size() + s.data.v_raw.size();
+  }
+  return info;
+}
+
+}  // namespace qvg::cuda
