@@ -8,19 +8,30 @@
 // - GPU encode: a valid EncodedTensor the CPU decodes, relative MSE within 1 % of
 //   the CPU encoder's on the same data; deterministic; its residual quantization
 //   equals the CPU quantizer's bytes for the residual its centroids leave;
-// - check_input_limits finds the first bad element.
+// - check_input_limits finds the first bad element;
+// - the device packed cache (qvg/cuda_cache.h): with quantization off, random call
+//   sequences (advances, denoising rewrites, head slices, recent windows, rejected
+//   calls, resets, eviction) give views equal bit for bit to the CPU packed cache's
+//   and, when window == cache_size, to the CPU dense cache's, and rejected calls
+//   leave the device state unchanged; with int2, the same segments as the CPU packed
+//   cache, raw view tokens equal to the CPU's, packed ones equal to the CPU decode of
+//   the device's own encodings, and their error within 10 % of the CPU cache's.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "codec/encode_impl.h"
 #include "gpu/harness.h"
+#include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/cuda.h"
+#include "qvg/cuda_cache.h"
 #include "qvg/error.h"
 
 namespace {
@@ -289,6 +300,288 @@ QVG_TEST(unsupported_init_is_rejected) {
     threw = true;
   }
   QVG_EXPECT(threw);
+}
+
+// ---- the device packed cache ---------------------------------------------------
+
+namespace {
+
+/// A (possibly strided) device view downloaded as dense [B, T, h, D] bytes.
+std::vector<uint8_t> download_view(const qvg::StridedView& v, cudaStream_t s) {
+  const size_t esz = qvg::dtype_size(v.dtype), row = size_t(v.shape.h * v.shape.d) * esz;
+  std::vector<uint8_t> out(size_t(v.shape.b * v.shape.s) * row);
+  for (int64_t b = 0; b < v.shape.b; ++b)
+    CK(cudaMemcpy2DAsync(out.data() + size_t(b * v.shape.s) * row, row,
+                         static_cast<const uint8_t*>(v.data) + size_t(b * v.stride_b) * esz, size_t(v.stride_t) * esz,
+                         row, size_t(v.shape.s), cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  return out;
+}
+std::vector<uint8_t> host_bytes(const qvg::StridedView& v) {
+  const qvg::Tensor t = v.to_tensor();
+  const auto* p = static_cast<const uint8_t*>(t.data());
+  return std::vector<uint8_t>(p, p + t.nbytes());
+}
+
+/// Segment list and raw bytes of the device cache (for "a rejected call changes nothing").
+struct DevSnapshot {
+  std::vector<std::string> segs;
+  std::vector<std::vector<uint8_t>> raw;
+  int64_t ge = 0;
+  size_t resident = 0;
+  bool operator==(const DevSnapshot&) const = default;
+};
+DevSnapshot snapshot(const qvg::cuda::PackedCausalCache& c, cudaStream_t s) {
+  DevSnapshot d;
+  d.ge = c.global_end();
+  d.resident = c.resident_nbytes();
+  for (size_t i = 0; i < c.num_segments(); ++i) {
+    const auto sg = c.segment(i);
+    d.segs.push_back(std::to_string(sg.g0) + "," + std::to_string(sg.g1) + "," + std::to_string(sg.is_sink) + "," +
+                     std::to_string(sg.packed) + "," + std::to_string(sg.chunks));
+    if (!sg.packed) {
+      d.raw.push_back(download_view(sg.k_raw, s));
+      d.raw.push_back(download_view(sg.v_raw, s));
+    }
+  }
+  return d;
+}
+
+/// Segments of the device cache and the CPU packed cache agree (g0, g1, sink, packed, chunks).
+std::string compare_segments(const qvg::cuda::PackedCausalCache& d, const qvg::PackedCausalCache& c) {
+  if (d.num_segments() != c.num_segments())
+    return "segment count " + std::to_string(d.num_segments()) + " vs CPU " + std::to_string(c.num_segments());
+  for (size_t i = 0; i < c.num_segments(); ++i) {
+    const auto a = d.segment(i);
+    const auto b = c.segment(i);
+    if (a.g0 != b.g0 || a.g1 != b.g1 || a.is_sink != b.is_sink || a.packed != b.packed || a.chunks != b.chunks ||
+        a.current != b.current)
+      return "segment " + std::to_string(i) + " differs";
+  }
+  if (d.global_end() != c.global_end() || d.chunk_tokens() != c.chunk_tokens()) return "cursors differ";
+  return "";
+}
+
+int error_kind(const std::exception_ptr& e) {
+  if (!e) return 0;
+  try {
+    std::rethrow_exception(e);
+  } catch (const qvg::InvalidArgument&) {
+    return 1;
+  } catch (const qvg::Unsupported&) {
+    return 2;
+  } catch (const qvg::OutOfRange&) {
+    return 3;
+  } catch (...) {
+    return 4;
+  }
+}
+
+qvg::Tensor random_chunk(qvg::DType dt, qvg::Shape4 sh, std::mt19937& rng) {
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  qvg::Tensor t(dt, sh);
+  for (int64_t b = 0; b < sh.b; ++b)
+    for (int64_t i = 0; i < sh.s; ++i)
+      for (int64_t h = 0; h < sh.h; ++h)
+        for (int64_t d = 0; d < sh.d; ++d) t.set(b, i, h, d, 3.0f * n01(rng));
+  return t;
+}
+
+}  // namespace
+
+QVG_TEST(device_packed_cache_quant_off_matches_cpu_caches) {
+  StreamHolder st;
+  int calls = 0, compared_dense = 0, rejected = 0, copied = 0, zero_copy = 0, sliced = 0;
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
+    std::mt19937 rng(seed);
+    auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+    qvg::CacheOptions o;
+    o.batch = pick(1, 2);
+    o.heads = pick(1, 4);
+    o.head_dim = seed % 2 ? 64 : 24;
+    o.dtype = seed % 3 == 0 ? qvg::DType::F32 : qvg::DType::BF16;
+    const int64_t chunk = pick(2, 12);
+    o.sink_tokens = pick(0, 1) ? 0 : pick(1, 2 * chunk);
+    o.cache_size = o.sink_tokens + pick(chunk, 5 * chunk);
+    if (seed % 4 == 0) o.attention_window_size = pick(std::min(o.cache_size, chunk + o.sink_tokens), o.cache_size);
+    bool with_dense = o.window() == o.cache_size;
+    const std::string what = "seed " + std::to_string(seed);
+    qvg::cuda::PackedCausalCache dev(o);
+    qvg::PackedCausalCache cpu(o);
+    qvg::DenseCausalCache dense(o);
+    for (int step = 0; step < 40; ++step) {
+      if (pick(0, 30) == 0) {
+        dev.reset_indices();
+        cpu.reset_indices();
+        dense.reset_indices();
+        continue;
+      }
+      // An advance (all heads) or a denoising rewrite (maybe head-sliced), or a bad call.
+      const bool rewrite = cpu.num_segments() > 0 && pick(0, 2) == 0;
+      int64_t c = cpu.global_end(), n = std::max<int64_t>(1, chunk + pick(-1, 1));
+      if (rewrite) {
+        const auto cur = cpu.segment(cpu.num_segments() - 1);
+        c = cur.g0;
+        n = cur.g1 - cur.g0;
+      }
+      const int bad = int(pick(0, 12));  // 0: wrong c, 1: a NaN, 2: a too long chunk
+      if (bad == 0) c += pick(1, 3);
+      if (bad == 2) n = o.cache_size + 1;
+      int64_t h_in = o.heads;
+      std::optional<int64_t> hs, rw;
+      if (rewrite && pick(0, 1)) {
+        h_in = pick(1, o.heads);
+        hs = pick(0, o.heads - h_in);
+      }
+      if (pick(0, 2) == 0) rw = pick(0, 3) == 0 ? 0 : pick(0, o.cache_size);  // rw = 0: often zero-copy
+      qvg::Tensor k = random_chunk(o.dtype, {o.batch, n, h_in, o.head_dim}, rng);
+      qvg::Tensor v = random_chunk(o.dtype, {o.batch, n, h_in, o.head_dim}, rng);
+      if (bad == 1) v.set(0, n - 1, 0, 1, NAN);
+      DeviceBuffer dk = to_device(k.data(), k.nbytes(), st.s), dv = to_device(v.data(), v.nbytes(), st.s);
+      const qvg::ConstTensorView dkv{dk.data(), o.dtype, k.shape()}, dvv{dv.data(), o.dtype, v.shape()};
+
+      const DevSnapshot before = snapshot(dev, st.s);
+      std::exception_ptr de, ce, xe;
+      qvg::KVView dview, cview, xview;
+      try { dview = dev.update(dkv, dvv, c, st.s, hs, rw); } catch (...) { de = std::current_exception(); }
+      try { cview = cpu.update(k.view(), v.view(), c, hs, rw); } catch (...) { ce = std::current_exception(); }
+      if (with_dense) {
+        try { xview = dense.update(k.view(), v.view(), c, hs, rw); } catch (...) { xe = std::current_exception(); }
+        if (error_kind(xe) != error_kind(ce)) with_dense = false;  // they diverge from here on
+      }
+      QVG_EXPECT(error_kind(de) == error_kind(ce)) << what << "step" << step << "device error kind" << error_kind(de)
+                                                   << "vs CPU" << error_kind(ce);
+      if (ce || de) {
+        ++rejected;
+        QVG_EXPECT(snapshot(dev, st.s) == before) << what << "a rejected call changed the device cache";
+        continue;
+      }
+      ++calls;
+      sliced += h_in != o.heads;
+      (dview.zero_copy ? zero_copy : copied)++;
+      const std::string segs = compare_segments(dev, cpu);
+      QVG_EXPECT(segs.empty()) << what << "step" << step << segs;
+      QVG_EXPECT(dview.zero_copy == cview.zero_copy && dview.k.shape == cview.k.shape &&
+                 dview.local_start_index == cview.local_start_index && dview.local_end_index == cview.local_end_index &&
+                 dview.visible_local_end == cview.visible_local_end &&
+                 dview.visible_global_end == cview.visible_global_end)
+          << what << "step" << step << "view metadata differs";
+      const std::vector<uint8_t> gk = download_view(dview.k, st.s), gv = download_view(dview.v, st.s);
+      QVG_EXPECT(gk == host_bytes(cview.k) && gv == host_bytes(cview.v)) << what << "step" << step
+                                                                         << "view != CPU packed view";
+      if (with_dense) {
+        ++compared_dense;
+        QVG_EXPECT(gk == host_bytes(xview.k) && gv == host_bytes(xview.v)) << what << "step" << step
+                                                                           << "view != CPU dense view";
+      }
+      if (segs.empty())
+        for (size_t i = 0; i < cpu.num_segments(); ++i) {
+          const auto a = dev.segment(i);
+          const auto b = cpu.segment(i);
+          QVG_EXPECT(download_view(a.k_raw, st.s) == host_bytes(b.k_raw) &&
+                     download_view(a.v_raw, st.s) == host_bytes(b.v_raw))
+              << what << "step" << step << "raw segment" << i << "differs";
+        }
+      QVG_EXPECT(dev.resident_nbytes() == cpu.resident_nbytes()) << what << "resident bytes";
+    }
+  }
+  std::printf("  %d calls compared (%d also with the dense cache; %d copied, %d zero-copy, %d head-sliced), %d rejected\n",
+              calls, compared_dense, copied, zero_copy, sliced, rejected);
+  QVG_EXPECT(calls > 500 && compared_dense > 200 && rejected > 50 && zero_copy > 10 && sliced > 20);
+}
+
+QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
+  StreamHolder st;
+  qvg::CacheOptions o;
+  o.batch = 2;
+  o.heads = 2;
+  o.head_dim = 64;
+  o.dtype = qvg::DType::BF16;
+  o.sink_tokens = 32;
+  o.cache_size = 192;
+  o.attention_window_size = 160;
+  qvg::QuantArgs q;
+  q.bits = 2;
+  q.centroids = 16;
+  q.block_size = 32;
+  q.keep_recent_chunks = 1;
+  q.span_chunks = 2;
+  q.sink = true;
+  q.sink_span = qvg::SinkSpan::Chunk;
+  qvg::cuda::PackedCausalCache dev(o, q);
+  qvg::PackedCausalCache cpu(o, q);
+  qvg::PackedCausalCache truth(o);  // quantization off: the values written
+  std::mt19937 rng(77);
+  const int64_t chunk = 16;
+  double dev_err = 0, cpu_err = 0, energy = 0;
+  int packed_rows = 0, raw_rows = 0;
+  for (int step = 0; step < 36; ++step) {
+    const bool rewrite = step % 3 == 2;
+    const int64_t c = rewrite ? cpu.segment(cpu.num_segments() - 1).g0 : cpu.global_end();
+    const qvg::Shape4 sh{o.batch, chunk, o.heads, o.head_dim};
+    const qvg::Tensor k = make_data(o.dtype, sh, 1000u + uint32_t(step), 30.0f);
+    const qvg::Tensor v = make_data(o.dtype, sh, 2000u + uint32_t(step), 30.0f);
+    DeviceBuffer dk = to_device(k.data(), k.nbytes(), st.s), dv = to_device(v.data(), v.nbytes(), st.s);
+    const qvg::KVView dview = dev.update({dk.data(), o.dtype, sh}, {dv.data(), o.dtype, sh}, c, st.s);
+    const qvg::KVView cview = cpu.update(k.view(), v.view(), c);
+    const qvg::KVView tview = truth.update(k.view(), v.view(), c);
+    const std::string segs = compare_segments(dev, cpu);
+    QVG_EXPECT(segs.empty()) << "step" << step << segs;
+    if (!segs.empty()) return;
+    QVG_EXPECT(dview.k.shape == cview.k.shape && dview.local_start_index == cview.local_start_index);
+    // The view's global positions: [0, sink_end) ++ [lo, global_end).
+    const int64_t ge = cpu.global_end(), se = std::min(o.sink_tokens, ge);
+    const int64_t lo = std::max(se, ge - std::max<int64_t>(0, o.window() - se));
+    const int64_t T = se + (ge - lo);
+    QVG_EXPECT(T == dview.k.shape.s);
+    const size_t esz = 2, row = size_t(o.heads * o.head_dim) * esz;
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<uint8_t> got = download_view(kv ? dview.v : dview.k, st.s);
+      const std::vector<uint8_t> ref = host_bytes(kv ? cview.v : cview.k);
+      const std::vector<uint8_t> tru = host_bytes(kv ? tview.v : tview.k);
+      for (size_t i = 0; i < dev.num_segments(); ++i) {
+        const auto sg = dev.segment(i);
+        std::optional<qvg::Tensor> dec;
+        if (sg.packed) {  // the CPU decode of the device's encoding
+          const qvg::EncodedTensor e = (kv ? sg.v_enc : sg.k_enc)->download(st.s);
+          dec.emplace(o.dtype, e.shape);
+          qvg::decode(e, dec->view());
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t g = t < se ? t : lo + (t - se);
+          if (g < sg.g0 || g >= sg.g1) continue;
+          for (int64_t b = 0; b < o.batch; ++b) {
+            const size_t at = size_t(b * T + t) * row;
+            if (!sg.packed) {
+              ++raw_rows;
+              QVG_EXPECT(std::memcmp(got.data() + at, ref.data() + at, row) == 0 &&
+                         std::memcmp(got.data() + at, tru.data() + at, row) == 0)
+                  << "step" << step << "raw token" << g << "differs";
+              continue;
+            }
+            ++packed_rows;
+            const auto* want = static_cast<const uint8_t*>(dec->data()) +
+                               size_t(b * sg.k_enc->shape.s + (g - sg.g0)) * row;
+            QVG_EXPECT(std::memcmp(got.data() + at, want, row) == 0)
+                << "step" << step << "packed token" << g << "!= CPU decode of the device encoding";
+            for (int64_t j = 0; j < o.heads * o.head_dim; ++j) {
+              const float x = qvg::load_f32(tru.data() + at, o.dtype, size_t(j));
+              const float gd = qvg::load_f32(got.data() + at, o.dtype, size_t(j));
+              const float cd = qvg::load_f32(ref.data() + at, o.dtype, size_t(j));
+              dev_err += (double(gd) - x) * (double(gd) - x);
+              cpu_err += (double(cd) - x) * (double(cd) - x);
+              energy += double(x) * x;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("  %d packed and %d raw view rows checked; relative MSE on packed rows: device %.4g, CPU %.4g\n",
+              packed_rows, raw_rows, dev_err / energy, cpu_err / energy);
+  QVG_EXPECT(packed_rows > 1000 && raw_rows > 500);
+  QVG_EXPECT(dev_err <= 1.10 * cpu_err) << "device encodings' error" << dev_err / energy << "vs CPU"
+                                        << cpu_err / energy;
 }
 
 int main(int argc, char** argv) {
