@@ -2,6 +2,7 @@
 //
 // Available when the library was built with the CUDA backend (CMake option
 // QVG_ENABLE_CUDA; the target `qvg_cuda` defines QVG_HAVE_CUDA=1). Link `qvg_cuda`.
+// The device-resident packed K/V cache built on these pieces is in qvg/cuda_cache.h.
 //
 // Contracts shared by every function here:
 // - Streams are explicit. A function that takes a `Stream` enqueues its work on
