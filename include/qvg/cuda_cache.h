@@ -6,8 +6,8 @@
 // view's ranges and indices), but its segments live in device memory (raw chunks
 // as DeviceBuffer, packed spans as DeviceEncodedTensor, encoded by the device
 // encoder), its inputs are device tensors and its views point to device memory.
-// The bookkeeping is src/kernels/cuda/cache_plan.h, a mirror of the CPU cache's
-// policy that a host test compares with the CPU cache step by step.
+// The bookkeeping is src/cache/cache_policy.h, the policy the CPU cache runs too
+// (one implementation), which a host test also drives with an empty payload.
 //
 // Streams: every call that enqueues work takes an explicit Stream and returns
 // without waiting for the device, except that update() synchronizes `stream` once

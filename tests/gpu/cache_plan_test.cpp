@@ -1,6 +1,8 @@
 // Host-side test of the device packed cache's bookkeeping (no GPU needed):
-// CachePolicy (src/kernels/cuda/cache_plan.h), the policy qvg::cuda::PackedCausalCache
-// runs, against the CPU qvg::PackedCausalCache over random call sequences:
+// CachePolicy (src/cache/cache_policy.h) — the policy both qvg::PackedCausalCache
+// and qvg::cuda::PackedCausalCache run — driven with an empty payload (as the
+// device cache drives it: view pieces, no CPU bytes) against the CPU
+// qvg::PackedCausalCache over random call sequences:
 // - the same calls are accepted, and rejected ones with the same error kind;
 // - after every call the same segment list (g0, g1, is_sink, packed, chunks),
 //   global_end, local_end and chunk_tokens;
@@ -21,7 +23,7 @@
 #include <vector>
 
 #include "gpu/harness.h"
-#include "kernels/cuda/cache_plan.h"
+#include "cache/cache_policy.h"
 #include "qvg/cache.h"
 #include "qvg/cuda_cache.h"
 #include "qvg/error.h"
@@ -29,7 +31,7 @@
 namespace {
 
 struct Empty {};
-using Policy = qvg::cuda::detail::CachePolicy<Empty>;
+using Policy = qvg::detail::CachePolicy<Empty>;
 
 enum class Kind { Ok, InvalidArgument, Unsupported, OutOfRange, Other };
 const char* kind_name(Kind k) {
@@ -153,7 +155,7 @@ int run_sequence(uint32_t seed) {
     const qvg::Tensor key = chunk_data(B, n, h_in, hs_arg.value_or(0), D, c, rng);
     const qvg::Tensor value = chunk_data(B, n, h_in, hs_arg.value_or(0), D, c, rng);
 
-    std::optional<qvg::cuda::detail::CallPlan> p;
+    std::optional<qvg::detail::CallPlan> p;
     std::string dmsg, cmsg;
     const Kind dk = kind_of([&] { p = pol.plan(key.view(), value.view(), c, hs_arg, rw); }, &dmsg);
     qvg::KVView view;

@@ -1,6 +1,6 @@
 // qvg::cuda::PackedCausalCache: the device-resident packed cache. The policy
-// (validation, eviction, spans, view ranges) is CachePolicy (cache_plan.h), a
-// mirror of src/cache/packed_cache.cpp; this file moves the bytes: raw chunks by
+// (validation, eviction, spans, view ranges) is CachePolicy (src/cache/cache_policy.h),
+// the one the CPU cache runs too; this file moves the bytes: raw chunks by
 // cudaMemcpy2DAsync, spans by the device encoder, windows by one decode_ranges.
 #include <cuda_runtime_api.h>
 
@@ -11,7 +11,7 @@
 #include <fmt/core.h>
 
 #include "cache/cache_common.h"
-#include "kernels/cuda/cache_plan.h"
+#include "cache/cache_policy.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
@@ -26,7 +26,7 @@ struct SegData {
   DeviceEncodedTensor k_enc, v_enc;
 };
 
-using Policy = detail::CachePolicy<SegData>;
+using Policy = qvg::detail::CachePolicy<SegData>;
 using Seg = Policy::Segment;
 
 /// Copies `rows` rows of `width` bytes (rows src_pitch / dst_pitch bytes apart).
@@ -88,7 +88,7 @@ struct PackedCausalCache::Impl {
   KVView update(ConstTensorView key, ConstTensorView value, int64_t c, Stream s, std::optional<int64_t> hs,
                 std::optional<int64_t> rw) {
     // --- validation: throws, changes nothing ---------------------------------
-    const detail::CallPlan p = pol.plan(key, value, c, hs, rw);
+    const qvg::detail::CallPlan p = pol.plan(key, value, c, hs, rw);
     check_input_limits(key, "key", s);
     check_input_limits(value, "value", s);
 
@@ -136,7 +136,7 @@ struct PackedCausalCache::Impl {
       const size_t out_row = size_t(h_in * D) * esz;         // one token of the view
       const size_t view_batch = size_t(p.T) * out_row;        // one batch of the view
       std::vector<DeviceDecodeTask> tasks;
-      for (const detail::ViewPiece& pc : pol.view_pieces(p)) {
+      for (const qvg::detail::ViewPiece& pc : pol.view_pieces(p)) {
         const Seg& sg = pol.segments()[pc.seg];
         const size_t off = size_t(pc.out_t) * out_row;
         if (!sg.packed) {

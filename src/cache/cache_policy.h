@@ -1,12 +1,10 @@
-// src/kernels/cuda/cache_plan.h — the segment policy of the device-resident packed
-// cache (qvg::cuda::PackedCausalCache), as plain host C++ with no CUDA dependency.
-//
-// This is a line-by-line mirror of the bookkeeping in src/cache/packed_cache.cpp
-// (plan, evict, spans_to_encode, pack, the view's ranges and fill) with the data
-// abstracted into a payload P carried by every segment: the device cache uses
-// device buffers, the host test (tests/gpu/cache_plan_test.cpp) an empty payload
-// and compares every step with the CPU qvg::PackedCausalCache. Any change to the
-// CPU policy must be mirrored here; that test fails when the two diverge.
+// src/cache/cache_policy.h — the segment policy of the packed cache (spec 4):
+// validation of a call, eviction, which spans to encode, packing, and where every
+// token of a view comes from. Plain C++ with the data abstracted into a payload P
+// carried by every segment, so that one policy serves both caches: the CPU
+// qvg::PackedCausalCache (host buffers and EncodedTensors) and the device-resident
+// qvg::cuda::PackedCausalCache (device buffers). The host test
+// tests/gpu/cache_plan_test.cpp also drives it with an empty payload.
 #pragma once
 
 #include <algorithm>
@@ -23,7 +21,7 @@
 #include "qvg/config.h"
 #include "qvg/error.h"
 
-namespace qvg::cuda::detail {
+namespace qvg::detail {
 
 template <class P>
 struct PlanSegment {
@@ -40,7 +38,7 @@ struct PlanSegment {
 /// layout: view = [0, r1) ++ [r2, r3) in global tokens, T tokens; a view with
 /// !copy is a zero-copy window of the current chunk starting at global r2.
 struct CallPlan {
-  qvg::detail::CallArgs a;
+  CallArgs a;
   bool advance = false;
   int64_t sink_end = 0, lo = 0, new_ge = 0;
   int64_t r1 = 0, r2 = 0, r3 = 0, T = 0;
@@ -84,12 +82,12 @@ class CachePolicy {
   }
 
   /// Everything update() validates except the element values (the caller checks
-  /// them after this, before any state change). Mirrors PackedCausalCache::Impl::plan.
+  /// them after this, before any state change). 
   /// Reads only key/value's shape, dtype and whether data is null.
   CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
                 std::optional<int64_t> rw) const {
     CallPlan p;
-    p.a = qvg::detail::validate_call(opt_, key, value, c, hs, rw);
+    p.a = validate_call(opt_, key, value, c, hs, rw);
     const int64_t n = p.a.n, ce = p.a.ce, sink = opt_.sink_tokens;
     if (n > cap_)
       throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", n, cap_));
@@ -132,7 +130,7 @@ class CachePolicy {
           "n = {}",
           c, ce, window_, p.sink_end, tail, p.new_ge, window_ - std::min(c, p.sink_end), n));
     p.lo = rw ? std::max(tail, c - *rw) : tail;
-    // The view's ranges, as PackedCausalCache::Impl::apply computes them.
+    // The view's ranges.
     p.r1 = p.sink_end;
     p.r2 = p.lo;
     if (p.r1 == p.r2) p.r1 = p.r2 = 0;  // adjacent: one range [0, new_ge)
@@ -231,7 +229,7 @@ class CachePolicy {
   }
 
   /// Where global tokens [x0, x1) of the view come from, placed from view token
-  /// out_t on (PackedCausalCache::Impl::fill). Every token is in exactly one piece.
+  /// out_t on. Every token is in exactly one piece.
   void fill(int64_t x0, int64_t x1, int64_t out_t, std::vector<ViewPiece>& pieces) const {
     if (x0 >= x1) return;
     int64_t covered = 0;
@@ -264,4 +262,4 @@ class CachePolicy {
   std::optional<int64_t> chunk_tokens_;
 };
 
-}  // namespace qvg::cuda::detail
+}  // namespace qvg::detail
