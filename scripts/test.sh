@@ -19,7 +19,7 @@ if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then expor
 if command -v nvcc >/dev/null; then
   echo "=== qvg: compile the CUDA backend (cuda-compile preset, sm_90a) and run its host-side test ==="
   cmake --preset cuda-compile >/dev/null
-  cmake --build --preset cuda-compile -j "$jobs" --target qvg_cuda qvg_cuda_host_test qvg_gpu_tests qvg_gpu_bench qvg
+  cmake --build --preset cuda-compile -j "$jobs"  # every target of the preset: library, host tests, GPU binaries, CLI
   ctest --preset cuda-compile
 else
   echo "=== qvg: nvcc not found (PATH, /usr/local/cuda/bin): CUDA backend compile step skipped ==="
