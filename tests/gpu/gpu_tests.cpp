@@ -28,6 +28,7 @@
 
 #include "codec/encode_impl.h"
 #include "gpu/harness.h"
+#include "gpu/modes.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/cuda.h"
@@ -90,22 +91,8 @@ double rel_mse(const qvg::Tensor& x, const qvg::Tensor& y) {
   return num / std::max(den, 1e-300);
 }
 
-struct Mode {
-  int bits;
-  bool asym;
-  qvg::ScaleDType sd;
-  qvg::Scaling sc;
-  int stages;
-};
-std::vector<Mode> all_modes() {
-  std::vector<Mode> m;
-  for (int bits : {2, 4})
-    for (bool asym : {false, true})
-      for (auto sd : {qvg::ScaleDType::FP8_E4M3, qvg::ScaleDType::BF16})
-        for (auto sc : {qvg::Scaling::TwoLevel, qvg::Scaling::Compat})
-          for (int stages : {1, 2}) m.push_back({bits, asym, sd, sc, stages});
-  return m;
-}
+using qvg::testing::all_modes;
+using qvg::testing::Mode;
 qvg::CodecConfig config_of(const Mode& m, int K, int block) {
   qvg::CodecConfig c;
   c.bits = m.bits;

@@ -19,6 +19,7 @@
 #include "codec/encode_impl.h"
 #include "codec/rng.h"
 #include "gpu/harness.h"
+#include "gpu/modes.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
 #include "qvg/codec.h"
@@ -148,22 +149,8 @@ std::vector<uint8_t> body_decode(const qvg::EncodedTensor& e, const Contig& c, q
   return out;
 }
 
-struct Mode {
-  int bits;
-  bool asym;
-  qvg::ScaleDType sd;
-  qvg::Scaling sc;
-  int stages;
-};
-std::vector<Mode> all_modes() {
-  std::vector<Mode> m;
-  for (int bits : {2, 4})
-    for (bool asym : {false, true})
-      for (auto sd : {qvg::ScaleDType::FP8_E4M3, qvg::ScaleDType::BF16})
-        for (auto sc : {qvg::Scaling::TwoLevel, qvg::Scaling::Compat})
-          for (int stages : {1, 2}) m.push_back({bits, asym, sd, sc, stages});
-  return m;
-}
+using qvg::testing::all_modes;
+using qvg::testing::Mode;
 std::string describe(const Mode& m, qvg::DType in) {
   return "bits=" + std::to_string(m.bits) + (m.asym ? " asym" : " sym") + " scale=" + std::string(qvg::name(m.sd)) +
          " scaling=" + std::string(qvg::name(m.sc)) + " stages=" + std::to_string(m.stages) + " in=" +

@@ -8,18 +8,15 @@
 // Every multiply, add and divide is a separately rounded fp32 operation
 // (__fmul_rn/__fadd_rn/__fdiv_rn on the device; the host side is compiled with
 // -ffp-contract=off), and every format conversion uses integer operations only,
-// exactly as src/core/numeric.cpp does.
+// the library's own (src/core/numeric_impl.h).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define QVG_HD __host__ __device__ __forceinline__
-#else
-#define QVG_HD inline
-#endif
+#include "core/numeric_impl.h"  // QVG_HD and the spec 1.4 conversions
+
 // Loop unrolling hint for the device pass only (the host compiler warns on it).
 #if defined(__CUDA_ARCH__)
 #define QVG_UNROLL _Pragma("unroll")
@@ -31,24 +28,8 @@ namespace qvg::cuda_arith {
 
 // ---- fp32 bits and separately rounded operations -----------------------------
 
-QVG_HD uint32_t bits_of(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-QVG_HD float from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+using numeric_impl::bits_of;
+using numeric_impl::from_bits;
 QVG_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
@@ -90,107 +71,14 @@ QVG_HD float max_f(float a, float b) { return a < b ? b : a; }
 QVG_HD float min_f(float a, float b) { return b < a ? b : a; }
 QVG_HD float abs_f(float a) { return from_bits(bits_of(a) & 0x7FFFFFFFu); }
 
-// ---- numeric formats (spec 1.4): ports of src/core/numeric.cpp ---------------
-
-QVG_HD float bf16_to_f32(uint16_t h) { return from_bits(uint32_t(h) << 16); }
-
-QVG_HD uint16_t f32_to_bf16(float f) {
-  uint32_t u = bits_of(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040u);
-  const uint32_t lsb = (u >> 16) & 1u;
-  u += 0x7FFFu + lsb;
-  return uint16_t(u >> 16);
-}
-
-QVG_HD float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t man = h & 0x3FFu;
-  if (exp == 0x1F) return from_bits(sign | 0x7F800000u | (man << 13));
-  if (exp == 0) {
-    if (man == 0) return from_bits(sign);
-    int e = -1;
-    do {
-      man <<= 1;
-      ++e;
-    } while ((man & 0x400u) == 0);
-    man &= 0x3FFu;
-    return from_bits(sign | (uint32_t(127 - 15 - e) << 23) | (man << 13));
-  }
-  return from_bits(sign | ((exp + 112u) << 23) | (man << 13));
-}
-
-/// fp32 -> fp16 magnitude bits, nearest even (0x7C00 = inf).
-QVG_HD uint16_t f16_magnitude(uint32_t a) {
-  if (a > 0x7F800000u) return 0x7E00u;
-  if (a >= 0x47800000u) return 0x7C00u;
-  const uint32_t exp = a >> 23;
-  if (exp < 113) {
-    if (exp < 102) return 0;
-    const uint32_t man = (a & 0x7FFFFFu) | 0x800000u;
-    const uint32_t shift = 126 - exp;
-    uint32_t q = man >> shift;
-    const uint32_t rem = man & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return uint16_t(q);
-  }
-  uint32_t v = a - (112u << 23);
-  const uint32_t lsb = (v >> 13) & 1u;
-  v += 0xFFFu + lsb;
-  return uint16_t(v >> 13);
-}
-
-/// fp32 -> fp16, nearest even, saturating at +-65504 (the decode output rule).
-QVG_HD uint16_t f32_to_f16_sat(float f) {
-  const uint32_t u = bits_of(f);
-  uint16_t m = f16_magnitude(u & 0x7FFFFFFFu);
-  if (m == 0x7C00u) m = 0x7BFFu;
-  return uint16_t(((u >> 16) & 0x8000u) | m);
-}
-
-QVG_HD float fp8e4m3_to_f32(uint8_t v) {
-  const uint32_t sign = uint32_t(v & 0x80u) << 24;
-  const uint32_t exp = (v >> 3) & 0xFu;
-  uint32_t man = v & 0x7u;
-  if (exp == 0xF && man == 0x7) return from_bits(sign | 0x7FC00000u);
-  if (exp == 0) {
-    if (man == 0) return from_bits(sign);
-    int e = 0;
-    while ((man & 0x8u) == 0) {
-      man <<= 1;
-      ++e;
-    }
-    man &= 0x7u;
-    return from_bits(sign | (uint32_t(127 - 6 - e) << 23) | (man << 20));
-  }
-  return from_bits(sign | ((exp + 120u) << 23) | (man << 20));
-}
-
-QVG_HD uint8_t f32_to_fp8e4m3(float f) {
-  const uint32_t u = bits_of(f);
-  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
-  const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return uint8_t(sign | 0x7Fu);
-  if (a >= 0x43E00000u) return uint8_t(sign | 0x7Eu);
-  const uint32_t exp = a >> 23;
-  if (exp < 121) {
-    if (exp < 117) return sign;
-    const uint32_t man = (a & 0x7FFFFFu) | 0x800000u;
-    const uint32_t shift = 141 - exp;
-    uint32_t q = man >> shift;
-    const uint32_t rem = man & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return uint8_t(sign | q);
-  }
-  uint32_t v = a - (120u << 23);
-  const uint32_t lsb = (v >> 20) & 1u;
-  v += 0x7FFFFu + lsb;
-  uint32_t r = v >> 20;
-  if (r > 0x7Eu) r = 0x7Eu;
-  return uint8_t(sign | r);
-}
+// ---- numeric formats (spec 1.4): the library's own, src/core/numeric_impl.h ----
+using numeric_impl::bf16_to_f32;
+using numeric_impl::f16_magnitude;
+using numeric_impl::f16_to_f32;
+using numeric_impl::f32_to_bf16;
+using numeric_impl::f32_to_f16_sat;
+using numeric_impl::f32_to_fp8e4m3;
+using numeric_impl::fp8e4m3_to_f32;
 
 // ---- element types ------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+// src/core/numeric_impl.h — the format conversions of spec 1.4 written once, as
+// inline functions that both the host compiler and nvcc (host and device) compile:
+// src/core/numeric.cpp exports them as qvg::f32_to_bf16 etc. (qvg/numeric.h), and
+// the CUDA kernels (src/kernels/cuda/arith.cuh) call them on the device. Integer
+// operations only, so the result never depends on the FPU's rounding mode or on
+// compiler contraction.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#ifndef QVG_HD
+#if defined(__CUDACC__)
+#define QVG_HD __host__ __device__ __forceinline__
+#else
+#define QVG_HD inline
+#endif
+#endif
+
+namespace qvg::numeric_impl {
+
+QVG_HD uint32_t bits_of(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+QVG_HD float from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+QVG_HD float bf16_to_f32(uint16_t h) { return from_bits(uint32_t(h) << 16); }
+
+QVG_HD uint16_t f32_to_bf16(float f) {
+  uint32_t u = bits_of(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040u);  // quiet NaN
+  // Round to nearest even on the 16 discarded bits; carries into the exponent
+  // (and to infinity) exactly as IEEE rounding does.
+  uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7FFFu + lsb;
+  return uint16_t(u >> 16);
+}
+
+QVG_HD float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t man = h & 0x3FFu;
+  if (exp == 0x1F) return from_bits(sign | 0x7F800000u | (man << 13));  // inf / NaN
+  if (exp == 0) {
+    if (man == 0) return from_bits(sign);
+    // Subnormal: normalise the mantissa.
+    int e = -1;
+    do {
+      man <<= 1;
+      ++e;
+    } while ((man & 0x400u) == 0);
+    man &= 0x3FFu;
+    return from_bits(sign | (uint32_t(127 - 15 - e) << 23) | (man << 13));
+  }
+  return from_bits(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+namespace {
+// Rounds the magnitude bits `a` (fp32 bit pattern without sign) to fp16, nearest even.
+QVG_HD uint16_t f16_magnitude(uint32_t a) {
+  if (a > 0x7F800000u) return 0x7E00u;  // NaN
+  if (a >= 0x47800000u) return 0x7C00u;  // >= 65536: inf ([65520, 65536) carries to inf below)
+  uint32_t exp = a >> 23;
+  if (exp < 113) {  // result is fp16 subnormal or zero: value < 2^-14
+    if (exp < 102) return 0;  // < 2^-25: rounds to 0 (2^-25 exactly is a tie to even -> 0)
+    uint32_t man = (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126 - exp;  // so that the result is in units of 2^-24
+    uint32_t q = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return uint16_t(q);
+  }
+  uint32_t v = a - (112u << 23);  // rebias exponent
+  uint32_t lsb = (v >> 13) & 1u;
+  v += 0xFFFu + lsb;
+  return uint16_t(v >> 13);  // may carry to 0x7C00 (inf)
+}
+}  // namespace
+
+QVG_HD uint16_t f32_to_f16(float f) {
+  uint32_t u = bits_of(f);
+  return uint16_t(((u >> 16) & 0x8000u) | f16_magnitude(u & 0x7FFFFFFFu));
+}
+
+QVG_HD uint16_t f32_to_f16_sat(float f) {
+  uint32_t u = bits_of(f);
+  uint16_t m = f16_magnitude(u & 0x7FFFFFFFu);
+  if (m == 0x7C00u) m = 0x7BFFu;  // saturate to 65504
+  return uint16_t(((u >> 16) & 0x8000u) | m);
+}
+
+QVG_HD float fp8e4m3_to_f32(uint8_t v) {
+  uint32_t sign = uint32_t(v & 0x80u) << 24;
+  uint32_t exp = (v >> 3) & 0xFu;
+  uint32_t man = v & 0x7u;
+  if (exp == 0xF && man == 0x7) return from_bits(sign | 0x7FC00000u);
+  if (exp == 0) {
+    if (man == 0) return from_bits(sign);
+    // value = man * 2^-9: normalise into fp32.
+    int e = 0;
+    while ((man & 0x8u) == 0) {
+      man <<= 1;
+      ++e;
+    }
+    man &= 0x7u;
+    return from_bits(sign | (uint32_t(127 - 6 - e) << 23) | (man << 20));
+  }
+  return from_bits(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+QVG_HD uint8_t f32_to_fp8e4m3(float f) {
+  uint32_t u = bits_of(f);
+  uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return uint8_t(sign | 0x7Fu);  // NaN
+  if (a >= 0x43E00000u) return uint8_t(sign | 0x7Eu);  // >= 448 (and inf): saturate
+  uint32_t exp = a >> 23;
+  if (exp < 121) {  // < 2^-6: fp8 subnormal range, units of 2^-9
+    if (exp < 117) return sign;  // < 2^-10 (half the smallest subnormal) rounds to zero
+    uint32_t man = (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 141 - exp;  // value / 2^-9 = man24 * 2^(exp - 141)
+    uint32_t q = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return uint8_t(sign | q);  // q == 8 is the smallest normal (exp field 1), correct encoding
+  }
+  uint32_t v = a - (120u << 23);
+  uint32_t lsb = (v >> 20) & 1u;
+  v += 0x7FFFFu + lsb;
+  uint32_t r = v >> 20;
+  if (r > 0x7Eu) r = 0x7Eu;  // rounding up past 448 saturates (cannot happen below 464)
+  return uint8_t(sign | r);
+}
+
+}  // namespace qvg::numeric_impl
