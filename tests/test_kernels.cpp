@@ -10,7 +10,7 @@
 #include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
 #include "codec/kmeans.h"
-#include "codec/residual.h"
+#include "core/residual_impl.h"
 #include "kernels/kernels.h"
 #include "qvg/codec.h"
 #include "qvg/numeric.h"
@@ -267,16 +267,16 @@ TEST_P(PerTarget, EncoderKernelsMatchScalarDefinitions) {
         const int64_t cb = dim * bits / 8;
         std::vector<uint8_t> got(static_cast<size_t>(count * cb)), want(got.size());
         kernels::quantize_rows(x.data(), count, dim, block, bits, asym, se.data(), ze.data(), got.data());
-        const int qmax = detail::qmax_of(bits, asym);
+        const int qmax = residual_impl::qmax_of(bits, asym);
         for (int64_t t = 0; t < count; ++t)
           for (int64_t d = 0; d < dim; ++d) {
             const float s = se[size_t(t * nb + d / block)], z = ze[size_t(t * nb + d / block)];
             const float xv = x[size_t(t * dim + d)];
             int q;
             if (!asym) {
-              q = (s == 0.0f ? 0 : detail::round_clamp(xv / s, -float(qmax), float(qmax))) + qmax;
+              q = (s == 0.0f ? 0 : residual_impl::round_clamp(xv / s, -float(qmax), float(qmax))) + qmax;
             } else {
-              q = s == 0.0f ? 0 : detail::round_clamp((xv - z) / s, 0.0f, float(qmax));
+              q = s == 0.0f ? 0 : residual_impl::round_clamp((xv - z) / s, 0.0f, float(qmax));
             }
             uint8_t& byte = want[size_t(t * cb + d * bits / 8)];
             const int shift = bits == 4 ? ((d % 2) ? 0 : 4) : 6 - 2 * int(d % 4);

@@ -39,6 +39,7 @@ float fp8e4m3_to_f32(uint8_t v);
 /// fp32 -> FP8 E4M3, nearest even, saturating to +-448 (`satfinite`).
 uint8_t f32_to_fp8e4m3(float f);
 
+/// Largest finite FP8 E4M3 value (the satfinite bound).
 inline constexpr float kFp8E4M3Max = 448.0f;
 
 }  // namespace qvg

@@ -9,7 +9,7 @@
 #include <fmt/core.h>
 
 #include "codec/decode_impl.h"
-#include "codec/residual.h"
+#include "core/residual_impl.h"
 #include "kernels/kernels.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
@@ -19,15 +19,16 @@ namespace detail {
 
 void decode_rows_reference(const kernels::DecodeRows& j) {
   const int64_t D = j.dim, nb = D / j.block, cbytes = D * j.bits / 8;
-  const int qmax = qmax_of(j.bits, j.asymmetric);
+  const int qmax = residual_impl::qmax_of(j.bits, j.asymmetric);
+  const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
   std::vector<float> acc(static_cast<size_t>(D));
   for (int64_t t = 0; t < j.count; ++t) {
     const uint8_t* code = j.codes + t * cbytes;
     for (int64_t k = 0; k < nb; ++k) {
       const size_t si = size_t(t * nb + k);
-      const float s_eff = stored_value(j.scales, j.scale_dtype, si) * j.scale_factor;
+      const float s_eff = residual_impl::stored_value(j.scales, fp8, int64_t(si)) * j.scale_factor;
       float z_eff = 0.0f;
-      if (j.asymmetric) z_eff = stored_value(j.zeros, j.scale_dtype, si) * j.zero_factor;
+      if (j.asymmetric) z_eff = residual_impl::stored_value(j.zeros, fp8, int64_t(si)) * j.zero_factor;
       for (int64_t i = k * j.block; i < (k + 1) * j.block; ++i) {
         int c;
         if (j.bits == 4) {

@@ -10,7 +10,7 @@
 #include <fmt/core.h>
 
 #include "codec/encode_impl.h"
-#include "codec/residual.h"
+#include "core/residual_impl.h"
 #include "kernels/kernels.h"
 #include "qvg/error.h"
 
@@ -18,12 +18,13 @@ namespace qvg {
 namespace detail {
 
 void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) {
+  namespace R = residual_impl;
   const int64_t S = enc.shape.s, D = enc.shape.d, bs = enc.block_size, nb = D / bs;
   const bool asym = enc.asymmetric;
-  const int qmax = qmax_of(enc.bits, asym);
-  const float fq = float(qmax);
+  const int qmax = R::qmax_of(enc.bits, asym);
   const bool two = enc.scaling == Scaling::TwoLevel;
   const bool fp8 = enc.scale_dtype == ScaleDType::FP8_E4M3;
+  const bool divide = two && fp8;  // the stored value is raw / factor
 
   // Pass 1: raw scales (and zeros) of every block; the group's largest ones.
   // (Block maxima and minima come from the SIMD kernels; the rest is per block.)
@@ -32,25 +33,22 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
   if (!asym) {
     kernels::block_absmax(r, S * nb, bs, raw_s.data());
     for (float& s : raw_s) {
-      s = std::max(s, kTiny) / fq;
+      s = R::raw_scale_sym(s, qmax);
       max_s = std::max(max_s, s);
     }
   } else {
     std::vector<float> hi(static_cast<size_t>(S * nb));
     kernels::block_minmax(r, S * nb, bs, raw_z.data(), hi.data());
     for (size_t i = 0; i < raw_s.size(); ++i) {
-      const float s = std::max((hi[i] - raw_z[i]) / fq, kTiny);
+      const float s = R::raw_scale_asym(raw_z[i], hi[i], qmax);
       raw_s[i] = s;
       max_s = std::max(max_s, s);
       max_z = std::max(max_z, std::fabs(raw_z[i]));
     }
   }
   // Two-level factors (spec 1.4); 1 with bf16 scales.
-  float g = 1.0f, gz = 1.0f;
-  if (two && fp8) {
-    g = max_s > 0 ? max_s / kFp8E4M3Max : 1.0f;
-    if (asym) gz = max_z > 0 ? max_z / kFp8E4M3Max : 1.0f;
-  }
+  const float g = divide ? R::two_level_factor(max_s) : 1.0f;
+  const float gz = divide && asym ? R::two_level_factor(max_z) : 1.0f;
   if (two) {
     enc.scale_factor[size_t(group)] = g;
     if (asym) enc.zero_factor[size_t(group)] = gz;
@@ -58,15 +56,17 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
 
   // Pass 2: store scales/zeros, then quantize with the stored (effective) values
   // and pack (SIMD kernel).
-  const size_t sbase = size_t(group * S * nb);
+  const int64_t sbase = group * S * nb;
   std::vector<float> s_eff(raw_s.size()), z_eff(raw_z.size());
   for (size_t i = 0; i < raw_s.size(); ++i) {
-    const size_t si = sbase + i;
-    store_value(enc.scales.data(), enc.scale_dtype, si, two && fp8 ? raw_s[i] / g : raw_s[i]);
-    s_eff[i] = stored_value(enc.scales.data(), enc.scale_dtype, si) * g;
+    const int64_t si = sbase + int64_t(i);
+    const uint32_t s_bits = R::store_format(R::to_store(raw_s[i], divide, g), fp8);
+    R::put_stored(enc.scales.data(), fp8, si, s_bits);
+    s_eff[i] = R::effective(R::format_value(s_bits, fp8), g);
     if (asym) {
-      store_value(enc.zeros.data(), enc.scale_dtype, si, two && fp8 ? raw_z[i] / gz : raw_z[i]);
-      z_eff[i] = stored_value(enc.zeros.data(), enc.scale_dtype, si) * gz;
+      const uint32_t z_bits = R::store_format(R::to_store(raw_z[i], divide, gz), fp8);
+      R::put_stored(enc.zeros.data(), fp8, si, z_bits);
+      z_eff[i] = R::effective(R::format_value(z_bits, fp8), gz);
     }
   }
   uint8_t* codes = enc.codes.data() + size_t(group * S * enc.code_bytes_per_token());

@@ -4,7 +4,7 @@
 
 #include <fmt/core.h>
 
-#include "codec/residual.h"
+#include "core/residual_impl.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 
@@ -91,7 +91,7 @@ void EncodedTensor::validate() const {
 float EncodedTensor::scale_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const {
   const int64_t g = b * shape.h + h;
   const size_t i = size_t((g * shape.s + s) * blocks_per_token() + blk);
-  float v = detail::stored_value(scales.data(), scale_dtype, i);
+  float v = residual_impl::stored_value(scales.data(), scale_dtype == ScaleDType::FP8_E4M3, int64_t(i));
   float f = scaling == Scaling::TwoLevel ? scale_factor[size_t(g)] : 1.0f;
   return v * f;
 }
@@ -99,7 +99,7 @@ float EncodedTensor::scale_eff(int64_t b, int64_t h, int64_t s, int64_t blk) con
 float EncodedTensor::zero_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const {
   const int64_t g = b * shape.h + h;
   const size_t i = size_t((g * shape.s + s) * blocks_per_token() + blk);
-  float v = detail::stored_value(zeros.data(), scale_dtype, i);
+  float v = residual_impl::stored_value(zeros.data(), scale_dtype == ScaleDType::FP8_E4M3, int64_t(i));
   float f = scaling == Scaling::TwoLevel ? zero_factor[size_t(g)] : 1.0f;
   return v * f;
 }

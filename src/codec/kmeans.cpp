@@ -8,13 +8,15 @@
 #include <limits>
 #include <numeric>
 
-#include "codec/rng.h"
+#include "core/rng_impl.h"
 #include "kernels/kernels.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 
 namespace qvg::detail {
 namespace {
+
+using rng_impl::Rng;
 
 inline float sqdist(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};

@@ -1,4 +1,5 @@
-// src/core/numeric_impl.h — the format conversions of spec 1.4 written once, as
+// src/core/numeric_impl.h — the format conversions of spec 1.4 and the separately
+// rounded fp32 operations of spec 1.3, written once, as
 // inline functions that both the host compiler and nvcc (host and device) compile:
 // src/core/numeric.cpp exports them as qvg::f32_to_bf16 etc. (qvg/numeric.h), and
 // the CUDA kernels (src/kernels/cuda/arith.cuh) call them on the device. Integer
@@ -37,6 +38,57 @@ QVG_HD float from_bits(uint32_t u) {
   return f;
 #endif
 }
+
+// ---- separately rounded fp32 operations ----------------------------------------
+// Each is one IEEE operation rounded to nearest even, never contracted into a fused
+// multiply-add: intrinsics on the device; on the host the library is compiled with
+// -ffp-contract=off.
+
+QVG_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+QVG_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+QVG_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+QVG_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+/// Exact for the small integers used here (|v| < 2^24).
+QVG_HD float int_to_float(int v) {
+#if defined(__CUDA_ARCH__)
+  return __int2float_rn(v);
+#else
+  return static_cast<float>(v);
+#endif
+}
+/// max/min of two non-NaN floats, picking the operand std::max(a, b) / std::min(a, b) pick.
+QVG_HD float max_f(float a, float b) { return a < b ? b : a; }
+QVG_HD float min_f(float a, float b) { return b < a ? b : a; }
+QVG_HD float abs_f(float a) { return from_bits(bits_of(a) & 0x7FFFFFFFu); }
+
+// ---- the formats ------------------------------------------------------------------
+
+/// Largest finite FP8 E4M3 value.
+inline constexpr float kFp8E4M3Max = 448.0f;
 
 QVG_HD float bf16_to_f32(uint16_t h) { return from_bits(uint32_t(h) << 16); }
 

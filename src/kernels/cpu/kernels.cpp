@@ -31,7 +31,7 @@
 #include <cstring>
 #include <limits>
 
-#include "codec/residual.h"  // stored scale/zero decoding, shared with the codec
+#include "core/residual_impl.h"  // stored scale/zero decoding and code rounding, shared with the codec
 #include "kernels/kernels.h"
 #include "qvg/numeric.h"
 
@@ -282,7 +282,7 @@ void DecodeRowsVec(const DecodeRows& j) {
   const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
   const float* fp8v = Fp8().v;
   auto stored = [&](const uint8_t* arr, size_t i) {
-    return fp8 ? fp8v[arr[i]] : detail::stored_value(arr, ScaleDType::BF16, i);
+    return fp8 ? fp8v[arr[i]] : residual_impl::stored_value(arr, false, int64_t(i));
   };
   auto acc = hwy::AllocateAligned<float>(size_t(D));
   // Non-temporal stores for bf16 rows when every row start is aligned to the
@@ -461,8 +461,8 @@ void DecodeRowsImpl(const DecodeRows& j) {
     for (int64_t b = 0; b < cbytes; ++b) std::memcpy(vals.get() + b * per, lut + size_t(code[b]) * size_t(per), size_t(per) * 4);
     for (int64_t k = 0; k < nb; ++k) {
       const size_t si = size_t(t * nb + k);
-      s_eff[size_t(k)] = detail::stored_value(j.scales, j.scale_dtype, si) * j.scale_factor;
-      if (j.asymmetric) z_eff[size_t(k)] = detail::stored_value(j.zeros, j.scale_dtype, si) * j.zero_factor;
+      s_eff[size_t(k)] = residual_impl::stored_value(j.scales, j.scale_dtype == ScaleDType::FP8_E4M3, int64_t(si)) * j.scale_factor;
+      if (j.asymmetric) z_eff[size_t(k)] = residual_impl::stored_value(j.zeros, j.scale_dtype == ScaleDType::FP8_E4M3, int64_t(si)) * j.zero_factor;
     }
     if (!uniform) {
       for (int64_t d = 0; d < D; ++d) {
@@ -602,7 +602,7 @@ void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block,
   const hn::Rebind<uint8_t, decltype(df)> du8;
   const int64_t L = int64_t(hn::Lanes(df));
   const int64_t nb = dim / block, cbytes = dim * bits / 8;
-  const int qmax = detail::qmax_of(bits, asym);
+  const int qmax = residual_impl::qmax_of(bits, asym);
   const float fq = float(qmax);
   const float qlo = asym ? 0.0f : -fq;
   const int qadd = asym ? 0 : qmax;
@@ -637,7 +637,7 @@ void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block,
       }
       for (; i < block; ++i) {
         const float v = asym ? (x[i] - z) / s : x[i] / s;
-        qk[i] = uint8_t(detail::round_clamp(v, qlo, fq) + qadd);
+        qk[i] = uint8_t(residual_impl::round_clamp(v, qlo, fq) + qadd);
       }
     }
     uint8_t* out = codes + t * cbytes;

@@ -1,0 +1,121 @@
+// src/core/residual_impl.h — the scalar rules of the residual quantizer (spec 1.2,
+// 1.4) and of the residual's decode (spec 1.3), written once, as inline functions
+// that the host compiler and nvcc (host and device) both compile. The CPU encoder
+// (src/codec/encode.cpp), the CPU kernels' scalar parts and references
+// (src/kernels/cpu, src/kernels/ref) and the CUDA kernel bodies
+// (src/kernels/cuda/bodies.cuh) all use these definitions. Every multiply, add and
+// divide is one separately rounded fp32 operation (numeric_impl.h), so host and
+// device give the same bits.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/numeric_impl.h"
+
+namespace qvg::residual_impl {
+
+using numeric_impl::add_rn;
+using numeric_impl::div_rn;
+using numeric_impl::int_to_float;
+using numeric_impl::max_f;
+using numeric_impl::mul_rn;
+using numeric_impl::sub_rn;
+
+/// The smallest raw scale (spec 1.2: tiny).
+inline constexpr float kTiny = 1e-10f;
+
+/// Largest code magnitude: symmetric 2^(bits-1) - 1 (int2: 1, int4: 7); asymmetric 2^bits - 1.
+QVG_HD int qmax_of(int bits, bool asymmetric) { return asymmetric ? (1 << bits) - 1 : (1 << (bits - 1)) - 1; }
+
+// ---- stored scales and zeros (spec 1.4) -------------------------------------------
+
+/// Format bits of x stored as a scale or zero: an fp8 e4m3 byte (nearest even,
+/// saturating) or bf16 (nearest even, 16 bits).
+QVG_HD uint32_t store_format(float x, bool fp8) {
+  return fp8 ? uint32_t(numeric_impl::f32_to_fp8e4m3(x)) : uint32_t(numeric_impl::f32_to_bf16(x));
+}
+/// Value of stored format bits.
+QVG_HD float format_value(uint32_t stored, bool fp8) {
+  return fp8 ? numeric_impl::fp8e4m3_to_f32(uint8_t(stored)) : numeric_impl::bf16_to_f32(uint16_t(stored));
+}
+/// Writes format bits as element i of a scale/zero array (fp8: 1 byte; bf16: 2 bytes, little-endian).
+QVG_HD void put_stored(uint8_t* arr, bool fp8, int64_t i, uint32_t bits) {
+  if (fp8) {
+    arr[i] = uint8_t(bits);
+  } else {
+    arr[2 * i] = uint8_t(bits & 0xFFu);
+    arr[2 * i + 1] = uint8_t(bits >> 8);
+  }
+}
+/// Value of element i of a scale/zero array (before the two_level factor).
+QVG_HD float stored_value(const uint8_t* arr, bool fp8, int64_t i) {
+  if (fp8) return numeric_impl::fp8e4m3_to_f32(arr[i]);
+  return numeric_impl::bf16_to_f32(uint16_t(arr[2 * i] | (uint16_t(arr[2 * i + 1]) << 8)));
+}
+/// s_eff (or z_eff) = value(stored) * factor: one rounded multiply (spec 1.4).
+QVG_HD float effective(float stored, float factor) { return mul_rn(stored, factor); }
+
+// ---- the encoder's block statistics and factors (spec 1.2, 1.4) --------------------
+
+/// Raw symmetric scale of a block whose absolute maximum is `absmax`: max(absmax, tiny) / qmax.
+QVG_HD float raw_scale_sym(float absmax, int qmax) { return div_rn(max_f(absmax, kTiny), int_to_float(qmax)); }
+/// Raw asymmetric scale of a block spanning [lo, hi]: max((hi - lo) / qmax, tiny).
+QVG_HD float raw_scale_asym(float lo, float hi, int qmax) {
+  return max_f(div_rn(sub_rn(hi, lo), int_to_float(qmax)), kTiny);
+}
+/// Two-level factor of a group whose largest raw scale (or |zero|) is m: m / 448, or 1 if m is 0.
+QVG_HD float two_level_factor(float m) { return m > 0.0f ? div_rn(m, numeric_impl::kFp8E4M3Max) : 1.0f; }
+/// The value converted to the scale format: raw / factor when the factor applies (two_level with fp8).
+QVG_HD float to_store(float raw, bool divide, float factor) { return divide ? div_rn(raw, factor) : raw; }
+
+// ---- codes --------------------------------------------------------------------------
+
+/// round_half_away_from_zero(v), then clamped to [lo, hi], as an int. v is finite or
+/// +-inf (never NaN): no float-to-int conversion of a non-finite value happens.
+QVG_HD int round_clamp(float v, float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  float r = roundf(v);
+#else
+  float r = std::round(v);
+#endif
+  r = r < lo ? lo : r;
+  r = r > hi ? hi : r;
+  return int(r);
+}
+/// The code of residual x in a block with effective scale s_eff (and zero z_eff):
+/// symmetric round_clamp(x / s, -qmax, qmax) + qmax; asymmetric round_clamp((x - z) / s, 0, qmax);
+/// a block whose scale underflowed (s_eff == 0) gets the code of the smallest magnitude.
+QVG_HD int quantize_code(float x, int qmax, bool asymmetric, float s_eff, float z_eff) {
+  const float fq = int_to_float(qmax);
+  if (!asymmetric) return (s_eff == 0.0f ? 0 : round_clamp(div_rn(x, s_eff), -fq, fq)) + qmax;
+  return s_eff == 0.0f ? 0 : round_clamp(div_rn(sub_rn(x, z_eff), s_eff), 0.0f, fq);
+}
+/// The dequantized residual of one code (spec 1.3): (code - qmax) * s_eff, or code * s_eff + z_eff.
+QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_eff) {
+  if (!asymmetric) return mul_rn(int_to_float(code - qmax), s_eff);
+  return add_rn(mul_rn(int_to_float(code), s_eff), z_eff);
+}
+
+/// Code of channel i of a packed row (spec 1.5 order: int4 byte j = code[2j] << 4 |
+/// code[2j+1]; int2 byte j = code[4j] << 6 | code[4j+1] << 4 | code[4j+2] << 2 | code[4j+3]).
+QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) {
+  if (bits == 4) {
+    const uint8_t byte = row[i >> 1];
+    return (i & 1) ? (byte & 0xF) : (byte >> 4);
+  }
+  const uint8_t byte = row[i >> 2];
+  return (byte >> (6 - 2 * (i & 3))) & 0x3;
+}
+/// Code i (0..7) of an 8-channel code word: the 4 (int4) or 2 (int2) bytes of the
+/// row starting at that word, little-endian.
+QVG_HD int code_of_word(uint32_t word, int bits, int i) {
+  if (bits == 4) {
+    const uint32_t byte = (word >> (8 * (i >> 1))) & 0xFFu;
+    return int((i & 1) ? (byte & 0xFu) : (byte >> 4));
+  }
+  const uint32_t byte = (word >> (8 * (i >> 2))) & 0xFFu;
+  return int((byte >> (6 - 2 * (i & 3))) & 0x3u);
+}
+
+}  // namespace qvg::residual_impl
