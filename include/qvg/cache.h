@@ -127,6 +127,24 @@ struct CacheOptions {
   void validate() const;
 };
 
+/// The global token ranges a packed-cache view shows when recent_window_tokens is
+/// absent (spec 4): the sink [0, sink_end) followed by [tail_start, global_end);
+/// the two ranges merge when tail_start <= sink_end.
+struct WindowRanges {
+  int64_t sink_end = 0;    ///< min(sink_tokens, global_end)
+  int64_t tail_start = 0;  ///< max(sink_end, global_end - max(0, window - sink_end))
+  int64_t global_end = 0;
+  /// Tokens shown: global_end if the ranges merge, else sink_end + (global_end - tail_start).
+  int64_t tokens() const { return tail_start <= sink_end ? global_end : sink_end + (global_end - tail_start); }
+  /// The view row of global token g, or -1 when g is not shown.
+  int64_t view_row(int64_t g) const {
+    if (g < 0 || g >= global_end) return -1;
+    if (tail_start <= sink_end || g < sink_end) return g;
+    return g >= tail_start ? sink_end + (g - tail_start) : -1;
+  }
+  bool operator==(const WindowRanges&) const = default;
+};
+
 /// The interface both caches share (spec 3.1).
 class CausalCache {
  public:
@@ -361,6 +379,9 @@ class PackedCausalCache final : public CausalCache {
   std::optional<int64_t> chunk_tokens() const;
   /// Bytes of the warm-start codebooks kept for init = warm (not resident).
   size_t warm_state_nbytes() const;
+  /// The ranges a view without recent_window_tokens shows at the current
+  /// global_end (what the last advance's full-window view showed). Empty cache: all 0.
+  WindowRanges window_ranges() const;
 
   /// Read-only access to one segment; pointers valid until the next mutating call.
   struct SegmentInfo {

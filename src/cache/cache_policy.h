@@ -80,6 +80,8 @@ class CachePolicy {
     const int64_t se = sink_end_at(g);
     return std::max(se, g - std::max<int64_t>(0, window_ - se));
   }
+  /// The full-window view geometry (no recent_window_tokens) at global_end g.
+  WindowRanges window_ranges_at(int64_t g) const { return {sink_end_at(g), tail_start_at(g), g}; }
 
   /// Everything update() validates except the element values (the caller checks
   /// them after this, before any state change). 

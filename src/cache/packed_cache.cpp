@@ -265,6 +265,10 @@ size_t PackedCausalCache::warm_state_nbytes() const {
   return n;
 }
 
+WindowRanges PackedCausalCache::window_ranges() const {
+  return impl_->pol.window_ranges_at(impl_->pol.global_end());
+}
+
 size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
 
 PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include "qvg/error.h"
+#include "qvg/version.h"
 #include "command.h"
 
 namespace qvg::cli {
@@ -18,7 +19,7 @@ std::vector<Registrar>& registry() {
 int main(int argc, char** argv) {
   CLI::App app{"qvg — compressed K/V caches for long video generation (Quant VideoGen / PRQ)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "qvg 0.1.0");
+  app.set_version_flag("--version", std::string("qvg ") + qvg::kVersion);
   // Every error is one line on stderr (spec of the CLI), parse errors included.
   app.failure_message([](const CLI::App*, const CLI::Error& e) { return std::string("qvg: error: ") + e.what() + "\n"; });
   for (auto& reg : qvg::cli::registry()) reg(app);
