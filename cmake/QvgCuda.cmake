@@ -3,12 +3,16 @@
 # QVG_ENABLE_CUDA: AUTO (default: on when check_language(CUDA) finds nvcc), ON
 # (an error without nvcc) or OFF. QVG_CUDA_ARCHS: the architectures compiled
 # (default sm_90a for H100/H200 plus sm_80 and sm_89). When the backend is on:
-#   qvg_cuda              static library: src/kernels/cuda/*.cu and *.cpp, linked to
-#                         qvg_lib, CUDA::cudart and CUDA::cublas
+#   qvg_cuda              static library: the CUDA kernels and launchers
+#                         (src/kernels/cuda) and the device-resident packed cache
+#                         (src/cache/cuda), linked to qvg_lib and CUDA::cudart
+#   qvg_cuda_bench        the GPU benchmarks (src/perf/cuda_bench.cpp; evaluation
+#                         layer), linked to qvg_cuda and CUDA::cublas
 #   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
 #                         (runs without a GPU; registered with ctest)
-#   qvg_cuda_cache_plan_test  host-only test of the device packed cache's policy
-#                         against the CPU cache (runs without a GPU; ctest)
+#   qvg_cuda_cache_plan_test  host-only test of the packed-cache policy the device
+#                         cache runs against the independent model of
+#                         tests/support/cache_model (runs without a GPU; ctest)
 #   qvg_gpu_tests         GPU tests (tiny in-repo harness, no gtest)
 #   qvg_gpu_bench         GPU benchmarks (JSON + table)
 # QVG_HAVE_CUDA is set to ON or OFF for the rest of the build.
@@ -60,7 +64,8 @@ if(QVG_HAVE_CUDA)
   # (fmt's imported include directory /usr/include would break nvcc's host includes);
   # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
   file(GLOB QVG_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cu)
-  file(GLOB QVG_CUDA_HOST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cpp)
+  file(GLOB QVG_CUDA_HOST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cpp
+       ${PROJECT_SOURCE_DIR}/src/cache/cuda/*.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -70,7 +75,7 @@ if(QVG_HAVE_CUDA)
   add_library(qvg_cuda STATIC ${QVG_CUDA_HOST_SOURCES} $<TARGET_OBJECTS:qvg_cuda_kernels>)
   set_target_properties(qvg_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(qvg_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(qvg_cuda PUBLIC qvg_lib CUDA::cudart CUDA::cublas PRIVATE fmt::fmt)
+  target_link_libraries(qvg_cuda PUBLIC qvg_lib CUDA::cudart PRIVATE fmt::fmt)
   target_compile_definitions(qvg_cuda PUBLIC QVG_HAVE_CUDA=1)
   target_compile_options(qvg_cuda PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
@@ -82,7 +87,10 @@ if(QVG_HAVE_CUDA)
 
   # Host-side test of the device packed cache's policy against the CPU cache, and of
   # its argument errors (raised before any CUDA call): no GPU needed.
-  add_executable(qvg_cuda_cache_plan_test ${PROJECT_SOURCE_DIR}/tests/gpu/cache_plan_test.cpp)
+  # It compiles the independent cache model of tests/support itself (the CUDA
+  # compile preset builds no other test code).
+  add_executable(qvg_cuda_cache_plan_test ${PROJECT_SOURCE_DIR}/tests/gpu/cache_plan_test.cpp
+                                          ${PROJECT_SOURCE_DIR}/tests/support/cache_model.cpp)
   target_include_directories(qvg_cuda_cache_plan_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_cache_plan_test PRIVATE qvg_cuda fmt::fmt)
   target_compile_options(qvg_cuda_cache_plan_test PRIVATE ${QVG_WARNINGS})
@@ -92,9 +100,16 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_gpu_tests PRIVATE qvg_cuda)
   target_compile_options(qvg_gpu_tests PRIVATE ${QVG_WARNINGS})
 
+  # The GPU benchmarks (evaluation layer): cuBLAS is the matmul peer, linked here only.
+  add_library(qvg_cuda_bench STATIC ${PROJECT_SOURCE_DIR}/src/perf/cuda_bench.cpp)
+  set_target_properties(qvg_cuda_bench PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(qvg_cuda_bench PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(qvg_cuda_bench PUBLIC qvg_cuda PRIVATE CUDA::cublas fmt::fmt)
+  target_compile_options(qvg_cuda_bench PRIVATE ${QVG_WARNINGS})
+
   add_executable(qvg_gpu_bench ${PROJECT_SOURCE_DIR}/bench/gpu/qvg_gpu_bench.cpp)
   target_include_directories(qvg_gpu_bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(qvg_gpu_bench PRIVATE qvg_cuda)
+  target_link_libraries(qvg_gpu_bench PRIVATE qvg_cuda_bench)
   target_compile_options(qvg_gpu_bench PRIVATE ${QVG_WARNINGS})
 
   enable_testing()

@@ -154,6 +154,7 @@ std::string kind_name(ErrorKind k) {
     case ErrorKind::Unsupported: return "Unsupported";
     case ErrorKind::OutOfRange: return "OutOfRange";
     case ErrorKind::CorruptData: return "CorruptData";
+    case ErrorKind::Device: return "Device";
   }
   return "?";
 }
@@ -380,7 +381,8 @@ void run_case(const Case& cs, bool packed, int seeds, int& applied, std::string&
         case ErrorKind::InvalidArgument: EXPECT_NE(dynamic_cast<const InvalidArgument*>(&e), nullptr); break;
         case ErrorKind::Unsupported: EXPECT_NE(dynamic_cast<const Unsupported*>(&e), nullptr); break;
         case ErrorKind::OutOfRange: EXPECT_NE(dynamic_cast<const OutOfRange*>(&e), nullptr); break;
-        case ErrorKind::CorruptData: break;
+        case ErrorKind::CorruptData: EXPECT_NE(dynamic_cast<const CorruptData*>(&e), nullptr); break;
+        case ErrorKind::Device: EXPECT_NE(dynamic_cast<const DeviceError*>(&e), nullptr); break;
       }
     }
     ASSERT_TRUE(cache.debug_state() == snapshot) << "state changed by the failing call";

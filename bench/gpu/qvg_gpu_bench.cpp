@@ -1,4 +1,4 @@
-// qvg_gpu_bench — the GPU benchmarks of the CUDA backend (qvg::cuda::run_benchmarks)
+// qvg_gpu_bench — the GPU benchmarks of the CUDA backend (qvg::perf::run_gpu_benchmarks)
 // as a standalone executable that needs nothing but the library and CUDA, for
 // scripts/gpu-check. Usage: qvg_gpu_bench [--quick] [--json FILE]
 // Prints the table; writes the JSON to FILE. Exit status 2 without a CUDA device.
@@ -8,10 +8,11 @@
 #include <fstream>
 #include <string>
 
+#include "perf/cuda_bench.h"
 #include "qvg/cuda.h"
 
 int main(int argc, char** argv) {
-  qvg::cuda::BenchOptions opt;
+  qvg::perf::GpuBenchOptions opt;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
   }
   try {
     std::string table;
-    const std::string json = qvg::cuda::run_benchmarks(opt, &table);
+    const std::string json = qvg::perf::run_gpu_benchmarks(opt, &table);
     std::fputs(table.c_str(), stdout);
     if (!json_path.empty()) {
       std::ofstream f(json_path);

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -145,6 +146,22 @@ struct WindowRanges {
   bool operator==(const WindowRanges&) const = default;
 };
 
+/// Read-only description of one segment of a packed cache (host or device: Encoded
+/// is EncodedTensor or cuda::DeviceEncodedTensor). Pointers are valid until the next
+/// mutating call on the cache.
+template <class Encoded>
+struct BasicSegmentInfo {
+  int64_t g0 = 0, g1 = 0;  ///< global token range
+  bool is_sink = false;
+  bool packed = false;
+  bool current = false;  ///< the current (last, raw) chunk
+  int chunks = 1;        ///< chunks in the span (1 for a raw segment)
+  StridedView k_raw, v_raw;         ///< raw only: dense [B, g1 - g0, H, D]
+  const Encoded* k_enc = nullptr;   ///< packed only
+  const Encoded* v_enc = nullptr;   ///< packed only
+  size_t nbytes = 0;                ///< resident bytes of K and V
+};
+
 /// The interface both caches share (spec 3.1).
 class CausalCache {
  public:
@@ -237,18 +254,28 @@ class DenseCausalCache final : public CausalCache {
  public:
   /// Caller-owned storage for the buffers: each [B, cache_size, H, D] of the
   /// cache's dtype, dense, alive as long as the cache uses it. Its content is
-  /// taken as is (the buffer's state). On growth the cache switches to storage
-  /// it owns (copying), after which owns_storage() is true.
+  /// taken as is (the buffer's state). On growth the cache asks its GrowStorage
+  /// for the new buffers, or without one switches to storage it owns (copying),
+  /// after which owns_storage() is true.
   struct ExternalStorage {
     void* k = nullptr;
     void* v = nullptr;
   };
+  /// Supplies the buffers of a grown cache (allow_growth): called with the new
+  /// cache_size during an update() that grows, after the call was validated and
+  /// before anything changed. Returns caller storage for K and V of
+  /// [B, new_cache_size, H, D], zero-filled, alive as long as the cache uses it
+  /// (non-null; else the call fails with InvalidArgument). The cache copies its
+  /// buffers into it and uses it from then on. It may throw (e.g. std::bad_alloc):
+  /// the update() then fails with the cache unchanged. The sizes it is asked for
+  /// are the cache's rule (spec 3.2: max(needed, 2 * old)), not the caller's.
+  using GrowStorage = std::function<ExternalStorage(int64_t new_cache_size)>;
 
   /// Owned, zero-filled buffers. Throws InvalidArgument for bad options.
   explicit DenseCausalCache(const CacheOptions& options);
-  /// Buffers in caller storage (see ExternalStorage). Throws InvalidArgument for
-  /// bad options or null pointers.
-  DenseCausalCache(const CacheOptions& options, ExternalStorage storage);
+  /// Buffers in caller storage (see ExternalStorage), and optionally the caller's
+  /// storage for growth. Throws InvalidArgument for bad options or null pointers.
+  DenseCausalCache(const CacheOptions& options, ExternalStorage storage, GrowStorage grow = nullptr);
   ~DenseCausalCache() override;
   DenseCausalCache(DenseCausalCache&&) noexcept;
   DenseCausalCache& operator=(DenseCausalCache&&) noexcept;
@@ -384,17 +411,7 @@ class PackedCausalCache final : public CausalCache {
   WindowRanges window_ranges() const;
 
   /// Read-only access to one segment; pointers valid until the next mutating call.
-  struct SegmentInfo {
-    int64_t g0 = 0, g1 = 0;  ///< global token range
-    bool is_sink = false;
-    bool packed = false;
-    bool current = false;  ///< the current (last, raw) chunk
-    int chunks = 1;        ///< chunks in the span (1 for a raw segment)
-    StridedView k_raw, v_raw;                ///< raw only: [B, g1 - g0, H, D]
-    const EncodedTensor* k_enc = nullptr;    ///< packed only
-    const EncodedTensor* v_enc = nullptr;    ///< packed only
-    size_t nbytes = 0;                       ///< resident bytes of K and V
-  };
+  using SegmentInfo = BasicSegmentInfo<EncodedTensor>;
   size_t num_segments() const;
   SegmentInfo segment(size_t i) const;  ///< REQUIRES i < num_segments()
 

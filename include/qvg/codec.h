@@ -8,27 +8,19 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "qvg/config.h"
+#include "qvg/encoding_layout.h"
 #include "qvg/tensor.h"
 
 namespace qvg {
 
-/// One encoded tensor: the arrays of spec 1.5, dense row-major.
-/// Invariant (checked by validate()): every array has the size its shape implies.
-struct EncodedTensor {
-  // --- what was encoded (also the `.qvgt` metadata) ---
-  DType dtype = DType::BF16;  ///< input dtype; centroids are stored in it
-  Shape4 shape;               ///< [B, S, H, D] of the input
-  int bits = 4;
-  int block_size = 64;
-  int stages = 1;
-  int centroids = 128;  ///< K (the stored codebook size, even if S < K)
-  bool asymmetric = false;
-  ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
-  Scaling scaling = Scaling::TwoLevel;
-
+/// One encoded tensor: its layout (the metadata of spec 1.5/1.6, qvg/encoding_layout.h)
+/// and the arrays of spec 1.5, dense row-major, on the host.
+/// Invariant (checked by validate()): every array has the size the layout implies.
+struct EncodedTensor : EncodingLayout {
   // --- the arrays ---
   /// centroid[s]: [B, H, K, D] elements of `dtype` (as raw bytes), one per stage.
   std::vector<std::vector<uint8_t>> centroid;
@@ -45,23 +37,29 @@ struct EncodedTensor {
   /// zero_factor: [B, H] fp32, two_level and asymmetric only (else empty).
   std::vector<float> zero_factor;
 
-  int64_t groups() const { return shape.b * shape.h; }
-  int64_t blocks_per_token() const { return shape.d / block_size; }
-  int64_t code_bytes_per_token() const { return shape.d * bits / 8; }
-  size_t scale_elem_size() const { return scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 2; }
+  /// An encoding of `layout` with every array allocated and zero-filled (factors 1).
+  static EncodedTensor allocate(const EncodingLayout& layout);
+  /// This tensor's metadata and codebooks only (what a warm start needs); the
+  /// other arrays are empty. Not a valid encoding (validate() rejects it).
+  EncodedTensor codebooks_only() const;
+  const EncodingLayout& layout() const { return *this; }
+
+  /// The bytes of one array (as the layout describes it); factors as raw fp32 bytes.
+  /// The span is valid until the array is resized or the tensor destroyed.
+  std::span<const uint8_t> array(const ArrayDesc& a) const;
+  std::span<uint8_t> array(const ArrayDesc& a);
 
   /// Exact encoded size in bytes: the sum of the arrays above.
   size_t nbytes() const;
   /// The size an encoding of `shape` in `dtype` with `cfg` will have (spec 1.5),
-  /// computed without encoding anything.
+  /// computed without encoding anything (EncodingLayout::total_bytes()).
   static size_t predicted_nbytes(Shape4 shape, DType dtype, const CodecConfig& cfg);
   /// nbytes() * 8 / numel.
   double bits_per_element() const;
-  /// The codec parameters this tensor was encoded with (seed/init/iters unknown: defaults).
-  CodecConfig config() const;
 
-  /// Throws CorruptData unless parameters are in range and every array has the
-  /// size implied by shape and parameters and every id < min(K, S).
+  /// Throws CorruptData unless parameters are in range (EncodingLayout::check()),
+  /// every array has the size implied by the layout, every id < min(K, S) and
+  /// every factor is finite and > 0.
   void validate() const;
 
   /// Effective scale s_eff of (b, h, s, block) per spec 1.4 (decode(stored) * factor).

@@ -14,7 +14,7 @@
 //   allocated on stream s is freed on stream s when its owner is destroyed, so it
 //   is safe to destroy an owner once all work that uses it was enqueued on s (or
 //   on streams that s waits for).
-// - CUDA errors throw qvg::cuda::CudaError (a qvg::Error of kind OutOfRange, which
+// - CUDA errors throw qvg::cuda::CudaError (a qvg::DeviceError, kind Device, which
 //   the Python binding maps to RuntimeError) naming the failing call. Errors of
 //   asynchronous kernel execution surface at the next call that synchronizes.
 // - Results have the format of the CPU codec: an encoding made on the device and
@@ -33,6 +33,7 @@
 
 #include "qvg/codec.h"
 #include "qvg/config.h"
+#include "qvg/encoding_layout.h"
 #include "qvg/error.h"
 #include "qvg/tensor.h"
 
@@ -43,10 +44,11 @@ namespace qvg::cuda {
 /// The same type as cudaStream_t (nullptr = the legacy default stream).
 using Stream = CUstream_st*;
 
-/// A failed CUDA runtime or cuBLAS call; the message names the call and the error.
-class CudaError : public Error {
+/// A failed CUDA runtime call or kernel launch (error kind Device, RuntimeError in
+/// Python); the message names the call and the error.
+class CudaError : public DeviceError {
  public:
-  explicit CudaError(const std::string& m) : Error(ErrorKind::OutOfRange, m) {}
+  explicit CudaError(const std::string& m) : DeviceError(m) {}
 };
 
 /// Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -87,24 +89,15 @@ class DeviceBuffer {
   Allocator* alloc_ = nullptr;
 };
 
-/// An encoded tensor kept on the device: the metadata of EncodedTensor and its
-/// arrays (spec 1.5, the same dense row-major layouts) inside one device
-/// allocation, each array 256-byte aligned. Stages are contiguous: the centroids
-/// of stage s start s * (B*H*K*D) elements after stage 0's, the ids of stage s
-/// s * (B*H*S) bytes after stage 0's.
-class DeviceEncodedTensor {
+/// An encoded tensor kept on the device: its layout (qvg/encoding_layout.h, the
+/// metadata of EncodedTensor) and its arrays (spec 1.5, the same dense row-major
+/// layouts) inside one device allocation. Each kind of array starts 256-byte
+/// aligned; stages are contiguous: the centroids of stage s start s * (B*H*K*D)
+/// elements after stage 0's, the ids of stage s s * (B*H*S) bytes after stage 0's.
+class DeviceEncodedTensor : public EncodingLayout {
  public:
-  DType dtype = DType::BF16;
-  Shape4 shape;
-  int bits = 4;
-  int block_size = 64;
-  int stages = 1;
-  int centroids = 128;
-  bool asymmetric = false;
-  ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
-  Scaling scaling = Scaling::TwoLevel;
-
   /// Allocates (uninitialised) arrays for an encoding of `shape` in `dtype` with cfg.
+  /// Throws InvalidArgument for a bad config or shape.
   static DeviceEncodedTensor allocate(Shape4 shape, DType dtype, const CodecConfig& cfg, Stream stream,
                                       Allocator& alloc = default_allocator());
   /// Copies a host encoding to the device (validates it first; async on `stream`).
@@ -112,29 +105,27 @@ class DeviceEncodedTensor {
   /// Copies the arrays back into a host EncodedTensor. Synchronizes `stream`.
   EncodedTensor download(Stream stream) const;
 
-  const uint8_t* centroid_data() const { return at(off_centroid_); }  ///< stage 0, dtype elements
-  const uint8_t* ids_data() const { return at(off_ids_); }            ///< stage 0
-  const uint8_t* codes_data() const { return at(off_codes_); }
-  const uint8_t* scales_data() const { return at(off_scales_); }
-  const uint8_t* zeros_data() const { return asymmetric ? at(off_zeros_) : nullptr; }
-  const float* scale_factor_data() const;  ///< nullptr unless two_level
-  const float* zero_factor_data() const;   ///< nullptr unless two_level and asymmetric
-  uint8_t* mutable_base() { return static_cast<uint8_t*>(buf_.data()); }
+  /// Device address of an array (stage 0 for centroids and ids); nullptr when this
+  /// layout has no such array (zeros when symmetric, factors with compat scaling).
+  const uint8_t* data(EncodedArray kind) const;
+  uint8_t* mutable_data(EncodedArray kind);
+  const uint8_t* centroid_data() const { return data(EncodedArray::Centroids); }  ///< stage 0, dtype elements
+  const uint8_t* ids_data() const { return data(EncodedArray::Ids); }            ///< stage 0
+  const uint8_t* codes_data() const { return data(EncodedArray::Codes); }
+  const uint8_t* scales_data() const { return data(EncodedArray::Scales); }
+  const uint8_t* zeros_data() const { return data(EncodedArray::Zeros); }
+  const float* scale_factor_data() const { return reinterpret_cast<const float*>(data(EncodedArray::ScaleFactor)); }
+  const float* zero_factor_data() const { return reinterpret_cast<const float*>(data(EncodedArray::ZeroFactor)); }
 
-  int64_t groups() const { return shape.b * shape.h; }
-  int64_t blocks_per_token() const { return shape.d / block_size; }
-  int64_t code_bytes_per_token() const { return shape.d * bits / 8; }
-  size_t scale_elem_size() const { return scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 2; }
   /// Bytes of the arrays of spec 1.5 (equal to the host EncodedTensor's nbytes()).
-  size_t nbytes() const;
+  size_t nbytes() const { return total_bytes(); }
   /// Bytes of the device allocation (the arrays plus alignment padding).
   size_t allocated_bytes() const { return buf_.size(); }
 
-  // Byte offsets of the arrays inside the allocation (for the kernels).
-  size_t off_centroid_ = 0, off_ids_ = 0, off_codes_ = 0, off_scales_ = 0, off_zeros_ = 0, off_sf_ = 0, off_zf_ = 0;
-
  private:
-  const uint8_t* at(size_t off) const { return static_cast<const uint8_t*>(buf_.data()) + off; }
+  /// Byte offset of each kind of array (stage 0) in buf_; kAbsent when not present.
+  static constexpr size_t kAbsent = ~size_t(0);
+  size_t offset_[7] = {kAbsent, kAbsent, kAbsent, kAbsent, kAbsent, kAbsent, kAbsent};
   DeviceBuffer buf_;
 };
 
@@ -175,14 +166,5 @@ struct DeviceDecodeTask {
 void decode_ranges(const std::vector<DeviceDecodeTask>& tasks, Stream stream);
 /// Decodes the whole tensor into `out` (device memory, shape == enc.shape, any dtype).
 void decode(const DeviceEncodedTensor& enc, TensorView out, Stream stream);
-
-/// Results of the GPU benchmarks (`qvg bench --device cuda`, qvg_gpu_bench).
-struct BenchOptions {
-  bool quick = false;  ///< smaller shapes, fewer repetitions (smoke run)
-  int repeats = 20;    ///< timed repetitions per measurement (median reported)
-};
-/// Runs the GPU benchmarks on the current device and returns a JSON document
-/// (object) as text; `table` receives a human-readable table. Synchronizes.
-std::string run_benchmarks(const BenchOptions& opt, std::string* table = nullptr);
 
 }  // namespace qvg::cuda

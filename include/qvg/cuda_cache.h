@@ -113,18 +113,8 @@ class PackedCausalCache {
   std::optional<int64_t> chunk_tokens() const;
 
   /// Read-only access to one segment (as qvg::PackedCausalCache::SegmentInfo);
-  /// pointers are device memory, valid until the next mutating call.
-  struct SegmentInfo {
-    int64_t g0 = 0, g1 = 0;  ///< global token range
-    bool is_sink = false;
-    bool packed = false;
-    bool current = false;  ///< the current (last, raw) chunk
-    int chunks = 1;        ///< chunks in the span (1 for a raw segment)
-    StridedView k_raw, v_raw;                    ///< raw only: dense [B, g1 - g0, H, D], device
-    const DeviceEncodedTensor* k_enc = nullptr;  ///< packed only
-    const DeviceEncodedTensor* v_enc = nullptr;  ///< packed only
-    size_t nbytes = 0;                           ///< resident bytes of K and V
-  };
+  /// raw views and encodings are device memory, valid until the next mutating call.
+  using SegmentInfo = BasicSegmentInfo<DeviceEncodedTensor>;
   size_t num_segments() const;
   /// Throws InvalidArgument unless i < num_segments().
   SegmentInfo segment(size_t i) const;

@@ -11,9 +11,9 @@
 
 namespace qvg {
 
-/// The four error kinds of spec section 5 (Python: ValueError, NotImplementedError,
-/// RuntimeError, ValueError). Persisted nowhere; order is free.
-enum class ErrorKind { InvalidArgument, Unsupported, OutOfRange, CorruptData };
+/// The error kinds of spec section 5 (Python: ValueError, NotImplementedError,
+/// RuntimeError, ValueError, RuntimeError). Persisted nowhere; order is free.
+enum class ErrorKind { InvalidArgument, Unsupported, OutOfRange, CorruptData, Device };
 
 /// Base of all qvg errors; `kind()` tells which row of the spec 5 table applies.
 class Error : public std::runtime_error {
@@ -44,6 +44,13 @@ class OutOfRange : public Error {
 class CorruptData : public Error {
  public:
   explicit CorruptData(const std::string& m) : Error(ErrorKind::CorruptData, m) {}
+};
+/// A failure reported by a device runtime (CUDA launch or call, allocation other
+/// than out-of-memory); the message names the failing call. The state of the object
+/// the call was made on is as documented by that call (basic guarantee at least).
+class DeviceError : public Error {
+ public:
+  explicit DeviceError(const std::string& m) : Error(ErrorKind::Device, m) {}
 };
 
 /// Aborts with file and line: for internal invariants only, never for user input.

@@ -8,9 +8,10 @@
 //     contiguous in [B, n, h, D] order; anything else is made contiguous first.
 //   * DenseCache keeps the caller's k/v tensors as its buffers (ExternalStorage),
 //     so a zero-copy view is a plain torch view (as_strided) of those tensors and
-//     lives as long as any torch tensor. On growth the binding allocates new
-//     torch tensors, builds a new C++ cache over them and swaps it in only if the
-//     call succeeded, so a failing call changes nothing and `.k`/`.v` are always
+//     lives as long as any torch tensor. On growth the C++ cache (which decides
+//     when and by how much, spec 3.2) asks the binding's GrowStorage hook for new
+//     torch buffers before it changes anything; they become `.k`/`.v` once the call
+//     succeeded, so a failing call changes nothing and `.k`/`.v` are always
 //     torch-owned tensors.
 //   * A copied view (the C++ cache's scratch buffer) is copied once more into a
 //     fresh torch tensor owned by the caller, as the engine's packed cache returns
@@ -24,7 +25,8 @@
 //
 // Error kinds map to the Python exceptions of spec 5: InvalidArgument and
 // CorruptData -> ValueError, Unsupported -> NotImplementedError, OutOfRange ->
-// RuntimeError, with the C++ message unchanged.
+// RuntimeError, Device -> RuntimeError, with the C++ message unchanged. A tensor
+// on a device this build does not support is Unsupported (NotImplementedError).
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/utils/pybind.h>
@@ -96,11 +98,16 @@ struct Input {
   qvg::ConstTensorView view;
 };
 
+/// A device this build does not support is Unsupported (NotImplementedError, spec 5).
+void require_cpu(const at::Tensor& t, const char* what) {
+  if (!t.device().is_cpu())
+    throw qvg::Unsupported(fmt::format("{} must be a CPU tensor (qvg.torch runs on the CPU in this build), got device {}",
+                                       what, t.device().str()));
+}
+
 Input as_input(const at::Tensor& t, const char* what) {
   if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
-  if (!t.device().is_cpu())
-    throw qvg::InvalidArgument(
-        fmt::format("{} must be a CPU tensor (qvg.torch runs on the CPU), got device {}", what, t.device().str()));
+  require_cpu(t, what);
   if (t.dim() != 4)
     throw qvg::InvalidArgument(fmt::format("{} must be a 4-D tensor [B, n, h, D], got shape {}", what, shape_str(t)));
   const auto dt = to_qvg_dtype(t.scalar_type());
@@ -119,9 +126,7 @@ Input as_input(const at::Tensor& t, const char* what) {
 /// Checks a dense cache buffer handed in by the caller ([B, cache_size, H, D]).
 qvg::DType check_buffer(const at::Tensor& t, const char* what) {
   if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
-  if (!t.device().is_cpu())
-    throw qvg::Unsupported(fmt::format(
-        "{} must be a CPU tensor: qvg.torch runs on the CPU, got device {}", what, t.device().str()));
+  require_cpu(t, what);
   if (t.dim() != 4)
     throw qvg::InvalidArgument(
         fmt::format("{} must be a 4-D tensor [B, cache_size, H, D], got shape {}", what, shape_str(t)));
@@ -251,9 +256,18 @@ class DenseCache {
     opt_.allow_growth = allow_growth;
     k_ = k.requires_grad() ? k.detach() : k;
     v_ = v.requires_grad() ? v.detach() : v;
-    cache_ = std::make_unique<qvg::DenseCausalCache>(opt_, qvg::DenseCausalCache::ExternalStorage{
-                                                               k_.numel() ? k_.data_ptr() : nullptr,
-                                                               v_.numel() ? v_.data_ptr() : nullptr});
+    // Growth (allow_growth): the cache decides when and how much (spec 3.2) and asks
+    // for torch buffers of the new size; they become .k/.v once the call succeeded.
+    auto grow = [this](int64_t new_cache_size) {
+      grown_k_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, k_.options());
+      grown_v_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, v_.options());
+      return qvg::DenseCausalCache::ExternalStorage{grown_k_.data_ptr(), grown_v_.data_ptr()};
+    };
+    cache_ = std::make_unique<qvg::DenseCausalCache>(
+        opt_,
+        qvg::DenseCausalCache::ExternalStorage{k_.numel() ? k_.data_ptr() : nullptr,
+                                               v_.numel() ? v_.data_ptr() : nullptr},
+        grow);
   }
 
   /// One update_and_get_attention_kv call. `ge`, `le` are the cursors the
@@ -267,14 +281,19 @@ class DenseCache {
     qvg::KVView kv;
     {
       py::gil_scoped_release nogil;
-      const int64_t cap = cache_->cache_size();
-      const int64_t n = ki.view.shape.s;
-      const bool advance_beyond = c >= 0 && c <= (int64_t(1) << 60) && n > 0 && c + n > ge;
-      if (opt_.allow_growth && advance_beyond && le + (c + n - ge) > cap) {
-        grow_and_update(ki, vi, c, hs, rw, kv);
-      } else {
+      try {
         kv = cache_->update(ki.view, vi.view, c, hs, rw);
+      } catch (...) {
+        grown_k_ = at::Tensor();  // a failed call keeps the old buffers (and the cache did not switch)
+        grown_v_ = at::Tensor();
+        throw;
       }
+    }
+    if (grown_k_.defined()) {  // the call grew the cache into the buffers of the hook
+      k_ = std::move(grown_k_);
+      v_ = std::move(grown_v_);
+      grown_k_ = at::Tensor();
+      grown_v_ = at::Tensor();
     }
     at::Tensor ok = kv.zero_copy ? alias_of(k_, kv.k) : copy_out(kv.k);
     at::Tensor ov = kv.zero_copy ? alias_of(v_, kv.v) : copy_out(kv.v);
@@ -308,34 +327,9 @@ class DenseCache {
           shape_str(shape), shape_str(k_)));
   }
 
-  /// Growth as a transaction: new torch buffers, a new C++ cache over them with
-  /// the same cursors; swapped in only if the update succeeds. The sizes are
-  /// those of spec 3.2 (max(needed, 2 * old), a window equal to the old size follows).
-  void grow_and_update(const Input& ki, const Input& vi, int64_t c, std::optional<int64_t> hs,
-                       std::optional<int64_t> rw, qvg::KVView& kv) {
-    const int64_t cap = cache_->cache_size(), window = cache_->attention_window_size();
-    const int64_t ge = cache_->global_end(), le = cache_->local_end();
-    const int64_t needed = le + (c + ki.view.shape.s - ge);
-    const int64_t new_cap = std::max(needed, 2 * cap);
-    qvg::CacheOptions o = opt_;
-    o.cache_size = new_cap;
-    o.attention_window_size = window == cap ? std::nullopt : std::optional<int64_t>(window);
-    o.validate();  // sizes overflow checks before allocating
-    at::Tensor nk = at::zeros({o.batch, new_cap, o.heads, o.head_dim}, k_.options());
-    at::Tensor nv = at::zeros({o.batch, new_cap, o.heads, o.head_dim}, v_.options());
-    nk.narrow(1, 0, cap).copy_(k_);
-    nv.narrow(1, 0, cap).copy_(v_);
-    auto grown = std::make_unique<qvg::DenseCausalCache>(o, qvg::DenseCausalCache::ExternalStorage{nk.data_ptr(),
-                                                                                                  nv.data_ptr()});
-    grown->set_indices(ge, le);
-    kv = grown->update(ki.view, vi.view, c, hs, rw);  // throws: nothing of ours changed
-    cache_ = std::move(grown);
-    k_ = std::move(nk);
-    v_ = std::move(nv);
-  }
-
   qvg::CacheOptions opt_;
   at::Tensor k_, v_;
+  at::Tensor grown_k_, grown_v_;  // buffers handed to the cache by the growth hook during a call
   std::unique_ptr<qvg::DenseCausalCache> cache_;
   std::mutex mu_;
 };
@@ -459,7 +453,8 @@ PYBIND11_MODULE(_C, m) {
         case qvg::ErrorKind::InvalidArgument:
         case qvg::ErrorKind::CorruptData: PyErr_SetString(PyExc_ValueError, e.what()); return;
         case qvg::ErrorKind::Unsupported: PyErr_SetString(PyExc_NotImplementedError, e.what()); return;
-        case qvg::ErrorKind::OutOfRange: PyErr_SetString(PyExc_RuntimeError, e.what()); return;
+        case qvg::ErrorKind::OutOfRange:
+        case qvg::ErrorKind::Device: PyErr_SetString(PyExc_RuntimeError, e.what()); return;
       }
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }

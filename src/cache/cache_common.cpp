@@ -70,9 +70,10 @@ void validate_options(const CacheOptions& o) {
         o.batch, o.cache_size, o.heads, o.head_dim));
 }
 
-CallArgs validate_call(const CacheOptions& o, ConstTensorView key, ConstTensorView value, int64_t c,
-                       std::optional<int64_t> hs, std::optional<int64_t> rw) {
-  if (rw && *rw < 0) throw InvalidArgument(fmt::format("recent_window_tokens must be >= 0 or None, got {}", *rw));
+CallArgs validate_call(const CacheOptions& o, ConstTensorView key, ConstTensorView value, int64_t chunk_start,
+                       std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
+  if (recent_window && *recent_window < 0)
+    throw InvalidArgument(fmt::format("recent_window_tokens must be >= 0 or None, got {}", *recent_window));
   const Shape4 ks = key.shape;
   if (key.dtype != o.dtype)
     throw InvalidArgument(
@@ -99,21 +100,21 @@ CallArgs validate_call(const CacheOptions& o, ConstTensorView key, ConstTensorVi
                                       key.data ? "non-null" : "null", value.data ? "non-null" : "null"));
   CallArgs a;
   a.n = ks.s;
-  a.h_in = ks.h;
-  if (ks.h != o.heads && !hs)
+  a.heads = ks.h;
+  if (ks.h != o.heads && !head_start)
     throw InvalidArgument(fmt::format(
         "cache_head_start is required when key has {} of the cache's {} heads (head slice), got None", ks.h,
         o.heads));
-  a.hs = hs.value_or(0);
-  if (a.hs < 0 || a.hs > o.heads - ks.h)
+  a.head_start = head_start.value_or(0);
+  if (a.head_start < 0 || a.head_start > o.heads - ks.h)
     throw InvalidArgument(fmt::format(
         "cache_head_start must be in [0, {}] so that heads [cache_head_start, cache_head_start + {}) lie in [0, {}), "
         "got {}",
-        o.heads - ks.h, ks.h, o.heads, a.hs));
-  if (c < 0 || c > kMaxPosition)
-    throw InvalidArgument(fmt::format("current_chunk_start must be in [0, 2^60], got {}", c));
-  a.c = c;
-  a.ce = c + a.n;
+        o.heads - ks.h, ks.h, o.heads, a.head_start));
+  if (chunk_start < 0 || chunk_start > kMaxPosition)
+    throw InvalidArgument(fmt::format("current_chunk_start must be in [0, 2^60], got {}", chunk_start));
+  a.start = chunk_start;
+  a.end = chunk_start + a.n;
   return a;
 }
 
@@ -149,18 +150,17 @@ void copy_rows(std::byte* dst, size_t dst_stride, const std::byte* src, size_t s
 
 }  // namespace
 
-void write_rows(ConstTensorView src, std::byte* dst, int64_t dst_batch_tokens, int64_t dst_heads, int64_t t0,
-                int64_t hs) {
+void write_rows(ConstTensorView src, const RowsAt& dst) {
   const int64_t B = src.shape.b, n = src.shape.s, h = src.shape.h, D = src.shape.d;
   const size_t esz = dtype_size(src.dtype);
   const size_t bytes = size_t(h * D) * esz;
   const auto* s = static_cast<const std::byte*>(src.data);
   for (int64_t b = 0; b < B; ++b)
-    copy_rows(dst + size_t(((b * dst_batch_tokens + t0) * dst_heads + hs) * D) * esz, size_t(dst_heads * D) * esz,
-              s + size_t(b * n * h * D) * esz, bytes, n, bytes);
+    copy_rows(dst.rows.row(b, dst.token, dst.head), dst.rows.token_bytes(), s + size_t(b * n * h * D) * esz, bytes, n,
+              bytes);
 }
 
-void write_rows_twice(ConstTensorView src, const RowsTarget& x, const RowsTarget& y) {
+void write_rows_twice(ConstTensorView src, const RowsAt& x, const RowsAt& y) {
   const int64_t B = src.shape.b, n = src.shape.s, h = src.shape.h, D = src.shape.d;
   const size_t esz = dtype_size(src.dtype), row = size_t(h * D) * esz;
   const auto* s = static_cast<const std::byte*>(src.data);
@@ -173,10 +173,10 @@ void write_rows_twice(ConstTensorView src, const RowsTarget& x, const RowsTarget
   for (int64_t i = 0; i < blocks; ++i) {
     const int64_t b = i / blocks_per_batch, r0 = (i % blocks_per_batch) * rows_per_block;
     const int64_t r1 = std::min(n, r0 + rows_per_block);
-    for (const RowsTarget* t : {&x, &y}) {
-      std::byte* d = t->dst + size_t(((b * t->batch_tokens + t->t0 + r0) * t->heads + t->hs) * D) * esz;
+    for (const RowsAt* t : {&x, &y}) {
+      std::byte* d = t->rows.row(b, t->token + r0, t->head);
       const std::byte* p = s + size_t((b * n + r0) * h * D) * esz;
-      const size_t dstride = size_t(t->heads * D) * esz;
+      const size_t dstride = t->rows.token_bytes();
       if (dstride == row) {
         std::memcpy(d, p, size_t(r1 - r0) * row);
       } else {
@@ -186,30 +186,25 @@ void write_rows_twice(ConstTensorView src, const RowsTarget& x, const RowsTarget
   }
 }
 
-void gather_rows(const std::byte* src, int64_t B, int64_t src_tokens, int64_t src_heads, int64_t D, size_t esz,
-                 int64_t t0, int64_t t1, int64_t hs, int64_t h_out, std::byte* out, int64_t T_out, int64_t out_t) {
-  const size_t bytes = size_t(h_out * D) * esz;
-  for (int64_t b = 0; b < B; ++b)
-    copy_rows(out + size_t(((b * T_out + out_t) * h_out) * D) * esz, bytes,
-              src + size_t(((b * src_tokens + t0) * src_heads + hs) * D) * esz, size_t(src_heads * D) * esz, t1 - t0,
-              bytes);
+void gather_rows(ConstRows src, int64_t t0, int64_t t1, int64_t head_start, const RowsAt& out) {
+  QVG_CHECK(out.head == 0);
+  const size_t bytes = out.rows.token_bytes();
+  for (int64_t b = 0; b < src.batch; ++b)
+    copy_rows(out.rows.row(b, out.token, 0), bytes, src.row(b, t0, head_start), src.token_bytes(), t1 - t0, bytes);
 }
 
-StridedView sub_view(const void* base, DType dt, int64_t B, int64_t tokens, int64_t heads, int64_t D, int64_t t0,
-                     int64_t T, int64_t hs, int64_t h) {
+StridedView sub_view(ConstRows rows, int64_t t0, int64_t T, int64_t head_start, int64_t h) {
   StridedView v;
-  v.dtype = dt;
-  v.shape = {B, T, h, D};
-  v.stride_h = D;
-  v.stride_t = heads * D;
-  v.stride_b = tokens * heads * D;
-  v.data = static_cast<const std::byte*>(base) + size_t((t0 * heads + hs) * D) * dtype_size(dt);
+  v.dtype = rows.dtype;
+  v.shape = {rows.batch, T, h, rows.dim};
+  v.stride_h = rows.dim;
+  v.stride_t = rows.heads * rows.dim;
+  v.stride_b = rows.tokens * rows.heads * rows.dim;
+  v.data = rows.row(0, t0, head_start);
   return v;
 }
 
-StridedView dense_view(const void* base, DType dt, int64_t B, int64_t T, int64_t h, int64_t D) {
-  return {base, dt, {B, T, h, D}, T * h * D, h * D, D};
-}
+StridedView dense_view(ConstRows rows) { return sub_view(rows, 0, rows.tokens, 0, rows.heads); }
 
 }  // namespace detail
 }  // namespace qvg

@@ -1,4 +1,6 @@
-// Shared pieces of the two caches: argument validation (spec 5) and row copies.
+// src/cache/cache_common.h — pieces both caches (and the device cache) share:
+// argument validation (spec 5), the row layout of cache buffers and views, and row
+// copies between them.
 #pragma once
 
 #include <cstddef>
@@ -10,24 +12,24 @@
 
 namespace qvg::detail {
 
-/// Largest chunk start accepted: keeps c + n and the cursor arithmetic far
+/// Largest chunk start accepted: keeps start + n and the cursor arithmetic far
 /// from int64 overflow.
 inline constexpr int64_t kMaxPosition = int64_t(1) << 60;
 
 /// The validated shape of one update() call.
 struct CallArgs {
-  int64_t n = 0;     ///< tokens in the chunk
-  int64_t h_in = 0;  ///< heads written
-  int64_t hs = 0;    ///< first head written
-  int64_t c = 0;     ///< chunk start
-  int64_t ce = 0;    ///< c + n
+  int64_t n = 0;           ///< tokens in the chunk
+  int64_t heads = 0;       ///< heads written (h_in)
+  int64_t head_start = 0;  ///< first head written (cache_head_start, 0 when absent)
+  int64_t start = 0;       ///< current_chunk_start: global position of the chunk's first token
+  int64_t end = 0;         ///< start + n
 };
 
-/// Everything of spec 5 that does not depend on the cache's cursors: rw,
-/// dtypes, shapes, key/value agreement, n, head slice, c. Throws InvalidArgument.
-/// Does not read the tensors' elements (see check_values).
-CallArgs validate_call(const CacheOptions& opt, ConstTensorView key, ConstTensorView value, int64_t c,
-                       std::optional<int64_t> hs, std::optional<int64_t> rw);
+/// Everything of spec 5 that does not depend on the cache's cursors:
+/// recent_window_tokens, dtypes, shapes, key/value agreement, n, head slice, chunk
+/// start. Throws InvalidArgument. Does not read the tensors' elements (check_values).
+CallArgs validate_call(const CacheOptions& opt, ConstTensorView key, ConstTensorView value, int64_t chunk_start,
+                       std::optional<int64_t> head_start, std::optional<int64_t> recent_window);
 
 /// Finite and |x| <= 1e16 for key and value (spec 1); throws InvalidArgument.
 void check_values(ConstTensorView key, ConstTensorView value);
@@ -36,35 +38,56 @@ void check_values(ConstTensorView key, ConstTensorView value);
 /// buffer sizes do not overflow. Throws InvalidArgument.
 void validate_options(const CacheOptions& opt);
 
-/// Copies the [B, n, h_in, D] rows of `src` (dense) to dst rows: element
-/// (b, t, h, d) goes to dst + ((b * dst_batch_tokens + t0 + t) * dst_heads + hs + h) * D + d
-/// (elements), i.e. into a dense [B, dst_batch_tokens, dst_heads, D] buffer at
-/// token t0 and head hs.
-void write_rows(ConstTensorView src, std::byte* dst, int64_t dst_batch_tokens, int64_t dst_heads, int64_t t0,
-                int64_t hs);
+/// A dense [batch, tokens, heads, dim] buffer of `dtype` elements: a cache buffer,
+/// a raw segment, a view buffer. `Byte` is std::byte or const std::byte.
+template <class Byte>
+struct BasicRows {
+  Byte* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t batch = 0, tokens = 0, heads = 0, dim = 0;
 
-/// Where write_rows_twice() puts a second copy: the same placement arguments.
-struct RowsTarget {
-  std::byte* dst;
-  int64_t batch_tokens, heads, t0, hs;
+  size_t elem_size() const { return dtype_size(dtype); }
+  size_t token_bytes() const { return size_t(heads * dim) * elem_size(); }
+  /// Address of element (b, t, h, 0).
+  Byte* row(int64_t b, int64_t t, int64_t h) const {
+    return data + size_t(((b * tokens + t) * heads + h) * dim) * elem_size();
+  }
+  operator BasicRows<const std::byte>() const { return {data, dtype, batch, tokens, heads, dim}; }
 };
+using Rows = BasicRows<std::byte>;
+using ConstRows = BasicRows<const std::byte>;
+
+/// The rows of a cache with options `o` holding `tokens` tokens at `data`.
+inline Rows rows_of(void* data, const CacheOptions& o, int64_t tokens) {
+  return {static_cast<std::byte*>(data), o.dtype, o.batch, tokens, o.heads, o.head_dim};
+}
+inline ConstRows rows_of(const void* data, const CacheOptions& o, int64_t tokens) {
+  return {static_cast<const std::byte*>(data), o.dtype, o.batch, tokens, o.heads, o.head_dim};
+}
+
+/// Where a chunk's rows go: token `token` and head `head` of `rows`.
+struct RowsAt {
+  Rows rows;
+  int64_t token = 0, head = 0;
+};
+
+/// Copies the [B, n, h_in, D] rows of `src` (dense) into dst: element (b, t, h, d)
+/// goes to dst.rows element (b, dst.token + t, dst.head + h, d).
+/// REQUIRES matching B, D, dtype; the target range inside dst.rows.
+void write_rows(ConstTensorView src, const RowsAt& dst);
 /// write_rows() into two destinations, reading src once (each block of rows is
 /// copied to the first and then, from cache, to the second).
-void write_rows_twice(ConstTensorView src, const RowsTarget& a, const RowsTarget& b);
+void write_rows_twice(ConstTensorView src, const RowsAt& a, const RowsAt& b);
 
-/// Copies tokens [t0, t1) of heads [hs, hs + h_out) from a dense
-/// [B, src_tokens, src_heads, D] buffer into a dense [B, T_out, h_out, D]
-/// buffer at token `out_t`.
-void gather_rows(const std::byte* src, int64_t B, int64_t src_tokens, int64_t src_heads, int64_t D, size_t esz,
-                 int64_t t0, int64_t t1, int64_t hs, int64_t h_out, std::byte* out, int64_t T_out, int64_t out_t);
+/// Copies tokens [t0, t1) of heads [head_start, head_start + out.rows.heads) of src
+/// into out.rows at token out.token (out.head must be 0).
+/// REQUIRES ranges inside both buffers, matching B, D, dtype; no overlap.
+void gather_rows(ConstRows src, int64_t t0, int64_t t1, int64_t head_start, const RowsAt& out);
 
-/// A strided view of tokens [t0, t0 + T) and heads [hs, hs + h) of a dense
-/// [B, tokens, heads, D] buffer.
-StridedView sub_view(const void* base, DType dt, int64_t B, int64_t tokens, int64_t heads, int64_t D, int64_t t0,
-                     int64_t T, int64_t hs, int64_t h);
-
-/// A dense [B, T, h, D] view of a scratch buffer.
-StridedView dense_view(const void* base, DType dt, int64_t B, int64_t T, int64_t h, int64_t D);
+/// A strided view of tokens [t0, t0 + T) and heads [head_start, head_start + h) of `rows`.
+StridedView sub_view(ConstRows rows, int64_t t0, int64_t T, int64_t head_start, int64_t h);
+/// The whole of a dense buffer as a view.
+StridedView dense_view(ConstRows rows);
 
 /// Tracks the bytes a call holds beyond the resident state, and their peak.
 class TransientMeter {

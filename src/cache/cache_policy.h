@@ -1,10 +1,16 @@
 // src/cache/cache_policy.h — the segment policy of the packed cache (spec 4):
 // validation of a call, eviction, which spans to encode, packing, and where every
 // token of a view comes from. Plain C++ with the data abstracted into a payload P
-// carried by every segment, so that one policy serves both caches: the CPU
-// qvg::PackedCausalCache (host buffers and EncodedTensors) and the device-resident
-// qvg::cuda::PackedCausalCache (device buffers). The host test
-// tests/gpu/cache_plan_test.cpp also drives it with an empty payload.
+// carried by every segment, so that one policy serves everything that needs it:
+// the CPU qvg::PackedCausalCache (host buffers and EncodedTensors), the
+// device-resident qvg::cuda::PackedCausalCache (device buffers and
+// DeviceEncodedTensors) and the memory model qvg::PolicyReplay (byte counts). The
+// host test tests/gpu/cache_plan_test.cpp drives it with an empty payload against
+// the independent model of tests/support/cache_model.
+//
+// Names: positions are global token indices unless called "local"; a call writes
+// the chunk [start, end) (CallArgs); the view of a call shows the global ranges
+// [0, view.sink_end) ++ [view.tail_start, view.end), view.tokens tokens in all.
 #pragma once
 
 #include <algorithm>
@@ -34,25 +40,37 @@ struct PlanSegment {
   int64_t tokens() const { return g1 - g0; }
 };
 
-/// The outcome of validating one update() (no state change), with the view's
-/// layout: view = [0, r1) ++ [r2, r3) in global tokens, T tokens; a view with
-/// !copy is a zero-copy window of the current chunk starting at global r2.
-struct CallPlan {
-  CallArgs a;
-  bool advance = false;
-  int64_t sink_end = 0, lo = 0, new_ge = 0;
-  int64_t r1 = 0, r2 = 0, r3 = 0, T = 0;
-  bool copy = false;
+/// The global ranges one call's view shows: [0, sink_end) ++ [tail_start, end),
+/// `tokens` tokens. When the two ranges touch they are merged into one
+/// (sink_end = tail_start = 0).
+struct ViewLayout {
+  int64_t sink_end = 0;    ///< the view's sink part is [0, sink_end)
+  int64_t tail_start = 0;  ///< its recent part is [tail_start, end)
+  int64_t end = 0;         ///< global_end after the call
+  int64_t tokens = 0;
 };
 
-/// Global tokens [o0, o1) of segment `seg` (segment-local [o0 - g0, o1 - g0)) go to
-/// view token out_t.
+/// The outcome of validating one update() (no state change), with the view's layout.
+struct CallPlan {
+  CallArgs call;
+  bool advance = false;          ///< start == global_end (else a rewrite of the current chunk)
+  int64_t new_global_end = 0;
+  int64_t sink_end = 0;          ///< min(sink_tokens, new_global_end)
+  int64_t recent_start = 0;      ///< lo of spec 4: tail_start, or max(tail_start, start - rw)
+  ViewLayout view;
+  /// The view is assembled in a buffer (else it is a zero-copy window of the
+  /// current chunk starting at global view.tail_start).
+  bool copies = false;
+};
+
+/// Global tokens [t0, t1) of segment `seg` (segment-local indices) go to view token out_t.
 struct ViewPiece {
   size_t seg = 0;
   int64_t t0 = 0, t1 = 0;  ///< segment-local tokens
   int64_t out_t = 0;
 };
 
+/// Segments [first, first + count) of the current list, encoded as one span.
 struct SpanRef {
   size_t first = 0, count = 0;
 };
@@ -62,16 +80,18 @@ class CachePolicy {
  public:
   using Segment = PlanSegment<P>;
 
-  /// REQUIRES options and quant already validated (the owning cache does it).
-  CachePolicy(const CacheOptions& o, const QuantArgs& q) : opt_(o), quant_(q), cap_(o.cache_size), window_(o.window()) {}
+  /// REQUIRES options and quant already validated (the owner does it).
+  CachePolicy(const CacheOptions& o, const QuantArgs& q)
+      : opt_(o), quant_(q), capacity_(o.cache_size), window_(o.window()) {}
 
   const std::vector<Segment>& segments() const { return segs_; }
   std::vector<Segment>& segments() { return segs_; }
-  int64_t global_end() const { return ge_; }
+  int64_t global_end() const { return global_end_; }
+  int64_t local_end() const { return std::min(global_end_, capacity_); }
   std::optional<int64_t> chunk_tokens() const { return chunk_tokens_; }
   void reset() {
     segs_.clear();
-    ge_ = 0;
+    global_end_ = 0;
     chunk_tokens_.reset();
   }
 
@@ -84,16 +104,16 @@ class CachePolicy {
   WindowRanges window_ranges_at(int64_t g) const { return {sink_end_at(g), tail_start_at(g), g}; }
 
   /// Everything update() validates except the element values (the caller checks
-  /// them after this, before any state change). 
+  /// them after this, before any state change).
   /// Reads only key/value's shape, dtype and whether data is null.
-  CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-                std::optional<int64_t> rw) const {
+  CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
+                std::optional<int64_t> recent_window) const {
     CallPlan p;
-    p.a = validate_call(opt_, key, value, c, hs, rw);
-    const int64_t n = p.a.n, ce = p.a.ce, sink = opt_.sink_tokens;
-    if (n > cap_)
-      throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", n, cap_));
-    if (!segs_.empty() && c == segs_.back().g0) {
+    p.call = validate_call(opt_, key, value, chunk_start, head_start, recent_window);
+    const int64_t n = p.call.n, start = p.call.start, end = p.call.end, sink = opt_.sink_tokens;
+    if (n > capacity_)
+      throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", n, capacity_));
+    if (!segs_.empty() && start == segs_.back().g0) {
       const Segment& cur = segs_.back();
       if (n != cur.tokens())
         throw Unsupported(fmt::format(
@@ -101,63 +121,66 @@ class CachePolicy {
             "not support changing the current chunk's size)",
             cur.g0, cur.g1, cur.tokens(), n));
       p.advance = false;
-      p.new_ge = ge_;
-    } else if (c == ge_) {
-      const int64_t le = std::min(ge_, cap_);
-      const int64_t se = std::min(sink, le);
-      if (le + n > cap_ && cap_ - n < se)
+      p.new_global_end = global_end_;
+    } else if (start == global_end_) {
+      const int64_t local = local_end();
+      const int64_t sink_held = std::min(sink, local);
+      if (local + n > capacity_ && capacity_ - n < sink_held)
         throw OutOfRange(fmt::format(
             "chunk [{}, {}) would overwrite sink tokens: after eviction it is placed at buffer [{}, {}), which "
             "overlaps the {} sink tokens at [0, {}) (cache_size = {}, n = {}); chunks may be at most "
             "cache_size - sink = {} tokens here",
-            c, ce, cap_ - n, cap_, se, se, cap_, n, cap_ - se));
+            start, end, capacity_ - n, capacity_, sink_held, sink_held, capacity_, n, capacity_ - sink_held));
       p.advance = true;
-      p.new_ge = ce;
+      p.new_global_end = end;
     } else if (segs_.empty()) {
       throw Unsupported(fmt::format(
-          "non-sequential write: on an empty cache current_chunk_start must be global_end = {} (advance), got {}", ge_,
-          c));
+          "non-sequential write: on an empty cache current_chunk_start must be global_end = {} (advance), got {}",
+          global_end_, start));
     } else {
       throw Unsupported(fmt::format(
           "non-sequential write: current_chunk_start must be the current chunk's start {} (rewrite) or global_end = "
           "{} (advance), got {}",
-          segs_.back().g0, ge_, c));
+          segs_.back().g0, global_end_, start));
     }
-    p.sink_end = sink_end_at(p.new_ge);
-    const int64_t tail = tail_start_at(p.new_ge);
-    if (tail > std::max(c, p.sink_end))
+    p.sink_end = sink_end_at(p.new_global_end);
+    const int64_t tail = tail_start_at(p.new_global_end);
+    if (tail > std::max(start, p.sink_end))
       throw OutOfRange(fmt::format(
           "chunk [{}, {}) is not entirely visible: the attention window of {} tokens shows the sink [0, {}) and "
           "[{}, {}); a chunk may hold at most the window minus the sink tokens in front of it ({} tokens here), got "
           "n = {}",
-          c, ce, window_, p.sink_end, tail, p.new_ge, window_ - std::min(c, p.sink_end), n));
-    p.lo = rw ? std::max(tail, c - *rw) : tail;
+          start, end, window_, p.sink_end, tail, p.new_global_end, window_ - std::min(start, p.sink_end), n));
+    p.recent_start = recent_window ? std::max(tail, start - *recent_window) : tail;
     // The view's ranges.
-    p.r1 = p.sink_end;
-    p.r2 = p.lo;
-    if (p.r1 == p.r2) p.r1 = p.r2 = 0;  // adjacent: one range [0, new_ge)
-    p.r3 = p.new_ge;
-    p.T = p.r1 + (p.r3 - p.r2);
-    p.copy = p.r1 > 0 || p.r2 < c;
+    ViewLayout& v = p.view;
+    v.sink_end = p.sink_end;
+    v.tail_start = p.recent_start;
+    if (v.sink_end == v.tail_start) v.sink_end = v.tail_start = 0;  // adjacent: one range [0, end)
+    v.end = p.new_global_end;
+    v.tokens = v.sink_end + (v.end - v.tail_start);
+    p.copies = v.sink_end > 0 || v.tail_start < start;
     return p;
   }
 
-  /// An advance's bookkeeping before pack-and-evict: the new raw chunk [c, ce)
-  /// (payload `cur`) becomes current; chunk_tokens and global_end are set.
-  void push_current(const CallPlan& p, P cur) {
+  /// An advance's bookkeeping before pack-and-evict: the new raw chunk [start,
+  /// start + n) (payload `cur`) becomes current; chunk_tokens and global_end are set.
+  /// REQUIRES start == global_end(), n >= 1 (plan() checked it, or the caller replays sizes).
+  void push_current(int64_t start, int64_t n, P cur) {
     Segment s;
-    s.g0 = p.a.c;
-    s.g1 = p.a.ce;
-    s.is_sink = p.a.c < opt_.sink_tokens;
+    s.g0 = start;
+    s.g1 = start + n;
+    s.is_sink = start < opt_.sink_tokens;
     s.data = std::move(cur);
     segs_.push_back(std::move(s));
-    if (!chunk_tokens_) chunk_tokens_ = p.a.n;
-    ge_ = p.new_ge;
+    if (!chunk_tokens_) chunk_tokens_ = n;
+    global_end_ = start + n;
   }
+  void push_current(const CallPlan& p, P cur) { push_current(p.call.start, p.call.n, std::move(cur)); }
 
   /// Step 1 of pack-and-evict: drop finalized non-sink segments left of the tail.
   void evict() {
-    const int64_t tail = tail_start_at(ge_);
+    const int64_t tail = tail_start_at(global_end_);
     const size_t last = segs_.size() - 1;
     size_t w = 0;
     for (size_t i = 0; i < segs_.size(); ++i) {
@@ -245,23 +268,56 @@ class CachePolicy {
     QVG_CHECK(covered == x1 - x0);  // every visible token is held by exactly one segment
   }
 
-  /// The pieces of a copied view before the call's own chunk: [0, r1) at 0 and
-  /// [r2, c) at r1 (the chunk's n tokens, view [T - n, T), come from the input).
+  /// The pieces of a copied view before the call's own chunk: [0, sink_end) at 0
+  /// and [tail_start, start) after it (the chunk's n tokens, view [tokens - n,
+  /// tokens), come from the input).
   std::vector<ViewPiece> view_pieces(const CallPlan& p) const {
     std::vector<ViewPiece> pieces;
-    fill(0, p.r1, 0, pieces);
-    fill(p.r2, p.a.c, p.r1, pieces);
-    QVG_CHECK(p.r3 == p.a.ce && p.r1 + (p.a.c - p.r2) == p.T - p.a.n);
+    fill(0, p.view.sink_end, 0, pieces);
+    fill(p.view.tail_start, p.call.start, p.view.sink_end, pieces);
+    QVG_CHECK(p.view.end == p.call.end && p.view.sink_end + (p.call.start - p.view.tail_start) == p.view.tokens - p.call.n);
     return pieces;
   }
 
  private:
   CacheOptions opt_;
   QuantArgs quant_;
-  int64_t cap_ = 0, window_ = 0;
+  int64_t capacity_ = 0, window_ = 0;
   std::vector<Segment> segs_;  // global order; segs_.back() is the current chunk
-  int64_t ge_ = 0;
+  int64_t global_end_ = 0;
   std::optional<int64_t> chunk_tokens_;
 };
+
+/// Raw K+V bytes or encoded K+V bytes of a segment whose payload has the members
+/// k_raw, v_raw (buffers with size()) and k_enc, v_enc (encodings with nbytes()).
+template <class P>
+size_t segment_bytes(const PlanSegment<P>& s) {
+  return s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
+}
+
+/// The public description of segment i (BasicSegmentInfo, qvg/cache.h) for a payload
+/// as segment_bytes() requires; raw views over its buffers' data().
+template <class Encoded, class P>
+BasicSegmentInfo<Encoded> describe_segment(const CachePolicy<P>& pol, size_t i, const CacheOptions& o) {
+  const auto& segs = pol.segments();
+  QVG_CHECK(i < segs.size());
+  const PlanSegment<P>& s = segs[i];
+  BasicSegmentInfo<Encoded> info;
+  info.g0 = s.g0;
+  info.g1 = s.g1;
+  info.is_sink = s.is_sink;
+  info.packed = s.packed;
+  info.current = i + 1 == segs.size();
+  info.chunks = s.chunks;
+  info.nbytes = segment_bytes(s);
+  if (s.packed) {
+    info.k_enc = &s.data.k_enc;
+    info.v_enc = &s.data.v_enc;
+  } else {
+    info.k_raw = dense_view(rows_of(static_cast<const void*>(s.data.k_raw.data()), o, s.tokens()));
+    info.v_raw = dense_view(rows_of(static_cast<const void*>(s.data.v_raw.data()), o, s.tokens()));
+  }
+  return info;
+}
 
 }  // namespace qvg::detail

@@ -16,95 +16,108 @@ namespace qvg {
 struct DenseCausalCache::Impl {
   const CacheOptions opt;  // batch, heads, head_dim, dtype, sink, growth: fixed
   const size_t esz;
-  int64_t cap = 0;     // current cache_size
-  int64_t window = 0;  // current window
+  int64_t capacity = 0;  // current cache_size
+  int64_t window = 0;    // current window
   AlignedBuffer own_k, own_v;
   std::byte* k = nullptr;
   std::byte* v = nullptr;
   bool owns = true;
-  int64_t ge = 0, le = 0;
+  GrowStorage grow;  // caller storage for growth (may be empty)
+  int64_t global_end = 0, local_end = 0;
   std::shared_ptr<ViewScratch> scratch;  // K then V of the last copied view (maybe shared)
   size_t peak_transient = 0;
 
   explicit Impl(const CacheOptions& o)
       : opt(o),
         esz(dtype_size(o.dtype)),
-        cap(o.cache_size),
+        capacity(o.cache_size),
         window(o.window()),
         scratch(o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>()) {}
 
   size_t buffer_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
   size_t token_bytes() const { return size_t(opt.heads * opt.head_dim) * esz; }
+  detail::Rows k_rows() const { return detail::rows_of(static_cast<void*>(k), opt, capacity); }
+  detail::Rows v_rows() const { return detail::rows_of(static_cast<void*>(v), opt, capacity); }
 
-  struct Plan {
-    detail::CallArgs a;
-    bool rewrite = false;
-    int64_t new_cap = 0, new_window = 0;  // after growth (== cap, window without)
-    int64_t evicted = 0, rolled = 0;       // eviction roll (advance without growth)
-    int64_t ls = 0;                         // chunk's buffer index
-    int64_t new_ge = 0, new_le = 0;
-    // View: buffer ranges [r0, r1) ++ [r2, r3) (second may be empty).
-    int64_t r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+  /// A buffer range [begin, end) (local indices).
+  struct Range {
+    int64_t begin = 0, end = 0;
+    int64_t size() const { return end - begin; }
   };
 
-  Plan plan(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-            std::optional<int64_t> rw) const {
+  struct Plan {
+    detail::CallArgs call;
+    bool rewrite = false;
+    int64_t new_capacity = 0, new_window = 0;  // after growth (== capacity, window without)
+    int64_t evicted = 0, rolled = 0;           // eviction roll (advance without growth)
+    int64_t chunk_at = 0;                      // the chunk's buffer index
+    int64_t new_global_end = 0, new_local_end = 0;
+    Range first, second;                       // the view: buffer[first] ++ buffer[second] (second may be empty)
+    int64_t view_tokens() const { return first.size() + second.size(); }
+  };
+
+  Plan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
+            std::optional<int64_t> recent_window) const {
     Plan p;
-    p.a = detail::validate_call(opt, key, value, c, hs, rw);
-    const int64_t n = p.a.n, ce = p.a.ce, sink = opt.sink_tokens;
-    if (!opt.allow_growth && n > cap)
-      throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", n, cap));
-    p.new_cap = cap;
+    p.call = detail::validate_call(opt, key, value, chunk_start, head_start, recent_window);
+    const int64_t n = p.call.n, start = p.call.start, end = p.call.end, sink = opt.sink_tokens;
+    if (!opt.allow_growth && n > capacity)
+      throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", n, capacity));
+    p.new_capacity = capacity;
     p.new_window = window;
-    const int64_t shift = ge - le;
-    if (ce <= ge) {  // rewrite
+    const int64_t evicted_so_far = global_end - local_end;
+    if (end <= global_end) {  // rewrite
       p.rewrite = true;
-      p.ls = c - shift;
-      if (p.ls < 0)
+      p.chunk_at = start - evicted_so_far;
+      if (p.chunk_at < 0)
         throw OutOfRange(fmt::format(
             "rewrite of evicted positions: current_chunk_start = {} maps to buffer index {} < 0 "
             "(global_end = {}, local_end = {}, {} tokens evicted); only chunks still in the buffer can be rewritten",
-            c, p.ls, ge, le, shift));
-      const int64_t sink_end = std::min(sink, le);
-      if (shift > 0 && p.ls < sink_end)
+            start, p.chunk_at, global_end, local_end, evicted_so_far));
+      const int64_t sink_end = std::min(sink, local_end);
+      if (evicted_so_far > 0 && p.chunk_at < sink_end)
         throw OutOfRange(fmt::format(
             "rewrite of evicted positions: current_chunk_start = {} maps to buffer index {} inside the sink slots "
             "[0, {}) after {} tokens were evicted (global_end = {}, local_end = {}); only chunks at buffer index >= {} "
             "can be rewritten",
-            c, p.ls, sink_end, shift, ge, le, sink_end));
-      p.new_ge = ge;
-      p.new_le = le;
+            start, p.chunk_at, sink_end, evicted_so_far, global_end, local_end, sink_end));
+      p.new_global_end = global_end;
+      p.new_local_end = local_end;
     } else {  // advance
-      const int64_t appended = ce - ge;
-      const int64_t needed = le + appended;
-      int64_t end;
-      if (needed > cap) {
+      const int64_t appended = end - global_end;
+      const int64_t needed = local_end + appended;
+      int64_t chunk_end;
+      if (needed > capacity) {
         if (opt.allow_growth) {
-          p.new_cap = std::max(needed, 2 * cap);
-          if (window == cap) p.new_window = p.new_cap;
-          end = needed;
+          p.new_capacity = std::max(needed, 2 * capacity);
+          if (window == capacity) p.new_window = p.new_capacity;
+          CacheOptions grown = opt;  // the grown sizes must stay within the limits
+          grown.cache_size = p.new_capacity;
+          grown.attention_window_size = p.new_window;
+          detail::validate_options(grown);
+          chunk_end = needed;
         } else {
-          const int64_t sink_end = std::min(sink, le);
-          if (cap - n < sink_end)
+          const int64_t sink_end = std::min(sink, local_end);
+          if (capacity - n < sink_end)
             throw OutOfRange(fmt::format(
                 "chunk [{}, {}) would overwrite sink tokens: after eviction it is placed at buffer [{}, {}), which "
                 "overlaps the {} sink tokens at [0, {}) (cache_size = {}, n = {}); chunks may be at most "
                 "cache_size - sink = {} tokens here",
-                c, ce, cap - n, cap, sink_end, sink_end, cap, n, cap - sink_end));
-          p.evicted = needed - cap;
-          p.rolled = std::max<int64_t>(0, le - p.evicted - sink);
-          end = cap;
+                start, end, capacity - n, capacity, sink_end, sink_end, capacity, n, capacity - sink_end));
+          p.evicted = needed - capacity;
+          p.rolled = std::max<int64_t>(0, local_end - p.evicted - sink);
+          chunk_end = capacity;
         }
       } else {
-        end = needed;
+        chunk_end = needed;
       }
-      p.ls = end - n;
-      if (p.ls < 0)  // only reachable with cursors set inconsistently from outside
+      p.chunk_at = chunk_end - n;
+      if (p.chunk_at < 0)  // only reachable with cursors set inconsistently from outside
         throw OutOfRange(fmt::format(
-            "chunk [{}, {}) cannot be placed: it would start at buffer index {} (global_end = {}, local_end = {})", c,
-            ce, p.ls, ge, le));
-      p.new_ge = ce;
-      p.new_le = end;
+            "chunk [{}, {}) cannot be placed: it would start at buffer index {} (global_end = {}, local_end = {})",
+            start, end, p.chunk_at, global_end, local_end));
+      p.new_global_end = end;
+      p.new_local_end = chunk_end;
     }
     if (n > p.new_window)
       throw OutOfRange(fmt::format(
@@ -112,59 +125,82 @@ struct DenseCausalCache::Impl {
           "chunk must be entirely visible",
           n, p.new_window));
     // View ranges.
-    const int64_t le2 = p.new_le;
-    if (!rw) {
-      p.r0 = std::max<int64_t>(0, le2 - p.new_window);
-      p.r1 = le2;
+    const int64_t held = p.new_local_end;
+    if (!recent_window) {
+      p.first = {std::max<int64_t>(0, held - p.new_window), held};
     } else {
-      const int64_t sink_end = std::min(sink, le2);
-      const int64_t start = std::max(sink_end, p.ls - *rw);
-      if (start <= sink_end) {
-        p.r0 = 0;
-        p.r1 = le2;
+      const int64_t sink_end = std::min(sink, held);
+      const int64_t recent_from = std::max(sink_end, p.chunk_at - *recent_window);
+      if (recent_from <= sink_end) {
+        p.first = {0, held};
       } else {
-        p.r0 = 0;
-        p.r1 = sink_end;
-        p.r2 = start;
-        p.r3 = le2;
+        p.first = {0, sink_end};
+        p.second = {recent_from, held};
       }
     }
-    if (p.r0 == p.r1) {  // a single range
-      p.r0 = p.r2;
-      p.r1 = p.r3;
-      p.r2 = p.r3 = 0;
+    if (p.first.size() == 0) {  // a single range
+      p.first = p.second;
+      p.second = {};
     }
     detail::check_values(key, value);
     return p;
   }
 
+  /// The new buffers of a growth: the caller's (GrowStorage) or owned ones. The
+  /// only step of apply() that can fail; nothing has changed when it throws.
+  struct Grown {
+    AlignedBuffer own_k, own_v;
+    std::byte* k = nullptr;
+    std::byte* v = nullptr;
+  };
+  Grown allocate_grown(int64_t new_capacity) const {
+    Grown g;
+    if (grow) {
+      const ExternalStorage s = grow(new_capacity);
+      if (s.k == nullptr || s.v == nullptr)
+        throw InvalidArgument(fmt::format("GrowStorage must return non-null K and V storage for cache_size {}",
+                                          new_capacity));
+      g.k = static_cast<std::byte*>(s.k);
+      g.v = static_cast<std::byte*>(s.v);
+    } else {
+      g.own_k = AlignedBuffer(buffer_bytes(new_capacity));
+      g.own_v = AlignedBuffer(buffer_bytes(new_capacity));
+      g.k = g.own_k.data();
+      g.v = g.own_v.data();
+    }
+    return g;
+  }
+
   KVView apply(const Plan& p, ConstTensorView key, ConstTensorView value) {
     detail::TransientMeter meter;
-    const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
-    const int64_t T = (p.r1 - p.r0) + (p.r3 - p.r2);
-    const bool copy = p.r3 > p.r2;
-    const size_t view_bytes = copy ? 2 * size_t(B * T * p.a.h_in * D) * esz : 0;
-    if (scratch->size() != view_bytes || p.new_cap != cap) scratch->release();  // release before growth
-    if (p.new_cap != cap) {
-      AlignedBuffer nk(buffer_bytes(p.new_cap)), nv(buffer_bytes(p.new_cap));
-      const size_t old_bytes = 2 * buffer_bytes(cap);
+    const int64_t B = opt.batch, h_in = p.call.heads;
+    const bool growing = p.new_capacity != capacity;
+    Grown grown;
+    if (growing) grown = allocate_grown(p.new_capacity);
+    // --- from here on state changes; nothing can fail ---
+    const int64_t T = p.view_tokens();
+    const bool copy = p.second.size() > 0;
+    const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * opt.head_dim) * esz : 0;
+    if (scratch->size() != view_bytes || growing) scratch->release();  // release before growth
+    if (growing) {
+      const size_t old_bytes = 2 * buffer_bytes(capacity);
       meter.add(old_bytes);  // old buffers held while copying into the new ones
-      const size_t old_b = buffer_bytes(cap) / size_t(B), new_b = buffer_bytes(p.new_cap) / size_t(B);
+      const size_t old_b = buffer_bytes(capacity) / size_t(B), new_b = buffer_bytes(p.new_capacity) / size_t(B);
       for (int64_t b = 0; b < B; ++b) {
-        std::memcpy(nk.data() + size_t(b) * new_b, k + size_t(b) * old_b, old_b);
-        std::memcpy(nv.data() + size_t(b) * new_b, v + size_t(b) * old_b, old_b);
+        std::memcpy(grown.k + size_t(b) * new_b, k + size_t(b) * old_b, old_b);
+        std::memcpy(grown.v + size_t(b) * new_b, v + size_t(b) * old_b, old_b);
       }
-      own_k = std::move(nk);
-      own_v = std::move(nv);
-      k = own_k.data();
-      v = own_v.data();
-      owns = true;
+      owns = !grow;
+      own_k = std::move(grown.own_k);
+      own_v = std::move(grown.own_v);
+      k = grown.k;
+      v = grown.v;
       meter.sub(old_bytes);
-      cap = p.new_cap;
+      capacity = p.new_capacity;
       window = p.new_window;
     }
     if (p.rolled > 0) {
-      const size_t tb = token_bytes(), bb = size_t(cap) * tb;
+      const size_t tb = token_bytes(), bb = size_t(capacity) * tb;
       const int64_t sink = opt.sink_tokens;
       for (int64_t b = 0; b < B; ++b) {
         std::memmove(k + size_t(b) * bb + size_t(sink) * tb, k + size_t(b) * bb + size_t(sink + p.evicted) * tb,
@@ -173,33 +209,33 @@ struct DenseCausalCache::Impl {
                      size_t(p.rolled) * tb);
       }
     }
-    detail::write_rows(key, k, cap, H, p.ls, p.a.hs);
-    detail::write_rows(value, v, cap, H, p.ls, p.a.hs);
-    ge = p.new_ge;
-    le = p.new_le;
+    detail::write_rows(key, {k_rows(), p.chunk_at, p.call.head_start});
+    detail::write_rows(value, {v_rows(), p.chunk_at, p.call.head_start});
+    global_end = p.new_global_end;
+    local_end = p.new_local_end;
 
     KVView out;
     if (!copy) {
-      out.k = detail::sub_view(k, opt.dtype, B, cap, H, D, p.r0, T, p.a.hs, p.a.h_in);
-      out.v = detail::sub_view(v, opt.dtype, B, cap, H, D, p.r0, T, p.a.hs, p.a.h_in);
+      out.k = detail::sub_view(k_rows(), p.first.begin, T, p.call.head_start, h_in);
+      out.v = detail::sub_view(v_rows(), p.first.begin, T, p.call.head_start, h_in);
       out.zero_copy = true;
     } else {
       if (scratch->size() != view_bytes) scratch->resize(view_bytes);
       meter.add(view_bytes);
-      std::byte* sk = scratch->data();
-      std::byte* sv = scratch->data() + view_bytes / 2;
-      const int64_t len0 = p.r1 - p.r0;
-      detail::gather_rows(k, B, cap, H, D, esz, p.r0, p.r1, p.a.hs, p.a.h_in, sk, T, 0);
-      detail::gather_rows(k, B, cap, H, D, esz, p.r2, p.r3, p.a.hs, p.a.h_in, sk, T, len0);
-      detail::gather_rows(v, B, cap, H, D, esz, p.r0, p.r1, p.a.hs, p.a.h_in, sv, T, 0);
-      detail::gather_rows(v, B, cap, H, D, esz, p.r2, p.r3, p.a.hs, p.a.h_in, sv, T, len0);
-      out.k = detail::dense_view(sk, opt.dtype, B, T, p.a.h_in, D);
-      out.v = detail::dense_view(sv, opt.dtype, B, T, p.a.h_in, D);
+      const detail::Rows vk{scratch->data(), opt.dtype, B, T, h_in, opt.head_dim};
+      const detail::Rows vv{scratch->data() + view_bytes / 2, opt.dtype, B, T, h_in, opt.head_dim};
+      const int64_t hs = p.call.head_start;
+      detail::gather_rows(k_rows(), p.first.begin, p.first.end, hs, {vk, 0, 0});
+      detail::gather_rows(k_rows(), p.second.begin, p.second.end, hs, {vk, p.first.size(), 0});
+      detail::gather_rows(v_rows(), p.first.begin, p.first.end, hs, {vv, 0, 0});
+      detail::gather_rows(v_rows(), p.second.begin, p.second.end, hs, {vv, p.first.size(), 0});
+      out.k = detail::dense_view(vk);
+      out.v = detail::dense_view(vv);
     }
-    out.local_start_index = p.ls;
-    out.local_end_index = p.ls + p.a.n;
-    out.visible_local_end = le;
-    out.visible_global_end = ge;
+    out.local_start_index = p.chunk_at;
+    out.local_end_index = p.chunk_at + p.call.n;
+    out.visible_local_end = local_end;
+    out.visible_global_end = global_end;
     peak_transient = meter.peak();
     return out;
   }
@@ -208,13 +244,13 @@ struct DenseCausalCache::Impl {
 DenseCausalCache::DenseCausalCache(const CacheOptions& options) {
   detail::validate_options(options);
   impl_ = std::make_unique<Impl>(options);
-  impl_->own_k = AlignedBuffer(impl_->buffer_bytes(impl_->cap));
-  impl_->own_v = AlignedBuffer(impl_->buffer_bytes(impl_->cap));
+  impl_->own_k = AlignedBuffer(impl_->buffer_bytes(impl_->capacity));
+  impl_->own_v = AlignedBuffer(impl_->buffer_bytes(impl_->capacity));
   impl_->k = impl_->own_k.data();
   impl_->v = impl_->own_v.data();
 }
 
-DenseCausalCache::DenseCausalCache(const CacheOptions& options, ExternalStorage storage) {
+DenseCausalCache::DenseCausalCache(const CacheOptions& options, ExternalStorage storage, GrowStorage grow) {
   detail::validate_options(options);
   if (storage.k == nullptr || storage.v == nullptr)
     throw InvalidArgument(fmt::format("external K and V storage must not be null, got k={} v={}",
@@ -223,6 +259,7 @@ DenseCausalCache::DenseCausalCache(const CacheOptions& options, ExternalStorage 
   impl_->k = static_cast<std::byte*>(storage.k);
   impl_->v = static_cast<std::byte*>(storage.v);
   impl_->owns = false;
+  impl_->grow = std::move(grow);
 }
 
 DenseCausalCache::~DenseCausalCache() = default;
@@ -236,14 +273,14 @@ KVView DenseCausalCache::do_update(ConstTensorView key, ConstTensorView value, i
 }
 
 void DenseCausalCache::reset_indices() {
-  impl_->ge = 0;
-  impl_->le = 0;
+  impl_->global_end = 0;
+  impl_->local_end = 0;
   impl_->scratch->release();
   impl_->peak_transient = 0;
 }
 
 void DenseCausalCache::set_indices(int64_t global_end, int64_t local_end) {
-  const int64_t cap = impl_->cap;
+  const int64_t cap = impl_->capacity;
   if (local_end < 0 || local_end > cap)
     throw InvalidArgument(fmt::format("local_end must be in [0, cache_size = {}], got {}", cap, local_end));
   if (global_end < local_end || global_end > detail::kMaxPosition)
@@ -254,16 +291,16 @@ void DenseCausalCache::set_indices(int64_t global_end, int64_t local_end) {
         "global_end must equal local_end = {} unless local_end == cache_size = {} (evictions happen only from a "
         "full buffer), got global_end = {}",
         local_end, cap, global_end));
-  impl_->ge = global_end;
-  impl_->le = local_end;
+  impl_->global_end = global_end;
+  impl_->local_end = local_end;
   impl_->scratch->release();
 }
 
-size_t DenseCausalCache::resident_nbytes() const { return 2 * impl_->buffer_bytes(impl_->cap); }
+size_t DenseCausalCache::resident_nbytes() const { return 2 * impl_->buffer_bytes(impl_->capacity); }
 size_t DenseCausalCache::peak_transient_nbytes() const { return impl_->peak_transient; }
-int64_t DenseCausalCache::global_end() const { return impl_->ge; }
-int64_t DenseCausalCache::local_end() const { return impl_->le; }
-int64_t DenseCausalCache::cache_size() const { return impl_->cap; }
+int64_t DenseCausalCache::global_end() const { return impl_->global_end; }
+int64_t DenseCausalCache::local_end() const { return impl_->local_end; }
+int64_t DenseCausalCache::cache_size() const { return impl_->capacity; }
 int64_t DenseCausalCache::attention_window_size() const { return impl_->window; }
 int64_t DenseCausalCache::sink_tokens() const { return impl_->opt.sink_tokens; }
 int64_t DenseCausalCache::batch() const { return impl_->opt.batch; }
@@ -274,23 +311,23 @@ bool DenseCausalCache::allow_growth() const { return impl_->opt.allow_growth; }
 bool DenseCausalCache::owns_storage() const { return impl_->owns; }
 
 ConstTensorView DenseCausalCache::k_buffer() const {
-  return {impl_->k, impl_->opt.dtype, {impl_->opt.batch, impl_->cap, impl_->opt.heads, impl_->opt.head_dim}};
+  return {impl_->k, impl_->opt.dtype, {impl_->opt.batch, impl_->capacity, impl_->opt.heads, impl_->opt.head_dim}};
 }
 ConstTensorView DenseCausalCache::v_buffer() const {
-  return {impl_->v, impl_->opt.dtype, {impl_->opt.batch, impl_->cap, impl_->opt.heads, impl_->opt.head_dim}};
+  return {impl_->v, impl_->opt.dtype, {impl_->opt.batch, impl_->capacity, impl_->opt.heads, impl_->opt.head_dim}};
 }
 
 DenseCausalCache::DebugState DenseCausalCache::debug_state() const {
   DebugState s;
-  const size_t n = impl_->buffer_bytes(impl_->cap);
+  const size_t n = impl_->buffer_bytes(impl_->capacity);
   const auto* kb = reinterpret_cast<const uint8_t*>(impl_->k);
   const auto* vb = reinterpret_cast<const uint8_t*>(impl_->v);
   s.k.assign(kb, kb + n);
   s.v.assign(vb, vb + n);
-  s.cache_size = impl_->cap;
+  s.cache_size = impl_->capacity;
   s.window = impl_->window;
-  s.global_end = impl_->ge;
-  s.local_end = impl_->le;
+  s.global_end = impl_->global_end;
+  s.local_end = impl_->local_end;
   s.resident_nbytes = resident_nbytes();
   s.peak_transient_nbytes = impl_->peak_transient;
   const auto* sb = reinterpret_cast<const uint8_t*>(impl_->scratch->data());

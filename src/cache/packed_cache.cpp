@@ -23,26 +23,6 @@ struct SegData {
 using Policy = detail::CachePolicy<SegData>;
 using Segment = Policy::Segment;
 
-size_t seg_nbytes(const Segment& s) {
-  return s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
-}
-
-/// The metadata and codebooks of `e` (what a warm start needs), nothing else.
-EncodedTensor codebook_only(const EncodedTensor& e) {
-  EncodedTensor w;
-  w.dtype = e.dtype;
-  w.shape = e.shape;
-  w.bits = e.bits;
-  w.block_size = e.block_size;
-  w.stages = e.stages;
-  w.centroids = e.centroids;
-  w.asymmetric = e.asymmetric;
-  w.scale_dtype = e.scale_dtype;
-  w.scaling = e.scaling;
-  w.centroid = e.centroid;
-  return w;
-}
-
 size_t codebook_nbytes(const EncodedTensor& e) {
   size_t n = 0;
   for (const auto& c : e.centroid) n += c.size();
@@ -55,7 +35,7 @@ struct PackedCausalCache::Impl {
   const CacheOptions opt;
   const QuantArgs quant;
   const size_t esz;
-  const int64_t cap, window;
+  const int64_t capacity, window;
   CodecConfig codec;  // valid when quant.enabled()
 
   Policy pol;  // the segments (global order; the last is the current chunk) and their policy
@@ -64,7 +44,7 @@ struct PackedCausalCache::Impl {
   size_t peak_transient = 0;
 
   Impl(const CacheOptions& o, const QuantArgs& q)
-      : opt(o), quant(q), esz(dtype_size(o.dtype)), cap(o.cache_size), window(o.window()), pol(o, q) {
+      : opt(o), quant(q), esz(dtype_size(o.dtype)), capacity(o.cache_size), window(o.window()), pol(o, q) {
     scratch = o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>();
     if (q.enabled()) codec = q.codec();
   }
@@ -72,9 +52,9 @@ struct PackedCausalCache::Impl {
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
 
   /// Validation of the call (no state change): the policy's, then the values.
-  detail::CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-                        std::optional<int64_t> rw) const {
-    detail::CallPlan p = pol.plan(key, value, c, hs, rw);
+  detail::CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
+                        std::optional<int64_t> head_start, std::optional<int64_t> recent_window) const {
+    detail::CallPlan p = pol.plan(key, value, chunk_start, head_start, recent_window);
     detail::check_values(key, value);
     return p;
   }
@@ -116,21 +96,21 @@ struct PackedCausalCache::Impl {
       packed.data.k_enc = encode_one(parts, true, meter);
       packed.data.v_enc = encode_one(parts, false, meter);
       if (codec.init == Init::Warm) {
-        warm_k = codebook_only(packed.data.k_enc);
-        warm_v = codebook_only(packed.data.v_enc);
+        warm_k = packed.data.k_enc.codebooks_only();
+        warm_v = packed.data.v_enc.codebooks_only();
       }
-      meter.sub(seg_nbytes(packed));  // resident from here on; the raw chunks are gone
+      meter.sub(detail::segment_bytes(packed));  // resident from here on; the raw chunks are gone
     });
   }
 
   // --- apply -----------------------------------------------------------------
   KVView apply(const detail::CallPlan& p, ConstTensorView key, ConstTensorView value) {
     detail::TransientMeter meter;
-    const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.a.h_in;
-    // View = [0, r1) ++ [r2, r3) in global tokens (the policy's ranges); a single
-    // range inside the current chunk is returned without a copy.
-    const int64_t T = p.T;
-    const size_t view_bytes = p.copy ? 2 * size_t(B * T * h_in * D) * esz : 0;
+    const int64_t B = opt.batch, D = opt.head_dim, h_in = p.call.heads, hs = p.call.head_start;
+    // View = [0, sink_end) ++ [tail_start, end) in global tokens (the policy's
+    // layout); a single range inside the current chunk is returned without a copy.
+    const int64_t T = p.view.tokens;
+    const size_t view_bytes = p.copies ? 2 * size_t(B * T * h_in * D) * esz : 0;
     // An advance that encodes frees an unshared view buffer first (lower peak while
     // encoding); a shared one is kept for the other caches that use it.
     if (scratch->size() != view_bytes || (p.advance && quant.enabled() && scratch.use_count() == 1))
@@ -138,36 +118,38 @@ struct PackedCausalCache::Impl {
     meter.add(scratch->size());  // kept for reuse: held through the call
 
     std::vector<Segment>& segs = pol.segments();
+    auto k_rows = [&](Segment& s) { return detail::rows_of(s.data.k_raw.data(), opt, s.tokens()); };
+    auto v_rows = [&](Segment& s) { return detail::rows_of(s.data.v_raw.data(), opt, s.tokens()); };
     if (p.advance) {
       SegData cur;
-      cur.k_raw = AlignedBuffer(raw_bytes(p.a.n));  // zeros in heads this call does not write
-      cur.v_raw = AlignedBuffer(raw_bytes(p.a.n));
-      detail::write_rows(key, cur.k_raw.data(), p.a.n, H, 0, p.a.hs);
-      detail::write_rows(value, cur.v_raw.data(), p.a.n, H, 0, p.a.hs);
+      cur.k_raw = AlignedBuffer(raw_bytes(p.call.n));  // zeros in heads this call does not write
+      cur.v_raw = AlignedBuffer(raw_bytes(p.call.n));
+      detail::write_rows(key, {detail::rows_of(cur.k_raw.data(), opt, p.call.n), 0, hs});
+      detail::write_rows(value, {detail::rows_of(cur.v_raw.data(), opt, p.call.n), 0, hs});
       segs.reserve(segs.size() + 1);
       // --- from here on state changes; only std::bad_alloc can still occur ---
       pol.push_current(p, std::move(cur));
       pol.evict();
       pack(meter);
-    } else if (!p.copy) {
+    } else if (!p.copies) {
       Segment& cur = segs.back();
-      detail::write_rows(key, cur.data.k_raw.data(), cur.tokens(), H, 0, p.a.hs);
-      detail::write_rows(value, cur.data.v_raw.data(), cur.tokens(), H, 0, p.a.hs);
+      detail::write_rows(key, {k_rows(cur), 0, hs});
+      detail::write_rows(value, {v_rows(cur), 0, hs});
     }  // else: written below together with the view (one read of the input)
 
     KVView out;
-    const Segment& cur = segs.back();
-    if (!p.copy) {
-      out.k = detail::sub_view(cur.data.k_raw.data(), opt.dtype, B, cur.tokens(), H, D, p.r2 - cur.g0, T, p.a.hs, h_in);
-      out.v = detail::sub_view(cur.data.v_raw.data(), opt.dtype, B, cur.tokens(), H, D, p.r2 - cur.g0, T, p.a.hs, h_in);
+    Segment& cur = segs.back();
+    if (!p.copies) {
+      out.k = detail::sub_view(k_rows(cur), p.view.tail_start - cur.g0, T, hs, h_in);
+      out.v = detail::sub_view(v_rows(cur), p.view.tail_start - cur.g0, T, hs, h_in);
       out.zero_copy = true;
     } else {
       if (scratch->size() != view_bytes) {
         scratch->resize(view_bytes);
         meter.add(view_bytes);
       }
-      std::byte* sk = scratch->data();
-      std::byte* sv = scratch->data() + view_bytes / 2;
+      const detail::Rows vk{scratch->data(), opt.dtype, B, T, h_in, D};
+      const detail::Rows vv{scratch->data() + view_bytes / 2, opt.dtype, B, T, h_in, D};
       // Raw segments are copied at once; packed spans are collected and decoded
       // in one parallel pass (every span, K and V) straight into the view.
       // The current chunk — always the view's last n tokens, and exactly the
@@ -175,37 +157,35 @@ struct PackedCausalCache::Impl {
       // segment.
       std::vector<DecodeTask> tasks;
       for (const detail::ViewPiece& pc : pol.view_pieces(p)) {
-        const Segment& s = segs[pc.seg];
+        Segment& s = segs[pc.seg];
         if (!s.packed) {
-          detail::gather_rows(s.data.k_raw.data(), B, s.tokens(), H, D, esz, pc.t0, pc.t1, p.a.hs, h_in, sk, T, pc.out_t);
-          detail::gather_rows(s.data.v_raw.data(), B, s.tokens(), H, D, esz, pc.t0, pc.t1, p.a.hs, h_in, sv, T, pc.out_t);
+          detail::gather_rows(k_rows(s), pc.t0, pc.t1, hs, {vk, pc.out_t, 0});
+          detail::gather_rows(v_rows(s), pc.t0, pc.t1, hs, {vv, pc.out_t, 0});
         } else {
-          const size_t off = size_t(pc.out_t * h_in * D) * esz;
-          const DecodeTarget tk{sk + off, opt.dtype, T * h_in * D, h_in * D};
-          const DecodeTarget tv{sv + off, opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back({&s.data.k_enc, pc.t0, pc.t1, p.a.hs, p.a.hs + h_in, tk});
-          tasks.push_back({&s.data.v_enc, pc.t0, pc.t1, p.a.hs, p.a.hs + h_in, tv});
+          const DecodeTarget tk{vk.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
+          const DecodeTarget tv{vv.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
+          tasks.push_back({&s.data.k_enc, pc.t0, pc.t1, hs, hs + h_in, tk});
+          tasks.push_back({&s.data.v_enc, pc.t0, pc.t1, hs, hs + h_in, tv});
         }
       }
+      const int64_t chunk_at = T - p.call.n;  // the call's chunk: the view's last n tokens
       if (p.advance) {
-        detail::write_rows(key, sk, T, h_in, T - p.a.n, 0);
-        detail::write_rows(value, sv, T, h_in, T - p.a.n, 0);
+        detail::write_rows(key, {vk, chunk_at, 0});
+        detail::write_rows(value, {vv, chunk_at, 0});
       } else {  // a denoising step: into the current segment and the view at once
         Segment& c_seg = segs.back();
-        detail::write_rows_twice(key, {c_seg.data.k_raw.data(), c_seg.tokens(), H, 0, p.a.hs},
-                                 {sk, T, h_in, T - p.a.n, 0});
-        detail::write_rows_twice(value, {c_seg.data.v_raw.data(), c_seg.tokens(), H, 0, p.a.hs},
-                                 {sv, T, h_in, T - p.a.n, 0});
+        detail::write_rows_twice(key, {k_rows(c_seg), 0, hs}, {vk, chunk_at, 0});
+        detail::write_rows_twice(value, {v_rows(c_seg), 0, hs}, {vv, chunk_at, 0});
       }
       decode_ranges(tasks, quant.threads);
-      out.k = detail::dense_view(sk, opt.dtype, B, T, h_in, D);
-      out.v = detail::dense_view(sv, opt.dtype, B, T, h_in, D);
+      out.k = detail::dense_view(vk);
+      out.v = detail::dense_view(vv);
     }
-    const int64_t ge = pol.global_end();
-    out.local_start_index = T - p.a.n;
+    const int64_t global_end = pol.global_end();
+    out.local_start_index = T - p.call.n;
     out.local_end_index = T;
-    out.visible_local_end = std::min(ge, cap);
-    out.visible_global_end = ge;
+    out.visible_local_end = pol.local_end();
+    out.visible_global_end = global_end;
     peak_transient = meter.peak();
     return out;
   }
@@ -226,9 +206,9 @@ PackedCausalCache::~PackedCausalCache() = default;
 PackedCausalCache::PackedCausalCache(PackedCausalCache&&) noexcept = default;
 PackedCausalCache& PackedCausalCache::operator=(PackedCausalCache&&) noexcept = default;
 
-KVView PackedCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-                                    std::optional<int64_t> rw) {
-  const detail::CallPlan p = impl_->plan(key, value, c, hs, rw);
+KVView PackedCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
+                                    std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
+  const detail::CallPlan p = impl_->plan(key, value, chunk_start, head_start, recent_window);
   return impl_->apply(p, key, value);
 }
 
@@ -242,13 +222,13 @@ void PackedCausalCache::reset_indices() {
 
 size_t PackedCausalCache::resident_nbytes() const {
   size_t n = 0;
-  for (const Segment& s : impl_->pol.segments()) n += seg_nbytes(s);
+  for (const Segment& s : impl_->pol.segments()) n += detail::segment_bytes(s);
   return n;
 }
 size_t PackedCausalCache::peak_transient_nbytes() const { return impl_->peak_transient; }
 int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
-int64_t PackedCausalCache::local_end() const { return std::min(impl_->pol.global_end(), impl_->cap); }
-int64_t PackedCausalCache::cache_size() const { return impl_->cap; }
+int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
+int64_t PackedCausalCache::cache_size() const { return impl_->capacity; }
 int64_t PackedCausalCache::attention_window_size() const { return impl_->window; }
 int64_t PackedCausalCache::sink_tokens() const { return impl_->opt.sink_tokens; }
 int64_t PackedCausalCache::batch() const { return impl_->opt.batch; }
@@ -272,26 +252,7 @@ WindowRanges PackedCausalCache::window_ranges() const {
 size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
 
 PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
-  const std::vector<Segment>& segs = impl_->pol.segments();
-  QVG_CHECK(i < segs.size());
-  const Segment& s = segs[i];
-  const CacheOptions& o = impl_->opt;
-  SegmentInfo info;
-  info.g0 = s.g0;
-  info.g1 = s.g1;
-  info.is_sink = s.is_sink;
-  info.packed = s.packed;
-  info.current = i + 1 == segs.size();
-  info.chunks = s.chunks;
-  info.nbytes = seg_nbytes(s);
-  if (s.packed) {
-    info.k_enc = &s.data.k_enc;
-    info.v_enc = &s.data.v_enc;
-  } else {
-    info.k_raw = detail::dense_view(s.data.k_raw.data(), o.dtype, o.batch, s.tokens(), o.heads, o.head_dim);
-    info.v_raw = detail::dense_view(s.data.v_raw.data(), o.dtype, o.batch, s.tokens(), o.heads, o.head_dim);
-  }
-  return info;
+  return detail::describe_segment<EncodedTensor>(impl_->pol, i, impl_->opt);
 }
 
 PackedCausalCache::DebugState PackedCausalCache::debug_state() const {

@@ -91,28 +91,9 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
   }
   check_finite_and_bounded(x, "input");
 
-  EncodedTensor enc;
-  enc.dtype = x.dtype;
-  enc.shape = sh;
-  enc.bits = cfg.bits;
-  enc.block_size = cfg.block_size;
-  enc.stages = cfg.stages;
-  enc.centroids = cfg.centroids;
-  enc.asymmetric = cfg.asymmetric;
-  enc.scale_dtype = cfg.scale_dtype;
-  enc.scaling = cfg.scaling;
+  EncodedTensor enc = EncodedTensor::allocate(EncodingLayout::of(sh, x.dtype, cfg));
   const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, K = cfg.centroids;
   const size_t esz = dtype_size(x.dtype);
-  enc.centroid.assign(size_t(cfg.stages), std::vector<uint8_t>(size_t(G * K * D) * esz, 0));
-  enc.ids.assign(size_t(cfg.stages), std::vector<uint8_t>(size_t(G * S), 0));
-  enc.codes.assign(size_t(G * S * D * cfg.bits / 8), 0);
-  const size_t nblocks = size_t(G * S * (D / cfg.block_size));
-  enc.scales.assign(nblocks * enc.scale_elem_size(), 0);
-  if (cfg.asymmetric) enc.zeros.assign(nblocks * enc.scale_elem_size(), 0);
-  if (cfg.scaling == Scaling::TwoLevel) {
-    enc.scale_factor.assign(size_t(G), 1.0f);
-    if (cfg.asymmetric) enc.zero_factor.assign(size_t(G), 1.0f);
-  }
   if (stats) stats->iterations.assign(size_t(cfg.stages), std::vector<int>(size_t(G), 0));
 
   const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;

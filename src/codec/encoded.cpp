@@ -1,6 +1,7 @@
 // EncodedTensor: sizes, validation and element accessors (spec 1.5).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include <fmt/core.h>
 
@@ -10,6 +11,59 @@
 
 namespace qvg {
 
+EncodedTensor EncodedTensor::allocate(const EncodingLayout& layout) {
+  EncodedTensor e;
+  static_cast<EncodingLayout&>(e) = layout;
+  e.centroid.resize(size_t(layout.stages));
+  e.ids.resize(size_t(layout.stages));
+  for (const ArrayDesc& a : layout.arrays()) {
+    const size_t n = a.bytes();
+    switch (a.kind) {
+      case EncodedArray::Centroids: e.centroid[size_t(a.stage)].assign(n, 0); break;
+      case EncodedArray::Ids: e.ids[size_t(a.stage)].assign(n, 0); break;
+      case EncodedArray::Codes: e.codes.assign(n, 0); break;
+      case EncodedArray::Scales: e.scales.assign(n, 0); break;
+      case EncodedArray::Zeros: e.zeros.assign(n, 0); break;
+      case EncodedArray::ScaleFactor: e.scale_factor.assign(n / 4, 1.0f); break;
+      case EncodedArray::ZeroFactor: e.zero_factor.assign(n / 4, 1.0f); break;
+    }
+  }
+  return e;
+}
+
+EncodedTensor EncodedTensor::codebooks_only() const {
+  EncodedTensor w;
+  static_cast<EncodingLayout&>(w) = layout();
+  w.centroid = centroid;
+  return w;
+}
+
+namespace {
+template <class T>
+auto as_bytes_of(T& v) {
+  using B = std::conditional_t<std::is_const_v<T>, const uint8_t, uint8_t>;
+  return std::span<B>(reinterpret_cast<B*>(v.data()), v.size() * sizeof(v[0]));
+}
+}  // namespace
+
+std::span<const uint8_t> EncodedTensor::array(const ArrayDesc& a) const {
+  return const_cast<EncodedTensor*>(this)->array(a);
+}
+
+std::span<uint8_t> EncodedTensor::array(const ArrayDesc& a) {
+  const size_t st = size_t(a.stage);
+  switch (a.kind) {
+    case EncodedArray::Centroids: return st < centroid.size() ? as_bytes_of(centroid[st]) : std::span<uint8_t>();
+    case EncodedArray::Ids: return st < ids.size() ? as_bytes_of(ids[st]) : std::span<uint8_t>();
+    case EncodedArray::Codes: return as_bytes_of(codes);
+    case EncodedArray::Scales: return as_bytes_of(scales);
+    case EncodedArray::Zeros: return as_bytes_of(zeros);
+    case EncodedArray::ScaleFactor: return as_bytes_of(scale_factor);
+    case EncodedArray::ZeroFactor: return as_bytes_of(zero_factor);
+  }
+  return {};
+}
+
 size_t EncodedTensor::nbytes() const {
   size_t n = codes.size() + scales.size() + zeros.size() + 4 * (scale_factor.size() + zero_factor.size());
   for (const auto& c : centroid) n += c.size();
@@ -18,15 +72,7 @@ size_t EncodedTensor::nbytes() const {
 }
 
 size_t EncodedTensor::predicted_nbytes(Shape4 s, DType dtype, const CodecConfig& cfg) {
-  const size_t groups = size_t(s.b * s.h);
-  const size_t tokens = groups * size_t(s.s);
-  const size_t blocks = tokens * size_t(s.d / cfg.block_size);
-  const size_t scale_bytes = cfg.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 2;
-  size_t n = size_t(cfg.stages) * (groups * size_t(cfg.centroids) * size_t(s.d) * dtype_size(dtype) + tokens);
-  n += tokens * size_t(s.d) * size_t(cfg.bits) / 8;
-  n += blocks * scale_bytes * (cfg.asymmetric ? 2 : 1);
-  if (cfg.scaling == Scaling::TwoLevel) n += groups * 4 * (cfg.asymmetric ? 2 : 1);
-  return n;
+  return EncodingLayout::of(s, dtype, cfg).total_bytes();
 }
 
 double EncodedTensor::bits_per_element() const {
@@ -34,54 +80,33 @@ double EncodedTensor::bits_per_element() const {
   return numel > 0 ? double(nbytes()) * 8.0 / numel : 0.0;
 }
 
-CodecConfig EncodedTensor::config() const {
-  CodecConfig c;
-  c.bits = bits;
-  c.centroids = centroids;
-  c.stages = stages;
-  c.block_size = block_size;
-  c.asymmetric = asymmetric;
-  c.scale_dtype = scale_dtype;
-  c.scaling = scaling;
-  return c;
-}
-
 void EncodedTensor::validate() const {
   auto bad = [](const std::string& m) { throw CorruptData("encoded tensor: " + m); };
-  if (bits != 2 && bits != 4) bad(fmt::format("bits must be 2 or 4, got {}", bits));
-  if (centroids < 1 || centroids > 256) bad(fmt::format("centroids must be in 1..256, got {}", centroids));
-  if (stages < 1 || stages > 64) bad(fmt::format("stages must be in 1..64, got {}", stages));
-  if (shape.b < 1 || shape.s < 1 || shape.h < 1 || shape.d < 1)
-    bad(fmt::format("shape must have positive dimensions, got {}", shape.str()));
-  // Bound every dimension so that size arithmetic below cannot overflow.
-  constexpr int64_t kMaxDim = int64_t(1) << 31;
-  if (shape.b > kMaxDim || shape.s > kMaxDim || shape.h > kMaxDim || shape.d > 65536 ||
-      double(shape.b) * double(shape.s) * double(shape.h) * double(shape.d) > 1e15)
-    bad(fmt::format("shape {} is too large", shape.str()));
-  if (block_size < 1 || shape.d % block_size != 0 || block_size % (8 / bits) != 0)
-    bad(fmt::format("block_size {} must divide head_dim {} and be a multiple of {}", block_size, shape.d,
-                    8 / bits));
-  const size_t groups = size_t(shape.b * shape.h);
-  const size_t tokens = groups * size_t(shape.s);
-  const size_t blocks = tokens * size_t(shape.d / block_size);
-  auto expect = [&](const char* what, size_t got, size_t want) {
-    if (got != want) bad(fmt::format("{} has {} bytes, expected {}", what, got, want));
-  };
+  check();
   if (centroid.size() != size_t(stages) || ids.size() != size_t(stages))
     bad(fmt::format("expected {} centroid and id arrays, got {} and {}", stages, centroid.size(), ids.size()));
+  const std::vector<ArrayDesc> arrs = arrays();
   const int64_t k_eff = std::min<int64_t>(centroids, shape.s);
-  for (int st = 0; st < stages; ++st) {
-    expect("centroids", centroid[size_t(st)].size(), groups * size_t(centroids) * size_t(shape.d) * dtype_size(dtype));
-    expect("ids", ids[size_t(st)].size(), tokens);
-    for (uint8_t id : ids[size_t(st)])
-      if (int64_t(id) >= k_eff) bad(fmt::format("ids.{} holds id {} >= {} (min(centroids, tokens))", st, id, k_eff));
+  for (const ArrayDesc& a : arrs) {
+    const size_t got = array(a).size(), want = a.bytes();
+    if (got != want) {
+      const std::string what = a.kind == EncodedArray::Centroids ? "centroids"
+                               : a.kind == EncodedArray::Ids     ? "ids"
+                                                                 : a.name();
+      bad(fmt::format("{} has {} bytes, expected {}", what, got, want));
+    }
+    if (a.kind == EncodedArray::Ids)
+      for (uint8_t id : ids[size_t(a.stage)])
+        if (int64_t(id) >= k_eff)
+          bad(fmt::format("ids.{} holds id {} >= {} (min(centroids, tokens))", a.stage, id, k_eff));
   }
-  expect("codes", codes.size(), tokens * size_t(shape.d) * size_t(bits) / 8);
-  expect("scales", scales.size(), blocks * scale_elem_size());
-  expect("zeros", zeros.size(), asymmetric ? blocks * scale_elem_size() : 0);
-  const bool two = scaling == Scaling::TwoLevel;
-  expect("scale_factor", scale_factor.size() * 4, two ? groups * 4 : 0);
-  expect("zero_factor", zero_factor.size() * 4, two && asymmetric ? groups * 4 : 0);
+  // Arrays the layout does not have must be empty.
+  const bool has_zeros = asymmetric, has_sf = two_level(), has_zf = two_level() && asymmetric;
+  if (!has_zeros && !zeros.empty()) bad(fmt::format("zeros has {} bytes, expected 0", zeros.size()));
+  if (!has_sf && !scale_factor.empty())
+    bad(fmt::format("scale_factor has {} bytes, expected 0", scale_factor.size() * 4));
+  if (!has_zf && !zero_factor.empty())
+    bad(fmt::format("zero_factor has {} bytes, expected 0", zero_factor.size() * 4));
   for (float f : scale_factor)
     if (!(std::isfinite(f) && f > 0)) bad(fmt::format("scale_factor must be finite and > 0, got {}", f));
   for (float f : zero_factor)

@@ -22,6 +22,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "core/residual_impl.h"
 #include "io/io_util.h"
 #include "io/safetensors_impl.h"
 #include "qvg/error.h"
@@ -54,30 +55,15 @@ StDType st_dtype_of(ScaleDType t) {
   return t == ScaleDType::FP8_E4M3 ? StDType::F8_E4M3 : StDType::BF16;
 }
 
-// The arrays an encoding with these parameters has: name, dtype, shape.
-struct ArraySpec {
-  std::string name;
-  StDType dtype;
-  std::vector<int64_t> shape;
-};
-
-std::vector<ArraySpec> expected_arrays(DType dtype, const Shape4& x, int bits, int block_size, int stages,
-                                       int centroids, bool asymmetric, ScaleDType scale_dtype, Scaling scaling) {
-  std::vector<ArraySpec> r;
-  for (int s = 0; s < stages; ++s)
-    r.push_back({fmt::format("centroids.{}", s), st_dtype_of(dtype), {x.b, x.h, centroids, x.d}});
-  for (int s = 0; s < stages; ++s) r.push_back({fmt::format("ids.{}", s), StDType::U8, {x.b, x.h, x.s}});
-  // D * bits / 8 written as D / (8 / bits): no overflow, exact since block_size
-  // (a multiple of 8 / bits) divides D.
-  r.push_back({"codes", StDType::U8, {x.b, x.h, x.s, x.d / (8 / bits)}});
-  const int64_t blocks = x.d / block_size;
-  r.push_back({"scales", st_dtype_of(scale_dtype), {x.b, x.h, x.s, blocks}});
-  if (asymmetric) r.push_back({"zeros", st_dtype_of(scale_dtype), {x.b, x.h, x.s, blocks}});
-  if (scaling == Scaling::TwoLevel) {
-    r.push_back({"scale_factor", StDType::F32, {x.b, x.h}});
-    if (asymmetric) r.push_back({"zero_factor", StDType::F32, {x.b, x.h}});
+// The safetensors dtype of an array of `layout`.
+StDType st_dtype_of(const EncodingLayout& layout, const ArrayDesc& a) {
+  switch (a.elem) {
+    case ArrayElem::Input: return st_dtype_of(layout.dtype);
+    case ArrayElem::U8: return StDType::U8;
+    case ArrayElem::Scale: return st_dtype_of(layout.scale_dtype);
+    case ArrayElem::F32: return StDType::F32;
   }
-  return r;
+  return StDType::U8;
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -148,9 +134,9 @@ void check_values(const EncodedTensor& e) {
       if (!std::isfinite(load_f32(e.centroid[s].data(), e.dtype, i)))
         corrupt(fmt::format("centroids.{} holds a non-finite value at element {}", s, i));
   }
+  const bool fp8 = e.scale_dtype == ScaleDType::FP8_E4M3;
   auto scale_value = [&](const std::vector<uint8_t>& a, size_t i) {
-    return e.scale_dtype == ScaleDType::FP8_E4M3 ? fp8e4m3_to_f32(a[i])
-                                                 : bf16_to_f32(static_cast<uint16_t>(a[2 * i] | (a[2 * i + 1] << 8)));
+    return residual_impl::stored_value(a.data(), fp8, int64_t(i));
   };
   const size_t nscales = e.scales.size() / e.scale_elem_size();
   for (size_t i = 0; i < nscales; ++i) {
@@ -173,7 +159,7 @@ void check_values(const EncodedTensor& e) {
   }
   if (!e.asymmetric) {
     // Symmetric codes are q + qmax with |q| <= qmax: at most 2 * qmax.
-    const int max_code = 2 * ((1 << (e.bits - 1)) - 1);
+    const int max_code = 2 * residual_impl::qmax_of(e.bits, false);
     const int per_byte = 8 / e.bits;
     const int mask = (1 << e.bits) - 1;
     for (size_t i = 0; i < e.codes.size(); ++i)
@@ -205,32 +191,8 @@ std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc) {
       {"scale_dtype", std::string(name(enc.scale_dtype))},
       {"scaling", std::string(name(enc.scaling))},
   };
-  auto specs = expected_arrays(enc.dtype, x, enc.bits, enc.block_size, enc.stages, enc.centroids, enc.asymmetric,
-                               enc.scale_dtype, enc.scaling);
-  auto bytes_of = [](const std::vector<float>& v) {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4);
-  };
   std::vector<io_detail::TensorRef> refs;
-  for (auto& spec : specs) {
-    std::span<const uint8_t> data;
-    const std::string& n = spec.name;
-    if (n.starts_with("centroids.")) {
-      data = enc.centroid.at(std::stoul(n.substr(10)));
-    } else if (n.starts_with("ids.")) {
-      data = enc.ids.at(std::stoul(n.substr(4)));
-    } else if (n == "codes") {
-      data = enc.codes;
-    } else if (n == "scales") {
-      data = enc.scales;
-    } else if (n == "zeros") {
-      data = enc.zeros;
-    } else if (n == "scale_factor") {
-      data = bytes_of(enc.scale_factor);
-    } else {
-      data = bytes_of(enc.zero_factor);
-    }
-    refs.push_back({std::move(spec.name), spec.dtype, std::move(spec.shape), data});
-  }
+  for (ArrayDesc& a : enc.arrays()) refs.push_back({a.name(), st_dtype_of(enc, a), std::move(a.shape), enc.array(a)});
   return io_detail::serialize_safetensors_refs(refs, meta);
 }
 
@@ -284,41 +246,33 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
     corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages, f.tensors.size()));
 
   // --- arrays: exactly the expected set, with their dtypes and shapes ---
-  const auto specs = expected_arrays(e.dtype, e.shape, e.bits, e.block_size, e.stages, e.centroids, e.asymmetric,
-                                     e.scale_dtype, e.scaling);
+  const std::vector<ArrayDesc> specs = e.arrays();
   std::map<std::string, SafeTensor*> by_name;
   for (auto& t : f.tensors) by_name[t.name] = &t;
-  for (const auto& t : f.tensors) {
-    bool known = false;
-    for (const auto& s : specs) known = known || s.name == t.name;
-    if (!known) corrupt(fmt::format("unexpected array '{}' for this metadata", printable(t.name)));
-  }
+  std::map<std::string, const ArrayDesc*> expected;
+  for (const ArrayDesc& s : specs) expected[s.name()] = &s;
+  for (const auto& t : f.tensors)
+    if (!expected.count(t.name)) corrupt(fmt::format("unexpected array '{}' for this metadata", printable(t.name)));
   e.centroid.resize(static_cast<size_t>(e.stages));
   e.ids.resize(static_cast<size_t>(e.stages));
-  for (const auto& s : specs) {
-    auto it = by_name.find(s.name);
-    if (it == by_name.end()) corrupt(fmt::format("missing array '{}'", s.name));
+  for (const ArrayDesc& s : specs) {
+    const std::string name = s.name();
+    auto it = by_name.find(name);
+    if (it == by_name.end()) corrupt(fmt::format("missing array '{}'", name));
     SafeTensor& t = *it->second;
-    if (t.dtype != s.dtype)
-      corrupt(
-          fmt::format("array '{}' has dtype {}, expected {}", s.name, st_dtype_name(t.dtype), st_dtype_name(s.dtype)));
+    const StDType want = st_dtype_of(e, s);
+    if (t.dtype != want)
+      corrupt(fmt::format("array '{}' has dtype {}, expected {}", name, st_dtype_name(t.dtype), st_dtype_name(want)));
     if (t.shape != s.shape)
-      corrupt(fmt::format("array '{}' has shape {}, expected {}", s.name, shape_str(t.shape), shape_str(s.shape)));
-    const std::string& n = s.name;
-    if (n.starts_with("centroids.")) {
-      e.centroid[std::stoul(n.substr(10))] = std::move(t.data);
-    } else if (n.starts_with("ids.")) {
-      e.ids[std::stoul(n.substr(4))] = std::move(t.data);
-    } else if (n == "codes") {
-      e.codes = std::move(t.data);
-    } else if (n == "scales") {
-      e.scales = std::move(t.data);
-    } else if (n == "zeros") {
-      e.zeros = std::move(t.data);
-    } else if (n == "scale_factor") {
-      e.scale_factor = floats_of(t.data);
-    } else {
-      e.zero_factor = floats_of(t.data);
+      corrupt(fmt::format("array '{}' has shape {}, expected {}", name, shape_str(t.shape), shape_str(s.shape)));
+    switch (s.kind) {
+      case EncodedArray::Centroids: e.centroid[size_t(s.stage)] = std::move(t.data); break;
+      case EncodedArray::Ids: e.ids[size_t(s.stage)] = std::move(t.data); break;
+      case EncodedArray::Codes: e.codes = std::move(t.data); break;
+      case EncodedArray::Scales: e.scales = std::move(t.data); break;
+      case EncodedArray::Zeros: e.zeros = std::move(t.data); break;
+      case EncodedArray::ScaleFactor: e.scale_factor = floats_of(t.data); break;
+      case EncodedArray::ZeroFactor: e.zero_factor = floats_of(t.data); break;
     }
   }
 

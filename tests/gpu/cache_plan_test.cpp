@@ -1,15 +1,18 @@
-// Host-side test of the device packed cache's bookkeeping (no GPU needed):
-// CachePolicy (src/cache/cache_policy.h) — the policy both qvg::PackedCausalCache
-// and qvg::cuda::PackedCausalCache run — driven with an empty payload (as the
-// device cache drives it: view pieces, no CPU bytes) against the CPU
-// qvg::PackedCausalCache over random call sequences:
-// - the same calls are accepted, and rejected ones with the same error kind;
-// - after every call the same segment list (g0, g1, is_sink, packed, chunks),
-//   global_end, local_end and chunk_tokens;
-// - the same view shape, indices and zero_copy flag, and the view pieces the
-//   device cache would copy/decode place each global token where the CPU view has
-//   it (values encode (token, head, batch), so the CPU view's raw tokens are read
-//   back to check every position);
+// Host-side test of the packed caches' bookkeeping (no GPU needed):
+// CachePolicy (src/cache/cache_policy.h) — the policy qvg::PackedCausalCache,
+// qvg::cuda::PackedCausalCache and the memory model all run — driven with an empty
+// payload (as the device cache drives it: view pieces, no bytes) against the
+// independent model of spec 4 in tests/support/cache_model (PackedModel, which
+// restates the spec per chunk with none of the library's code) over random call
+// sequences:
+// - the same calls are accepted, and rejected ones with the same error kind
+//   (argument errors the model does not restate are generated on purpose and must
+//   be InvalidArgument);
+// - after every call the same segment list (g0, g1, is_sink, packed, chunks) and
+//   global_end;
+// - the view: the global token at every view position, as the device cache places
+//   it (raw and packed pieces of view_pieces(), then the call's chunk), equals the
+//   model's list of visible positions, and the indices are the model's;
 // - qvg::cuda::PackedCausalCache's constructor and its update()'s argument errors
 //   (which are raised before any CUDA call) on this GPU-less machine.
 // What this cannot check: the device copies, encodes and decodes themselves
@@ -17,21 +20,21 @@
 #include <cstdio>
 #include <optional>
 #include <random>
-#include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "gpu/harness.h"
 #include "cache/cache_policy.h"
+#include "gpu/harness.h"
 #include "qvg/cache.h"
 #include "qvg/cuda_cache.h"
 #include "qvg/error.h"
+#include "support/cache_model.h"
 
 namespace {
 
 struct Empty {};
 using Policy = qvg::detail::CachePolicy<Empty>;
+using qvg::testing::PackedModel;
 
 enum class Kind { Ok, InvalidArgument, Unsupported, OutOfRange, Other };
 const char* kind_name(Kind k) {
@@ -43,6 +46,15 @@ const char* kind_name(Kind k) {
     case Kind::Other: return "other";
   }
   return "?";
+}
+Kind kind_of(std::optional<qvg::ErrorKind> e) {
+  if (!e) return Kind::Ok;
+  switch (*e) {
+    case qvg::ErrorKind::InvalidArgument: return Kind::InvalidArgument;
+    case qvg::ErrorKind::Unsupported: return Kind::Unsupported;
+    case qvg::ErrorKind::OutOfRange: return Kind::OutOfRange;
+    default: return Kind::Other;
+  }
 }
 
 template <class F>
@@ -65,22 +77,17 @@ Kind kind_of(F&& f, std::string* msg = nullptr) {
   }
 }
 
-/// Element (b, t, h, d) of a chunk starting at c: d = 0 holds the global token + 1,
-/// d = 1 the head + 1, d = 2 the batch + 1 (exact in f32), the rest small noise.
-qvg::Tensor chunk_data(int64_t B, int64_t n, int64_t h_in, int64_t hs, int64_t D, int64_t c, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  qvg::Tensor t(qvg::DType::F32, {B, n, h_in, D});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < h_in; ++h)
-        for (int64_t d = 0; d < D; ++d)
-          t.set(b, i, h, d, d == 0 ? float(c + i + 1) : d == 1 ? float(hs + h + 1) : d == 2 ? float(b + 1) : u(rng));
-  return t;
-}
-
 std::string describe(const qvg::CacheOptions& o, const qvg::QuantArgs& q) {
   return "B=" + std::to_string(o.batch) + " cap=" + std::to_string(o.cache_size) + " H=" + std::to_string(o.heads) +
          " sink=" + std::to_string(o.sink_tokens) + " window=" + std::to_string(o.window()) + " " + q.describe();
+}
+
+std::string segs_str(const std::vector<PackedModel::Seg>& v) {
+  std::string r;
+  for (const auto& s : v)
+    r += "[" + std::to_string(s.g0) + "," + std::to_string(s.g1) + ")" + (s.sink ? "s" : "") + (s.packed ? "P" : "R") +
+         "x" + std::to_string(s.chunks) + " ";
+  return r;
 }
 
 /// What the random sequences exercised (printed, and checked to be non-trivial).
@@ -92,7 +99,7 @@ Coverage coverage;
 
 /// One random configuration, one random call sequence; returns the number of calls accepted.
 int run_sequence(uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937_64 rng(seed);
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   qvg::CacheOptions o;
   o.batch = pick(1, 2);
@@ -115,17 +122,15 @@ int run_sequence(uint32_t seed) {
     q.span_chunks = int(pick(1, 3));
   }
   const std::string what = "seed " + std::to_string(seed) + ": " + describe(o, q);
-  qvg::PackedCausalCache cpu(o, q);
+  PackedModel model(o, q);
   Policy pol(o, q);
   const int64_t B = o.batch, H = o.heads, D = o.head_dim, cap = o.cache_size;
-  std::set<std::tuple<int64_t, int64_t>> written;  // (global token, head) ever written
   int accepted = 0;
   const int calls = int(pick(10, 60));
   for (int call = 0; call < calls; ++call) {
     if (pick(0, 40) == 0) {
       pol.reset();
-      cpu.reset_indices();
-      written.clear();
+      model.reset();
       continue;
     }
     // The call: mostly valid advances and rewrites, some invalid ones.
@@ -143,113 +148,94 @@ int run_sequence(uint32_t seed) {
       n = pick(1, cap + 2);
     }
     n = std::max<int64_t>(n, 1);
-    int64_t h_in = H, hs = 0;
-    std::optional<int64_t> hs_arg, rw;
+    qvg::testing::Call cl;
+    cl.c = c;
+    int64_t h_in = H;
+    bool bad_args = false;  // an argument error the model does not restate
     if (pick(0, 3) == 0) {
       h_in = pick(1, H);
-      hs = pick(0, H - h_in);
-      hs_arg = hs;
-      if (pick(0, 15) == 0) hs_arg = pick(-1, H);  // maybe invalid
+      cl.hs = pick(0, H - h_in);
+      if (pick(0, 15) == 0) {
+        cl.hs = pick(-1, H);
+        bad_args = *cl.hs < 0 || *cl.hs > H - h_in;
+      }
     }
-    if (pick(0, 2) == 0) rw = pick(pick(0, 15) == 0 ? -1 : 0, cap);
-    const qvg::Tensor key = chunk_data(B, n, h_in, hs_arg.value_or(0), D, c, rng);
-    const qvg::Tensor value = chunk_data(B, n, h_in, hs_arg.value_or(0), D, c, rng);
+    if (pick(0, 2) == 0) {
+      cl.rw = pick(pick(0, 15) == 0 ? -1 : 0, cap);
+      bad_args = bad_args || *cl.rw < 0;
+    }
+    cl.k = qvg::testing::random_tensor(rng, qvg::DType::F32, {B, n, h_in, D});
+    cl.v = qvg::testing::random_tensor(rng, qvg::DType::F32, {B, n, h_in, D});
 
     std::optional<qvg::detail::CallPlan> p;
-    std::string dmsg, cmsg;
-    const Kind dk = kind_of([&] { p = pol.plan(key.view(), value.view(), c, hs_arg, rw); }, &dmsg);
-    qvg::KVView view;
-    const Kind ck = kind_of([&] { view = cpu.update(key.view(), value.view(), c, hs_arg, rw); }, &cmsg);
-    QVG_EXPECT(dk == ck) << what << "call" << call << "c =" << c << "n =" << n << ": device plan"
-                         << kind_name(dk) << dmsg << "vs CPU" << kind_name(ck) << cmsg;
-    if (dk != ck) return -1;
-    if (dk != Kind::Ok) {
+    std::string msg;
+    const Kind got = kind_of([&] { p = pol.plan(cl.k.view(), cl.v.view(), c, cl.hs, cl.rw); }, &msg);
+    const Kind want = bad_args ? Kind::InvalidArgument : kind_of(model.check(cl));
+    QVG_EXPECT(got == want) << what << "call" << call << "c =" << c << "n =" << n << ": policy" << kind_name(got)
+                            << msg << "vs model" << kind_name(want);
+    if (got != want) return -1;
+    if (got != Kind::Ok) {
       ++coverage.rejected;
-      QVG_EXPECT(dmsg == cmsg) << what << "messages differ:" << dmsg << "|" << cmsg;
       continue;
     }
     ++accepted;
-    (p->copy ? coverage.copied_views : coverage.zero_copy_views)++;
+    (p->copies ? coverage.copied_views : coverage.zero_copy_views)++;
     if (h_in != H) ++coverage.head_slices;
     if (p->advance) {
       pol.push_current(*p, Empty{});
       pol.evict();
       pol.pack([](const std::vector<const Policy::Segment*>& parts, Policy::Segment&) { QVG_CHECK(!parts.empty()); });
     }
-    const int64_t hs_eff = hs_arg.value_or(0);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < h_in; ++h) written.insert({c + i, hs_eff + h});
+    const PackedModel::Result r = model.apply(cl);
 
     // Segments and cursors.
-    QVG_EXPECT(pol.segments().size() == cpu.num_segments()) << what << "call" << call;
-    if (pol.segments().size() != cpu.num_segments()) return -1;
-    bool seg_ok = true;
-    for (size_t i = 0; i < cpu.num_segments(); ++i) {
-      const auto ci = cpu.segment(i);
-      const auto& di = pol.segments()[i];
-      seg_ok = seg_ok && ci.g0 == di.g0 && ci.g1 == di.g1 && ci.is_sink == di.is_sink && ci.packed == di.packed &&
-               ci.chunks == di.chunks;
-    }
+    std::vector<PackedModel::Seg> got_segs;
     for (const auto& sg : pol.segments()) {
+      got_segs.push_back({sg.g0, sg.g1, sg.is_sink, sg.packed, sg.chunks});
       coverage.packed_segments += sg.packed;
       coverage.multi_chunk_spans += sg.packed && sg.chunks > 1;
       coverage.sink_spans += sg.packed && sg.is_sink;
     }
-    QVG_EXPECT(seg_ok) << what << "call" << call << ": segment lists differ";
-    QVG_EXPECT(pol.global_end() == cpu.global_end() && pol.chunk_tokens() == cpu.chunk_tokens()) << what;
-    if (!seg_ok) return -1;
+    const std::vector<PackedModel::Seg> want_segs = model.segments();
+    QVG_EXPECT(got_segs == want_segs) << what << "call" << call << ": segments" << segs_str(got_segs) << "!= model"
+                                      << segs_str(want_segs);
+    QVG_EXPECT(pol.global_end() == model.global_end()) << what << "call" << call;
+    if (got_segs != want_segs) return -1;
 
-    // The view's shape, indices and layout.
-    QVG_EXPECT(view.k.shape.s == p->T && view.k.shape.h == h_in && view.local_start_index == p->T - n &&
-               view.local_end_index == p->T && view.zero_copy == !p->copy && view.visible_global_end == pol.global_end() &&
-               view.visible_local_end == std::min(pol.global_end(), cap))
-        << what << "call" << call << ": view T" << view.k.shape.s << "vs" << p->T;
-    // Global token at each view position, as the device cache lays it out.
-    std::vector<int64_t> g_at(size_t(p->T), -1);
-    if (!p->copy) {
-      for (int64_t t = 0; t < p->T; ++t) g_at[size_t(t)] = p->r2 + t;
+    // The view: the global token at every position, as the device cache lays it
+    // out (view pieces, then the call's chunk from the input), against the model.
+    const int64_t T = p->view.tokens;
+    std::vector<int64_t> g_at(size_t(T), -1);
+    int overlaps = 0;
+    if (!p->copies) {
+      for (int64_t t = 0; t < T; ++t) g_at[size_t(t)] = p->view.tail_start + t;
     } else {
       for (const auto& pc : pol.view_pieces(*p)) {
         const auto& sg = pol.segments()[pc.seg];
         for (int64_t t = pc.t0; t < pc.t1; ++t) {
           int64_t& slot = g_at[size_t(pc.out_t + t - pc.t0)];
-          QVG_EXPECT(slot == -1) << what << "view position written twice";
+          overlaps += slot != -1;
           slot = sg.g0 + t;
         }
       }
-      for (int64_t i = 0; i < n; ++i) g_at[size_t(p->T - n + i)] = c + i;
-    }
-    // Expected from the ranges [0, r1) ++ [r2, r3), and checked against the CPU
-    // view's values wherever the CPU holds the token raw.
-    std::vector<bool> raw_at_cpu;
-    auto cpu_raw = [&](int64_t g) {
-      for (size_t i = 0; i < cpu.num_segments(); ++i) {
-        const auto s = cpu.segment(i);
-        if (g >= s.g0 && g < s.g1) return !s.packed;
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t& slot = g_at[size_t(T - n + i)];
+        overlaps += slot != -1;
+        slot = c + i;
       }
-      return false;
-    };
-    int bad = 0;
-    for (int64_t t = 0; t < p->T; ++t) {
-      const int64_t g = g_at[size_t(t)];
-      const int64_t expect = t < p->r1 ? t : p->r2 + (t - p->r1);
-      if (g != expect) ++bad;
-      if (g < 0 || !cpu_raw(g)) continue;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < h_in; ++h) {
-          const bool w = written.count({g, hs_eff + h}) > 0;
-          const float e0 = w ? float(g + 1) : 0.0f, e1 = w ? float(hs_eff + h + 1) : 0.0f, e2 = w ? float(b + 1) : 0.0f;
-          for (const qvg::StridedView* v : {&view.k, &view.v})
-            if (v->at(b, t, h, 0) != e0 || v->at(b, t, h, 1) != e1 || v->at(b, t, h, 2) != e2) ++bad;
-        }
     }
-    QVG_EXPECT(bad == 0) << what << "call" << call << ":" << bad << "misplaced view entries";
-    if (bad) return -1;
+    QVG_EXPECT(overlaps == 0) << what << "call" << call << ":" << overlaps << "view positions written twice";
+    QVG_EXPECT(g_at == r.positions) << what << "call" << call << ": view of" << T << "tokens, model"
+                                    << r.positions.size();
+    QVG_EXPECT(T - n == r.local_start && T == r.local_end && pol.local_end() == r.visible_local_end &&
+               pol.global_end() == r.visible_global_end)
+        << what << "call" << call << ": view indices";
+    if (overlaps != 0 || g_at != r.positions) return -1;
   }
   return accepted;
 }
 
-QVG_TEST(policy_matches_cpu_packed_cache) {
+QVG_TEST(policy_matches_independent_model) {
   int accepted = 0, sequences = 0;
   for (uint32_t seed = 1; seed <= 400; ++seed) {
     const int a = run_sequence(seed);

@@ -94,8 +94,8 @@ std::vector<uint8_t> reference_decode(const qvg::EncodedTensor& e, qvg::DType ou
   return out;
 }
 
-K::DecodeTask make_task(const qvg::EncodedTensor& e, const Contig& c) {
-  K::DecodeTask t;
+K::DecodeArgs make_task(const qvg::EncodedTensor& e, const Contig& c) {
+  K::DecodeArgs t;
   t.codes = e.codes.data();
   t.scales = e.scales.data();
   t.zeros = e.asymmetric ? e.zeros.data() : nullptr;
@@ -123,7 +123,7 @@ K::DecodeTask make_task(const qvg::EncodedTensor& e, const Contig& c) {
 /// the given token stride (elements), as the decode kernel would; returns the buffer.
 std::vector<uint8_t> body_decode(const qvg::EncodedTensor& e, const Contig& c, qvg::DType out_dtype, int t0, int t1,
                                  int h0, int h1, int64_t token_stride, bool vec, bool vstore) {
-  K::DecodeTask T = make_task(e, c);
+  K::DecodeArgs T = make_task(e, c);
   const int64_t D = e.shape.d, rows = t1 - t0;
   const size_t osz = qvg::dtype_size(out_dtype);
   const int64_t batch_stride = rows * token_stride;

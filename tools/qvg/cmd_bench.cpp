@@ -10,7 +10,7 @@
 #include "perf/perf.h"
 #include "qvg/error.h"
 #ifdef QVG_HAVE_CUDA
-#include "qvg/cuda.h"
+#include "perf/cuda_bench.h"
 #endif
 
 namespace qvg::cli {
@@ -27,7 +27,7 @@ void run(const BenchArgs& a) {
   if (a.device == "cuda") {  // the GPU benchmarks of the CUDA backend (docs/cuda.md)
 #ifdef QVG_HAVE_CUDA
     std::string table;
-    const std::string json = cuda::run_benchmarks(cuda::BenchOptions{a.quick, 20}, &table);
+    const std::string json = perf::run_gpu_benchmarks(perf::GpuBenchOptions{a.quick, 20}, &table);
     fmt::print("qvg bench --device cuda{}\n{}", a.quick ? " (quick: reduced shapes)" : "", table);
     if (!a.json.empty()) {
       std::ofstream f(a.json);

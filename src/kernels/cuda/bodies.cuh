@@ -19,7 +19,7 @@ namespace qvg::cuda::kernels {
 /// Arrays as in spec 1.5 (device pointers, each 16-byte aligned); stage s of ids
 /// and centroids at ids + s * ids_stage_stride bytes and centroid + s *
 /// centroid_stage_stride bytes.
-struct DecodeTask {
+struct DecodeArgs {
   const uint8_t* codes = nullptr;
   const uint8_t* scales = nullptr;
   const uint8_t* zeros = nullptr;          ///< asymmetric only
@@ -96,13 +96,13 @@ QVG_HD uint32_t load_u16(const uint8_t* p) {
 }
 
 /// Whether a task can use decode_vec8 (8 channels per thread) and aligned 16-byte stores.
-QVG_HD bool task_vectorizable(const DecodeTask& t) { return t.D % 8 == 0 && t.block % 8 == 0; }
+QVG_HD bool task_vectorizable(const DecodeArgs& t) { return t.D % 8 == 0 && t.block % 8 == 0; }
 
 /// Decodes channels [8c, 8c + 8) of token t (absolute) of group g = b * H + h and
 /// writes them to the task's target (spec 1.3 arithmetic, order of
 /// decode_rows_reference). REQUIRES task_vectorizable(T). `vstore`: the target
 /// row is 16-byte aligned (one or two 128-bit stores), else element stores.
-QVG_HD void decode_vec8(const DecodeTask& T, int b, int h, int t, int c, bool vstore) {
+QVG_HD void decode_vec8(const DecodeArgs& T, int b, int h, int t, int c, bool vstore) {
   namespace A = qvg::cuda_arith;
   const int64_t g = int64_t(b) * T.H + h;
   const int D = T.D, bits = T.bits;
@@ -175,7 +175,7 @@ QVG_UNROLL
 }
 
 /// Decodes channel d of token t of group (b, h) into the task's target (any D/block).
-QVG_HD void decode_one(const DecodeTask& T, int b, int h, int t, int d) {
+QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
   const int64_t g = int64_t(b) * T.H + h;
   const int D = T.D, bits = T.bits;

@@ -17,12 +17,12 @@
 
 namespace qvg::cuda::kernels {
 
-// DecodeTask: see bodies.cuh.
+// DecodeArgs: see bodies.cuh.
 // ---- decode -------------------------------------------------------------------
 
 /// Decodes the tasks (spec 1.3, bit-identical to decode_rows_reference) in
 /// ceil(n / 16) launches. REQUIRES every task in range; targets disjoint.
-void decode_tasks(const DecodeTask* tasks, int n, cudaStream_t stream);
+void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
 
 // ---- encode: points ---------------------------------------------------------
 

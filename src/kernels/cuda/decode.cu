@@ -21,7 +21,7 @@ constexpr int kThreads = 256;
 constexpr int kTileTokens = 64;
 
 struct LaunchTasks {
-  DecodeTask t[kTasksPerLaunch];
+  DecodeArgs t[kTasksPerLaunch];
   long long first_block[kTasksPerLaunch + 1];
   int8_t vec[kTasksPerLaunch];     // 8 channels per thread (D % 8 == 0, block % 8 == 0, D <= 2048)
   int8_t vstore[kTasksPerLaunch];  // 16-byte aligned output rows
@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
   const long long blk = blockIdx.x;
   int ti = 0;
   while (ti + 1 < L.n && blk >= L.first_block[ti + 1]) ++ti;
-  const DecodeTask& T = L.t[ti];
+  const DecodeArgs& T = L.t[ti];
   const long long local = blk - L.first_block[ti];
   const int hs = T.h1 - T.h0;
   const int ntile = (T.t1 - T.t0 + kTileTokens - 1) / kTileTokens;
@@ -59,13 +59,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const __grid_constant_
 
 }  // namespace
 
-void decode_tasks(const DecodeTask* tasks, int n, cudaStream_t stream) {
+void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream) {
   for (int base = 0; base < n; base += kTasksPerLaunch) {
     LaunchTasks L{};
     L.n = 0;
     long long blocks = 0;
     for (int i = base; i < std::min(n, base + kTasksPerLaunch); ++i) {
-      const DecodeTask& t = tasks[i];
+      const DecodeArgs& t = tasks[i];
       if (t.t1 <= t.t0 || t.h1 <= t.h0 || t.B <= 0) continue;  // empty range
       const int k = L.n++;
       L.t[k] = t;

@@ -3,12 +3,15 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <span>
+#include <utility>
 
 #include <fmt/core.h>
 
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/host.h"
 #include "qvg/cuda.h"
 
 namespace qvg::cuda {
@@ -53,15 +56,6 @@ class AsyncAllocator final : public Allocator {
 
 size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 
-int arith_dtype(DType t) {
-  switch (t) {
-    case DType::BF16: return cuda_arith::kBF16;
-    case DType::F16: return cuda_arith::kF16;
-    case DType::F32: return cuda_arith::kF32;
-  }
-  return cuda_arith::kF32;
-}
-
 }  // namespace
 
 Allocator& default_allocator() {
@@ -104,111 +98,49 @@ DeviceEncodedTensor DeviceEncodedTensor::allocate(Shape4 shape, DType dtype, con
   if (shape.s >= (int64_t(1) << 31) || shape.b * shape.h >= (int64_t(1) << 31))
     throw InvalidArgument(fmt::format("input shape {} is too large (tokens and groups must be < 2^31)", shape.str()));
   DeviceEncodedTensor e;
-  e.dtype = dtype;
-  e.shape = shape;
-  e.bits = cfg.bits;
-  e.block_size = cfg.block_size;
-  e.stages = cfg.stages;
-  e.centroids = cfg.centroids;
-  e.asymmetric = cfg.asymmetric;
-  e.scale_dtype = cfg.scale_dtype;
-  e.scaling = cfg.scaling;
-  const size_t G = size_t(e.groups()), S = size_t(shape.s), D = size_t(shape.d), K = size_t(cfg.centroids);
-  const size_t nst = size_t(cfg.stages);
-  const size_t nblocks = G * S * size_t(e.blocks_per_token());
+  static_cast<EncodingLayout&>(e) = EncodingLayout::of(shape, dtype, cfg);
+  // One allocation: each kind of array 256-byte aligned, the stages of a kind contiguous.
   size_t off = 0;
-  e.off_centroid_ = off;
-  off = align256(off + nst * G * K * D * dtype_size(dtype));
-  e.off_ids_ = off;
-  off = align256(off + nst * G * S);
-  e.off_codes_ = off;
-  off = align256(off + G * S * size_t(e.code_bytes_per_token()));
-  e.off_scales_ = off;
-  off = align256(off + nblocks * e.scale_elem_size());
-  e.off_zeros_ = off;
-  if (e.asymmetric) off = align256(off + nblocks * e.scale_elem_size());
-  e.off_sf_ = off;
-  if (e.scaling == Scaling::TwoLevel) off = align256(off + G * 4);
-  e.off_zf_ = off;
-  if (e.scaling == Scaling::TwoLevel && e.asymmetric) off = align256(off + G * 4);
-  e.buf_ = DeviceBuffer(off, stream, alloc);
+  for (const ArrayDesc& a : e.arrays()) {
+    size_t& kind_off = e.offset_[size_t(a.kind)];
+    if (a.stage == 0) kind_off = off = align256(off);
+    off += a.bytes();
+  }
+  e.buf_ = DeviceBuffer(align256(off), stream, alloc);
   return e;
 }
 
-const float* DeviceEncodedTensor::scale_factor_data() const {
-  return scaling == Scaling::TwoLevel ? reinterpret_cast<const float*>(at(off_sf_)) : nullptr;
+const uint8_t* DeviceEncodedTensor::data(EncodedArray kind) const {
+  const size_t off = offset_[size_t(kind)];
+  return off == kAbsent ? nullptr : static_cast<const uint8_t*>(buf_.data()) + off;
 }
-const float* DeviceEncodedTensor::zero_factor_data() const {
-  return scaling == Scaling::TwoLevel && asymmetric ? reinterpret_cast<const float*>(at(off_zf_)) : nullptr;
-}
+uint8_t* DeviceEncodedTensor::mutable_data(EncodedArray kind) { return const_cast<uint8_t*>(std::as_const(*this).data(kind)); }
 
-size_t DeviceEncodedTensor::nbytes() const {
-  const size_t G = size_t(groups()), S = size_t(shape.s), D = size_t(shape.d), K = size_t(centroids);
-  const size_t nblocks = G * S * size_t(blocks_per_token());
-  size_t n = size_t(stages) * (G * K * D * dtype_size(dtype) + G * S);
-  n += G * S * size_t(code_bytes_per_token()) + nblocks * scale_elem_size() * (asymmetric ? 2 : 1);
-  if (scaling == Scaling::TwoLevel) n += G * 4 * (asymmetric ? 2 : 1);
-  return n;
+namespace {
+/// Device address of one array of `e` (stage s of centroids/ids after stage 0's).
+const uint8_t* array_address(const DeviceEncodedTensor& e, const ArrayDesc& a) {
+  return e.data(a.kind) + size_t(a.stage) * a.bytes();
 }
+}  // namespace
 
 DeviceEncodedTensor DeviceEncodedTensor::upload(const EncodedTensor& enc, Stream stream, Allocator& alloc) {
   enc.validate();
   DeviceEncodedTensor e = allocate(enc.shape, enc.dtype, enc.config(), stream, alloc);
-  uint8_t* base = e.mutable_base();
-  const auto put = [&](size_t off, const void* src, size_t n) {
-    if (n) QVG_CUDA(cudaMemcpyAsync(base + off, src, n, cudaMemcpyHostToDevice, stream));
-  };
-  const size_t csz = enc.centroid.empty() ? 0 : enc.centroid[0].size(), isz = enc.ids.empty() ? 0 : enc.ids[0].size();
-  for (int s = 0; s < enc.stages; ++s) {
-    put(e.off_centroid_ + size_t(s) * csz, enc.centroid[size_t(s)].data(), csz);
-    put(e.off_ids_ + size_t(s) * isz, enc.ids[size_t(s)].data(), isz);
-  }
-  put(e.off_codes_, enc.codes.data(), enc.codes.size());
-  put(e.off_scales_, enc.scales.data(), enc.scales.size());
-  if (enc.asymmetric) put(e.off_zeros_, enc.zeros.data(), enc.zeros.size());
-  if (enc.scaling == Scaling::TwoLevel) {
-    put(e.off_sf_, enc.scale_factor.data(), enc.scale_factor.size() * 4);
-    if (enc.asymmetric) put(e.off_zf_, enc.zero_factor.data(), enc.zero_factor.size() * 4);
+  for (const ArrayDesc& a : e.arrays()) {
+    const std::span<const uint8_t> src = enc.array(a);
+    if (!src.empty())
+      QVG_CUDA(cudaMemcpyAsync(const_cast<uint8_t*>(array_address(e, a)), src.data(), src.size(),
+                               cudaMemcpyHostToDevice, stream));
   }
   return e;
 }
 
 EncodedTensor DeviceEncodedTensor::download(Stream stream) const {
-  EncodedTensor enc;
-  enc.dtype = dtype;
-  enc.shape = shape;
-  enc.bits = bits;
-  enc.block_size = block_size;
-  enc.stages = stages;
-  enc.centroids = centroids;
-  enc.asymmetric = asymmetric;
-  enc.scale_dtype = scale_dtype;
-  enc.scaling = scaling;
-  const size_t G = size_t(groups()), S = size_t(shape.s), D = size_t(shape.d), K = size_t(centroids);
-  const size_t csz = G * K * D * dtype_size(dtype), isz = G * S;
-  const size_t nblocks = G * S * size_t(blocks_per_token());
-  enc.centroid.assign(size_t(stages), std::vector<uint8_t>(csz));
-  enc.ids.assign(size_t(stages), std::vector<uint8_t>(isz));
-  enc.codes.resize(G * S * size_t(code_bytes_per_token()));
-  enc.scales.resize(nblocks * scale_elem_size());
-  if (asymmetric) enc.zeros.resize(nblocks * scale_elem_size());
-  if (scaling == Scaling::TwoLevel) {
-    enc.scale_factor.resize(G);
-    if (asymmetric) enc.zero_factor.resize(G);
-  }
-  const auto get = [&](void* dst, size_t off, size_t n) {
-    if (n) QVG_CUDA(cudaMemcpyAsync(dst, at(off), n, cudaMemcpyDeviceToHost, stream));
-  };
-  for (int s = 0; s < stages; ++s) {
-    get(enc.centroid[size_t(s)].data(), off_centroid_ + size_t(s) * csz, csz);
-    get(enc.ids[size_t(s)].data(), off_ids_ + size_t(s) * isz, isz);
-  }
-  get(enc.codes.data(), off_codes_, enc.codes.size());
-  get(enc.scales.data(), off_scales_, enc.scales.size());
-  if (asymmetric) get(enc.zeros.data(), off_zeros_, enc.zeros.size());
-  if (scaling == Scaling::TwoLevel) {
-    get(enc.scale_factor.data(), off_sf_, G * 4);
-    if (asymmetric) get(enc.zero_factor.data(), off_zf_, G * 4);
+  EncodedTensor enc = EncodedTensor::allocate(*this);
+  for (const ArrayDesc& a : arrays()) {
+    const std::span<uint8_t> dst = enc.array(a);
+    if (!dst.empty())
+      QVG_CUDA(cudaMemcpyAsync(dst.data(), array_address(*this, a), dst.size(), cudaMemcpyDeviceToHost, stream));
   }
   QVG_CUDA(cudaStreamSynchronize(stream));
   return enc;
@@ -217,7 +149,7 @@ EncodedTensor DeviceEncodedTensor::download(Stream stream) const {
 // ---- decode ---------------------------------------------------------------------
 
 void decode_ranges(const std::vector<DeviceDecodeTask>& tasks, Stream stream) {
-  std::vector<kernels::DecodeTask> kt;
+  std::vector<kernels::DecodeArgs> kt;
   kt.reserve(tasks.size());
   for (const DeviceDecodeTask& tk : tasks) {
     if (tk.enc == nullptr) throw InvalidArgument("decode task without an encoded tensor");
@@ -226,7 +158,7 @@ void decode_ranges(const std::vector<DeviceDecodeTask>& tasks, Stream stream) {
       throw InvalidArgument(fmt::format("decode range tokens [{}, {}) heads [{}, {}) is outside the tensor {}", tk.t0,
                                         tk.t1, tk.h0, tk.h1, e.shape.str()));
     if (tk.dst.base == nullptr) throw InvalidArgument("decode target base is null");
-    kernels::DecodeTask t;
+    kernels::DecodeArgs t;
     t.codes = e.codes_data();
     t.scales = e.scales_data();
     t.zeros = e.zeros_data();

@@ -12,14 +12,11 @@
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/host.h"
 #include "qvg/cuda.h"
 
 namespace qvg::cuda {
 namespace {
-
-int arith_dtype(DType t) {
-  return t == DType::BF16 ? cuda_arith::kBF16 : t == DType::F16 ? cuda_arith::kF16 : cuda_arith::kF32;
-}
 
 /// Carves 256-byte aligned pieces out of one scratch allocation.
 class Carver {
@@ -83,14 +80,13 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   int* counts = reinterpret_cast<int*>(base + o_counts);
   int* changed = reinterpret_cast<int*>(base + o_changed);
 
-  uint8_t* out = enc.mutable_base();
   const size_t esz = dtype_size(x.dtype);
   const double stop = 1e-4 * double(S);
 
   kernels::gather_points(x.data, arith_dtype(x.dtype), B, S, H, D, r, stream);
   for (int st = 0; st < cfg.stages; ++st) {
-    uint8_t* ids = out + enc.off_ids_ + size_t(st) * size_t(G * S);
-    void* out_c = out + enc.off_centroid_ + size_t(st) * size_t(G * K * D) * esz;
+    uint8_t* ids = enc.mutable_data(EncodedArray::Ids) + size_t(st) * size_t(G * S);
+    void* out_c = enc.mutable_data(EncodedArray::Centroids) + size_t(st) * size_t(G * K * D) * esz;
     QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(iters) * size_t(G) * 4, stream));
     QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
     kernels::group_mean(r, G, S, D, partial, mu, stream);
@@ -114,11 +110,11 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   q.asymmetric = cfg.asymmetric;
   q.fp8 = cfg.scale_dtype == ScaleDType::FP8_E4M3;
   q.two_level = cfg.scaling == Scaling::TwoLevel;
-  q.codes = out + enc.off_codes_;
-  q.scales = out + enc.off_scales_;
-  q.zeros = cfg.asymmetric ? out + enc.off_zeros_ : nullptr;
-  q.scale_factor = q.two_level ? reinterpret_cast<float*>(out + enc.off_sf_) : nullptr;
-  q.zero_factor = q.two_level && cfg.asymmetric ? reinterpret_cast<float*>(out + enc.off_zf_) : nullptr;
+  q.codes = enc.mutable_data(EncodedArray::Codes);
+  q.scales = enc.mutable_data(EncodedArray::Scales);
+  q.zeros = enc.mutable_data(EncodedArray::Zeros);  // nullptr unless asymmetric
+  q.scale_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ScaleFactor));  // nullptr unless two_level
+  q.zero_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ZeroFactor));
   q.raw_s = F(o_raws);
   q.raw_z = cfg.asymmetric ? F(o_rawz) : nullptr;
   q.group_max = F(o_gmax);

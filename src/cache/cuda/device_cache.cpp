@@ -1,6 +1,7 @@
-// qvg::cuda::PackedCausalCache: the device-resident packed cache. The policy
-// (validation, eviction, spans, view ranges) is CachePolicy (src/cache/cache_policy.h),
-// the one the CPU cache runs too; this file moves the bytes: raw chunks by
+// qvg::cuda::PackedCausalCache: the device-resident packed cache, built into the
+// CUDA library. The policy (validation, eviction, spans, view ranges) is
+// CachePolicy (src/cache/cache_policy.h), the one the CPU cache runs too; this file
+// moves the bytes with the CUDA backend (src/kernels/cuda): raw chunks by
 // cudaMemcpy2DAsync, spans by the device encoder, windows by one decode_ranges.
 #include <cuda_runtime_api.h>
 
@@ -85,15 +86,16 @@ struct PackedCausalCache::Impl {
     return encode(in, codec, s, *alloc);
   }
 
-  KVView update(ConstTensorView key, ConstTensorView value, int64_t c, Stream s, std::optional<int64_t> hs,
-                std::optional<int64_t> rw) {
+  KVView update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
+                std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
-    const qvg::detail::CallPlan p = pol.plan(key, value, c, hs, rw);
+    const qvg::detail::CallPlan p = pol.plan(key, value, chunk_start, head_start, recent_window);
     check_input_limits(key, "key", s);
     check_input_limits(value, "value", s);
 
-    const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.a.h_in, n = p.a.n;
-    const size_t view_bytes = p.copy ? 2 * size_t(B * p.T * h_in * D) * esz : 0;
+    const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
+    const int64_t hs = p.call.head_start, T = p.view.tokens;
+    const size_t view_bytes = p.copies ? 2 * size_t(B * T * h_in * D) * esz : 0;
     // New buffers first (an allocation failure here still changes nothing).
     SegData cur;
     if (p.advance) {
@@ -107,8 +109,8 @@ struct PackedCausalCache::Impl {
         QVG_CUDA(cudaMemsetAsync(cur.k_raw.data(), 0, cur.k_raw.size(), s));
         QVG_CUDA(cudaMemsetAsync(cur.v_raw.data(), 0, cur.v_raw.size(), s));
       }
-      write_chunk(key, cur.k_raw.data(), p.a.hs, s);
-      write_chunk(value, cur.v_raw.data(), p.a.hs, s);
+      write_chunk(key, cur.k_raw.data(), hs, s);
+      write_chunk(value, cur.v_raw.data(), hs, s);
       pol.push_current(p, std::move(cur));
       pol.evict();
       pol.pack([&](const std::vector<const Seg*>& parts, Seg& packed) {
@@ -117,31 +119,31 @@ struct PackedCausalCache::Impl {
       });
     } else {
       Seg& c_seg = pol.segments().back();
-      write_chunk(key, c_seg.data.k_raw.data(), p.a.hs, s);
-      write_chunk(value, c_seg.data.v_raw.data(), p.a.hs, s);
+      write_chunk(key, c_seg.data.k_raw.data(), hs, s);
+      write_chunk(value, c_seg.data.v_raw.data(), hs, s);
     }
 
     KVView out;
     const Seg& cs = pol.segments().back();
-    if (!p.copy) {
-      out.k = qvg::detail::sub_view(cs.data.k_raw.data(), opt.dtype, B, cs.tokens(), H, D, p.r2 - cs.g0, p.T, p.a.hs,
-                                    h_in);
-      out.v = qvg::detail::sub_view(cs.data.v_raw.data(), opt.dtype, B, cs.tokens(), H, D, p.r2 - cs.g0, p.T, p.a.hs,
-                                    h_in);
+    if (!p.copies) {
+      out.k = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.k_raw.data()), opt, cs.tokens()),
+                                    p.view.tail_start - cs.g0, T, hs, h_in);
+      out.v = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.v_raw.data()), opt, cs.tokens()),
+                                    p.view.tail_start - cs.g0, T, hs, h_in);
       out.zero_copy = true;
     } else {
       if (view.size() != view_bytes) view = DeviceBuffer(view_bytes, s, *alloc);
       auto* vk = static_cast<std::byte*>(view.data());
       std::byte* vv = vk + view_bytes / 2;
-      const size_t out_row = size_t(h_in * D) * esz;         // one token of the view
-      const size_t view_batch = size_t(p.T) * out_row;        // one batch of the view
+      const size_t out_row = size_t(h_in * D) * esz;   // one token of the view
+      const size_t view_batch = size_t(T) * out_row;    // one batch of the view
       std::vector<DeviceDecodeTask> tasks;
       for (const qvg::detail::ViewPiece& pc : pol.view_pieces(p)) {
         const Seg& sg = pol.segments()[pc.seg];
         const size_t off = size_t(pc.out_t) * out_row;
         if (!sg.packed) {
           const size_t seg_row = size_t(H * D) * esz, seg_batch = size_t(sg.tokens()) * seg_row;
-          const size_t src_off = size_t(pc.t0) * seg_row + size_t(p.a.hs * D) * esz;
+          const size_t src_off = size_t(pc.t0) * seg_row + size_t(hs * D) * esz;
           for (int64_t b = 0; b < B; ++b) {
             copy2d(vk + size_t(b) * view_batch + off, out_row,
                    static_cast<const std::byte*>(sg.data.k_raw.data()) + size_t(b) * seg_batch + src_off, seg_row,
@@ -151,25 +153,24 @@ struct PackedCausalCache::Impl {
                    out_row, size_t(pc.t1 - pc.t0), s);
           }
         } else {
-          const DeviceDecodeTarget tk{vk + off, opt.dtype, p.T * h_in * D, h_in * D};
-          const DeviceDecodeTarget tv{vv + off, opt.dtype, p.T * h_in * D, h_in * D};
-          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, p.a.hs, p.a.hs + h_in, tk});
-          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, p.a.hs, p.a.hs + h_in, tv});
+          const DeviceDecodeTarget tk{vk + off, opt.dtype, T * h_in * D, h_in * D};
+          const DeviceDecodeTarget tv{vv + off, opt.dtype, T * h_in * D, h_in * D};
+          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, hs, hs + h_in, tk});
+          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, hs, hs + h_in, tv});
         }
       }
       // The call's own chunk is the view's last n tokens: copied from the input.
-      const size_t chunk = size_t(n) * out_row, at = size_t(p.T - n) * out_row;
+      const size_t chunk = size_t(n) * out_row, at = size_t(T - n) * out_row;
       copy2d(vk + at, view_batch, key.data, chunk, chunk, size_t(B), s);
       copy2d(vv + at, view_batch, value.data, chunk, chunk, size_t(B), s);
       if (!tasks.empty()) decode_ranges(tasks, s);
-      out.k = qvg::detail::dense_view(vk, opt.dtype, B, p.T, h_in, D);
-      out.v = qvg::detail::dense_view(vv, opt.dtype, B, p.T, h_in, D);
+      out.k = qvg::detail::dense_view({vk, opt.dtype, B, T, h_in, D});
+      out.v = qvg::detail::dense_view({vv, opt.dtype, B, T, h_in, D});
     }
-    const int64_t ge = pol.global_end();
-    out.local_start_index = p.T - n;
-    out.local_end_index = p.T;
-    out.visible_local_end = std::min(ge, opt.cache_size);
-    out.visible_global_end = ge;
+    out.local_start_index = T - n;
+    out.local_end_index = T;
+    out.visible_local_end = pol.local_end();
+    out.visible_global_end = pol.global_end();
     return out;
   }
 };
@@ -209,8 +210,7 @@ void PackedCausalCache::reset_indices() {
 
 size_t PackedCausalCache::resident_nbytes() const {
   size_t n = 0;
-  for (const Seg& s : impl_->pol.segments())
-    n += s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
+  for (const Seg& s : impl_->pol.segments()) n += qvg::detail::segment_bytes(s);
   return n;
 }
 size_t PackedCausalCache::allocated_nbytes() const {
@@ -222,7 +222,7 @@ size_t PackedCausalCache::allocated_nbytes() const {
 }
 size_t PackedCausalCache::view_buffer_nbytes() const { return impl_->view.size(); }
 int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
-int64_t PackedCausalCache::local_end() const { return std::min(impl_->pol.global_end(), impl_->opt.cache_size); }
+int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
 int64_t PackedCausalCache::cache_size() const { return impl_->opt.cache_size; }
 int64_t PackedCausalCache::attention_window_size() const { return impl_->opt.window(); }
 int64_t PackedCausalCache::sink_tokens() const { return impl_->opt.sink_tokens; }
@@ -238,25 +238,7 @@ PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
   const auto& segs = impl_->pol.segments();
   if (i >= segs.size())
     throw InvalidArgument(fmt::format("segment index i must be < num_segments() = {}, got {}", segs.size(), i));
-  const Seg& s = segs[i];
-  const CacheOptions& o = impl_->opt;
-  SegmentInfo info;
-  info.g0 = s.g0;
-  info.g1 = s.g1;
-  info.is_sink = s.is_sink;
-  info.packed = s.packed;
-  info.current = i + 1 == segs.size();
-  info.chunks = s.chunks;
-  if (s.packed) {
-    info.k_enc = &s.data.k_enc;
-    info.v_enc = &s.data.v_enc;
-    info.nbytes = s.data.k_enc.nbytes() + s.data.v_enc.nbytes();
-  } else {
-    info.k_raw = qvg::detail::dense_view(s.data.k_raw.data(), o.dtype, o.batch, s.tokens(), o.heads, o.head_dim);
-    info.v_raw = qvg::detail::dense_view(s.data.v_raw.data(), o.dtype, o.batch, s.tokens(), o.heads, o.head_dim);
-    info.nbytes = s.data.k_raw.size() + s.data.v_raw.size();
-  }
-  return info;
+  return qvg::detail::describe_segment<DeviceEncodedTensor>(impl_->pol, i, impl_->opt);
 }
 
 }  // namespace qvg::cuda

@@ -19,10 +19,13 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "perf/cuda_bench.h"
 #include "qvg/cuda.h"
 
-namespace qvg::cuda {
+namespace qvg::perf {
 namespace {
+
+using namespace qvg::cuda;  // NOLINT(google-build-using-namespace): the backend under test
 
 #define QVG_CUBLAS(call) \
   do { \
@@ -76,7 +79,7 @@ struct Row {
 
 }  // namespace
 
-std::string run_benchmarks(const BenchOptions& opt, std::string* table) {
+std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
   if (device_count() == 0) throw CudaError("qvg bench --device cuda: no CUDA device");
   cudaDeviceProp prop{};
   QVG_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -232,4 +235,4 @@ std::string run_benchmarks(const BenchOptions& opt, std::string* table) {
   return json;
 }
 
-}  // namespace qvg::cuda
+}  // namespace qvg::perf
