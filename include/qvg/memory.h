@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -81,27 +82,25 @@ struct PolicyStep {
   int64_t segments = 0;  ///< current included
 };
 
-/// The packed cache's pack-and-evict policy (spec 4) replayed on sizes.
+/// The packed cache's pack-and-evict policy (spec 4) replayed on sizes: the policy
+/// the caches run (src/cache/cache_policy.h) with byte counts as the payload.
 /// REQUIRES: shape.validate() and args.validate_for_head_dim(head_dim) hold (checked).
 class PolicyReplay {
  public:
   PolicyReplay(const MemoryShape& shape, const QuantArgs& args);
+  ~PolicyReplay();
+  PolicyReplay(PolicyReplay&&) noexcept;
+  PolicyReplay& operator=(PolicyReplay&&) noexcept;
   /// Starts the next chunk (an advance at global_end) and runs pack-and-evict.
   const PolicyStep& advance();
-  const std::vector<SegmentSize>& segments() const { return segs_; }  ///< oldest first, current last
-  const std::vector<PolicyStep>& steps() const { return steps_; }
+  const std::vector<SegmentSize>& segments() const;  ///< oldest first, current last
+  const std::vector<PolicyStep>& steps() const;
   /// Size of an encoded span of `tokens` tokens (K + V).
   size_t span_bytes(int64_t tokens) const;
 
  private:
-  void pack(size_t first, size_t count);  // merge segs_[first, first+count) into one span
-  MemoryShape shape_;
-  QuantArgs args_;
-  std::vector<SegmentSize> segs_;
-  std::vector<PolicyStep> steps_;
-  int64_t global_end_ = 0;
-  int64_t next_chunk_ = 0;
-  bool sink_full_done_ = false;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 /// The `qvg memory` figures for one layer and for all layers.

@@ -212,11 +212,65 @@ class CausalAttentionKVView:
 
 
 # ---------------------------------------------------------------------------
+# What both caches share (spec 3.1)
+# ---------------------------------------------------------------------------
+
+
+class _CacheInterface:
+    """The engine's cache interface on top of a ``qvg._C`` cache (``self._c``):
+    byte counts, direct attention, cursor reset and the update call. Subclasses
+    implement ``_update(key, value, c, hs, rw) -> (k, v, ls, le, vle, vge, zero_copy)``
+    and ``_set_cursors(global_end, local_end)``."""
+
+    def can_direct_current_attention(self, num_new_tokens: int) -> bool:
+        return self._c.can_direct_current_attention(num_new_tokens)
+
+    def resident_nbytes(self) -> int:
+        """Bytes of the cache state: the dense cache's buffers (2 * B * cache_size * H * D
+        * itemsize), or the packed cache's raw segments and encoded spans."""
+        return self._c.resident_nbytes()
+
+    def peak_transient_nbytes(self) -> int:
+        """Most bytes the last successful call held beyond the resident state (spec 3.1)."""
+        return self._c.peak_transient_nbytes()
+
+    def reset_indices(self) -> None:
+        """Dense: cursors to 0 (buffer content is kept). Packed: drops every segment
+        (an empty cache). Both zero the index tensors and the int cursors in use."""
+        self._c.reset_indices()
+        self.global_end_index.zero_()
+        self.local_end_index.zero_()
+        if self.global_end_index_int is not None:
+            self.global_end_index_int = 0
+        if self.local_end_index_int is not None:
+            self.local_end_index_int = 0
+
+    def update_and_get_attention_kv(
+        self,
+        *,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        current_chunk_start: int,
+        cache_head_start: int | None = None,
+        recent_window_tokens: int | None = None,
+        debug_name: str = "causal KV cache",
+    ) -> CausalAttentionKVView:
+        """Writes the chunk ``[current_chunk_start, + n)`` of ``key``/``value``
+        (``[B, n, h_in, D]``) and returns the tokens visible to it (dense: spec 3.2;
+        packed: the sink, then the recent tail, spec 4)."""
+        k, v, ls, lend, vle, vge, zero_copy = self._update(
+            key, value, current_chunk_start, cache_head_start, recent_window_tokens
+        )
+        self._set_cursors(vge, vle)
+        return CausalAttentionKVView(k, v, ls, lend, vle, vge, zero_copy)
+
+
+# ---------------------------------------------------------------------------
 # The dense cache (spec 3.2)
 # ---------------------------------------------------------------------------
 
 
-class CausalSelfAttentionKVCache:
+class CausalSelfAttentionKVCache(_CacheInterface):
     """One transformer block's dense causal self-attention K/V cache and cursors.
 
     ``k``, ``v``: the buffers, CPU tensors ``[B, cache_size, H, D]``, contiguous; the
@@ -315,54 +369,24 @@ class CausalSelfAttentionKVCache:
         value = getattr(self, key)
         return default if value is None else value
 
-    # -- the interface -----------------------------------------------------------------
-    def reset_indices(self) -> None:
-        """Cursors to 0 (buffer content is kept), index tensors zeroed."""
-        self._c.reset_indices()
-        self.global_end_index.zero_()
-        self.local_end_index.zero_()
-        if self.global_end_index_int is not None:
-            self.global_end_index_int = 0
-        if self.local_end_index_int is not None:
-            self.local_end_index_int = 0
-
-    def can_direct_current_attention(self, num_new_tokens: int) -> bool:
-        return self._c.can_direct_current_attention(num_new_tokens)
-
-    def resident_nbytes(self) -> int:
-        """Bytes of the K and V buffers (2 * B * cache_size * H * D * itemsize)."""
-        return self._c.resident_nbytes()
-
-    def peak_transient_nbytes(self) -> int:
-        """Most bytes the last successful call held beyond the buffers (spec 3.1)."""
-        return self._c.peak_transient_nbytes()
-
-    def update_and_get_attention_kv(
-        self,
-        *,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        current_chunk_start: int,
-        cache_head_start: int | None = None,
-        recent_window_tokens: int | None = None,
-        debug_name: str = "causal KV cache",
-    ) -> CausalAttentionKVView:
-        """Writes the chunk ``[current_chunk_start, + n)`` of ``key``/``value``
-        (``[B, n, h_in, D]``) and returns the tokens visible to it (spec 3.2)."""
+    # -- the interface (_CacheInterface) -----------------------------------------------
+    def _update(self, key, value, c, hs, rw):
         ge = self.global_end_index_int
         le = self.local_end_index_int
         if ge is None or le is None:
             ge = int(self.global_end_index.item())
             le = int(self.local_end_index.item())
-        k, v, ls, lend, vle, vge, zero_copy = self._c.update(
-            key, value, current_chunk_start, cache_head_start, recent_window_tokens, ge, le
-        )
-        if vge != ge or vle != le:
-            self.global_end_index.fill_(vge)
-            self.local_end_index.fill_(vle)
-        self.global_end_index_int = vge
-        self.local_end_index_int = vle
-        return CausalAttentionKVView(k, v, ls, lend, vle, vge, zero_copy)
+        out = self._c.update(key, value, c, hs, rw, ge, le)
+        self._cursors_before = (ge, le)
+        return out
+
+    def _set_cursors(self, global_end: int, local_end: int) -> None:
+        # The index tensors are written only when the call changed the cursors.
+        if (global_end, local_end) != self._cursors_before:
+            self.global_end_index.fill_(global_end)
+            self.local_end_index.fill_(local_end)
+        self.global_end_index_int = global_end
+        self.local_end_index_int = local_end
 
 
 # ---------------------------------------------------------------------------
@@ -370,7 +394,7 @@ class CausalSelfAttentionKVCache:
 # ---------------------------------------------------------------------------
 
 
-class QVGPackedCausalKVCache:
+class QVGPackedCausalKVCache(_CacheInterface):
     """Chunk-segmented causal K/V cache whose completed chunks are PRQ-packed (spec 4).
 
     Same call contract as :class:`CausalSelfAttentionKVCache`; writes must be a
@@ -441,53 +465,24 @@ class QVGPackedCausalKVCache:
         """Size of the first advance's chunk; None while the cache is empty."""
         return self._c.chunk_tokens
 
-    def reset_indices(self) -> None:
-        """Drops every segment (an empty cache) and zeroes the cursors."""
-        self._c.reset_indices()
-        if self.global_end_index_int is not None:
-            self.global_end_index_int = 0
-            self.local_end_index_int = 0
-        self.global_end_index.zero_()
-        self.local_end_index.zero_()
-
-    def can_direct_current_attention(self, num_new_tokens: int) -> bool:
-        return self._c.can_direct_current_attention(num_new_tokens)
-
     def pin_current_chunk(self, current_num_tokens: int) -> None:
         raise NotImplementedError(
             "QVGPackedCausalKVCache does not support pinning the current chunk as a sink "
             f"(got current_num_tokens={current_num_tokens})"
         )
 
-    def resident_nbytes(self) -> int:
-        """Bytes of all raw segments (the current one included) and encoded spans."""
-        return self._c.resident_nbytes()
+    # -- the interface (_CacheInterface) -----------------------------------------------
+    def _update(self, key, value, c, hs, rw):
+        return self._c.update(key, value, c, hs, rw)
 
-    def peak_transient_nbytes(self) -> int:
-        return self._c.peak_transient_nbytes()
-
-    def update_and_get_attention_kv(
-        self,
-        *,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        current_chunk_start: int,
-        cache_head_start: int | None = None,
-        recent_window_tokens: int | None = None,
-        debug_name: str = "QVG packed KV cache",
-    ) -> CausalAttentionKVView:
-        """Rewrites the current chunk or advances by one chunk and returns the
-        visible tokens: the sink, then the recent tail (spec 4)."""
-        k, v, ls, lend, vle, vge, zero_copy = self._c.update(
-            key, value, current_chunk_start, cache_head_start, recent_window_tokens
-        )
+    def _set_cursors(self, global_end: int, local_end: int) -> None:
+        # With int cursors only those are written (as in the engine).
         if self.global_end_index_int is not None:
-            self.global_end_index_int = vge
-            self.local_end_index_int = vle
+            self.global_end_index_int = global_end
+            self.local_end_index_int = local_end
         else:
-            self.global_end_index.fill_(vge)
-            self.local_end_index.fill_(vle)
-        return CausalAttentionKVView(k, v, ls, lend, vle, vge, zero_copy)
+            self.global_end_index.fill_(global_end)
+            self.local_end_index.fill_(local_end)
 
     # -- for tests and diagnostics ------------------------------------------------------
     def _segments(self) -> list[dict]:

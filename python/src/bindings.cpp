@@ -49,6 +49,7 @@
 #include "qvg/config.h"
 #include "qvg/error.h"
 #include "qvg/tensor.h"
+#include "qvg/version.h"
 
 namespace py = pybind11;
 
@@ -444,6 +445,7 @@ class PackedCache {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "qvg C++ caches over torch tensors (binding layer of qvg.torch; use qvg.torch instead)";
+  m.attr("__version__") = qvg::kVersion;  // the library's version (project(VERSION))
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {

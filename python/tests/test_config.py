@@ -122,3 +122,17 @@ def test_engine_style_quant_args_object_is_accepted(gen):
         x = chunk(gen, 1, 4, 2, 8)
         cache.update_and_get_attention_kv(key=x, value=x, current_chunk_start=c)
     assert sum(s["packed"] for s in cache._segments()) == 3
+
+
+def test_one_version_from_cmake():
+    """qvg.__version__ (generated from CMake's project(VERSION)) is the extension's (qvg::kVersion)."""
+    import pathlib
+    import re
+
+    import qvg
+    import qvg._C
+
+    assert qvg.__version__ == qvg._C.__version__
+    cmake = (pathlib.Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
+    declared = re.search(r"project\(qvg VERSION ([0-9.]+)", cmake).group(1)
+    assert qvg.__version__ == declared

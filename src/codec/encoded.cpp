@@ -113,20 +113,23 @@ void EncodedTensor::validate() const {
     if (!(std::isfinite(f) && f > 0)) bad(fmt::format("zero_factor must be finite and > 0, got {}", f));
 }
 
-float EncodedTensor::scale_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const {
-  const int64_t g = b * shape.h + h;
-  const size_t i = size_t((g * shape.s + s) * blocks_per_token() + blk);
-  float v = residual_impl::stored_value(scales.data(), scale_dtype == ScaleDType::FP8_E4M3, int64_t(i));
-  float f = scaling == Scaling::TwoLevel ? scale_factor[size_t(g)] : 1.0f;
-  return v * f;
+namespace {
+/// Effective value (spec 1.4) of element (b, h, s, blk) of a scale or zero array
+/// with its per-group factors (empty with compat scaling: factor 1).
+float effective_of(const EncodedTensor& e, const std::vector<uint8_t>& arr, const std::vector<float>& factor,
+                   int64_t b, int64_t h, int64_t s, int64_t blk) {
+  const int64_t g = b * e.shape.h + h;
+  const int64_t i = (g * e.shape.s + s) * e.blocks_per_token() + blk;
+  const float v = residual_impl::stored_value(arr.data(), e.scale_dtype == ScaleDType::FP8_E4M3, i);
+  return residual_impl::effective(v, e.two_level() ? factor[size_t(g)] : 1.0f);
 }
+}  // namespace
 
+float EncodedTensor::scale_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const {
+  return effective_of(*this, scales, scale_factor, b, h, s, blk);
+}
 float EncodedTensor::zero_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const {
-  const int64_t g = b * shape.h + h;
-  const size_t i = size_t((g * shape.s + s) * blocks_per_token() + blk);
-  float v = residual_impl::stored_value(zeros.data(), scale_dtype == ScaleDType::FP8_E4M3, int64_t(i));
-  float f = scaling == Scaling::TwoLevel ? zero_factor[size_t(g)] : 1.0f;
-  return v * f;
+  return effective_of(*this, zeros, zero_factor, b, h, s, blk);
 }
 
 float EncodedTensor::centroid_at(int st, int64_t b, int64_t h, int64_t k, int64_t d) const {
@@ -136,12 +139,7 @@ float EncodedTensor::centroid_at(int st, int64_t b, int64_t h, int64_t k, int64_
 
 int EncodedTensor::code_at(int64_t b, int64_t h, int64_t s, int64_t d) const {
   const size_t row = size_t(((b * shape.h + h) * shape.s + s) * code_bytes_per_token());
-  if (bits == 4) {
-    uint8_t byte = codes[row + size_t(d / 2)];
-    return (d % 2 == 0) ? (byte >> 4) : (byte & 0xF);
-  }
-  uint8_t byte = codes[row + size_t(d / 4)];
-  return (byte >> (6 - 2 * (d % 4))) & 0x3;
+  return residual_impl::code_of_row(codes.data() + row, bits, d);
 }
 
 }  // namespace qvg

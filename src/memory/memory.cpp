@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include "cache/cache_policy.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/workload.h"
@@ -56,110 +57,86 @@ MemoryShape MemoryShape::of(const ModelPreset& p, std::optional<int64_t> context
 
 // ---- PolicyReplay ---------------------------------------------------------------
 
-PolicyReplay::PolicyReplay(const MemoryShape& shape, const QuantArgs& args) : shape_(shape), args_(args) {
-  shape_.validate();
-  args_.validate_for_head_dim(shape_.head_dim);
+namespace {
+/// The memory model's payload: the bytes a segment would hold.
+struct Bytes {
+  size_t k = 0, v = 0;
+};
+}  // namespace
+
+struct PolicyReplay::Impl {
+  MemoryShape shape;
+  QuantArgs args;
+  CodecConfig codec;
+  detail::CachePolicy<Bytes> pol;
+  std::vector<SegmentSize> segs;
+  std::vector<PolicyStep> steps;
+  int64_t next_chunk = 0;
+
+  static CacheOptions cache_options(const MemoryShape& s) {
+    CacheOptions o;
+    o.batch = 1;
+    o.cache_size = s.cache_tokens();  // window = cache_size: context + one chunk
+    o.heads = s.heads;
+    o.head_dim = s.head_dim;
+    o.dtype = s.dtype;
+    o.sink_tokens = s.sink_tokens;
+    return o;
+  }
+  Impl(const MemoryShape& s, const QuantArgs& q) : shape(s), args(q), pol(cache_options(s), q) {
+    if (q.enabled()) codec = q.codec();
+  }
+};
+
+PolicyReplay::PolicyReplay(const MemoryShape& shape, const QuantArgs& args) {
+  shape.validate();
+  args.validate_for_head_dim(shape.head_dim);
+  impl_ = std::make_unique<Impl>(shape, args);
 }
+PolicyReplay::~PolicyReplay() = default;
+PolicyReplay::PolicyReplay(PolicyReplay&&) noexcept = default;
+PolicyReplay& PolicyReplay::operator=(PolicyReplay&&) noexcept = default;
+
+const std::vector<SegmentSize>& PolicyReplay::segments() const { return impl_->segs; }
+const std::vector<PolicyStep>& PolicyReplay::steps() const { return impl_->steps; }
 
 size_t PolicyReplay::span_bytes(int64_t tokens) const {
-  const Shape4 s{1, tokens, shape_.heads, shape_.head_dim};
-  return 2 * EncodedTensor::predicted_nbytes(s, shape_.dtype, args_.codec());
-}
-
-void PolicyReplay::pack(size_t first, size_t count) {
-  QVG_CHECK(count >= 1 && first + count <= segs_.size());
-  SegmentSize span;
-  span.g0 = segs_[first].g0;
-  span.g1 = segs_[first + count - 1].g1;
-  span.sink = segs_[first].sink;
-  span.packed = true;
-  span.chunks = 0;
-  for (size_t i = first; i < first + count; ++i) {
-    QVG_CHECK(!segs_[i].packed && segs_[i].sink == span.sink);
-    span.chunks += segs_[i].chunks;
-  }
-  const size_t half = span_bytes(span.tokens()) / 2;
-  span.k_bytes = span.v_bytes = half;
-  segs_.erase(segs_.begin() + std::ptrdiff_t(first), segs_.begin() + std::ptrdiff_t(first + count));
-  segs_.insert(segs_.begin() + std::ptrdiff_t(first), span);
+  const Shape4 s{1, tokens, impl_->shape.heads, impl_->shape.head_dim};
+  return 2 * EncodedTensor::predicted_nbytes(s, impl_->shape.dtype, impl_->args.codec());
 }
 
 const PolicyStep& PolicyReplay::advance() {
-  const int64_t n = shape_.chunk_size(next_chunk_);
-  const int64_t c = global_end_, ce = c + n;
-  // The previous current chunk is now finalized; the new chunk becomes current.
-  SegmentSize cur;
-  cur.g0 = c;
-  cur.g1 = ce;
-  cur.sink = c < shape_.sink_tokens;
-  cur.k_bytes = cur.v_bytes = shape_.raw_bytes(n) / 2;
-  segs_.push_back(cur);
-  global_end_ = ce;
+  Impl& m = *impl_;
+  const int64_t n = m.shape.chunk_size(m.next_chunk);
+  const size_t raw_half = m.shape.raw_bytes(n) / 2;
+  m.pol.push_current(m.pol.global_end(), n, Bytes{raw_half, raw_half});
+  m.pol.evict();
+  m.pol.pack([&](const std::vector<const detail::PlanSegment<Bytes>*>&, detail::PlanSegment<Bytes>& span) {
+    const size_t half = span_bytes(span.tokens()) / 2;
+    span.data = Bytes{half, half};
+  });
 
-  // pack-and-evict (spec 4). Finalized segments are segs_[0, last).
-  const int64_t window = shape_.cache_tokens();
-  const int64_t sink_end = std::min(shape_.sink_tokens, global_end_);
-  const int64_t tail_start = std::max(sink_end, global_end_ - std::max<int64_t>(0, window - sink_end));
-  // 1. Drop finalized non-sink segments whose every token is < tail_start.
-  for (size_t i = 0; i + 1 < segs_.size();) {
-    if (!segs_[i].sink && segs_[i].g1 <= tail_start)
-      segs_.erase(segs_.begin() + std::ptrdiff_t(i));
-    else
-      ++i;
-  }
-  if (args_.enabled()) {
-    const size_t last = segs_.size() - 1;
-    // 2a. Non-sink: all finalized non-sink chunks but the newest keep_recent_chunks are
-    // eligible; eligible raw chunks are packed span_chunks at a time, oldest first.
-    int64_t kept = 0;
-    size_t eligible_end = last;  // finalized non-sink segments before this index are eligible
-    while (eligible_end > 0 && kept < args_.keep_recent_chunks && !segs_[eligible_end - 1].sink) {
-      kept += segs_[eligible_end - 1].chunks;
-      --eligible_end;
-    }
-    for (;;) {
-      size_t first = eligible_end;  // the oldest eligible raw non-sink chunk
-      for (size_t i = 0; i < eligible_end; ++i)
-        if (!segs_[i].sink && !segs_[i].packed) {
-          first = i;
-          break;
-        }
-      if (first == eligible_end || eligible_end - first < size_t(args_.span_chunks)) break;
-      pack(first, size_t(args_.span_chunks));
-      eligible_end -= size_t(args_.span_chunks) - 1;
-    }
-    // 2b. Sink chunks, except the first sink_keep_chunks, when `sink` is on.
-    if (args_.sink) {
-      std::vector<size_t> eligible;  // raw, finalized, past the kept ones
-      int64_t sink_seen = 0;
-      for (size_t i = 0; i + 1 < segs_.size(); ++i) {
-        if (!segs_[i].sink) continue;
-        const bool keep = sink_seen < args_.sink_keep_chunks;
-        sink_seen += segs_[i].chunks;
-        if (!keep && !segs_[i].packed) eligible.push_back(i);
-      }
-      if (args_.sink_span == SinkSpan::Chunk) {
-        // Packing one segment in place keeps every index valid.
-        for (size_t i : eligible) pack(i, 1);
-      } else if (!sink_full_done_ && c >= shape_.sink_tokens) {
-        sink_full_done_ = true;
-        // Eligible sink chunks are consecutive: kept chunks come first, none is dropped.
-        if (!eligible.empty()) pack(eligible.front(), eligible.size());
-      }
-    }
-  }
-
+  m.segs.clear();
   PolicyStep st;
-  st.chunk = next_chunk_++;
-  st.global_end = global_end_;
-  st.segments = int64_t(segs_.size());
-  for (const SegmentSize& s : segs_) {
+  st.chunk = m.next_chunk++;
+  st.global_end = m.pol.global_end();
+  for (const auto& p : m.pol.segments()) {
+    SegmentSize s;
+    s.g0 = p.g0;
+    s.g1 = p.g1;
+    s.chunks = p.chunks;
+    s.sink = p.is_sink;
+    s.packed = p.packed;
+    s.k_bytes = p.data.k;
+    s.v_bytes = p.data.v;
+    m.segs.push_back(s);
     (s.packed ? st.packed_bytes : st.raw_bytes) += s.bytes();
     (s.packed ? st.packed_tokens : st.raw_tokens) += s.tokens();
   }
+  st.segments = int64_t(m.segs.size());
   st.resident_bytes = st.raw_bytes + st.packed_bytes;
-  steps_.push_back(st);
-  return steps_.back();
+  m.steps.push_back(st);
+  return m.steps.back();
 }
 
 // ---- the report -----------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include "gpu/modes.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
+#include "kernels/cuda/host.h"
 #include "qvg/codec.h"
 #include "qvg/numeric.h"
 
@@ -28,10 +29,6 @@ namespace A = qvg::cuda_arith;
 namespace K = qvg::cuda::kernels;
 
 namespace {
-
-int arith_dtype(qvg::DType t) {
-  return t == qvg::DType::BF16 ? A::kBF16 : t == qvg::DType::F16 ? A::kF16 : A::kF32;
-}
 
 /// Random [B, S, H, D] data: per group an offset and a scale that vary by group
 /// (magnitudes from 1e-3 to `big`), some clustered structure, one all-zero token.
@@ -95,28 +92,10 @@ std::vector<uint8_t> reference_decode(const qvg::EncodedTensor& e, qvg::DType ou
 }
 
 K::DecodeArgs make_task(const qvg::EncodedTensor& e, const Contig& c) {
-  K::DecodeArgs t;
-  t.codes = e.codes.data();
-  t.scales = e.scales.data();
-  t.zeros = e.asymmetric ? e.zeros.data() : nullptr;
-  t.scale_factor = e.scaling == qvg::Scaling::TwoLevel ? e.scale_factor.data() : nullptr;
-  t.zero_factor = e.scaling == qvg::Scaling::TwoLevel && e.asymmetric ? e.zero_factor.data() : nullptr;
-  t.ids = c.ids.data();
-  t.centroid = c.cent.data();
-  t.ids_stage_stride = e.groups() * e.shape.s;
-  t.centroid_stage_stride = e.groups() * e.centroids * e.shape.d * int64_t(qvg::dtype_size(e.dtype));
-  t.B = int32_t(e.shape.b);
-  t.S = int32_t(e.shape.s);
-  t.H = int32_t(e.shape.h);
-  t.D = int32_t(e.shape.d);
-  t.K = e.centroids;
-  t.bits = e.bits;
-  t.block = e.block_size;
-  t.stages = e.stages;
-  t.asymmetric = e.asymmetric ? 1 : 0;
-  t.fp8 = e.scale_dtype == qvg::ScaleDType::FP8_E4M3 ? 1 : 0;
-  t.centroid_dtype = int8_t(arith_dtype(e.dtype));
-  return t;
+  return qvg::cuda::decode_args(e, {e.codes.data(), e.scales.data(), e.asymmetric ? e.zeros.data() : nullptr,
+                                    e.scale_factor.empty() ? nullptr : e.scale_factor.data(),
+                                    e.zero_factor.empty() ? nullptr : e.zero_factor.data(), c.ids.data(),
+                                    c.cent.data()});
 }
 
 /// Runs the kernel bodies over tokens [t0, t1), heads [h0, h1) into a target with
@@ -132,7 +111,7 @@ std::vector<uint8_t> body_decode(const qvg::EncodedTensor& e, const Contig& c, q
   T.t1 = t1;
   T.h0 = h0;
   T.h1 = h1;
-  T.out_dtype = int8_t(arith_dtype(out_dtype));
+  T.out_dtype = int8_t(qvg::cuda::arith_dtype(out_dtype));
   // 16-byte aligned target (std::vector data is 16-byte aligned on this ABI; checked).
   T.out = out.data();
   T.batch_stride = batch_stride;

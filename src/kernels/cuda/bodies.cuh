@@ -60,40 +60,31 @@ struct QuantizeArgs {
 struct alignas(16) Word4 {
   uint32_t v[4];
 };
-QVG_HD Word4 load_word4(const void* p) {
+/// An aligned load of a T at p: one native load on the device; memcpy on the host
+/// (the host tests of these bodies use unaligned buffers).
+template <class T>
+QVG_HD T load_as(const void* p) {
 #if defined(__CUDA_ARCH__)
-  return *static_cast<const Word4*>(p);
+  return *static_cast<const T*>(p);
 #else
-  Word4 w;
-  std::memcpy(w.v, p, 16);
-  return w;
-#endif
-}
-QVG_HD void store_word4(void* p, const Word4& w) {
-#if defined(__CUDA_ARCH__)
-  *static_cast<Word4*>(p) = w;
-#else
-  std::memcpy(p, w.v, 16);
-#endif
-}
-QVG_HD uint32_t load_u32(const uint8_t* p) {
-#if defined(__CUDA_ARCH__)
-  return *reinterpret_cast<const uint32_t*>(p);
-#else
-  uint32_t v;
-  std::memcpy(&v, p, 4);
+  T v;
+  std::memcpy(&v, p, sizeof(T));
   return v;
 #endif
 }
-QVG_HD uint32_t load_u16(const uint8_t* p) {
+/// An aligned store of v at p (as load_as).
+template <class T>
+QVG_HD void store_as(void* p, const T& v) {
 #if defined(__CUDA_ARCH__)
-  return *reinterpret_cast<const uint16_t*>(p);
+  *static_cast<T*>(p) = v;
 #else
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
+  std::memcpy(p, &v, sizeof(T));
 #endif
 }
+QVG_HD Word4 load_word4(const void* p) { return load_as<Word4>(p); }
+QVG_HD void store_word4(void* p, const Word4& w) { store_as(p, w); }
+QVG_HD uint32_t load_u32(const uint8_t* p) { return load_as<uint32_t>(p); }
+QVG_HD uint32_t load_u16(const uint8_t* p) { return load_as<uint16_t>(p); }
 
 /// Whether a task can use decode_vec8 (8 channels per thread) and aligned 16-byte stores.
 QVG_HD bool task_vectorizable(const DecodeArgs& t) { return t.D % 8 == 0 && t.block % 8 == 0; }
@@ -249,17 +240,8 @@ QVG_HD void pack_byte(const QuantizeArgs& a, int64_t e) {
     byte = (byte << a.bits) | unsigned(A::quantize_code(x[u], qmax, asym, s_eff, z_eff));
   a.codes[e] = uint8_t(byte);
   if (d0 % a.block == 0) {
-    if (fp8) {
-      a.scales[si] = uint8_t(s_st);
-      if (asym) a.zeros[si] = uint8_t(z_st);
-    } else {
-      a.scales[2 * si] = uint8_t(s_st & 0xFFu);
-      a.scales[2 * si + 1] = uint8_t(s_st >> 8);
-      if (asym) {
-        a.zeros[2 * si] = uint8_t(z_st & 0xFFu);
-        a.zeros[2 * si + 1] = uint8_t(z_st >> 8);
-      }
-    }
+    A::put_stored(a.scales, fp8, si, s_st);
+    if (asym) A::put_stored(a.zeros, fp8, si, z_st);
   }
   if (t == 0 && j == 0 && a.two_level) {
     a.scale_factor[g] = gf;

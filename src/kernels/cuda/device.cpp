@@ -158,31 +158,12 @@ void decode_ranges(const std::vector<DeviceDecodeTask>& tasks, Stream stream) {
       throw InvalidArgument(fmt::format("decode range tokens [{}, {}) heads [{}, {}) is outside the tensor {}", tk.t0,
                                         tk.t1, tk.h0, tk.h1, e.shape.str()));
     if (tk.dst.base == nullptr) throw InvalidArgument("decode target base is null");
-    kernels::DecodeArgs t;
-    t.codes = e.codes_data();
-    t.scales = e.scales_data();
-    t.zeros = e.zeros_data();
-    t.scale_factor = e.scale_factor_data();
-    t.zero_factor = e.zero_factor_data();
-    t.ids = e.ids_data();
-    t.centroid = e.centroid_data();
-    t.ids_stage_stride = e.groups() * e.shape.s;
-    t.centroid_stage_stride = e.groups() * e.centroids * e.shape.d * int64_t(dtype_size(e.dtype));
-    t.B = int32_t(e.shape.b);
-    t.S = int32_t(e.shape.s);
-    t.H = int32_t(e.shape.h);
-    t.D = int32_t(e.shape.d);
-    t.K = e.centroids;
-    t.bits = e.bits;
-    t.block = e.block_size;
-    t.stages = e.stages;
+    kernels::DecodeArgs t = decode_args(e, {e.codes_data(), e.scales_data(), e.zeros_data(), e.scale_factor_data(),
+                                            e.zero_factor_data(), e.ids_data(), e.centroid_data()});
     t.t0 = int32_t(tk.t0);
     t.t1 = int32_t(tk.t1);
     t.h0 = int32_t(tk.h0);
     t.h1 = int32_t(tk.h1);
-    t.asymmetric = e.asymmetric ? 1 : 0;
-    t.fp8 = e.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 0;
-    t.centroid_dtype = int8_t(arith_dtype(e.dtype));
     t.out_dtype = int8_t(arith_dtype(tk.dst.dtype));
     t.out = tk.dst.base;
     t.batch_stride = tk.dst.batch_stride;

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Checks that qvg's layers point down only (docs/design.md, "Layers").
+
+Every quoted #include in src/, include/qvg/, tools/, bench/ and python/src/ is
+checked against the layer of the including file:
+
+  core     (src/core)                     core
+  kernels  (src/kernels: ref, cpu, cuda)  core, kernels
+  codec    (src/codec)                    core, kernels, codec
+  cache    (src/cache, src/cache/cuda)    core, kernels, codec, cache
+  io       (src/io)                       core, codec, io
+  eval     (src/workload, baselines, memory, sim, perf)   everything above and eval
+  tools    (tools/, bench/, python/src)   public headers (qvg/...) and eval
+
+Public headers (include/qvg/*.h) belong to a layer too (PUBLIC below) and may be
+included only from that layer or a higher one. Besides includes, src/core must not
+call into qvg::kernels (no `kernels::` in its code). Exit status 1 and one line per
+violation when anything is wrong; prints a summary line otherwise.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Which layers a layer may use (itself included).
+EVAL = {"workload", "baselines", "memory", "sim", "perf"}
+ALLOWED = {
+    "core": {"core"},
+    "kernels": {"core", "kernels"},
+    "codec": {"core", "kernels", "codec"},
+    "cache": {"core", "kernels", "codec", "cache"},
+    "io": {"core", "codec", "io"},
+}
+for e in EVAL:
+    ALLOWED[e] = {"core", "kernels", "codec", "cache", "io"} | EVAL
+ALLOWED["tools"] = EVAL  # plus public headers (checked separately) and their own files
+
+# The layer of each public header: what it declares.
+PUBLIC = {
+    "error.h": "core", "numeric.h": "core", "tensor.h": "core", "config.h": "core",
+    "encoding_layout.h": "core", "version.h": "core",
+    # The CUDA backend's API (device buffers, the device encoded tensor and codec).
+    "cuda.h": "kernels",
+    "codec.h": "codec",
+    "cache.h": "cache", "attention.h": "cache", "cuda_cache.h": "cache",
+    "io.h": "io",
+    "workload.h": "workload", "baselines.h": "baselines", "memory.h": "memory", "simulate.h": "sim",
+}
+# Public headers a layer may include although they belong to a higher layer:
+# the kernels may use the plain value type EncodedTensor (qvg/codec.h) to move
+# encodings between host and device; they call nothing of the codec.
+PUBLIC_EXCEPTIONS = {"kernels": {"codec.h"}}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def layer_of(path: pathlib.Path) -> str | None:
+    rel = path.relative_to(ROOT).parts
+    if rel[0] == "src":
+        return rel[1]
+    if rel[0] == "include":
+        return PUBLIC.get(rel[-1], "?")
+    if rel[0] in ("tools", "bench") or rel[:2] == ("python", "src"):
+        return "tools"
+    return None
+
+
+def public_allowed(layer: str, header: str) -> bool:
+    target = PUBLIC.get(header)
+    if target is None:
+        return False
+    if layer == "tools" or layer in EVAL:
+        return True
+    return target in ALLOWED[layer] or header in PUBLIC_EXCEPTIONS.get(layer, set())
+
+
+def main() -> int:
+    files = []
+    for pattern in ("src/**/*", "include/qvg/*.h", "tools/**/*", "bench/**/*", "python/src/**/*"):
+        files += [p for p in ROOT.glob(pattern) if p.suffix in {".h", ".cpp", ".cu", ".cuh", ".in"} and p.is_file()]
+    bad: list[str] = []
+    checked = 0
+    for f in sorted(set(files)):
+        layer = layer_of(f)
+        if layer is None:
+            continue
+        if layer not in ALLOWED and layer not in PUBLIC.values():
+            bad.append(f"{f.relative_to(ROOT)}: folder src/{layer} belongs to no layer (add it to scripts/check-layers.py)")
+            continue
+        text = f.read_text(errors="replace")
+        for m in INCLUDE.finditer(text):
+            inc = m.group(1)
+            checked += 1
+            line = text.count("\n", 0, m.start()) + 1
+            where = f"{f.relative_to(ROOT)}:{line}"
+            if inc.startswith("qvg/"):
+                header = inc[len("qvg/"):]
+                if not public_allowed(layer, header):
+                    bad.append(f'{where}: layer {layer} includes "{inc}" (layer {PUBLIC.get(header, "unknown")})')
+                continue
+            top = inc.split("/", 1)[0]
+            if "/" not in inc or not (ROOT / "src" / top).is_dir():
+                continue  # a header of the file's own folder (tools/qvg/command.h) or a library's ("hwy/...")
+            if f.parts[len(ROOT.parts)] == "include":
+                bad.append(f'{where}: public header includes "{inc}" from src/')
+            elif top not in ALLOWED.get(layer, set()):
+                bad.append(f'{where}: layer {layer} includes "{inc}" (layer {top})')
+        if layer == "core" and f.parts[len(ROOT.parts)] == "src":
+            code = re.sub(r"//[^\n]*", "", text)
+            for m in re.finditer(r"\bkernels::", code):
+                bad.append(f"{f.relative_to(ROOT)}:{code.count(chr(10), 0, m.start()) + 1}: core calls into kernels::")
+    for b in bad:
+        print(f"check-layers: {b}", file=sys.stderr)
+    if bad:
+        print(f"check-layers: {len(bad)} violation(s) of the layering (docs/design.md)", file=sys.stderr)
+        return 1
+    print(f"check-layers: {checked} includes in {len(set(files))} files point down only")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
