@@ -162,8 +162,28 @@ struct BasicSegmentInfo {
   size_t nbytes = 0;                ///< resident bytes of K and V
 };
 
+/// The construction arguments every cache (host or device) reports and never
+/// changes (spec 3.1): batch, heads, head_dim, dtype, sink tokens.
+class CacheDims {
+ public:
+  int64_t batch() const { return batch_; }
+  int64_t num_heads() const { return heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  DType dtype() const { return dtype_; }
+  int64_t sink_tokens() const { return sink_tokens_; }
+
+ protected:
+  explicit CacheDims(const CacheOptions& o)
+      : batch_(o.batch), heads_(o.heads), head_dim_(o.head_dim), dtype_(o.dtype), sink_tokens_(o.sink_tokens) {}
+
+ private:
+  int64_t batch_, heads_, head_dim_;
+  DType dtype_;
+  int64_t sink_tokens_;
+};
+
 /// The interface both caches share (spec 3.1).
-class CausalCache {
+class CausalCache : public CacheDims {
  public:
   virtual ~CausalCache() = default;
 
@@ -205,13 +225,11 @@ class CausalCache {
   virtual int64_t local_end() const = 0;   ///< tokens held in the buffer
   virtual int64_t cache_size() const = 0;
   virtual int64_t attention_window_size() const = 0;
-  virtual int64_t sink_tokens() const = 0;
-  virtual int64_t batch() const = 0;
-  virtual int64_t num_heads() const = 0;
-  virtual int64_t head_dim() const = 0;
-  virtual DType dtype() const = 0;
 
  protected:
+  explicit CausalCache(const CacheOptions& o) : CacheDims(o) {}
+  CausalCache(CausalCache&&) noexcept = default;
+  CausalCache& operator=(CausalCache&&) noexcept = default;
   virtual KVView do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
                            std::optional<int64_t> rw) = 0;
 };
@@ -292,11 +310,6 @@ class DenseCausalCache final : public CausalCache {
   int64_t local_end() const override;
   int64_t cache_size() const override;  ///< current size (grows with allow_growth)
   int64_t attention_window_size() const override;
-  int64_t sink_tokens() const override;
-  int64_t batch() const override;
-  int64_t num_heads() const override;
-  int64_t head_dim() const override;
-  DType dtype() const override;
   bool allow_growth() const;
 
   /// The buffers, [B, cache_size, H, D]; valid until the next mutating call.
@@ -396,11 +409,6 @@ class PackedCausalCache final : public CausalCache {
   int64_t local_end() const override;
   int64_t cache_size() const override;
   int64_t attention_window_size() const override;
-  int64_t sink_tokens() const override;
-  int64_t batch() const override;
-  int64_t num_heads() const override;
-  int64_t head_dim() const override;
-  DType dtype() const override;
   const QuantArgs& quant_args() const;
   /// Size of the first advance's chunk; nullopt while the cache is empty.
   std::optional<int64_t> chunk_tokens() const;

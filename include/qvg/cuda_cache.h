@@ -50,7 +50,7 @@ namespace qvg::cuda {
 /// error); only init = random; no ViewScratch sharing; no peak_transient_nbytes().
 /// Not thread-safe; movable, not copyable; a moved-from cache may only be
 /// destroyed or assigned to.
-class PackedCausalCache {
+class PackedCausalCache : public CacheDims {
  public:
   /// Validates like qvg::PackedCausalCache: InvalidArgument for bad options or
   /// quant args (block_size must divide head_dim when quantization is on),
@@ -103,11 +103,6 @@ class PackedCausalCache {
   int64_t local_end() const;  ///< min(global_end, cache_size)
   int64_t cache_size() const;
   int64_t attention_window_size() const;
-  int64_t sink_tokens() const;
-  int64_t batch() const;
-  int64_t num_heads() const;
-  int64_t head_dim() const;
-  DType dtype() const;
   const QuantArgs& quant_args() const;
   /// Size of the first advance's chunk; nullopt while the cache is empty.
   std::optional<int64_t> chunk_tokens() const;

@@ -241,7 +241,7 @@ struct DenseCausalCache::Impl {
   }
 };
 
-DenseCausalCache::DenseCausalCache(const CacheOptions& options) {
+DenseCausalCache::DenseCausalCache(const CacheOptions& options) : CausalCache(options) {
   detail::validate_options(options);
   impl_ = std::make_unique<Impl>(options);
   impl_->own_k = AlignedBuffer(impl_->buffer_bytes(impl_->capacity));
@@ -250,7 +250,8 @@ DenseCausalCache::DenseCausalCache(const CacheOptions& options) {
   impl_->v = impl_->own_v.data();
 }
 
-DenseCausalCache::DenseCausalCache(const CacheOptions& options, ExternalStorage storage, GrowStorage grow) {
+DenseCausalCache::DenseCausalCache(const CacheOptions& options, ExternalStorage storage, GrowStorage grow)
+    : CausalCache(options) {
   detail::validate_options(options);
   if (storage.k == nullptr || storage.v == nullptr)
     throw InvalidArgument(fmt::format("external K and V storage must not be null, got k={} v={}",
@@ -302,11 +303,6 @@ int64_t DenseCausalCache::global_end() const { return impl_->global_end; }
 int64_t DenseCausalCache::local_end() const { return impl_->local_end; }
 int64_t DenseCausalCache::cache_size() const { return impl_->capacity; }
 int64_t DenseCausalCache::attention_window_size() const { return impl_->window; }
-int64_t DenseCausalCache::sink_tokens() const { return impl_->opt.sink_tokens; }
-int64_t DenseCausalCache::batch() const { return impl_->opt.batch; }
-int64_t DenseCausalCache::num_heads() const { return impl_->opt.heads; }
-int64_t DenseCausalCache::head_dim() const { return impl_->opt.head_dim; }
-DType DenseCausalCache::dtype() const { return impl_->opt.dtype; }
 bool DenseCausalCache::allow_growth() const { return impl_->opt.allow_growth; }
 bool DenseCausalCache::owns_storage() const { return impl_->owns; }
 

@@ -191,7 +191,7 @@ struct PackedCausalCache::Impl {
   }
 };
 
-PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArgs& quant) {
+PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArgs& quant) : CausalCache(options) {
   detail::validate_options(options);
   if (options.allow_growth)
     throw Unsupported("allow_growth must be false for the packed cache (its segments never grow), got true");
@@ -230,11 +230,6 @@ int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); 
 int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
 int64_t PackedCausalCache::cache_size() const { return impl_->capacity; }
 int64_t PackedCausalCache::attention_window_size() const { return impl_->window; }
-int64_t PackedCausalCache::sink_tokens() const { return impl_->opt.sink_tokens; }
-int64_t PackedCausalCache::batch() const { return impl_->opt.batch; }
-int64_t PackedCausalCache::num_heads() const { return impl_->opt.heads; }
-int64_t PackedCausalCache::head_dim() const { return impl_->opt.head_dim; }
-DType PackedCausalCache::dtype() const { return impl_->opt.dtype; }
 const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
 std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
 

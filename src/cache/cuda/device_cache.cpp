@@ -175,7 +175,8 @@ struct PackedCausalCache::Impl {
   }
 };
 
-PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArgs& quant, Allocator& alloc) {
+PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArgs& quant, Allocator& alloc)
+    : CacheDims(options) {
   qvg::detail::validate_options(options);
   if (options.allow_growth)
     throw Unsupported("allow_growth must be false for the packed cache (its segments never grow), got true");
@@ -225,11 +226,6 @@ int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); 
 int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
 int64_t PackedCausalCache::cache_size() const { return impl_->opt.cache_size; }
 int64_t PackedCausalCache::attention_window_size() const { return impl_->opt.window(); }
-int64_t PackedCausalCache::sink_tokens() const { return impl_->opt.sink_tokens; }
-int64_t PackedCausalCache::batch() const { return impl_->opt.batch; }
-int64_t PackedCausalCache::num_heads() const { return impl_->opt.heads; }
-int64_t PackedCausalCache::head_dim() const { return impl_->opt.head_dim; }
-DType PackedCausalCache::dtype() const { return impl_->opt.dtype; }
 const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
 std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
 size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
