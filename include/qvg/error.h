@@ -25,33 +25,26 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
+/// The error class of one kind.
+template <ErrorKind K>
+class TypedError : public Error {
+ public:
+  explicit TypedError(const std::string& m) : Error(K, m) {}
+};
+
 /// Bad argument value, shape, dtype, configuration or non-finite data.
-class InvalidArgument : public Error {
- public:
-  explicit InvalidArgument(const std::string& m) : Error(ErrorKind::InvalidArgument, m) {}
-};
-/// A call pattern the packed cache does not support (non-sequential write, ...).
-class Unsupported : public Error {
- public:
-  explicit Unsupported(const std::string& m) : Error(ErrorKind::Unsupported, m) {}
-};
+class InvalidArgument : public TypedError<ErrorKind::InvalidArgument> { using TypedError::TypedError; };
+/// A call pattern the packed cache does not support (non-sequential write, ...),
+/// or a device this build does not support.
+class Unsupported : public TypedError<ErrorKind::Unsupported> { using TypedError::TypedError; };
 /// A chunk that does not fit (cache, window, sink) or a rewrite of evicted tokens.
-class OutOfRange : public Error {
- public:
-  explicit OutOfRange(const std::string& m) : Error(ErrorKind::OutOfRange, m) {}
-};
+class OutOfRange : public TypedError<ErrorKind::OutOfRange> { using TypedError::TypedError; };
 /// A malformed or truncated file.
-class CorruptData : public Error {
- public:
-  explicit CorruptData(const std::string& m) : Error(ErrorKind::CorruptData, m) {}
-};
+class CorruptData : public TypedError<ErrorKind::CorruptData> { using TypedError::TypedError; };
 /// A failure reported by a device runtime (CUDA launch or call, allocation other
 /// than out-of-memory); the message names the failing call. The state of the object
 /// the call was made on is as documented by that call (basic guarantee at least).
-class DeviceError : public Error {
- public:
-  explicit DeviceError(const std::string& m) : Error(ErrorKind::Device, m) {}
-};
+class DeviceError : public TypedError<ErrorKind::Device> { using TypedError::TypedError; };
 
 /// Aborts with file and line: for internal invariants only, never for user input.
 [[noreturn]] void check_failed(const char* expr, const char* file, int line);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "qvg/cache.h"
 #include "qvg/tensor.h"
@@ -88,6 +89,12 @@ void gather_rows(ConstRows src, int64_t t0, int64_t t1, int64_t head_start, cons
 StridedView sub_view(ConstRows rows, int64_t t0, int64_t T, int64_t head_start, int64_t h);
 /// The whole of a dense buffer as a view.
 StridedView dense_view(ConstRows rows);
+
+/// A copy of n bytes at p (the caches' debug snapshots).
+inline std::vector<uint8_t> bytes_copy(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  return n ? std::vector<uint8_t>(b, b + n) : std::vector<uint8_t>();
+}
 
 /// Tracks the bytes a call holds beyond the resident state, and their peak.
 class TransientMeter {

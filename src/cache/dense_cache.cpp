@@ -314,22 +314,10 @@ ConstTensorView DenseCausalCache::v_buffer() const {
 }
 
 DenseCausalCache::DebugState DenseCausalCache::debug_state() const {
-  DebugState s;
-  const size_t n = impl_->buffer_bytes(impl_->capacity);
-  const auto* kb = reinterpret_cast<const uint8_t*>(impl_->k);
-  const auto* vb = reinterpret_cast<const uint8_t*>(impl_->v);
-  s.k.assign(kb, kb + n);
-  s.v.assign(vb, vb + n);
-  s.cache_size = impl_->capacity;
-  s.window = impl_->window;
-  s.global_end = impl_->global_end;
-  s.local_end = impl_->local_end;
-  s.resident_nbytes = resident_nbytes();
-  s.peak_transient_nbytes = impl_->peak_transient;
-  const auto* sb = reinterpret_cast<const uint8_t*>(impl_->scratch->data());
-  s.view_scratch.assign(sb, sb + impl_->scratch->size());
-  s.owns_storage = impl_->owns;
-  return s;
+  const Impl& m = *impl_;
+  const size_t n = m.buffer_bytes(m.capacity);
+  return {detail::bytes_copy(m.k, n), detail::bytes_copy(m.v, n), m.capacity, m.window, m.global_end, m.local_end,
+          resident_nbytes(), m.peak_transient, detail::bytes_copy(m.scratch->data(), m.scratch->size()), m.owns};
 }
 
 }  // namespace qvg

@@ -252,21 +252,10 @@ PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
 
 PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
   DebugState st;
-  for (const Segment& s : impl_->pol.segments()) {
-    SegmentState ss;
-    ss.g0 = s.g0;
-    ss.g1 = s.g1;
-    ss.is_sink = s.is_sink;
-    ss.packed = s.packed;
-    ss.chunks = s.chunks;
-    const auto* kb = reinterpret_cast<const uint8_t*>(s.data.k_raw.data());
-    const auto* vb = reinterpret_cast<const uint8_t*>(s.data.v_raw.data());
-    ss.k_raw.assign(kb, kb + s.data.k_raw.size());
-    ss.v_raw.assign(vb, vb + s.data.v_raw.size());
-    ss.k_enc = s.data.k_enc;
-    ss.v_enc = s.data.v_enc;
-    st.segments.push_back(std::move(ss));
-  }
+  for (const Segment& s : impl_->pol.segments())
+    st.segments.push_back({s.g0, s.g1, s.is_sink, s.packed, s.chunks,
+                           detail::bytes_copy(s.data.k_raw.data(), s.data.k_raw.size()),
+                           detail::bytes_copy(s.data.v_raw.data(), s.data.v_raw.size()), s.data.k_enc, s.data.v_enc});
   st.global_end = impl_->pol.global_end();
   st.local_end = local_end();
   st.chunk_tokens = impl_->pol.chunk_tokens();
@@ -274,8 +263,7 @@ PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
   st.warm_v = impl_->warm_v;
   st.resident_nbytes = resident_nbytes();
   st.peak_transient_nbytes = impl_->peak_transient;
-  const auto* sb = reinterpret_cast<const uint8_t*>(impl_->scratch->data());
-  st.view_scratch.assign(sb, sb + impl_->scratch->size());
+  st.view_scratch = detail::bytes_copy(impl_->scratch->data(), impl_->scratch->size());
   return st;
 }
 

@@ -4,43 +4,33 @@
 
 #include <fmt/core.h>
 
+#include "core/enum_names.h"
 #include "qvg/error.h"
 
 namespace qvg {
 
-std::string_view name(ScaleDType v) { return v == ScaleDType::FP8_E4M3 ? "fp8_e4m3" : "bf16"; }
-std::string_view name(Scaling v) { return v == Scaling::TwoLevel ? "two_level" : "compat"; }
-std::string_view name(Init v) {
-  switch (v) {
-    case Init::Random: return "random";
-    case Init::KMeansPlusPlus: return "kmeans++";
-    case Init::Warm: return "warm";
-  }
-  return "?";
-}
-std::string_view name(SinkSpan v) { return v == SinkSpan::Chunk ? "chunk" : "full"; }
+namespace {
+using detail::EnumName;
+constexpr EnumName<ScaleDType> kScaleDTypes[] = {
+    {ScaleDType::FP8_E4M3, "fp8_e4m3"}, {ScaleDType::FP8_E4M3, "fp8"}, {ScaleDType::FP8_E4M3, "f8_e4m3"},
+    {ScaleDType::BF16, "bf16"}};
+constexpr EnumName<Scaling> kScalings[] = {{Scaling::TwoLevel, "two_level"}, {Scaling::Compat, "compat"}};
+constexpr EnumName<Init> kInits[] = {
+    {Init::Random, "random"}, {Init::KMeansPlusPlus, "kmeans++"}, {Init::KMeansPlusPlus, "kmeanspp"}, {Init::Warm, "warm"}};
+constexpr EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
+}  // namespace
+
+std::string_view name(ScaleDType v) { return detail::name_in(kScaleDTypes, v); }
+std::string_view name(Scaling v) { return detail::name_in(kScalings, v); }
+std::string_view name(Init v) { return detail::name_in(kInits, v); }
+std::string_view name(SinkSpan v) { return detail::name_in(kSinkSpans, v); }
 
 ScaleDType parse_scale_dtype(std::string_view s) {
-  if (s == "fp8_e4m3" || s == "fp8" || s == "f8_e4m3") return ScaleDType::FP8_E4M3;
-  if (s == "bf16") return ScaleDType::BF16;
-  throw InvalidArgument(fmt::format("scale_dtype must be one of fp8_e4m3 (or fp8), bf16, got '{}'", s));
+  return detail::parse_in(kScaleDTypes, s, "scale_dtype", "fp8_e4m3 (or fp8), bf16");
 }
-Scaling parse_scaling(std::string_view s) {
-  if (s == "two_level") return Scaling::TwoLevel;
-  if (s == "compat") return Scaling::Compat;
-  throw InvalidArgument(fmt::format("scaling must be one of two_level, compat, got '{}'", s));
-}
-Init parse_init(std::string_view s) {
-  if (s == "random") return Init::Random;
-  if (s == "kmeans++" || s == "kmeanspp") return Init::KMeansPlusPlus;
-  if (s == "warm") return Init::Warm;
-  throw InvalidArgument(fmt::format("init must be one of random, kmeans++, warm, got '{}'", s));
-}
-SinkSpan parse_sink_span(std::string_view s) {
-  if (s == "chunk") return SinkSpan::Chunk;
-  if (s == "full") return SinkSpan::Full;
-  throw InvalidArgument(fmt::format("sink_span must be one of chunk, full, got '{}'", s));
-}
+Scaling parse_scaling(std::string_view s) { return detail::parse_in(kScalings, s, "scaling", "two_level, compat"); }
+Init parse_init(std::string_view s) { return detail::parse_in(kInits, s, "init", "random, kmeans++, warm"); }
+SinkSpan parse_sink_span(std::string_view s) { return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full"); }
 
 namespace {
 
@@ -128,19 +118,9 @@ std::string QuantArgs::describe() const {
 
 CodecConfig QuantArgs::codec() const {
   QVG_CHECK(bits.has_value());
-  CodecConfig c;
-  c.bits = *bits;
-  c.centroids = centroids;
-  c.stages = stages;
-  c.kmeans_iters = kmeans_iters;
-  c.block_size = block_size;
-  c.asymmetric = asymmetric;
-  c.scale_dtype = scale_dtype;
-  c.scaling = scaling;
-  c.init = init;
-  c.seed = seed;
-  c.threads = threads;
-  return c;
+  return {.bits = *bits, .centroids = centroids, .stages = stages, .kmeans_iters = kmeans_iters,
+          .block_size = block_size, .asymmetric = asymmetric, .scale_dtype = scale_dtype, .scaling = scaling,
+          .init = init, .seed = seed, .threads = threads};
 }
 
 namespace {

@@ -27,29 +27,13 @@ size_t ArrayDesc::bytes() const {
 }
 
 EncodingLayout EncodingLayout::of(Shape4 shape, DType dtype, const CodecConfig& cfg) {
-  EncodingLayout l;
-  l.dtype = dtype;
-  l.shape = shape;
-  l.bits = cfg.bits;
-  l.block_size = cfg.block_size;
-  l.stages = cfg.stages;
-  l.centroids = cfg.centroids;
-  l.asymmetric = cfg.asymmetric;
-  l.scale_dtype = cfg.scale_dtype;
-  l.scaling = cfg.scaling;
-  return l;
+  return {dtype, shape, cfg.bits, cfg.block_size, cfg.stages, cfg.centroids, cfg.asymmetric, cfg.scale_dtype,
+          cfg.scaling};
 }
 
 CodecConfig EncodingLayout::config() const {
-  CodecConfig c;
-  c.bits = bits;
-  c.centroids = centroids;
-  c.stages = stages;
-  c.block_size = block_size;
-  c.asymmetric = asymmetric;
-  c.scale_dtype = scale_dtype;
-  c.scaling = scaling;
-  return c;
+  return {.bits = bits, .centroids = centroids, .stages = stages, .block_size = block_size, .asymmetric = asymmetric,
+          .scale_dtype = scale_dtype, .scaling = scaling};
 }
 
 std::vector<ArrayDesc> EncodingLayout::arrays() const {

@@ -44,42 +44,19 @@ QVG_HD float from_bits(uint32_t u) {
 // multiply-add: intrinsics on the device; on the host the library is compiled with
 // -ffp-contract=off.
 
-QVG_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
+QVG_HD float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+QVG_HD float add_rn(float a, float b) { return __fadd_rn(a, b); }
+QVG_HD float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+QVG_HD float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+QVG_HD float int_to_float(int v) { return __int2float_rn(v); }  // exact for |v| < 2^24
 #else
-  return a * b;
+QVG_HD float mul_rn(float a, float b) { return a * b; }
+QVG_HD float add_rn(float a, float b) { return a + b; }
+QVG_HD float sub_rn(float a, float b) { return a - b; }
+QVG_HD float div_rn(float a, float b) { return a / b; }
+QVG_HD float int_to_float(int v) { return static_cast<float>(v); }  // exact for |v| < 2^24
 #endif
-}
-QVG_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-QVG_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-QVG_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-/// Exact for the small integers used here (|v| < 2^24).
-QVG_HD float int_to_float(int v) {
-#if defined(__CUDA_ARCH__)
-  return __int2float_rn(v);
-#else
-  return static_cast<float>(v);
-#endif
-}
 /// max/min of two non-NaN floats, picking the operand std::max(a, b) / std::min(a, b) pick.
 QVG_HD float max_f(float a, float b) { return a < b ? b : a; }
 QVG_HD float min_f(float a, float b) { return b < a ? b : a; }

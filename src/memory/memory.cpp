@@ -121,14 +121,7 @@ const PolicyStep& PolicyReplay::advance() {
   st.chunk = m.next_chunk++;
   st.global_end = m.pol.global_end();
   for (const auto& p : m.pol.segments()) {
-    SegmentSize s;
-    s.g0 = p.g0;
-    s.g1 = p.g1;
-    s.chunks = p.chunks;
-    s.sink = p.is_sink;
-    s.packed = p.packed;
-    s.k_bytes = p.data.k;
-    s.v_bytes = p.data.v;
+    const SegmentSize s{p.g0, p.g1, p.chunks, p.is_sink, p.packed, p.data.k, p.data.v};
     m.segs.push_back(s);
     (s.packed ? st.packed_bytes : st.raw_bytes) += s.bytes();
     (s.packed ? st.packed_tokens : st.raw_tokens) += s.tokens();

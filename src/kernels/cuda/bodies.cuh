@@ -89,6 +89,21 @@ QVG_HD uint32_t load_u16(const uint8_t* p) { return load_as<uint16_t>(p); }
 /// Whether a task can use decode_vec8 (8 channels per thread) and aligned 16-byte stores.
 QVG_HD bool task_vectorizable(const DecodeArgs& t) { return t.D % 8 == 0 && t.block % 8 == 0; }
 
+/// The effective scale and zero (spec 1.4) of block `blk` of row `row` (= g * S + t)
+/// of group g.
+struct BlockScale {
+  float s_eff = 0.0f, z_eff = 0.0f;
+};
+QVG_HD BlockScale block_scale(const DecodeArgs& T, int64_t g, int64_t row, int64_t blk) {
+  namespace A = qvg::cuda_arith;
+  const bool fp8 = T.fp8 != 0;
+  const int64_t si = row * (T.D / T.block) + blk;
+  BlockScale r;
+  r.s_eff = A::effective(A::stored_value(T.scales, fp8, si), T.scale_factor ? T.scale_factor[g] : 1.0f);
+  if (T.asymmetric) r.z_eff = A::effective(A::stored_value(T.zeros, fp8, si), T.zero_factor ? T.zero_factor[g] : 1.0f);
+  return r;
+}
+
 /// Decodes channels [8c, 8c + 8) of token t (absolute) of group g = b * H + h and
 /// writes them to the task's target (spec 1.3 arithmetic, order of
 /// decode_rows_reference). REQUIRES task_vectorizable(T). `vstore`: the target
@@ -97,19 +112,15 @@ QVG_HD void decode_vec8(const DecodeArgs& T, int b, int h, int t, int c, bool vs
   namespace A = qvg::cuda_arith;
   const int64_t g = int64_t(b) * T.H + h;
   const int D = T.D, bits = T.bits;
-  const bool asym = T.asymmetric != 0, fp8 = T.fp8 != 0;
+  const bool asym = T.asymmetric != 0;
   const int qmax = A::qmax_of(bits, asym);
   const int64_t row = g * T.S + t;
   const uint8_t* crow = T.codes + row * (int64_t(D) * bits / 8);
   const uint32_t word = bits == 4 ? load_u32(crow + c * 4) : load_u16(crow + c * 2);
-  const int64_t si = row * (D / T.block) + (c * 8) / T.block;
-  const float sf = T.scale_factor ? T.scale_factor[g] : 1.0f;
-  const float s_eff = A::effective(A::stored_value(T.scales, fp8, si), sf);
-  float z_eff = 0.0f;
-  if (asym) z_eff = A::effective(A::stored_value(T.zeros, fp8, si), T.zero_factor ? T.zero_factor[g] : 1.0f);
+  const BlockScale sc = block_scale(T, g, row, (c * 8) / T.block);
   float acc[8];
 QVG_UNROLL
-  for (int i = 0; i < 8; ++i) acc[i] = A::dequant(A::code_of_word(word, bits, i), qmax, asym, s_eff, z_eff);
+  for (int i = 0; i < 8; ++i) acc[i] = A::dequant(A::code_of_word(word, bits, i), qmax, asym, sc.s_eff, sc.z_eff);
   const int esz = T.centroid_dtype == A::kF32 ? 4 : 2;
   for (int s = 0; s < T.stages; ++s) {
     const int id = T.ids[s * T.ids_stage_stride + row];
@@ -170,14 +181,11 @@ QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
   const int64_t g = int64_t(b) * T.H + h;
   const int D = T.D, bits = T.bits;
-  const bool asym = T.asymmetric != 0, fp8 = T.fp8 != 0;
-  const int qmax = A::qmax_of(bits, asym);
+  const bool asym = T.asymmetric != 0;
   const int64_t row = g * T.S + t;
-  const int64_t si = row * (D / T.block) + d / T.block;
-  const float s_eff = A::effective(A::stored_value(T.scales, fp8, si), T.scale_factor ? T.scale_factor[g] : 1.0f);
-  float z_eff = 0.0f;
-  if (asym) z_eff = A::effective(A::stored_value(T.zeros, fp8, si), T.zero_factor ? T.zero_factor[g] : 1.0f);
-  float acc = A::dequant(A::code_of_row(T.codes + row * (int64_t(D) * bits / 8), bits, d), qmax, asym, s_eff, z_eff);
+  const BlockScale sc = block_scale(T, g, row, d / T.block);
+  float acc = A::dequant(A::code_of_row(T.codes + row * (int64_t(D) * bits / 8), bits, d), A::qmax_of(bits, asym),
+                         asym, sc.s_eff, sc.z_eff);
   for (int s = 0; s < T.stages; ++s) {
     const int id = T.ids[s * T.ids_stage_stride + row];
     acc = A::add_rn(acc, A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype,

@@ -33,29 +33,15 @@ struct EncodedArrays {
 /// The decode kernel's arguments for an encoding with `layout` at `a`: arrays,
 /// shape and format fields. The range (t0, t1, h0, h1) and the target (out,
 /// out_dtype, strides) are left for the caller.
-inline kernels::DecodeArgs decode_args(const EncodingLayout& layout, const EncodedArrays& a) {
-  kernels::DecodeArgs t;
-  t.codes = a.codes;
-  t.scales = a.scales;
-  t.zeros = a.zeros;
-  t.scale_factor = a.scale_factor;
-  t.zero_factor = a.zero_factor;
-  t.ids = a.ids;
-  t.centroid = a.centroid;
-  t.ids_stage_stride = layout.groups() * layout.shape.s;
-  t.centroid_stage_stride = layout.groups() * layout.centroids * layout.shape.d * int64_t(dtype_size(layout.dtype));
-  t.B = int32_t(layout.shape.b);
-  t.S = int32_t(layout.shape.s);
-  t.H = int32_t(layout.shape.h);
-  t.D = int32_t(layout.shape.d);
-  t.K = layout.centroids;
-  t.bits = layout.bits;
-  t.block = layout.block_size;
-  t.stages = layout.stages;
-  t.asymmetric = layout.asymmetric ? 1 : 0;
-  t.fp8 = layout.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 0;
-  t.centroid_dtype = int8_t(arith_dtype(layout.dtype));
-  return t;
+inline kernels::DecodeArgs decode_args(const EncodingLayout& l, const EncodedArrays& a) {
+  const int64_t G = l.groups();
+  return {.codes = a.codes, .scales = a.scales, .zeros = a.zeros, .scale_factor = a.scale_factor,
+          .zero_factor = a.zero_factor, .ids = a.ids, .centroid = a.centroid, .ids_stage_stride = G * l.shape.s,
+          .centroid_stage_stride = G * l.centroids * l.shape.d * int64_t(dtype_size(l.dtype)),
+          .B = int32_t(l.shape.b), .S = int32_t(l.shape.s), .H = int32_t(l.shape.h), .D = int32_t(l.shape.d),
+          .K = l.centroids, .bits = l.bits, .block = l.block_size, .stages = l.stages,
+          .asymmetric = int8_t(l.asymmetric ? 1 : 0), .fp8 = int8_t(l.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 0),
+          .centroid_dtype = int8_t(arith_dtype(l.dtype))};
 }
 
 }  // namespace qvg::cuda
