@@ -67,7 +67,7 @@ void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float*
 ///   symmetric:  q = (s == 0 ? 0 : clamp(round(x / s), -qmax, qmax)) + qmax
 ///   asymmetric: q =  s == 0 ? 0 : clamp(round((x - z) / s), 0, qmax)
 /// round = half away from zero; packed into codes (count x dim*bits/8) in the order
-/// of spec 1.5. Bits equal detail::round_clamp's scalar definition on every target.
+/// of spec 1.5. Bits equal kernels::ref::quantize_rows on every target.
 /// REQUIRES dim % block == 0, bits 2 or 4, z_eff non-null when asym.
 void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
                    const float* s_eff, const float* z_eff, uint8_t* codes);
