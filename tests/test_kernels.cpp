@@ -14,6 +14,7 @@
 #include "codec/kmeans.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
+#include "perf/perf.h"
 #include "qvg/codec.h"
 #include "qvg/numeric.h"
 #include "support/codec_check.h"
@@ -414,8 +415,9 @@ TEST_P(PerTarget, InputLimitScanMatchesDefinition) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
 
-TEST(Kernels, FmaLoopCountsFlops) {
-  const double flops = kernels::fma_loop(1000);
+// The benchmark's FMA loop (src/perf, compiled per target like the kernels).
+TEST(Perf, FmaLoopCountsFlops) {
+  const double flops = perf::fma_loop(1000);
   EXPECT_GT(flops, 1000.0 * 12 * 2);  // at least one lane per accumulator
 }
 
