@@ -1,6 +1,8 @@
-// Every SIMD target that runs here against the scalar reference: decode bit for
-// bit (spec 1.3), bf16 conversions exhaustively, k-means assignment by agreement
-// (spec 1.1), and the encoder per target (deterministic, MSE within 1 percent).
+// Every SIMD target that runs here against the scalar references of
+// src/kernels/ref/ref.h: decode bit for bit (spec 1.3), bf16 conversions
+// exhaustively, the encoder's kernels bit for bit, the input-limit scan, k-means
+// assignment by agreement (spec 1.1), and the encoder per target (deterministic,
+// MSE within 1 percent).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +12,9 @@
 #include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
 #include "codec/kmeans.h"
-#include "core/residual_impl.h"
 #include "kernels/kernels.h"
+#include "kernels/ref/ref.h"
+#include "perf/perf.h"
 #include "qvg/codec.h"
 #include "qvg/numeric.h"
 #include "support/codec_check.h"
@@ -55,18 +58,22 @@ TEST_P(PerTarget, Bf16ConversionsExhaustive) {
     const uint32_t base = c << 16;
     for (uint32_t low : {0x0000u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) f.push_back(f32_from_bits(base | low));
   }
-  std::vector<uint16_t> got(f.size());
+  std::vector<uint16_t> got(f.size()), want(f.size());
   kernels::f32_to_bf16(f.data(), got.data(), f.size());
+  kernels::ref::f32_to_bf16(f.data(), want.data(), f.size());
   for (size_t i = 0; i < f.size(); ++i) {
     if (std::isnan(f[i])) {
       ASSERT_TRUE(std::isnan(bf16_to_f32(got[i])));
-      continue;
     }
-    ASSERT_EQ(got[i], f32_to_bf16(f[i])) << "input bits " << std::hex << f32_bits(f[i]);
+    ASSERT_EQ(got[i], want[i]) << "input bits " << std::hex << f32_bits(f[i]);  // NaN payloads too
   }
-  std::vector<float> back(codes.size());
+  std::vector<float> back(codes.size()), back_ref(codes.size());
   kernels::bf16_to_f32(codes.data(), back.data(), codes.size());
-  for (size_t i = 0; i < codes.size(); ++i) ASSERT_EQ(f32_bits(back[i]), uint32_t(codes[i]) << 16);
+  kernels::ref::bf16_to_f32(codes.data(), back_ref.data(), codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) {
+    ASSERT_EQ(f32_bits(back[i]), uint32_t(codes[i]) << 16);
+    ASSERT_EQ(f32_bits(back[i]), f32_bits(back_ref[i]));
+  }
 }
 
 struct DecodeCase {
@@ -122,7 +129,7 @@ TEST_P(PerTarget, DecodeBitIdenticalToScalarReference) {
         j.out = static_cast<uint8_t*>(b.data()) + size_t(g * c.dim) * dtype_size(out);
         j.out_dtype = out;
         j.out_token_stride = 2 * c.dim;
-        detail::decode_rows_reference(j);
+        kernels::ref::decode_rows(j);
       }
       ASSERT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0)
           << cfg.describe() << " dim " << c.dim << " out " << dtype_name(out) << " target " << GetParam().name;
@@ -209,7 +216,7 @@ TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
         j.out = a;
         kernels::decode_rows(j);
         j.out = b;
-        detail::decode_rows_reference(j);
+        kernels::ref::decode_rows(j);
         ASSERT_EQ(std::memcmp(a, b, size_t(j.count * stride) * es), 0)
             << "rep " << rep << " bits " << j.bits << " asym " << j.asymmetric << " block " << j.block << " dim " << D
             << " out " << dtype_name(out) << " native " << allow << " target " << GetParam().name;
@@ -221,7 +228,7 @@ TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
               kernels::native_bf16_available() ? "yes" : "no");
 }
 
-// The encoder kernels against their scalar definitions (kernels.h), bit for bit,
+// The encoder kernels against their scalar references (ref.h), bit for bit,
 // on values chosen to hit rounding ties, signed zeros, zero scales and
 // quotients that overflow to infinity.
 TEST_P(PerTarget, EncoderKernelsMatchScalarDefinitions) {
@@ -242,20 +249,16 @@ TEST_P(PerTarget, EncoderKernelsMatchScalarDefinitions) {
     std::vector<float> x(static_cast<size_t>(count * dim));
     for (auto& v : x) v = value();
     // Block maxima and minima.
-    std::vector<float> amax(static_cast<size_t>(count * nb)), lo(amax.size()), hi(amax.size());
+    const size_t nblk = size_t(count * nb);
+    std::vector<float> amax(nblk), lo(nblk), hi(nblk), amax_ref(nblk), lo_ref(nblk), hi_ref(nblk);
     kernels::block_absmax(x.data(), count * nb, block, amax.data());
     kernels::block_minmax(x.data(), count * nb, block, lo.data(), hi.data());
-    for (int64_t b = 0; b < count * nb; ++b) {
-      const float* p = x.data() + b * block;
-      float a = 0, l = p[0], h = p[0];
-      for (int64_t i = 0; i < block; ++i) a = std::max(a, std::fabs(p[i]));
-      for (int64_t i = 1; i < block; ++i) {
-        l = std::min(l, p[i]);
-        h = std::max(h, p[i]);
-      }
-      ASSERT_EQ(f32_bits(amax[size_t(b)]), f32_bits(a)) << "block " << b;
-      ASSERT_EQ(f32_bits(lo[size_t(b)]), f32_bits(l)) << "block " << b;
-      ASSERT_EQ(f32_bits(hi[size_t(b)]), f32_bits(h)) << "block " << b;
+    kernels::ref::block_absmax(x.data(), count * nb, block, amax_ref.data());
+    kernels::ref::block_minmax(x.data(), count * nb, block, lo_ref.data(), hi_ref.data());
+    for (size_t b = 0; b < nblk; ++b) {
+      ASSERT_EQ(f32_bits(amax[b]), f32_bits(amax_ref[b])) << "block " << b;
+      ASSERT_EQ(f32_bits(lo[b]), f32_bits(lo_ref[b])) << "block " << b;
+      ASSERT_EQ(f32_bits(hi[b]), f32_bits(hi_ref[b])) << "block " << b;
     }
     // Quantize and pack.
     const float scales[] = {0.0f, 1.0f, 0.5f, 1e-30f, 0.37f, 2.5f};
@@ -265,23 +268,9 @@ TEST_P(PerTarget, EncoderKernelsMatchScalarDefinitions) {
     for (int bits : {2, 4})
       for (bool asym : {false, true}) {
         const int64_t cb = dim * bits / 8;
-        std::vector<uint8_t> got(static_cast<size_t>(count * cb)), want(got.size());
+        std::vector<uint8_t> got(static_cast<size_t>(count * cb)), want(got.size(), 0xAB);
         kernels::quantize_rows(x.data(), count, dim, block, bits, asym, se.data(), ze.data(), got.data());
-        const int qmax = residual_impl::qmax_of(bits, asym);
-        for (int64_t t = 0; t < count; ++t)
-          for (int64_t d = 0; d < dim; ++d) {
-            const float s = se[size_t(t * nb + d / block)], z = ze[size_t(t * nb + d / block)];
-            const float xv = x[size_t(t * dim + d)];
-            int q;
-            if (!asym) {
-              q = (s == 0.0f ? 0 : residual_impl::round_clamp(xv / s, -float(qmax), float(qmax))) + qmax;
-            } else {
-              q = s == 0.0f ? 0 : residual_impl::round_clamp((xv - z) / s, 0.0f, float(qmax));
-            }
-            uint8_t& byte = want[size_t(t * cb + d * bits / 8)];
-            const int shift = bits == 4 ? ((d % 2) ? 0 : 4) : 6 - 2 * int(d % 4);
-            byte = uint8_t(byte | (q << shift));
-          }
+        kernels::ref::quantize_rows(x.data(), count, dim, block, bits, asym, se.data(), ze.data(), want.data());
         ASSERT_EQ(got, want) << "rep " << rep << " bits " << bits << " asym " << asym << " block " << block;
       }
     // Centroid sums.
@@ -294,10 +283,7 @@ TEST_P(PerTarget, EncoderKernelsMatchScalarDefinitions) {
     std::vector<double> sum(static_cast<size_t>(k * block), 0.0), sum_ref(sum);
     std::vector<int64_t> cnt(static_cast<size_t>(k), 0), cnt_ref(cnt);
     kernels::accumulate_clusters(pts.data(), count * nb, block, ids.data(), sum.data(), cnt.data());
-    for (int64_t i = 0; i < count * nb; ++i) {
-      for (int64_t d = 0; d < block; ++d) sum_ref[size_t(ids[size_t(i)] * block + d)] += double(pts[size_t(i * block + d)]);
-      ++cnt_ref[ids[size_t(i)]];
-    }
+    kernels::ref::accumulate_clusters(pts.data(), count * nb, block, ids.data(), sum_ref.data(), cnt_ref.data());
     ASSERT_EQ(cnt, cnt_ref);
     for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(std::memcmp(&sum[i], &sum_ref[i], 8), 0) << i;
   }
@@ -409,6 +395,7 @@ TEST_P(PerTarget, InputLimitScanMatchesDefinition) {
       buf[pos] = uint16_t(c);
       const size_t got = kernels::first_out_of_limit(buf.data(), t, buf.size());
       ASSERT_EQ(got, within(x) ? buf.size() : pos) << dtype_name(t) << " code " << c;
+      ASSERT_EQ(kernels::ref::first_out_of_limit(buf.data(), t, buf.size()), got) << dtype_name(t) << " code " << c;
     }
   }
   // fp32: the boundary, specials and random bit patterns.
@@ -422,13 +409,15 @@ TEST_P(PerTarget, InputLimitScanMatchesDefinition) {
     buf[pos] = vals[i];
     const size_t got = kernels::first_out_of_limit(buf.data(), DType::F32, buf.size());
     ASSERT_EQ(got, within(vals[i]) ? buf.size() : pos) << vals[i];
+    ASSERT_EQ(kernels::ref::first_out_of_limit(buf.data(), DType::F32, buf.size()), got) << vals[i];
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
 
-TEST(Kernels, FmaLoopCountsFlops) {
-  const double flops = kernels::fma_loop(1000);
+// The benchmark's FMA loop (src/perf, compiled per target like the kernels).
+TEST(Perf, FmaLoopCountsFlops) {
+  const double flops = perf::fma_loop(1000);
   EXPECT_GT(flops, 1000.0 * 12 * 2);  // at least one lane per accumulator
 }
 

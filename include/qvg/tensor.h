@@ -105,6 +105,7 @@ class Tensor {
 float load_f32(const void* p, DType t, size_t i);
 /// Writes v rounded (nearest even; fp16 saturating at +-65504) as dtype t at index i.
 void store_f32(void* p, DType t, size_t i, float v);
+// The next three functions are implemented by the SIMD CPU kernels (src/kernels/cpu/convert.cpp).
 /// Converts n elements to fp32 (exact for every DType).
 void convert_to_f32(const void* src, DType t, float* dst, size_t n);
 /// Converts n fp32 values to dtype t, nearest even (fp16 saturates at +-65504).

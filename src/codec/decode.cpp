@@ -9,56 +9,11 @@
 #include <fmt/core.h>
 
 #include "codec/decode_impl.h"
-#include "core/residual_impl.h"
 #include "kernels/kernels.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 
 namespace qvg {
-namespace detail {
-
-void decode_rows_reference(const kernels::DecodeRows& j) {
-  const int64_t D = j.dim, nb = D / j.block, cbytes = D * j.bits / 8;
-  const int qmax = residual_impl::qmax_of(j.bits, j.asymmetric);
-  const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
-  std::vector<float> acc(static_cast<size_t>(D));
-  for (int64_t t = 0; t < j.count; ++t) {
-    const uint8_t* code = j.codes + t * cbytes;
-    for (int64_t k = 0; k < nb; ++k) {
-      const size_t si = size_t(t * nb + k);
-      const float s_eff = residual_impl::stored_value(j.scales, fp8, int64_t(si)) * j.scale_factor;
-      float z_eff = 0.0f;
-      if (j.asymmetric) z_eff = residual_impl::stored_value(j.zeros, fp8, int64_t(si)) * j.zero_factor;
-      for (int64_t i = k * j.block; i < (k + 1) * j.block; ++i) {
-        int c;
-        if (j.bits == 4) {
-          const uint8_t byte = code[i >> 1];
-          c = (i & 1) ? (byte & 0xF) : (byte >> 4);
-        } else {
-          const uint8_t byte = code[i >> 2];
-          c = (byte >> (6 - 2 * (i & 3))) & 0x3;
-        }
-        float v;
-        if (!j.asymmetric) {
-          v = float(c - qmax) * s_eff;
-        } else {
-          const float m = float(c) * s_eff;
-          v = m + z_eff;
-        }
-        acc[size_t(i)] = v;
-      }
-    }
-    for (int st = 0; st < j.stages; ++st) {
-      const float* c = j.centroids[st] + int64_t(j.ids[st][t]) * D;
-      for (int64_t d = 0; d < D; ++d) acc[size_t(d)] = acc[size_t(d)] + c[d];
-    }
-    void* dst = static_cast<uint8_t*>(j.out) + size_t(t * j.out_token_stride) * dtype_size(j.out_dtype);
-    convert_from_f32(acc.data(), j.out_dtype, dst, size_t(D));
-  }
-}
-
-}  // namespace detail
-
 namespace detail {
 
 kernels::DecodeRows rows_job(const EncodedTensor& enc, int64_t g, int64_t t0, int64_t t1) {

@@ -10,7 +10,6 @@
 
 #include <fmt/core.h>
 
-#include "kernels/kernels.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
 
@@ -86,56 +85,6 @@ void store_f32(void* p, DType t, size_t i, float v) {
   }
 }
 
-void convert_to_f32(const void* src, DType t, float* dst, size_t n) {
-  switch (t) {
-    case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16: kernels::bf16_to_f32(static_cast<const uint16_t*>(src), dst, n); break;
-    case DType::F16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-      break;
-    }
-  }
-}
-
-void convert_from_f32(const float* src, DType t, void* dst, size_t n) {
-  switch (t) {
-    case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16: kernels::f32_to_bf16(src, static_cast<uint16_t*>(dst), n); break;
-    case DType::F16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16_sat(src[i]);
-      break;
-    }
-  }
-}
-
-void check_finite_and_bounded(ConstTensorView v, std::string_view what) {
-  const size_t n = size_t(v.shape.numel());
-  if (n > 0 && v.data == nullptr)
-    throw InvalidArgument(fmt::format("{} has no data (null pointer) for shape {}", what, v.shape.str()));
-  // SIMD scan (integer compares on magnitude bits), in parallel chunks; the
-  // first offending flat index is reported whatever the thread count.
-  constexpr size_t kChunk = size_t(1) << 16;
-  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
-  size_t bad = n;
-#pragma omp parallel for reduction(min : bad) schedule(static) if (chunks > 8)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const size_t lo = size_t(c) * kChunk, len = std::min(n, lo + kChunk) - lo;
-    const size_t i = kernels::first_out_of_limit(static_cast<const uint8_t*>(v.data) + lo * dtype_size(v.dtype),
-                                                 v.dtype, len);
-    if (i < len) bad = std::min(bad, lo + i);
-  }
-  if (bad < n) {
-    float x = load_f32(v.data, v.dtype, bad);
-    const auto& s = v.shape;
-    int64_t i = int64_t(bad);
-    int64_t d = i % s.d, h = (i / s.d) % s.h, t = (i / (s.d * s.h)) % s.s, b = i / (s.d * s.h * s.s);
-    throw InvalidArgument(fmt::format(
-        "{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}]", what, x, b, t, h, d));
-  }
-}
-
 // ---- Tensor ----------------------------------------------------------------
 Tensor::Tensor(DType dtype, Shape4 shape) : dtype_(dtype), shape_(shape) {
   if (shape.b < 0 || shape.s < 0 || shape.h < 0 || shape.d < 0)
@@ -159,17 +108,20 @@ Tensor Tensor::copy_of(ConstTensorView v) {
   return t;
 }
 
+// to() and to_f32() convert element by element with the scalar conversions of
+// qvg/numeric.h (core calls no kernel); the SIMD bulk conversions
+// (convert_to_f32, convert_from_f32) give the same bits.
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
   Tensor t(dtype, shape_);
-  std::vector<float> f = to_f32();
-  convert_from_f32(f.data(), dtype, t.data(), f.size());
+  const size_t n = size_t(shape_.numel());
+  for (size_t i = 0; i < n; ++i) store_f32(t.data(), dtype, i, load_f32(data(), dtype_, i));
   return t;
 }
 
 std::vector<float> Tensor::to_f32() const {
   std::vector<float> f(static_cast<size_t>(shape_.numel()));
-  convert_to_f32(data(), dtype_, f.data(), f.size());
+  for (size_t i = 0; i < f.size(); ++i) f[i] = load_f32(data(), dtype_, i);
   return f;
 }
 

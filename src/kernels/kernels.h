@@ -1,10 +1,13 @@
 // src/kernels/kernels.h — the small kernel interface behind the codec and caches.
 //
 // Plain functions over raw pointers; no vector types leak out. The CPU
-// implementation (src/kernels/cpu/kernels.cpp) is compiled once per SIMD target
-// with Highway and dispatched at run time to the best target of the machine.
-// Every kernel states its arithmetic: the decode kernels follow spec 1.3 exactly
-// (no fused multiply-add), so every target gives the scalar path's bits.
+// implementation (src/kernels/cpu: one -inl.h per op, dispatch.cpp) is compiled
+// once per SIMD target with Highway and dispatched at run time to the best target
+// of the machine. Every kernel states its arithmetic: the decode kernels follow
+// spec 1.3 exactly (no fused multiply-add), so every target gives the scalar
+// path's bits. The scalar reference of each op is in src/kernels/ref/ref.h.
+// Layering: uses core types only (qvg/config.h, qvg/tensor.h); never the codec
+// or the caches.
 #pragma once
 
 #include <cstddef>
@@ -67,7 +70,7 @@ void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float*
 ///   symmetric:  q = (s == 0 ? 0 : clamp(round(x / s), -qmax, qmax)) + qmax
 ///   asymmetric: q =  s == 0 ? 0 : clamp(round((x - z) / s), 0, qmax)
 /// round = half away from zero; packed into codes (count x dim*bits/8) in the order
-/// of spec 1.5. Bits equal detail::round_clamp's scalar definition on every target.
+/// of spec 1.5. Bits equal kernels::ref::quantize_rows on every target.
 /// REQUIRES dim % block == 0, bits 2 or 4, z_eff non-null when asym.
 void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
                    const float* s_eff, const float* z_eff, uint8_t* codes);
@@ -100,11 +103,6 @@ int64_t attention_key_padding();
 /// Index of the first element of p[0..n) (dtype t) that is NaN, infinite or has
 /// |x| > 1e16 (the input limit of spec 1), or n when every element is within it.
 size_t first_out_of_limit(const void* p, DType t, size_t n);
-
-/// Runs a register-resident FMA loop of `iters` iterations on the calling thread
-/// and returns the number of floating-point operations it did (a multiply-add
-/// counts 2). For the machine-limit benchmark.
-double fma_loop(int64_t iters);
 
 /// SIMD targets compiled into this build and supported by this CPU, best first.
 struct Target {

@@ -82,8 +82,16 @@ double parallel_fma(int64_t iters, int threads) {
   const int nt = threads > 0 ? threads : omp_get_max_threads();
   double total = 0;
 #pragma omp parallel num_threads(nt) reduction(+ : total)
-  total += kernels::fma_loop(iters);
+  total += fma_loop(iters);
   return total;
+}
+
+void assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids) {
+  kernels::assign_nearest(x, n, dim, c, k, ids, true);
+}
+
+std::string cpu_target_name() {
+  return kernels::current_target_name();
 }
 
 namespace {
@@ -146,7 +154,7 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
   const double peak = fma_flops / fma.t.median_s;
   fma.figures["gflops"] = peak / 1e9;
   fma.figures["threads"] = threads;
-  fma.note = "register-resident fp32 FMA loop on target " + kernels::current_target_name();
+  fma.note = "register-resident fp32 FMA loop on target " + cpu_target_name();
   out.push_back(fma);
 
   // ---- the workload: one Self-Forcing chunk of one layer ----------------------------
@@ -205,8 +213,7 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
         [&] {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
           for (int64_t g = 0; g < G; ++g)
-            kernels::assign_nearest(pts.data() + g * n * D, n, D, cent.data() + g * K * D, K, ids.data() + g * n,
-                                    true);
+            assign_nearest(pts.data() + g * n * D, n, D, cent.data() + g * K * D, K, ids.data() + g * n);
         },
         [&] { fma_flops = parallel_fma(fma_iters, threads); }, opt.quick ? 3 : 7, opt.quick ? 0.03 : 0.1);
     Measurement m = make("kmeans_assign", pr.a);

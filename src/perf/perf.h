@@ -61,8 +61,18 @@ std::vector<Measurement> run_suite(const BenchOptions& opt);
 
 /// memcpy of `bytes` between two buffers, split over `threads` threads.
 void parallel_copy(void* dst, const void* src, size_t bytes, int threads);
-/// Runs kernels::fma_loop on every thread; returns FLOPs done.
+/// Runs a register-resident FMA loop of `iters` iterations on the calling thread
+/// (12 independent vector chains, on the SIMD target the CPU kernels use) and
+/// returns the number of floating-point operations it did (a multiply-add counts 2).
+double fma_loop(int64_t iters);
+/// Runs fma_loop on every thread; returns FLOPs done.
 double parallel_fma(int64_t iters_per_thread, int threads);
+/// The encoder's fast k-means assignment (the CPU kernel), for measuring it alone:
+/// ids[i] = index of the nearest of the k centroids (k x dim) to point i (n x dim).
+/// REQUIRES 1 <= k <= 256, dim >= 1.
+void assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids);
+/// Name of the SIMD target the CPU kernels dispatch to (e.g. "AVX3").
+std::string cpu_target_name();
 
 }  // namespace qvg::perf
 

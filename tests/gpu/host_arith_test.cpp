@@ -5,7 +5,7 @@
 //   inputs, a 4M-point sweep plus special values for fp32 inputs);
 // - the codec's PRNG (one definition, host and device) against known answers;
 // - decode_vec8 / decode_one over every element of CPU-encoded tensors in all
-//   modes against decode_rows_reference, into dense and strided sub-range targets;
+//   modes against kernels::ref::decode_rows, into dense and strided sub-range targets;
 // - block_stats + pack_byte against quantize_residual_group.
 // What this cannot check: the kernels' block/thread mapping, the tensor-core
 // assignment and the centroid update (tests/gpu/gpu_tests.cpp, on a GPU).
@@ -22,6 +22,7 @@
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
 #include "kernels/cuda/host.h"
+#include "kernels/ref/ref.h"
 #include "qvg/codec.h"
 #include "qvg/numeric.h"
 
@@ -63,7 +64,7 @@ Contig contig(const qvg::EncodedTensor& e) {
   return c;
 }
 
-/// Reference decode of the whole tensor with decode_rows_reference, [B, S, H, D] in `out_dtype`.
+/// Reference decode of the whole tensor with kernels::ref::decode_rows, [B, S, H, D] in `out_dtype`.
 std::vector<uint8_t> reference_decode(const qvg::EncodedTensor& e, qvg::DType out_dtype) {
   const int64_t S = e.shape.s, H = e.shape.h, D = e.shape.d, Kc = e.centroids;
   const size_t osz = qvg::dtype_size(out_dtype);
@@ -86,7 +87,7 @@ std::vector<uint8_t> reference_decode(const qvg::EncodedTensor& e, qvg::DType ou
     j.out = out.data() + size_t((b * S * H + h) * D) * osz;
     j.out_dtype = out_dtype;
     j.out_token_stride = H * D;
-    qvg::detail::decode_rows_reference(j);
+    qvg::kernels::ref::decode_rows(j);
   }
   return out;
 }
@@ -214,7 +215,7 @@ QVG_TEST(mul64wide_matches_limb_product) {
   }
 }
 
-QVG_TEST(decode_bodies_match_decode_rows_reference) {
+QVG_TEST(decode_bodies_match_ref_decode_rows) {
   struct ShapeCase {
     qvg::Shape4 sh;
     int block;

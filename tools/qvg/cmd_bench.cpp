@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
-#include "kernels/kernels.h"
 #include "perf/perf.h"
 #include "qvg/error.h"
 #ifdef QVG_HAVE_CUDA
@@ -48,7 +47,7 @@ void run(const BenchArgs& a) {
   opt.faiss = perf::faiss_kmeans();
 #endif
   opt.progress = [](const std::string& s) { fmt::print(stderr, "qvg bench: {} ...\n", s); };
-  fmt::print("qvg bench — CPU target {}{}\n", kernels::current_target_name(), a.quick ? " (quick: reduced shapes)" : "");
+  fmt::print("qvg bench — CPU target {}{}\n", perf::cpu_target_name(), a.quick ? " (quick: reduced shapes)" : "");
   auto ms = perf::run_suite(opt);
   nlohmann::json j = nlohmann::json::object();
   fmt::print("{:<28} {:>11} {:>11} {:>11}  {}\n", "measurement", "median_s", "min_s", "max_s", "figures");
@@ -63,7 +62,7 @@ void run(const BenchArgs& a) {
     j[m.name] = o;
     fmt::print("{:<28} {:>11.6f} {:>11.6f} {:>11.6f}  {}\n", m.name, m.t.median_s, m.t.min_s, m.t.max_s, figs);
   }
-  j["target"] = kernels::current_target_name();
+  j["target"] = perf::cpu_target_name();
   j["quick"] = a.quick;
   if (!a.json.empty()) {
     const std::string tmp = a.json + ".tmp";

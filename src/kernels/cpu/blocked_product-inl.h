@@ -20,9 +20,7 @@
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace qvg {
-namespace kernels {
-namespace HWY_NAMESPACE {
+namespace qvg::kernels::HWY_NAMESPACE {
 
 template <int P, int NV, class DF, class V = hwy::HWY_NAMESPACE::Vec<DF>>
 HWY_INLINE void BlockedProduct(DF df, const float* const* rows, const float* colsT, int64_t stride, int64_t col0,
@@ -42,9 +40,7 @@ HWY_INLINE void BlockedProduct(DF df, const float* const* rows, const float* col
   }
 }
 
-}  // namespace HWY_NAMESPACE
-}  // namespace kernels
-}  // namespace qvg
+}  // namespace qvg::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #endif  // per-target include guard

@@ -1,33 +1,32 @@
-// Attention kernel for one (batch, head), compiled per SIMD target (Highway).
+// src/kernels/cpu/attention-inl.h — attention of one (batch, head)
+// (kernels::attention_head), per SIMD target. Include inside a foreach_target
+// translation unit (dispatch.cpp).
+//
 // Scores are a register-blocked product of P queries with NV vectors of keys
 // (keys transposed), the softmax subtracts the row maximum and uses Highway's
 // Exp, and the weighted sum of values is a second blocked product. Each output
 // element is computed by one thread in a fixed order: the result does not depend
 // on the thread count (it may differ from the scalar formula in the last bits).
-#ifndef HWY_COMPILE_ALL_ATTAINABLE
-#define HWY_COMPILE_ALL_ATTAINABLE
-#endif
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
-#endif
 
-#undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu/attention_kernel.cpp"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-#include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
-#include "kernels/cpu/blocked_product-inl.h"
+// Per-target include guard (Highway's pattern for -inl headers).
+#if defined(QVG_KERNELS_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QVG_KERNELS_CPU_ATTENTION_INL_H_
+#undef QVG_KERNELS_CPU_ATTENTION_INL_H_
+#else
+#define QVG_KERNELS_CPU_ATTENTION_INL_H_
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernels/cpu/blocked_product-inl.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace qvg {
-namespace kernels {
-namespace HWY_NAMESPACE {
+namespace qvg::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int kP = 4;  // queries per register block
@@ -76,8 +75,8 @@ void WeightedSum(const float* s /* kP x tpad, probabilities */, int64_t tpad, in
   }
 }
 
-void AttentionHeadImpl(const float* q, int64_t n, const float* kT, int64_t tpad, int64_t T, const float* v,
-                       int64_t D, float scale, float* out, int64_t out_stride) {
+void AttentionHeadImpl(const float* q, int64_t n, const float* kT, int64_t tpad, int64_t T, const float* v, int64_t D,
+                       float scale, float* out, int64_t out_stride) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int64_t L = int64_t(hn::Lanes(df));
@@ -142,24 +141,7 @@ int64_t KeyPaddingImpl() {
 #endif
 }
 
-}  // namespace HWY_NAMESPACE
-}  // namespace kernels
-}  // namespace qvg
+}  // namespace qvg::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#if HWY_ONCE
-namespace qvg {
-namespace kernels {
-
-HWY_EXPORT(AttentionHeadImpl);
-HWY_EXPORT(KeyPaddingImpl);
-
-void attention_head(const float* q, int64_t n, const float* kT, int64_t tpad, int64_t T, const float* v, int64_t D,
-                    float scale, float* out, int64_t out_stride) {
-  HWY_DYNAMIC_DISPATCH(AttentionHeadImpl)(q, n, kT, tpad, T, v, D, scale, out, out_stride);
-}
-int64_t attention_key_padding() { return HWY_DYNAMIC_DISPATCH(KeyPaddingImpl)(); }
-
-}  // namespace kernels
-}  // namespace qvg
-#endif  // HWY_ONCE
+#endif  // per-target include guard

@@ -1,0 +1,78 @@
+// src/kernels/cpu/convert-inl.h — fp32 <-> bf16 (kernels::f32_to_bf16,
+// bf16_to_f32) and the vector helpers the decoder stores bf16 with, per SIMD
+// target. Include inside a foreach_target translation unit (dispatch.cpp).
+// Rounding is integer arithmetic (nearest even), so every target gives the bits of
+// qvg::f32_to_bf16 (qvg/numeric.h).
+
+// Per-target include guard (Highway's pattern for -inl headers).
+#if defined(QVG_KERNELS_CPU_CONVERT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QVG_KERNELS_CPU_CONVERT_INL_H_
+#undef QVG_KERNELS_CPU_CONVERT_INL_H_
+#else
+#define QVG_KERNELS_CPU_CONVERT_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hwy/highway.h"
+#include "qvg/numeric.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qvg::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// bf16 bits of v rounded to nearest even, in the low half of each 32-bit lane
+// (NaN inputs not handled: rounding can carry them into infinity).
+template <class DF, class V>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundedBf16Bits(DF /*df*/, V v) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  return hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
+}
+
+// v as bf16, nearest even.
+template <class DF, class V>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> ToBf16(DF df, V v) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  // NaN stays a quiet NaN (rounding could otherwise carry it into infinity).
+  const auto nan = hn::Or(hn::ShiftRight<16>(hn::BitCast(du, v)), hn::Set(du, 0x40u));
+  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, RoundedBf16Bits(df, v));
+  return hn::DemoteTo(du16, hn::BitCast(di, r));
+}
+
+// As ToBf16 for inputs known not to be NaN (decoded values are finite).
+template <class DF, class V>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> ToBf16NoNaN(DF df, V v) {
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> du16;
+  return hn::DemoteTo(du16, hn::BitCast(di, RoundedBf16Bits(df, v)));
+}
+
+void F32ToBf16Impl(const float* src, uint16_t* dst, size_t n) {
+  const hn::ScalableTag<float> df;
+  const size_t L = hn::Lanes(df);
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  size_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(ToBf16(df, hn::LoadU(df, src + i)), du16, dst + i);
+  for (; i < n; ++i) dst[i] = qvg::f32_to_bf16(src[i]);
+}
+
+void Bf16ToF32Impl(const uint16_t* src, float* dst, size_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  const size_t L = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + L <= n; i += L)
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, src + i)))), df, dst + i);
+  for (; i < n; ++i) dst[i] = qvg::bf16_to_f32(src[i]);
+}
+
+}  // namespace qvg::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard

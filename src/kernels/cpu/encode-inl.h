@@ -1,0 +1,162 @@
+// src/kernels/cpu/encode-inl.h — the encoder's kernels per SIMD target: centroid
+// sums (kernels::accumulate_clusters), block maxima and minima (block_absmax,
+// block_minmax) and the residual quantizer (quantize_rows). Include inside a
+// foreach_target translation unit (dispatch.cpp).
+//
+// All of these give the scalar definitions' bits (kernels::ref) on every target:
+// fp64 sums are added in point order per element, max/min are exact, and the
+// residual code is a correctly rounded division followed by an exact
+// round-half-away-from-zero.
+
+// Per-target include guard (Highway's pattern for -inl headers).
+#if defined(QVG_KERNELS_CPU_ENCODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QVG_KERNELS_CPU_ENCODE_INL_H_
+#undef QVG_KERNELS_CPU_ENCODE_INL_H_
+#else
+#define QVG_KERNELS_CPU_ENCODE_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/residual_impl.h"  // the code rounding, shared with the codec
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qvg::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void AccumulateClustersImpl(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum, int64_t* cnt) {
+#if HWY_HAVE_FLOAT64
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;  // half-width float vector, promoted
+  const int64_t L = int64_t(hn::Lanes(dd));
+#else
+  const int64_t L = 1 << 30;  // no fp64 vectors: scalar loop only
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    double* srow = sum + int64_t(ids[i]) * dim;
+    const float* xi = x + i * dim;
+    int64_t d = 0;
+#if HWY_HAVE_FLOAT64
+    for (; d + L <= dim; d += L)
+      hn::StoreU(hn::Add(hn::LoadU(dd, srow + d), hn::PromoteTo(dd, hn::LoadU(dfh, xi + d))), dd, srow + d);
+#endif
+    for (; d < dim; ++d) srow[d] += double(xi[d]);
+    ++cnt[ids[i]];
+  }
+}
+
+void BlockAbsMaxImpl(const float* x, int64_t nblocks, int64_t bs, float* amax) {
+  const hn::ScalableTag<float> df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* p = x + b * bs;
+    float a = 0;
+    if (bs % L == 0) {
+      auto m = hn::Zero(df);
+      for (int64_t i = 0; i < bs; i += L) m = hn::Max(m, hn::Abs(hn::LoadU(df, p + i)));
+      a = hn::GetLane(hn::MaxOfLanes(df, m));
+    } else {
+      for (int64_t i = 0; i < bs; ++i) a = std::max(a, std::fabs(p[i]));
+    }
+    amax[b] = a;
+  }
+}
+
+void BlockMinMaxImpl(const float* x, int64_t nblocks, int64_t bs, float* lo_out, float* hi_out) {
+  const hn::ScalableTag<float> df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* p = x + b * bs;
+    float lo = p[0], hi = p[0];
+    bool scalar = bs % L != 0;
+    if (!scalar) {
+      auto vlo = hn::LoadU(df, p), vhi = vlo;
+      for (int64_t i = L; i < bs; i += L) {
+        const auto v = hn::LoadU(df, p + i);
+        vlo = hn::Min(vlo, v);
+        vhi = hn::Max(vhi, v);
+      }
+      lo = hn::GetLane(hn::MinOfLanes(df, vlo));
+      hi = hn::GetLane(hn::MaxOfLanes(df, vhi));
+      // Which zero a sequential scan keeps (+0 or -0) depends on the order; the
+      // sign of a zero minimum is stored, so such blocks are scanned in order.
+      scalar = lo == 0.0f || hi == 0.0f;
+    }
+    if (scalar) {
+      lo = p[0];
+      hi = p[0];
+      for (int64_t i = 1; i < bs; ++i) {
+        lo = std::min(lo, p[i]);
+        hi = std::max(hi, p[i]);
+      }
+    }
+    lo_out[b] = lo;
+    hi_out[b] = hi;
+  }
+}
+
+void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
+                      const float* s_eff, const float* z_eff, uint8_t* codes) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const int64_t nb = dim / block, cbytes = dim * bits / 8;
+  const int qmax = residual_impl::qmax_of(bits, asym);
+  const float fq = float(qmax);
+  const float qlo = asym ? 0.0f : -fq;
+  const int qadd = asym ? 0 : qmax;
+  std::vector<uint8_t> q8(static_cast<size_t>(dim + L));
+  const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f), vlo = hn::Set(df, qlo), vhi = hn::Set(df, fq);
+  const auto vadd = hn::Set(di, qadd);
+  for (int64_t t = 0; t < count; ++t) {
+    const float* row = r + t * dim;
+    for (int64_t k = 0; k < nb; ++k) {
+      const float s = s_eff[t * nb + k];
+      const float z = asym ? z_eff[t * nb + k] : 0.0f;
+      const float* x = row + k * block;
+      uint8_t* qk = q8.data() + k * block;
+      if (s == 0.0f) {
+        std::fill_n(qk, block, uint8_t(qadd));
+        continue;
+      }
+      int64_t i = 0;
+      if (block % L == 0) {
+        const auto sv = hn::Set(df, s), zv = hn::Set(df, z);
+        for (; i < block; i += L) {
+          auto v = hn::LoadU(df, x + i);
+          if (asym) v = hn::Sub(v, zv);
+          v = hn::Div(v, sv);
+          // round half away from zero: v - trunc(v) is exact; infinities keep their
+          // value (their fraction is NaN, which compares false) and are clamped.
+          const auto tr = hn::Trunc(v);
+          const auto adj = hn::IfThenElseZero(hn::Ge(hn::Abs(hn::Sub(v, tr)), half), hn::CopySign(one, v));
+          const auto rq = hn::Min(hn::Max(hn::Add(tr, adj), vlo), vhi);
+          hn::StoreU(hn::DemoteTo(du8, hn::Add(hn::ConvertTo(di, rq), vadd)), du8, qk + i);
+        }
+      }
+      for (; i < block; ++i) {
+        const float v = asym ? (x[i] - z) / s : x[i] / s;
+        qk[i] = uint8_t(residual_impl::round_clamp(v, qlo, fq) + qadd);
+      }
+    }
+    uint8_t* out = codes + t * cbytes;
+    if (bits == 4) {
+      for (int64_t j = 0; j < cbytes; ++j) out[j] = uint8_t((q8[size_t(2 * j)] << 4) | q8[size_t(2 * j + 1)]);
+    } else {
+      for (int64_t j = 0; j < cbytes; ++j) {
+        const uint8_t* qq = q8.data() + 4 * j;
+        out[j] = uint8_t((qq[0] << 6) | (qq[1] << 4) | (qq[2] << 2) | qq[3]);
+      }
+    }
+  }
+}
+
+}  // namespace qvg::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard

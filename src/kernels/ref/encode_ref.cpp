@@ -1,0 +1,56 @@
+// Scalar references of the encoder's kernels (quantize_rows, block_absmax,
+// block_minmax, accumulate_clusters): see ref.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/residual_impl.h"
+#include "kernels/ref/ref.h"
+
+namespace qvg::kernels::ref {
+
+void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym, const float* s_eff,
+                   const float* z_eff, uint8_t* codes) {
+  const int64_t nb = dim / block, cb = dim * bits / 8;
+  const int qmax = residual_impl::qmax_of(bits, asym);
+  std::memset(codes, 0, size_t(count * cb));
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t d = 0; d < dim; ++d) {
+      const int64_t k = t * nb + d / block;
+      const int q = residual_impl::quantize_code(r[t * dim + d], qmax, asym, s_eff[k], asym ? z_eff[k] : 0.0f);
+      const int shift = bits == 4 ? ((d % 2) ? 0 : 4) : 6 - 2 * int(d % 4);
+      uint8_t& byte = codes[t * cb + d * bits / 8];
+      byte = uint8_t(byte | (q << shift));
+    }
+}
+
+void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax) {
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* p = x + b * bs;
+    float a = 0;
+    for (int64_t i = 0; i < bs; ++i) a = std::max(a, std::fabs(p[i]));
+    amax[b] = a;
+  }
+}
+
+void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float* hi) {
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* p = x + b * bs;
+    float l = p[0], h = p[0];
+    for (int64_t i = 1; i < bs; ++i) {
+      l = std::min(l, p[i]);
+      h = std::max(h, p[i]);
+    }
+    lo[b] = l;
+    hi[b] = h;
+  }
+}
+
+void accumulate_clusters(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum, int64_t* cnt) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t d = 0; d < dim; ++d) sum[int64_t(ids[i]) * dim + d] += double(x[i * dim + d]);
+    ++cnt[ids[i]];
+  }
+}
+
+}  // namespace qvg::kernels::ref
