@@ -9,7 +9,6 @@
 #include <cstring>
 #include <vector>
 
-#include "codec/kmeans.h"
 #include "perf/perf.h"
 #include "qvg/attention.h"
 #include "qvg/codec.h"
@@ -119,12 +118,9 @@ void BM_KMeans(benchmark::State& st) {
   const int64_t n = int64_t(p.size()) / 128;
   double inertia = 0;
   for (auto _ : st) {
-    detail::KMeansParams kp;
-    kp.k = 256;
-    kp.iters = iters;
-    auto r = detail::kmeans(p.data(), n, 128, kp);
+    const std::vector<float> c = perf::kmeans_centroids(p.data(), n, 128, 256, iters);
     st.PauseTiming();
-    inertia = inertia_fp64(p.data(), n, r.centroids.data(), 256, 128);
+    inertia = inertia_fp64(p.data(), n, c.data(), 256, 128);
     st.ResumeTiming();
   }
   st.counters["inertia"] = inertia;

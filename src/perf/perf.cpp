@@ -90,6 +90,14 @@ void assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int 
   kernels::assign_nearest(x, n, dim, c, k, ids, true);
 }
 
+std::vector<float> kmeans_centroids(const float* x, int64_t n, int64_t dim, int k, int iters, int64_t h) {
+  detail::KMeansParams p;
+  p.k = k;
+  p.iters = iters;
+  p.h = h;
+  return detail::kmeans(x, n, dim, p).centroids;
+}
+
 std::string cpu_target_name() {
   return kernels::current_target_name();
 }
@@ -232,12 +240,8 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
                                    [&] {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
                                      for (int64_t g = 0; g < G; ++g) {
-                                       detail::KMeansParams p;
-                                       p.k = K;
-                                       p.iters = iters;
-                                       p.h = g;
-                                       auto r = detail::kmeans(pts.data() + g * n * D, n, D, p);
-                                       std::copy(r.centroids.begin(), r.centroids.end(), ours.begin() + g * K * D);
+                                       const std::vector<float> c = kmeans_centroids(pts.data() + g * n * D, n, D, K, iters, g);
+                                       std::copy(c.begin(), c.end(), ours.begin() + g * K * D);
                                      }
                                    },
                                    opt.quick ? 2 : 3, min_time, opt.quick ? 3 : 20));

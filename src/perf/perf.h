@@ -71,6 +71,9 @@ double parallel_fma(int64_t iters_per_thread, int threads);
 /// ids[i] = index of the nearest of the k centroids (k x dim) to point i (n x dim).
 /// REQUIRES 1 <= k <= 256, dim >= 1.
 void assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids);
+/// The codec's k-means (spec 1.1, random init, seed 1234, PRNG stream of group h) on
+/// n points of dimension dim: returns the k x dim centroids of `iters` iterations.
+std::vector<float> kmeans_centroids(const float* x, int64_t n, int64_t dim, int k, int iters, int64_t h = 0);
 /// Name of the SIMD target the CPU kernels dispatch to (e.g. "AVX3").
 std::string cpu_target_name();
 

@@ -1,17 +1,10 @@
 // src/kernels/cpu/assign-inl.h — k-means assignment (kernels::assign_nearest), per
-// SIMD target. Include inside a foreach_target translation unit (dispatch.cpp).
+// SIMD target. Included once per SIMD target by dispatch.cpp
+// (its foreach_target pass), which has no per-target include guard for it.
 //
 // x.c accumulates with fused multiply-adds per channel in SIMD lanes; the result
 // may differ from the scalar reference in the last bits (spec 1.1 allows it for
 // fast paths).
-
-// Per-target include guard (Highway's pattern for -inl headers).
-#if defined(QVG_KERNELS_CPU_ASSIGN_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef QVG_KERNELS_CPU_ASSIGN_INL_H_
-#undef QVG_KERNELS_CPU_ASSIGN_INL_H_
-#else
-#define QVG_KERNELS_CPU_ASSIGN_INL_H_
-#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -19,11 +12,10 @@
 #include <vector>
 
 #include "hwy/highway.h"
-#include "kernels/cpu/blocked_product-inl.h"
+#include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
+// Requires blocked_product-inl.h, included before it by dispatch.cpp.
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg::kernels::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
+QVG_CPU_KERNELS_BEGIN
 
 // Register-blocked micro-kernel: P points x NV vectors of centroids, accumulators
 // in registers, centroids transposed (dim x kpad) so that one load serves P points.
@@ -107,7 +99,4 @@ int64_t AssignNearestImpl(const float* x, int64_t n, int64_t dim, const float* c
 #endif
 }
 
-}  // namespace qvg::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-
-#endif  // per-target include guard
+QVG_CPU_KERNELS_END

@@ -1,20 +1,12 @@
 // src/kernels/cpu/attention-inl.h — attention of one (batch, head)
-// (kernels::attention_head), per SIMD target. Include inside a foreach_target
-// translation unit (dispatch.cpp).
+// (kernels::attention_head), per SIMD target. Included once per SIMD target by dispatch.cpp
+// (its foreach_target pass), which has no per-target include guard for it.
 //
 // Scores are a register-blocked product of P queries with NV vectors of keys
 // (keys transposed), the softmax subtracts the row maximum and uses Highway's
 // Exp, and the weighted sum of values is a second blocked product. Each output
 // element is computed by one thread in a fixed order: the result does not depend
 // on the thread count (it may differ from the scalar formula in the last bits).
-
-// Per-target include guard (Highway's pattern for -inl headers).
-#if defined(QVG_KERNELS_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef QVG_KERNELS_CPU_ATTENTION_INL_H_
-#undef QVG_KERNELS_CPU_ATTENTION_INL_H_
-#else
-#define QVG_KERNELS_CPU_ATTENTION_INL_H_
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -23,11 +15,10 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
-#include "kernels/cpu/blocked_product-inl.h"
+#include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
+// Requires blocked_product-inl.h, included before it by dispatch.cpp.
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg::kernels::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
+QVG_CPU_KERNELS_BEGIN
 
 constexpr int kP = 4;  // queries per register block
 
@@ -141,7 +132,4 @@ int64_t KeyPaddingImpl() {
 #endif
 }
 
-}  // namespace qvg::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-
-#endif  // per-target include guard
+QVG_CPU_KERNELS_END

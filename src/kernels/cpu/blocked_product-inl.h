@@ -7,20 +7,12 @@
 // stored transposed, so that one column load serves all P rows and the P x NV
 // accumulators stay in registers.
 
-// Per-target include guard (Highway's pattern for -inl headers).
-#if defined(QVG_KERNELS_BLOCKED_PRODUCT_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef QVG_KERNELS_BLOCKED_PRODUCT_INL_H_
-#undef QVG_KERNELS_BLOCKED_PRODUCT_INL_H_
-#else
-#define QVG_KERNELS_BLOCKED_PRODUCT_INL_H_
-#endif
-
 #include <cstdint>
 
 #include "hwy/highway.h"
+#include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg::kernels::HWY_NAMESPACE {
+QVG_CPU_KERNELS_BEGIN
 
 template <int P, int NV, class DF, class V = hwy::HWY_NAMESPACE::Vec<DF>>
 HWY_INLINE void BlockedProduct(DF df, const float* const* rows, const float* colsT, int64_t stride, int64_t col0,
@@ -40,7 +32,4 @@ HWY_INLINE void BlockedProduct(DF df, const float* const* rows, const float* col
   }
 }
 
-}  // namespace qvg::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-
-#endif  // per-target include guard
+QVG_CPU_KERNELS_END

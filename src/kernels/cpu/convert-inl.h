@@ -1,26 +1,18 @@
 // src/kernels/cpu/convert-inl.h — fp32 <-> bf16 (kernels::f32_to_bf16,
 // bf16_to_f32) and the vector helpers the decoder stores bf16 with, per SIMD
-// target. Include inside a foreach_target translation unit (dispatch.cpp).
+// target. Included once per SIMD target by dispatch.cpp
+// (its foreach_target pass), which has no per-target include guard for it.
 // Rounding is integer arithmetic (nearest even), so every target gives the bits of
 // qvg::f32_to_bf16 (qvg/numeric.h).
-
-// Per-target include guard (Highway's pattern for -inl headers).
-#if defined(QVG_KERNELS_CPU_CONVERT_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef QVG_KERNELS_CPU_CONVERT_INL_H_
-#undef QVG_KERNELS_CPU_CONVERT_INL_H_
-#else
-#define QVG_KERNELS_CPU_CONVERT_INL_H_
-#endif
 
 #include <cstddef>
 #include <cstdint>
 
 #include "hwy/highway.h"
+#include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
 #include "qvg/numeric.h"
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg::kernels::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
+QVG_CPU_KERNELS_BEGIN
 
 // bf16 bits of v rounded to nearest even, in the low half of each 32-bit lane
 // (NaN inputs not handled: rounding can carry them into infinity).
@@ -72,7 +64,4 @@ void Bf16ToF32Impl(const uint16_t* src, float* dst, size_t n) {
   for (; i < n; ++i) dst[i] = qvg::bf16_to_f32(src[i]);
 }
 
-}  // namespace qvg::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-
-#endif  // per-target include guard
+QVG_CPU_KERNELS_END

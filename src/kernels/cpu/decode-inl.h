@@ -1,17 +1,10 @@
 // src/kernels/cpu/decode-inl.h — the PRQ decode (kernels::decode_rows), per SIMD
-// target. Include inside a foreach_target translation unit (dispatch.cpp).
+// target. Included once per SIMD target by dispatch.cpp
+// (its foreach_target pass), which has no per-target include guard for it.
 //
 // Separate Mul and Add only (spec 1.3); the library is built with
 // -ffp-contract=off so the compiler does not fuse them either: every target gives
 // the bits of the scalar reference (kernels::ref::decode_rows).
-
-// Per-target include guard (Highway's pattern for -inl headers).
-#if defined(QVG_KERNELS_CPU_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef QVG_KERNELS_CPU_DECODE_INL_H_
-#undef QVG_KERNELS_CPU_DECODE_INL_H_
-#else
-#define QVG_KERNELS_CPU_DECODE_INL_H_
-#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -23,13 +16,12 @@
 #include "hwy/aligned_allocator.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "kernels/cpu/convert-inl.h"
+#include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
+// Requires convert-inl.h (ToBf16), included before it by dispatch.cpp.
 #include "kernels/kernels.h"
 #include "qvg/numeric.h"
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg::kernels::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
+QVG_CPU_KERNELS_BEGIN
 
 // Code values as floats, per packed byte: int4 -> 2 values, int2 -> 4 values, for
 // symmetric (code - qmax) and asymmetric (code) decoding. Exact small integers.
@@ -406,7 +398,4 @@ void DecodeRowsImpl(const DecodeRows& j) {
   DecodeRowsGeneric(j);
 }
 
-}  // namespace qvg::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-
-#endif  // per-target include guard
+QVG_CPU_KERNELS_END

@@ -14,9 +14,12 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/dispatch.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+// Each -inl.h is included here once per target (no per-target include guards);
+// the shared pieces come first.
+#include "kernels/cpu/blocked_product-inl.h"  // used by assign and attention
+#include "kernels/cpu/convert-inl.h"          // used by decode
 #include "kernels/cpu/assign-inl.h"
 #include "kernels/cpu/attention-inl.h"
-#include "kernels/cpu/convert-inl.h"
 #include "kernels/cpu/decode-inl.h"
 #include "kernels/cpu/encode-inl.h"
 #include "kernels/cpu/limits-inl.h"
@@ -25,19 +28,9 @@
 
 #include "kernels/kernels.h"
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg {
-namespace kernels {
-namespace HWY_NAMESPACE {
-
-const char* TargetNameImpl() {
-  return hwy::TargetName(HWY_TARGET);
-}
-
-}  // namespace HWY_NAMESPACE
-}  // namespace kernels
-}  // namespace qvg
-HWY_AFTER_NAMESPACE();
+QVG_CPU_KERNELS_BEGIN
+const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+QVG_CPU_KERNELS_END
 
 #if HWY_ONCE
 namespace qvg {

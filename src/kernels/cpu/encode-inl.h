@@ -8,14 +8,6 @@
 // residual code is a correctly rounded division followed by an exact
 // round-half-away-from-zero.
 
-// Per-target include guard (Highway's pattern for -inl headers).
-#if defined(QVG_KERNELS_CPU_ENCODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef QVG_KERNELS_CPU_ENCODE_INL_H_
-#undef QVG_KERNELS_CPU_ENCODE_INL_H_
-#else
-#define QVG_KERNELS_CPU_ENCODE_INL_H_
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,10 +15,9 @@
 
 #include "core/residual_impl.h"  // the code rounding, shared with the codec
 #include "hwy/highway.h"
+#include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg::kernels::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
+QVG_CPU_KERNELS_BEGIN
 
 void AccumulateClustersImpl(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum, int64_t* cnt) {
 #if HWY_HAVE_FLOAT64
@@ -156,7 +147,4 @@ void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block,
   }
 }
 
-}  // namespace qvg::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-
-#endif  // per-target include guard
+QVG_CPU_KERNELS_END

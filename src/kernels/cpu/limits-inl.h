@@ -2,23 +2,14 @@
 // per SIMD target: integer compares on magnitude bits. Include inside a
 // foreach_target translation unit (dispatch.cpp).
 
-// Per-target include guard (Highway's pattern for -inl headers).
-#if defined(QVG_KERNELS_CPU_LIMITS_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef QVG_KERNELS_CPU_LIMITS_INL_H_
-#undef QVG_KERNELS_CPU_LIMITS_INL_H_
-#else
-#define QVG_KERNELS_CPU_LIMITS_INL_H_
-#endif
-
 #include <cstddef>
 #include <cstdint>
 
 #include "hwy/highway.h"
+#include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
 #include "qvg/tensor.h"
 
-HWY_BEFORE_NAMESPACE();
-namespace qvg::kernels::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
+QVG_CPU_KERNELS_BEGIN
 
 // |x| <= 1e16 compared on magnitude bits: the largest float <= 1e16 is
 // 9999999198822400 (0x5A0E1BC9); NaN and infinity have larger magnitude bits.
@@ -65,7 +56,4 @@ size_t FirstOutOfLimitImpl(const void* p, DType t, size_t n) {
   return n;
 }
 
-}  // namespace qvg::kernels::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
-
-#endif  // per-target include guard
+QVG_CPU_KERNELS_END
