@@ -65,24 +65,42 @@ ojson quant_json(const std::string& label, const QuantArgs& q) {
   return j;
 }
 
+/// dense / packed as a JSON number; null when packed is 0.
+ojson ratio_json(size_t dense, size_t packed) {
+  return packed > 0 ? num(double(dense) / double(packed)) : ojson();
+}
+
+/// The K and V reconstruction errors ("k_rel_mse", "k_snr_db", "v_rel_mse", "v_snr_db").
+void put_kv_errors(ojson& j, const ErrorSums& k, const ErrorSums& v) {
+  j["k_rel_mse"] = num(k.rel_mse());
+  j["k_snr_db"] = num(k.snr_db());
+  j["v_rel_mse"] = num(v.rel_mse());
+  j["v_snr_db"] = num(v.snr_db());
+}
+
+/// The attention error ("attention_rel_l2", "attention_cosine"), with `min_cosine` also
+/// "attention_min_cosine" (null when no vector was compared).
+void put_attention(ojson& j, const AttentionSums& a, bool min_cosine) {
+  j["attention_rel_l2"] = num(a.rel_l2());
+  j["attention_cosine"] = num(a.cosine());
+  if (min_cosine) j["attention_min_cosine"] = a.vectors > 0 ? num(a.cos_min) : ojson();
+}
+
+/// One packed configuration's figures; times divided by `layers` (the pooled record of
+/// a chunk sums them over its layers).
 ojson packed_json(const std::string& label, size_t dense_bytes, const PackedLayerRecord& p, double layers) {
   ojson j;
   j["label"] = label;
   j["resident_bytes"] = p.resident_bytes;
   j["predicted_resident_bytes"] = p.predicted_resident_bytes ? ojson(*p.predicted_resident_bytes) : ojson();
-  j["compression_ratio"] = p.resident_bytes > 0 ? num(double(dense_bytes) / double(p.resident_bytes)) : ojson();
+  j["compression_ratio"] = ratio_json(dense_bytes, p.resident_bytes);
   j["transient_peak_bytes"] = p.transient_peak_bytes;
   j["encoded_tokens"] = p.encoded_tokens;
   j["encoded_visible_tokens"] = p.encoded_visible;
   j["encoded_bytes"] = p.encoded_bytes;
   j["spans_encoded"] = p.spans_encoded;
-  j["k_rel_mse"] = num(p.k.rel_mse());
-  j["k_snr_db"] = num(p.k.snr_db());
-  j["v_rel_mse"] = num(p.v.rel_mse());
-  j["v_snr_db"] = num(p.v.snr_db());
-  j["attention_rel_l2"] = num(p.attention.rel_l2());
-  j["attention_cosine"] = num(p.attention.cosine());
-  j["attention_min_cosine"] = p.attention.vectors > 0 ? num(p.attention.cos_min) : ojson();
+  put_kv_errors(j, p.k, p.v);
+  put_attention(j, p.attention, true);
   j["encode_s"] = num(p.encode_s / layers);
   j["decode_s"] = num(p.decode_s / layers);
   j["attention_s"] = num(p.attention_s / layers);
@@ -104,12 +122,12 @@ ojson dense_json(size_t resident, size_t transient, double update_s, double atte
 // ---------------------------------------------------------------------------
 // simulate
 
-std::string simulation_json(const SimulationResult& r, int indent) {
+namespace {
+
+/// The "workload" object: the scaled preset and the simulated layers.
+ojson workload_json(const SimulationResult& r) {
   const ModelPreset& p = r.preset;
   const SimulationConfig& c = r.config;
-  ojson j;
-  j["format"] = "qvg.simulate/1";
-  j["generator"] = std::string("qvg ") + kVersion;
   ojson w;
   w["model"] = p.name;
   w["description"] = p.model;
@@ -131,8 +149,12 @@ std::string simulation_json(const SimulationResult& r, int indent) {
   w["sink_tokens"] = p.sink_tokens();
   w["cache_tokens"] = p.cache_tokens();
   w["assumed"] = assumed_fields(p.assumed);
-  j["workload"] = w;
+  return w;
+}
 
+/// The "run" object: the stream's settings and wall time.
+ojson run_json(const SimulationResult& r) {
+  const SimulationConfig& c = r.config;
   ojson run;
   run["chunks"] = c.chunks;
   run["steps"] = c.steps;
@@ -143,100 +165,104 @@ std::string simulation_json(const SimulationResult& r, int indent) {
   run["threads"] = c.threads;
   run["window_full_chunk"] = r.window_full_chunk >= 0 ? ojson(r.window_full_chunk) : ojson();
   run["wall_s"] = num(r.wall_s);
-  j["run"] = run;
+  return run;
+}
 
-  ojson cfgs = ojson::array();
-  for (const PackedConfig& pc : c.packed) cfgs.push_back(quant_json(pc.label, pc.quant));
-  j["configs"] = cfgs;
+/// One simulated layer of a chunk: its dense cache and each packed configuration.
+ojson layer_json(const LayerRecord& l, const std::vector<PackedConfig>& packed) {
+  ojson lj;
+  lj["layer"] = l.layer;
+  lj["window_tokens"] = l.window_tokens;
+  lj["dense"] = dense_json(l.dense_resident_bytes, l.dense_transient_peak_bytes, l.dense_update_s, l.dense_attention_s,
+                           l.generate_s);
+  ojson lp = ojson::array();
+  for (size_t k = 0; k < packed.size(); ++k)
+    lp.push_back(packed_json(packed[k].label, l.dense_resident_bytes, l.packed[k], 1.0));
+  lj["packed"] = lp;
+  return lj;
+}
 
-  ojson chunks = ojson::array();
-  for (const ChunkRecord& ch : r.chunks) {
-    ojson cj;
-    cj["index"] = ch.chunk.index;
-    cj["frame0"] = ch.chunk.frame0;
-    cj["frames"] = ch.chunk.frames;
-    cj["token0"] = ch.chunk.token0;
-    cj["tokens"] = ch.chunk.tokens;
-    cj["sink"] = ch.chunk.sink;
-    cj["global_end"] = ch.global_end;
-    cj["window_tokens"] = ch.window_tokens;
-    cj["queries"] = ch.queries;
-    cj["wall_s"] = num(ch.wall_s);
-    const double nl = double(std::max<size_t>(1, ch.layers.size()));
-    size_t dres = 0, dtr = 0;
-    double du = 0, da = 0, dg = 0;
-    for (const LayerRecord& l : ch.layers) {
-      dres = std::max(dres, l.dense_resident_bytes);
-      dtr = std::max(dtr, l.dense_transient_peak_bytes);
-      du += l.dense_update_s;
-      da += l.dense_attention_s;
-      dg += l.generate_s;
-    }
-    cj["dense"] = dense_json(dres, dtr, du / nl, da / nl, dg / nl);
-    ojson packed = ojson::array();
-    for (size_t k = 0; k < c.packed.size(); ++k) {
-      const PackedLayerRecord a = sim::pooled(ch, k);
-      packed.push_back(packed_json(c.packed[k].label, dres, a, nl));
-    }
-    cj["packed"] = packed;
-    ojson layers = ojson::array();
-    for (const LayerRecord& l : ch.layers) {
-      ojson lj;
-      lj["layer"] = l.layer;
-      lj["window_tokens"] = l.window_tokens;
-      lj["dense"] = dense_json(l.dense_resident_bytes, l.dense_transient_peak_bytes, l.dense_update_s,
-                               l.dense_attention_s, l.generate_s);
-      ojson lp = ojson::array();
-      for (size_t k = 0; k < c.packed.size(); ++k)
-        lp.push_back(packed_json(c.packed[k].label, l.dense_resident_bytes, l.packed[k], 1.0));
-      lj["packed"] = lp;
-      layers.push_back(lj);
-    }
-    cj["layers"] = layers;
-    chunks.push_back(cj);
+/// One chunk: where it lies, the layers pooled (dense: largest bytes, mean times;
+/// packed: sim::pooled, times per layer), and each layer.
+ojson chunk_json(const ChunkRecord& ch, const std::vector<PackedConfig>& packed) {
+  ojson cj;
+  cj["index"] = ch.chunk.index;
+  cj["frame0"] = ch.chunk.frame0;
+  cj["frames"] = ch.chunk.frames;
+  cj["token0"] = ch.chunk.token0;
+  cj["tokens"] = ch.chunk.tokens;
+  cj["sink"] = ch.chunk.sink;
+  cj["global_end"] = ch.global_end;
+  cj["window_tokens"] = ch.window_tokens;
+  cj["queries"] = ch.queries;
+  cj["wall_s"] = num(ch.wall_s);
+  const double nl = double(std::max<size_t>(1, ch.layers.size()));
+  size_t dres = 0, dtr = 0;
+  double du = 0, da = 0, dg = 0;
+  for (const LayerRecord& l : ch.layers) {
+    dres = std::max(dres, l.dense_resident_bytes);
+    dtr = std::max(dtr, l.dense_transient_peak_bytes);
+    du += l.dense_update_s;
+    da += l.dense_attention_s;
+    dg += l.generate_s;
   }
-  j["chunks"] = chunks;
+  cj["dense"] = dense_json(dres, dtr, du / nl, da / nl, dg / nl);
+  ojson pj = ojson::array();
+  for (size_t k = 0; k < packed.size(); ++k) pj.push_back(packed_json(packed[k].label, dres, sim::pooled(ch, k), nl));
+  cj["packed"] = pj;
+  ojson layers = ojson::array();
+  for (const LayerRecord& l : ch.layers) layers.push_back(layer_json(l, packed));
+  cj["layers"] = layers;
+  return cj;
+}
 
-  ojson sum = ojson::array();
-  for (const PackedSummary& s : r.summary) {
-    ojson sj;
-    sj["label"] = s.label;
-    sj["dense_bytes"] = s.dense_bytes;
-    sj["packed_last_bytes"] = s.packed_last_bytes;
-    sj["packed_peak_bytes"] = s.packed_peak_bytes;
-    sj["packed_mean_full_bytes"] = s.packed_mean_full_bytes;
-    sj["transient_peak_bytes"] = s.transient_peak_bytes;
-    sj["ratio_peak"] = num(s.ratio_peak);
-    sj["ratio_full"] = num(s.ratio_full);
-    sj["bits_per_element"] = num(s.bits_per_element);
-    sj["k_rel_mse"] = num(s.k.rel_mse());
-    sj["k_snr_db"] = num(s.k.snr_db());
-    sj["v_rel_mse"] = num(s.v.rel_mse());
-    sj["v_snr_db"] = num(s.v.snr_db());
-    sj["attention_rel_l2"] = num(s.attention.rel_l2());
-    sj["attention_cosine"] = num(s.attention.cosine());
-    sj["attention_min_cosine"] = s.attention.vectors > 0 ? num(s.attention.cos_min) : ojson();
-    sj["worst_attention_rel_l2"] = num(s.worst_attention_rel_l2);
-    sj["quality_chunks"] = s.quality_chunks;
-    sj["spans"] = s.spans;
-    sj["encode_s_per_span"] = num(s.encode_s_per_span);
-    sj["decode_s_per_step"] = num(s.decode_s_per_step);
-    sj["attention_s_per_chunk"] = num(s.attention_s_per_chunk);
-    sj["memory_model_matches"] = s.memory_model_matches;
-    if (s.full_layers > 0) {
-      ojson f;
-      f["layers"] = s.full_layers;
-      f["dense_bytes_per_layer"] = s.full_dense_bytes;
-      f["policy_peak_bytes_per_layer"] = s.full_policy_peak_bytes;
-      f["ratio"] =
-          s.full_policy_peak_bytes > 0 ? num(double(s.full_dense_bytes) / double(s.full_policy_peak_bytes)) : ojson();
-      sj["full_size"] = f;
-    } else {
-      sj["full_size"] = ojson();
-    }
-    sum.push_back(sj);
+/// One configuration's summary over the run, with the full-size model's figures
+/// (null when the memory model does not cover it).
+ojson summary_json(const PackedSummary& s) {
+  ojson sj;
+  sj["label"] = s.label;
+  sj["dense_bytes"] = s.dense_bytes;
+  sj["packed_last_bytes"] = s.packed_last_bytes;
+  sj["packed_peak_bytes"] = s.packed_peak_bytes;
+  sj["packed_mean_full_bytes"] = s.packed_mean_full_bytes;
+  sj["transient_peak_bytes"] = s.transient_peak_bytes;
+  sj["ratio_peak"] = num(s.ratio_peak);
+  sj["ratio_full"] = num(s.ratio_full);
+  sj["bits_per_element"] = num(s.bits_per_element);
+  put_kv_errors(sj, s.k, s.v);
+  put_attention(sj, s.attention, true);
+  sj["worst_attention_rel_l2"] = num(s.worst_attention_rel_l2);
+  sj["quality_chunks"] = s.quality_chunks;
+  sj["spans"] = s.spans;
+  sj["encode_s_per_span"] = num(s.encode_s_per_span);
+  sj["decode_s_per_step"] = num(s.decode_s_per_step);
+  sj["attention_s_per_chunk"] = num(s.attention_s_per_chunk);
+  sj["memory_model_matches"] = s.memory_model_matches;
+  sj["full_size"] = ojson();
+  if (s.full_layers > 0) {
+    ojson& f = sj["full_size"];
+    f["layers"] = s.full_layers;
+    f["dense_bytes_per_layer"] = s.full_dense_bytes;
+    f["policy_peak_bytes_per_layer"] = s.full_policy_peak_bytes;
+    f["ratio"] = ratio_json(s.full_dense_bytes, s.full_policy_peak_bytes);
   }
-  j["summary"] = sum;
+  return sj;
+}
+
+}  // namespace
+
+std::string simulation_json(const SimulationResult& r, int indent) {
+  ojson j;
+  j["format"] = "qvg.simulate/1";
+  j["generator"] = std::string("qvg ") + kVersion;
+  j["workload"] = workload_json(r);
+  j["run"] = run_json(r);
+  ojson& cfgs = j["configs"] = ojson::array();
+  for (const PackedConfig& pc : r.config.packed) cfgs.push_back(quant_json(pc.label, pc.quant));
+  ojson& chunks = j["chunks"] = ojson::array();
+  for (const ChunkRecord& ch : r.chunks) chunks.push_back(chunk_json(ch, r.config.packed));
+  ojson& sum = j["summary"] = ojson::array();
+  for (const PackedSummary& s : r.summary) sum.push_back(summary_json(s));
   return j.dump(indent);
 }
 
@@ -279,13 +305,9 @@ std::string compare_json(const CompareResult& r, int indent) {
     rj["method"] = row.method;
     rj["bits_per_element"] = num(row.bits_per_element);
     rj["compression_ratio"] = num(row.ratio);
-    rj["k_rel_mse"] = num(row.k.rel_mse());
-    rj["k_snr_db"] = num(row.k.snr_db());
-    rj["v_rel_mse"] = num(row.v.rel_mse());
-    rj["v_snr_db"] = num(row.v.snr_db());
+    put_kv_errors(rj, row.k, row.v);
     rj["kv_snr_db"] = num(sim::kv_snr(row));
-    rj["attention_rel_l2"] = num(row.attention.rel_l2());
-    rj["attention_cosine"] = num(row.attention.cosine());
+    put_attention(rj, row.attention, false);
     rj["seconds"] = num(row.seconds);
     rows.push_back(rj);
   }
