@@ -15,116 +15,50 @@ std::string_view assumed_mark(bool assumed) {
 
 namespace {
 
+/// The presets of docs/workload.md, in its order: a table, one entry each (shape, cache,
+/// K statistics, V statistics, assumptions), every target written out; validated here.
 std::vector<ModelPreset> make_presets() {
-  std::vector<ModelPreset> v;
-  {
-    // Wan2.1 1.3B at 480x832: VAE stride 8 and 2x2 patches give a 30 x 52 grid.
-    ModelPreset p;
-    p.name = "self-forcing-1.3b";
-    p.model = "Self-Forcing (Wan2.1 1.3B, 480x832)";
-    p.layers = 30;
-    p.heads = 12;
-    p.head_dim = 128;
-    p.grid_h = 30;
-    p.grid_w = 52;
-    p.frames_per_chunk = 3;
-    p.context_frames = 168;  // the published QVG run
-    p.sink_frames = 0;
-    p.rope_dims = 128;  // Wan's 3D RoPE over the whole head (44/42/42 channels)
-    p.k_wall_ratio = 5.4;
-    p.k_norm_spread = 1.15;
-    p.k_channel_median = 1.0;
-    p.v_wall_ratio = 2.0;
-    p.v_norm_spread = 4.5;
-    p.v_token_norm = 16.0;
-    p.v_outlier_rate = 2e-4;
-    p.v_outlier_norm = 6.0;
-    p.k_cluster_layers = 3;
-    p.assumed.sink = true;
-    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
-    v.push_back(p);
-  }
-  {
-    ModelPreset p;
-    p.name = "lingbot-world-14b";
-    p.model = "LingBot-World (Wan2.2 A14B, 480x832)";
-    p.layers = 40;
-    p.heads = 40;
-    p.head_dim = 128;
-    p.grid_h = 30;
-    p.grid_w = 52;
-    p.frames_per_chunk = 3;
-    p.context_frames = 68;
-    p.sink_frames = 6;
-    p.rope_dims = 128;
-    p.k_wall_ratio = 7.0;
-    p.k_norm_spread = 1.2;
-    p.k_channel_median = 1.0;
-    p.v_wall_ratio = 2.4;
-    p.v_norm_spread = 5.0;
-    p.v_token_norm = 24.0;
-    p.v_outlier_rate = 2e-4;
-    p.v_outlier_norm = 6.0;
-    p.k_cluster_layers = 4;
-    p.assumed.frames_per_chunk = true;
-    p.assumed.k_wall = p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
-    v.push_back(p);
-  }
-  {
-    ModelPreset p;
-    p.name = "longcat-video-13.6b";
-    p.model = "LongCat-Video 13.6B (480p)";
-    p.layers = 48;
-    p.heads = 32;
-    p.head_dim = 128;
-    p.grid_h = 30;
-    p.grid_w = 52;
-    p.frames_per_chunk = 24;
-    p.context_frames = 19;  // the cached conditioning
-    p.sink_frames = 19;     // ... which is the sink
-    p.sink_span = SinkSpan::Full;
-    p.rope_dims = 128;
-    p.k_wall_ratio = 9.0;
-    p.k_norm_spread = 1.2;
-    p.k_channel_median = 1.33;  // wall channels around 12 ("K stays around 12")
-    p.v_wall_ratio = 2.0;
-    p.v_norm_spread = 3.5;
-    p.v_token_norm = 1700.0;  // token norms 1000-2800, entries in the hundreds
-    p.v_outlier_rate = 1e-4;
-    p.v_outlier_norm = 2.4;  // one token ~4000
-    p.k_cluster_layers = 5;
-    p.assumed.frames_per_chunk = true;
-    p.assumed.rope = true;
-    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = true;
-    v.push_back(p);
-  }
-  {
-    ModelPreset p;
-    p.name = "hy-worldplay-8b";
-    p.model = "HY-WorldPlay 8B";
-    p.layers = 30;
-    p.heads = 16;
-    p.head_dim = 256;  // rope and camera branches concatenated
-    p.grid_h = 22;
-    p.grid_w = 40;  // 880 tokens per frame
-    p.frames_per_chunk = 4;
-    p.context_frames = 72;  // matches the published 990 MiB of bf16 K+V per layer
-    p.sink_frames = 0;
-    p.rope_dims = 128;  // the rope branch; the camera branch is not rotated
-    p.k_wall_ratio = 12.8;
-    p.k_norm_spread = 1.2;
-    p.k_channel_median = 1.0;
-    p.v_wall_ratio = 3.0;
-    p.v_norm_spread = 5.5;
-    p.v_token_norm = 32.0;
-    p.v_outlier_rate = 2e-4;
-    p.v_outlier_norm = 6.0;
-    p.k_cluster_layers = 3;
-    p.assumed.heads = p.assumed.grid = p.assumed.frames_per_chunk = p.assumed.context = true;
-    p.assumed.sink = p.assumed.rope = true;
-    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
-    v.push_back(p);
-  }
+  // clang-format off
+  std::vector<ModelPreset> v = {
+      // Wan2.1 1.3B at 480x832: VAE stride 8 and 2x2 patches give a 30 x 52 grid. The context of the
+      // published QVG run; Wan's 3D RoPE over the whole head (44/42/42 channels).
+      {.name = "self-forcing-1.3b", .model = "Self-Forcing (Wan2.1 1.3B, 480x832)",
+       .layers = 30, .heads = 12, .head_dim = 128, .grid_h = 30, .grid_w = 52, .frames_per_chunk = 3,
+       .context_frames = 168, .sink_frames = 0, .rope_dims = 128,
+       .k_wall_ratio = 5.4, .k_norm_spread = 1.15, .k_channel_median = 1.0,
+       .v_wall_ratio = 2.0, .v_norm_spread = 4.5, .v_token_norm = 16.0, .v_outlier_rate = 2e-4, .v_outlier_norm = 6.0,
+       .k_cluster_layers = 3,
+       .assumed = {.sink = true, .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+      {.name = "lingbot-world-14b", .model = "LingBot-World (Wan2.2 A14B, 480x832)",
+       .layers = 40, .heads = 40, .head_dim = 128, .grid_h = 30, .grid_w = 52, .frames_per_chunk = 3,
+       .context_frames = 68, .sink_frames = 6, .rope_dims = 128,
+       .k_wall_ratio = 7.0, .k_norm_spread = 1.2, .k_channel_median = 1.0,
+       .v_wall_ratio = 2.4, .v_norm_spread = 5.0, .v_token_norm = 24.0, .v_outlier_rate = 2e-4, .v_outlier_norm = 6.0,
+       .k_cluster_layers = 4,
+       .assumed = {.frames_per_chunk = true, .k_wall = true, .k_norm = true, .v_wall = true, .v_norm = true,
+                   .magnitude = true}},
+      // The context is the cached conditioning, which is the sink. K's wall channels sit around 12
+      // ("K stays around 12"); V token norms 1000-2800 with entries in the hundreds, one outlier ~4000.
+      {.name = "longcat-video-13.6b", .model = "LongCat-Video 13.6B (480p)",
+       .layers = 48, .heads = 32, .head_dim = 128, .grid_h = 30, .grid_w = 52, .frames_per_chunk = 24,
+       .context_frames = 19, .sink_frames = 19, .sink_span = SinkSpan::Full, .rope_dims = 128,
+       .k_wall_ratio = 9.0, .k_norm_spread = 1.2, .k_channel_median = 1.33,
+       .v_wall_ratio = 2.0, .v_norm_spread = 3.5, .v_token_norm = 1700.0, .v_outlier_rate = 1e-4, .v_outlier_norm = 2.4,
+       .k_cluster_layers = 5,
+       .assumed = {.frames_per_chunk = true, .rope = true, .k_norm = true, .v_wall = true, .v_norm = true}},
+      // 22 x 40 = 880 tokens per frame; head_dim 256 = the rope and camera branches concatenated (only
+      // the rope branch is rotated); the 72-frame context matches the published 990 MiB of bf16 K+V
+      // per layer.
+      {.name = "hy-worldplay-8b", .model = "HY-WorldPlay 8B",
+       .layers = 30, .heads = 16, .head_dim = 256, .grid_h = 22, .grid_w = 40, .frames_per_chunk = 4,
+       .context_frames = 72, .sink_frames = 0, .rope_dims = 128,
+       .k_wall_ratio = 12.8, .k_norm_spread = 1.2, .k_channel_median = 1.0,
+       .v_wall_ratio = 3.0, .v_norm_spread = 5.5, .v_token_norm = 32.0, .v_outlier_rate = 2e-4, .v_outlier_norm = 6.0,
+       .k_cluster_layers = 3,
+       .assumed = {.heads = true, .grid = true, .frames_per_chunk = true, .context = true, .sink = true, .rope = true,
+                   .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+  };
+  // clang-format on
   for (const auto& p : v) p.validate();
   return v;
 }
