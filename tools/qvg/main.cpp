@@ -5,7 +5,6 @@
 
 #include <fmt/core.h>
 
-#include "qvg/error.h"
 #include "qvg/version.h"
 #include "command.h"
 
@@ -27,10 +26,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const qvg::Error& e) {
-    fmt::print(stderr, "qvg: error: {}\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // qvg::Error and the rest alike: one line
     fmt::print(stderr, "qvg: error: {}\n", e.what());
     return 1;
   }
