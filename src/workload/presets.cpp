@@ -15,51 +15,85 @@ std::string_view assumed_mark(bool assumed) {
 
 namespace {
 
-/// The presets of docs/workload.md, in its order: a table, one entry each (shape, cache,
-/// K statistics, V statistics, assumptions), every target written out; validated here.
+/// One row of the preset table: ModelPreset's values in their order (rope_theta and
+/// k_cluster_norm keep their defaults).
+struct PresetRow {
+  const char* name;
+  const char* model;
+  int layers, heads, head_dim, grid_h, grid_w, frames_per_chunk, context_frames, sink_frames;
+  SinkSpan sink_span;
+  int rope_dims;
+  double k_wall_ratio, k_norm_spread, k_channel_median;
+  double v_wall_ratio, v_norm_spread, v_token_norm, v_outlier_rate, v_outlier_norm;
+  int k_cluster_layers;
+  PresetAssumptions assumed;
+};
+
+constexpr SinkSpan kChunk = SinkSpan::Chunk, kFull = SinkSpan::Full;
+
+// The presets of docs/workload.md, in its order.
+//  - self-forcing-1.3b: Wan2.1 1.3B at 480x832 (VAE stride 8 and 2x2 patches: a 30 x 52 grid); the
+//    context of the published QVG run; Wan's 3D RoPE over the whole head (44/42/42 channels).
+//  - longcat-video-13.6b: the context is the cached conditioning, which is the sink. K's wall
+//    channels sit around 12 ("K stays around 12"); V token norms 1000-2800 with entries in the
+//    hundreds, one outlier token ~4000.
+//  - hy-worldplay-8b: 22 x 40 = 880 tokens per frame; head_dim 256 = the rope and camera branches
+//    concatenated (only the rope branch is rotated); the 72-frame context matches the published
+//    990 MiB of bf16 K+V per layer.
+// clang-format off
+constexpr PresetRow kPresetRows[] = {
+// {name, model,
+//  layers heads head_dim grid_h grid_w frames/chunk context sink sink_span rope_dims |
+//    K: wall_ratio norm_spread channel_median | V: wall_ratio norm_spread token_norm outlier_rate outlier_norm |
+//    k_cluster_layers,
+//  assumed}
+  {"self-forcing-1.3b", "Self-Forcing (Wan2.1 1.3B, 480x832)",
+   30, 12, 128, 30, 52,  3, 168,  0, kChunk, 128,   5.4, 1.15, 1.0,    2.0, 4.5,   16.0, 2e-4, 6.0,   3,
+   {.sink = true, .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+  {"lingbot-world-14b", "LingBot-World (Wan2.2 A14B, 480x832)",
+   40, 40, 128, 30, 52,  3,  68,  6, kChunk, 128,   7.0, 1.2,  1.0,    2.4, 5.0,   24.0, 2e-4, 6.0,   4,
+   {.frames_per_chunk = true, .k_wall = true, .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+  {"longcat-video-13.6b", "LongCat-Video 13.6B (480p)",
+   48, 32, 128, 30, 52, 24,  19, 19, kFull,  128,   9.0, 1.2,  1.33,   2.0, 3.5, 1700.0, 1e-4, 2.4,   5,
+   {.frames_per_chunk = true, .rope = true, .k_norm = true, .v_wall = true, .v_norm = true}},
+  {"hy-worldplay-8b", "HY-WorldPlay 8B",
+   30, 16, 256, 22, 40,  4,  72,  0, kChunk, 128,  12.8, 1.2,  1.0,    3.0, 5.5,   32.0, 2e-4, 6.0,   3,
+   {.heads = true, .grid = true, .frames_per_chunk = true, .context = true, .sink = true, .rope = true,
+    .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+};
+// clang-format on
+
+/// The preset of one table row (fields assigned by name), validated.
+ModelPreset preset_of(const PresetRow& r) {
+  ModelPreset p{.name = r.name,
+                .model = r.model,
+                .layers = r.layers,
+                .heads = r.heads,
+                .head_dim = r.head_dim,
+                .grid_h = r.grid_h,
+                .grid_w = r.grid_w,
+                .frames_per_chunk = r.frames_per_chunk,
+                .context_frames = r.context_frames,
+                .sink_frames = r.sink_frames,
+                .sink_span = r.sink_span,
+                .rope_dims = r.rope_dims,
+                .k_wall_ratio = r.k_wall_ratio,
+                .k_norm_spread = r.k_norm_spread,
+                .k_channel_median = r.k_channel_median,
+                .v_wall_ratio = r.v_wall_ratio,
+                .v_norm_spread = r.v_norm_spread,
+                .v_token_norm = r.v_token_norm,
+                .v_outlier_rate = r.v_outlier_rate,
+                .v_outlier_norm = r.v_outlier_norm,
+                .k_cluster_layers = r.k_cluster_layers,
+                .assumed = r.assumed};
+  p.validate();
+  return p;
+}
+
 std::vector<ModelPreset> make_presets() {
-  // clang-format off
-  std::vector<ModelPreset> v = {
-      // Wan2.1 1.3B at 480x832: VAE stride 8 and 2x2 patches give a 30 x 52 grid. The context of the
-      // published QVG run; Wan's 3D RoPE over the whole head (44/42/42 channels).
-      {.name = "self-forcing-1.3b", .model = "Self-Forcing (Wan2.1 1.3B, 480x832)",
-       .layers = 30, .heads = 12, .head_dim = 128, .grid_h = 30, .grid_w = 52, .frames_per_chunk = 3,
-       .context_frames = 168, .sink_frames = 0, .rope_dims = 128,
-       .k_wall_ratio = 5.4, .k_norm_spread = 1.15, .k_channel_median = 1.0,
-       .v_wall_ratio = 2.0, .v_norm_spread = 4.5, .v_token_norm = 16.0, .v_outlier_rate = 2e-4, .v_outlier_norm = 6.0,
-       .k_cluster_layers = 3,
-       .assumed = {.sink = true, .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
-      {.name = "lingbot-world-14b", .model = "LingBot-World (Wan2.2 A14B, 480x832)",
-       .layers = 40, .heads = 40, .head_dim = 128, .grid_h = 30, .grid_w = 52, .frames_per_chunk = 3,
-       .context_frames = 68, .sink_frames = 6, .rope_dims = 128,
-       .k_wall_ratio = 7.0, .k_norm_spread = 1.2, .k_channel_median = 1.0,
-       .v_wall_ratio = 2.4, .v_norm_spread = 5.0, .v_token_norm = 24.0, .v_outlier_rate = 2e-4, .v_outlier_norm = 6.0,
-       .k_cluster_layers = 4,
-       .assumed = {.frames_per_chunk = true, .k_wall = true, .k_norm = true, .v_wall = true, .v_norm = true,
-                   .magnitude = true}},
-      // The context is the cached conditioning, which is the sink. K's wall channels sit around 12
-      // ("K stays around 12"); V token norms 1000-2800 with entries in the hundreds, one outlier ~4000.
-      {.name = "longcat-video-13.6b", .model = "LongCat-Video 13.6B (480p)",
-       .layers = 48, .heads = 32, .head_dim = 128, .grid_h = 30, .grid_w = 52, .frames_per_chunk = 24,
-       .context_frames = 19, .sink_frames = 19, .sink_span = SinkSpan::Full, .rope_dims = 128,
-       .k_wall_ratio = 9.0, .k_norm_spread = 1.2, .k_channel_median = 1.33,
-       .v_wall_ratio = 2.0, .v_norm_spread = 3.5, .v_token_norm = 1700.0, .v_outlier_rate = 1e-4, .v_outlier_norm = 2.4,
-       .k_cluster_layers = 5,
-       .assumed = {.frames_per_chunk = true, .rope = true, .k_norm = true, .v_wall = true, .v_norm = true}},
-      // 22 x 40 = 880 tokens per frame; head_dim 256 = the rope and camera branches concatenated (only
-      // the rope branch is rotated); the 72-frame context matches the published 990 MiB of bf16 K+V
-      // per layer.
-      {.name = "hy-worldplay-8b", .model = "HY-WorldPlay 8B",
-       .layers = 30, .heads = 16, .head_dim = 256, .grid_h = 22, .grid_w = 40, .frames_per_chunk = 4,
-       .context_frames = 72, .sink_frames = 0, .rope_dims = 128,
-       .k_wall_ratio = 12.8, .k_norm_spread = 1.2, .k_channel_median = 1.0,
-       .v_wall_ratio = 3.0, .v_norm_spread = 5.5, .v_token_norm = 32.0, .v_outlier_rate = 2e-4, .v_outlier_norm = 6.0,
-       .k_cluster_layers = 3,
-       .assumed = {.heads = true, .grid = true, .frames_per_chunk = true, .context = true, .sink = true, .rope = true,
-                   .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
-  };
-  // clang-format on
-  for (const auto& p : v) p.validate();
+  std::vector<ModelPreset> v;
+  for (const PresetRow& r : kPresetRows) v.push_back(preset_of(r));
   return v;
 }
 
