@@ -1,12 +1,12 @@
 // tools/qvg/main.cpp — entry point of the `qvg` command-line tool.
 #include <cstdio>
-#include <string>
 #include <exception>
+#include <string>
 
 #include <fmt/core.h>
 
-#include "qvg/version.h"
 #include "command.h"
+#include "qvg/version.h"
 
 namespace qvg::cli {
 std::vector<Registrar>& registry() {
@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("qvg ") + qvg::kVersion);
   // Every error is one line on stderr (spec of the CLI), parse errors included.
-  app.failure_message([](const CLI::App*, const CLI::Error& e) { return std::string("qvg: error: ") + e.what() + "\n"; });
+  app.failure_message(
+      [](const CLI::App*, const CLI::Error& e) { return std::string("qvg: error: ") + e.what() + "\n"; });
   for (auto& reg : qvg::cli::registry()) reg(app);
   try {
     app.parse(argc, argv);
