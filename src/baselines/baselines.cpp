@@ -9,13 +9,15 @@
 
 #include <fmt/core.h>
 
+#include "core/residual_impl.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
 
 namespace qvg {
 namespace {
 
-constexpr float kTiny = 1e-10f;
+using residual_impl::kTiny;
+using residual_impl::qmax_of;
 
 /// Smallest bf16 value >= x (x finite, |x| far below the bf16 maximum).
 float bf16_round_up(float x) {
@@ -38,6 +40,10 @@ float bf16_round_down(float x) {
   return bf16_to_f32(v > 0 ? uint16_t(b - 1) : uint16_t(b + 1));
 }
 
+/// round_half_away_from_zero(v) clamped to [lo, hi], as a float. Not
+/// residual_impl::round_clamp (the integer code): this keeps the sign of a zero, and
+/// the decoded baseline tensors have always held -0.0 where a negative value rounds
+/// to 0 (an int code would decode to +0.0 and change their bytes).
 float round_clamp(float v, float lo, float hi) {
   float r = std::round(v);  // half away from zero
   return std::clamp(r, lo, hi);
@@ -175,7 +181,7 @@ RoundTrip baseline_roundtrip(BaselineMethod m, ConstTensorView x, TensorRole rol
   if (kivi_key) {
     // Per channel over groups of G tokens of one (b, h). Element (b, s, h, d) lives at
     // ((b * S + s) * H + h) * D + d.
-    const int qmax = (1 << cfg.bits) - 1;
+    const int qmax = qmax_of(cfg.bits, true);
     const int64_t G = cfg.kivi_group_tokens, ng = (sh.s + G - 1) / G;
     rt.scale.assign(size_t(sh.b * sh.h * ng * D), 0.0f);
     rt.zero.assign(rt.scale.size(), 0.0f);
@@ -210,7 +216,7 @@ RoundTrip baseline_roundtrip(BaselineMethod m, ConstTensorView x, TensorRole rol
     }
   } else if (m == BaselineMethod::KIVI) {
     // Value: per token, per block, asymmetric.
-    const int qmax = (1 << cfg.bits) - 1;
+    const int qmax = qmax_of(cfg.bits, true);
     rt.scale.assign(size_t(rows * nblk), 0.0f);
     rt.zero.assign(rt.scale.size(), 0.0f);
 #pragma omp parallel for schedule(static)
@@ -230,7 +236,7 @@ RoundTrip baseline_roundtrip(BaselineMethod m, ConstTensorView x, TensorRole rol
     }
   } else {
     // RTN, or QuaRot = rotate, RTN, rotate back.
-    const int qmax = (1 << (cfg.bits - 1)) - 1;
+    const int qmax = qmax_of(cfg.bits, false);
     const bool rotate = m == BaselineMethod::QuaRot;
     rt.scale.assign(size_t(rows * nblk), 0.0f);
 #pragma omp parallel for schedule(static)

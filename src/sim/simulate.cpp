@@ -13,6 +13,7 @@
 
 #include <fmt/core.h>
 
+#include "core/rng_impl.h"
 #include "qvg/attention.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
@@ -163,16 +164,13 @@ void SimulationConfig::validate() const {
 }
 
 // ---------------------------------------------------------------------------
-// The streaming loop
+// The streaming loop: simulate() runs simulate_chunk() per chunk, which runs
+// simulate_layer() per layer: make_step(), advance(), denoising_step() per step
+// (scoring with score_encoded() at the last), record_resident().
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using Clock = std::chrono::steady_clock;
 
 /// x + a * rms(x) * N(0, 1), the noise a pure function of (key, element index);
 /// the result is rounded to x's dtype. a == 0 returns a copy.
@@ -191,8 +189,8 @@ Tensor perturbed(const Tensor& x, double a, uint64_t key) {
   const int64_t pairs = int64_t((n + 1) / 2);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < pairs; ++i) {
-    const uint64_t h1 = splitmix64(key ^ splitmix64(uint64_t(i)));
-    const uint64_t h2 = splitmix64(h1);
+    const uint64_t h1 = rng_impl::mix64(key ^ rng_impl::mix64(uint64_t(i)));
+    const uint64_t h2 = rng_impl::mix64(h1);
     const double u1 = (double(h1 >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
     const double u2 = double(h2 >> 11) * 0x1.0p-53;
     const double r = std::sqrt(-2.0 * std::log(u1)), th = 6.283185307179586 * u2;
@@ -224,23 +222,16 @@ EncodedInfo encoded_info(const PackedCausalCache& c) {
   return e;
 }
 
-/// Error of view `got` against view `want` (same [1, T, H, D]) over the view rows
-/// that hold encoded tokens. The view shows global tokens [0, sink_end) ++ [lo, ge).
+/// Error of view `got` against view `want` (same [1, T, H, D], both showing the
+/// ranges `w`) over the view rows that hold encoded tokens, added to `out`.
 /// Deterministic: per-row partial sums, summed in order.
-void encoded_view_error(const StridedView& want, const StridedView& got, const EncodedInfo& enc, int64_t sink_end,
-                        int64_t lo, int64_t ge, ErrorSums& out, int threads) {
+void encoded_view_error(const StridedView& want, const StridedView& got, const EncodedInfo& enc, const WindowRanges& w,
+                        ErrorSums& out, int threads) {
   const int64_t T = want.shape.s, H = want.shape.h, D = want.shape.d;
-  const bool merged = lo <= sink_end;
   std::vector<int64_t> rows;  // view rows of encoded tokens
-  auto view_row = [&](int64_t g) -> int64_t {
-    if (merged) return g;
-    if (g < sink_end) return g;
-    if (g >= lo) return sink_end + (g - lo);
-    return -1;  // not shown
-  };
   for (const auto& [g0, g1] : enc.ranges)
-    for (int64_t g = g0; g < std::min(g1, ge); ++g) {
-      const int64_t t = view_row(g);
+    for (int64_t g = g0; g < std::min(g1, w.global_end); ++g) {
+      const int64_t t = w.view_row(g);
       if (t >= 0) rows.push_back(t);
     }
   if (rows.empty()) return;
@@ -274,6 +265,8 @@ void encoded_view_error(const StridedView& want, const StridedView& got, const E
   out.tokens += int64_t(rows.size());
 }
 
+/// One simulated layer: its dense cache, one packed cache per configuration, and the
+/// memory model's replay of each packed cache.
 struct LayerState {
   int layer = 0;
   std::unique_ptr<DenseCausalCache> dense;
@@ -281,27 +274,9 @@ struct LayerState {
   std::vector<std::unique_ptr<PolicyReplay>> replay;  // null when the memory model rejects the shapes
 };
 
-}  // namespace
-
-SimulationResult simulate(const SimulationConfig& cfg, const ProgressFn& progress) {
-  cfg.validate();
-  using clock = std::chrono::steady_clock;
-  const auto t_start = clock::now();
-
-  const ModelPreset base = base_preset(cfg.model, cfg.context_frames);
-  WorkloadOptions wo;
-  wo.scale = cfg.scale;
-  wo.seed = cfg.seed;
-  wo.dtype = DType::BF16;
-  wo.threads = cfg.threads;
-  const Workload workload(base, wo);
-
-  SimulationResult res;
-  res.config = cfg;
-  res.preset = workload.preset();
-  const ModelPreset& p = res.preset;
-  res.layers = select_layers(p.layers, cfg.layers);
-
+/// Empty caches (bf16, batch 1, window = the scaled preset's cache) for each of `layers`.
+std::vector<LayerState> build_layer_states(const SimulationConfig& cfg, const ModelPreset& p,
+                                           const std::vector<int>& layers) {
   CacheOptions co;
   co.batch = 1;
   co.cache_size = p.cache_tokens();
@@ -320,7 +295,7 @@ SimulationResult simulate(const SimulationConfig& cfg, const ProgressFn& progres
   ms.dtype = DType::BF16;
 
   std::vector<LayerState> states;
-  for (int layer : res.layers) {
+  for (int layer : layers) {
     LayerState st;
     st.layer = layer;
     st.dense = std::make_unique<DenseCausalCache>(co);
@@ -338,153 +313,210 @@ SimulationResult simulate(const SimulationConfig& cfg, const ProgressFn& progres
     }
     states.push_back(std::move(st));
   }
+  return states;
+}
 
-  const size_t ncfg = cfg.packed.size();
-  const int64_t sink_tokens = p.sink_tokens();
-  const int64_t window = co.cache_size;
-  LayerChunk lc;
+/// One denoising step's K, V and subsampled Q.
+struct StepTensors {
+  Tensor k, v, qsub;
+};
+
+/// Step s of chunk ci on `layer`: the chunk `lc` plus noise of relative size
+/// step_noise * (steps-1-s) / steps (the last step is the clean chunk); the time
+/// taken is added to `generate_s`.
+StepTensors make_step(const SimulationConfig& cfg, const LayerChunk& lc, int layer, int64_t ci, int s,
+                      double& generate_s) {
+  const auto t0 = Clock::now();
+  const double a = cfg.step_noise * double(cfg.steps - 1 - s) / double(cfg.steps);
+  const uint64_t key = rng_impl::mix64(cfg.seed ^ rng_impl::mix64(uint64_t(layer) * 1000003u + uint64_t(ci))) ^
+                       rng_impl::mix64(uint64_t(s) + 0x51ED);
+  StepTensors t;
+  t.k = perturbed(lc.k, a, key ^ 1);
+  t.v = perturbed(lc.v, a, key ^ 2);
+  t.qsub = sim::subsample_tokens(perturbed(lc.q, a, key ^ 3).view(), cfg.query_stride);
+  generate_s += sim::seconds_since(t0);
+  return t;
+}
+
+/// The advance (rw = 0) of every cache of `st` with step 0 of the chunk starting at
+/// c: pack-and-evict without decoding the history. Records into `lr` the dense
+/// update time, each packed cache's encode time, spans encoded and transient peak.
+/// Returns the packed caches' full-window ranges at the new global_end (the same
+/// for every configuration: one cache geometry).
+WindowRanges advance(LayerState& st, const StepTensors& step0, int64_t c, LayerRecord& lr) {
+  auto t0 = Clock::now();
+  st.dense->update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
+  lr.dense_update_s += sim::seconds_since(t0);
+  lr.dense_transient_peak_bytes = st.dense->peak_transient_nbytes();
+  for (size_t j = 0; j < st.packed.size(); ++j) {
+    PackedCausalCache& pk = *st.packed[j];
+    std::set<int64_t> packed_before;  // spans already encoded (by first token)
+    for (size_t i = 0; i < pk.num_segments(); ++i)
+      if (pk.segment(i).packed) packed_before.insert(pk.segment(i).g0);
+    t0 = Clock::now();
+    pk.update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
+    lr.packed[j].encode_s = sim::seconds_since(t0);
+    lr.packed[j].transient_peak_bytes = pk.peak_transient_nbytes();
+    for (size_t i = 0; i < pk.num_segments(); ++i)
+      if (pk.segment(i).packed && !packed_before.count(pk.segment(i).g0)) ++lr.packed[j].spans_encoded;
+  }
+  const WindowRanges w = st.packed.front()->window_ranges();
+  for (const auto& pk : st.packed) QVG_CHECK(pk->window_ranges() == w);
+  return w;
+}
+
+/// Scores the encoded tokens of packed view `pv` (of cache `pk`) against the dense
+/// view `dv`, both showing the ranges `w`, into `pr` (K and V errors, encoded sizes).
+void score_encoded(const PackedCausalCache& pk, const KVView& dv, const KVView& pv, const WindowRanges& w, int threads,
+                   PackedLayerRecord& pr) {
+  QVG_CHECK(w.tokens() == dv.k.shape.s);
+  const EncodedInfo enc = encoded_info(pk);
+  pr.encoded_tokens = enc.tokens;
+  pr.encoded_bytes = enc.bytes;
+  ErrorSums ek, ev;
+  encoded_view_error(dv.k, pv.k, enc, w, ek, threads);
+  encoded_view_error(dv.v, pv.v, enc, w, ev, threads);
+  pr.k = ek;
+  pr.v = ev;
+  pr.encoded_visible = ek.tokens;
+}
+
+/// One denoising step (a rewrite of the chunk starting at c with `t`) on every cache
+/// of `st`, each returning its full view (ranges `w`). With `score`, the reference
+/// attention of t.qsub over the dense view and over each packed view; on the `last`
+/// step, score_encoded(). Times, peaks and errors go into `lr`.
+void denoising_step(const SimulationConfig& cfg, LayerState& st, const StepTensors& t, int64_t c, const WindowRanges& w,
+                    bool score, bool last, LayerRecord& lr) {
+  auto t0 = Clock::now();
+  const KVView dv = st.dense->update(t.k.view(), t.v.view(), c);
+  lr.dense_update_s += sim::seconds_since(t0);
+  lr.dense_transient_peak_bytes = std::max(lr.dense_transient_peak_bytes, st.dense->peak_transient_nbytes());
+  lr.window_tokens = dv.k.shape.s;
+
+  Tensor ref;
+  if (score) {
+    t0 = Clock::now();
+    ref = attention(t.qsub.view(), dv, cfg.threads);
+    lr.dense_attention_s += sim::seconds_since(t0);
+  }
+  for (size_t j = 0; j < st.packed.size(); ++j) {
+    PackedCausalCache& pk = *st.packed[j];
+    PackedLayerRecord& pr = lr.packed[j];
+    t0 = Clock::now();
+    const KVView pv = pk.update(t.k.view(), t.v.view(), c);
+    pr.decode_s += sim::seconds_since(t0);
+    pr.transient_peak_bytes = std::max(pr.transient_peak_bytes, pk.peak_transient_nbytes());
+    // Both caches are built from the same validated preset, so their views always
+    // show the same tokens: a difference is a bug (an invariant), not a user error.
+    QVG_CHECK(pv.k.shape.s == dv.k.shape.s);
+    if (score) {
+      t0 = Clock::now();
+      const Tensor out = attention(t.qsub.view(), pv, cfg.threads);
+      pr.attention_s += sim::seconds_since(t0);
+      pr.attention.add(attention_error(out, ref));
+    }
+    if (last) score_encoded(pk, dv, pv, w, cfg.threads, pr);
+  }
+}
+
+/// The resident bytes of every cache of `st` after the chunk, and the memory
+/// model's prediction for it (advances each replay by one chunk), into `lr`.
+void record_resident(LayerState& st, LayerRecord& lr) {
+  lr.dense_resident_bytes = st.dense->resident_nbytes();
+  for (size_t j = 0; j < st.packed.size(); ++j) {
+    PackedLayerRecord& pr = lr.packed[j];
+    pr.resident_bytes = st.packed[j]->resident_nbytes();
+    if (st.replay[j]) pr.predicted_resident_bytes = st.replay[j]->advance().resident_bytes;
+  }
+}
+
+/// Layer `st` during chunk `rec.chunk`: generation (into the reused buffer `lc`),
+/// the advance, the denoising steps and the records. Appends the layer's record to
+/// rec.layers and sets rec.window_tokens and rec.queries.
+void simulate_layer(const SimulationConfig& cfg, const Workload& workload, LayerState& st, LayerChunk& lc,
+                    ChunkRecord& rec) {
+  const int64_t ci = rec.chunk.index, c = rec.chunk.token0;
+  LayerRecord lr;
+  lr.layer = st.layer;
+  lr.packed.resize(cfg.packed.size());
+
+  const auto t0 = Clock::now();
   GenerateParts parts;
   parts.k_pre_rope = false;
   parts.q = true;
+  workload.generate_into(st.layer, ci, lc, parts);
+  lr.generate_s += sim::seconds_since(t0);
 
+  StepTensors step0 = make_step(cfg, lc, st.layer, ci, 0, lr.generate_s);
+  const WindowRanges w = advance(st, step0, c, lr);
+  rec.window_tokens = w.tokens();
+  for (int s = 0; s < cfg.steps; ++s) {
+    const bool last = s + 1 == cfg.steps;
+    const StepTensors cur = s == 0 ? std::move(step0) : make_step(cfg, lc, st.layer, ci, s, lr.generate_s);
+    rec.queries = cur.qsub.shape().s;
+    denoising_step(cfg, st, cur, c, w, last || cfg.attention_every_step, last, lr);
+  }
+  record_resident(st, lr);
+  rec.layers.push_back(std::move(lr));
+}
+
+/// Calls `progress` (when set): `chunk` chunks of cfg.chunks done, and `layer` of
+/// `layers` layers of the next; `last` is the chunk just finished (layer == 0) or null.
+void report_progress(const ProgressFn& progress, const SimulationConfig& cfg, int64_t chunk, int layer, int layers,
+                     Clock::time_point t_start, const ChunkRecord* last) {
+  if (!progress) return;
+  SimulationProgress pg;
+  pg.chunk = chunk;
+  pg.chunks = cfg.chunks;
+  pg.layer = layer;
+  pg.layers = layers;
+  pg.elapsed_s = sim::seconds_since(t_start);
+  pg.last = last;
+  progress(pg);
+}
+
+/// Chunk ci through every layer of `states` (progress after each layer but the
+/// last); the record's wall_s is the whole chunk's time.
+ChunkRecord simulate_chunk(const SimulationConfig& cfg, const Workload& workload, std::vector<LayerState>& states,
+                           int64_t ci, LayerChunk& lc, const ProgressFn& progress, Clock::time_point t_start) {
+  const auto t_chunk = Clock::now();
+  ChunkRecord rec;
+  rec.chunk = workload.chunk(ci);
+  rec.global_end = rec.chunk.token0 + rec.chunk.tokens;
+  for (size_t li = 0; li < states.size(); ++li) {
+    simulate_layer(cfg, workload, states[li], lc, rec);
+    if (li + 1 < states.size()) report_progress(progress, cfg, ci, int(li + 1), int(states.size()), t_start, nullptr);
+  }
+  rec.wall_s = sim::seconds_since(t_chunk);
+  return rec;
+}
+
+}  // namespace
+
+SimulationResult simulate(const SimulationConfig& cfg, const ProgressFn& progress) {
+  cfg.validate();
+  const auto t_start = Clock::now();
+
+  WorkloadOptions wo;
+  wo.scale = cfg.scale;
+  wo.seed = cfg.seed;
+  wo.dtype = DType::BF16;
+  wo.threads = cfg.threads;
+  const Workload workload(base_preset(cfg.model, cfg.context_frames), wo);
+
+  SimulationResult res;
+  res.config = cfg;
+  res.preset = workload.preset();
+  res.layers = select_layers(res.preset.layers, cfg.layers);
+  std::vector<LayerState> states = build_layer_states(cfg, res.preset, res.layers);
+  const int64_t window = states.front().packed.front()->attention_window_size();
+
+  LayerChunk lc;
   for (int64_t ci = 0; ci < cfg.chunks; ++ci) {
-    const auto t_chunk = clock::now();
-    ChunkRecord rec;
-    rec.chunk = workload.chunk(ci);
-    const int64_t c = rec.chunk.token0;
-    const int64_t ge = c + rec.chunk.tokens;
-    rec.global_end = ge;
-    const int64_t sink_end = std::min(sink_tokens, ge);
-    const int64_t tail_start = std::max(sink_end, ge - std::max<int64_t>(0, window - sink_end));
-    rec.window_tokens = (tail_start <= sink_end) ? ge : sink_end + (ge - tail_start);
-
-    for (size_t li = 0; li < states.size(); ++li) {
-      LayerState& st = states[li];
-      LayerRecord lr;
-      lr.layer = st.layer;
-      lr.packed.resize(ncfg);
-
-      auto t0 = clock::now();
-      workload.generate_into(st.layer, ci, lc, parts);
-      lr.generate_s += sim::seconds_since(t0);
-
-      // Step s's K, V and subsampled Q: the chunk plus noise of relative size
-      // step_noise * (steps-1-s) / steps (the last step is the clean chunk).
-      struct StepTensors {
-        Tensor k, v, qsub;
-      };
-      auto make_step = [&](int s) {
-        const auto ts = clock::now();
-        const double a = cfg.step_noise * double(cfg.steps - 1 - s) / double(cfg.steps);
-        const uint64_t key = splitmix64(cfg.seed ^ splitmix64(uint64_t(st.layer) * 1000003u + uint64_t(ci))) ^
-                             splitmix64(uint64_t(s) + 0x51ED);
-        StepTensors t;
-        t.k = perturbed(lc.k, a, key ^ 1);
-        t.v = perturbed(lc.v, a, key ^ 2);
-        t.qsub = sim::subsample_tokens(perturbed(lc.q, a, key ^ 3).view(), cfg.query_stride);
-        lr.generate_s += sim::seconds_since(ts);
-        return t;
-      };
-      StepTensors step0 = make_step(0);
-
-      // The advance (rw = 0): pack-and-evict without decoding the history.
-      t0 = clock::now();
-      st.dense->update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
-      lr.dense_update_s += sim::seconds_since(t0);
-      lr.dense_transient_peak_bytes = st.dense->peak_transient_nbytes();
-      for (size_t j = 0; j < ncfg; ++j) {
-        PackedCausalCache& pk = *st.packed[j];
-        std::set<int64_t> packed_before;  // spans already encoded (by first token)
-        for (size_t i = 0; i < pk.num_segments(); ++i)
-          if (pk.segment(i).packed) packed_before.insert(pk.segment(i).g0);
-        t0 = clock::now();
-        pk.update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
-        lr.packed[j].encode_s = sim::seconds_since(t0);
-        lr.packed[j].transient_peak_bytes = pk.peak_transient_nbytes();
-        for (size_t i = 0; i < pk.num_segments(); ++i)
-          if (pk.segment(i).packed && !packed_before.count(pk.segment(i).g0)) ++lr.packed[j].spans_encoded;
-      }
-
-      for (int s = 0; s < cfg.steps; ++s) {
-        const bool last = s + 1 == cfg.steps;
-        StepTensors cur = s == 0 ? std::move(step0) : make_step(s);
-        const Tensor& ks = cur.k;
-        const Tensor& vs = cur.v;
-        const Tensor& qsub = cur.qsub;
-        rec.queries = qsub.shape().s;
-
-        t0 = clock::now();
-        const KVView dv = st.dense->update(ks.view(), vs.view(), c);
-        lr.dense_update_s += sim::seconds_since(t0);
-        lr.dense_transient_peak_bytes = std::max(lr.dense_transient_peak_bytes, st.dense->peak_transient_nbytes());
-        lr.window_tokens = dv.k.shape.s;
-
-        const bool score = last || cfg.attention_every_step;
-        Tensor ref;
-        if (score) {
-          t0 = clock::now();
-          ref = attention(qsub.view(), dv, cfg.threads);
-          lr.dense_attention_s += sim::seconds_since(t0);
-        }
-        for (size_t j = 0; j < ncfg; ++j) {
-          PackedCausalCache& pk = *st.packed[j];
-          PackedLayerRecord& pr = lr.packed[j];
-          t0 = clock::now();
-          const KVView pv = pk.update(ks.view(), vs.view(), c);
-          pr.decode_s += sim::seconds_since(t0);
-          pr.transient_peak_bytes = std::max(pr.transient_peak_bytes, pk.peak_transient_nbytes());
-          if (pv.k.shape.s != dv.k.shape.s)
-            throw std::logic_error(fmt::format("simulate: packed view holds {} tokens, dense view {} (chunk {})",
-                                               pv.k.shape.s, dv.k.shape.s, ci));
-          if (score) {
-            t0 = clock::now();
-            const Tensor out = attention(qsub.view(), pv, cfg.threads);
-            pr.attention_s += sim::seconds_since(t0);
-            pr.attention.add(attention_error(out, ref));
-          }
-          if (last) {
-            const EncodedInfo enc = encoded_info(pk);
-            pr.encoded_tokens = enc.tokens;
-            pr.encoded_bytes = enc.bytes;
-            ErrorSums ek, ev;
-            encoded_view_error(dv.k, pv.k, enc, sink_end, tail_start, ge, ek, cfg.threads);
-            encoded_view_error(dv.v, pv.v, enc, sink_end, tail_start, ge, ev, cfg.threads);
-            pr.k = ek;
-            pr.v = ev;
-            pr.encoded_visible = ek.tokens;
-          }
-        }
-      }
-      lr.dense_resident_bytes = st.dense->resident_nbytes();
-      for (size_t j = 0; j < ncfg; ++j) {
-        PackedLayerRecord& pr = lr.packed[j];
-        pr.resident_bytes = st.packed[j]->resident_nbytes();
-        if (st.replay[j]) pr.predicted_resident_bytes = st.replay[j]->advance().resident_bytes;
-      }
-      rec.layers.push_back(std::move(lr));
-      if (progress && li + 1 < states.size()) {
-        SimulationProgress pg;
-        pg.chunk = ci;
-        pg.chunks = cfg.chunks;
-        pg.layer = int(li + 1);
-        pg.layers = int(states.size());
-        pg.elapsed_s = sim::seconds_since(t_start);
-        progress(pg);
-      }
-    }
-    rec.wall_s = sim::seconds_since(t_chunk);
+    res.chunks.push_back(simulate_chunk(cfg, workload, states, ci, lc, progress, t_start));
+    const ChunkRecord& rec = res.chunks.back();
     if (res.window_full_chunk < 0 && rec.window_tokens >= window) res.window_full_chunk = ci;
-    res.chunks.push_back(std::move(rec));
-    if (progress) {
-      SimulationProgress pg;
-      pg.chunk = ci + 1;
-      pg.chunks = cfg.chunks;
-      pg.layer = 0;
-      pg.layers = int(states.size());
-      pg.elapsed_s = sim::seconds_since(t_start);
-      pg.last = &res.chunks.back();
-      progress(pg);
-    }
+    report_progress(progress, cfg, ci + 1, 0, int(states.size()), t_start, &rec);
   }
   res.wall_s = sim::seconds_since(t_start);
   summarize(res);

@@ -26,6 +26,7 @@
 #include <fmt/core.h>
 #include <omp.h>
 
+#include "core/rng_impl.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
 #include "qvg/workload.h"
@@ -48,20 +49,17 @@ constexpr float kNormSmooth = 0.75f;  // share of the smooth field in the token-
 constexpr double kLogitStd = 2.5;     // target std over keys of q.k / sqrt(D) (pre-RoPE)
 constexpr int kCalibTokens = 768;
 
-// ---- counter-based random numbers ------------------------------------------------
-inline uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// ---- counter-based random numbers (SplitMix64: core/rng_impl.h) -------------------
+using rng_impl::mix64;
+using rng_impl::splitmix64;
+/// h combined with v (boost-style hash_combine), then mixed.
 inline uint64_t hash_mix(uint64_t h, uint64_t v) {
-  uint64_t s = h ^ (v + 0x632BE59BD9B4E019ull + (h << 6) + (h >> 2));
-  return splitmix(s);
+  return mix64(h ^ (v + 0x632BE59BD9B4E019ull + (h << 6) + (h >> 2)));
 }
+/// A 64-bit hash of (seed, vs...): the mixed seed combined with each value in turn.
 template <typename... Ts>
 uint64_t hash_of(uint64_t seed, Ts... vs) {
-  uint64_t h = splitmix(seed);
+  uint64_t h = mix64(seed);
   ((h = hash_mix(h, uint64_t(vs))), ...);
   return h;
 }
@@ -80,7 +78,7 @@ inline float uniform_from_bits(uint64_t r) {
 struct Rng {
   uint64_t s;
   explicit Rng(uint64_t seed) : s(seed) {}
-  double uniform() { return double(splitmix(s) >> 11) * (1.0 / 9007199254740992.0); }
+  double uniform() { return double(splitmix64(s) >> 11) * (1.0 / 9007199254740992.0); }
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
   double normal() {
     const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
@@ -231,7 +229,7 @@ struct Scene {
         w0 *= (1.0f - w);
     }
     uint64_t s = hash_of(seed, kZNoise, t, y, x);
-    for (int i = 0; i < kLatent; ++i) z[i] += kLatentNoise * normal_from_bits(splitmix(s));
+    for (int i = 0; i < kLatent; ++i) z[i] += kLatentNoise * normal_from_bits(splitmix64(s));
     return w0;
   }
 };

@@ -15,117 +15,85 @@ std::string_view assumed_mark(bool assumed) {
 
 namespace {
 
+/// One row of the preset table: ModelPreset's values in their order (rope_theta and
+/// k_cluster_norm keep their defaults).
+struct PresetRow {
+  const char* name;
+  const char* model;
+  int layers, heads, head_dim, grid_h, grid_w, frames_per_chunk, context_frames, sink_frames;
+  SinkSpan sink_span;
+  int rope_dims;
+  double k_wall_ratio, k_norm_spread, k_channel_median;
+  double v_wall_ratio, v_norm_spread, v_token_norm, v_outlier_rate, v_outlier_norm;
+  int k_cluster_layers;
+  PresetAssumptions assumed;
+};
+
+constexpr SinkSpan kChunk = SinkSpan::Chunk, kFull = SinkSpan::Full;
+
+// The presets of docs/workload.md, in its order.
+//  - self-forcing-1.3b: Wan2.1 1.3B at 480x832 (VAE stride 8 and 2x2 patches: a 30 x 52 grid); the
+//    context of the published QVG run; Wan's 3D RoPE over the whole head (44/42/42 channels).
+//  - longcat-video-13.6b: the context is the cached conditioning, which is the sink. K's wall
+//    channels sit around 12 ("K stays around 12"); V token norms 1000-2800 with entries in the
+//    hundreds, one outlier token ~4000.
+//  - hy-worldplay-8b: 22 x 40 = 880 tokens per frame; head_dim 256 = the rope and camera branches
+//    concatenated (only the rope branch is rotated); the 72-frame context matches the published
+//    990 MiB of bf16 K+V per layer.
+// clang-format off
+constexpr PresetRow kPresetRows[] = {
+// {name, model,
+//  layers heads head_dim grid_h grid_w frames/chunk context sink sink_span rope_dims |
+//    K: wall_ratio norm_spread channel_median | V: wall_ratio norm_spread token_norm outlier_rate outlier_norm |
+//    k_cluster_layers,
+//  assumed}
+  {"self-forcing-1.3b", "Self-Forcing (Wan2.1 1.3B, 480x832)",
+   30, 12, 128, 30, 52,  3, 168,  0, kChunk, 128,   5.4, 1.15, 1.0,    2.0, 4.5,   16.0, 2e-4, 6.0,   3,
+   {.sink = true, .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+  {"lingbot-world-14b", "LingBot-World (Wan2.2 A14B, 480x832)",
+   40, 40, 128, 30, 52,  3,  68,  6, kChunk, 128,   7.0, 1.2,  1.0,    2.4, 5.0,   24.0, 2e-4, 6.0,   4,
+   {.frames_per_chunk = true, .k_wall = true, .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+  {"longcat-video-13.6b", "LongCat-Video 13.6B (480p)",
+   48, 32, 128, 30, 52, 24,  19, 19, kFull,  128,   9.0, 1.2,  1.33,   2.0, 3.5, 1700.0, 1e-4, 2.4,   5,
+   {.frames_per_chunk = true, .rope = true, .k_norm = true, .v_wall = true, .v_norm = true}},
+  {"hy-worldplay-8b", "HY-WorldPlay 8B",
+   30, 16, 256, 22, 40,  4,  72,  0, kChunk, 128,  12.8, 1.2,  1.0,    3.0, 5.5,   32.0, 2e-4, 6.0,   3,
+   {.heads = true, .grid = true, .frames_per_chunk = true, .context = true, .sink = true, .rope = true,
+    .k_norm = true, .v_wall = true, .v_norm = true, .magnitude = true}},
+};
+// clang-format on
+
+/// The preset of one table row (fields assigned by name), validated.
+ModelPreset preset_of(const PresetRow& r) {
+  ModelPreset p{.name = r.name,
+                .model = r.model,
+                .layers = r.layers,
+                .heads = r.heads,
+                .head_dim = r.head_dim,
+                .grid_h = r.grid_h,
+                .grid_w = r.grid_w,
+                .frames_per_chunk = r.frames_per_chunk,
+                .context_frames = r.context_frames,
+                .sink_frames = r.sink_frames,
+                .sink_span = r.sink_span,
+                .rope_dims = r.rope_dims,
+                .k_wall_ratio = r.k_wall_ratio,
+                .k_norm_spread = r.k_norm_spread,
+                .k_channel_median = r.k_channel_median,
+                .v_wall_ratio = r.v_wall_ratio,
+                .v_norm_spread = r.v_norm_spread,
+                .v_token_norm = r.v_token_norm,
+                .v_outlier_rate = r.v_outlier_rate,
+                .v_outlier_norm = r.v_outlier_norm,
+                .k_cluster_layers = r.k_cluster_layers,
+                .assumed = r.assumed};
+  p.validate();
+  return p;
+}
+
 std::vector<ModelPreset> make_presets() {
   std::vector<ModelPreset> v;
-  {
-    // Wan2.1 1.3B at 480x832: VAE stride 8 and 2x2 patches give a 30 x 52 grid.
-    ModelPreset p;
-    p.name = "self-forcing-1.3b";
-    p.model = "Self-Forcing (Wan2.1 1.3B, 480x832)";
-    p.layers = 30;
-    p.heads = 12;
-    p.head_dim = 128;
-    p.grid_h = 30;
-    p.grid_w = 52;
-    p.frames_per_chunk = 3;
-    p.context_frames = 168;  // the published QVG run
-    p.sink_frames = 0;
-    p.rope_dims = 128;  // Wan's 3D RoPE over the whole head (44/42/42 channels)
-    p.k_wall_ratio = 5.4;
-    p.k_norm_spread = 1.15;
-    p.k_channel_median = 1.0;
-    p.v_wall_ratio = 2.0;
-    p.v_norm_spread = 4.5;
-    p.v_token_norm = 16.0;
-    p.v_outlier_rate = 2e-4;
-    p.v_outlier_norm = 6.0;
-    p.k_cluster_layers = 3;
-    p.assumed.sink = true;
-    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
-    v.push_back(p);
-  }
-  {
-    ModelPreset p;
-    p.name = "lingbot-world-14b";
-    p.model = "LingBot-World (Wan2.2 A14B, 480x832)";
-    p.layers = 40;
-    p.heads = 40;
-    p.head_dim = 128;
-    p.grid_h = 30;
-    p.grid_w = 52;
-    p.frames_per_chunk = 3;
-    p.context_frames = 68;
-    p.sink_frames = 6;
-    p.rope_dims = 128;
-    p.k_wall_ratio = 7.0;
-    p.k_norm_spread = 1.2;
-    p.k_channel_median = 1.0;
-    p.v_wall_ratio = 2.4;
-    p.v_norm_spread = 5.0;
-    p.v_token_norm = 24.0;
-    p.v_outlier_rate = 2e-4;
-    p.v_outlier_norm = 6.0;
-    p.k_cluster_layers = 4;
-    p.assumed.frames_per_chunk = true;
-    p.assumed.k_wall = p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
-    v.push_back(p);
-  }
-  {
-    ModelPreset p;
-    p.name = "longcat-video-13.6b";
-    p.model = "LongCat-Video 13.6B (480p)";
-    p.layers = 48;
-    p.heads = 32;
-    p.head_dim = 128;
-    p.grid_h = 30;
-    p.grid_w = 52;
-    p.frames_per_chunk = 24;
-    p.context_frames = 19;  // the cached conditioning
-    p.sink_frames = 19;     // ... which is the sink
-    p.sink_span = SinkSpan::Full;
-    p.rope_dims = 128;
-    p.k_wall_ratio = 9.0;
-    p.k_norm_spread = 1.2;
-    p.k_channel_median = 1.33;  // wall channels around 12 ("K stays around 12")
-    p.v_wall_ratio = 2.0;
-    p.v_norm_spread = 3.5;
-    p.v_token_norm = 1700.0;  // token norms 1000-2800, entries in the hundreds
-    p.v_outlier_rate = 1e-4;
-    p.v_outlier_norm = 2.4;  // one token ~4000
-    p.k_cluster_layers = 5;
-    p.assumed.frames_per_chunk = true;
-    p.assumed.rope = true;
-    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = true;
-    v.push_back(p);
-  }
-  {
-    ModelPreset p;
-    p.name = "hy-worldplay-8b";
-    p.model = "HY-WorldPlay 8B";
-    p.layers = 30;
-    p.heads = 16;
-    p.head_dim = 256;  // rope and camera branches concatenated
-    p.grid_h = 22;
-    p.grid_w = 40;  // 880 tokens per frame
-    p.frames_per_chunk = 4;
-    p.context_frames = 72;  // matches the published 990 MiB of bf16 K+V per layer
-    p.sink_frames = 0;
-    p.rope_dims = 128;  // the rope branch; the camera branch is not rotated
-    p.k_wall_ratio = 12.8;
-    p.k_norm_spread = 1.2;
-    p.k_channel_median = 1.0;
-    p.v_wall_ratio = 3.0;
-    p.v_norm_spread = 5.5;
-    p.v_token_norm = 32.0;
-    p.v_outlier_rate = 2e-4;
-    p.v_outlier_norm = 6.0;
-    p.k_cluster_layers = 3;
-    p.assumed.heads = p.assumed.grid = p.assumed.frames_per_chunk = p.assumed.context = true;
-    p.assumed.sink = p.assumed.rope = true;
-    p.assumed.k_norm = p.assumed.v_wall = p.assumed.v_norm = p.assumed.magnitude = true;
-    v.push_back(p);
-  }
-  for (const auto& p : v) p.validate();
+  for (const PresetRow& r : kPresetRows) v.push_back(preset_of(r));
   return v;
 }
 

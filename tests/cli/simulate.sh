@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CLI: `qvg simulate` on a tiny workload — the summary, progress lines on a non-TTY
 # stderr, --json and --report (JSON valid against docs/simulate.schema.json with
-# Debian's python3-jsonschema; SVGs parse as XML), several configurations, and
-# errors (non-zero exit, one "qvg: error:" line on stderr, no file written).
+# Debian's python3-jsonschema, the one schema check of the project: it also covers
+# tests/test_simulate.cpp's configuration; SVGs parse as XML), several configurations,
+# and errors (non-zero exit, one "qvg: error:" line on stderr, no file written).
 # Usage: bash simulate.sh /path/to/qvg
 set -euo pipefail
 QVG=${1:?usage: simulate.sh /path/to/qvg}
@@ -68,6 +69,25 @@ for c in d["chunks"]:
     assert p["resident_bytes"] == p["predicted_resident_bytes"], c["index"]
     if p["encoded_visible_tokens"] == 0:
         assert p["attention_rel_l2"] == 0 and p["k_snr_db"] is None, c["index"]
+PY
+
+# tests/test_simulate.cpp's tiny configuration (12 chunks, 64 centroids): its JSON
+# validates too. And the schema is not vacuous: four violations, four errors.
+lib=(--scale 0.05 --context-frames 15 --span-chunks 2 --centroids 64 --query-stride 8 --threads 2)
+"$QVG" simulate "${lib[@]}" --chunks 12 -q --json "$T/lib.json" > /dev/null 2> "$T/err3.txt" \
+  || fail "the library test's configuration failed: $(cat "$T/err3.txt")"
+validate "$T/lib.json"
+"$PY" - "$SCHEMA" "$T/lib.json" <<'PY' || fail "the schema does not catch violations"
+import json, sys, jsonschema
+schema = json.load(open(sys.argv[1]))
+doc = json.load(open(sys.argv[2]))
+assert len(doc["chunks"]) == 12 and doc["configs"][0]["centroids"] == 64
+del doc["run"]["steps"]                              # a required key missing
+doc["chunks"][0]["packed"][0]["resident_bytes"] = -1  # below the minimum
+doc["chunks"][1]["extra"] = 1                        # an unknown key
+doc["configs"][0]["bits"] = 3                        # not in the enum
+errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+assert len(errors) == 4, [e.message for e in errors]
 PY
 
 # --quiet: nothing on stderr. Several configurations: one entry each.

@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "cli_util.h"
 #include "codec_flags.h"
 #include "command.h"
 #include "qvg/codec.h"
@@ -34,7 +35,7 @@ void run_decode(const DecodeOptions& o) {
   const EncodedTensor enc = read_qvgt(o.input);
   const auto t0 = std::chrono::steady_clock::now();
   const Tensor x = decode(enc, threads);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = seconds_since(t0);
   write_tensor_file(out, x, o.tensor.value_or("tensor"));
   fmt::print(
       "{}: {} {} decoded from {} bytes in {:.3f} s\n", o.output, x.shape().str(),
@@ -51,9 +52,7 @@ void register_decode(CLI::App& root) {
                   "output .npy (bf16 stored as float32) or .safetensors (written only on success)")
       ->required();
   cmd->add_option("--tensor", o->tensor, "tensor name in a .safetensors output (default 'tensor')");
-  cmd->add_option("--threads", o->threads, "worker threads (0 = all cores); never changes bits")
-      ->type_name("INT")
-      ->default_str("0");
+  add_value(*cmd, "--threads", o->threads, "worker threads (0 = all cores); never changes bits", "INT");
   cmd->callback([o] { run_decode(*o); });
 }
 

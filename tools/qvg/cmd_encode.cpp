@@ -6,6 +6,7 @@
 
 #include <fmt/core.h>
 
+#include "cli_util.h"
 #include "codec_flags.h"
 #include "command.h"
 #include "qvg/codec.h"
@@ -30,7 +31,7 @@ void run_encode(const EncodeOptions& o) {
   check_codec_flags(o.cfg, x.shape().d);
   const auto t0 = std::chrono::steady_clock::now();
   const EncodedTensor enc = encode(x, o.cfg);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = seconds_since(t0);
   write_qvgt(out, enc);
   fmt::print("{}: {} {} -> {} bytes ({:.4f} bits/element, {:.2f}x vs bf16) in {:.3f} s\n", o.output, x.shape().str(),
              dtype_name(x.dtype()), enc.nbytes(), enc.bits_per_element(), 16.0 / enc.bits_per_element(), secs);
@@ -39,9 +40,9 @@ void run_encode(const EncodeOptions& o) {
 void register_encode(CLI::App& root) {
   auto o = std::make_shared<EncodeOptions>();
   CLI::App* cmd = root.add_subcommand("encode", "Encode a [B,S,H,D] (or [S,H,D]) tensor with PRQ into a .qvgt file");
-  cmd->add_option("--input,-i", o->input, "input tensor: .npy (float32/float16) or .safetensors")->required();
+  add_input_tensor_flag(*cmd, o->input);
   cmd->add_option("--output,-o", o->output, "output .qvgt file (written only on success)")->required();
-  cmd->add_option("--tensor", o->tensor, "tensor to read from a .safetensors input holding several");
+  add_tensor_name_flag(*cmd, o->tensor);
   add_codec_flags(*cmd, o->cfg);
   cmd->callback([o] { run_encode(*o); });
 }

@@ -18,6 +18,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "codec_flags.h"
 #include "command.h"
 #include "qvg/baselines.h"
@@ -44,10 +45,6 @@ struct Figures {
   double encode_s = 0;
   std::optional<double> decode_s;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // ||x - y||^2 / ||x||^2 in fp64; 0 when both are zero, +inf when only x is.
 double relative_mse(const Tensor& x, const Tensor& y) {
@@ -169,10 +166,10 @@ void register_eval(CLI::App& root) {
   auto o = std::make_shared<EvalOptions>();
   CLI::App* cmd =
       root.add_subcommand("eval", "Encode + decode a tensor; report bits per element, error and time vs RTN");
-  cmd->add_option("--input,-i", o->input, "input tensor: .npy (float32/float16) or .safetensors")->required();
-  cmd->add_option("--tensor", o->tensor, "tensor to read from a .safetensors input holding several");
-  cmd->add_option("--method", o->method, "qvg | rtn | kivi | quarot")->default_str("qvg");
-  cmd->add_option("--role", o->role, "key | value (KIVI quantizes them differently)")->default_str("key");
+  add_input_tensor_flag(*cmd, o->input);
+  add_tensor_name_flag(*cmd, o->tensor);
+  add_value(*cmd, "--method", o->method, "qvg | rtn | kivi | quarot", "TEXT");
+  add_value(*cmd, "--role", o->role, "key | value (KIVI quantizes them differently)", "TEXT");
   cmd->add_flag("--json", o->json, "print one JSON object instead of text");
   add_codec_flags(*cmd, o->cfg);
   cmd->callback([o] { run_eval(*o); });

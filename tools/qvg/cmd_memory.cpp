@@ -19,12 +19,14 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "codec_flags.h"
+#include "cache_flags.h"
+#include "cli_util.h"
 #include "command.h"
-#include "workload_flags.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
 #include "qvg/workload.h"
+#include "sim/sim_common.h"
+#include "workload_flags.h"
 
 namespace qvg::cli {
 namespace {
@@ -33,38 +35,18 @@ struct MemoryOptions {
   std::string model;
   std::string bits = "2";
   std::optional<std::string> frames;
-  std::string span_chunks = "1";
   std::string centroids = "128";
   std::string block_size = "64";
   std::string stages = "1";
-  std::string keep_recent = "1";
-  std::string sink_keep = "0";
-  std::optional<std::string> sink_span;
-  bool no_sink = false;
+  CacheFlags cache;
   bool asymmetric = false;
   std::string scale_dtype = "fp8_e4m3";
   std::string scaling = "two_level";
   bool json = false;
 };
 
-/// 1234567 -> "1,234,567".
-std::string grouped(int64_t v) {
-  std::string s = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i > 0 && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
-
-std::string mib(size_t bytes) {
-  const double m = to_mib(bytes);
-  if (m >= 1000.0) {
-    const auto tenths = int64_t(std::llround(m * 10.0));
-    return fmt::format("{}.{} MiB", grouped(tenths / 10), tenths % 10);
-  }
-  return fmt::format("{:.2f} MiB", m);
-}
+using sim::grouped;
+using sim::mib;
 
 /// "2 sink spans of 4,680 tokens, 20 spans of 4,680 tokens, 1 span of 3,120 tokens".
 std::string describe_layout(const std::vector<SegmentSize>& segs) {
@@ -89,30 +71,13 @@ QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
   const int64_t bits = parse_int_flag("--bits", o.bits, 0, 64);
   if (bits != 2 && bits != 4) throw InvalidArgument(fmt::format("--bits must be 2 or 4, got {}", bits));
   a.bits = int(bits);
-  a.span_chunks = int(parse_int_flag("--span-chunks", o.span_chunks, 1, 1'000'000));
+  apply_cache_flags(o.cache, p.sink_span, a);
   a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
   a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
   a.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
-  a.keep_recent_chunks = int(parse_int_flag("--keep-recent", o.keep_recent, 0, 1'000'000));
-  a.sink_keep_chunks = int(parse_int_flag("--sink-keep", o.sink_keep, 0, 1'000'000));
-  a.sink = !o.no_sink;
   a.asymmetric = o.asymmetric;
-  a.sink_span = p.sink_span;
-  try {
-    if (o.sink_span) a.sink_span = parse_sink_span(*o.sink_span);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("--sink-span: {}", e.what()));
-  }
-  try {
-    a.scale_dtype = parse_scale_dtype(o.scale_dtype);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("--scale-dtype: {}", e.what()));
-  }
-  try {
-    a.scaling = parse_scaling(o.scaling);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("--scaling: {}", e.what()));
-  }
+  a.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(o.scale_dtype); });
+  a.scaling = named("--scaling", [&] { return parse_scaling(o.scaling); });
   a.validate_for_head_dim(p.head_dim);
   return a;
 }
@@ -190,23 +155,19 @@ void register_memory(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand(
       "memory", "Exact K/V cache memory of a model preset: bf16 vs packed (spec 1.5), and the packed cache's peak");
   add_model_flag(*cmd, o->model)->required();
-  cmd->add_option("--bits", o->bits, "residual code width: 2 or 4")->default_str("2")->type_name("INT");
-  cmd->add_option("--frames", o->frames, "context length in frames (default: the preset's)")->type_name("INT");
-  cmd->add_option("--span-chunks", o->span_chunks, "chunks per encoded span (one codebook)")
-      ->default_str("1")
-      ->type_name("INT");
-  cmd->add_option("--centroids", o->centroids, "k-means codebook size: 1..256")->default_str("128")->type_name("INT");
-  cmd->add_option("--block-size", o->block_size, "channels per residual scale")->default_str("64")->type_name("INT");
-  cmd->add_option("--stages", o->stages, "k-means stages")->default_str("1")->type_name("INT");
-  cmd->add_option("--keep-recent", o->keep_recent, "completed non-sink chunks kept raw")
-      ->default_str("1")
-      ->type_name("INT");
-  cmd->add_option("--sink-keep", o->sink_keep, "leading sink chunks never packed")->default_str("0")->type_name("INT");
-  cmd->add_option("--sink-span", o->sink_span, "chunk | full (default: the preset's sink policy)")->type_name("NAME");
-  cmd->add_flag("--no-sink", o->no_sink, "keep the sink chunks raw (sink = false)");
+  add_value(*cmd, "--bits", o->bits, "residual code width: 2 or 4", "INT");
+  add_value(*cmd, "--frames", o->frames, "context length in frames (default: the preset's)", "INT");
+  add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks per encoded span (one codebook)", "INT");
+  add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256", "INT");
+  add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");
+  add_value(*cmd, "--stages", o->stages, "k-means stages", "INT");
+  add_value(*cmd, "--keep-recent", o->cache.keep_recent, "completed non-sink chunks kept raw", "INT");
+  add_value(*cmd, "--sink-keep", o->cache.sink_keep, "leading sink chunks never packed", "INT");
+  add_value(*cmd, "--sink-span", o->cache.sink_span, "chunk | full (default: the preset's sink policy)", "NAME");
+  cmd->add_flag("--no-sink", o->cache.no_sink, "keep the sink chunks raw (sink = false)");
   cmd->add_flag("--asymmetric", o->asymmetric, "min/max + zero point per block");
-  cmd->add_option("--scale-dtype", o->scale_dtype, "fp8_e4m3 | bf16")->default_str("fp8_e4m3")->type_name("NAME");
-  cmd->add_option("--scaling", o->scaling, "two_level | compat")->default_str("two_level")->type_name("NAME");
+  add_value(*cmd, "--scale-dtype", o->scale_dtype, "fp8_e4m3 | bf16", "NAME");
+  add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");
   cmd->add_flag("--json", o->json, "print the figures as JSON");
   cmd->callback([o] { run_memory(*o); });
 }

@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -24,12 +23,14 @@
 
 #include <fmt/core.h>
 
+#include "cache_flags.h"
+#include "cli_util.h"
 #include "codec_flags.h"
 #include "command.h"
-#include "workload_flags.h"
 #include "qvg/error.h"
 #include "qvg/simulate.h"
 #include "qvg/workload.h"
+#include "workload_flags.h"
 
 namespace qvg::cli {
 namespace {
@@ -37,8 +38,7 @@ namespace {
 constexpr int64_t kDefaultContextCap = 72;  // frames: keeps the default run under two minutes
 
 struct SimulateOptions {
-  std::string model = "self-forcing-1.3b";
-  std::string scale = "0.25";
+  WorkloadFlags workload;
   std::optional<std::string> context_frames;
   std::string chunks = "40";
   std::string steps = "2";
@@ -49,35 +49,12 @@ struct SimulateOptions {
   std::string bits = "2";
   std::string init = "random";
   std::string codec_seed = "1234";
-  std::string seed = "0";
-  std::string span_chunks = "8";
-  std::string keep_recent = "1";
-  std::string sink_keep = "0";
-  std::optional<std::string> sink_span;
-  bool no_sink = false;
+  CacheFlags cache = {.span_chunks = "8"};
   std::optional<std::string> json;
   std::optional<std::string> report;
   bool quiet = false;
   CodecConfig cfg;
 };
-
-double parse_double_flag(const char* flag, const std::string& v, double lo, double hi, const char* allowed) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (v.empty() || used != v.size() || !std::isfinite(x))
-    throw InvalidArgument(fmt::format("{} must be a number, got '{}'", flag, v));
-  if (!(x >= lo && x <= hi)) throw InvalidArgument(fmt::format("{} must be {}, got {}", flag, allowed, v));
-  return x;
-}
-
-uint64_t parse_seed(const char* flag, const std::string& v) {
-  return uint64_t(parse_int_flag(flag, v, 0, INT64_MAX));
-}
 
 /// "2" | "4" | "2,4" | "4,2" -> [2] ...
 std::vector<int> parse_bits_list(const std::string& v) {
@@ -98,10 +75,10 @@ std::vector<int> parse_bits_list(const std::string& v) {
 
 SimulationConfig build_config(const SimulateOptions& o) {
   SimulationConfig c;
-  c.model = o.model;
-  const ModelPreset& preset = find_model_preset(o.model);
-  c.scale = parse_double_flag("--scale", o.scale, 0, 1, "in (0, 1]");
-  if (c.scale == 0) throw InvalidArgument(fmt::format("--scale must be in (0, 1], got {}", o.scale));
+  c.model = o.workload.model;
+  const ModelPreset& preset = find_model_preset(o.workload.model);
+  c.scale = parse_double_flag("--scale", o.workload.scale, 0, 1, "in (0, 1]");
+  if (c.scale == 0) throw InvalidArgument(fmt::format("--scale must be in (0, 1], got {}", o.workload.scale));
   if (o.context_frames)
     c.context_frames = parse_int_flag("--context-frames", *o.context_frames, 1, 100000);
   else
@@ -112,7 +89,7 @@ SimulationConfig build_config(const SimulateOptions& o) {
   c.query_stride = int(parse_int_flag("--query-stride", o.query_stride, 1, 1'000'000));
   c.step_noise = parse_double_flag("--step-noise", o.step_noise, 0, 1, "in [0, 1]");
   c.attention_every_step = o.attention_every_step;
-  c.seed = parse_seed("--seed", o.seed);
+  c.seed = parse_seed_flag("--seed", o.workload.seed);
   c.threads = o.cfg.threads;
   if (c.threads < 0) throw InvalidArgument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", c.threads));
 
@@ -124,25 +101,10 @@ SimulationConfig build_config(const SimulateOptions& o) {
   q.asymmetric = o.cfg.asymmetric;
   q.scale_dtype = o.cfg.scale_dtype;
   q.scaling = o.cfg.scaling;
-  try {
-    q.init = parse_init(o.init);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("--init: {}", e.what()));
-  }
-  q.seed = parse_seed("--codec-seed", o.codec_seed);
+  q.init = named("--init", [&] { return parse_init(o.init); });
+  q.seed = parse_seed_flag("--codec-seed", o.codec_seed);
   q.threads = o.cfg.threads;
-  q.span_chunks = int(parse_int_flag("--span-chunks", o.span_chunks, 1, 1'000'000));
-  q.keep_recent_chunks = int(parse_int_flag("--keep-recent", o.keep_recent, 0, 1'000'000));
-  q.sink_keep_chunks = int(parse_int_flag("--sink-keep", o.sink_keep, 0, 1'000'000));
-  q.sink = !o.no_sink;
-  q.sink_span = preset.sink_span;
-  if (o.sink_span) {
-    try {
-      q.sink_span = parse_sink_span(*o.sink_span);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(fmt::format("--sink-span: {}", e.what()));
-    }
-  }
+  apply_cache_flags(o.cache, preset.sink_span, q);
   c.packed.clear();  // replace the library's default configuration
   for (int b : parse_bits_list(o.bits)) {
     PackedConfig pc;
@@ -213,26 +175,6 @@ class Progress {
   std::string last_;
 };
 
-void write_text_file(const std::string& path, const std::string& text, const char* flag) {
-  namespace fs = std::filesystem;
-  const fs::path tmp = fs::path(path).concat(fmt::format(".tmp.{}", ::getpid()));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (f) f.write(text.data(), std::streamsize(text.size()));
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw InvalidArgument(fmt::format("{} file '{}' cannot be written", flag, path));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw InvalidArgument(fmt::format("{} file '{}' cannot be written", flag, path));
-  }
-}
-
 void run_simulate(const SimulateOptions& o) {
   check_codec_flags(o.cfg);
   const SimulationConfig cfg = build_config(o);
@@ -255,7 +197,7 @@ void run_simulate(const SimulateOptions& o) {
   }
   progress.finish();
   if (o.report) write_simulation_report(r, *o.report);
-  if (o.json) write_text_file(*o.json, simulation_json(r, 2) + "\n", "--json");
+  if (o.json) write_output_file(*o.json, simulation_json(r, 2) + "\n", "--json");
   fmt::print("{}", simulation_summary_text(r));
   if (o.json) fmt::print("  JSON report: {}\n", *o.json);
   if (o.report)
@@ -269,60 +211,38 @@ void register_simulate(CLI::App& root) {
       "simulate",
       "Stream a realistic workload through a dense and a packed K/V cache side by side; memory, quality and time "
       "per chunk");
-  add_workload_flags(*cmd, o->model, o->scale);
-  cmd->add_option("--context-frames", o->context_frames,
-                  "frames of history a layer keeps (default: the preset's, capped at 72 for a quick run)")
-      ->type_name("N");
-  cmd->add_option("--chunks", o->chunks, "chunks to stream")->type_name("N")->default_str(o->chunks);
-  cmd->add_option("--steps", o->steps, "denoising steps per chunk (each calls both caches)")
-      ->type_name("N")
-      ->default_str(o->steps);
-  cmd->add_option("--layers", o->layers, "layers simulated, spread evenly over the model")
-      ->type_name("N")
-      ->default_str(o->layers);
-  cmd->add_option("--query-stride", o->query_stride, "score every N-th query of a chunk (attention is the slow part)")
-      ->type_name("N")
-      ->default_str(o->query_stride);
-  cmd->add_option("--step-noise", o->step_noise,
-                  "relative noise on the first step's K/V/Q, shrinking to 0 at the last step: [0, 1]")
-      ->type_name("F")
-      ->default_str(o->step_noise);
+  add_workload_flags(*cmd, o->workload);
+  add_value(*cmd, "--context-frames", o->context_frames,
+            "frames of history a layer keeps (default: the preset's, capped at 72 for a quick run)", "N");
+  add_value(*cmd, "--chunks", o->chunks, "chunks to stream", "N");
+  add_value(*cmd, "--steps", o->steps, "denoising steps per chunk (each calls both caches)", "N");
+  add_value(*cmd, "--layers", o->layers, "layers simulated, spread evenly over the model", "N");
+  add_value(*cmd, "--query-stride", o->query_stride, "score every N-th query of a chunk (attention is the slow part)",
+            "N");
+  add_value(*cmd, "--step-noise", o->step_noise,
+            "relative noise on the first step's K/V/Q, shrinking to 0 at the last step: [0, 1]", "F");
   cmd->add_flag("--attention-every-step", o->attention_every_step,
                 "score attention at every denoising step (default: the last, clean step)");
 
-  add_codec_flags(*cmd, o->cfg);
+  add_stream_codec_flags(*cmd, o->cfg);
   // Replace the codec flags that mean something else here.
   cmd->remove_option(cmd->get_option("--bits"));
-  cmd->remove_option(cmd->get_option("--seed"));
   cmd->remove_option(cmd->get_option("--init"));
-  o->cfg.bits = 2;
-  o->cfg.centroids = 256;
-  cmd->get_option("--centroids")->default_str("256");
-  cmd->add_option("--bits", o->bits, "residual code width: 2, 4, or a list (2,4) to stream several packed caches")
-      ->type_name("LIST")
-      ->default_str(o->bits);
-  cmd->add_option("--seed", o->seed, "the workload's video")->type_name("UINT")->default_str(o->seed);
-  cmd->add_option("--init", o->init, "k-means initialisation: random | kmeans++ | warm (previous span's codebook)")
-      ->type_name("NAME")
-      ->default_str(o->init);
-  cmd->add_option("--codec-seed", o->codec_seed, "seed of the codec's random choices")
-      ->type_name("UINT")
-      ->default_str(o->codec_seed);
+  add_value(*cmd, "--bits", o->bits, "residual code width: 2, 4, or a list (2,4) to stream several packed caches",
+            "LIST");
+  add_video_seed_flag(*cmd, o->workload);
+  add_value(*cmd, "--init", o->init, "k-means initialisation: random | kmeans++ | warm (previous span's codebook)",
+            "NAME");
+  add_codec_seed_flag(*cmd, o->codec_seed);
 
-  cmd->add_option("--span-chunks", o->span_chunks, "chunks encoded together (one codebook)")
-      ->type_name("N")
-      ->default_str(o->span_chunks);
-  cmd->add_option("--keep-recent", o->keep_recent, "completed chunks kept bf16")
-      ->type_name("N")
-      ->default_str(o->keep_recent);
-  cmd->add_option("--sink-keep", o->sink_keep, "leading sink chunks never packed")
-      ->type_name("N")
-      ->default_str(o->sink_keep);
-  cmd->add_option("--sink-span", o->sink_span, "chunk | full (default: the preset's sink policy)")->type_name("NAME");
-  cmd->add_flag("--no-sink", o->no_sink, "keep the sink chunks bf16 (sink = false)");
-  cmd->add_option("--json", o->json, "write the report JSON (docs/simulate.schema.json) to FILE")->type_name("FILE");
-  cmd->add_option("--report", o->report, "write report.json, memory.svg, attention.svg and summary.txt into DIR")
-      ->type_name("DIR");
+  add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks encoded together (one codebook)", "N");
+  add_value(*cmd, "--keep-recent", o->cache.keep_recent, "completed chunks kept bf16", "N");
+  add_value(*cmd, "--sink-keep", o->cache.sink_keep, "leading sink chunks never packed", "N");
+  add_value(*cmd, "--sink-span", o->cache.sink_span, "chunk | full (default: the preset's sink policy)", "NAME");
+  cmd->add_flag("--no-sink", o->cache.no_sink, "keep the sink chunks bf16 (sink = false)");
+  add_value(*cmd, "--json", o->json, "write the report JSON (docs/simulate.schema.json) to FILE", "FILE");
+  add_value(*cmd, "--report", o->report, "write report.json, memory.svg, attention.svg and summary.txt into DIR",
+            "DIR");
   cmd->add_flag("--quiet,-q", o->quiet, "no progress on stderr");
   cmd->callback([o] { run_simulate(*o); });
 }

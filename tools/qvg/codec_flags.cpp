@@ -10,18 +10,6 @@
 
 namespace qvg::cli {
 
-int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi) {
-  int64_t v = 0;
-  const char* end = value.data() + value.size();
-  const auto [p, ec] = std::from_chars(value.data(), end, v);
-  if (ec == std::errc::result_out_of_range)
-    throw InvalidArgument(fmt::format("{} is out of range ({}..{}), got '{}'", flag, lo, hi, value));
-  if (value.empty() || ec != std::errc() || p != end)
-    throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, value));
-  if (v < lo || v > hi) throw InvalidArgument(fmt::format("{} must be in {}..{}, got {}", flag, lo, hi, v));
-  return v;
-}
-
 namespace {
 
 uint64_t parse_u64_flag(const char* flag, const std::string& value) {
@@ -51,16 +39,6 @@ void add_int(CLI::App& cmd, const char* flag, int& target, const std::string& he
          help)
       ->type_name("INT")
       ->default_str(std::to_string(target));
-}
-
-// Runs a config.h parse_* function, naming the flag in its error.
-template <class F>
-auto named(const char* flag, F&& parse) {
-  try {
-    return parse();
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("{}: {}", flag, e.what()));
-  }
 }
 
 }  // namespace
@@ -107,6 +85,19 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
       ->type_name("UINT")
       ->default_str(std::to_string(cfg.seed));
   add_int(cmd, "--threads", cfg.threads, "worker threads (0 = all cores); never changes bytes");
+}
+
+void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
+  add_codec_flags(cmd, cfg);
+  cmd.remove_option(cmd.get_option("--seed"));
+  cfg.bits = 2;
+  cfg.centroids = 256;
+  cmd.get_option("--bits")->default_str("2");
+  cmd.get_option("--centroids")->default_str("256");
+}
+
+CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed) {
+  return add_value(cmd, "--codec-seed", codec_seed, "seed of the codec's random choices", "UINT");
 }
 
 void check_codec_flags(const CodecConfig& cfg) {

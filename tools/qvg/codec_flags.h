@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "cli_util.h"
 #include "qvg/config.h"
 
 namespace qvg::cli {
@@ -20,15 +22,19 @@ namespace qvg::cli {
 /// Adds the codec flags to `cmd`, writing into `cfg` (reset to the defaults here).
 void add_codec_flags(CLI::App& cmd, CodecConfig& cfg);
 
+/// add_codec_flags for the commands that stream a workload (simulate, compare): the
+/// published QVG configuration's defaults (--bits 2, --centroids 256), and no --seed
+/// (theirs names the workload's video; add_codec_seed_flag adds the codec's).
+void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg);
+
+/// Adds `--codec-seed UINT` (the codec's seed as text; parse with parse_seed_flag).
+CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed);
+
 /// Post-parse checks before any input is read: cfg.validate() (bits, centroids, ...).
 /// Throws InvalidArgument ("invalid codec flags: ...").
 void check_codec_flags(const CodecConfig& cfg);
 
 /// Post-parse checks once the input's head_dim is known: cfg.validate_for_head_dim().
 void check_codec_flags(const CodecConfig& cfg, int64_t head_dim);
-
-/// Parses a whole string as a decimal integer in [lo, hi]; throws InvalidArgument
-/// naming `flag` otherwise. Shared by the commands for their own integer flags.
-int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi);
 
 }  // namespace qvg::cli

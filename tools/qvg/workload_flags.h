@@ -9,8 +9,17 @@ namespace qvg::cli {
 /// Adds `--model PRESET` (the help lists the presets of docs/workload.md) and
 /// returns the option so a command can mark it required.
 CLI::Option* add_model_flag(CLI::App& cmd, std::string& model);
+
+/// The text of the workload flags of simulate and compare, with their defaults.
+struct WorkloadFlags {
+  std::string model = "self-forcing-1.3b";
+  std::string scale = "0.25";
+  std::string seed = "0";  ///< the workload's video
+};
 /// Adds `--model` and `--scale S` (shrink heads, layers and frame size; the
-/// command parses and validates the text).
-void add_workload_flags(CLI::App& cmd, std::string& model, std::string& scale);
+/// command parses and validates the text); add_video_seed_flag adds the seed.
+void add_workload_flags(CLI::App& cmd, WorkloadFlags& w);
+/// Adds `--seed UINT`, the workload's video (as text; parse with parse_seed_flag).
+CLI::Option* add_video_seed_flag(CLI::App& cmd, WorkloadFlags& w);
 
 }  // namespace qvg::cli

@@ -1,0 +1,141 @@
+// The SVG charts of the simulation (qvg/simulate.h): memory_chart_svg and
+// attention_chart_svg, drawn with render_line_chart (chart.cpp).
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "qvg/simulate.h"
+#include "sim/report_util.h"
+#include "sim/sim_common.h"
+
+namespace qvg {
+namespace {
+
+const char* kPalette[] = {"#1f6fb4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"};
+const char* color_of(size_t j) {
+  return kPalette[j % (sizeof(kPalette) / sizeof(kPalette[0]))];
+}
+
+std::string preset_line(const ModelPreset& p, double scale) {
+  const auto& a = p.assumed;
+  return fmt::format("{} x{:g} · {}{} head{} x {}{} · {}{} tokens/chunk", p.name, scale, p.heads, assumed_mark(a.heads),
+                     p.heads == 1 ? "" : "s", p.head_dim, assumed_mark(a.head_dim), sim::grouped(p.chunk_tokens()),
+                     assumed_mark(a.frames_per_chunk || a.grid));
+}
+
+}  // namespace
+
+std::string memory_chart_svg(const SimulationResult& r) {
+  LineChart ch;
+  ch.title = "K/V cache memory per layer: dense vs packed";
+  const ModelPreset& p = r.preset;
+  std::string cfgs;
+  for (const PackedConfig& pc : r.config.packed) {
+    if (!cfgs.empty()) cfgs += "; ";
+    cfgs += fmt::format("{}: {} centroids, block {}, spans of {} chunks", pc.label, pc.quant.centroids,
+                        pc.quant.block_size, pc.quant.span_chunks);
+  }
+  ch.subtitle =
+      fmt::format("{} · window {} tokens · {}", preset_line(p, r.config.scale), sim::grouped(p.cache_tokens()), cfgs);
+  ch.x_label = fmt::format("chunk ({} frames = {} tokens each)", p.frames_per_chunk, sim::grouped(p.chunk_tokens()));
+  ch.y_label = "resident MiB per layer";
+  const double MiB = double(1 << 20);
+  ChartSeries dense;
+  dense.name = "dense cache (bf16)";
+  dense.color = "#444444";
+  dense.steps = true;
+  dense.width = 2.5;
+  std::vector<ChartSeries> packed(r.config.packed.size()), trans(r.config.packed.size());
+  for (size_t j = 0; j < packed.size(); ++j) {
+    packed[j].name = "packed " + r.config.packed[j].label;
+    packed[j].color = color_of(j);
+    packed[j].steps = true;
+    packed[j].width = 2.5;
+    trans[j].name = "packed " + r.config.packed[j].label + " + transient peak of a call (decoded bf16 view)";
+    trans[j].color = color_of(j);
+    trans[j].steps = true;
+    trans[j].dashed = true;
+    trans[j].width = 1.5;
+    trans[j].opacity = 0.55;
+  }
+  for (const ChunkRecord& c : r.chunks) {
+    if (c.layers.empty()) continue;
+    const double x = double(c.chunk.index);
+    dense.x.push_back(x);
+    dense.y.push_back(double(c.layers.front().dense_resident_bytes) / MiB);
+    for (size_t j = 0; j < packed.size(); ++j) {
+      const PackedLayerRecord a = sim::pooled(c, j);
+      packed[j].x.push_back(x);
+      packed[j].y.push_back(double(a.resident_bytes) / MiB);
+      trans[j].x.push_back(x);
+      trans[j].y.push_back(double(a.resident_bytes + a.transient_peak_bytes) / MiB);
+    }
+  }
+  ch.series.push_back(dense);
+  for (size_t j = 0; j < packed.size(); ++j) ch.series.push_back(packed[j]);
+  for (size_t j = 0; j < packed.size(); ++j) ch.series.push_back(trans[j]);
+  if (r.window_full_chunk >= 0) ch.markers.push_back({double(r.window_full_chunk), "window full"});
+  for (const PackedSummary& s : r.summary)
+    ch.note += fmt::format("{}{}: peak {} vs dense {} (dense / packed = {:.2f}x)", ch.note.empty() ? "" : ";  ",
+                           s.label, sim::mib(s.packed_peak_bytes), sim::mib(s.dense_bytes), s.ratio_peak);
+  return render_line_chart(ch);
+}
+
+std::string attention_chart_svg(const SimulationResult& r) {
+  LineChart ch;
+  ch.title = "Attention output error: packed view vs dense view";
+  const ModelPreset& p = r.preset;
+  ch.subtitle = fmt::format("{} · {} queries per chunk and head (every {}{}) · relative L2 error, pooled over heads",
+                            preset_line(p, r.config.scale), r.chunks.empty() ? 0 : r.chunks.front().queries,
+                            r.config.query_stride, r.config.query_stride == 1 ? "" : "th");
+  ch.x_label = fmt::format("chunk ({} frames = {} tokens each)", p.frames_per_chunk, sim::grouped(p.chunk_tokens()));
+  ch.y_label = "attention relative error (%)";
+  const size_t ncfg = r.config.packed.size();
+  // Per-layer lines (thin) when there is one configuration and several layers.
+  if (ncfg == 1 && r.layers.size() > 1) {
+    static const char* shades[] = {"#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#c7c7c7"};
+    for (size_t li = 0; li < r.layers.size(); ++li) {
+      ChartSeries s;
+      s.name = fmt::format("layer {}", r.layers[li]);
+      s.color = shades[li % 6];
+      s.width = 1.5;
+      for (const ChunkRecord& c : r.chunks) {
+        if (li >= c.layers.size()) continue;
+        s.x.push_back(double(c.chunk.index));
+        s.y.push_back(100.0 * c.layers[li].packed[0].attention.rel_l2());
+      }
+      ch.series.push_back(s);
+    }
+  }
+  for (size_t j = 0; j < ncfg; ++j) {
+    ChartSeries s;
+    s.name = r.config.packed[j].label + (r.layers.size() > 1 ? " (all simulated layers)" : "");
+    s.color = color_of(j);
+    s.width = 2.5;
+    s.markers = true;
+    for (const ChunkRecord& c : r.chunks) {
+      if (c.layers.empty()) continue;
+      s.x.push_back(double(c.chunk.index));
+      s.y.push_back(100.0 * sim::pooled(c, j).attention.rel_l2());
+    }
+    ch.series.push_back(s);
+  }
+  // The first chunk whose view held encoded tokens (any configuration).
+  for (const ChunkRecord& c : r.chunks) {
+    bool enc = false;
+    for (size_t j = 0; j < ncfg && !enc; ++j) enc = sim::pooled(c, j).encoded_visible > 0;
+    if (enc) {
+      ch.markers.push_back({double(c.chunk.index), "first span encoded"});
+      break;
+    }
+  }
+  if (r.window_full_chunk >= 0) ch.markers.push_back({double(r.window_full_chunk), "window full"});
+  for (const PackedSummary& s : r.summary)
+    if (s.quality_chunks > 0)
+      ch.note += fmt::format("{}{}: {:.2f}% on average, cosine {:.5f}", ch.note.empty() ? "" : ";  ", s.label,
+                             100 * s.attention.rel_l2(), s.attention.cosine());
+  return render_line_chart(ch);
+}
+
+}  // namespace qvg

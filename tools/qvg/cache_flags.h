@@ -1,0 +1,27 @@
+// tools/qvg/cache_flags.h — the packed-cache policy flags of `simulate` and `memory`:
+// --span-chunks --keep-recent --sink-keep --sink-span --no-sink. Each command
+// registers them with its own help text (add_value); this parses them, one rule for both.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "qvg/config.h"
+
+namespace qvg::cli {
+
+/// The policy flags as given on the command line.
+struct CacheFlags {
+  std::string span_chunks = "1";
+  std::string keep_recent = "1";
+  std::string sink_keep = "0";
+  std::optional<std::string> sink_span = std::nullopt;  ///< nullopt: the preset's sink policy
+  bool no_sink = false;
+};
+
+/// Sets q's span_chunks (1..1000000), keep_recent_chunks and sink_keep_chunks
+/// (0..1000000), sink (!no_sink) and sink_span (`preset_sink_span` unless --sink-span
+/// names one). Throws InvalidArgument naming the flag.
+void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q);
+
+}  // namespace qvg::cli

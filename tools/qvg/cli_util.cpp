@@ -1,0 +1,80 @@
+// Helpers shared by the subcommands (see cli_util.h).
+#include "cli_util.h"
+
+#include <charconv>
+#include <cmath>
+#include <span>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
+#include "qvg/io.h"
+
+namespace qvg::cli {
+
+CLI::Option* add_value(CLI::App& cmd, const std::string& flag, std::string& target, const std::string& help,
+                       const std::string& type) {
+  return cmd.add_option(flag, target, help)->type_name(type)->default_str(target);
+}
+
+CLI::Option* add_value(CLI::App& cmd, const std::string& flag, std::optional<std::string>& target,
+                       const std::string& help, const std::string& type) {
+  return cmd.add_option(flag, target, help)->type_name(type);
+}
+
+CLI::Option* add_input_tensor_flag(CLI::App& cmd, std::string& input) {
+  return cmd.add_option("--input,-i", input, "input tensor: .npy (float32/float16) or .safetensors")->required();
+}
+
+CLI::Option* add_tensor_name_flag(CLI::App& cmd, std::optional<std::string>& tensor) {
+  return cmd.add_option("--tensor", tensor, "tensor to read from a .safetensors input holding several");
+}
+
+int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  const char* end = value.data() + value.size();
+  const auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (ec == std::errc::result_out_of_range)
+    throw InvalidArgument(fmt::format("{} is out of range ({}..{}), got '{}'", flag, lo, hi, value));
+  if (value.empty() || ec != std::errc() || p != end)
+    throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, value));
+  if (v < lo || v > hi) throw InvalidArgument(fmt::format("{} must be in {}..{}, got {}", flag, lo, hi, v));
+  return v;
+}
+
+uint64_t parse_seed_flag(const char* flag, const std::string& value) {
+  return uint64_t(parse_int_flag(flag, value, 0, INT64_MAX));
+}
+
+std::optional<double> parse_number(const std::string& value) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(value, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (value.empty() || used != value.size() || !std::isfinite(x)) return std::nullopt;
+  return x;
+}
+
+double parse_double_flag(const char* flag, const std::string& value, double lo, double hi, const char* allowed) {
+  const std::optional<double> x = parse_number(value);
+  if (!x) throw InvalidArgument(fmt::format("{} must be a number, got '{}'", flag, value));
+  if (!(*x >= lo && *x <= hi)) throw InvalidArgument(fmt::format("{} must be {}, got {}", flag, allowed, value));
+  return *x;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void write_output_file(const std::string& path, const std::string& text, const char* flag) {
+  try {
+    write_file_atomic(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  } catch (const InvalidArgument&) {
+    throw InvalidArgument(fmt::format("{} file '{}' cannot be written", flag, path));
+  }
+}
+
+}  // namespace qvg::cli

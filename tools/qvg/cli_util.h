@@ -1,0 +1,58 @@
+// tools/qvg/cli_util.h — helpers every subcommand may use: text flags shown with their
+// default, whole-string number parsing with errors naming the flag, wall time, and
+// output files written only whole.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "qvg/error.h"
+
+namespace qvg::cli {
+
+/// Adds `flag` as a text option bound to `target`, shown as "TYPE=<target's value>".
+CLI::Option* add_value(CLI::App& cmd, const std::string& flag, std::string& target, const std::string& help,
+                       const std::string& type);
+/// Adds `flag` as an optional text option (no default shown), shown as TYPE.
+CLI::Option* add_value(CLI::App& cmd, const std::string& flag, std::optional<std::string>& target,
+                       const std::string& help, const std::string& type);
+
+/// Adds `--input,-i` (required), the tensor file a command reads (.npy or .safetensors).
+CLI::Option* add_input_tensor_flag(CLI::App& cmd, std::string& input);
+/// Adds `--tensor`, the tensor to read from a .safetensors input holding several.
+CLI::Option* add_tensor_name_flag(CLI::App& cmd, std::optional<std::string>& tensor);
+
+/// Parses a whole string as a decimal integer in [lo, hi]; throws InvalidArgument
+/// naming `flag` otherwise.
+int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi);
+/// A seed: parse_int_flag in 0..INT64_MAX.
+uint64_t parse_seed_flag(const char* flag, const std::string& value);
+/// The whole string as a finite number (std::stod's syntax); nullopt otherwise.
+std::optional<double> parse_number(const std::string& value);
+/// parse_number in [lo, hi]; throws InvalidArgument naming `flag` ("must be a number"
+/// or "must be <allowed>") otherwise.
+double parse_double_flag(const char* flag, const std::string& value, double lo, double hi, const char* allowed);
+
+/// parse() (a config.h parse_* call), its InvalidArgument prefixed with "<flag>: ".
+template <class F>
+auto named(const char* flag, F&& parse) {
+  try {
+    return parse();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(flag) + ": " + e.what());
+  }
+}
+
+/// Seconds of wall time since t0.
+double seconds_since(std::chrono::steady_clock::time_point t0);
+
+/// Writes `text` to `path` through a temporary that is renamed into place; throws
+/// InvalidArgument "<flag> file '<path>' cannot be written" on any I/O error (the
+/// temporary is removed, `path` untouched).
+void write_output_file(const std::string& path, const std::string& text, const char* flag);
+
+}  // namespace qvg::cli
