@@ -195,24 +195,12 @@ qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block
                                bool asymmetric, int keep_recent_chunks, bool sink, const std::string& sink_span,
                                int sink_keep_chunks, int span_chunks, const std::string& scaling,
                                const std::string& scale_dtype, const std::string& init, uint64_t seed, int threads) {
-  qvg::QuantArgs q;
-  q.bits = bits;
-  q.centroids = centroids;
-  q.block_size = block_size;
-  q.stages = stages;
-  q.kmeans_iters = kmeans_iters;
-  q.asymmetric = asymmetric;
-  q.keep_recent_chunks = keep_recent_chunks;
-  q.sink = sink;
-  q.sink_span = qvg::parse_sink_span(sink_span);
-  q.sink_keep_chunks = sink_keep_chunks;
-  q.span_chunks = span_chunks;
-  q.scaling = qvg::parse_scaling(scaling);
-  q.scale_dtype = qvg::parse_scale_dtype(scale_dtype);
-  q.init = qvg::parse_init(init);
-  q.seed = seed;
-  q.threads = threads;
-  return q;
+  return {.bits = bits, .centroids = centroids, .block_size = block_size, .stages = stages, .kmeans_iters = kmeans_iters,
+          .asymmetric = asymmetric, .keep_recent_chunks = keep_recent_chunks, .sink = sink,
+          .sink_span = qvg::parse_sink_span(sink_span), .sink_keep_chunks = sink_keep_chunks,
+          .span_chunks = span_chunks, .scaling = qvg::parse_scaling(scaling),
+          .scale_dtype = qvg::parse_scale_dtype(scale_dtype), .init = qvg::parse_init(init), .seed = seed,
+          .threads = threads};
 }
 
 py::dict quant_args_dict(const qvg::QuantArgs& q) {

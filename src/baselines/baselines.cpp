@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include "core/enum_names.h"
 #include "core/residual_impl.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
@@ -106,23 +107,17 @@ void BaselineConfig::validate_for(BaselineMethod m, int64_t head_dim) const {
         "baseline quarot needs head_dim a power of two (Walsh-Hadamard rotation), got head_dim {}", head_dim));
 }
 
-std::string_view name(BaselineMethod m) {
-  switch (m) {
-    case BaselineMethod::RTN: return "rtn";
-    case BaselineMethod::KIVI: return "kivi";
-    case BaselineMethod::QuaRot: return "quarot";
-  }
-  return "?";
-}
+namespace {
+constexpr detail::EnumName<BaselineMethod> kMethods[] = {
+    {BaselineMethod::RTN, "rtn"}, {BaselineMethod::KIVI, "kivi"}, {BaselineMethod::QuaRot, "quarot"}};
+constexpr detail::EnumName<TensorRole> kRoles[] = {{TensorRole::Key, "key"}, {TensorRole::Value, "value"}};
+}  // namespace
 
-std::string_view name(TensorRole r) {
-  return r == TensorRole::Key ? "key" : "value";
-}
+std::string_view name(BaselineMethod m) { return detail::name_in(kMethods, m); }
+std::string_view name(TensorRole r) { return detail::name_in(kRoles, r); }
 
 BaselineMethod parse_baseline_method(std::string_view s) {
-  for (BaselineMethod m : all_baseline_methods())
-    if (s == name(m)) return m;
-  throw InvalidArgument(fmt::format("baseline method must be one of rtn, kivi, quarot, got '{}'", s));
+  return detail::parse_in(kMethods, s, "baseline method", "rtn, kivi, quarot");
 }
 
 const std::vector<BaselineMethod>& all_baseline_methods() {

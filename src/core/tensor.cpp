@@ -10,6 +10,7 @@
 
 #include <fmt/core.h>
 
+#include "core/enum_names.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
 
@@ -17,20 +18,17 @@ namespace qvg {
 
 size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::F32: return "f32";
-  }
-  return "?";
-}
+namespace {
+constexpr detail::EnumName<DType> kDTypes[] = {
+    {DType::BF16, "bf16"},    {DType::BF16, "bfloat16"}, {DType::F16, "f16"},   {DType::F16, "fp16"},
+    {DType::F16, "float16"},  {DType::F16, "half"},      {DType::F32, "f32"},   {DType::F32, "fp32"},
+    {DType::F32, "float32"},  {DType::F32, "float"}};
+}  // namespace
+
+std::string_view dtype_name(DType t) { return detail::name_in(kDTypes, t); }
 
 DType parse_dtype(std::string_view s, std::string_view what) {
-  if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  if (s == "f16" || s == "fp16" || s == "float16" || s == "half") return DType::F16;
-  if (s == "f32" || s == "fp32" || s == "float32" || s == "float") return DType::F32;
-  throw InvalidArgument(fmt::format("{} must be one of bf16, f16, f32, got '{}'", what, s));
+  return detail::parse_in(kDTypes, s, what, "bf16, f16, f32");
 }
 
 std::string Shape4::str() const { return fmt::format("[{}, {}, {}, {}]", b, s, h, d); }

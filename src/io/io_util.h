@@ -6,12 +6,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
 
 namespace qvg::io_detail {
 
@@ -58,6 +63,19 @@ inline void append_le(std::vector<uint8_t>& out, uint64_t v, int nbytes) {
 
 /// `s` with control and non-ASCII bytes escaped, cut to `max` characters: for quoting
 /// untrusted file content in error messages.
+/// parse(bytes) with the path in front of the message of a CorruptData or
+/// InvalidArgument it throws (as every path-taking reader reports errors).
+template <class Parse>
+auto parse_with_path(const std::filesystem::path& path, const std::vector<uint8_t>& bytes, Parse&& parse) {
+  try {
+    return parse(bytes);
+  } catch (const CorruptData& e) {
+    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("'{}': {}", path.string(), e.what()));
+  }
+}
+
 inline std::string printable(std::string_view s, size_t max = 64) {
   std::string r;
   size_t i = 0;

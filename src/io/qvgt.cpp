@@ -290,12 +290,7 @@ void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc) {
 }
 
 EncodedTensor read_qvgt(const std::filesystem::path& path) {
-  const auto bytes = read_file_bytes(path);
-  try {
-    return parse_qvgt(bytes);
-  } catch (const CorruptData& e) {
-    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
-  }
+  return io_detail::parse_with_path(path, read_file_bytes(path), [](const auto& b) { return parse_qvgt(b); });
 }
 
 }  // namespace qvg

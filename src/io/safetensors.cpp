@@ -266,14 +266,7 @@ std::vector<uint8_t> serialize_safetensors(const SafetensorsFile& f) {
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
-  const auto bytes = read_file_bytes(path);
-  try {
-    return parse_safetensors(bytes);
-  } catch (const CorruptData& e) {
-    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("'{}': {}", path.string(), e.what()));
-  }
+  return io_detail::parse_with_path(path, read_file_bytes(path), [](const auto& b) { return parse_safetensors(b); });
 }
 
 void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& f) {
