@@ -5,7 +5,7 @@
 # (default sm_90a for H100/H200 plus sm_80 and sm_89). When the backend is on:
 #   qvg_cuda              static library: the CUDA kernels and launchers
 #                         (src/kernels/cuda) and the device-resident packed cache
-#                         (src/cache/cuda), linked to qvg_lib and CUDA::cudart
+#                         (src/cache/cuda), linked to qvg_core and CUDA::cudart
 #   qvg_cuda_bench        the GPU benchmarks (src/perf/cuda_bench.cpp; evaluation
 #                         layer), linked to qvg_cuda and CUDA::cublas
 #   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
@@ -63,9 +63,10 @@ if(QVG_HAVE_CUDA)
   # Device code (.cu) in an object library that sees only src/ and CUDA's headers
   # (fmt's imported include directory /usr/include would break nvcc's host includes);
   # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
-  file(GLOB QVG_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cu)
-  file(GLOB QVG_CUDA_HOST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/cuda/*.cpp
-       ${PROJECT_SOURCE_DIR}/src/cache/cuda/*.cpp)
+  set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu)
+  # Host code: the launchers and the device encoded tensor (kernels layer) and the
+  # device-resident packed cache (cache layer).
+  set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/kernels/cuda/encode.cpp src/cache/cuda/device_cache.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -75,14 +76,14 @@ if(QVG_HAVE_CUDA)
   add_library(qvg_cuda STATIC ${QVG_CUDA_HOST_SOURCES} $<TARGET_OBJECTS:qvg_cuda_kernels>)
   set_target_properties(qvg_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(qvg_cuda PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(qvg_cuda PUBLIC qvg_lib CUDA::cudart PRIVATE fmt::fmt)
+  target_link_libraries(qvg_cuda PUBLIC qvg_core CUDA::cudart PRIVATE fmt::fmt)
   target_compile_definitions(qvg_cuda PUBLIC QVG_HAVE_CUDA=1)
   target_compile_options(qvg_cuda PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
   # Host-side test of the shared arithmetic: no GPU needed.
   add_executable(qvg_cuda_host_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_arith_test.cpp)
   target_include_directories(qvg_cuda_host_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-  target_link_libraries(qvg_cuda_host_test PRIVATE qvg_lib)
+  target_link_libraries(qvg_cuda_host_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
   # Host-side test of the device packed cache's policy against the CPU cache, and of

@@ -14,8 +14,16 @@ checked against the layer of the including file:
 
 Public headers (include/qvg/*.h) belong to a layer too (PUBLIC below) and may be
 included only from that layer or a higher one. Besides includes, src/core must not
-call into qvg::kernels (no `kernels::` in its code). Exit status 1 and one line per
-violation when anything is wrong; prints a summary line otherwise.
+call into qvg::kernels (no `kernels::` in its code).
+
+The build's libraries are checked too: every source file under src/ is listed in
+exactly one library (CMakeLists.txt, cmake/QvgCuda.cmake), the core library
+(qvg_core) holds only core, kernels (ref, cpu), codec, cache and io sources, the
+CUDA library only src/kernels/cuda and src/cache/cuda, and everything else (the
+evaluation layer, benchmarks included) is in an evaluation library.
+
+Exit status 1 and one line per violation when anything is wrong; prints a summary
+line otherwise.
 """
 
 from __future__ import annotations
@@ -78,6 +86,48 @@ def public_allowed(layer: str, header: str) -> bool:
     return target in ALLOWED[layer] or header in PUBLIC_EXCEPTIONS.get(layer, set())
 
 
+# Which folders each library's sources may come from.
+LIBRARIES = {
+    "QVG_CORE_SOURCES": ("core", {"core", "kernels/ref", "kernels/cpu", "codec", "cache", "io"}),
+    "QVG_EVAL_SOURCES": ("eval", {"workload", "baselines", "memory", "sim", "perf"}),
+    "QVG_CUDA_KERNEL_SOURCES": ("cuda", {"kernels/cuda"}),
+    "QVG_CUDA_HOST_SOURCES": ("cuda", {"kernels/cuda", "cache/cuda"}),
+    # Single-file evaluation libraries: the faiss peer and the GPU benchmarks.
+    "add_library": ("eval", {"perf"}),
+}
+
+
+def check_libraries() -> list[str]:
+    text = (ROOT / "CMakeLists.txt").read_text() + (ROOT / "cmake" / "QvgCuda.cmake").read_text()
+    listed: dict[str, list[str]] = {}
+    for var, (_, _) in LIBRARIES.items():
+        if var == "add_library":
+            pattern = r"add_library\(\w+\s+STATIC\s+\$\{PROJECT_SOURCE_DIR\}/(src/[^\s)]+)\)"
+            srcs = re.findall(pattern, text)
+        else:
+            m = re.search(r"set\(" + var + r"\s+([^)]*)\)", text)
+            srcs = m.group(1).split() if m else []
+        for src in srcs:
+            listed.setdefault(src, []).append(var)
+    bad = []
+    for src, vars_ in listed.items():
+        if len(vars_) > 1:
+            bad.append(f"{src} is listed in several libraries: {', '.join(vars_)}")
+        folder = str(pathlib.PurePosixPath(src).parent)[len("src/"):]
+        lib, folders = LIBRARIES[vars_[0]]
+        if folder not in folders:
+            bad.append(f"{src} (folder src/{folder}) is in the {lib} library ({vars_[0]}), which takes only "
+                       f"{', '.join(sorted(folders))}")
+        if not (ROOT / src).is_file():
+            bad.append(f"{src} is listed in {vars_[0]} but does not exist")
+    for f in sorted(ROOT.glob("src/**/*")):
+        if f.suffix in {".cpp", ".cu"}:
+            rel = str(f.relative_to(ROOT))
+            if rel not in listed:
+                bad.append(f"{rel} is in no library (list it in CMakeLists.txt or cmake/QvgCuda.cmake)")
+    return bad
+
+
 def main() -> int:
     files = []
     for pattern in ("src/**/*", "include/qvg/*.h", "tools/**/*", "bench/**/*", "python/src/**/*"):
@@ -113,12 +163,14 @@ def main() -> int:
             code = re.sub(r"//[^\n]*", "", text)
             for m in re.finditer(r"\bkernels::", code):
                 bad.append(f"{f.relative_to(ROOT)}:{code.count(chr(10), 0, m.start()) + 1}: core calls into kernels::")
+    bad += check_libraries()
     for b in bad:
         print(f"check-layers: {b}", file=sys.stderr)
     if bad:
         print(f"check-layers: {len(bad)} violation(s) of the layering (docs/design.md)", file=sys.stderr)
         return 1
-    print(f"check-layers: {checked} includes in {len(set(files))} files point down only")
+    print(f"check-layers: {checked} includes in {len(set(files))} files point down only; every source of src/ is "
+          f"in one library of its layer")
     return 0
 
 

@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 jobs=$(nproc)
+
+echo "=== qvg: the layers point down only (scripts/check-layers.py) ==="
+python3 scripts/check-layers.py
+
 for preset in ci asan; do
   echo "=== qvg: configure, build and test the '$preset' preset ==="
   cmake --preset "$preset" >/dev/null
