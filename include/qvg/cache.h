@@ -230,8 +230,8 @@ class CausalCache : public CacheDims {
   explicit CausalCache(const CacheOptions& o) : CacheDims(o) {}
   CausalCache(CausalCache&&) noexcept = default;
   CausalCache& operator=(CausalCache&&) noexcept = default;
-  virtual KVView do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-                           std::optional<int64_t> rw) = 0;
+  virtual KVView do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
+                           std::optional<int64_t> head_start, std::optional<int64_t> recent_window) = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -329,8 +329,8 @@ class DenseCausalCache final : public CausalCache {
   DebugState debug_state() const;
 
  protected:
-  KVView do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-                   std::optional<int64_t> rw) override;
+  KVView do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
+                   std::optional<int64_t> recent_window) override;
 
  private:
   struct Impl;
@@ -444,8 +444,8 @@ class PackedCausalCache final : public CausalCache {
   DebugState debug_state() const;
 
  protected:
-  KVView do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-                   std::optional<int64_t> rw) override;
+  KVView do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
+                   std::optional<int64_t> recent_window) override;
 
  private:
   struct Impl;

@@ -224,11 +224,11 @@ struct DenseCausalCache::Impl {
       meter.add(view_bytes);
       const detail::Rows vk{scratch->data(), opt.dtype, B, T, h_in, opt.head_dim};
       const detail::Rows vv{scratch->data() + view_bytes / 2, opt.dtype, B, T, h_in, opt.head_dim};
-      const int64_t hs = p.call.head_start;
-      detail::gather_rows(k_rows(), p.first.begin, p.first.end, hs, {vk, 0, 0});
-      detail::gather_rows(k_rows(), p.second.begin, p.second.end, hs, {vk, p.first.size(), 0});
-      detail::gather_rows(v_rows(), p.first.begin, p.first.end, hs, {vv, 0, 0});
-      detail::gather_rows(v_rows(), p.second.begin, p.second.end, hs, {vv, p.first.size(), 0});
+      const int64_t head0 = p.call.head_start;
+      detail::gather_rows(k_rows(), p.first.begin, p.first.end, head0, {vk, 0, 0});
+      detail::gather_rows(k_rows(), p.second.begin, p.second.end, head0, {vk, p.first.size(), 0});
+      detail::gather_rows(v_rows(), p.first.begin, p.first.end, head0, {vv, 0, 0});
+      detail::gather_rows(v_rows(), p.second.begin, p.second.end, head0, {vv, p.first.size(), 0});
       out.k = detail::dense_view(vk);
       out.v = detail::dense_view(vv);
     }
@@ -267,9 +267,9 @@ DenseCausalCache::~DenseCausalCache() = default;
 DenseCausalCache::DenseCausalCache(DenseCausalCache&&) noexcept = default;
 DenseCausalCache& DenseCausalCache::operator=(DenseCausalCache&&) noexcept = default;
 
-KVView DenseCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t c, std::optional<int64_t> hs,
-                                   std::optional<int64_t> rw) {
-  const Impl::Plan p = impl_->plan(key, value, c, hs, rw);
+KVView DenseCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
+                                   std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
+  const Impl::Plan p = impl_->plan(key, value, chunk_start, head_start, recent_window);
   return impl_->apply(p, key, value);
 }
 

@@ -106,7 +106,7 @@ struct PackedCausalCache::Impl {
   // --- apply -----------------------------------------------------------------
   KVView apply(const detail::CallPlan& p, ConstTensorView key, ConstTensorView value) {
     detail::TransientMeter meter;
-    const int64_t B = opt.batch, D = opt.head_dim, h_in = p.call.heads, hs = p.call.head_start;
+    const int64_t B = opt.batch, D = opt.head_dim, h_in = p.call.heads, head0 = p.call.head_start;
     // View = [0, sink_end) ++ [tail_start, end) in global tokens (the policy's
     // layout); a single range inside the current chunk is returned without a copy.
     const int64_t T = p.view.tokens;
@@ -124,8 +124,8 @@ struct PackedCausalCache::Impl {
       SegData cur;
       cur.k_raw = AlignedBuffer(raw_bytes(p.call.n));  // zeros in heads this call does not write
       cur.v_raw = AlignedBuffer(raw_bytes(p.call.n));
-      detail::write_rows(key, {detail::rows_of(cur.k_raw.data(), opt, p.call.n), 0, hs});
-      detail::write_rows(value, {detail::rows_of(cur.v_raw.data(), opt, p.call.n), 0, hs});
+      detail::write_rows(key, {detail::rows_of(cur.k_raw.data(), opt, p.call.n), 0, head0});
+      detail::write_rows(value, {detail::rows_of(cur.v_raw.data(), opt, p.call.n), 0, head0});
       segs.reserve(segs.size() + 1);
       // --- from here on state changes; only std::bad_alloc can still occur ---
       pol.push_current(p, std::move(cur));
@@ -133,15 +133,15 @@ struct PackedCausalCache::Impl {
       pack(meter);
     } else if (!p.copies) {
       Segment& cur = segs.back();
-      detail::write_rows(key, {k_rows(cur), 0, hs});
-      detail::write_rows(value, {v_rows(cur), 0, hs});
+      detail::write_rows(key, {k_rows(cur), 0, head0});
+      detail::write_rows(value, {v_rows(cur), 0, head0});
     }  // else: written below together with the view (one read of the input)
 
     KVView out;
     Segment& cur = segs.back();
     if (!p.copies) {
-      out.k = detail::sub_view(k_rows(cur), p.view.tail_start - cur.g0, T, hs, h_in);
-      out.v = detail::sub_view(v_rows(cur), p.view.tail_start - cur.g0, T, hs, h_in);
+      out.k = detail::sub_view(k_rows(cur), p.view.tail_start - cur.g0, T, head0, h_in);
+      out.v = detail::sub_view(v_rows(cur), p.view.tail_start - cur.g0, T, head0, h_in);
       out.zero_copy = true;
     } else {
       if (scratch->size() != view_bytes) {
@@ -159,13 +159,13 @@ struct PackedCausalCache::Impl {
       for (const detail::ViewPiece& pc : pol.view_pieces(p)) {
         Segment& s = segs[pc.seg];
         if (!s.packed) {
-          detail::gather_rows(k_rows(s), pc.t0, pc.t1, hs, {vk, pc.out_t, 0});
-          detail::gather_rows(v_rows(s), pc.t0, pc.t1, hs, {vv, pc.out_t, 0});
+          detail::gather_rows(k_rows(s), pc.t0, pc.t1, head0, {vk, pc.out_t, 0});
+          detail::gather_rows(v_rows(s), pc.t0, pc.t1, head0, {vv, pc.out_t, 0});
         } else {
           const DecodeTarget tk{vk.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
           const DecodeTarget tv{vv.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back({&s.data.k_enc, pc.t0, pc.t1, hs, hs + h_in, tk});
-          tasks.push_back({&s.data.v_enc, pc.t0, pc.t1, hs, hs + h_in, tv});
+          tasks.push_back({&s.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk});
+          tasks.push_back({&s.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv});
         }
       }
       const int64_t chunk_at = T - p.call.n;  // the call's chunk: the view's last n tokens
@@ -174,8 +174,8 @@ struct PackedCausalCache::Impl {
         detail::write_rows(value, {vv, chunk_at, 0});
       } else {  // a denoising step: into the current segment and the view at once
         Segment& c_seg = segs.back();
-        detail::write_rows_twice(key, {k_rows(c_seg), 0, hs}, {vk, chunk_at, 0});
-        detail::write_rows_twice(value, {v_rows(c_seg), 0, hs}, {vv, chunk_at, 0});
+        detail::write_rows_twice(key, {k_rows(c_seg), 0, head0}, {vk, chunk_at, 0});
+        detail::write_rows_twice(value, {v_rows(c_seg), 0, head0}, {vv, chunk_at, 0});
       }
       decode_ranges(tasks, quant.threads);
       out.k = detail::dense_view(vk);

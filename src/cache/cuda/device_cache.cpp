@@ -55,11 +55,11 @@ struct PackedCausalCache::Impl {
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
 
   /// Writes the call's [B, n, h_in, D] rows into a raw [B, n, H, D] segment buffer
-  /// at head hs (B * n rows, one 2D copy).
-  void write_chunk(ConstTensorView src, void* dst, int64_t hs, Stream s) const {
+  /// at head head0 (B * n rows, one 2D copy).
+  void write_chunk(ConstTensorView src, void* dst, int64_t head0, Stream s) const {
     const int64_t B = src.shape.b, n = src.shape.s, h_in = src.shape.h, D = opt.head_dim, H = opt.heads;
     const size_t row = size_t(h_in * D) * esz;
-    copy2d(static_cast<std::byte*>(dst) + size_t(hs * D) * esz, size_t(H * D) * esz, src.data, row, row,
+    copy2d(static_cast<std::byte*>(dst) + size_t(head0 * D) * esz, size_t(H * D) * esz, src.data, row, row,
            size_t(B * n), s);
   }
 
@@ -94,7 +94,7 @@ struct PackedCausalCache::Impl {
     check_input_limits(value, "value", s);
 
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
-    const int64_t hs = p.call.head_start, T = p.view.tokens;
+    const int64_t head0 = p.call.head_start, T = p.view.tokens;
     const size_t view_bytes = p.copies ? 2 * size_t(B * T * h_in * D) * esz : 0;
     // New buffers first (an allocation failure here still changes nothing).
     SegData cur;
@@ -109,8 +109,8 @@ struct PackedCausalCache::Impl {
         QVG_CUDA(cudaMemsetAsync(cur.k_raw.data(), 0, cur.k_raw.size(), s));
         QVG_CUDA(cudaMemsetAsync(cur.v_raw.data(), 0, cur.v_raw.size(), s));
       }
-      write_chunk(key, cur.k_raw.data(), hs, s);
-      write_chunk(value, cur.v_raw.data(), hs, s);
+      write_chunk(key, cur.k_raw.data(), head0, s);
+      write_chunk(value, cur.v_raw.data(), head0, s);
       pol.push_current(p, std::move(cur));
       pol.evict();
       pol.pack([&](const std::vector<const Seg*>& parts, Seg& packed) {
@@ -119,17 +119,17 @@ struct PackedCausalCache::Impl {
       });
     } else {
       Seg& c_seg = pol.segments().back();
-      write_chunk(key, c_seg.data.k_raw.data(), hs, s);
-      write_chunk(value, c_seg.data.v_raw.data(), hs, s);
+      write_chunk(key, c_seg.data.k_raw.data(), head0, s);
+      write_chunk(value, c_seg.data.v_raw.data(), head0, s);
     }
 
     KVView out;
     const Seg& cs = pol.segments().back();
     if (!p.copies) {
       out.k = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.k_raw.data()), opt, cs.tokens()),
-                                    p.view.tail_start - cs.g0, T, hs, h_in);
+                                    p.view.tail_start - cs.g0, T, head0, h_in);
       out.v = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.v_raw.data()), opt, cs.tokens()),
-                                    p.view.tail_start - cs.g0, T, hs, h_in);
+                                    p.view.tail_start - cs.g0, T, head0, h_in);
       out.zero_copy = true;
     } else {
       if (view.size() != view_bytes) view = DeviceBuffer(view_bytes, s, *alloc);
@@ -143,7 +143,7 @@ struct PackedCausalCache::Impl {
         const size_t off = size_t(pc.out_t) * out_row;
         if (!sg.packed) {
           const size_t seg_row = size_t(H * D) * esz, seg_batch = size_t(sg.tokens()) * seg_row;
-          const size_t src_off = size_t(pc.t0) * seg_row + size_t(hs * D) * esz;
+          const size_t src_off = size_t(pc.t0) * seg_row + size_t(head0 * D) * esz;
           for (int64_t b = 0; b < B; ++b) {
             copy2d(vk + size_t(b) * view_batch + off, out_row,
                    static_cast<const std::byte*>(sg.data.k_raw.data()) + size_t(b) * seg_batch + src_off, seg_row,
@@ -155,8 +155,8 @@ struct PackedCausalCache::Impl {
         } else {
           const DeviceDecodeTarget tk{vk + off, opt.dtype, T * h_in * D, h_in * D};
           const DeviceDecodeTarget tv{vv + off, opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, hs, hs + h_in, tk});
-          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, hs, hs + h_in, tv});
+          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk});
+          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv});
         }
       }
       // The call's own chunk is the view's last n tokens: copied from the input.
