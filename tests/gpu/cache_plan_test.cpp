@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "cache/cache_policy.h"
 #include "gpu/harness.h"
 #include "qvg/cache.h"
@@ -85,8 +87,7 @@ std::string describe(const qvg::CacheOptions& o, const qvg::QuantArgs& q) {
 std::string segs_str(const std::vector<PackedModel::Seg>& v) {
   std::string r;
   for (const auto& s : v)
-    r += "[" + std::to_string(s.g0) + "," + std::to_string(s.g1) + ")" + (s.sink ? "s" : "") + (s.packed ? "P" : "R") +
-         "x" + std::to_string(s.chunks) + " ";
+    r += fmt::format("[{},{}){}{}x{} ", s.g0, s.g1, s.sink ? "s" : "", s.packed ? "P" : "R", s.chunks);
   return r;
 }
 
