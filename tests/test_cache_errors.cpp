@@ -58,6 +58,10 @@ Setup random_setup(std::mt19937_64& rng, bool packed, const Needs& need) {
     s.q.kmeans_iters = 1;
     s.q.keep_recent_chunks = int(ri(0, 1));
     s.q.span_chunks = int(ri(1, 2));
+    if (ri(0, 1)) {  // incremental spans (the error calls must not touch the open span either)
+      s.q.span_mode = SpanMode::Incremental;
+      s.q.span_break_ratio = ri(0, 1) ? 0.0 : 1.2;
+    }
     s.q.init = ri(0, 1) ? Init::Warm : Init::Random;
     s.q.threads = 1;
   }
@@ -519,6 +523,14 @@ TEST(CacheErrors, PackedRejectsGrowthAndInvalidConfiguration) {
   q.span_chunks = 0;
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("span_chunks"),
             std::string::npos);
+  q.span_chunks = 2;
+  for (double bad : {-0.5, 1e7, std::numeric_limits<double>::quiet_NaN()}) {
+    q.span_break_ratio = bad;
+    EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("span_break_ratio"),
+              std::string::npos)
+        << bad;
+  }
+  q.span_break_ratio = 0;
   // Quantization off: the codec fields are not checked against head_dim.
   q = QuantArgs();
   o.head_dim = 8;

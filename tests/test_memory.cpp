@@ -3,6 +3,8 @@
 // against hand-derived resident sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <deque>
 #include <random>
 
 #include "qvg/cache.h"
@@ -109,6 +111,53 @@ TEST(Memory, PolicyReplayStepByStepSpanTwo) {
   MemoryReport r = memory_report(small_shape(30, 0), a);
   EXPECT_EQ(r.policy_peak_bytes, s20 + 15360);  // 18944
   EXPECT_EQ(r.period_chunks, 2);
+}
+
+TEST(Memory, PolicyReplayIncrementalSpansHandDerived) {
+  // span_chunks 2 incremental, keep_recent 1, window 40. A chunk's data (K+V, no
+  // codebook): 2 * (enc_bytes(10) - 1024) = 776; a span's codebooks (K+V): 2048.
+  // k=0 [0c]                        5120
+  // k=1 [0r 1c]                    10240
+  // k=2 [A0 1r 2c]                 776 + 2048 + 10240 = 13064 (chunk 0 starts span A)
+  // k=3 [A0 A1 2r 3c]              2 * 776 + 2048 + 10240 = 13840 (chunk 1 joins A)
+  // k=4 [A1 B2 3r 4c]              2 * 776 + 2 * 2048 + 10240 = 15888 (A0 evicted per chunk; A full: B)
+  // k=5 [B2 B3 4r 5c]              13840 (A1 evicted: A's codebook goes with its last chunk)
+  // k=6 like k=4, k=7 like k=5, ...
+  QuantArgs a = small_args();
+  a.span_chunks = 2;
+  a.span_mode = SpanMode::Incremental;
+  PolicyReplay rp(small_shape(30, 0), a);
+  EXPECT_EQ(rp.codebook_bytes(), 2048u);
+  EXPECT_EQ(rp.chunk_data_bytes(10), 776u);
+  const std::vector<size_t> want{5120, 10240, 13064, 13840, 15888, 13840, 15888, 13840};
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(rp.advance().resident_bytes, want[k]) << "chunk " << k;
+  ASSERT_EQ(rp.segments().size(), 4u);  // B3 C4 5r... after k = 7: [C4 C5 6r 7c]
+  EXPECT_TRUE(rp.segments()[0].packed && rp.segments()[1].packed);
+  EXPECT_EQ(rp.segments()[0].span, rp.segments()[1].span);
+  EXPECT_EQ(rp.steps().back().codebook_bytes, 2048u);
+  MemoryReport r = memory_report(small_shape(30, 0), a);
+  EXPECT_EQ(r.policy_peak_bytes, 15888u);  // deferred spans of 2: 18944 (PolicyReplayStepByStepSpanTwo)
+  EXPECT_EQ(r.period_chunks, 2);
+  // Fully encoded context: [0, 20) one codebook + 2 chunks, [20, 30) one codebook + 1 chunk.
+  EXPECT_EQ(r.packed_context_bytes, 2048u + 2 * 776u + 2048u + 776u);  // 6424 (deferred: 6408, one factor less)
+}
+
+TEST(Memory, PolicyReplayAdaptiveBreaksFollowTheDecisions) {
+  // The same stream with a break at every chunk that could join: every chunk is its
+  // own span (the span-1 sizes with separate codebooks).
+  QuantArgs a = small_args();
+  a.span_chunks = 2;
+  a.span_mode = SpanMode::Incremental;
+  PolicyReplay rp(small_shape(30, 0), a), span1(small_shape(30, 0), small_args());
+  int asked = 0;
+  for (int k = 0; k < 8; ++k) {
+    const size_t got = rp.advance([&] {
+      ++asked;
+      return false;
+    }).resident_bytes;
+    EXPECT_EQ(got, span1.advance().resident_bytes) << "chunk " << k;
+  }
+  EXPECT_EQ(asked, 6);  // chunks 0..5 were encoded (one per advance from k = 2)
 }
 
 TEST(Memory, SinkChunkSpans) {
@@ -231,8 +280,19 @@ TEST(Memory, ReplayMatchesThePackedCache) {
   a.sink = false;
   a.span_chunks = 2;
   cases.push_back({"sink raw", 40, 20, 10, a});
+  a = small_args();
+  a.span_chunks = 3;
+  a.span_mode = SpanMode::Incremental;
+  cases.push_back({"incremental spans of 3", 50, 0, 10, a});
+  a.keep_recent_chunks = 0;
+  a.sink_span = SinkSpan::Full;
+  cases.push_back({"incremental spans of 3, keep 0, sink full", 50, 20, 10, a});
+  a.span_break_ratio = 1.02;  // adaptive breaks on noise: some chunks start spans
+  cases.push_back({"incremental spans with adaptive breaks", 50, 0, 10, a});
   std::mt19937_64 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  int breaks_seen = 0;  // incremental chunks that started a span (first chunks and adaptive breaks)
+  int64_t adaptive_breaks = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     MemoryShape s = small_shape(c.context, c.sink);
@@ -252,11 +312,57 @@ TEST(Memory, ReplayMatchesThePackedCache) {
       Tensor k(DType::F32, {1, n, s.heads, s.head_dim}), v(DType::F32, {1, n, s.heads, s.head_dim});
       for (Tensor* t : {&k, &v})
         for (int64_t j = 0; j < t->shape().numel(); ++j) static_cast<float*>(t->data())[j] = nd(rng);
+      std::vector<int64_t> packed_before;
+      for (size_t j = 0; j < cache.num_segments(); ++j)
+        if (cache.segment(j).packed) packed_before.push_back(cache.segment(j).g0);
       cache.update(k, v, g);
       g += n;
-      const PolicyStep& st = replay.advance();
+      // The cache's adaptive decisions for the incremental chunks it just encoded.
+      std::deque<bool> joins;
+      for (size_t j = 0; j < cache.num_segments(); ++j) {
+        const auto sg = cache.segment(j);
+        if (sg.span < 0 || std::count(packed_before.begin(), packed_before.end(), sg.g0)) continue;
+        joins.push_back(j > 0 && cache.segment(j - 1).span == sg.span);
+        breaks_seen += !joins.back();
+      }
+      const PolicyStep& st = replay.advance([&joins] {
+        const bool j = joins.front();
+        joins.pop_front();
+        return j;
+      });
+      ASSERT_TRUE(joins.empty());
       ASSERT_EQ(st.global_end, g);
       ASSERT_EQ(cache.resident_nbytes(), st.resident_bytes) << "after chunk " << i;
+    }
+    adaptive_breaks += cache.span_breaks();
+  }
+  EXPECT_GT(breaks_seen, 0);
+  EXPECT_GT(adaptive_breaks, 0);  // the break case broke spans, and the replay followed
+}
+
+// Issue 17's targets: incremental spans (int2, 256 centroids, spans of 8) bring the
+// policy peak close to the fully encoded context on the real model shapes.
+TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
+  struct Want {
+    const char* model;
+    double keep0, keep1;
+  };
+  for (const Want& w : {Want{"self-forcing-1.3b", 5.0, 4.5}, Want{"lingbot-world-14b", 4.5, 3.8},
+                        Want{"hy-worldplay-8b", 4.3, 3.5}}) {
+    QuantArgs a;
+    a.bits = 2;
+    a.centroids = 256;
+    a.span_chunks = 8;
+    a.span_mode = SpanMode::Incremental;
+    const ModelPreset& p = find_model_preset(w.model);
+    a.sink_span = p.sink_span;
+    for (int keep : {0, 1}) {
+      a.keep_recent_chunks = keep;
+      const MemoryReport r = memory_report(MemoryShape::of(p), a);
+      EXPECT_GE(r.policy_ratio(), keep == 0 ? w.keep0 : w.keep1) << w.model << " keep_recent " << keep;
+      QuantArgs d = a;
+      d.span_mode = SpanMode::Deferred;
+      EXPECT_GT(r.policy_ratio(), memory_report(MemoryShape::of(p), d).policy_ratio()) << w.model;
     }
   }
 }

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <deque>
+#include <set>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -31,6 +33,7 @@ enum class Mode { QuantOffFullWindow, QuantOffWindowed, Quantized };
 struct Stats {
   int sequences = 0, calls = 0, errors = 0, copies = 0, zero_copies = 0, packed_views = 0, encoded_spans = 0;
   int resets = 0, sliced = 0;
+  int incremental_chunks = 0, incremental_joins = 0, span_breaks = 0;  // incremental spans
 };
 
 QuantArgs random_quant(std::mt19937_64& rng, int bits, int64_t D) {
@@ -47,6 +50,11 @@ QuantArgs random_quant(std::mt19937_64& rng, int bits, int64_t D) {
   q.sink_span = ri(0, 1) ? SinkSpan::Full : SinkSpan::Chunk;
   q.sink_keep_chunks = int(ri(0, 1));
   q.span_chunks = int(ri(1, 3));
+  if (ri(0, 1)) {  // incremental spans, with or without adaptive boundaries
+    q.span_mode = SpanMode::Incremental;
+    const double ratios[] = {0.0, 0.0, 1.05, 1.5, 3.0};
+    q.span_break_ratio = ratios[ri(0, 4)];
+  }
   q.scaling = ri(0, 1) ? Scaling::Compat : Scaling::TwoLevel;
   q.scale_dtype = ri(0, 2) == 0 ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
   const Init inits[] = {Init::Random, Init::KMeansPlusPlus, Init::Warm};
@@ -101,6 +109,15 @@ void run_packed_sequence(uint64_t seed, Mode mode, int bits, Stats& st) {
   PackedCausalCache packed(o, q);
   DenseCausalCache dense(o);
   PackedModel pmodel(o, q);
+  // Incremental spans: the adaptive boundaries depend on the data; the model replays
+  // the cache's decisions (which it still checks for consistency with the policy).
+  std::deque<bool> joins;
+  pmodel.set_join_decision([&joins] {
+    if (joins.empty()) return true;
+    const bool j = joins.front();
+    joins.pop_front();
+    return j;
+  });
   DenseModel dmodel(o);
   KVHistory hist(o.batch, o.heads, o.head_dim);
   ++st.sequences;
@@ -143,8 +160,20 @@ void run_packed_sequence(uint64_t seed, Mode mode, int bits, Stats& st) {
         ++st.errors;
         break;  // skip the rest of this chunk
       }
+      std::set<int64_t> packed_before;
+      for (size_t i = 0; i < packed.num_segments(); ++i)
+        if (packed.segment(i).packed) packed_before.insert(packed.segment(i).g0);
       const Outcome po = run_call(packed, call);
       ASSERT_FALSE(po.error) << "packed rejected c=" << call.c << " n=" << call.n() << ": " << po.message;
+      joins.clear();
+      for (size_t i = 0; i < packed.num_segments(); ++i) {
+        const auto sg = packed.segment(i);
+        if (sg.span < 0 || packed_before.count(sg.g0)) continue;
+        const bool joined = i > 0 && packed.segment(i - 1).span == sg.span;
+        joins.push_back(joined);
+        st.incremental_chunks += 1;
+        st.incremental_joins += joined;
+      }
       const PackedModel::Result pr = pmodel.apply(call);
       hist.write(call);
       st.copies += !po.view.zero_copy;
@@ -197,6 +226,7 @@ void run_packed_sequence(uint64_t seed, Mode mode, int bits, Stats& st) {
     }
   }
   st.encoded_spans += pmodel.encodings();
+  st.span_breaks += int(packed.span_breaks());
 }
 
 void run_many(Mode mode, int bits, int count, uint64_t seed0, const char* name) {
@@ -209,12 +239,15 @@ void run_many(Mode mode, int bits, int count, uint64_t seed0, const char* name) 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "%s: %d sequences, %d calls (%d head-sliced), %d rejected as predicted, %d copied views, %d zero-copy views, "
-      "%d spans encoded, %d resets, %.1f s\n",
-      name, st.sequences, st.calls, st.sliced, st.errors, st.copies, st.zero_copies, st.encoded_spans, st.resets, secs);
+      "%d spans encoded, %d resets; incremental spans: %d chunks, %d joined their span, %d adaptive breaks; %.1f s\n",
+      name, st.sequences, st.calls, st.sliced, st.errors, st.copies, st.zero_copies, st.encoded_spans, st.resets,
+      st.incremental_chunks, st.incremental_joins, st.span_breaks, secs);
   EXPECT_GT(st.copies, 0);
   EXPECT_GT(st.zero_copies, 0);
   if (mode == Mode::Quantized) {
     EXPECT_GT(st.encoded_spans, 0);
+    EXPECT_GT(st.incremental_joins, 0);
+    EXPECT_GT(st.incremental_chunks, st.incremental_joins);
   }
 }
 

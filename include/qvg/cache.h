@@ -159,7 +159,15 @@ struct BasicSegmentInfo {
   StridedView k_raw, v_raw;         ///< raw only: dense [B, g1 - g0, H, D]
   const Encoded* k_enc = nullptr;   ///< packed only
   const Encoded* v_enc = nullptr;   ///< packed only
-  size_t nbytes = 0;                ///< resident bytes of K and V
+  /// A chunk of an incremental span: the span's id (shared by its chunks) and its
+  /// codebooks (k_enc/v_enc then have empty centroid arrays: decode with
+  /// DecodeTask::codebook or with_codebook()). -1 and nullptr otherwise.
+  int64_t span = -1;
+  const Encoded* k_codebook = nullptr;
+  const Encoded* v_codebook = nullptr;
+  /// Resident bytes of K and V (an incremental chunk's without its span's
+  /// codebooks, which resident_nbytes() counts once per span).
+  size_t nbytes = 0;
 };
 
 /// The construction arguments every cache (host or device) reports and never
@@ -414,6 +422,10 @@ class PackedCausalCache final : public CausalCache {
   std::optional<int64_t> chunk_tokens() const;
   /// Bytes of the warm-start codebooks kept for init = warm (not resident).
   size_t warm_state_nbytes() const;
+  /// Incremental spans: how many spans were started because a chunk's residual
+  /// energy against the open span's codebook exceeded span_break_ratio times the
+  /// span's first chunk's (adaptive boundaries) since construction or reset.
+  int64_t span_breaks() const;
   /// The ranges a view without recent_window_tokens shows at the current
   /// global_end (what the last advance's full-window view showed). Empty cache: all 0.
   WindowRanges window_ranges() const;
@@ -430,6 +442,8 @@ class PackedCausalCache final : public CausalCache {
     int chunks = 1;
     std::vector<uint8_t> k_raw, v_raw;
     EncodedTensor k_enc, v_enc;
+    int64_t span = -1;                           ///< incremental span id
+    std::optional<SpanCodebook> k_book, v_book;  ///< its codebooks (copies)
     bool operator==(const SegmentState&) const = default;
   };
   struct DebugState {
@@ -439,6 +453,11 @@ class PackedCausalCache final : public CausalCache {
     std::optional<EncodedTensor> warm_k, warm_v;
     size_t resident_nbytes = 0, peak_transient_nbytes = 0;
     std::vector<uint8_t> view_scratch;
+    // Incremental spans: the open span (id, chunks, codebooks, reference energies),
+    // the next span id and the adaptive breaks so far.
+    int64_t open_span = -1, open_span_chunks = 0, next_span = 0, span_breaks = 0;
+    std::optional<SpanCodebook> open_k_book, open_v_book;
+    double open_k_energy = 0, open_v_energy = 0;
     bool operator==(const DebugState&) const = default;
   };
   DebugState debug_state() const;

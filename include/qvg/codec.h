@@ -76,8 +76,14 @@ struct EncodedTensor : EncodingLayout {
 
 /// Optional statistics of one encode call.
 struct EncodeStats {
-  /// Lloyd iterations actually run, per stage and group: [stages][B*H].
+  /// Lloyd iterations actually run, per stage and group: [stages][B*H] (those of
+  /// the new centroids for a span chunk; 0 when it added none).
   std::vector<std::vector<int>> iterations;
+  /// Sum over every element of the final residual squared (the input minus the
+  /// stored centroids of all stages, before residual quantization), in fp64, and
+  /// the number of elements: the codebook's fit to the data.
+  double residual_energy = 0;
+  int64_t residual_elements = 0;
 };
 
 /// Encodes x ([B, S, H, D], bf16/f16/f32) with cfg.
@@ -88,6 +94,39 @@ struct EncodeStats {
 /// or out-of-limit (|x| > 1e16) elements.
 EncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm = nullptr,
                      EncodeStats* stats = nullptr);
+
+/// The codebooks of an incremental span (docs/spans.md): `book` holds the centroid
+/// arrays of spec 1.5 ([B, H, K, D] of the cache dtype per stage, all K slots
+/// allocated; its other arrays are empty) and the span's chunks fill its slots in
+/// order: slots [0, filled) are in use, the rest are zero. A chunk encoded into the
+/// span only appends centroids, so the ids already stored stay valid.
+struct SpanCodebook {
+  EncodedTensor book;
+  int filled = 0;  ///< slots in use, the same for every stage
+  /// An empty span codebook for chunks of `shape` (B, H, D; any S) in `dtype` with cfg.
+  static SpanCodebook empty(Shape4 shape, DType dtype, const CodecConfig& cfg);
+  bool operator==(const SpanCodebook&) const = default;
+};
+
+/// Encodes x as the next chunk of an incremental span. Per stage: first trains
+/// min(add, S, K - filled) new centroids on x's residual of that stage (k-means of
+/// spec 1.1: cfg.init, cfg.kmeans_iters and the PRNG stream of (seed, stage, b, h);
+/// init warm takes slots [filled, filled + add) of `warm`, or random without it) and
+/// stores them, rounded to the dtype, in the next free slots of span.book; then
+/// assigns every point to the nearest of the slots in use (spec 1.1's assignment, no
+/// update), subtracts the stored centroid, and quantizes the final residual (spec
+/// 1.2). span.filled grows by the centroids added. With add = 0 the chunk is encoded
+/// against the span's codebook as it is (assignment and quantization only).
+/// The result has the arrays of spec 1.5 except the centroids (empty arrays): decode
+/// it with DecodeTask::codebook = &span.book, or with_codebook(). Its ids are <
+/// span.filled (possibly >= S: it is not a stand-alone encoding, and validate()
+/// rejects with_codebook() of it then). Throws InvalidArgument as encode() does, for
+/// a span codebook that does not match x and cfg, and when no slot would be in use.
+EncodedTensor encode_span_chunk(ConstTensorView x, const CodecConfig& cfg, SpanCodebook& span, int add,
+                                const EncodedTensor* warm = nullptr, EncodeStats* stats = nullptr);
+/// A complete encoding: `part` (from encode_span_chunk) with the centroids of
+/// `codebook`. For inspection and tests; the caches keep them apart.
+EncodedTensor with_codebook(const EncodedTensor& part, const EncodedTensor& codebook);
 
 /// Decodes the whole tensor into `out` ([B, S, H, D] like the input; any dtype:
 /// the result is rounded once, nearest even, fp16 saturating). `threads`: 0 = all.
@@ -110,10 +149,13 @@ void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, 
                   const DecodeTarget& dst, int threads = 0);
 
 /// One range of decode_ranges(): tokens [t0, t1), heads [h0, h1) of *enc into dst.
+/// The centroids come from *codebook when it is set (a chunk of an incremental span,
+/// made by encode_span_chunk, whose own centroid arrays are empty), else from *enc.
 struct DecodeTask {
   const EncodedTensor* enc = nullptr;
   int64_t t0 = 0, t1 = 0, h0 = 0, h1 = 0;
   DecodeTarget dst;
+  const EncodedTensor* codebook = nullptr;
 };
 /// decode_range() for several ranges (e.g. every span of a window, K and V) in one
 /// parallel pass. REQUIRES each task as decode_range requires; targets disjoint.

@@ -21,15 +21,23 @@ enum class Scaling : uint8_t { TwoLevel, Compat };
 enum class Init : uint8_t { Random, KMeansPlusPlus, Warm };
 /// How sink chunks are grouped into spans (spec 2).
 enum class SinkSpan : uint8_t { Chunk, Full };
+/// When the chunks of a non-sink span are encoded (docs/spans.md):
+/// `deferred` (spec 4, the engine's behaviour): once span_chunks eligible chunks
+/// wait raw, together, with one codebook trained on all of them;
+/// `incremental`: each chunk as soon as it is eligible — the first chunk of a span
+/// trains the span's codebook, later ones are encoded against it.
+enum class SpanMode : uint8_t { Deferred, Incremental };
 
 std::string_view name(ScaleDType v);  ///< "fp8_e4m3" | "bf16"
 std::string_view name(Scaling v);     ///< "two_level" | "compat"
 std::string_view name(Init v);        ///< "random" | "kmeans++" | "warm"
 std::string_view name(SinkSpan v);    ///< "chunk" | "full"
+std::string_view name(SpanMode v);    ///< "deferred" | "incremental"
 ScaleDType parse_scale_dtype(std::string_view s);  ///< also accepts "fp8"
 Scaling parse_scaling(std::string_view s);
 Init parse_init(std::string_view s);
 SinkSpan parse_sink_span(std::string_view s);
+SpanMode parse_span_mode(std::string_view s);
 
 /// Parameters of one PRQ encoding (spec 1).
 struct CodecConfig {
@@ -66,6 +74,11 @@ struct QuantArgs {
   int sink_keep_chunks = 0;     ///< leading sink chunks never packed
   // qvg extensions
   int span_chunks = 1;          ///< chunks sharing one codebook
+  SpanMode span_mode = SpanMode::Deferred;  ///< when a non-sink span's chunks are encoded
+  /// Incremental spans only: a chunk whose residual energy per element against the
+  /// open span's codebook exceeds this factor times the span's first chunk's (after
+  /// training) starts a new span instead (adaptive boundary); 0 = never. >= 0.
+  double span_break_ratio = 0.0;
   Scaling scaling = Scaling::TwoLevel;
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   Init init = Init::Random;     ///< Warm: seed each encoding from the previous one's centroids
@@ -83,6 +96,7 @@ struct QuantArgs {
   /// Reads the engine's flat flags: `kv_cache_quant` in {off, none, bf16, int4, int2},
   /// `kv_cache_quant_centroids`, `_block_size`, `_stages`, `_iters`, `_keep_recent`,
   /// `_sink_keep`, `_asymmetric`, `_sink`, `_sink_span`, and qvg's `_span_chunks`,
+  /// `_span_mode`, `_span_break_ratio`,
   /// `_scaling`, `_scale_dtype`, `_init`, `_seed`. Values are strings as on a command
   /// line ("true"/"false"/"1"/"0" for booleans). Without `kv_cache_quant` the
   /// result is the default (off) and no other flag is read (spec 2, as the engine).

@@ -20,7 +20,7 @@
 // `stream` has read them.
 //
 // Not supported (typed errors, raised before any state change): init kmeans++ or
-// warm (Unsupported, at construction), a shared CacheOptions::view_scratch (host
+// warm, span_mode incremental (Unsupported, at construction), a shared CacheOptions::view_scratch (host
 // memory; Unsupported), allow_growth (Unsupported, as on the CPU).
 //
 // NOT YET VERIFIED ON A GPU: this cache compiles and its bookkeeping is tested on

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -60,13 +61,16 @@ struct MemoryShape {
   static MemoryShape of(const ModelPreset& preset, std::optional<int64_t> context_frames = std::nullopt);
 };
 
-/// One segment of a cache layout: raw tokens or one encoded span.
+/// One segment of a cache layout: raw tokens, one encoded span, or one encoded
+/// chunk of an incremental span (span >= 0; its bytes exclude the span's codebooks,
+/// which count once per span in the resident totals).
 struct SegmentSize {
   int64_t g0 = 0, g1 = 0;  ///< global token range [g0, g1)
   int64_t chunks = 1;      ///< chunks it holds
   bool sink = false;
   bool packed = false;  ///< an encoded span (else raw K and V)
   size_t k_bytes = 0, v_bytes = 0;
+  int64_t span = -1;    ///< incremental span id
   int64_t tokens() const { return g1 - g0; }
   size_t bytes() const { return k_bytes + v_bytes; }
 };
@@ -77,7 +81,8 @@ struct PolicyStep {
   int64_t global_end = 0;  ///< tokens generated so far
   size_t resident_bytes = 0;
   size_t raw_bytes = 0;     ///< of which raw segments (current chunk included)
-  size_t packed_bytes = 0;  ///< of which encoded spans
+  size_t packed_bytes = 0;  ///< of which encoded spans (incremental spans' codebooks included)
+  size_t codebook_bytes = 0;  ///< of which the codebooks of incremental spans (once per span)
   int64_t raw_tokens = 0, packed_tokens = 0;
   int64_t segments = 0;  ///< current included
 };
@@ -91,12 +96,23 @@ class PolicyReplay {
   ~PolicyReplay();
   PolicyReplay(PolicyReplay&&) noexcept;
   PolicyReplay& operator=(PolicyReplay&&) noexcept;
-  /// Starts the next chunk (an advance at global_end) and runs pack-and-evict.
-  const PolicyStep& advance();
+  /// Whether an incremental chunk joins the open span when it may (true) or starts
+  /// a new span (an adaptive boundary: data-dependent). Called once per incremental
+  /// chunk, in encoding order; the answer matters only when the chunk may join
+  /// (the open span has room and holds the chunk's predecessor).
+  using JoinDecision = std::function<bool()>;
+  /// Starts the next chunk (an advance at global_end) and runs pack-and-evict. With
+  /// incremental spans, `join` decides the adaptive boundaries (default: none, every
+  /// chunk that may join does, as the cache with span_break_ratio = 0).
+  const PolicyStep& advance(const JoinDecision& join = nullptr);
   const std::vector<SegmentSize>& segments() const;  ///< oldest first, current last
   const std::vector<PolicyStep>& steps() const;
   /// Size of an encoded span of `tokens` tokens (K + V).
   size_t span_bytes(int64_t tokens) const;
+  /// Incremental spans: the size of one chunk's data (K + V, without codebooks) and
+  /// of one span's codebooks (K + V).
+  size_t chunk_data_bytes(int64_t tokens) const;
+  size_t codebook_bytes() const;
 
  private:
   struct Impl;

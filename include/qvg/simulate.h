@@ -135,7 +135,9 @@ struct PackedLayerRecord {
   int64_t encoded_tokens = 0;                      ///< tokens held in packed spans (resident)
   int64_t encoded_visible = 0;                     ///< of the last step's view, tokens inside packed spans
   size_t encoded_bytes = 0;                        ///< bytes of the resident packed spans (K + V)
-  int spans_encoded = 0;                           ///< spans encoded by this chunk's advance
+  int spans_encoded = 0;                           ///< spans started by this chunk's advance
+  int chunks_encoded = 0;                          ///< chunks encoded by this chunk's advance
+  int64_t span_breaks = 0;                         ///< adaptive span breaks so far (incremental spans)
   std::optional<size_t> predicted_resident_bytes;  ///< memory model (PolicyReplay) for this chunk
   ErrorSums k, v;                                  ///< last step's view vs dense view, encoded tokens only
   AttentionSums attention;                         ///< vs the dense view's attention
@@ -197,6 +199,8 @@ struct PackedSummary {
   int64_t quality_chunks = 0;
   int64_t spans = 0;                  ///< spans encoded over the run (per layer)
   double encode_s_per_span = 0;       ///< mean advance-call time of chunks that encoded, per span and layer
+  double encode_s_per_chunk = 0;      ///< the same per chunk encoded
+  int64_t span_breaks = 0;            ///< adaptive span breaks over the run (incremental spans; per layer)
   double decode_s_per_step = 0;       ///< mean per step call and layer (view reconstruction)
   double attention_s_per_chunk = 0;   ///< mean per chunk and layer, over the packed views
   bool memory_model_matches = false;  ///< every resident size equals the PolicyReplay prediction
@@ -298,6 +302,10 @@ struct CompareConfig {
   int layers = 2;        ///< layers scored, spread by select_layers: 1..model layers
   int query_stride = 8;  ///< every query_stride-th query of the next chunk: >= 1
   CodecConfig codec;     ///< bits, block size etc. shared by every method
+  /// How the qvg codec encodes the context's chunks: deferred = one span trained on
+  /// all of them; incremental = chunk by chunk into one growing span codebook, as
+  /// the packed cache's incremental spans do (docs/spans.md).
+  SpanMode span_mode = SpanMode::Deferred;
   int threads = 0;
 
   void validate() const;  ///< InvalidArgument naming the field

@@ -35,7 +35,11 @@ struct PlanSegment {
   bool is_sink = false;
   int chunks = 1;
   bool packed = false;
-  P data;  // raw chunk or encoded span (the user's payload)
+  /// A chunk of an incremental span (span_mode = incremental): the span's id, shared
+  /// by every chunk encoded with the span's codebook; -1 for raw segments and for
+  /// spans encoded whole (deferred and sink spans).
+  int64_t span = -1;
+  P data;  // raw chunk, encoded span or encoded chunk (the user's payload)
 
   int64_t tokens() const { return g1 - g0; }
 };
@@ -70,9 +74,23 @@ struct ViewPiece {
   int64_t out_t = 0;
 };
 
-/// Segments [first, first + count) of the current list, encoded as one span.
+/// Segments [first, first + count) of the current list, encoded as one span; or,
+/// `incremental`, one raw chunk (count 1) to encode into an incremental span.
 struct SpanRef {
   size_t first = 0, count = 0;
+  bool incremental = false;
+};
+
+/// What pack() tells its encoder about one span or chunk, and what the encoder
+/// answers for an incremental chunk.
+struct SpanChoice {
+  bool incremental = false;  ///< a chunk of an incremental span (else a whole span)
+  /// The open incremental span has room and its newest chunk is this chunk's
+  /// predecessor: the chunk may be encoded against the span's codebook.
+  bool may_join = false;
+  /// Set by the encoder: it encoded the chunk into the open span (only if may_join);
+  /// false: it trained a new codebook on the chunk, which starts a new span.
+  bool joined = false;
 };
 
 template <class P>
@@ -93,7 +111,19 @@ class CachePolicy {
     segs_.clear();
     global_end_ = 0;
     chunk_tokens_.reset();
+    open_ = OpenSpan{};
+    next_span_ = 0;
   }
+
+  /// The incremental span chunks may still join (id -1: none), and its chunk count.
+  struct OpenSpan {
+    int64_t id = -1;
+    int chunks = 0;
+    bool operator==(const OpenSpan&) const = default;
+  };
+  const OpenSpan& open_span() const { return open_; }
+  /// The id the next incremental span will get (ids are never reused until reset()).
+  int64_t next_span_id() const { return next_span_; }
 
   int64_t sink_end_at(int64_t g) const { return std::min(opt_.sink_tokens, g); }
   int64_t tail_start_at(int64_t g) const {
@@ -219,13 +249,20 @@ class CachePolicy {
       if (!segs_[i].is_sink && !segs_[i].packed) raw.push_back(i);
     const size_t keep = size_t(quant_.keep_recent_chunks);
     const size_t eligible = raw.size() > keep ? raw.size() - keep : 0;
+    if (quant_.span_mode == SpanMode::Incremental) {  // every eligible chunk now, one at a time
+      for (size_t j = 0; j < eligible; ++j) spans.push_back({raw[j], 1, true});
+      return spans;
+    }
     const size_t span = size_t(quant_.span_chunks);
     for (size_t j = 0; j + span <= eligible; j += span) spans.push_back({raw[j], span});
     return spans;
   }
 
-  /// Step 2 applied: for every span, `encode(parts, packed)` fills packed.data from
-  /// the raw parts (in global order); the span then replaces its raw chunks. An
+  /// Step 2 applied: for every span, `encode(parts, packed, choice)` fills
+  /// packed.data from the raw parts (in global order); the span then replaces its
+  /// raw chunks. For an incremental chunk (choice.incremental, one part) the encoder
+  /// sets choice.joined to say whether it joined the open span (allowed only when
+  /// choice.may_join) or started a new one; the policy numbers the spans. An
   /// exception from `encode` leaves the spans encoded so far in place and the rest raw.
   template <class Encode>
   void pack(Encode&& encode) {
@@ -246,7 +283,21 @@ class CachePolicy {
       packed.is_sink = parts.front()->is_sink;
       packed.chunks = chunks;
       packed.packed = true;
-      encode(parts, packed);
+      SpanChoice choice;
+      choice.incremental = sr.incremental;
+      choice.may_join = sr.incremental && open_.id >= 0 && open_.chunks < quant_.span_chunks && first > 0 &&
+                        segs_[first - 1].packed && segs_[first - 1].span == open_.id;
+      encode(parts, packed, choice);
+      if (sr.incremental) {
+        QVG_CHECK(!choice.joined || choice.may_join);
+        if (choice.joined) {
+          packed.span = open_.id;
+          ++open_.chunks;
+        } else {
+          packed.span = next_span_++;
+          open_ = OpenSpan{packed.span, 1};
+        }
+      }
       segs_[first] = std::move(packed);
       segs_.erase(segs_.begin() + std::ptrdiff_t(first + 1), segs_.begin() + std::ptrdiff_t(first + sr.count));
       removed += sr.count - 1;
@@ -286,13 +337,32 @@ class CachePolicy {
   std::vector<Segment> segs_;  // global order; segs_.back() is the current chunk
   int64_t global_end_ = 0;
   std::optional<int64_t> chunk_tokens_;
+  OpenSpan open_;          // the incremental span chunks may join
+  int64_t next_span_ = 0;  // id of the next incremental span
 };
 
 /// Raw K+V bytes or encoded K+V bytes of a segment whose payload has the members
 /// k_raw, v_raw (buffers with size()) and k_enc, v_enc (encodings with nbytes()).
+/// A chunk of an incremental span does not hold its span's codebook (see
+/// resident_bytes()).
 template <class P>
 size_t segment_bytes(const PlanSegment<P>& s) {
   return s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
+}
+
+/// The resident bytes of spec 4: every segment's bytes (`seg_bytes(segment)`) plus,
+/// once per incremental span that still has a chunk, the span's codebooks
+/// (`book_bytes(segment)` of any of its chunks).
+template <class P, class SegBytes, class BookBytes>
+size_t resident_bytes(const CachePolicy<P>& pol, SegBytes&& seg_bytes, BookBytes&& book_bytes) {
+  size_t n = 0;
+  int64_t last_span = -1;
+  for (const PlanSegment<P>& s : pol.segments()) {
+    n += seg_bytes(s);
+    if (s.span >= 0 && s.span != last_span) n += book_bytes(s);  // a span's chunks are adjacent
+    last_span = s.span;
+  }
+  return n;
 }
 
 /// The public description of segment i (BasicSegmentInfo, qvg/cache.h) for a payload
@@ -310,9 +380,14 @@ BasicSegmentInfo<Encoded> describe_segment(const CachePolicy<P>& pol, size_t i, 
   info.current = i + 1 == segs.size();
   info.chunks = s.chunks;
   info.nbytes = segment_bytes(s);
+  info.span = s.span;
   if (s.packed) {
     info.k_enc = &s.data.k_enc;
     info.v_enc = &s.data.v_enc;
+    if constexpr (requires { s.data.k_book->book; }) {  // a chunk of an incremental span
+      info.k_codebook = s.data.k_book ? &s.data.k_book->book : nullptr;
+      info.v_codebook = s.data.v_book ? &s.data.v_book->book : nullptr;
+    }
   } else {
     info.k_raw = dense_view(rows_of(static_cast<const void*>(s.data.k_raw.data()), o, s.tokens()));
     info.v_raw = dense_view(rows_of(static_cast<const void*>(s.data.v_raw.data()), o, s.tokens()));

@@ -2,6 +2,8 @@
 // change) + apply (write the chunk, pack-and-evict, build the view).
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <utility>
 
 #include <fmt/core.h>
@@ -15,10 +17,14 @@
 namespace qvg {
 namespace {
 
-// A segment's bytes: raw [B, g1 - g0, H, D] K and V, or their encodings.
+// A segment's bytes: raw [B, g1 - g0, H, D] K and V, or their encodings. A chunk
+// of an incremental span holds its data arrays (k_enc, v_enc without centroids)
+// and shares its span's codebooks (k_book, v_book: all K slots allocated, filled
+// chunk by chunk) with the span's other chunks.
 struct SegData {
   AlignedBuffer k_raw, v_raw;  // raw
   EncodedTensor k_enc, v_enc;  // packed
+  std::shared_ptr<SpanCodebook> k_book, v_book;  // incremental span chunks only
 };
 using Policy = detail::CachePolicy<SegData>;
 using Segment = Policy::Segment;
@@ -27,6 +33,11 @@ size_t codebook_nbytes(const EncodedTensor& e) {
   size_t n = 0;
   for (const auto& c : e.centroid) n += c.size();
   return n;
+}
+
+/// Residual energy per element of one encode (0 when there are no elements).
+double energy_per_element(const EncodeStats& s) {
+  return s.residual_elements > 0 ? s.residual_energy / double(s.residual_elements) : 0.0;
 }
 
 }  // namespace
@@ -40,6 +51,12 @@ struct PackedCausalCache::Impl {
 
   Policy pol;  // the segments (global order; the last is the current chunk) and their policy
   std::optional<EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
+  // Incremental spans: the open span's codebooks and its first chunk's residual
+  // energy per element (the reference of the adaptive boundary), and how many spans
+  // were started because a chunk did not fit the open span's codebook.
+  std::shared_ptr<SpanCodebook> open_k_book, open_v_book;
+  double open_k_energy = 0, open_v_energy = 0;
+  int64_t span_breaks = 0;
   std::shared_ptr<ViewScratch> scratch;  // K then V of the last copied view (maybe shared)
   size_t peak_transient = 0;
 
@@ -60,7 +77,8 @@ struct PackedCausalCache::Impl {
   }
 
   // --- pack ------------------------------------------------------------------
-  EncodedTensor encode_one(const std::vector<const Segment*>& parts, bool is_k, detail::TransientMeter& meter) {
+  EncodedTensor encode_one(const std::vector<const Segment*>& parts, bool is_k, detail::TransientMeter& meter,
+                           EncodeStats* stats = nullptr) {
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
     const int64_t S = parts.back()->g1 - parts.front()->g0;
     ConstTensorView in{nullptr, opt.dtype, {B, S, H, D}};
@@ -84,23 +102,103 @@ struct PackedCausalCache::Impl {
     }
     std::optional<EncodedTensor>& warm = is_k ? warm_k : warm_v;
     const EncodedTensor* w = (codec.init == Init::Warm && warm) ? &*warm : nullptr;
-    EncodedTensor enc = encode(in, codec, w);
+    EncodedTensor enc = encode(in, codec, w, stats);
     meter.add(enc.nbytes());
     if (concat.size()) meter.sub(concat.size());
     return enc;
   }
 
-  /// Encodes the spans the policy picks; each replaces its raw chunks.
+  /// A raw chunk's K or V as a tensor view.
+  ConstTensorView raw_view(const Segment& s, bool is_k) const {
+    return {(is_k ? s.data.k_raw : s.data.v_raw).data(), opt.dtype, {opt.batch, s.tokens(), opt.heads, opt.head_dim}};
+  }
+
+  /// Slots of a span's codebook the first chunk trains (half of K when a span holds
+  /// several chunks) and slots each later chunk adds (the rest shared out evenly):
+  /// a later chunk adds centroids fitted to itself, so content that drifts within a
+  /// span (motion, the time channels of rotary embedding) still finds its own
+  /// centroids, while the span stores one codebook of K slots.
+  int first_chunk_slots() const { return quant.span_chunks > 1 ? (codec.centroids + 1) / 2 : codec.centroids; }
+  int later_chunk_slots() const {
+    return quant.span_chunks > 1 ? (codec.centroids - first_chunk_slots()) / (quant.span_chunks - 1) : 0;
+  }
+
+  /// An incremental chunk: into the open span when allowed and the chunk fits its
+  /// codebook (residual energy per element within span_break_ratio of the span's
+  /// first chunk, or any with ratio 0), else as the first chunk of a new span.
+  void encode_incremental(const Segment& raw, Segment& packed, detail::SpanChoice& choice,
+                          detail::TransientMeter& meter) {
+    if (choice.may_join) {
+      // Encoded against copies of the span's codebooks: the span changes only if
+      // the chunk joins it.
+      SpanCodebook tk = *open_k_book, tv = *open_v_book;
+      const size_t trial = codebook_nbytes(tk.book) + codebook_nbytes(tv.book);
+      meter.add(trial);
+      EncodeStats sk, sv;
+      EncodedTensor k = encode_span_chunk(raw_view(raw, true), codec, tk, later_chunk_slots(), nullptr, &sk);
+      EncodedTensor v = encode_span_chunk(raw_view(raw, false), codec, tv, later_chunk_slots(), nullptr, &sv);
+      const auto ratio = [](double e, double first) {
+        return first > 0 ? e / first : (e > 0 ? std::numeric_limits<double>::infinity() : 1.0);
+      };
+      const double r =
+          std::max(ratio(energy_per_element(sk), open_k_energy), ratio(energy_per_element(sv), open_v_energy));
+      if (quant.span_break_ratio == 0 || r <= quant.span_break_ratio) {
+        *open_k_book = std::move(tk);
+        *open_v_book = std::move(tv);
+        packed.data.k_enc = std::move(k);
+        packed.data.v_enc = std::move(v);
+        packed.data.k_book = open_k_book;
+        packed.data.v_book = open_v_book;
+        meter.add(detail::segment_bytes(packed));
+        meter.sub(trial);
+        choice.joined = true;
+        return;
+      }
+      meter.sub(trial);
+      ++span_breaks;  // the chunk does not fit the open span's codebook: a new span
+    }
+    // A new span: its first chunk trains the first slots of fresh codebooks (warm
+    // started, with init = warm, from the previous span's or encoding's codebooks);
+    // its residual energy is the reference later chunks are compared with.
+    const Shape4 shape{opt.batch, raw.tokens(), opt.heads, opt.head_dim};
+    const EncodedTensor* wk = open_k_book ? &open_k_book->book : (warm_k ? &*warm_k : nullptr);
+    const EncodedTensor* wv = open_v_book ? &open_v_book->book : (warm_v ? &*warm_v : nullptr);
+    if (codec.init != Init::Warm) wk = wv = nullptr;
+    auto book_k = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec));
+    auto book_v = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec));
+    meter.add(codebook_nbytes(book_k->book) + codebook_nbytes(book_v->book));
+    EncodeStats fk, fv;
+    packed.data.k_enc = encode_span_chunk(raw_view(raw, true), codec, *book_k, first_chunk_slots(), wk, &fk);
+    packed.data.v_enc = encode_span_chunk(raw_view(raw, false), codec, *book_v, first_chunk_slots(), wv, &fv);
+    meter.add(detail::segment_bytes(packed));
+    packed.data.k_book = open_k_book = std::move(book_k);
+    packed.data.v_book = open_v_book = std::move(book_v);
+    open_k_energy = energy_per_element(fk);
+    open_v_energy = energy_per_element(fv);
+    choice.joined = false;
+  }
+
+  /// Encodes the spans and chunks the policy picks; each replaces its raw chunks.
   void pack(detail::TransientMeter& meter) {
-    pol.pack([&](const std::vector<const Segment*>& parts, Segment& packed) {
-      packed.data.k_enc = encode_one(parts, true, meter);
-      packed.data.v_enc = encode_one(parts, false, meter);
-      if (codec.init == Init::Warm) {
-        warm_k = packed.data.k_enc.codebooks_only();
-        warm_v = packed.data.v_enc.codebooks_only();
+    pol.pack([&](const std::vector<const Segment*>& parts, Segment& packed, detail::SpanChoice& choice) {
+      if (choice.incremental) {
+        encode_incremental(*parts.front(), packed, choice, meter);
+      } else {
+        packed.data.k_enc = encode_one(parts, true, meter);
+        packed.data.v_enc = encode_one(parts, false, meter);
+        if (codec.init == Init::Warm) {
+          warm_k = packed.data.k_enc.codebooks_only();
+          warm_v = packed.data.v_enc.codebooks_only();
+        }
       }
       meter.sub(detail::segment_bytes(packed));  // resident from here on; the raw chunks are gone
     });
+  }
+
+  size_t resident() const {
+    return detail::resident_bytes(
+        pol, [](const Segment& s) { return detail::segment_bytes(s); },
+        [](const Segment& s) { return codebook_nbytes(s.data.k_book->book) + codebook_nbytes(s.data.v_book->book); });
   }
 
   // --- apply -----------------------------------------------------------------
@@ -164,8 +262,10 @@ struct PackedCausalCache::Impl {
         } else {
           const DecodeTarget tk{vk.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
           const DecodeTarget tv{vv.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back({&s.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk});
-          tasks.push_back({&s.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv});
+          tasks.push_back({&s.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk,
+                           s.data.k_book ? &s.data.k_book->book : nullptr});
+          tasks.push_back({&s.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv,
+                           s.data.v_book ? &s.data.v_book->book : nullptr});
         }
       }
       const int64_t chunk_at = T - p.call.n;  // the call's chunk: the view's last n tokens
@@ -216,15 +316,16 @@ void PackedCausalCache::reset_indices() {
   impl_->pol.reset();
   impl_->warm_k.reset();
   impl_->warm_v.reset();
+  impl_->open_k_book.reset();
+  impl_->open_v_book.reset();
+  impl_->open_k_energy = impl_->open_v_energy = 0;
+  impl_->span_breaks = 0;
   impl_->scratch->release();
   impl_->peak_transient = 0;
 }
 
-size_t PackedCausalCache::resident_nbytes() const {
-  size_t n = 0;
-  for (const Segment& s : impl_->pol.segments()) n += detail::segment_bytes(s);
-  return n;
-}
+size_t PackedCausalCache::resident_nbytes() const { return impl_->resident(); }
+int64_t PackedCausalCache::span_breaks() const { return impl_->span_breaks; }
 size_t PackedCausalCache::peak_transient_nbytes() const { return impl_->peak_transient; }
 int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
 int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
@@ -252,10 +353,14 @@ PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
 
 PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
   DebugState st;
+  const auto copy_of = [](const std::shared_ptr<SpanCodebook>& p) {
+    return p ? std::optional<SpanCodebook>(*p) : std::nullopt;
+  };
   for (const Segment& s : impl_->pol.segments())
     st.segments.push_back({s.g0, s.g1, s.is_sink, s.packed, s.chunks,
                            detail::bytes_copy(s.data.k_raw.data(), s.data.k_raw.size()),
-                           detail::bytes_copy(s.data.v_raw.data(), s.data.v_raw.size()), s.data.k_enc, s.data.v_enc});
+                           detail::bytes_copy(s.data.v_raw.data(), s.data.v_raw.size()), s.data.k_enc, s.data.v_enc,
+                           s.span, copy_of(s.data.k_book), copy_of(s.data.v_book)});
   st.global_end = impl_->pol.global_end();
   st.local_end = local_end();
   st.chunk_tokens = impl_->pol.chunk_tokens();
@@ -264,6 +369,14 @@ PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
   st.resident_nbytes = resident_nbytes();
   st.peak_transient_nbytes = impl_->peak_transient;
   st.view_scratch = detail::bytes_copy(impl_->scratch->data(), impl_->scratch->size());
+  st.open_span = impl_->pol.open_span().id;
+  st.open_span_chunks = impl_->pol.open_span().chunks;
+  st.next_span = impl_->pol.next_span_id();
+  st.span_breaks = impl_->span_breaks;
+  st.open_k_book = copy_of(impl_->open_k_book);
+  st.open_v_book = copy_of(impl_->open_v_book);
+  st.open_k_energy = impl_->open_k_energy;
+  st.open_v_energy = impl_->open_v_energy;
   return st;
 }
 

@@ -47,6 +47,11 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
     const DecodeTask& tk = tasks[i];
     QVG_CHECK(tk.enc != nullptr);
     const EncodedTensor& enc = *tk.enc;
+    const EncodedTensor& book = tk.codebook ? *tk.codebook : enc;
+    QVG_CHECK(book.centroid.size() == size_t(enc.stages) && book.dtype == enc.dtype && book.centroids == enc.centroids &&
+              book.shape.h == enc.shape.h && book.shape.b == enc.shape.b && book.shape.d == enc.shape.d);
+    for (const auto& c : book.centroid)
+      QVG_CHECK(c.size() == size_t(enc.groups() * enc.centroids * enc.shape.d) * dtype_size(enc.dtype));
     QVG_CHECK(0 <= tk.t0 && tk.t0 <= tk.t1 && tk.t1 <= enc.shape.s && 0 <= tk.h0 && tk.h0 < tk.h1 &&
               tk.h1 <= enc.shape.h);
     const int64_t nblk = (tk.t1 - tk.t0 + kTokBlock - 1) / kTokBlock;
@@ -79,17 +84,18 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
       const int64_t bh = local / nblk, blk = local % nblk;
       const int64_t b = bh / H, h = tk.h0 + bh % H;
       const int64_t g = b * enc.shape.h + h;
-      if (&enc != cached_enc || g != cached_group) {  // codebooks of this group as fp32
+      const EncodedTensor& book = tk.codebook ? *tk.codebook : enc;  // where the centroids are
+      if (&book != cached_enc || g != cached_group) {  // codebooks of this group as fp32
         cent.resize(size_t(enc.stages));
         cptr.resize(size_t(enc.stages));
         iptr.resize(size_t(enc.stages));
         for (int st = 0; st < enc.stages; ++st) {
           cent[size_t(st)].resize(size_t(K * D));
-          convert_to_f32(enc.centroid[size_t(st)].data() + size_t(g * K * D) * dtype_size(enc.dtype), enc.dtype,
+          convert_to_f32(book.centroid[size_t(st)].data() + size_t(g * K * D) * dtype_size(book.dtype), book.dtype,
                          cent[size_t(st)].data(), size_t(K * D));
           cptr[size_t(st)] = cent[size_t(st)].data();
         }
-        cached_enc = &enc;
+        cached_enc = &book;
         cached_group = g;
       }
       const int64_t a = tk.t0 + blk * kTokBlock, e = std::min(tk.t1, a + kTokBlock);

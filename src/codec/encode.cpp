@@ -74,27 +74,52 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
 }
 
 EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm,
-                               EncodeStats* stats, AssignPath path) {
+                               EncodeStats* stats, AssignPath path, SpanCodebook* span, int add) {
   const Shape4 sh = x.shape;
   if (sh.b < 1 || sh.s < 1 || sh.h < 1 || sh.d < 1)
     throw InvalidArgument(fmt::format("input shape must be [B, S, H, D] with every dimension >= 1, got {}", sh.str()));
   cfg.validate_for_head_dim(sh.d);
   if (sh.s > (int64_t(1) << 31) || sh.b * sh.h > (int64_t(1) << 31))
     throw InvalidArgument(fmt::format("input shape {} is too large (tokens and groups must be < 2^31)", sh.str()));
-  if (cfg.init == Init::Warm && warm != nullptr) {
-    if (warm->shape.b != sh.b || warm->shape.h != sh.h || warm->shape.d != sh.d || warm->centroids != cfg.centroids ||
-        warm->stages != cfg.stages)
+  auto check_codebook = [&](const EncodedTensor& c, const char* what) {
+    if (c.shape.b != sh.b || c.shape.h != sh.h || c.shape.d != sh.d || c.centroids != cfg.centroids ||
+        c.stages != cfg.stages || c.centroid.size() != size_t(cfg.stages))
       throw InvalidArgument(fmt::format(
-          "warm-start centroids must match B, H, D, centroids and stages of the input ({}, centroids={}, stages={}), "
+          "{} must match B, H, D, centroids and stages of the input ({}, centroids={}, stages={}), "
           "got shape {} with centroids={}, stages={}",
-          sh.str(), cfg.centroids, cfg.stages, warm->shape.str(), warm->centroids, warm->stages));
+          what, sh.str(), cfg.centroids, cfg.stages, c.shape.str(), c.centroids, c.stages));
+  };
+  const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, K = cfg.centroids;
+  const size_t esz = dtype_size(x.dtype);
+  if (cfg.init == Init::Warm && warm != nullptr) check_codebook(*warm, "warm-start centroids");
+  // A span chunk: up to `add` new centroids per stage, in slots [filled, filled + added).
+  int added = 0;
+  if (span != nullptr) {
+    check_codebook(span->book, "the span's codebook");
+    if (span->book.dtype != x.dtype)
+      throw InvalidArgument(fmt::format("the span's codebook dtype must be the input's {}, got {}",
+                                        dtype_name(x.dtype), dtype_name(span->book.dtype)));
+    const size_t want = size_t(G * K * D) * esz;
+    for (const auto& c : span->book.centroid)
+      if (c.size() != want)
+        throw InvalidArgument(fmt::format("the span's codebook arrays must hold {} bytes, got {}", want, c.size()));
+    if (span->filled < 0 || span->filled > K || add < 0)
+      throw InvalidArgument(fmt::format("span codebook: filled must be in [0, {}] and add >= 0, got filled={} add={}",
+                                        K, span->filled, add));
+    added = int(std::min<int64_t>({int64_t(add), S, K - span->filled}));
+    if (span->filled + added < 1)
+      throw InvalidArgument("span codebook: no slot would be in use (filled = 0 and add = 0)");
   }
   check_finite_and_bounded(x, "input");
 
   EncodedTensor enc = EncodedTensor::allocate(EncodingLayout::of(sh, x.dtype, cfg));
-  const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, K = cfg.centroids;
-  const size_t esz = dtype_size(x.dtype);
-  if (stats) stats->iterations.assign(size_t(cfg.stages), std::vector<int>(size_t(G), 0));
+  if (stats) {
+    stats->iterations.assign(size_t(cfg.stages), std::vector<int>(size_t(G), 0));
+    stats->residual_energy = 0;
+    stats->residual_elements = G * S * D;
+  }
+  std::vector<double> energy(size_t(G), 0.0);  // per group, summed in group order below
+  const int64_t used = span ? span->filled + added : 0;  // slots a span chunk's points may use
 
   const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;
   const int nthreads = cfg.threads > 0 ? cfg.threads : omp_get_max_threads();
@@ -121,34 +146,49 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
         }
       }
       for (int st = 0; st < cfg.stages; ++st) {
-        detail::KMeansParams p;
-        p.k = cfg.centroids;
-        p.iters = cfg.kmeans_iters;
-        p.init = init;
-        p.seed = cfg.seed;
-        p.stage = st;
-        p.b = b;
-        p.h = h;
-        p.path = path;
-        p.threads = inner ? nthreads : 1;
-        if (init == Init::Warm) {
-          warm_c.resize(size_t(K * D));
-          for (int64_t i = 0; i < K * D; ++i) warm_c[size_t(i)] = warm->centroid_at(st, b, h, i / D, i % D);
-          p.warm = warm_c.data();
-        }
-        detail::KMeansResult km = detail::kmeans(r.data(), S, D, p, ws);
-        if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
-        // Store centroids rounded to the input dtype; subtract the *stored* values.
-        uint8_t* cdst = enc.centroid[size_t(st)].data() + size_t(g * K * D) * esz;
-        convert_from_f32(km.centroids.data(), x.dtype, cdst, size_t(K * D));
-        convert_to_f32(cdst, x.dtype, stored.data(), size_t(K * D));
         uint8_t* ids = enc.ids[size_t(st)].data() + size_t(g * S);
-        std::copy(km.ids.begin(), km.ids.end(), ids);
+        // The stage's codebook: k-means centroids of this encoding (slots [0, K)), or
+        // the span's slots with `added` new ones trained here ([filled, filled + added)).
+        const int64_t first_new = span ? span->filled : 0;
+        const int k_train = span ? added : cfg.centroids;
+        uint8_t* cbase = (span ? span->book.centroid[size_t(st)].data() : enc.centroid[size_t(st)].data()) +
+                         size_t(g * K * D) * esz;
+        if (k_train > 0) {
+          detail::KMeansParams p;
+          p.k = k_train;
+          p.iters = cfg.kmeans_iters;
+          p.init = init;
+          p.seed = cfg.seed;
+          p.stage = st;
+          p.b = b;
+          p.h = h;
+          p.path = path;
+          p.threads = inner ? nthreads : 1;
+          if (init == Init::Warm) {
+            warm_c.resize(size_t(k_train * D));
+            for (int64_t i = 0; i < k_train * D; ++i)
+              warm_c[size_t(i)] = warm->centroid_at(st, b, h, first_new + i / D, i % D);
+            p.warm = warm_c.data();
+          }
+          detail::KMeansResult km = detail::kmeans(r.data(), S, D, p, ws);
+          if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
+          // Store centroids rounded to the input dtype; subtract the *stored* values.
+          convert_from_f32(km.centroids.data(), x.dtype, cbase + size_t(first_new * D) * esz, size_t(k_train * D));
+          if (!span) std::copy(km.ids.begin(), km.ids.end(), ids);
+        }
+        convert_to_f32(cbase, x.dtype, stored.data(), size_t(K * D));
+        if (span)  // every point to the nearest slot in use (old and new centroids)
+          detail::assign_to(r.data(), S, D, stored.data(), int(used), ids, path, inner ? nthreads : 1, ws);
         for (int64_t t = 0; t < S; ++t) {
           const float* c = stored.data() + int64_t(ids[t]) * D;
           float* rt = r.data() + t * D;
           for (int64_t d = 0; d < D; ++d) rt[d] = rt[d] - c[d];
         }
+      }
+      if (stats) {
+        double e = 0;
+        for (float v : r) e += double(v) * double(v);
+        energy[size_t(g)] = e;
       }
       quantize_residual_group(r.data(), g, enc);
     } catch (...) {
@@ -158,13 +198,38 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
   }
   }
   if (failure) std::rethrow_exception(failure);
+  if (stats)
+    for (double e : energy) stats->residual_energy += e;
+  if (span) {
+    span->filled += added;
+    for (auto& c : enc.centroid) c = std::vector<uint8_t>();  // decoded with the span's codebook
+  }
   return enc;
 }
 
 }  // namespace detail
 
 EncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm, EncodeStats* stats) {
-  return detail::encode_with_path(x, cfg, warm, stats, detail::AssignPath::Fast);
+  return detail::encode_with_path(x, cfg, warm, stats, detail::AssignPath::Fast, nullptr);
+}
+
+SpanCodebook SpanCodebook::empty(Shape4 shape, DType dtype, const CodecConfig& cfg) {
+  SpanCodebook s;
+  static_cast<EncodingLayout&>(s.book) = EncodingLayout::of(shape, dtype, cfg);
+  const size_t n = size_t(shape.b * shape.h * cfg.centroids * shape.d) * dtype_size(dtype);
+  s.book.centroid.assign(size_t(cfg.stages), std::vector<uint8_t>(n, 0));
+  return s;
+}
+
+EncodedTensor encode_span_chunk(ConstTensorView x, const CodecConfig& cfg, SpanCodebook& span, int add,
+                                const EncodedTensor* warm, EncodeStats* stats) {
+  return detail::encode_with_path(x, cfg, warm, stats, detail::AssignPath::Fast, &span, add);
+}
+
+EncodedTensor with_codebook(const EncodedTensor& part, const EncodedTensor& codebook) {
+  EncodedTensor full = part;
+  full.centroid = codebook.centroid;
+  return full;
 }
 
 }  // namespace qvg

@@ -143,6 +143,34 @@ void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, floa
 
 }  // namespace
 
+namespace {
+/// The group mean (fp64 sums, rounded to fp32) and the centred points xc = x - mu.
+void centre(const float* points, int64_t n, int64_t dim, KMeansWorkspace& ws) {
+  std::vector<double>& mean_d = ws.mean;
+  mean_d.assign(static_cast<size_t>(dim), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) mean_d[size_t(d)] += double(points[i * dim + d]);
+  std::vector<float>& mu = ws.mu;
+  mu.resize(static_cast<size_t>(dim));
+  for (int64_t d = 0; d < dim; ++d) mu[size_t(d)] = float(mean_d[size_t(d)] / double(n));
+  std::vector<float>& xc = ws.xc;
+  xc.resize(static_cast<size_t>(n * dim));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) xc[size_t(i * dim + d)] = points[i * dim + d] - mu[size_t(d)];
+}
+}  // namespace
+
+void assign_to(const float* points, int64_t n, int64_t dim, const float* centroids, int k, uint8_t* ids,
+               AssignPath path, int threads, KMeansWorkspace& ws) {
+  QVG_CHECK(n >= 1 && dim >= 1 && k >= 1 && k <= 256);
+  centre(points, n, dim, ws);
+  std::vector<float>& c = ws.c;
+  c.resize(static_cast<size_t>(k) * size_t(dim));
+  for (int j = 0; j < k; ++j)
+    for (int64_t d = 0; d < dim; ++d) c[size_t(j * dim + d)] = centroids[j * dim + d] - ws.mu[size_t(d)];
+  assign(ws.xc.data(), n, dim, c.data(), k, path, ids, true, threads);
+}
+
 KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p) {
   KMeansWorkspace ws;
   return kmeans(points, n, dim, p, ws);
@@ -155,17 +183,9 @@ KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansPar
   res.k_eff = k;
 
   // Group-centred copy of the points (spec 1.1: required for the expanded form).
-  std::vector<double>& mean_d = ws.mean;
-  mean_d.assign(static_cast<size_t>(dim), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < dim; ++d) mean_d[size_t(d)] += double(points[i * dim + d]);
-  std::vector<float>& mu = ws.mu;
-  mu.resize(static_cast<size_t>(dim));
-  for (int64_t d = 0; d < dim; ++d) mu[size_t(d)] = float(mean_d[size_t(d)] / double(n));
+  centre(points, n, dim, ws);
+  const std::vector<float>& mu = ws.mu;
   std::vector<float>& xc = ws.xc;
-  xc.resize(static_cast<size_t>(n * dim));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < dim; ++d) xc[size_t(i * dim + d)] = points[i * dim + d] - mu[size_t(d)];
 
   std::vector<float>& c = ws.c;
   c.resize(static_cast<size_t>(k) * size_t(dim));

@@ -50,6 +50,13 @@ struct KMeansWorkspace {
   std::vector<char> chosen;
 };
 
+/// Assigns each of n points (n x dim, original coordinates) to the nearest of the
+/// first k of `centroids` (k x dim, original coordinates, fp32) with the same
+/// distances as kmeans() (group-centred, `path`); writes ids[0..n). No update.
+/// REQUIRES n >= 1, 1 <= k <= 256.
+void assign_to(const float* points, int64_t n, int64_t dim, const float* centroids, int k, uint8_t* ids,
+               AssignPath path, int threads, KMeansWorkspace& ws);
+
 /// Clusters n points of dimension dim (row-major n x dim, fp32). REQUIRES n >= 1,
 /// 1 <= k <= 256, iters >= 1, warm non-null when init == Warm.
 KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p);

@@ -18,12 +18,14 @@ constexpr EnumName<Scaling> kScalings[] = {{Scaling::TwoLevel, "two_level"}, {Sc
 constexpr EnumName<Init> kInits[] = {
     {Init::Random, "random"}, {Init::KMeansPlusPlus, "kmeans++"}, {Init::KMeansPlusPlus, "kmeanspp"}, {Init::Warm, "warm"}};
 constexpr EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
+constexpr EnumName<SpanMode> kSpanModes[] = {{SpanMode::Deferred, "deferred"}, {SpanMode::Incremental, "incremental"}};
 }  // namespace
 
 std::string_view name(ScaleDType v) { return detail::name_in(kScaleDTypes, v); }
 std::string_view name(Scaling v) { return detail::name_in(kScalings, v); }
 std::string_view name(Init v) { return detail::name_in(kInits, v); }
 std::string_view name(SinkSpan v) { return detail::name_in(kSinkSpans, v); }
+std::string_view name(SpanMode v) { return detail::name_in(kSpanModes, v); }
 
 ScaleDType parse_scale_dtype(std::string_view s) {
   return detail::parse_in(kScaleDTypes, s, "scale_dtype", "fp8_e4m3 (or fp8), bf16");
@@ -31,6 +33,9 @@ ScaleDType parse_scale_dtype(std::string_view s) {
 Scaling parse_scaling(std::string_view s) { return detail::parse_in(kScalings, s, "scaling", "two_level, compat"); }
 Init parse_init(std::string_view s) { return detail::parse_in(kInits, s, "init", "random, kmeans++, warm"); }
 SinkSpan parse_sink_span(std::string_view s) { return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full"); }
+SpanMode parse_span_mode(std::string_view s) {
+  return detail::parse_in(kSpanModes, s, "span_mode", "deferred, incremental");
+}
 
 namespace {
 
@@ -98,6 +103,9 @@ void QuantArgs::validate() const {
   if (sink_keep_chunks < 0)
     throw InvalidArgument(fmt::format("sink_keep_chunks must be >= 0, got {}", sink_keep_chunks));
   if (span_chunks < 1) throw InvalidArgument(fmt::format("span_chunks must be >= 1, got {}", span_chunks));
+  if (!(span_break_ratio >= 0.0 && span_break_ratio <= 1e6))
+    throw InvalidArgument(
+        fmt::format("span_break_ratio must be in [0, 1e6] (0 = never break a span), got {}", span_break_ratio));
   if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
 }
 
@@ -113,7 +121,10 @@ std::string QuantArgs::describe() const {
       "keep_recent_chunks={} sink={} sink_span={} sink_keep_chunks={} span_chunks={} scaling={} scale_dtype={} "
       "init={} seed={}",
       *bits, centroids, block_size, stages, kmeans_iters, asymmetric, keep_recent_chunks, sink, name(sink_span),
-      sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed);
+      sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed) +
+         (span_mode == SpanMode::Deferred
+              ? std::string()
+              : fmt::format(" span_mode={} span_break_ratio={}", name(span_mode), span_break_ratio));
 }
 
 CodecConfig QuantArgs::codec() const {
@@ -140,6 +151,16 @@ int parse_int32_flag(const std::string& key, const std::string& v) {
   if (x < -2147483647 || x > 2147483647)
     throw InvalidArgument(fmt::format("{} must fit in 32 bits, got '{}'", key, v));
   return int(x);
+}
+
+double parse_double_flag(const std::string& key, const std::string& v) {
+  double out = 0;
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  auto [p, ec] = std::from_chars(b, e, out);
+  if (ec != std::errc() || p != e || v.empty())
+    throw InvalidArgument(fmt::format("{} must be a number, got '{}'", key, v));
+  return out;
 }
 
 bool parse_bool_flag(const std::string& key, const std::string& v) {
@@ -184,6 +205,8 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else if (f == "_sink") a.sink = parse_bool_flag(key, value);
     else if (f == "_sink_span") a.sink_span = parse_sink_span(value);
     else if (f == "_span_chunks") a.span_chunks = parse_int32_flag(key, value);
+    else if (f == "_span_mode") a.span_mode = parse_span_mode(value);
+    else if (f == "_span_break_ratio") a.span_break_ratio = parse_double_flag(key, value);
     else if (f == "_scaling") a.scaling = parse_scaling(value);
     else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
     else if (f == "_init") a.init = parse_init(value);
@@ -191,8 +214,8 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
-          "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _scaling, _scale_dtype, "
-          "_init, _seed",
+          "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _span_mode, _span_break_ratio, "
+          "_scaling, _scale_dtype, _init, _seed",
           key));
   }
   a.validate();

@@ -105,29 +105,50 @@ size_t PolicyReplay::span_bytes(int64_t tokens) const {
   return 2 * EncodedTensor::predicted_nbytes(s, impl_->shape.dtype, impl_->args.codec());
 }
 
-const PolicyStep& PolicyReplay::advance() {
+size_t PolicyReplay::codebook_bytes() const {
+  const Shape4 s{1, 1, impl_->shape.heads, impl_->shape.head_dim};
+  const EncodingLayout l = EncodingLayout::of(s, impl_->shape.dtype, impl_->args.codec());
+  size_t n = 0;
+  for (const ArrayDesc& a : l.arrays())
+    if (a.kind == EncodedArray::Centroids) n += a.bytes();
+  return 2 * n;
+}
+
+size_t PolicyReplay::chunk_data_bytes(int64_t tokens) const { return span_bytes(tokens) - codebook_bytes(); }
+
+const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
   Impl& m = *impl_;
   const int64_t n = m.shape.chunk_size(m.next_chunk);
   const size_t raw_half = m.shape.raw_bytes(n) / 2;
   m.pol.push_current(m.pol.global_end(), n, Bytes{raw_half, raw_half});
   m.pol.evict();
-  m.pol.pack([&](const std::vector<const detail::PlanSegment<Bytes>*>&, detail::PlanSegment<Bytes>& span) {
-    const size_t half = span_bytes(span.tokens()) / 2;
+  m.pol.pack([&](const std::vector<const detail::PlanSegment<Bytes>*>&, detail::PlanSegment<Bytes>& span,
+                 detail::SpanChoice& choice) {
+    const size_t half = (choice.incremental ? chunk_data_bytes(span.tokens()) : span_bytes(span.tokens())) / 2;
     span.data = Bytes{half, half};
+    if (choice.incremental) {
+      const bool answer = !join || join();  // consumed for every incremental chunk, in order
+      choice.joined = choice.may_join && answer;
+    }
   });
 
   m.segs.clear();
   PolicyStep st;
   st.chunk = m.next_chunk++;
   st.global_end = m.pol.global_end();
+  const size_t book = m.args.enabled() ? codebook_bytes() : 0;
   for (const auto& p : m.pol.segments()) {
-    const SegmentSize s{p.g0, p.g1, p.chunks, p.is_sink, p.packed, p.data.k, p.data.v};
+    const SegmentSize s{p.g0, p.g1, p.chunks, p.is_sink, p.packed, p.data.k, p.data.v, p.span};
     m.segs.push_back(s);
     (s.packed ? st.packed_bytes : st.raw_bytes) += s.bytes();
     (s.packed ? st.packed_tokens : st.raw_tokens) += s.tokens();
   }
+  st.resident_bytes = detail::resident_bytes(
+      m.pol, [](const detail::PlanSegment<Bytes>& p) { return p.data.k + p.data.v; },
+      [&](const detail::PlanSegment<Bytes>&) { return book; });
+  st.codebook_bytes = st.resident_bytes - st.raw_bytes - st.packed_bytes;
+  st.packed_bytes += st.codebook_bytes;
   st.segments = int64_t(m.segs.size());
-  st.resident_bytes = st.raw_bytes + st.packed_bytes;
   m.steps.push_back(st);
   return m.steps.back();
 }
@@ -162,10 +183,17 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
     s.k_bytes = s.v_bytes = shape.raw_bytes(g1 - g0) / 2;
     return s;
   };
+  const bool incremental = args.enabled() && args.span_mode == SpanMode::Incremental;
   auto span_seg = [&](int64_t g0, int64_t g1, bool sink, int64_t chunks) {
     SegmentSize s = raw_seg(g0, g1, sink, chunks);
     s.packed = true;
     s.k_bytes = s.v_bytes = replay.span_bytes(g1 - g0) / 2;
+    if (incremental && !sink) {  // one codebook, then each chunk's data arrays (own factors)
+      size_t bytes = replay.codebook_bytes();
+      for (int64_t t = g0; t < g1; t += shape.chunk_tokens)
+        bytes += replay.chunk_data_bytes(std::min(g1, t + shape.chunk_tokens) - t);
+      s.k_bytes = s.v_bytes = bytes / 2;
+    }
     return s;
   };
   const bool on = args.enabled();

@@ -58,6 +58,34 @@ ErrorSums tensor_error(ConstTensorView x, ConstTensorView y) {
   return s;
 }
 
+/// x ([1, chunks * chunk_tokens, H, D]) encoded chunk by chunk into one incremental
+/// span (the packed cache's slot schedule: half of K for the first chunk, the rest
+/// shared out over the others) and decoded; the bytes stored (one codebook, every
+/// chunk's arrays) are added to `bytes`.
+Tensor incremental_round_trip(const Tensor& x, int64_t chunk_tokens, int64_t chunks, const CodecConfig& codec,
+                              size_t& bytes) {
+  const Shape4 sh = x.shape();
+  QVG_CHECK(sh.b == 1 && sh.s == chunks * chunk_tokens);
+  const int K = codec.centroids;
+  const int first = chunks > 1 ? (K + 1) / 2 : K;
+  const int later = chunks > 1 ? int((K - first) / (chunks - 1)) : 0;
+  const size_t row = size_t(sh.h * sh.d) * dtype_size(x.dtype());
+  SpanCodebook span = SpanCodebook::empty({1, chunk_tokens, sh.h, sh.d}, x.dtype(), codec);
+  Tensor out(x.dtype(), sh);
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t t0 = i * chunk_tokens;
+    const ConstTensorView part{static_cast<const std::byte*>(x.data()) + size_t(t0) * row, x.dtype(),
+                               {1, chunk_tokens, sh.h, sh.d}};
+    const EncodedTensor e = encode_span_chunk(part, codec, span, i == 0 ? first : later);
+    bytes += e.nbytes();
+    const DecodeTarget dst{static_cast<std::byte*>(out.data()) + size_t(t0) * row, x.dtype(), sh.s * sh.h * sh.d,
+                           sh.h * sh.d};
+    decode_ranges({DecodeTask{&e, 0, chunk_tokens, 0, sh.h, dst, &span.book}}, codec.threads);
+  }
+  bytes += span.book.nbytes();
+  return out;
+}
+
 }  // namespace
 
 CompareResult compare(const CompareConfig& cfg) {
@@ -111,7 +139,10 @@ CompareResult compare(const CompareConfig& cfg) {
       CompareRow& row = res.rows[m];
       Tensor kq, vq;
       const auto t0 = clock::now();
-      if (methods[m] == "qvg") {
+      if (methods[m] == "qvg" && cfg.span_mode == SpanMode::Incremental) {
+        kq = incremental_round_trip(ctx.k, p.chunk_tokens(), res.context_chunks, codec, bytes[m]);
+        vq = incremental_round_trip(ctx.v, p.chunk_tokens(), res.context_chunks, codec, bytes[m]);
+      } else if (methods[m] == "qvg") {
         const EncodedTensor ek = encode(ctx.k.view(), codec);
         const EncodedTensor ev = encode(ctx.v.view(), codec);
         kq = decode(ek, codec.threads);

@@ -67,6 +67,8 @@ ojson quant_json(const std::string& label, const QuantArgs& q) {
              {"block_size", q.block_size}};
   put_codec_settings(j, q);
   j.update(ojson{{"span_chunks", q.span_chunks},
+                 {"span_mode", std::string(name(q.span_mode))},
+                 {"span_break_ratio", q.span_break_ratio},
                  {"keep_recent_chunks", q.keep_recent_chunks},
                  {"sink", q.sink},
                  {"sink_span", std::string(name(q.sink_span))},
@@ -106,7 +108,8 @@ ojson packed_json(const std::string& label, size_t dense_bytes, const PackedLaye
              {"encoded_tokens", p.encoded_tokens},
              {"encoded_visible_tokens", p.encoded_visible},
              {"encoded_bytes", p.encoded_bytes},
-             {"spans_encoded", p.spans_encoded}};
+             {"spans_encoded", p.spans_encoded},
+             {"chunks_encoded", p.chunks_encoded}};
   put_kv_errors(j, p.k, p.v);
   put_attention(j, p.attention, true);
   j["encode_s"] = num(p.encode_s / layers);
@@ -234,6 +237,8 @@ ojson summary_json(const PackedSummary& s) {
                   {"quality_chunks", s.quality_chunks},
                   {"spans", s.spans},
                   {"encode_s_per_span", num(s.encode_s_per_span)},
+                  {"encode_s_per_chunk", num(s.encode_s_per_chunk)},
+                  {"span_breaks", s.span_breaks},
                   {"decode_s_per_step", num(s.decode_s_per_step)},
                   {"attention_s_per_chunk", num(s.attention_s_per_chunk)},
                   {"memory_model_matches", s.memory_model_matches}});
@@ -288,6 +293,7 @@ std::string compare_json(const CompareResult& r, int indent) {
   ojson codec = {{"bits", cc.bits}, {"block_size", cc.block_size}, {"centroids", cc.centroids}};
   put_codec_settings(codec, cc);
   codec["kivi_group_tokens"] = cc.block_size;
+  codec["span_mode"] = std::string(name(r.config.span_mode));
   const ojson rows = array_of(r.rows, [](const CompareRow& row) {
     ojson rj = {
         {"method", row.method}, {"bits_per_element", num(row.bits_per_element)}, {"compression_ratio", num(row.ratio)}};

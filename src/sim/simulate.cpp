@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <deque>
 #include <set>
 
 #include <fmt/core.h>
@@ -211,13 +212,17 @@ struct EncodedInfo {
 };
 EncodedInfo encoded_info(const PackedCausalCache& c) {
   EncodedInfo e;
+  int64_t last_span = -1;
   for (size_t i = 0; i < c.num_segments(); ++i) {
     const auto s = c.segment(i);
     if (!s.packed) continue;
     e.ranges.emplace_back(s.g0, s.g1);
     e.tokens += s.g1 - s.g0;
     e.bytes += s.nbytes;
-    ++e.spans;
+    if (s.span >= 0 && s.span != last_span)  // an incremental span's codebooks, once
+      e.bytes += s.k_codebook->nbytes() + s.v_codebook->nbytes();
+    if (s.span < 0 || s.span != last_span) ++e.spans;
+    last_span = s.span;
   }
   return e;
 }
@@ -272,6 +277,9 @@ struct LayerState {
   std::unique_ptr<DenseCausalCache> dense;
   std::vector<std::unique_ptr<PackedCausalCache>> packed;
   std::vector<std::unique_ptr<PolicyReplay>> replay;  // null when the memory model rejects the shapes
+  /// Per configuration: whether each incremental chunk the last advance encoded joined
+  /// its open span (the cache's adaptive decisions, replayed by the memory model).
+  std::vector<std::deque<bool>> joins;
 };
 
 /// Empty caches (bf16, batch 1, window = the scaled preset's cache) for each of `layers`.
@@ -310,6 +318,7 @@ std::vector<LayerState> build_layer_states(const SimulationConfig& cfg, const Mo
         r.reset();  // the memory model does not cover these shapes: no prediction
       }
       st.replay.push_back(std::move(r));
+      st.joins.emplace_back();
     }
     states.push_back(std::move(st));
   }
@@ -357,8 +366,16 @@ WindowRanges advance(LayerState& st, const StepTensors& step0, int64_t c, LayerR
     pk.update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
     lr.packed[j].encode_s = sim::seconds_since(t0);
     lr.packed[j].transient_peak_bytes = pk.peak_transient_nbytes();
-    for (size_t i = 0; i < pk.num_segments(); ++i)
-      if (pk.segment(i).packed && !packed_before.count(pk.segment(i).g0)) ++lr.packed[j].spans_encoded;
+    for (size_t i = 0; i < pk.num_segments(); ++i) {
+      const auto sg = pk.segment(i);
+      if (!sg.packed || packed_before.count(sg.g0)) continue;
+      // Newly encoded: a whole span, or a chunk that joined its predecessor's span or started one.
+      const bool joined = sg.span >= 0 && i > 0 && pk.segment(i - 1).span == sg.span;
+      if (sg.span >= 0) st.joins[j].push_back(joined);
+      if (!joined) ++lr.packed[j].spans_encoded;
+      lr.packed[j].chunks_encoded += sg.chunks;
+    }
+    lr.packed[j].span_breaks = pk.span_breaks();
   }
   const WindowRanges w = st.packed.front()->window_ranges();
   for (const auto& pk : st.packed) QVG_CHECK(pk->window_ranges() == w);
@@ -426,7 +443,17 @@ void record_resident(LayerState& st, LayerRecord& lr) {
   for (size_t j = 0; j < st.packed.size(); ++j) {
     PackedLayerRecord& pr = lr.packed[j];
     pr.resident_bytes = st.packed[j]->resident_nbytes();
-    if (st.replay[j]) pr.predicted_resident_bytes = st.replay[j]->advance().resident_bytes;
+    std::deque<bool>& joins = st.joins[j];
+    if (st.replay[j]) {
+      const auto decide = [&joins] {  // the cache's decision for the next incremental chunk
+        QVG_CHECK(!joins.empty());
+        const bool joined = joins.front();
+        joins.pop_front();
+        return joined;
+      };
+      pr.predicted_resident_bytes = st.replay[j]->advance(decide).resident_bytes;
+    }
+    joins.clear();
   }
 }
 
@@ -535,8 +562,8 @@ void summarize(SimulationResult& r) {
     s.label = r.config.packed[j].label;
     s.memory_model_matches = true;
     double packed_full_sum = 0;
-    int64_t full_n = 0, step_calls = 0, enc_chunks_spans = 0;
-    double enc_time_spans = 0, dec_time = 0, att_time = 0;
+    int64_t full_n = 0, step_calls = 0, enc_chunks_spans = 0, enc_chunks = 0;
+    double enc_time_spans = 0, enc_time_chunks = 0, dec_time = 0, att_time = 0;
     int64_t layer_chunks = 0;
     for (const ChunkRecord& c : r.chunks) {
       if (c.layers.empty()) continue;
@@ -560,6 +587,10 @@ void summarize(SimulationResult& r) {
           enc_time_spans += p.encode_s;
           enc_chunks_spans += p.spans_encoded;
         }
+        if (p.chunks_encoded > 0) {
+          enc_time_chunks += p.encode_s;
+          enc_chunks += p.chunks_encoded;
+        }
         dec_time += p.decode_s;
         step_calls += r.config.steps;
         att_time += p.attention_s;
@@ -577,6 +608,9 @@ void summarize(SimulationResult& r) {
     if (!r.chunks.empty() && !r.chunks.back().layers.empty()) {
       const PackedLayerRecord& last = r.chunks.back().layers.front().packed[j];
       s.packed_last_bytes = last.resident_bytes;
+      int64_t breaks = 0;
+      for (const LayerRecord& l : r.chunks.back().layers) breaks += l.packed[j].span_breaks;
+      s.span_breaks = int64_t(std::llround(double(breaks) / double(r.chunks.back().layers.size())));
       if (last.encoded_tokens > 0) {
         const double elems = 2.0 * double(last.encoded_tokens) * double(r.preset.heads) * double(r.preset.head_dim);
         s.bits_per_element = double(last.encoded_bytes) * 8.0 / elems;
@@ -588,6 +622,7 @@ void summarize(SimulationResult& r) {
     const double nl = double(std::max<size_t>(1, r.layers.size()));
     s.spans = int64_t(std::llround(double(enc_chunks_spans) / nl));
     s.encode_s_per_span = enc_chunks_spans > 0 ? enc_time_spans / double(enc_chunks_spans) : 0;
+    s.encode_s_per_chunk = enc_chunks > 0 ? enc_time_chunks / double(enc_chunks) : 0;
     s.decode_s_per_step = step_calls > 0 ? dec_time / double(step_calls) : 0;
     s.attention_s_per_chunk = layer_chunks > 0 ? att_time / double(layer_chunks) : 0;
 

@@ -11,6 +11,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$QVG" memory --model self-forcing-1.3b --json > "$T/sf.json"
 "$QVG" memory --model self-forcing-1.3b --json --centroids 256 --span-chunks 8 > "$T/sf8.json"
+"$QVG" memory --model self-forcing-1.3b --json --centroids 256 --span-chunks 8 --span-mode incremental \
+  --keep-recent 0 > "$T/sf8i.json"
 "$QVG" memory --model hy-worldplay-8b --json --frames 10 > "$T/hy10.json"
 "$QVG" memory --model longcat-video-13.6b --json --bits 4 --no-sink > "$T/lc4.json"
 "$QVG" memory --model lingbot-world-14b --json --scale-dtype bf16 --asymmetric --block-size 32 > "$T/lb.json"
@@ -20,7 +22,7 @@ import json, sys, os
 T = sys.argv[1]
 MiB = 2.0 ** 20
 keys = ["per_layer_bf16_mib", "per_layer_packed_mib", "total_bf16_mib", "total_packed_mib", "ratio",
-        "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window"]
+        "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window", "span_mode"]
 
 def load(name):
     j = json.load(open(os.path.join(T, name)))
@@ -56,6 +58,20 @@ close(sf["policy_ratio_vs_dense_window"], 57 * 4680 * 12 * 128 * 4 / policy, "sf
 sf8 = load("sf8.json")
 close(sf8["per_layer_packed_mib"], 7 * 2 * enc(8 * 4680, 12, 128, K=256) / MiB, "sf8 packed")
 assert sf8["ratio"] > sf["ratio"], "longer spans amortise the codebooks"
+assert sf8["span_mode"] == "deferred"
+
+# Incremental spans of 8, keep_recent 0 (docs/spans.md): every context chunk is
+# encoded on its own arrays (its own fp32 factors) against its span's codebook of
+# 256 slots (12 x 256 x 128 bf16, once per span). Fully encoded: 56 chunks, 7 spans.
+# Policy peak: the 56 context chunks encoded, 8 spans alive (the oldest one partly
+# evicted chunk by chunk), the current chunk raw.
+sf8i = load("sf8i.json")
+assert sf8i["span_mode"] == "incremental"
+book = 12 * 256 * 128 * 2
+chunk = enc(4680, 12, 128, K=256) - book
+close(sf8i["per_layer_packed_mib"], 2 * (56 * chunk + 7 * book) / MiB, "sf8i packed")
+close(sf8i["per_layer_policy_mib"], (2 * (56 * chunk + 8 * book) + 2 * 4680 * 12 * 128 * 2) / MiB, "sf8i policy")
+assert sf8i["policy_ratio"] >= 5.0 and sf8i["policy_ratio"] > 1.7 * sf8["policy_ratio"], sf8i["policy_ratio"]
 
 # HY-WorldPlay with --frames 10: 8,800 tokens = 2 spans of 3,520 + one of 1,760.
 hy = load("hy10.json")

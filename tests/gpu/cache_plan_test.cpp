@@ -87,7 +87,8 @@ std::string describe(const qvg::CacheOptions& o, const qvg::QuantArgs& q) {
 std::string segs_str(const std::vector<PackedModel::Seg>& v) {
   std::string r;
   for (const auto& s : v)
-    r += fmt::format("[{},{}){}{}x{} ", s.g0, s.g1, s.sink ? "s" : "", s.packed ? "P" : "R", s.chunks);
+    r += fmt::format("[{},{}){}{}x{}{} ", s.g0, s.g1, s.sink ? "s" : "", s.packed ? "P" : "R", s.chunks,
+                     s.joins_prev ? "+" : "");
   return r;
 }
 
@@ -121,6 +122,7 @@ int run_sequence(uint32_t seed) {
     q.sink_span = pick(0, 1) ? qvg::SinkSpan::Chunk : qvg::SinkSpan::Full;
     q.sink_keep_chunks = int(pick(0, 2));
     q.span_chunks = int(pick(1, 3));
+    if (pick(0, 2) == 0) q.span_mode = qvg::SpanMode::Incremental;
   }
   const std::string what = "seed " + std::to_string(seed) + ": " + describe(o, q);
   PackedModel model(o, q);
@@ -185,14 +187,19 @@ int run_sequence(uint32_t seed) {
     if (p->advance) {
       pol.push_current(*p, Empty{});
       pol.evict();
-      pol.pack([](const std::vector<const Policy::Segment*>& parts, Policy::Segment&) { QVG_CHECK(!parts.empty()); });
+      pol.pack([](const std::vector<const Policy::Segment*>& parts, Policy::Segment&, qvg::detail::SpanChoice& ch) {
+        QVG_CHECK(!parts.empty());
+        ch.joined = ch.may_join;  // incremental spans without adaptive breaks
+      });
     }
     const PackedModel::Result r = model.apply(cl);
 
     // Segments and cursors.
     std::vector<PackedModel::Seg> got_segs;
-    for (const auto& sg : pol.segments()) {
-      got_segs.push_back({sg.g0, sg.g1, sg.is_sink, sg.packed, sg.chunks});
+    for (size_t i = 0; i < pol.segments().size(); ++i) {
+      const auto& sg = pol.segments()[i];
+      got_segs.push_back({sg.g0, sg.g1, sg.is_sink, sg.packed, sg.chunks,
+                          sg.span >= 0 && i > 0 && pol.segments()[i - 1].span == sg.span});
       coverage.packed_segments += sg.packed;
       coverage.multi_chunk_spans += sg.packed && sg.chunks > 1;
       coverage.sink_spans += sg.packed && sg.is_sink;

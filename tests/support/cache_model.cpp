@@ -199,6 +199,8 @@ void PackedModel::reset() {
   chunks_.clear();
   ge_ = 0;
   next_span_ = 0;
+  open_span_ = -1;
+  open_chunks_ = 0;
 }
 
 std::optional<ErrorKind> PackedModel::check(const Call& call) const {
@@ -259,7 +261,7 @@ void PackedModel::pack_and_evict() {
   for (size_t i = 0; i < last; ++i) {
     Chunk& ch = chunks_[i];
     if (ch.sink || ch.st == St::Dropped) continue;
-    const int64_t end = ch.st == St::Packed ? span_end[ch.span] : ch.g1;
+    const int64_t end = ch.st == St::Packed && !ch.incremental ? span_end[ch.span] : ch.g1;
     if (end <= tail) ch.st = St::Dropped;
   }
   if (!q_.enabled()) return;
@@ -294,6 +296,27 @@ void PackedModel::pack_and_evict() {
   for (size_t j = 0; j + keep < alive.size(); ++j)
     if (chunks_[alive[j]].st == St::Raw) eligible_raw.push_back(alive[j]);
   const size_t span = size_t(q_.span_chunks);
+  if (q_.span_mode == SpanMode::Incremental) {
+    // Every eligible chunk now: into the open span if it has room and holds the
+    // chunk's predecessor (and the cache did not break the span), else a new span.
+    for (size_t i : eligible_raw) {
+      const bool answer = !join_ || join_();  // asked for every incremental chunk, in order
+      const bool may_join = open_span_ >= 0 && open_chunks_ < q_.span_chunks && i > 0 &&
+                            chunks_[i - 1].st == St::Packed && chunks_[i - 1].incremental &&
+                            chunks_[i - 1].span == open_span_;
+      Chunk& ch = chunks_[i];
+      ch.st = St::Packed;
+      ch.incremental = true;
+      if (may_join && answer) {
+        ch.span = open_span_;
+        ++open_chunks_;
+      } else {
+        ch.span = open_span_ = next_span_++;
+        open_chunks_ = 1;
+      }
+    }
+    return;
+  }
   for (size_t j = 0; j + span <= eligible_raw.size(); j += span) {
     const int id = next_span_++;
     for (size_t u = j; u < j + span; ++u) {
@@ -308,13 +331,14 @@ std::vector<PackedModel::Seg> PackedModel::segments() const {
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const Chunk& ch = chunks_[i];
     if (ch.st == St::Dropped) continue;
-    if (ch.st == St::Packed && !out.empty() && out.back().packed && i > 0 && chunks_[i - 1].st == St::Packed &&
-        chunks_[i - 1].span == ch.span) {
+    const bool same_span = ch.st == St::Packed && !out.empty() && out.back().packed && i > 0 &&
+                           chunks_[i - 1].st == St::Packed && chunks_[i - 1].span == ch.span;
+    if (same_span && !ch.incremental) {
       out.back().g1 = ch.g1;
       out.back().chunks += 1;
       continue;
     }
-    out.push_back(Seg{ch.g0, ch.g1, ch.sink, ch.st == St::Packed, 1});
+    out.push_back(Seg{ch.g0, ch.g1, ch.sink, ch.st == St::Packed, 1, same_span});
   }
   return out;
 }
@@ -322,12 +346,16 @@ std::vector<PackedModel::Seg> PackedModel::segments() const {
 size_t PackedModel::expected_resident(DType dt) const {
   size_t total = 0;
   const int64_t B = o_.batch, H = o_.heads, D = o_.head_dim;
+  // An encoding's codebook bytes: stages x [B, H, K, D] of the cache dtype (spec 1.5).
+  const size_t codebooks = q_.enabled() ? size_t(q_.stages * B * H * q_.centroids * D) * dtype_size(dt) : 0;
   for (const Seg& s : segments()) {
     const Shape4 sh{B, s.g1 - s.g0, H, D};
-    if (s.packed)
-      total += 2 * EncodedTensor::predicted_nbytes(sh, dt, q_.codec());
-    else
+    if (!s.packed) {
       total += 2 * size_t(sh.numel()) * dtype_size(dt);
+      continue;
+    }
+    total += 2 * EncodedTensor::predicted_nbytes(sh, dt, q_.codec());
+    if (s.joins_prev) total -= 2 * codebooks;  // an incremental span's codebooks count once
   }
   return total;
 }
@@ -431,6 +459,13 @@ std::string check_packed_view(const PackedCausalCache& cache, const KVView& view
   if (s.s != int64_t(positions.size()))
     return fmt::format("view has {} tokens, expected {}", s.s, positions.size());
   std::vector<float> x(size_t(s.d)), got(size_t(s.d));
+  // Chunks of incremental spans: their data with the span's codebooks (K, V).
+  std::vector<std::optional<std::pair<EncodedTensor, EncodedTensor>>> full(cache.num_segments());
+  for (size_t i = 0; i < cache.num_segments(); ++i) {
+    const auto seg = cache.segment(i);
+    if (seg.packed && seg.k_codebook)
+      full[i].emplace(with_codebook(*seg.k_enc, *seg.k_codebook), with_codebook(*seg.v_enc, *seg.v_codebook));
+  }
   for (int64_t t = 0; t < s.s; ++t) {
     const int64_t g = positions[size_t(t)];
     size_t si = 0;
@@ -451,7 +486,8 @@ std::string check_packed_view(const PackedCausalCache& cache, const KVView& view
                 return fmt::format("{} raw position {} [b={}, h={}, d={}]: {} != written {}", pass ? "v" : "k", g,
                                    b, hs + h, d, got[size_t(d)], x[size_t(d)]);
           } else {
-            const EncodedTensor& e = pass == 0 ? *seg.k_enc : *seg.v_enc;
+            const EncodedTensor& e = full[si] ? (pass == 0 ? full[si]->first : full[si]->second)
+                                              : (pass == 0 ? *seg.k_enc : *seg.v_enc);
             std::string err = check_bound(e, b, g - seg.g0, hs + h, x.data(), got.data(), vw.dtype);
             if (!err.empty()) return fmt::format("{} encoded position {}: {}", pass ? "v" : "k", g, err);
           }
@@ -466,15 +502,19 @@ std::string compare_segments(const PackedCausalCache& cache, const std::vector<P
   bool same = cache.num_segments() == want.size();
   for (size_t i = 0; i < cache.num_segments(); ++i) {
     const auto s = cache.segment(i);
-    got_s += fmt::format("[{},{}){}{}x{} ", s.g0, s.g1, s.is_sink ? "s" : "", s.packed ? "P" : "R", s.chunks);
+    got_s += fmt::format("[{},{}){}{}x{}{} ", s.g0, s.g1, s.is_sink ? "s" : "", s.packed ? "P" : "R", s.chunks,
+                         s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span ? "+" : "");
     if (i < want.size()) {
       const auto& w = want[i];
-      if (s.g0 != w.g0 || s.g1 != w.g1 || s.is_sink != w.sink || s.packed != w.packed || s.chunks != w.chunks)
+      const bool joins_prev = s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span;
+      if (s.g0 != w.g0 || s.g1 != w.g1 || s.is_sink != w.sink || s.packed != w.packed || s.chunks != w.chunks ||
+          joins_prev != w.joins_prev)
         same = false;
     }
   }
   for (const auto& w : want)
-    want_s += fmt::format("[{},{}){}{}x{} ", w.g0, w.g1, w.sink ? "s" : "", w.packed ? "P" : "R", w.chunks);
+    want_s += fmt::format("[{},{}){}{}x{}{} ", w.g0, w.g1, w.sink ? "s" : "", w.packed ? "P" : "R", w.chunks,
+                          w.joins_prev ? "+" : "");
   return same ? "" : fmt::format("segments {}!= expected {}", got_s, want_s);
 }
 

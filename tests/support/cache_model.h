@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -108,18 +109,25 @@ class PackedModel {
   Result apply(const Call& call);
   void reset();
 
-  /// The segments the cache must hold: alive chunks, merged per span.
+  /// The segments the cache must hold: alive chunks, merged per span (a span encoded
+  /// whole); the chunks of an incremental span stay separate segments, and
+  /// `joins_prev` says that one shares the span (codebook) of the segment before it.
   struct Seg {
     int64_t g0 = 0, g1 = 0;
     bool sink = false, packed = false;
     int chunks = 1;
+    bool joins_prev = false;
     bool operator==(const Seg&) const = default;
   };
+  /// Incremental spans: decides, for every incremental chunk in encoding order,
+  /// whether it joins the open span when it may (the cache's adaptive boundary is
+  /// data-dependent; tests feed its decisions back). Default: always.
+  void set_join_decision(std::function<bool()> join) { join_ = std::move(join); }
   std::vector<Seg> segments() const;
   /// Raw bytes + predicted encoded bytes of segments() (spec 4 resident_nbytes).
   size_t expected_resident(DType dt) const;
   int64_t global_end() const { return ge_; }
-  int encodings() const { return next_span_; }  ///< spans encoded since construction/reset
+  int encodings() const { return next_span_; }  ///< spans started since construction/reset
 
  private:
   enum class St { Raw, Packed, Dropped };
@@ -128,6 +136,7 @@ class PackedModel {
     bool sink;
     St st = St::Raw;
     int span = -1;
+    bool incremental = false;  ///< a chunk of an incremental span (encoded and evicted on its own)
   };
   void pack_and_evict();
   CacheOptions o_;
@@ -135,6 +144,8 @@ class PackedModel {
   int64_t ge_ = 0;
   std::vector<Chunk> chunks_;  // every chunk ever advanced since reset, in order
   int next_span_ = 0;
+  int open_span_ = -1, open_chunks_ = 0;  // the incremental span chunks may join
+  std::function<bool()> join_;
 };
 
 /// Compares a cache view with a model view exactly (bit patterns of fp32

@@ -7,6 +7,8 @@ namespace qvg::cli {
 
 void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q) {
   q.span_chunks = int(parse_int_flag("--span-chunks", f.span_chunks, 1, 1'000'000));
+  q.span_mode = named("--span-mode", [&] { return parse_span_mode(f.span_mode); });
+  q.span_break_ratio = parse_double_flag("--span-break-ratio", f.span_break_ratio, 0.0, 1e6, "in [0, 1e6] (0 = never)");
   q.keep_recent_chunks = int(parse_int_flag("--keep-recent", f.keep_recent, 0, 1'000'000));
   q.sink_keep_chunks = int(parse_int_flag("--sink-keep", f.sink_keep, 0, 1'000'000));
   q.sink = !f.no_sink;

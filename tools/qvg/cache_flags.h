@@ -1,5 +1,6 @@
 // tools/qvg/cache_flags.h — the packed-cache policy flags of `simulate` and `memory`:
-// --span-chunks --keep-recent --sink-keep --sink-span --no-sink. Each command
+// --span-chunks --span-mode --span-break-ratio --keep-recent --sink-keep --sink-span
+// --no-sink. Each command
 // registers them with its own help text (add_value); this parses them, one rule for both.
 #pragma once
 
@@ -13,13 +14,16 @@ namespace qvg::cli {
 /// The policy flags as given on the command line.
 struct CacheFlags {
   std::string span_chunks = "1";
+  std::string span_mode = "deferred";
+  std::string span_break_ratio = "0";
   std::string keep_recent = "1";
   std::string sink_keep = "0";
   std::optional<std::string> sink_span = std::nullopt;  ///< nullopt: the preset's sink policy
   bool no_sink = false;
 };
 
-/// Sets q's span_chunks (1..1000000), keep_recent_chunks and sink_keep_chunks
+/// Sets q's span_chunks (1..1000000), span_mode, span_break_ratio (0..1e6),
+/// keep_recent_chunks and sink_keep_chunks
 /// (0..1000000), sink (!no_sink) and sink_span (`preset_sink_span` unless --sink-span
 /// names one). Throws InvalidArgument naming the flag.
 void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q);

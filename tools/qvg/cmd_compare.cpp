@@ -31,6 +31,7 @@ struct CompareOptions {
   std::string layers = "2";
   std::string query_stride = "8";
   std::string codec_seed = "1234";
+  std::string span_mode = "deferred";
   bool json = false;
   CodecConfig cfg;
 };
@@ -52,6 +53,7 @@ void run_compare(const CompareOptions& o) {
   c.seed = parse_seed_flag("--seed", o.workload.seed);
   c.codec = o.cfg;
   c.codec.seed = parse_seed_flag("--codec-seed", o.codec_seed);
+  c.span_mode = named("--span-mode", [&] { return parse_span_mode(o.span_mode); });
   c.threads = o.cfg.threads;
   c.validate();
   const CompareResult r = compare(c);
@@ -73,6 +75,10 @@ void register_compare(CLI::App& root) {
   add_value(*cmd, "--query-stride", o->query_stride, "score every N-th query of the next chunk", "N");
   add_stream_codec_flags(*cmd, o->cfg);
   add_video_seed_flag(*cmd, o->workload);
+  add_value(*cmd, "--span-mode", o->span_mode,
+            "how qvg encodes the context's chunks: deferred (one span, one codebook trained on all) | incremental "
+            "(chunk by chunk into one growing span codebook, as the packed cache; docs/spans.md)",
+            "NAME");
   add_codec_seed_flag(*cmd, o->codec_seed);
   cmd->add_flag("--json", o->json, "print the table as JSON");
   cmd->callback([o] { run_compare(*o); });

@@ -105,8 +105,9 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}\n", *a.bits, a.centroids,
              a.block_size, a.stages, a.stages == 1 ? "" : "s", name(a.scale_dtype), name(a.scaling),
              a.asymmetric ? "asymmetric" : "symmetric");
-  fmt::print("  cache    span_chunks {}, keep_recent {}, sink {} (sink_span {}, sink_keep {})\n\n", a.span_chunks,
-             a.keep_recent_chunks, a.sink ? "quantized" : "kept raw", name(a.sink_span), a.sink_keep_chunks);
+  fmt::print("  cache    span_chunks {} ({}), keep_recent {}, sink {} (sink_span {}, sink_keep {})\n\n", a.span_chunks,
+             name(a.span_mode), a.keep_recent_chunks, a.sink ? "quantized" : "kept raw", name(a.sink_span),
+             a.sink_keep_chunks);
 
   const std::string all = fmt::format("all {} layers", s.layers);
   fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", "", "per layer", all, "ratio");
@@ -144,6 +145,7 @@ void run_memory(const MemoryOptions& o) {
     j["per_layer_policy_mib"] = to_mib(r.policy_peak_bytes);
     j["policy_ratio"] = r.policy_ratio();
     j["policy_ratio_vs_dense_window"] = r.policy_ratio_vs_dense_window();
+    j["span_mode"] = std::string(name(r.args.span_mode));
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -158,6 +160,9 @@ void register_memory(CLI::App& root) {
   add_value(*cmd, "--bits", o->bits, "residual code width: 2 or 4", "INT");
   add_value(*cmd, "--frames", o->frames, "context length in frames (default: the preset's)", "INT");
   add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks per encoded span (one codebook)", "INT");
+  add_value(*cmd, "--span-mode", o->cache.span_mode,
+            "deferred (a span is encoded once full) | incremental (each chunk at once; docs/spans.md)", "NAME");
+
   add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256", "INT");
   add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");
   add_value(*cmd, "--stages", o->stages, "k-means stages", "INT");

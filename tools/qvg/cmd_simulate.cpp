@@ -236,6 +236,14 @@ void register_simulate(CLI::App& root) {
   add_codec_seed_flag(*cmd, o->codec_seed);
 
   add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks encoded together (one codebook)", "N");
+  add_value(*cmd, "--span-mode", o->cache.span_mode,
+            "deferred (a span is encoded once full) | incremental (each chunk at once, against the span's codebook; "
+            "docs/spans.md)",
+            "NAME");
+  add_value(*cmd, "--span-break-ratio", o->cache.span_break_ratio,
+            "incremental spans: start a new span when a chunk's residual energy exceeds this factor times the "
+            "span's first chunk's (0 = never)",
+            "X");
   add_value(*cmd, "--keep-recent", o->cache.keep_recent, "completed chunks kept bf16", "N");
   add_value(*cmd, "--sink-keep", o->cache.sink_keep, "leading sink chunks never packed", "N");
   add_value(*cmd, "--sink-span", o->cache.sink_span, "chunk | full (default: the preset's sink policy)", "NAME");

@@ -113,7 +113,8 @@ struct PackedCausalCache::Impl {
       write_chunk(value, cur.v_raw.data(), head0, s);
       pol.push_current(p, std::move(cur));
       pol.evict();
-      pol.pack([&](const std::vector<const Seg*>& parts, Seg& packed) {
+      pol.pack([&](const std::vector<const Seg*>& parts, Seg& packed, qvg::detail::SpanChoice& choice) {
+        QVG_CHECK(!choice.incremental);  // rejected at construction
         packed.data.k_enc = encode_one(parts, true, s);
         packed.data.v_enc = encode_one(parts, false, s);
       });
@@ -188,6 +189,11 @@ PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArg
     quant.validate_for_head_dim(options.head_dim);
   else
     quant.validate();
+  if (quant.enabled() && quant.span_mode != SpanMode::Deferred)
+    throw Unsupported(fmt::format(
+        "span_mode must be deferred for the device packed cache (the CUDA encoder cannot yet encode against a "
+        "span's fixed codebook), got {}",
+        name(quant.span_mode)));
   if (quant.enabled() && quant.init != Init::Random)
     throw Unsupported(fmt::format(
         "init must be random for the device packed cache (the CUDA encoder supports random init only), got {}",
@@ -211,7 +217,7 @@ void PackedCausalCache::reset_indices() {
 
 size_t PackedCausalCache::resident_nbytes() const {
   size_t n = 0;
-  for (const Seg& s : impl_->pol.segments()) n += qvg::detail::segment_bytes(s);
+  for (const Seg& s : impl_->pol.segments()) n += qvg::detail::segment_bytes(s);  // no incremental spans here
   return n;
 }
 size_t PackedCausalCache::allocated_nbytes() const {
