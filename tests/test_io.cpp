@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
@@ -617,7 +619,9 @@ std::vector<Bytes> qvgt_bases() {
   return r;
 }
 
-TEST(Qvgt, ReordedArraysAndSpacedShapeAreAccepted) {
+// Reordered arrays and metadata are the same file; a `shape` spelled otherwise than
+// the writer spells it is not (issue 15, finding 10: io.h promises canonical values).
+TEST(Qvgt, ReorderedArraysAreAcceptedNonCanonicalShapeIsNot) {
   for (const Bytes& base : qvgt_bases()) {
     const EncodedTensor e = parse_qvgt(base);
     EXPECT_EQ(parse_qvgt(mutated(base,
@@ -628,7 +632,21 @@ TEST(Qvgt, ReordedArraysAndSpacedShapeAreAccepted) {
               e);
     const std::string spaced = "[ " + std::to_string(e.shape.b) + ", " + std::to_string(e.shape.s) + " , " +
                                std::to_string(e.shape.h) + ",\t" + std::to_string(e.shape.d) + " ]";
-    EXPECT_EQ(parse_qvgt(mutated(base, [&](SafetensorsFile& st) { set_meta(st, "shape", spaced); })), e);
+    EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) { set_meta(st, "shape", spaced); })),
+                 CorruptData);
+    const std::string canonical = fmt::format("[{},{},{},{}]", e.shape.b, e.shape.s, e.shape.h, e.shape.d);
+    EXPECT_EQ(parse_qvgt(mutated(base, [&](SafetensorsFile& st) { set_meta(st, "shape", canonical); })), e);
+    for (const std::string& v : {fmt::format("[{}, {}, {}, {}]", e.shape.b, e.shape.s, e.shape.h, e.shape.d),
+                                 " " + canonical, canonical + " ", "[0" + canonical.substr(1),
+                                 fmt::format("[{},{},{},{}.0]", e.shape.b, e.shape.s, e.shape.h, e.shape.d),
+                                 fmt::format("[{},{},{},+{}]", e.shape.b, e.shape.s, e.shape.h, e.shape.d)}) {
+      try {
+        parse_qvgt(mutated(base, [&](SafetensorsFile& st) { set_meta(st, "shape", v); }));
+        ADD_FAILURE() << "accepted shape '" << v << "'";
+      } catch (const CorruptData& err) {
+        EXPECT_NE(std::string(err.what()).find("'[B,S,H,D]' (no spaces)"), std::string::npos) << err.what();
+      }
+    }
   }
 }
 
@@ -677,10 +695,13 @@ TEST(Qvgt, RejectsMissingUnknownAndBadMetadata) {
       {"block_size", " 8"},
       {"block_size", "8.0"},
       {"block_size", "99999999999"},
+      {"block_size", "12345678901234567890"},  // 20 digits: no signed overflow (UBSan, finding 7)
+      {"centroids", "99999999999999999999999999999999"},
       {"stages", "0"},
       {"stages", "2"},
       {"stages", "99999999999"},
       {"stages", "1e3"},
+      {"stages", "65"},
       {"centroids", "0"},
       {"centroids", "257"},
       {"centroids", "3"},

@@ -171,8 +171,10 @@ struct DenseCausalCache::Impl {
     return g;
   }
 
-  KVView apply(const Plan& p, ConstTensorView key, ConstTensorView value) {
+  /// `held`: bytes the call already holds (copies of an aliased input).
+  KVView apply(const Plan& p, ConstTensorView key, ConstTensorView value, size_t held) {
     detail::TransientMeter meter;
+    meter.add(held);
     const int64_t B = opt.batch, h_in = p.call.heads;
     const bool growing = p.new_capacity != capacity;
     Grown grown;
@@ -269,8 +271,12 @@ DenseCausalCache& DenseCausalCache::operator=(DenseCausalCache&&) noexcept = def
 
 KVView DenseCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
                                    std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
-  const Impl::Plan p = impl_->plan(key, value, chunk_start, head_start, recent_window);
-  return impl_->apply(p, key, value);
+  Impl& m = *impl_;
+  const Impl::Plan p = m.plan(key, value, chunk_start, head_start, recent_window);
+  const size_t buf = m.buffer_bytes(m.capacity);
+  const detail::CallInput in =
+      detail::unaliased_input(key, value, {{m.k, buf}, {m.v, buf}, {m.scratch->data(), m.scratch->size()}});
+  return m.apply(p, in.key, in.value, in.copied_bytes());
 }
 
 void DenseCausalCache::reset_indices() {

@@ -104,8 +104,10 @@ struct PackedCausalCache::Impl {
   }
 
   // --- apply -----------------------------------------------------------------
-  KVView apply(const detail::CallPlan& p, ConstTensorView key, ConstTensorView value) {
+  /// `held`: bytes the call already holds (copies of an aliased input).
+  KVView apply(const detail::CallPlan& p, ConstTensorView key, ConstTensorView value, size_t held) {
     detail::TransientMeter meter;
+    meter.add(held);
     const int64_t B = opt.batch, D = opt.head_dim, h_in = p.call.heads, head0 = p.call.head_start;
     // View = [0, sink_end) ++ [tail_start, end) in global tokens (the policy's
     // layout); a single range inside the current chunk is returned without a copy.
@@ -208,8 +210,15 @@ PackedCausalCache& PackedCausalCache::operator=(PackedCausalCache&&) noexcept = 
 
 KVView PackedCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
                                     std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
-  const detail::CallPlan p = impl_->plan(key, value, chunk_start, head_start, recent_window);
-  return impl_->apply(p, key, value);
+  Impl& m = *impl_;
+  const detail::CallPlan p = m.plan(key, value, chunk_start, head_start, recent_window);
+  std::vector<detail::ByteRange> owned = {{m.scratch->data(), m.scratch->size()}};
+  for (const Segment& s : m.pol.segments()) {
+    owned.push_back({s.data.k_raw.data(), s.data.k_raw.size()});
+    owned.push_back({s.data.v_raw.data(), s.data.v_raw.size()});
+  }
+  const detail::CallInput in = detail::unaliased_input(key, value, owned);
+  return m.apply(p, in.key, in.value, in.copied_bytes());
 }
 
 void PackedCausalCache::reset_indices() {

@@ -1,5 +1,8 @@
 #include "qvg/config.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/core.h>
@@ -32,6 +35,17 @@ Scaling parse_scaling(std::string_view s) { return detail::parse_in(kScalings, s
 Init parse_init(std::string_view s) { return detail::parse_in(kInits, s, "init", "random, kmeans++, warm"); }
 SinkSpan parse_sink_span(std::string_view s) { return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full"); }
 
+int max_threads() { return std::max(16, 4 * omp_get_num_procs()); }
+
+void check_threads(std::string_view what, int64_t threads) {
+  if (threads < 0 || threads > max_threads())
+    throw InvalidArgument(fmt::format("{} must be in 0..{} (0 = all cores; at most 4 x the {} processors, and at "
+                                      "least 16, are accepted), got {}",
+                                      what, max_threads(), omp_get_num_procs(), threads));
+}
+
+int resolve_threads(int threads) { return threads > 0 ? threads : std::min(omp_get_max_threads(), max_threads()); }
+
 namespace {
 
 void check_bits(int bits) {
@@ -39,14 +53,21 @@ void check_bits(int bits) {
     throw InvalidArgument(fmt::format("bits must be 2 or 4 (or none to disable quantization), got {}", bits));
 }
 
-// Shared by CodecConfig and QuantArgs: the codec fields of spec 2.
-void check_codec_fields(int bits, int centroids, int block_size, int stages, int iters) {
-  check_bits(bits);
+// The codec fields of spec 2 that do not depend on bits (checked with quantization
+// off too, so that a bad flag never waits silently for the day it is switched on).
+void check_sizes(int centroids, int block_size, int stages, int iters) {
   if (centroids <= 0 || centroids > 256)
     throw InvalidArgument(fmt::format("centroids must be in 1..256, got {}", centroids));
   if (block_size <= 0) throw InvalidArgument(fmt::format("block_size must be > 0, got {}", block_size));
-  if (stages <= 0) throw InvalidArgument(fmt::format("stages must be > 0, got {}", stages));
+  if (stages <= 0 || stages > kMaxStages)
+    throw InvalidArgument(fmt::format("stages must be in 1..{}, got {}", kMaxStages, stages));
   if (iters <= 0) throw InvalidArgument(fmt::format("kmeans_iters must be > 0, got {}", iters));
+}
+
+// Shared by CodecConfig and QuantArgs: the codec fields of spec 2.
+void check_codec_fields(int bits, int centroids, int block_size, int stages, int iters) {
+  check_bits(bits);
+  check_sizes(centroids, block_size, stages, iters);
   const int per_byte = 8 / bits;
   if (block_size % per_byte != 0)
     throw InvalidArgument(fmt::format(
@@ -65,7 +86,7 @@ void check_head_dim(int block_size, int64_t head_dim) {
 
 void CodecConfig::validate() const {
   check_codec_fields(bits, centroids, block_size, stages, kmeans_iters);
-  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+  check_threads("threads", threads);
 }
 
 void CodecConfig::validate_for_head_dim(int64_t head_dim) const {
@@ -85,20 +106,14 @@ void QuantArgs::validate() const {
   if (bits) {
     check_codec_fields(*bits, centroids, block_size, stages, kmeans_iters);
   } else {
-    // Off: the codec fields are still checked so that a bad flag never waits
-    // silently for the day quantization is switched on.
-    if (centroids <= 0 || centroids > 256)
-      throw InvalidArgument(fmt::format("centroids must be in 1..256, got {}", centroids));
-    if (block_size <= 0) throw InvalidArgument(fmt::format("block_size must be > 0, got {}", block_size));
-    if (stages <= 0) throw InvalidArgument(fmt::format("stages must be > 0, got {}", stages));
-    if (kmeans_iters <= 0) throw InvalidArgument(fmt::format("kmeans_iters must be > 0, got {}", kmeans_iters));
+    check_sizes(centroids, block_size, stages, kmeans_iters);
   }
   if (keep_recent_chunks < 0)
     throw InvalidArgument(fmt::format("keep_recent_chunks must be >= 0, got {}", keep_recent_chunks));
   if (sink_keep_chunks < 0)
     throw InvalidArgument(fmt::format("sink_keep_chunks must be >= 0, got {}", sink_keep_chunks));
   if (span_chunks < 1) throw InvalidArgument(fmt::format("span_chunks must be >= 1, got {}", span_chunks));
-  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+  check_threads("threads", threads);
 }
 
 void QuantArgs::validate_for_head_dim(int64_t head_dim) const {
