@@ -120,6 +120,26 @@ std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc);
 /// Every problem is CorruptData.
 EncodedTensor parse_qvgt(std::span<const uint8_t> bytes);
 
+/// What `qvg inspect` shows of a `.qvgt` file.
+struct QvgtInfo {
+  uint64_t file_bytes = 0;
+  uint64_t header_bytes = 0;  ///< the 8-byte length and the JSON header
+  std::vector<std::pair<std::string, std::string>> metadata;  ///< in header order
+  EncodingLayout layout;
+  struct Array {
+    std::string name, dtype;  ///< e.g. "codes", "U8"
+    std::vector<int64_t> shape;
+    uint64_t bytes = 0;
+  };
+  std::vector<Array> arrays;  ///< in spec 1.5 order
+  uint64_t encoded_bytes = 0; ///< sum of the arrays (spec 1.5's encoded size)
+};
+/// Reads only the header of a `.qvgt` file (never its arrays) and checks everything
+/// parse_qvgt checks there: metadata, the array set, dtypes, shapes and offsets. The
+/// values are not read (parse_qvgt does that). CorruptData prefixed with the path;
+/// InvalidArgument for an unreadable path. The format carries no checksums.
+QvgtInfo inspect_qvgt(const std::filesystem::path& path);
+
 /// serialize_qvgt + write_file_atomic: nothing is written if `enc` is inconsistent.
 void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc);
 /// read_file_bytes + parse_qvgt; CorruptData messages are prefixed with the path.

@@ -94,6 +94,13 @@ class CachePolicy {
     global_end_ = 0;
     chunk_tokens_.reset();
   }
+  /// Takes over a saved state (snapshots). REQUIRES it valid for this policy
+  /// (src/cache/snapshot.cpp checks the invariants before).
+  void restore(std::vector<Segment> segs, int64_t global_end, std::optional<int64_t> chunk_tokens) {
+    segs_ = std::move(segs);
+    global_end_ = global_end;
+    chunk_tokens_ = chunk_tokens;
+  }
 
   int64_t sink_end_at(int64_t g) const { return std::min(opt_.sink_tokens, g); }
   int64_t tail_start_at(int64_t g) const {

@@ -1,10 +1,15 @@
 // src/core/file_impl.h — private: a read-only regular file read at offsets (readers
-// that need only part of a file, e.g. `qvg inspect` and the snapshot reader).
+// that need only part of a file, e.g. `qvg inspect` and the snapshot reader), and the
+// path prefix of every path-taking reader's errors.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+
+#include <fmt/core.h>
+
+#include "qvg/error.h"
 
 namespace qvg::detail {
 
@@ -31,5 +36,18 @@ class ReadOnlyFile {
   int fd_ = -1;
   uint64_t size_ = 0;
 };
+
+/// f(), with "'<path>': " in front of the message of a CorruptData or InvalidArgument
+/// it throws (the kind kept): how every path-taking reader reports errors.
+template <class F>
+auto with_path(const std::filesystem::path& path, F&& f) {
+  try {
+    return f();
+  } catch (const CorruptData& e) {
+    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("'{}': {}", path.string(), e.what()));
+  }
+}
 
 }  // namespace qvg::detail

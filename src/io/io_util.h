@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include "core/bytes_impl.h"
+#include "core/file_impl.h"
 #include "qvg/error.h"
 
 namespace qvg::io_detail {
@@ -23,16 +24,10 @@ using detail::load_le64;
 using detail::printable;
 
 /// parse(bytes) with the path in front of the message of a CorruptData or
-/// InvalidArgument it throws (as every path-taking reader reports errors).
+/// InvalidArgument it throws (detail::with_path).
 template <class Parse>
 auto parse_with_path(const std::filesystem::path& path, const std::vector<uint8_t>& bytes, Parse&& parse) {
-  try {
-    return parse(bytes);
-  } catch (const CorruptData& e) {
-    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("'{}': {}", path.string(), e.what()));
-  }
+  return detail::with_path(path, [&] { return parse(bytes); });
 }
 
 }  // namespace qvg::io_detail

@@ -21,6 +21,7 @@
 
 #include <fmt/core.h>
 
+#include "core/file_impl.h"
 #include "io/io_util.h"
 #include "io/safetensors_impl.h"
 #include "qvg/error.h"
@@ -161,17 +162,22 @@ std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc) {
   return io_detail::serialize_safetensors_refs(refs, meta);
 }
 
-EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
-  SafetensorsFile f;
-  try {
-    f = io_detail::parse_safetensors_limited(bytes, kMaxQvgtArrays);
-  } catch (const Error& e) {  // an unsupported dtype is corruption here
-    corrupt(e.what());
-  }
+namespace {
 
+// A `.qvgt` header checked against spec 1.6: its layout, and for each array of the
+// layout (in EncodingLayout::arrays() order) the file's entry for it.
+struct QvgtHeader {
+  EncodingLayout layout;
+  std::vector<std::pair<ArrayDesc, const io_detail::TensorEntry*>> arrays;
+};
+
+// Everything parse_qvgt checks that does not need the arrays' values: exactly the
+// metadata keys with canonical values, exactly the arrays they imply, with their
+// dtypes and logical shapes.
+QvgtHeader check_qvgt_header(const io_detail::SafetensorsHeader& h) {
   // --- metadata: exactly the keys of spec 1.6 ---
   std::map<std::string, std::string> m;
-  for (const auto& [k, v] : f.metadata) {
+  for (const auto& [k, v] : h.metadata) {
     bool known = false;
     for (const char* key : kMetadataKeys) known = known || k == key;
     if (!known)
@@ -187,7 +193,8 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
   if (m["format"] != kQvgtFormat)
     corrupt(fmt::format("metadata 'format' must be '{}', got '{}'", kQvgtFormat, printable(m["format"])));
   if (m["layout"] != "BSHD") corrupt(fmt::format("metadata 'layout' must be 'BSHD', got '{}'", printable(m["layout"])));
-  EncodedTensor e;
+  QvgtHeader q;
+  EncodingLayout& e = q.layout;
   constexpr DType kDTypes[] = {DType::BF16, DType::F16, DType::F32};
   e.dtype = kDTypes[parse_meta_choice("dtype", m["dtype"], {"bf16", "f16", "f32"})];
   e.shape = parse_meta_shape(m["shape"]);
@@ -205,39 +212,58 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
                         e.block_size));
   if (e.shape.d % e.block_size != 0)
     corrupt(fmt::format("metadata 'block_size' must divide head_dim {}, got {}", e.shape.d, e.block_size));
-  // Each stage has two arrays: a stage count beyond that cannot match (and must not
-  // make us build a huge list of expected names).
-  if (static_cast<size_t>(e.stages) > f.tensors.size() / 2)
-    corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages, f.tensors.size()));
+  // Each stage has two arrays: a stage count beyond that cannot match.
+  if (static_cast<size_t>(e.stages) > h.tensors.size() / 2)
+    corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages, h.tensors.size()));
 
   // --- arrays: exactly the expected set, with their dtypes and shapes ---
-  const std::vector<ArrayDesc> specs = e.arrays();
-  std::map<std::string, SafeTensor*> by_name;
-  for (auto& t : f.tensors) by_name[t.name] = &t;
+  std::map<std::string, const io_detail::TensorEntry*> by_name;
+  for (const auto& t : h.tensors) by_name[t.t.name] = &t;
   std::map<std::string, const ArrayDesc*> expected;
+  const std::vector<ArrayDesc> specs = e.arrays();
   for (const ArrayDesc& s : specs) expected[s.name()] = &s;
-  for (const auto& t : f.tensors)
-    if (!expected.count(t.name)) corrupt(fmt::format("unexpected array '{}' for this metadata", printable(t.name)));
-  e.centroid.resize(static_cast<size_t>(e.stages));
-  e.ids.resize(static_cast<size_t>(e.stages));
+  for (const auto& t : h.tensors)
+    if (!expected.count(t.t.name)) corrupt(fmt::format("unexpected array '{}' for this metadata", printable(t.t.name)));
   for (const ArrayDesc& s : specs) {
     const std::string name = s.name();
     auto it = by_name.find(name);
     if (it == by_name.end()) corrupt(fmt::format("missing array '{}'", name));
-    SafeTensor& t = *it->second;
+    const SafeTensor& t = it->second->t;
     const StDType want = st_dtype_of(e, s);
     if (t.dtype != want)
       corrupt(fmt::format("array '{}' has dtype {}, expected {}", name, st_dtype_name(t.dtype), st_dtype_name(want)));
     if (t.shape != s.shape)
       corrupt(fmt::format("array '{}' has shape {}, expected {}", name, shape_str(t.shape), shape_str(s.shape)));
+    q.arrays.emplace_back(s, it->second);
+  }
+  return q;
+}
+
+}  // namespace
+
+EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
+  io_detail::SafetensorsHeader h;
+  try {
+    h = io_detail::parse_safetensors_header(bytes, bytes.size(), kMaxQvgtArrays);
+  } catch (const Error& e) {  // an unsupported dtype is corruption here
+    corrupt(e.what());
+  }
+  const QvgtHeader q = check_qvgt_header(h);
+  EncodedTensor e;
+  static_cast<EncodingLayout&>(e) = q.layout;
+  e.centroid.resize(static_cast<size_t>(e.stages));
+  e.ids.resize(static_cast<size_t>(e.stages));
+  const uint8_t* data = bytes.data() + 8 + h.header_len;
+  for (const auto& [s, t] : q.arrays) {
+    const std::vector<uint8_t> a(data + t->begin, data + t->end);
     switch (s.kind) {
-      case EncodedArray::Centroids: e.centroid[size_t(s.stage)] = std::move(t.data); break;
-      case EncodedArray::Ids: e.ids[size_t(s.stage)] = std::move(t.data); break;
-      case EncodedArray::Codes: e.codes = std::move(t.data); break;
-      case EncodedArray::Scales: e.scales = std::move(t.data); break;
-      case EncodedArray::Zeros: e.zeros = std::move(t.data); break;
-      case EncodedArray::ScaleFactor: e.scale_factor = floats_of(t.data); break;
-      case EncodedArray::ZeroFactor: e.zero_factor = floats_of(t.data); break;
+      case EncodedArray::Centroids: e.centroid[size_t(s.stage)] = a; break;
+      case EncodedArray::Ids: e.ids[size_t(s.stage)] = a; break;
+      case EncodedArray::Codes: e.codes = a; break;
+      case EncodedArray::Scales: e.scales = a; break;
+      case EncodedArray::Zeros: e.zeros = a; break;
+      case EncodedArray::ScaleFactor: e.scale_factor = floats_of(a); break;
+      case EncodedArray::ZeroFactor: e.zero_factor = floats_of(a); break;
     }
   }
 
@@ -248,6 +274,36 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
     corrupt(err.what());
   }
   return e;
+}
+
+QvgtInfo inspect_qvgt(const std::filesystem::path& path) {
+  const detail::ReadOnlyFile f(path);
+  return detail::with_path(path, [&] {
+    std::vector<uint8_t> head(size_t(std::min<uint64_t>(f.size(), 8)));
+    if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
+    io_detail::SafetensorsHeader h;
+    try {
+      const uint64_t n = io_detail::safetensors_header_length(head, f.size());
+      head.resize(size_t(8 + n));
+      if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
+      h = io_detail::parse_safetensors_header(head, f.size(), kMaxQvgtArrays);
+    } catch (const CorruptData& e) {
+      corrupt(e.what());
+    } catch (const InvalidArgument& e) {
+      corrupt(e.what());
+    }
+    const QvgtHeader q = check_qvgt_header(h);
+    QvgtInfo info;
+    info.file_bytes = f.size();
+    info.header_bytes = 8 + h.header_len;
+    info.metadata = h.metadata;
+    info.layout = q.layout;
+    for (const auto& [s, t] : q.arrays) {
+      info.arrays.push_back({s.name(), std::string(st_dtype_name(t->t.dtype)), t->t.shape, t->end - t->begin});
+      info.encoded_bytes += t->end - t->begin;
+    }
+    return info;
+  });
 }
 
 void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc) {

@@ -54,10 +54,8 @@ StDType parse_dtype_field(std::string_view s, const std::string& tensor) {
   corrupt(fmt::format("tensor '{}' has unknown dtype '{}'", printable(tensor), printable(s)));
 }
 
-struct Entry {
-  SafeTensor t;
-  uint64_t begin = 0, end = 0;
-};
+using io_detail::TensorEntry;
+using Entry = TensorEntry;
 
 constexpr const char* kArrayText = "a JSON array";
 constexpr const char* kObjectText = "a JSON object";
@@ -256,24 +254,31 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
 
 namespace io_detail {
 
-SafetensorsFile parse_safetensors_limited(std::span<const uint8_t> bytes, size_t max_tensors) {
-  if (bytes.size() < 8) corrupt(fmt::format("file is {} bytes, shorter than the 8-byte header length", bytes.size()));
-  const uint64_t n = io_detail::load_le64(bytes.data());
-  if (n > bytes.size() - 8)
-    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", n, bytes.size()));
+uint64_t safetensors_header_length(std::span<const uint8_t> head, uint64_t file_size) {
+  if (file_size < 8 || head.size() < 8)
+    corrupt(fmt::format("file is {} bytes, shorter than the 8-byte header length", file_size));
+  const uint64_t n = io_detail::load_le64(head.data());
+  if (n > file_size - 8) corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", n, file_size));
   if (n > kMaxHeader) corrupt(fmt::format("header length {} exceeds the limit of {}", n, kMaxHeader));
-  const auto* hb = reinterpret_cast<const char*>(bytes.data() + 8);
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64_t file_size, size_t max_tensors) {
+  SafetensorsHeader h;
+  const uint64_t n = h.header_len = safetensors_header_length(head, file_size);
+  QVG_CHECK(head.size() >= 8 + n);
+  const auto* hb = reinterpret_cast<const char*>(head.data() + 8);
   if (n < 2 || hb[0] != '{') corrupt("header is not a JSON object");
 
   HeaderReader reader(max_tensors);
   Json::sax_parse(hb, hb + n, &reader);  // throws on the first problem (the reader's or the parser's)
-  SafetensorsFile f;
-  f.metadata = std::move(reader.metadata);
-  std::vector<Entry>& entries = reader.entries;
+  h.metadata = std::move(reader.metadata);
+  h.tensors = std::move(reader.entries);
+  std::vector<Entry>& entries = h.tensors;
 
   // The tensors must tile the byte buffer: sorted by offset, each starts where the
   // previous ended, the first at 0 and the last at the end of the file.
-  const uint64_t data_len = bytes.size() - 8 - n;
+  const uint64_t data_len = file_size - 8 - n;
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -287,10 +292,16 @@ SafetensorsFile parse_safetensors_limited(std::span<const uint8_t> bytes, size_t
     cursor = e.end;
   }
   if (cursor != data_len) corrupt(fmt::format("tensors cover {} of the {} data bytes", cursor, data_len));
+  return h;
+}
 
-  const uint8_t* data = bytes.data() + 8 + n;
-  f.tensors.reserve(entries.size());
-  for (auto& e : entries) {
+SafetensorsFile parse_safetensors_limited(std::span<const uint8_t> bytes, size_t max_tensors) {
+  SafetensorsHeader h = parse_safetensors_header(bytes, bytes.size(), max_tensors);
+  SafetensorsFile f;
+  f.metadata = std::move(h.metadata);
+  const uint8_t* data = bytes.data() + 8 + h.header_len;
+  f.tensors.reserve(h.tensors.size());
+  for (auto& e : h.tensors) {
     e.t.data.assign(data + e.begin, data + e.end);
     f.tensors.push_back(std::move(e.t));
   }
