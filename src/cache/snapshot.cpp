@@ -50,7 +50,7 @@ constexpr std::array<uint8_t, 8> kMagic = {0x89, 'Q', 'V', 'G', 'S', 'N', 'A', '
 constexpr uint32_t kByteOrderMark = 0x01020304u;
 constexpr size_t kHeaderBytes = 40;
 constexpr size_t kEntryBytes = 32;
-constexpr size_t kMaxKey = 64, kMaxText = 256;
+constexpr size_t kMaxKey = 64, kMaxText = 256, kMaxEntries = 256;
 
 enum class Kind : uint32_t { Config = 1, State = 2, BufferK = 3, BufferV = 4, Segment = 5, WarmK = 6, WarmV = 7 };
 
@@ -144,7 +144,7 @@ class KvWriter {
 Entries read_entries(std::span<const uint8_t> bytes, const std::string& where) {
   ByteReader r(bytes, fmt::format("invalid snapshot: {}", where));
   const uint32_t n = r.get<uint32_t>("entry count");
-  if (n > r.remaining() / 5) r.fail(fmt::format("entry count {} does not fit the section's {} bytes", n, r.remaining()));
+  if (n > kMaxEntries) r.fail(fmt::format("{} entries, at most {} are allowed", n, kMaxEntries));
   Entries e;
   e.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {

@@ -255,13 +255,13 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
   e.ids.resize(static_cast<size_t>(e.stages));
   const uint8_t* data = bytes.data() + 8 + h.header_len;
   for (const auto& [s, t] : q.arrays) {
-    const std::vector<uint8_t> a(data + t->begin, data + t->end);
+    std::vector<uint8_t> a(data + t->begin, data + t->end);
     switch (s.kind) {
-      case EncodedArray::Centroids: e.centroid[size_t(s.stage)] = a; break;
-      case EncodedArray::Ids: e.ids[size_t(s.stage)] = a; break;
-      case EncodedArray::Codes: e.codes = a; break;
-      case EncodedArray::Scales: e.scales = a; break;
-      case EncodedArray::Zeros: e.zeros = a; break;
+      case EncodedArray::Centroids: e.centroid[size_t(s.stage)] = std::move(a); break;
+      case EncodedArray::Ids: e.ids[size_t(s.stage)] = std::move(a); break;
+      case EncodedArray::Codes: e.codes = std::move(a); break;
+      case EncodedArray::Scales: e.scales = std::move(a); break;
+      case EncodedArray::Zeros: e.zeros = std::move(a); break;
       case EncodedArray::ScaleFactor: e.scale_factor = floats_of(a); break;
       case EncodedArray::ZeroFactor: e.zero_factor = floats_of(a); break;
     }

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <string>
-#include <unordered_set>
 #include <string_view>
 #include <vector>
 
@@ -105,7 +104,6 @@ class HeaderReader final : public nlohmann::json_sax<Json> {
     if (state_ != State::Top) return unexpected(kObjectText);
     if (key_ == kMetadataKey) {
       state_ = State::Metadata;
-      metadata_keys_.clear();
       return true;
     }
     if (entries.size() >= max_tensors_)
@@ -119,10 +117,9 @@ class HeaderReader final : public nlohmann::json_sax<Json> {
   }
   bool key(string_t& k) override {
     if (state_ == State::Top) {
-      if (!top_keys_.insert(k).second) corrupt(fmt::format("header repeats the key '{}'", printable(k)));
-    } else if (state_ == State::Metadata) {
-      if (!metadata_keys_.insert(k).second) corrupt(fmt::format("header repeats the key '{}'", printable(k)));
-    } else {  // a tensor's field
+      if (k == kMetadataKey && seen_metadata_) corrupt(fmt::format("header repeats the key '{}'", kMetadataKey));
+      seen_metadata_ = seen_metadata_ || k == kMetadataKey;
+    } else if (state_ == State::Tensor) {  // a tensor's field
       if (k == "dtype") {
         field_ = Field::DType;
       } else if (k == "shape") {
@@ -206,7 +203,7 @@ class HeaderReader final : public nlohmann::json_sax<Json> {
   State state_ = State::Start;
   Field field_ = Field::DType;
   std::string key_;
-  std::unordered_set<std::string> top_keys_, metadata_keys_;
+  bool seen_metadata_ = false;
   std::array<bool, 3> have_{};
   Entry cur_;
   std::vector<int64_t> list_, offsets_;
@@ -275,6 +272,21 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64
   h.metadata = std::move(reader.metadata);
   h.tensors = std::move(reader.entries);
   std::vector<Entry>& entries = h.tensors;
+  // Duplicate keys (the format forbids them): sorted views of the names, no set.
+  auto check_unique = [](std::vector<const std::string*> names) {
+    std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+    for (size_t i = 1; i < names.size(); ++i)
+      if (*names[i] == *names[i - 1]) corrupt(fmt::format("header repeats the key '{}'", printable(*names[i])));
+  };
+  {
+    std::vector<const std::string*> names;
+    names.reserve(entries.size());
+    for (const Entry& e : entries) names.push_back(&e.t.name);
+    check_unique(std::move(names));
+    names.clear();
+    for (const auto& [k, v] : h.metadata) names.push_back(&k);
+    check_unique(std::move(names));
+  }
 
   // The tensors must tile the byte buffer: sorted by offset, each starts where the
   // previous ended, the first at 0 and the last at the end of the file.

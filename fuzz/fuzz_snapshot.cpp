@@ -1,0 +1,115 @@
+// libFuzzer target: the cache snapshot reader (docs/snapshot.md), both caches.
+// Input: one flags byte, then the file. Flags: bit 0 — recompute the section and
+// header checksums first (and bit 2 the file size field), so that mutations reach
+// the structural checks behind the checksums; bit 1 — load as a dense cache (else
+// packed).
+// Properties: no crash or sanitizer report; loading throws only CorruptData /
+// InvalidArgument; allocation within the stated bound; inspect never crashes; a
+// loaded cache saves to the same bytes, reloads, and takes further calls (typed
+// errors only, state unchanged by a failing call).
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "fuzz_support.h"
+#include "qvg/cache.h"
+#include "qvg/error.h"
+#include "qvg/snapshot.h"
+
+namespace {
+
+using namespace qvg;
+
+uint64_t le64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// The checksums (and optionally the size field) a writer would have stored, from the
+// format's description: header 40 bytes, table of 32-byte entries at 40.
+void fix_checksums(std::vector<uint8_t>& b, bool fix_size) {
+  if (b.size() < 40) return;
+  if (fix_size) {
+    const uint64_t n = b.size();
+    std::memcpy(b.data() + 24, &n, 8);
+  }
+  uint32_t n;
+  std::memcpy(&n, b.data() + 16, 4);
+  if (n > (b.size() - 40) / 32) return;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint8_t* e = b.data() + 40 + 32 * size_t(i);
+    const uint64_t off = le64(e + 8), len = le64(e + 16);
+    if (off > b.size() || len > b.size() - off) continue;
+    const uint64_t h = XXH64(b.data() + off, size_t(len), 0);
+    std::memcpy(e + 24, &h, 8);
+  }
+  std::vector<uint8_t> covered(b.begin(), b.begin() + 32);
+  covered.insert(covered.end(), b.begin() + 40, b.begin() + 40 + 32 * std::ptrdiff_t(n));
+  const uint64_t h = XXH64(covered.data(), covered.size(), 0);
+  std::memcpy(b.data() + 32, &h, 8);
+}
+
+template <class Cache>
+void exercise(Cache& c) {
+  const std::vector<uint8_t> s = c.snapshot_bytes();
+  Cache again = Cache::from_snapshot_bytes(s);
+  FUZZ_CHECK(again.snapshot_bytes() == s, "a reloaded snapshot saves other bytes");
+  // A few calls: an advance at global_end and a rewrite of the last chunk.
+  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(c.cache_size(), 4));
+  Tensor k(c.dtype(), {c.batch(), n, c.num_heads(), c.head_dim()});
+  for (int64_t start : {c.global_end(), std::max<int64_t>(0, c.global_end() - n)}) {
+    const std::vector<uint8_t> before = c.snapshot_bytes();
+    try {
+      (void)c.update(k, k, start);
+    } catch (const Error& e) {
+      FUZZ_CHECK(e.kind() != ErrorKind::CorruptData && e.kind() != ErrorKind::Device, "{}", e.what());
+      FUZZ_CHECK(c.snapshot_bytes() == before, "a failing update changed the state: {}", e.what());
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t flags = data[0];
+  std::vector<uint8_t> b(data + 1, data + size);
+  if (flags & 1) fix_checksums(b, (flags & 4) != 0);
+  try {
+    (void)inspect_snapshot_bytes(b);
+  } catch (const CorruptData&) {
+  }
+  if (flags & 2) {
+    std::optional<DenseCausalCache> c;
+    {
+      fuzz::AllocMeter meter;
+      try {
+        c.emplace(DenseCausalCache::from_snapshot_bytes(b));
+      } catch (const CorruptData&) {
+      } catch (const InvalidArgument&) {
+      }
+      fuzz::record_ratio("DenseCausalCache::from_snapshot_bytes", meter.peak(), b.size());
+    }
+    if (c) exercise(*c);
+  } else {
+    std::optional<PackedCausalCache> c;
+    {
+      fuzz::AllocMeter meter;
+      try {
+        c.emplace(PackedCausalCache::from_snapshot_bytes(b));
+      } catch (const CorruptData&) {
+      } catch (const InvalidArgument&) {
+      }
+      fuzz::record_ratio("PackedCausalCache::from_snapshot_bytes", meter.peak(), b.size());
+    }
+    if (c) exercise(*c);
+  }
+  return 0;
+}
