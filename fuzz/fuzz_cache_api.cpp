@@ -156,6 +156,25 @@ testing::Outcome checked_call(Cache& cache, const Call& call, std::optional<Erro
   return out;
 }
 
+// The twin never saw a failing call: it must take `c` (which `out` says the cache
+// accepted) alike.
+template <class Cache>
+void twin_call(Cache& twin, const Call& c, const testing::Outcome& out, const char* which) {
+  const testing::Outcome t = testing::run_call(twin, c);
+  FUZZ_CHECK(!t.error, "{} twin rejected a call the cache accepted: {}", which, t.message);
+  FUZZ_CHECK(testing::compare_views(out.view, t.view).empty(), "{} twin view differs", which);
+}
+
+// Both through a snapshot: equal bytes before, the same bytes after a reload.
+template <class Cache>
+void twin_snapshot(Cache& cache, Cache& twin, const char* which, const SnapshotExpectation& x) {
+  const std::vector<uint8_t> a = cache.snapshot_bytes(), b = twin.snapshot_bytes();
+  FUZZ_CHECK(a == b, "{} cache and twin snapshots differ", which);
+  cache = Cache::from_snapshot_bytes(a, x);
+  twin = Cache::from_snapshot_bytes(b, x);
+  FUZZ_CHECK(cache.snapshot_bytes() == a, "{} snapshot round trip differs", which);
+}
+
 // The model of the dense cache and its twin.
 struct DenseSide {
   DenseCausalCache cache, twin;
@@ -166,9 +185,7 @@ struct DenseSide {
     const auto want = model.check(c);
     const testing::Outcome out = checked_call(cache, c, want, "dense");
     if (out.error) return;
-    const testing::Outcome t = testing::run_call(twin, c);
-    FUZZ_CHECK(!t.error, "dense twin rejected a call the cache accepted: {}", t.message);
-    FUZZ_CHECK(testing::compare_views(out.view, t.view).empty(), "dense twin view differs");
+    twin_call(twin, c, out, "dense");
     const testing::ModelView mv = model.apply(c);
     const std::string diff = testing::compare_exact(out.view, mv);
     FUZZ_CHECK(diff.empty(), "dense view differs from the model: {}", diff);
@@ -181,13 +198,7 @@ struct DenseSide {
     twin.reset_indices();
     model.reset();
   }
-  void snapshot() {
-    const std::vector<uint8_t> a = cache.snapshot_bytes(), b = twin.snapshot_bytes();
-    FUZZ_CHECK(a == b, "dense cache and twin snapshots differ");
-    cache = DenseCausalCache::from_snapshot_bytes(a);
-    twin = DenseCausalCache::from_snapshot_bytes(b);
-    FUZZ_CHECK(cache.snapshot_bytes() == a, "dense snapshot round trip differs");
-  }
+  void snapshot() { twin_snapshot(cache, twin, "dense", {}); }
 };
 
 struct PackedSide {
@@ -202,9 +213,7 @@ struct PackedSide {
     const auto want = model.check(c);
     const testing::Outcome out = checked_call(cache, c, want, "packed");
     if (out.error) return;
-    const testing::Outcome t = testing::run_call(twin, c);
-    FUZZ_CHECK(!t.error, "packed twin rejected a call the cache accepted: {}", t.message);
-    FUZZ_CHECK(testing::compare_views(out.view, t.view).empty(), "packed twin view differs");
+    twin_call(twin, c, out, "packed");
     const testing::PackedModel::Result r = model.apply(c);
     hist.write(c);
     FUZZ_CHECK(out.view.local_start_index == r.local_start && out.view.local_end_index == r.local_end &&
@@ -236,13 +245,9 @@ struct PackedSide {
     hist.clear();
   }
   void snapshot() {
-    const std::vector<uint8_t> a = cache.snapshot_bytes(), b = twin.snapshot_bytes();
-    FUZZ_CHECK(a == b, "packed cache and twin snapshots differ");
     SnapshotExpectation x;
     x.threads = 1;
-    cache = PackedCausalCache::from_snapshot_bytes(a, x);
-    twin = PackedCausalCache::from_snapshot_bytes(b, x);
-    FUZZ_CHECK(cache.snapshot_bytes() == a, "packed snapshot round trip differs");
+    twin_snapshot(cache, twin, "packed", x);
   }
   std::optional<int64_t> current() const {
     const size_t n = cache.num_segments();

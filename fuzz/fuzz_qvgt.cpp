@@ -15,15 +15,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace qvg;
-  std::optional<EncodedTensor> e;
-  {
-    fuzz::AllocMeter meter;
-    try {
-      e = parse_qvgt(std::span<const uint8_t>(data, size));
-    } catch (const CorruptData&) {
-    }
-    fuzz::record_ratio("parse_qvgt", meter.peak(), size);
-  }
+  const auto e = fuzz::bounded_parse("parse_qvgt", size, false,
+                                     [&] { return parse_qvgt(std::span<const uint8_t>(data, size)); });
   if (!e) return 0;
   const std::vector<uint8_t> again = serialize_qvgt(*e);
   FUZZ_CHECK(parse_qvgt(again) == *e, "qvgt round trip differs");

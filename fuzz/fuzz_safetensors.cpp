@@ -13,16 +13,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace qvg;
-  std::optional<SafetensorsFile> f;
-  {
-    fuzz::AllocMeter meter;
-    try {
-      f = parse_safetensors(std::span<const uint8_t>(data, size));
-    } catch (const CorruptData&) {
-    } catch (const InvalidArgument&) {
-    }
-    fuzz::record_ratio("parse_safetensors", meter.peak(), size);
-  }
+  const auto f = fuzz::bounded_parse("parse_safetensors", size, true,
+                                     [&] { return parse_safetensors(std::span<const uint8_t>(data, size)); });
   if (!f) return 0;
   std::vector<uint8_t> again;
   try {

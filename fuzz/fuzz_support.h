@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include <fmt/core.h>
 
 #include "qvg/config.h"
+#include "qvg/error.h"
 
 #define FUZZ_CHECK(cond, ...)                                                                          \
   do {                                                                                                 \
@@ -98,6 +100,27 @@ inline void record_ratio(const char* what, uint64_t peak, size_t input) {
   }
   FUZZ_CHECK(peak <= kAllocMultiple * input + kAllocSlack, "{} allocated {} bytes at its peak for a {}-byte input",
              what, peak, input);
+}
+
+/// Runs `parse` (a reader on `size` input bytes) under an AllocMeter: its result, or
+/// nullopt when it threw CorruptData (or InvalidArgument, when allowed: a well-formed
+/// input qvg does not handle); any other exception escapes (a finding). Checks the
+/// allocation bound.
+template <class Parse>
+auto bounded_parse(const char* what, size_t size, bool invalid_argument_allowed, Parse&& parse)
+    -> std::optional<decltype(parse())> {
+  std::optional<decltype(parse())> r;
+  {
+    AllocMeter meter;
+    try {
+      r.emplace(parse());
+    } catch (const qvg::CorruptData&) {
+    } catch (const qvg::InvalidArgument& e) {
+      FUZZ_CHECK(invalid_argument_allowed, "{} threw InvalidArgument: {}", what, e.what());
+    }
+    record_ratio(what, meter.peak(), size);
+  }
+  return r;
 }
 
 }  // namespace qvg::fuzz

@@ -16,6 +16,7 @@
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/io.h"
+#include "support/snapshot_fixtures.h"
 
 namespace fs = std::filesystem;
 using namespace qvg;
@@ -116,18 +117,11 @@ int main(int argc, char** argv) {
     return data(dt, {1, tokens, heads, d}, seed);
   };
   {
-    CacheOptions o;
-    o.cache_size = 8;
-    o.heads = 2;
-    o.head_dim = 8;
-    o.dtype = DType::F32;
-    o.sink_tokens = 2;
-    o.allow_growth = true;
-    DenseCausalCache d(o);
-    for (int64_t c = 0; c < 12; c += 4) d.update(kvt(DType::F32, 4, 2, 8, uint64_t(c)), kvt(DType::F32, 4, 2, 8, uint64_t(c + 1)), c);
+    const DenseCausalCache d = testing::small_dense_cache();
     snap("seed_dense_grown.snap", 2, d.snapshot_bytes());
     snap("seed_dense_grown_fix.snap", 3, d.snapshot_bytes());
-    o.allow_growth = false;
+    CacheOptions o = testing::small_cache_options();
+    o.cache_size = 8;
     o.attention_window_size = 6;
     o.dtype = DType::BF16;
     DenseCausalCache e(o);
@@ -135,25 +129,11 @@ int main(int argc, char** argv) {
     snap("seed_dense_evicted.snap", 2, e.snapshot_bytes());
   }
   {
-    CacheOptions o;
-    o.cache_size = 16;
-    o.heads = 2;
-    o.head_dim = 8;
-    o.dtype = DType::F32;
-    o.sink_tokens = 2;
-    QuantArgs q;
-    q.bits = 4;
-    q.block_size = 8;
-    q.centroids = 4;
-    q.stages = 2;
-    q.keep_recent_chunks = 0;
-    q.init = Init::Warm;
-    q.threads = 1;
-    PackedCausalCache p(o, q);
-    for (int64_t c = 0; c < 16; c += 4) p.update(kvt(DType::F32, 4, 2, 8, uint64_t(c)), kvt(DType::F32, 4, 2, 8, uint64_t(c + 3)), c);
+    const PackedCausalCache p = testing::small_packed_cache();
     snap("seed_packed_warm.snap", 0, p.snapshot_bytes());
     snap("seed_packed_warm_fix.snap", 1, p.snapshot_bytes());
-    QuantArgs q2 = q;
+    CacheOptions o = testing::small_cache_options();
+    QuantArgs q2 = testing::small_quant();
     q2.bits = 2;
     q2.asymmetric = true;
     q2.scale_dtype = ScaleDType::BF16;

@@ -26,6 +26,7 @@
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
+#include "support/snapshot_fixtures.h"
 
 namespace {
 
@@ -167,25 +168,6 @@ void set_entry(Bytes& b, const std::string& key, int64_t v) {
   std::memcpy(&*(it + std::ptrdiff_t(k.size())), &v, 8);
 }
 
-PackedCausalCache small_packed(std::optional<int> bits) {
-  CacheOptions o;
-  o.cache_size = 16;
-  o.heads = 2;
-  o.head_dim = 8;
-  o.dtype = DType::F32;
-  o.sink_tokens = 2;
-  QuantArgs q;
-  q.bits = bits;
-  q.block_size = 8;
-  q.centroids = 4;
-  q.keep_recent_chunks = 0;
-  q.threads = 1;
-  PackedCausalCache c(o, q);
-  Tensor t(DType::F32, {1, 4, 2, 8});
-  for (int64_t i = 0; i < 32; ++i) static_cast<float*>(t.data())[i] = float(i % 7) - 3.0f;
-  for (int64_t s = 0; s < 16; s += 4) c.update(t, t, s);
-  return c;
-}
 
 TEST(AllocBounds, HeadersClaimingTerabyteShapesAllocateNothingOfIt) {
   (void)max_threads();  // the OpenMP runtime's one-time allocations are not a reader's
@@ -229,7 +211,7 @@ TEST(AllocBounds, HeadersClaimingTerabyteShapesAllocateNothingOfIt) {
     set_entry(b, "cache_size", tb);
     fix_checksums(b);
     files.emplace_back("dense snapshot of 2^40 tokens", b);
-    Bytes p = small_packed(std::nullopt).snapshot_bytes();
+    Bytes p = testing::small_packed_cache(std::nullopt).snapshot_bytes();
     const SnapshotInfo info = inspect_snapshot_bytes(p);
     for (const SnapshotSectionInfo& s : info.sections)
       if (s.name == "segment 1") {
@@ -238,7 +220,7 @@ TEST(AllocBounds, HeadersClaimingTerabyteShapesAllocateNothingOfIt) {
       }
     fix_checksums(p);
     files.emplace_back("packed segment of 2^40 tokens", p);
-    Bytes q = small_packed(4).snapshot_bytes();
+    Bytes q = testing::small_packed_cache(4).snapshot_bytes();
     set_entry(q, "segments", int64_t(1) << 31);
     fix_checksums(q);
     files.emplace_back("2^31 segments", q);

@@ -25,12 +25,16 @@
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/numeric.h"
+#include "support/files.h"
 
 namespace qvg {
 namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
+using testing::file_bytes;
+using testing::put_file;
+using testing::TempDir;
 
 Bytes bytes_of(std::string_view s) {
   return Bytes(s.begin(), s.end());
@@ -50,36 +54,6 @@ Bytes f32_bytes(std::initializer_list<float> v) {
   return b;
 }
 
-// A fresh directory under the system temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("qvg_test_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-  size_t entries() const {
-    return static_cast<size_t>(std::distance(fs::directory_iterator(path_), fs::directory_iterator()));
-  }
-
- private:
-  fs::path path_;
-};
-
-Bytes file_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-void put_file(const fs::path& p, const Bytes& b) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
 
 // A [B, S, H, D] tensor of normal values with per-channel offsets (K-like outliers).
 Tensor random_tensor(DType dtype, Shape4 shape, uint32_t seed) {

@@ -34,6 +34,8 @@
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
 #include "support/cache_model.h"
+#include "support/files.h"
+#include "support/snapshot_fixtures.h"
 
 namespace qvg {
 namespace {
@@ -41,34 +43,11 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 using testing::Call;
+using testing::file_bytes;
 using testing::Outcome;
+using testing::put_file;
+using testing::TempDir;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ = fs::temp_directory_path() / fmt::format("qvg_test_snapshot_{}_{}", ::getpid(), n++);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  fs::path operator/(const std::string& s) const { return path_ / s; }
-  size_t entries() const { return size_t(std::distance(fs::directory_iterator(path_), fs::directory_iterator())); }
-
- private:
-  fs::path path_;
-};
-
-Bytes file_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return Bytes(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-void put_file(const fs::path& p, const Bytes& b) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
-}
 
 std::string error_of(auto&& f, ErrorKind want) {
   try {
@@ -209,7 +188,7 @@ void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripSt
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " cs=" << s.o.cache_size << " sink=" << s.o.sink_tokens
                                     << " window=" << s.o.window() << " growth=" << s.o.allow_growth
                                     << " quant: " << s.q.describe());
-  const TempDir dir;
+  const TempDir dir("qvg_test_snapshot");
   auto make = [&] {
     if constexpr (std::is_same_v<Cache, PackedCausalCache>)
       return PackedCausalCache(s.o, s.q);
@@ -275,63 +254,11 @@ TEST(SnapshotRoundTrip, EveryLaterCallEqualsTheSavedCache) {
   EXPECT_GT(st.errors, 50);
 }
 
-// ---- small fixed snapshots ---------------------------------------------------------------
+// ---- small fixed snapshots (tests/support/snapshot_fixtures) ------------------------------
 
-CacheOptions small_opts() {
-  CacheOptions o;
-  o.batch = 1;
-  o.cache_size = 16;
-  o.heads = 2;
-  o.head_dim = 8;
-  o.dtype = DType::F32;
-  o.sink_tokens = 2;
-  return o;
-}
-QuantArgs small_quant() {
-  QuantArgs q;
-  q.bits = 4;
-  q.block_size = 8;
-  q.centroids = 4;
-  q.stages = 2;
-  q.kmeans_iters = 2;
-  q.keep_recent_chunks = 0;
-  q.init = Init::Warm;
-  q.threads = 1;
-  return q;
-}
-// Deterministic K/V: a test-local LCG.
-Tensor kv_tensor(int64_t n, uint64_t seed) {
-  Tensor t(DType::F32, {1, n, 2, 8});
-  uint64_t st = seed * 0x9E3779B97F4A7C15ull + 7;
-  for (int64_t s = 0; s < n; ++s)
-    for (int64_t h = 0; h < 2; ++h)
-      for (int64_t d = 0; d < 8; ++d) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        t.set(0, s, h, d, float(double(st >> 11) * 0x1.0p-53 * 8.0 - 4.0));
-      }
-  return t;
-}
-// A packed cache holding a packed sink chunk, packed non-sink chunks, the raw current
-// chunk and warm codebooks.
-PackedCausalCache small_packed() {
-  PackedCausalCache c(small_opts(), small_quant());
-  for (int64_t i = 0; i < 4; ++i) {
-    const Tensor k = kv_tensor(4, uint64_t(2 * i)), v = kv_tensor(4, uint64_t(2 * i + 1));
-    c.update(k, v, 4 * i);
-  }
-  return c;
-}
-DenseCausalCache small_dense() {
-  CacheOptions o = small_opts();
-  o.cache_size = 8;
-  o.allow_growth = true;
-  DenseCausalCache c(o);
-  for (int64_t i = 0; i < 3; ++i) c.update(kv_tensor(4, uint64_t(i)), kv_tensor(4, uint64_t(i + 9)), 4 * i);
-  return c;
-}
 
 TEST(SnapshotFormat, SmallSnapshotsHoldWhatTheCacheHolds) {
-  const PackedCausalCache p = small_packed();
+  const PackedCausalCache p = testing::small_packed_cache();
   size_t packed_segs = 0;
   for (size_t i = 0; i < p.num_segments(); ++i) packed_segs += p.segment(i).packed;
   ASSERT_GE(packed_segs, 2u);
@@ -348,7 +275,7 @@ TEST(SnapshotFormat, SmallSnapshotsHoldWhatTheCacheHolds) {
   // Little-endian and says so: the byte-order mark 0x01020304 is stored as 04 03 02 01.
   EXPECT_EQ(Bytes(b.begin() + 12, b.begin() + 16), (Bytes{4, 3, 2, 1}));
   EXPECT_TRUE(is_snapshot_bytes(b));
-  const DenseCausalCache d = small_dense();
+  const DenseCausalCache d = testing::small_dense_cache();
   ASSERT_EQ(d.cache_size(), 16);  // grew from 8
   const SnapshotInfo di = inspect_snapshot_bytes(d.snapshot_bytes());
   EXPECT_EQ(di.cache, "dense");
@@ -392,7 +319,7 @@ int corruption_cases(const Bytes& good, bool all_masks) {
 
 TEST(SnapshotFormat, EveryTruncationAndFlippedByteIsCorruptData) {
   const bool all = !testing::small_scale();
-  const Bytes p = small_packed().snapshot_bytes(), d = small_dense().snapshot_bytes();
+  const Bytes p = testing::small_packed_cache().snapshot_bytes(), d = testing::small_dense_cache().snapshot_bytes();
   const int n = corruption_cases<PackedCausalCache>(p, all) + corruption_cases<DenseCausalCache>(d, all);
   std::printf("corruption cases refused: %d (packed snapshot %zu bytes, dense %zu bytes)\n", n, p.size(), d.size());
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(p));
@@ -400,7 +327,7 @@ TEST(SnapshotFormat, EveryTruncationAndFlippedByteIsCorruptData) {
 }
 
 TEST(SnapshotFormat, ErrorsNameTheSection) {
-  const Bytes p = small_packed().snapshot_bytes();
+  const Bytes p = testing::small_packed_cache().snapshot_bytes();
   const SnapshotInfo info = inspect_snapshot_bytes(p);
   for (const SnapshotSectionInfo& s : info.sections) {
     Bytes x = p;
@@ -423,7 +350,7 @@ TEST(SnapshotFormat, ErrorsNameTheSection) {
 }
 
 TEST(SnapshotFormat, NewerMajorVersionAndOtherByteOrderAreRefused) {
-  Bytes p = small_packed().snapshot_bytes();
+  Bytes p = testing::small_packed_cache().snapshot_bytes();
   Bytes x = p;
   x[8] = 2;  // major 2 (the header checksum is not even read)
   EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData)
@@ -440,7 +367,7 @@ TEST(SnapshotFormat, ForeignFilesAreCorruptDataAndTheOtherKindInvalidArgument) {
   CodecConfig c;
   c.centroids = 4;
   c.block_size = 8;
-  const Bytes qvgt = serialize_qvgt(encode(kv_tensor(6, 1), c));
+  const Bytes qvgt = serialize_qvgt(encode(testing::lcg_kv(6, 1), c));
   NpyArray npy;
   npy.shape = {2};
   npy.data = Bytes(8, 0);
@@ -453,7 +380,7 @@ TEST(SnapshotFormat, ForeignFilesAreCorruptDataAndTheOtherKindInvalidArgument) {
     EXPECT_THROW((void)DenseCausalCache::from_snapshot_bytes(f), CorruptData);
     EXPECT_FALSE(is_snapshot_bytes(f));
   }
-  const Bytes dense = small_dense().snapshot_bytes(), packed = small_packed().snapshot_bytes();
+  const Bytes dense = testing::small_dense_cache().snapshot_bytes(), packed = testing::small_packed_cache().snapshot_bytes();
   EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(dense); }, ErrorKind::InvalidArgument)
                 .find("the snapshot holds a dense cache"),
             std::string::npos);
@@ -461,18 +388,18 @@ TEST(SnapshotFormat, ForeignFilesAreCorruptDataAndTheOtherKindInvalidArgument) {
 }
 
 TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
-  const Bytes b = small_packed().snapshot_bytes();
+  const Bytes b = testing::small_packed_cache().snapshot_bytes();
   SnapshotExpectation x;
-  x.options = small_opts();
-  x.quant = small_quant();
+  x.options = testing::small_cache_options();
+  x.quant = testing::small_quant();
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
   x.options->attention_window_size = 16;  // equal to cache_size: the same window
   x.quant->threads = 2;                   // not part of the configuration
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
   auto refused = [&](auto edit, const std::string& field) {
     SnapshotExpectation y;
-    y.options = small_opts();
-    y.quant = small_quant();
+    y.options = testing::small_cache_options();
+    y.quant = testing::small_quant();
     edit(y);
     const std::string m =
         error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(b, y); }, ErrorKind::InvalidArgument);
@@ -501,9 +428,9 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   refused([](auto& y) { y.quant->init = Init::Random; }, "init");
   refused([](auto& y) { y.quant->seed = 1; }, "seed");
   SnapshotExpectation g;
-  g.options = small_opts();
+  g.options = testing::small_cache_options();
   g.options->cache_size = 8;
-  EXPECT_NE(error_of([&] { (void)DenseCausalCache::from_snapshot_bytes(small_dense().snapshot_bytes(), g); },
+  EXPECT_NE(error_of([&] { (void)DenseCausalCache::from_snapshot_bytes(testing::small_dense_cache().snapshot_bytes(), g); },
                      ErrorKind::InvalidArgument)
                 .find("allow_growth"),
             std::string::npos);
@@ -517,9 +444,9 @@ TEST(SnapshotFormat, RuntimeSettingsAndCallerStorage) {
   SnapshotExpectation x;
   x.view_scratch = scratch;
   x.threads = 2;
-  PackedCausalCache p = PackedCausalCache::from_snapshot_bytes(small_packed().snapshot_bytes(), x);
+  PackedCausalCache p = PackedCausalCache::from_snapshot_bytes(testing::small_packed_cache().snapshot_bytes(), x);
   EXPECT_EQ(p.quant_args().threads, 2);
-  const KVView v = p.update(kv_tensor(4, 50), kv_tensor(4, 51), 16);
+  const KVView v = p.update(testing::lcg_kv(4, 50), testing::lcg_kv(4, 51), 16);
   EXPECT_EQ(v.k.data, static_cast<const void*>(scratch->data()));
   // Dense buffers in caller storage, asked for once with the snapshot's cache_size.
   std::vector<std::vector<std::byte>> owned;
@@ -530,13 +457,13 @@ TEST(SnapshotFormat, RuntimeSettingsAndCallerStorage) {
     owned.emplace_back(size_t(cs) * 2 * 8 * 4);
     return DenseCausalCache::ExternalStorage{owned[owned.size() - 2].data(), owned.back().data()};
   };
-  const DenseCausalCache saved = small_dense();
+  const DenseCausalCache saved = testing::small_dense_cache();
   DenseCausalCache d = DenseCausalCache::from_snapshot_bytes(saved.snapshot_bytes(), {}, storage);
   EXPECT_EQ(asked, (std::vector<int64_t>{16}));
   EXPECT_FALSE(d.owns_storage());
   EXPECT_EQ(d.k_buffer().data, static_cast<const void*>(owned[0].data()));
   same_state(saved, d);
-  d.update(kv_tensor(12, 3), kv_tensor(12, 4), 12);  // grows through the same storage
+  d.update(testing::lcg_kv(12, 3), testing::lcg_kv(12, 4), 12);  // grows through the same storage
   EXPECT_EQ(asked, (std::vector<int64_t>{16, 32}));
 }
 
@@ -561,7 +488,7 @@ int in_child(F&& f, int kill_after_us = -1) {
 }
 
 TEST(SnapshotSave, AKilledWriterLeavesTheOldOrTheNewSnapshot) {
-  const TempDir dir;
+  const TempDir dir("qvg_test_snapshot");
   const fs::path p = dir / "cache.qvgs";
   // Two different states of one cache, large enough that a save takes a while.
   CacheOptions o;
@@ -598,13 +525,13 @@ TEST(SnapshotSave, AKilledWriterLeavesTheOldOrTheNewSnapshot) {
 }
 
 TEST(SnapshotSave, FailingWritesLeaveTheOldSnapshotAndNoTemporary) {
-  const TempDir dir;
+  const TempDir dir("qvg_test_snapshot");
   const fs::path p = dir / "cache.qvgs";
-  const PackedCausalCache old_cache = small_packed();
+  const PackedCausalCache old_cache = testing::small_packed_cache();
   old_cache.save(p);
   const Bytes old_bytes = file_bytes(p);
-  PackedCausalCache next = small_packed();
-  next.update(kv_tensor(4, 70), kv_tensor(4, 71), 16);
+  PackedCausalCache next = testing::small_packed_cache();
+  next.update(testing::lcg_kv(4, 70), testing::lcg_kv(4, 71), 16);
   const size_t size = next.snapshot_bytes().size();
   // The writer in a child whose file size limit (RLIMIT_FSIZE) makes write() fail
   // after `limit` bytes: EFBIG, like a full disk.
@@ -638,7 +565,7 @@ TEST(SnapshotSave, FailingWritesLeaveTheOldSnapshotAndNoTemporary) {
 
 // ---- golden snapshot ----------------------------------------------------------------------
 
-// tests/data/golden_packed.qvgs: small_packed() encoded on the SCALAR target (the
+// tests/data/golden_packed.qvgs: testing::small_packed_cache() encoded on the SCALAR target (the
 // encoder's bytes depend on the SIMD target, spec 1.1). Regenerate (only for a
 // deliberate format change, and say so) with
 //   QVG_WRITE_GOLDEN_SNAPSHOT=tests/data/golden_packed.qvgs build/release/test_snapshot
@@ -646,7 +573,7 @@ const fs::path kGolden = fs::path(QVG_SOURCE_DIR) / "tests" / "data" / "golden_p
 
 TEST(SnapshotGolden, CommittedSnapshotLoadsBitExactly) {
   kernels::force_target(kernels::available_targets().back().id);
-  const PackedCausalCache built = small_packed();
+  const PackedCausalCache built = testing::small_packed_cache();
   kernels::force_target(0);
   if (const char* out = std::getenv("QVG_WRITE_GOLDEN_SNAPSHOT")) built.save(out);
   const Bytes golden = file_bytes(kGolden);
@@ -658,7 +585,7 @@ TEST(SnapshotGolden, CommittedSnapshotLoadsBitExactly) {
   EXPECT_EQ(loaded.resident_nbytes(), built.resident_nbytes());
   // It continues as the cache it was.
   PackedCausalCache again = PackedCausalCache::load(kGolden);
-  const Tensor k = kv_tensor(4, 90), v = kv_tensor(4, 91);
+  const Tensor k = testing::lcg_kv(4, 90), v = testing::lcg_kv(4, 91);
   kernels::force_target(kernels::available_targets().back().id);
   const KVView a = loaded.update(k, v, 16);
   const KVView b = again.update(k, v, 16);

@@ -300,17 +300,22 @@ SectionOut kv_section(Kind kind, const KvWriter& kv) {
   return s;
 }
 
-std::vector<SectionOut> sections_of(const detail::DenseStateRef& st) {
+// The config and state sections, first in every snapshot.
+std::vector<SectionOut> head_sections(const KvWriter& config, const KvWriter& state) {
   std::vector<SectionOut> out;
-  KvWriter cfg;
+  out.push_back(kv_section(Kind::Config, config));
+  out.push_back(kv_section(Kind::State, state));
+  return out;
+}
+
+std::vector<SectionOut> sections_of(const detail::DenseStateRef& st) {
+  KvWriter cfg, state;
   put_options(cfg, "dense", st.options);
-  out.push_back(kv_section(Kind::Config, cfg));
-  KvWriter state;
   state.i64("cache_size", st.cache_size);
   state.i64("attention_window_size", st.window);
   state.i64("global_end", st.global_end);
   state.i64("local_end", st.local_end);
-  out.push_back(kv_section(Kind::State, state));
+  std::vector<SectionOut> out = head_sections(cfg, state);
   for (Kind k : {Kind::BufferK, Kind::BufferV}) {
     SectionOut s;
     s.kind = k;
@@ -321,17 +326,14 @@ std::vector<SectionOut> sections_of(const detail::DenseStateRef& st) {
 }
 
 std::vector<SectionOut> sections_of(const detail::PackedStateRef& st) {
-  std::vector<SectionOut> out;
-  KvWriter cfg;
+  KvWriter cfg, state;
   put_options(cfg, "packed", st.options);
   put_quant(cfg, st.quant);
-  out.push_back(kv_section(Kind::Config, cfg));
-  KvWriter state;
   state.i64("global_end", st.global_end);
   state.opt_i64("chunk_tokens", st.chunk_tokens);
   state.i64("segments", int64_t(st.segments.size()));
   state.boolean("warm", st.warm_k != nullptr);
-  out.push_back(kv_section(Kind::State, state));
+  std::vector<SectionOut> out = head_sections(cfg, state);
   for (size_t i = 0; i < st.segments.size(); ++i) {
     const detail::PackedSegmentRef& g = st.segments[i];
     SectionOut s;
