@@ -14,47 +14,15 @@
 #include <span>
 #include <vector>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "fuzz_support.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
 #include "qvg/snapshot.h"
+#include "support/snapshot_fixtures.h"
 
 namespace {
 
 using namespace qvg;
-
-uint64_t le64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-
-// The checksums (and optionally the size field) a writer would have stored, from the
-// format's description: header 40 bytes, table of 32-byte entries at 40.
-void fix_checksums(std::vector<uint8_t>& b, bool fix_size) {
-  if (b.size() < 40) return;
-  if (fix_size) {
-    const uint64_t n = b.size();
-    std::memcpy(b.data() + 24, &n, 8);
-  }
-  uint32_t n;
-  std::memcpy(&n, b.data() + 16, 4);
-  if (n > (b.size() - 40) / 32) return;
-  for (uint32_t i = 0; i < n; ++i) {
-    uint8_t* e = b.data() + 40 + 32 * size_t(i);
-    const uint64_t off = le64(e + 8), len = le64(e + 16);
-    if (off > b.size() || len > b.size() - off) continue;
-    const uint64_t h = XXH64(b.data() + off, size_t(len), 0);
-    std::memcpy(e + 24, &h, 8);
-  }
-  std::vector<uint8_t> covered(b.begin(), b.begin() + 32);
-  covered.insert(covered.end(), b.begin() + 40, b.begin() + 40 + 32 * std::ptrdiff_t(n));
-  const uint64_t h = XXH64(covered.data(), covered.size(), 0);
-  std::memcpy(b.data() + 32, &h, 8);
-}
 
 template <class Cache>
 void exercise(Cache& c) {
@@ -81,7 +49,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t flags = data[0];
   std::vector<uint8_t> b(data + 1, data + size);
-  if (flags & 1) fix_checksums(b, (flags & 4) != 0);
+  if ((flags & 5) == 5 && b.size() >= 32) {  // the file size field too
+    const uint64_t n = b.size();
+    std::memcpy(b.data() + 24, &n, 8);
+  }
+  if (flags & 1) testing::fix_snapshot_checksums(b);
   try {
     (void)inspect_snapshot_bytes(b);
   } catch (const CorruptData&) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -233,7 +234,7 @@ void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripSt
 TEST(SnapshotRoundTrip, EveryLaterCallEqualsTheSavedCache) {
   RoundTripStats st;
   const auto t0 = std::chrono::steady_clock::now();
-  const int n = testing::scaled(140, 140);  // x 4 configurations: >= 500 sequences
+  const int n = testing::scaled(140, 35);  // x 4 configurations: 560 sequences (140 under the sanitizers)
   for (int i = 0; i < n; ++i) {
     round_trip<DenseCausalCache>(1000 + uint64_t(i), false, std::nullopt, st);
     round_trip<PackedCausalCache>(2000 + uint64_t(i), true, std::nullopt, st);
@@ -247,11 +248,11 @@ TEST(SnapshotRoundTrip, EveryLaterCallEqualsTheSavedCache) {
       "%.1f s\n",
       st.sequences, st.snapshots, st.via_file, st.calls, st.errors, st.packed_segments, st.warm, st.grown,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  EXPECT_GE(st.sequences, 500);
-  EXPECT_GT(st.packed_segments, 100);
-  EXPECT_GT(st.warm, 5);
-  EXPECT_GT(st.grown, 5);
-  EXPECT_GT(st.errors, 50);
+  EXPECT_GE(st.sequences, testing::scaled(500, 125));
+  EXPECT_GT(st.packed_segments, testing::scaled(100, 20));
+  EXPECT_GT(st.warm, testing::scaled(5, 1));
+  EXPECT_GT(st.grown, testing::scaled(5, 1));
+  EXPECT_GT(st.errors, testing::scaled(50, 10));
 }
 
 // ---- small fixed snapshots (tests/support/snapshot_fixtures) ------------------------------
@@ -347,6 +348,88 @@ TEST(SnapshotFormat, ErrorsNameTheSection) {
   x = Bytes(p.begin(), p.end() - 1);
   EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData).find("(truncated)"),
             std::string::npos);
+}
+
+// Files whose checksums are right but whose content no cache could have: refused,
+// naming the section, by the checks behind the checksums (docs/snapshot.md, "What a
+// reader checks").
+TEST(SnapshotFormat, ImpossibleStatesWithValidChecksumsAreRefused) {
+  const Bytes good = testing::small_packed_cache().snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(good);
+  auto section = [&](const std::string& name) {
+    for (const SnapshotSectionInfo& s : info.sections)
+      if (s.name == name) return s;
+    throw std::runtime_error("no section " + name);
+  };
+  // Segment header fields: g0 (i64), g1 (i64), is_sink, packed (u8), chunks, flags (u32).
+  auto with = [&](const std::string& sec, size_t at, std::vector<uint8_t> bytes) {
+    Bytes b = good;
+    std::memcpy(b.data() + section(sec).offset + at, bytes.data(), bytes.size());
+    testing::fix_snapshot_checksums(b);
+    return b;
+  };
+  auto refused = [&](const Bytes& b, const std::string& where, const std::string& what) {
+    const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(b); }, ErrorKind::CorruptData);
+    EXPECT_NE(m.find("invalid snapshot: " + where + ": "), std::string::npos) << m;
+    EXPECT_NE(m.find(what), std::string::npos) << m;
+  };
+  refused(with("segment 3", 22, {1, 0, 0, 0}), "segment 3", "flags 0x1");
+  refused(with("segment 1", 16, {1}), "segment 1", "is_sink = true for a segment starting at 4");
+  refused(with("segment 3", 18, {2, 0, 0, 0}), "segment 3", "a raw segment holds one chunk");
+  refused(with("segment 3", 16, {2}), "segment 3", "must be 0 or 1");
+  refused(with("segment 2", 0, {9, 0, 0, 0, 0, 0, 0, 0}), "segment 2", "encoding");  // [9, 12): 3 tokens
+  refused(with("segment 3", 0, {13, 0, 0, 0, 0, 0, 0, 0}), "segment 3", "bytes of K and V");
+  // A raw value update() would refuse (NaN), with the right checksum.
+  {
+    Bytes b = good;
+    const float nan = std::nanf("");
+    std::memcpy(b.data() + section("segment 3").offset + 26 + 8, &nan, 4);
+    testing::fix_snapshot_checksums(b);
+    refused(b, "segment 3", "raw K must hold finite values");
+  }
+  // A global_end the segments do not end at.
+  {
+    Bytes b = good;
+    const SnapshotSectionInfo st = section("state");
+    const std::string key = "global_end";
+    auto it = std::search(b.begin() + std::ptrdiff_t(st.offset), b.end(), key.begin(), key.end());
+    ASSERT_NE(it, b.end());
+    *(it + std::ptrdiff_t(key.size()) + 1) = 17;  // after the type byte: the i64's low byte
+    testing::fix_snapshot_checksums(b);
+    refused(b, "state", "the last segment ends at 16, global_end is 17");
+  }
+  // The warm flag off while warm sections follow.
+  {
+    Bytes b = good;
+    const std::string key = "warm";
+    auto it = std::search(b.begin() + std::ptrdiff_t(section("state").offset), b.end(), key.begin(), key.end());
+    ASSERT_NE(it, b.end());
+    *(it + std::ptrdiff_t(key.size()) + 1) = 0;
+    testing::fix_snapshot_checksums(b);
+    refused(b, "section table", "section 6 is 'warm_k', expected the end of the file");
+  }
+  // Values that would decode to Inf inside a packed segment's encoding (scale_factor).
+  {
+    PackedCausalCache c(testing::small_cache_options(), testing::small_quant());
+    c.update(testing::lcg_kv(4, 1), testing::lcg_kv(4, 2), 0);
+    c.update(testing::lcg_kv(4, 3), testing::lcg_kv(4, 4), 4);  // segment 0 packed
+    Bytes b = c.snapshot_bytes();
+    const SnapshotInfo ci = inspect_snapshot_bytes(b);
+    ASSERT_EQ(ci.sections[2].name, "segment 0");
+    // The K encoding's scale_factor: the last 4 bytes before the V encoding begins are
+    // K's [B, H] = 2 factors; find them as the first group factor of K.
+    const EncodedTensor k_enc = *c.segment(0).k_enc;
+    const size_t k_arrays = k_enc.nbytes();
+    const size_t k_layout = 4 + 3 + 32 + 16 + 1 + 4 + 8 + 4 + 9;  // dtype "f32", shape, 4 x i32, bool, strings
+    const size_t factor_at = size_t(ci.sections[2].offset) + 26 + k_layout + k_arrays - 8;
+    float f;
+    std::memcpy(&f, b.data() + factor_at, 4);
+    ASSERT_EQ(f, k_enc.scale_factor[0]);
+    f = 3e38f;
+    std::memcpy(b.data() + factor_at, &f, 4);
+    testing::fix_snapshot_checksums(b);
+    refused(b, "segment 0", "keeps every decoded value finite");
+  }
 }
 
 TEST(SnapshotFormat, NewerMajorVersionAndOtherByteOrderAreRefused) {

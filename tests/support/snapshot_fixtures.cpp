@@ -1,5 +1,10 @@
 #include "support/snapshot_fixtures.h"
 
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace qvg::testing {
 
 Tensor lcg_kv(int64_t n, uint64_t seed) {
@@ -53,6 +58,26 @@ DenseCausalCache small_dense_cache() {
   DenseCausalCache c(o);
   for (int64_t i = 0; i < 3; ++i) c.update(lcg_kv(4, uint64_t(i)), lcg_kv(4, uint64_t(i + 9)), 4 * i);
   return c;
+}
+
+void fix_snapshot_checksums(std::vector<uint8_t>& b) {
+  if (b.size() < 40) return;
+  uint32_t n;
+  std::memcpy(&n, b.data() + 16, 4);
+  if (n > (b.size() - 40) / 32) return;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint8_t* e = b.data() + 40 + 32 * size_t(i);
+    uint64_t off, len;
+    std::memcpy(&off, e + 8, 8);
+    std::memcpy(&len, e + 16, 8);
+    if (off > b.size() || len > b.size() - off) continue;
+    const uint64_t h = XXH64(b.data() + off, size_t(len), 0);
+    std::memcpy(e + 24, &h, 8);
+  }
+  std::vector<uint8_t> covered(b.begin(), b.begin() + 32);
+  covered.insert(covered.end(), b.begin() + 40, b.begin() + 40 + 32 * std::ptrdiff_t(n));
+  const uint64_t h = XXH64(covered.data(), covered.size(), 0);
+  std::memcpy(b.data() + 32, &h, 8);
 }
 
 }  // namespace qvg::testing

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "qvg/cache.h"
 #include "qvg/tensor.h"
@@ -24,5 +25,10 @@ QuantArgs small_quant();
 PackedCausalCache small_packed_cache(std::optional<int> bits = 4);
 /// A dense cache of cache_size 8 with allow_growth, grown to 16 by three chunks of 4.
 DenseCausalCache small_dense_cache();
+
+/// Recomputes the checksums of a snapshot (section checksums in the table, then the
+/// header checksum) from the format of docs/snapshot.md, so that a crafted change
+/// reaches the checks behind them. Leaves bytes it cannot make sense of alone.
+void fix_snapshot_checksums(std::vector<uint8_t>& b);
 
 }  // namespace qvg::testing
