@@ -616,6 +616,12 @@ TEST(Config, EngineFlags) {
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_span_chunks", "0"}}, "span_chunks must be >= 1, got 0");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_bogus", "1"}}, "unknown flag 'kv_cache_quant_bogus'");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "12x"}}, "must be an integer, got '12x'");
+  // A negative seed is refused, not wrapped to 2^64 - 5 (issue 15, finding 9).
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "-5"}},
+      "kv_cache_quant_seed must be an integer in 0..2^64-1, got '-5'");
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551616"}}, "got '18446744073709551616'");
+  EXPECT_EQ(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551615"}}).seed,
+            UINT64_MAX);
   QuantArgs h = QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_block_size", "48"}});
   EXPECT_THROW(h.validate_for_head_dim(128), InvalidArgument);
   QuantArgs bits;

@@ -150,6 +150,17 @@ int64_t parse_int_flag(const std::string& key, const std::string& v) {
   return out;
 }
 
+// A seed: an unsigned 64-bit decimal (a negative value is an error, not a wrap).
+uint64_t parse_seed_flag(const std::string& key, const std::string& v) {
+  uint64_t out = 0;
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  auto [p, ec] = std::from_chars(b, e, out);
+  if (ec != std::errc() || p != e || v.empty())
+    throw InvalidArgument(fmt::format("{} must be an integer in 0..2^64-1, got '{}'", key, v));
+  return out;
+}
+
 int parse_int32_flag(const std::string& key, const std::string& v) {
   int64_t x = parse_int_flag(key, v);
   if (x < -2147483647 || x > 2147483647)
@@ -202,7 +213,7 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else if (f == "_scaling") a.scaling = parse_scaling(value);
     else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
     else if (f == "_init") a.init = parse_init(value);
-    else if (f == "_seed") a.seed = uint64_t(parse_int_flag(key, value));
+    else if (f == "_seed") a.seed = parse_seed_flag(key, value);
     else
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
