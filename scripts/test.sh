@@ -16,6 +16,12 @@ for preset in ci asan; do
   ctest --preset "$preset"
 done
 
+# The libFuzzer targets (a separate clang 14 build with ASan + UBSan, the 'fuzz' preset):
+# every target replays its committed corpus and runs a fixed, seeded number of inputs;
+# a crash fails the run and prints the reproducer (docs/reliability.md).
+echo "=== qvg: fuzz targets (clang 14, libFuzzer + ASan + UBSan): corpus replay and seeded runs ==="
+bash scripts/fuzz.sh --ci
+
 # The CUDA backend, compile only (no GPU here): sm_90a, warnings as errors, plus its
 # host-side test of the shared kernel arithmetic. The GPU tests run on a device
 # machine through scripts/gpu-check (docs/cuda.md).

@@ -486,10 +486,28 @@ TEST(CacheErrors, ConstructorOptions) {
   o = ok_opts();
   o.heads = 0;
   both(o, "num_heads must be >= 1, got 0");
+  // Sizes are bounded at construction with qvg's own message (issue 15, finding 12:
+  // a head_dim or num_heads of 2^40 used to reach the allocator).
   o = ok_opts();
-  o.cache_size = int64_t(1) << 40;
-  o.heads = 1 << 20;
-  both(o, "too large");
+  o.head_dim = int64_t(1) << 40;
+  both(o, "head_dim must be at most 65536 (2^16), got 1099511627776");
+  o = ok_opts();
+  o.heads = int64_t(1) << 40;
+  both(o, "num_heads must be at most 65536 (2^16), got 1099511627776");
+  o = ok_opts();
+  o.batch = (int64_t(1) << 16) + 1;
+  both(o, "batch must be at most 65536");
+  o = ok_opts();
+  o.cache_size = (int64_t(1) << 40) + 1;
+  o.sink_tokens = 0;
+  both(o, "cache_size must be at most 1099511627776 (2^40 tokens)");
+  o = ok_opts();  // each size allowed, their product too large: 2 x 2^24 x 2^8 x 2^8 x 2 bytes = 2^42
+  o.cache_size = int64_t(1) << 24;
+  o.heads = 256;
+  o.head_dim = 256;
+  both(o, "too large: its K and V would take");
+  o.cache_size = int64_t(1) << 21;  // 2^40 bytes exactly: allowed (nothing allocated by the packed cache)
+  EXPECT_NO_THROW(PackedCausalCache c(o));
 }
 
 TEST(CacheErrors, PackedRejectsGrowthAndInvalidConfiguration) {

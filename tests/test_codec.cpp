@@ -1,6 +1,8 @@
 // Tests of the PRQ codec (spec 1) against its contract: the error bound derived
 // from stored scales, k-means properties, known byte layouts, determinism, limits.
 #include <gtest/gtest.h>
+
+#include <fmt/core.h>
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
@@ -530,7 +532,18 @@ TEST(Config, CodecValidation) {
   expect_invalid(c, "block_size must be > 0");
   c = {};
   c.stages = 0;
-  expect_invalid(c, "stages must be > 0");
+  expect_invalid(c, "stages must be in 1..64, got 0");
+  c.stages = 65;  // the .qvgt format holds 1..64 stages: refused before any encoding
+  expect_invalid(c, "stages must be in 1..64, got 65");
+  c.stages = 64;
+  EXPECT_NO_THROW(c.validate());
+  c = {};
+  c.threads = -1;
+  expect_invalid(c, fmt::format("threads must be in 0..{}", max_threads()));
+  c.threads = max_threads() + 1;
+  expect_invalid(c, fmt::format("got {}", max_threads() + 1));
+  c.threads = max_threads();
+  EXPECT_NO_THROW(c.validate());
   c = {};
   c.kmeans_iters = -1;
   expect_invalid(c, "kmeans_iters must be > 0, got -1");
@@ -592,7 +605,9 @@ TEST(Config, EngineFlags) {
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "0"}}, "centroids must be in 1..256, got 0");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "300"}}, "got 300");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_block_size", "-64"}}, "block_size must be > 0");
-  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_stages", "0"}}, "stages must be > 0");
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_stages", "0"}}, "stages must be in 1..64, got 0");
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_stages", "65"}}, "stages must be in 1..64, got 65");
+  bad({{"kv_cache_quant", "off"}, {"kv_cache_quant_stages", "1000"}}, "stages must be in 1..64, got 1000");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_iters", "0"}}, "kmeans_iters must be > 0");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_keep_recent", "-1"}}, "keep_recent_chunks must be >= 0, got -1");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_sink_keep", "-2"}}, "sink_keep_chunks must be >= 0, got -2");
@@ -601,6 +616,12 @@ TEST(Config, EngineFlags) {
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_span_chunks", "0"}}, "span_chunks must be >= 1, got 0");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_bogus", "1"}}, "unknown flag 'kv_cache_quant_bogus'");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "12x"}}, "must be an integer, got '12x'");
+  // A negative seed is refused, not wrapped to 2^64 - 5 (issue 15, finding 9).
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "-5"}},
+      "kv_cache_quant_seed must be an integer in 0..2^64-1, got '-5'");
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551616"}}, "got '18446744073709551616'");
+  EXPECT_EQ(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551615"}}).seed,
+            UINT64_MAX);
   QuantArgs h = QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_block_size", "48"}});
   EXPECT_THROW(h.validate_for_head_dim(128), InvalidArgument);
   QuantArgs bits;

@@ -36,34 +36,6 @@ struct Stats {
   int incremental_chunks = 0, incremental_joins = 0, span_breaks = 0;  // incremental spans
 };
 
-QuantArgs random_quant(std::mt19937_64& rng, int bits, int64_t D) {
-  auto ri = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
-  QuantArgs q;
-  q.bits = bits;
-  q.block_size = (D % 16 == 0 && ri(0, 1)) ? 16 : 8;
-  q.centroids = int(ri(1, 8));
-  q.stages = int(ri(1, 2));
-  q.kmeans_iters = 1;
-  q.asymmetric = ri(0, 1) == 1;
-  q.keep_recent_chunks = int(ri(0, 2));
-  q.sink = ri(0, 3) != 0;
-  q.sink_span = ri(0, 1) ? SinkSpan::Full : SinkSpan::Chunk;
-  q.sink_keep_chunks = int(ri(0, 1));
-  q.span_chunks = int(ri(1, 3));
-  if (ri(0, 1)) {  // incremental spans, with or without adaptive boundaries
-    q.span_mode = SpanMode::Incremental;
-    const double ratios[] = {0.0, 0.0, 1.05, 1.5, 3.0};
-    q.span_break_ratio = ratios[ri(0, 4)];
-  }
-  q.scaling = ri(0, 1) ? Scaling::Compat : Scaling::TwoLevel;
-  q.scale_dtype = ri(0, 2) == 0 ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
-  const Init inits[] = {Init::Random, Init::KMeansPlusPlus, Init::Warm};
-  q.init = inits[ri(0, 2)];
-  q.seed = uint64_t(ri(0, 1 << 20));
-  q.threads = 1;
-  return q;
-}
-
 void run_packed_sequence(uint64_t seed, Mode mode, int bits, Stats& st) {
   std::mt19937_64 rng(seed);
   auto ri = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };

@@ -31,9 +31,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "qvg/codec.h"
@@ -127,6 +129,27 @@ struct CacheOptions {
   /// Throws InvalidArgument naming the field for any value outside its range.
   void validate() const;
 };
+
+/// What a caller of load() expects of a snapshot, and the runtime settings of the
+/// loaded cache (which a snapshot does not hold). See docs/snapshot.md.
+struct SnapshotExpectation {
+  /// When set, the snapshot's constructor options must equal these: batch,
+  /// cache_size, num_heads, head_dim, dtype, sink_tokens, attention_window_size (an
+  /// absent window equals one of cache_size), allow_growth. Else InvalidArgument
+  /// naming the first differing field. (view_scratch is not compared.)
+  std::optional<CacheOptions> options;
+  /// Packed caches: when set, the snapshot's QuantArgs must equal these, every field
+  /// but threads (InvalidArgument naming the first differing field).
+  std::optional<QuantArgs> quant;
+  /// The loaded cache's view memory (CacheOptions::view_scratch); nullptr: its own.
+  std::shared_ptr<ViewScratch> view_scratch;
+  /// Packed caches: QuantArgs::threads of the loaded cache (0..max_threads()).
+  int threads = 0;
+};
+
+namespace detail {
+struct SnapshotAccess;  // src/cache/snapshot_state.h: the caches' state, out and in
+}
 
 /// The global token ranges a packed-cache view shows when recent_window_tokens is
 /// absent (spec 4): the sink [0, sink_end) followed by [tail_start, global_end);
@@ -325,6 +348,29 @@ class DenseCausalCache final : public CausalCache {
   ConstTensorView v_buffer() const;
   bool owns_storage() const;
 
+
+  // ---- snapshots (docs/snapshot.md) -------------------------------------------
+  /// Writes the cache — configuration, cursors, both buffers as they are in memory, format version, XXH64
+  /// checksums — to `path` atomically (qvg/file.h: a crash leaves the previous file
+  /// intact). Throws InvalidArgument naming the path on an I/O error; the cache is
+  /// unchanged either way.
+  void save(const std::filesystem::path& path) const;
+  /// The bytes save() writes.
+  std::vector<uint8_t> snapshot_bytes() const;
+  /// A cache restored from a snapshot of a dense cache, equal to the saved one: every
+  /// later call returns the same views and resident_nbytes(). Throws CorruptData
+  /// naming the section for a truncated, corrupted or foreign file (nothing is
+  /// built; allocation is bounded by the file's size), InvalidArgument for an
+  /// unreadable path, a packed-cache snapshot, or one that differs from `expect`
+  /// (naming the field). `storage`: when given, the buffers are caller storage it
+  /// supplies (called once with the snapshot's cache_size, as GrowStorage is on
+  /// growth) and it serves later growth too; else the cache owns its buffers.
+  static DenseCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect = {},
+                               GrowStorage storage = nullptr);
+  /// load() from the bytes of a snapshot.
+  static DenseCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {},
+                                              GrowStorage storage = nullptr);
+
   /// A full snapshot for tests: equal snapshots mean equal caches.
   struct DebugState {
     std::vector<uint8_t> k, v;  ///< buffer bytes
@@ -341,7 +387,9 @@ class DenseCausalCache final : public CausalCache {
                    std::optional<int64_t> recent_window) override;
 
  private:
+  friend struct detail::SnapshotAccess;
   struct Impl;
+  explicit DenseCausalCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -355,9 +403,10 @@ class DenseCausalCache final : public CausalCache {
 /// (fixed by the first advance, informational: chunks may vary in size); the
 /// warm-start codebooks of the last K and V encodings (init = warm).
 /// Invariants:
-///   * segments are sorted, adjacent ones touch (s[i].g1 == s[i+1].g0), and the
-///     last one ends at global_end; the first one starts at 0 while sink
-///     segments exist (they are never dropped);
+///   * segments are sorted, adjacent ones touch (s[i].g1 == s[i+1].g0) except
+///     across the evicted tokens between the last sink segment and the first
+///     non-sink one, and the last one ends at global_end; the first one starts
+///     at 0 while sink segments exist (they are never dropped);
 ///   * a raw segment is exactly one chunk; a packed span never mixes sink and
 ///     non-sink chunks; a segment is a sink segment iff its g0 < sink_tokens;
 ///   * local_end == min(global_end, cache_size);
@@ -435,6 +484,23 @@ class PackedCausalCache final : public CausalCache {
   size_t num_segments() const;
   SegmentInfo segment(size_t i) const;  ///< REQUIRES i < num_segments()
 
+
+  // ---- snapshots (docs/snapshot.md) -------------------------------------------
+  /// Writes the cache — configuration, cursors, every segment (raw bytes or encodings) as in memory, the warm-start codebooks, format version, XXH64
+  /// checksums — to `path` atomically (qvg/file.h: a crash leaves the previous file
+  /// intact). Throws InvalidArgument naming the path on an I/O error; the cache is
+  /// unchanged either way.
+  void save(const std::filesystem::path& path) const;
+  /// The bytes save() writes.
+  std::vector<uint8_t> snapshot_bytes() const;
+  /// A cache restored from a snapshot of a packed cache, equal to the saved one:
+  /// every later call returns the same views, segments and resident_nbytes(). Errors
+  /// as DenseCausalCache::load (CorruptData naming the section; InvalidArgument for
+  /// a dense-cache snapshot or one that differs from `expect`, naming the field).
+  static PackedCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect = {});
+  /// load() from the bytes of a snapshot.
+  static PackedCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {});
+
   /// A full snapshot for tests: equal snapshots mean equal caches.
   struct SegmentState {
     int64_t g0 = 0, g1 = 0;
@@ -467,7 +533,9 @@ class PackedCausalCache final : public CausalCache {
                    std::optional<int64_t> recent_window) override;
 
  private:
+  friend struct detail::SnapshotAccess;
   struct Impl;
+  explicit PackedCausalCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -62,6 +62,18 @@ struct EncodedTensor : EncodingLayout {
   /// every factor is finite and > 0.
   void validate() const;
 
+  /// The largest magnitude validate_values() lets a decoded element reach: far enough
+  /// below FLT_MAX that fp32 accumulation and rounding to bf16 stay finite.
+  static constexpr double kMaxDecodedMagnitude = 1e37;
+  /// Throws CorruptData unless every element decodes to a finite value: centroids
+  /// finite; scales finite and >= 0; zeros finite; factors == 1 with bf16 scales
+  /// (validate() checked them finite and > 0); symmetric codes <= 2 * qmax; and for every group the bound
+  ///   sum over stages of max |centroid| + qmax * max s_eff (+ max |z_eff|)
+  /// on its decoded magnitudes (computed in fp64) <= kMaxDecodedMagnitude. What a
+  /// correct encoder writes always passes (inputs are |x| <= 1e16). For encodings
+  /// read from outside (files, snapshots); REQUIRES validate() passed.
+  void validate_values() const;
+
   /// Effective scale s_eff of (b, h, s, block) per spec 1.4 (decode(stored) * factor).
   float scale_eff(int64_t b, int64_t h, int64_t s, int64_t blk) const;
   /// Effective zero z_eff (asymmetric only).

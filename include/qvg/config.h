@@ -13,6 +13,20 @@
 
 namespace qvg {
 
+/// The most worker threads any qvg call accepts: 4 x the processors available to the
+/// process (OpenMP's count), and at least 16. More is never faster, and OpenMP fails
+/// badly (crashes, "Thread creation failed") when asked for tens of thousands.
+int max_threads();
+/// Throws InvalidArgument "<what> must be in 0..<max_threads()> (0 = all cores; ...),
+/// got <threads>" unless 0 <= threads <= max_threads().
+void check_threads(std::string_view what, int64_t threads);
+/// The thread count a call runs with: `threads` if > 0, else OpenMP's default team
+/// size, capped at max_threads(). REQUIRES check_threads passed.
+int resolve_threads(int threads);
+
+/// Largest `stages` of an encoding (spec 2; the `.qvgt` format allows 1..64).
+inline constexpr int kMaxStages = 64;
+
 /// Storage of block scales and zeros (spec 1.4). Persisted by name.
 enum class ScaleDType : uint8_t { FP8_E4M3, BF16 };
 /// `two_level` stores a per-group fp32 factor; `compat` is the QVG Triton layout.
@@ -43,7 +57,7 @@ SpanMode parse_span_mode(std::string_view s);
 struct CodecConfig {
   int bits = 4;                 ///< residual code width: 2 or 4
   int centroids = 128;          ///< K, codebook size per stage and group: 1..256
-  int stages = 1;               ///< k-means stages: >= 1
+  int stages = 1;               ///< k-means stages: 1..64
   int kmeans_iters = 2;         ///< Lloyd iterations per stage: >= 1
   int block_size = 64;          ///< channels sharing one scale; divides D, multiple of 8/bits
   bool asymmetric = false;      ///< min/max + zero point instead of absmax
@@ -51,7 +65,7 @@ struct CodecConfig {
   Scaling scaling = Scaling::TwoLevel;
   Init init = Init::Random;     ///< Warm needs previous centroids passed to encode()
   uint64_t seed = 1234;         ///< every random choice derives from it
-  int threads = 0;              ///< worker threads for encode/decode; 0 = all cores. Never changes bytes.
+  int threads = 0;              ///< worker threads for encode/decode: 0..max_threads(), 0 = all cores. Never changes bytes.
 
   /// Throws InvalidArgument for any field outside its range.
   void validate() const;
@@ -83,7 +97,7 @@ struct QuantArgs {
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   Init init = Init::Random;     ///< Warm: seed each encoding from the previous one's centroids
   uint64_t seed = 1234;
-  int threads = 0;
+  int threads = 0;              ///< 0..max_threads(), 0 = all cores
 
   bool enabled() const { return bits.has_value(); }
   void validate() const;

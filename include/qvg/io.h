@@ -33,18 +33,12 @@
 #include <vector>
 
 #include "qvg/codec.h"
+#include "qvg/file.h"
 #include "qvg/tensor.h"
 
 namespace qvg {
 
-// ---- raw files ---------------------------------------------------------------------
-
-/// Whole file contents. Throws InvalidArgument naming the path if it cannot be read.
-std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path);
-/// Writes `bytes` to a temporary file next to `path` and renames it into place.
-/// Throws InvalidArgument naming the path on any I/O error; the temporary is removed
-/// and `path` is untouched.
-void write_file_atomic(const std::filesystem::path& path, std::span<const uint8_t> bytes);
+// ---- raw files: read_file_bytes, write_file_atomic (qvg/file.h) -----------------
 
 // ---- .npy (format versions 1.0, 2.0 and 3.0 read; 1.0 written, 2.0 if needed) ----
 
@@ -86,8 +80,13 @@ struct SafetensorsFile {
   bool operator==(const SafetensorsFile&) const = default;
 };
 
+/// The most tensors parse_safetensors accepts in one file (InvalidArgument beyond).
+inline constexpr size_t kMaxSafetensorsTensors = 100'000;
+
 /// Parses and strictly validates a safetensors file: the 8-byte header length within
-/// the file (header <= 100 MB), a JSON object header without duplicate keys, dtype
+/// the file (header <= 100 MB, at most kMaxSafetensorsTensors tensors; parsed in one
+/// linear pass, with no JSON nesting beyond the format's three levels), a JSON object
+/// header without duplicate keys, dtype
 /// strings, shapes and `data_offsets` of unsigned integers, size == numel x dtype size,
 /// and offsets that tile the byte buffer exactly (no overlap, gap or out-of-range
 /// byte). Unknown keys inside a tensor entry and non-string metadata are CorruptData;
@@ -114,11 +113,32 @@ inline constexpr std::string_view kQvgtFormat = "qvg.prq/1";
 /// enc.validate() first; an inconsistent `enc` is InvalidArgument.
 std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc);
 /// Parses a `.qvgt` file: exactly the metadata entries of spec 1.6 with canonical
-/// values, exactly the arrays the metadata implies with their dtypes and logical
-/// shapes, finite centroids, scales and zeros and factors, scales >= 0, factors > 0
-/// (== 1 with bf16 scales), symmetric codes <= 2 * qmax; then EncodedTensor::validate().
+/// values (the writer's spelling: `shape` is "[B,S,H,D]" without spaces, integers
+/// without signs or leading zeros, stages 1..64), exactly the arrays the metadata
+/// implies with their dtypes and logical shapes (so at most 2 * 64 + 5 arrays); then
+/// EncodedTensor::validate() and validate_values() (every element decodes finite).
 /// Every problem is CorruptData.
 EncodedTensor parse_qvgt(std::span<const uint8_t> bytes);
+
+/// What `qvg inspect` shows of a `.qvgt` file.
+struct QvgtInfo {
+  uint64_t file_bytes = 0;
+  uint64_t header_bytes = 0;  ///< the 8-byte length and the JSON header
+  std::vector<std::pair<std::string, std::string>> metadata;  ///< in header order
+  EncodingLayout layout;
+  struct Array {
+    std::string name, dtype;  ///< e.g. "codes", "U8"
+    std::vector<int64_t> shape;
+    uint64_t bytes = 0;
+  };
+  std::vector<Array> arrays;  ///< in spec 1.5 order
+  uint64_t encoded_bytes = 0; ///< sum of the arrays (spec 1.5's encoded size)
+};
+/// Reads only the header of a `.qvgt` file (never its arrays) and checks everything
+/// parse_qvgt checks there: metadata, the array set, dtypes, shapes and offsets. The
+/// values are not read (parse_qvgt does that). CorruptData prefixed with the path;
+/// InvalidArgument for an unreadable path. The format carries no checksums.
+QvgtInfo inspect_qvgt(const std::filesystem::path& path);
 
 /// serialize_qvgt + write_file_atomic: nothing is written if `enc` is inconsistent.
 void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc);

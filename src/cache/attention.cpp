@@ -25,13 +25,13 @@ Tensor attention(ConstTensorView q, const StridedView& k, const StridedView& v, 
   if (!(v.shape == ks)) throw InvalidArgument(fmt::format("v shape must equal k shape {}, got {}", ks.str(), v.shape.str()));
   if (q.data == nullptr || k.data == nullptr || v.data == nullptr)
     throw InvalidArgument("q, k and v data must not be null");
-  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+  check_threads("threads", threads);
 
   const int64_t B = qs.b, n = qs.s, H = qs.h, D = qs.d, T = ks.s;
   Tensor out(DType::F32, qs);
   float* o = static_cast<float*>(out.data());
   const float scale = 1.0f / std::sqrt(float(D));
-  const int nthreads = threads > 0 ? threads : omp_get_max_threads();
+  const int nthreads = resolve_threads(threads);
   const size_t qesz = dtype_size(q.dtype);
 
   // Per (b, h): K transposed and V as fp32 (converted in parallel over tokens),

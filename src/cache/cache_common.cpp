@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include <fmt/core.h>
@@ -59,15 +60,42 @@ void validate_options(const CacheOptions& o) {
   if (o.attention_window_size && (*o.attention_window_size < 1 || *o.attention_window_size > o.cache_size))
     throw InvalidArgument(fmt::format("attention_window_size must be in [1, cache_size = {}] or None, got {}",
                                       o.cache_size, *o.attention_window_size));
-  // Buffer elements must stay far below 2^62 bytes (no overflow anywhere).
-  constexpr int64_t kLimit = int64_t(1) << 40;
-  const bool too_big = o.batch > kLimit || o.heads > kLimit || o.head_dim > kLimit || o.cache_size > kLimit ||
-                       double(o.batch) * double(o.cache_size) * double(o.heads) * double(o.head_dim) * 8.0 >
-                           double(int64_t(1) << 52);
-  if (too_big)
+  auto at_most = [](const char* what, int64_t v, int64_t limit, const char* limit_text) {
+    if (v > limit) throw InvalidArgument(fmt::format("{} must be at most {} ({}), got {}", what, limit, limit_text, v));
+  };
+  at_most("batch", o.batch, kMaxBatch, "2^16");
+  at_most("num_heads", o.heads, kMaxHeads, "2^16");
+  at_most("head_dim", o.head_dim, kMaxHeadDim, "2^16");
+  at_most("cache_size", o.cache_size, kMaxCacheTokens, "2^40 tokens");
+  const double bytes =
+      2.0 * double(o.batch) * double(o.cache_size) * double(o.heads) * double(o.head_dim) * double(dtype_size(o.dtype));
+  if (bytes > kMaxCacheBytes)
     throw InvalidArgument(fmt::format(
-        "cache of batch={} cache_size={} num_heads={} head_dim={} is too large (at most 2^52 bytes of K and V)",
-        o.batch, o.cache_size, o.heads, o.head_dim));
+        "cache of batch={} cache_size={} num_heads={} head_dim={} {} is too large: its K and V would take {:.4g} "
+        "bytes, at most 2^40 (1 TiB) are allowed",
+        o.batch, o.cache_size, o.heads, o.head_dim, dtype_name(o.dtype), bytes));
+}
+
+CallInput unaliased_input(ConstTensorView key, ConstTensorView value, const std::vector<ByteRange>& owned) {
+  auto overlaps = [&](ConstTensorView t) {
+    const auto* lo = static_cast<const std::byte*>(t.data);
+    const auto* hi = lo + t.nbytes();
+    for (const ByteRange& r : owned) {
+      const auto* rlo = static_cast<const std::byte*>(r.data);
+      if (r.size > 0 && rlo != nullptr && std::less<>()(lo, rlo + r.size) && std::less<>()(rlo, hi)) return true;
+    }
+    return false;
+  };
+  CallInput in;
+  in.key = key;
+  in.value = value;
+  if (overlaps(key) || overlaps(value)) {
+    in.key_copy = Tensor::copy_of(key);
+    in.value_copy = Tensor::copy_of(value);
+    in.key = in.key_copy.view();
+    in.value = in.value_copy.view();
+  }
+  return in;
 }
 
 CallArgs validate_call(const CacheOptions& o, ConstTensorView key, ConstTensorView value, int64_t chunk_start,

@@ -35,9 +35,36 @@ CallArgs validate_call(const CacheOptions& opt, ConstTensorView key, ConstTensor
 /// Finite and |x| <= 1e16 for key and value (spec 1); throws InvalidArgument.
 void check_values(ConstTensorView key, ConstTensorView value);
 
-/// Validates options common to both caches (sizes, sink, window) and that the
-/// buffer sizes do not overflow. Throws InvalidArgument.
+/// Size limits of a cache (spec 2/3 leave them open; docs/design.md states them):
+/// batch, heads and head_dim at most 2^16 each, cache_size at most 2^40 tokens, and
+/// the K and V of cache_size tokens at most 2^40 bytes (1 TiB) together.
+inline constexpr int64_t kMaxBatch = int64_t(1) << 16;
+inline constexpr int64_t kMaxHeads = int64_t(1) << 16;
+inline constexpr int64_t kMaxHeadDim = int64_t(1) << 16;
+inline constexpr int64_t kMaxCacheTokens = int64_t(1) << 40;
+inline constexpr double kMaxCacheBytes = double(int64_t(1) << 40);
+
+/// Validates options common to both caches (sizes within the limits above, sink,
+/// window). Throws InvalidArgument naming the field, the value and the limit.
 void validate_options(const CacheOptions& opt);
+
+/// A byte range of memory a cache owns (a buffer, a raw segment, the view scratch).
+struct ByteRange {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
+/// The input of one call, copied first when key or value overlaps memory the cache
+/// owns (`owned`: what the call may move, overwrite or free before it has read its
+/// input — e.g. a slice of the dense cache's own buffer, or the view an earlier call
+/// returned). The call then reads the copies and behaves exactly as if it had been
+/// given a clone (docs/design.md: a deliberate difference from the engine).
+struct CallInput {
+  ConstTensorView key, value;  ///< what the call reads: the arguments or the copies
+  Tensor key_copy, value_copy; ///< empty unless copied
+  size_t copied_bytes() const { return key_copy.nbytes() + value_copy.nbytes(); }
+};
+CallInput unaliased_input(ConstTensorView key, ConstTensorView value, const std::vector<ByteRange>& owned);
 
 /// A dense [batch, tokens, heads, dim] buffer of `dtype` elements: a cache buffer,
 /// a raw segment, a view buffer. `Byte` is std::byte or const std::byte.

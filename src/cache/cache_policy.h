@@ -114,6 +114,13 @@ class CachePolicy {
     open_ = OpenSpan{};
     next_span_ = 0;
   }
+  /// Takes over a saved state (snapshots). REQUIRES it valid for this policy
+  /// (src/cache/snapshot.cpp checks the invariants before).
+  void restore(std::vector<Segment> segs, int64_t global_end, std::optional<int64_t> chunk_tokens) {
+    segs_ = std::move(segs);
+    global_end_ = global_end;
+    chunk_tokens_ = chunk_tokens;
+  }
 
   /// The incremental span chunks may still join (id -1: none), and its chunk count.
   struct OpenSpan {

@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include "cache/cache_common.h"
+#include "cache/snapshot_state.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
 
@@ -171,8 +172,10 @@ struct DenseCausalCache::Impl {
     return g;
   }
 
-  KVView apply(const Plan& p, ConstTensorView key, ConstTensorView value) {
+  /// `held`: bytes the call already holds (copies of an aliased input).
+  KVView apply(const Plan& p, ConstTensorView key, ConstTensorView value, size_t held) {
     detail::TransientMeter meter;
+    meter.add(held);
     const int64_t B = opt.batch, h_in = p.call.heads;
     const bool growing = p.new_capacity != capacity;
     Grown grown;
@@ -263,14 +266,20 @@ DenseCausalCache::DenseCausalCache(const CacheOptions& options, ExternalStorage 
   impl_->grow = std::move(grow);
 }
 
+DenseCausalCache::DenseCausalCache(std::unique_ptr<Impl> impl) : CausalCache(impl->opt), impl_(std::move(impl)) {}
+
 DenseCausalCache::~DenseCausalCache() = default;
 DenseCausalCache::DenseCausalCache(DenseCausalCache&&) noexcept = default;
 DenseCausalCache& DenseCausalCache::operator=(DenseCausalCache&&) noexcept = default;
 
 KVView DenseCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
                                    std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
-  const Impl::Plan p = impl_->plan(key, value, chunk_start, head_start, recent_window);
-  return impl_->apply(p, key, value);
+  Impl& m = *impl_;
+  const Impl::Plan p = m.plan(key, value, chunk_start, head_start, recent_window);
+  const size_t buf = m.buffer_bytes(m.capacity);
+  const detail::CallInput in =
+      detail::unaliased_input(key, value, {{m.k, buf}, {m.v, buf}, {m.scratch->data(), m.scratch->size()}});
+  return m.apply(p, in.key, in.value, in.copied_bytes());
 }
 
 void DenseCausalCache::reset_indices() {
@@ -318,6 +327,38 @@ DenseCausalCache::DebugState DenseCausalCache::debug_state() const {
   const size_t n = m.buffer_bytes(m.capacity);
   return {detail::bytes_copy(m.k, n), detail::bytes_copy(m.v, n), m.capacity, m.window, m.global_end, m.local_end,
           resident_nbytes(), m.peak_transient, detail::bytes_copy(m.scratch->data(), m.scratch->size()), m.owns};
+}
+
+// ---- snapshots (src/cache/snapshot.cpp): the state out and in ------------------
+detail::DenseStateRef detail::SnapshotAccess::state(const DenseCausalCache& c) {
+  const DenseCausalCache::Impl& m = *c.impl_;
+  const size_t n = m.buffer_bytes(m.capacity);
+  return {m.opt, m.capacity, m.window, m.global_end, m.local_end, {m.k, n}, {m.v, n}};
+}
+
+DenseCausalCache detail::SnapshotAccess::make(DenseStateData&& d, DenseCausalCache::GrowStorage storage) {
+  auto m = std::make_unique<DenseCausalCache::Impl>(d.options);
+  m->capacity = d.cache_size;
+  m->window = d.window;
+  m->global_end = d.global_end;
+  m->local_end = d.local_end;
+  if (storage) {  // caller storage, as on growth
+    const DenseCausalCache::ExternalStorage s = storage(d.cache_size);
+    if (s.k == nullptr || s.v == nullptr)
+      throw InvalidArgument(fmt::format("storage must return non-null K and V storage for cache_size {}", d.cache_size));
+    std::memcpy(s.k, d.k.data(), d.k.size());
+    std::memcpy(s.v, d.v.data(), d.v.size());
+    m->k = static_cast<std::byte*>(s.k);
+    m->v = static_cast<std::byte*>(s.v);
+    m->owns = false;
+    m->grow = std::move(storage);
+  } else {
+    m->own_k = std::move(d.k);
+    m->own_v = std::move(d.v);
+    m->k = m->own_k.data();
+    m->v = m->own_v.data();
+  }
+  return DenseCausalCache(std::move(m));
 }
 
 }  // namespace qvg

@@ -10,6 +10,7 @@
 
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
+#include "cache/snapshot_state.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
@@ -202,8 +203,10 @@ struct PackedCausalCache::Impl {
   }
 
   // --- apply -----------------------------------------------------------------
-  KVView apply(const detail::CallPlan& p, ConstTensorView key, ConstTensorView value) {
+  /// `held`: bytes the call already holds (copies of an aliased input).
+  KVView apply(const detail::CallPlan& p, ConstTensorView key, ConstTensorView value, size_t held) {
     detail::TransientMeter meter;
+    meter.add(held);
     const int64_t B = opt.batch, D = opt.head_dim, h_in = p.call.heads, head0 = p.call.head_start;
     // View = [0, sink_end) ++ [tail_start, end) in global tokens (the policy's
     // layout); a single range inside the current chunk is returned without a copy.
@@ -302,14 +305,23 @@ PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArg
   impl_ = std::make_unique<Impl>(options, quant);
 }
 
+PackedCausalCache::PackedCausalCache(std::unique_ptr<Impl> impl) : CausalCache(impl->opt), impl_(std::move(impl)) {}
+
 PackedCausalCache::~PackedCausalCache() = default;
 PackedCausalCache::PackedCausalCache(PackedCausalCache&&) noexcept = default;
 PackedCausalCache& PackedCausalCache::operator=(PackedCausalCache&&) noexcept = default;
 
 KVView PackedCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
                                     std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
-  const detail::CallPlan p = impl_->plan(key, value, chunk_start, head_start, recent_window);
-  return impl_->apply(p, key, value);
+  Impl& m = *impl_;
+  const detail::CallPlan p = m.plan(key, value, chunk_start, head_start, recent_window);
+  std::vector<detail::ByteRange> owned = {{m.scratch->data(), m.scratch->size()}};
+  for (const Segment& s : m.pol.segments()) {
+    owned.push_back({s.data.k_raw.data(), s.data.k_raw.size()});
+    owned.push_back({s.data.v_raw.data(), s.data.v_raw.size()});
+  }
+  const detail::CallInput in = detail::unaliased_input(key, value, owned);
+  return m.apply(p, in.key, in.value, in.copied_bytes());
 }
 
 void PackedCausalCache::reset_indices() {
@@ -378,6 +390,50 @@ PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
   st.open_k_energy = impl_->open_k_energy;
   st.open_v_energy = impl_->open_v_energy;
   return st;
+}
+
+// ---- snapshots (src/cache/snapshot.cpp): the state out and in ------------------
+detail::PackedStateRef detail::SnapshotAccess::state(const PackedCausalCache& c) {
+  const PackedCausalCache::Impl& m = *c.impl_;
+  PackedStateRef r;
+  r.options = m.opt;
+  r.quant = m.quant;
+  r.global_end = m.pol.global_end();
+  r.chunk_tokens = m.pol.chunk_tokens();
+  for (const Segment& s : m.pol.segments()) {
+    PackedSegmentRef g{s.g0, s.g1, s.is_sink, s.packed, s.chunks, {}, {}, nullptr, nullptr};
+    if (s.packed) {
+      g.k_enc = &s.data.k_enc;
+      g.v_enc = &s.data.v_enc;
+    } else {
+      g.k_raw = {s.data.k_raw.data(), s.data.k_raw.size()};
+      g.v_raw = {s.data.v_raw.data(), s.data.v_raw.size()};
+    }
+    r.segments.push_back(g);
+  }
+  r.warm_k = m.warm_k ? &*m.warm_k : nullptr;
+  r.warm_v = m.warm_v ? &*m.warm_v : nullptr;
+  return r;
+}
+
+PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
+  auto m = std::make_unique<PackedCausalCache::Impl>(d.options, d.quant);
+  std::vector<Segment> segs;
+  segs.reserve(d.segments.size());
+  for (PackedSegmentData& s : d.segments) {
+    Segment g;
+    g.g0 = s.g0;
+    g.g1 = s.g1;
+    g.is_sink = s.is_sink;
+    g.packed = s.packed;
+    g.chunks = s.chunks;
+    g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr};
+    segs.push_back(std::move(g));
+  }
+  m->pol.restore(std::move(segs), d.global_end, d.chunk_tokens);
+  m->warm_k = std::move(d.warm_k);
+  m->warm_v = std::move(d.warm_v);
+  return PackedCausalCache(std::move(m));
 }
 
 }  // namespace qvg

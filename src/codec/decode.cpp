@@ -41,6 +41,7 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
   // Work items over all tasks: (task, b, h, token block), so one parallel region
   // serves every range (a window of many spans costs one fork/join, and threads
   // balance across spans). Token blocks keep both cores busy when B*H is small.
+  check_threads("threads", threads);
   constexpr int64_t kTokBlock = 256;
   std::vector<int64_t> first_item(tasks.size() + 1, 0);
   for (size_t i = 0; i < tasks.size(); ++i) {
@@ -59,7 +60,7 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
   }
   const int64_t items = first_item.back();
   if (items == 0) return;
-  const int nthreads = threads > 0 ? threads : omp_get_max_threads();
+  const int nthreads = resolve_threads(threads);
 #pragma omp parallel num_threads(nthreads)
   {
     std::vector<std::vector<float>> cent;

@@ -122,7 +122,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
   const int64_t used = span ? span->filled + added : 0;  // slots a span chunk's points may use
 
   const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;
-  const int nthreads = cfg.threads > 0 ? cfg.threads : omp_get_max_threads();
+  const int nthreads = resolve_threads(cfg.threads);
   // Threads go to the groups; with fewer groups than threads, the groups run one
   // after the other and each k-means assignment is split over the threads instead.
   const bool inner = G < nthreads;

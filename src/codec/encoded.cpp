@@ -113,6 +113,60 @@ void EncodedTensor::validate() const {
     if (!(std::isfinite(f) && f > 0)) bad(fmt::format("zero_factor must be finite and > 0, got {}", f));
 }
 
+void EncodedTensor::validate_values() const {
+  auto bad = [](const std::string& m) { throw CorruptData("encoded tensor: " + m); };
+  const int64_t G = groups(), S = shape.s, K = centroids, D = shape.d, nb = blocks_per_token();
+  const bool fp8 = scale_dtype == ScaleDType::FP8_E4M3;
+  const int qmax = residual_impl::qmax_of(bits, asymmetric);
+  // Largest magnitude of each group's stage-sum of centroids, scales and zeros.
+  std::vector<double> cent(size_t(G), 0.0), smax(size_t(G), 0.0), zmax(size_t(G), 0.0);
+  for (size_t s = 0; s < centroid.size(); ++s)
+    for (int64_t g = 0; g < G; ++g) {
+      double m = 0;
+      for (int64_t i = g * K * D; i < (g + 1) * K * D; ++i) {
+        const float v = load_f32(centroid[s].data(), dtype, size_t(i));
+        if (!std::isfinite(v)) bad(fmt::format("centroids.{} holds a non-finite value at element {}", s, i));
+        m = std::max(m, std::fabs(double(v)));
+      }
+      cent[size_t(g)] += m;
+    }
+  for (const std::vector<uint8_t>* arr : {&scales, &zeros}) {
+    const bool is_scale = arr == &scales;
+    if (arr->empty()) continue;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t i = g * S * nb; i < (g + 1) * S * nb; ++i) {
+        const float v = residual_impl::stored_value(arr->data(), fp8, i);
+        if (!std::isfinite(v) || (is_scale && std::signbit(v)))
+          bad(fmt::format("{} holds {} at element {} ({})", is_scale ? "scales" : "zeros", v, i,
+                          is_scale ? "scales are finite and >= 0" : "zeros are finite"));
+        double& m = is_scale ? smax[size_t(g)] : zmax[size_t(g)];
+        m = std::max(m, std::fabs(double(v)));
+      }
+  }
+  for (const std::vector<float>* fv : {&scale_factor, &zero_factor})
+    for (size_t g = 0; g < fv->size(); ++g) {
+      const char* what = fv == &scale_factor ? "scale_factor" : "zero_factor";
+      const float f = (*fv)[g];  // finite and > 0 (validate())
+      if (!fp8 && f != 1.0f) bad(fmt::format("{} holds {} at group {}; with bf16 scales every factor is 1", what, f, g));
+      (fv == &scale_factor ? smax : zmax)[g] *= double(f);
+    }
+  if (!asymmetric) {
+    // Symmetric codes are q + qmax with |q| <= qmax: at most 2 * qmax.
+    const int max_code = 2 * qmax, per_byte = 8 / bits, mask = (1 << bits) - 1;
+    for (size_t i = 0; i < codes.size(); ++i)
+      for (int k = 0; k < per_byte; ++k)
+        if (((codes[i] >> (k * bits)) & mask) > max_code)
+          bad(fmt::format("codes byte {} holds a symmetric int{} code above {}", i, bits, max_code));
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const double bound = cent[size_t(g)] + double(qmax) * smax[size_t(g)] + zmax[size_t(g)];
+    if (!(bound <= kMaxDecodedMagnitude))
+      bad(fmt::format("group {} decodes to magnitudes up to {:.4g} (centroids {:.4g}, residual scales {:.4g}), above "
+                      "the {:g} that keeps every decoded value finite",
+                      g, bound, cent[size_t(g)], smax[size_t(g)], kMaxDecodedMagnitude));
+  }
+}
+
 namespace {
 /// Effective value (spec 1.4) of element (b, h, s, blk) of a scale or zero array
 /// with its per-group factors (empty with compat scaling: factor 1).

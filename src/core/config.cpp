@@ -1,5 +1,8 @@
 #include "qvg/config.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/core.h>
@@ -37,6 +40,17 @@ SpanMode parse_span_mode(std::string_view s) {
   return detail::parse_in(kSpanModes, s, "span_mode", "deferred, incremental");
 }
 
+int max_threads() { return std::max(16, 4 * omp_get_num_procs()); }
+
+void check_threads(std::string_view what, int64_t threads) {
+  if (threads < 0 || threads > max_threads())
+    throw InvalidArgument(fmt::format("{} must be in 0..{} (0 = all cores; at most 4 x the {} processors, and at "
+                                      "least 16, are accepted), got {}",
+                                      what, max_threads(), omp_get_num_procs(), threads));
+}
+
+int resolve_threads(int threads) { return threads > 0 ? threads : std::min(omp_get_max_threads(), max_threads()); }
+
 namespace {
 
 void check_bits(int bits) {
@@ -44,14 +58,21 @@ void check_bits(int bits) {
     throw InvalidArgument(fmt::format("bits must be 2 or 4 (or none to disable quantization), got {}", bits));
 }
 
-// Shared by CodecConfig and QuantArgs: the codec fields of spec 2.
-void check_codec_fields(int bits, int centroids, int block_size, int stages, int iters) {
-  check_bits(bits);
+// The codec fields of spec 2 that do not depend on bits (checked with quantization
+// off too, so that a bad flag never waits silently for the day it is switched on).
+void check_sizes(int centroids, int block_size, int stages, int iters) {
   if (centroids <= 0 || centroids > 256)
     throw InvalidArgument(fmt::format("centroids must be in 1..256, got {}", centroids));
   if (block_size <= 0) throw InvalidArgument(fmt::format("block_size must be > 0, got {}", block_size));
-  if (stages <= 0) throw InvalidArgument(fmt::format("stages must be > 0, got {}", stages));
+  if (stages <= 0 || stages > kMaxStages)
+    throw InvalidArgument(fmt::format("stages must be in 1..{}, got {}", kMaxStages, stages));
   if (iters <= 0) throw InvalidArgument(fmt::format("kmeans_iters must be > 0, got {}", iters));
+}
+
+// Shared by CodecConfig and QuantArgs: the codec fields of spec 2.
+void check_codec_fields(int bits, int centroids, int block_size, int stages, int iters) {
+  check_bits(bits);
+  check_sizes(centroids, block_size, stages, iters);
   const int per_byte = 8 / bits;
   if (block_size % per_byte != 0)
     throw InvalidArgument(fmt::format(
@@ -70,7 +91,7 @@ void check_head_dim(int block_size, int64_t head_dim) {
 
 void CodecConfig::validate() const {
   check_codec_fields(bits, centroids, block_size, stages, kmeans_iters);
-  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+  check_threads("threads", threads);
 }
 
 void CodecConfig::validate_for_head_dim(int64_t head_dim) const {
@@ -90,13 +111,7 @@ void QuantArgs::validate() const {
   if (bits) {
     check_codec_fields(*bits, centroids, block_size, stages, kmeans_iters);
   } else {
-    // Off: the codec fields are still checked so that a bad flag never waits
-    // silently for the day quantization is switched on.
-    if (centroids <= 0 || centroids > 256)
-      throw InvalidArgument(fmt::format("centroids must be in 1..256, got {}", centroids));
-    if (block_size <= 0) throw InvalidArgument(fmt::format("block_size must be > 0, got {}", block_size));
-    if (stages <= 0) throw InvalidArgument(fmt::format("stages must be > 0, got {}", stages));
-    if (kmeans_iters <= 0) throw InvalidArgument(fmt::format("kmeans_iters must be > 0, got {}", kmeans_iters));
+    check_sizes(centroids, block_size, stages, kmeans_iters);
   }
   if (keep_recent_chunks < 0)
     throw InvalidArgument(fmt::format("keep_recent_chunks must be >= 0, got {}", keep_recent_chunks));
@@ -106,7 +121,7 @@ void QuantArgs::validate() const {
   if (!(span_break_ratio >= 0.0 && span_break_ratio <= 1e6))
     throw InvalidArgument(
         fmt::format("span_break_ratio must be in [0, 1e6] (0 = never break a span), got {}", span_break_ratio));
-  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+  check_threads("threads", threads);
 }
 
 void QuantArgs::validate_for_head_dim(int64_t head_dim) const {
@@ -143,6 +158,17 @@ int64_t parse_int_flag(const std::string& key, const std::string& v) {
   auto [p, ec] = std::from_chars(b, e, out);
   if (ec != std::errc() || p != e || v.empty())
     throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", key, v));
+  return out;
+}
+
+// A seed: an unsigned 64-bit decimal (a negative value is an error, not a wrap).
+uint64_t parse_seed_flag(const std::string& key, const std::string& v) {
+  uint64_t out = 0;
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  auto [p, ec] = std::from_chars(b, e, out);
+  if (ec != std::errc() || p != e || v.empty())
+    throw InvalidArgument(fmt::format("{} must be an integer in 0..2^64-1, got '{}'", key, v));
   return out;
 }
 
@@ -210,7 +236,7 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else if (f == "_scaling") a.scaling = parse_scaling(value);
     else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
     else if (f == "_init") a.init = parse_init(value);
-    else if (f == "_seed") a.seed = uint64_t(parse_int_flag(key, value));
+    else if (f == "_seed") a.seed = parse_seed_flag(key, value);
     else
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "

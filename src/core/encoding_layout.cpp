@@ -67,7 +67,7 @@ void EncodingLayout::check() const {
   auto bad = [](const std::string& m) { throw CorruptData("encoded tensor: " + m); };
   if (bits != 2 && bits != 4) bad(fmt::format("bits must be 2 or 4, got {}", bits));
   if (centroids < 1 || centroids > 256) bad(fmt::format("centroids must be in 1..256, got {}", centroids));
-  if (stages < 1 || stages > 64) bad(fmt::format("stages must be in 1..64, got {}", stages));
+  if (stages < 1 || stages > kMaxStages) bad(fmt::format("stages must be in 1..{}, got {}", kMaxStages, stages));
   if (shape.b < 1 || shape.s < 1 || shape.h < 1 || shape.d < 1)
     bad(fmt::format("shape must have positive dimensions, got {}", shape.str()));
   // Bound every dimension so that no size computed from them can overflow.

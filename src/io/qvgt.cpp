@@ -10,19 +10,18 @@
 //   zero_factor    F32           [B, H]                  two_level and asymmetric
 // Metadata (all strings): format, dtype, shape, layout, bits, block_size, stages,
 // centroids, asymmetric, scale_dtype, scaling. The reader accepts the canonical
-// spellings the writer produces (plus whitespace inside the `shape` list) and
-// nothing else.
-#include <cmath>
+// spellings the writer produces and nothing else (qvg/io.h).
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
-#include "core/residual_impl.h"
+#include "core/file_impl.h"
 #include "io/io_util.h"
 #include "io/safetensors_impl.h"
 #include "qvg/error.h"
@@ -34,6 +33,10 @@ namespace qvg {
 namespace {
 
 using io_detail::printable;
+
+// Arrays of a `.qvgt` file: centroids and ids per stage, codes, scales, zeros and
+// two factors at most.
+constexpr size_t kMaxQvgtArrays = 2 * kMaxStages + 5;
 
 constexpr const char* kMetadataKeys[] = {"format", "dtype",     "shape",      "layout",      "bits",   "block_size",
                                          "stages", "centroids", "asymmetric", "scale_dtype", "scaling"};
@@ -73,34 +76,41 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 
 // Strict decimal integer in [lo, hi]: digits only, no sign, no leading zeros.
-int parse_meta_int(const std::string& key, const std::string& v, int lo, int hi) {
-  bool ok = !v.empty() && v.size() <= 10 && (v.size() == 1 || v[0] != '0');
-  long long x = 0;
+std::optional<int64_t> strict_decimal(std::string_view v, int64_t lo, int64_t hi) {
+  if (v.empty() || v.size() > 19 || (v.size() > 1 && v[0] == '0')) return std::nullopt;
+  int64_t x = 0;
   for (char c : v) {
-    if (c < '0' || c > '9') {
-      ok = false;
-      break;
-    }
-    x = x * 10 + (c - '0');
+    if (c < '0' || c > '9') return std::nullopt;
+    x = x * 10 + (c - '0');  // at most 19 digits: no overflow
   }
-  if (!ok || x < lo || x > hi)
-    corrupt(fmt::format("metadata '{}' must be a decimal integer in {}..{}, got '{}'", key, lo, hi, printable(v)));
-  return static_cast<int>(x);
+  if (x < lo || x > hi) return std::nullopt;
+  return x;
 }
 
+int parse_meta_int(const std::string& key, const std::string& v, int lo, int hi) {
+  const auto x = strict_decimal(v, lo, hi);
+  if (!x) corrupt(fmt::format("metadata '{}' must be a decimal integer in {}..{}, got '{}'", key, lo, hi, printable(v)));
+  return static_cast<int>(*x);
+}
+
+// The canonical `shape` value, exactly as the writer spells it: "[B,S,H,D]" with
+// four strict decimal integers >= 1 and no spaces.
 Shape4 parse_meta_shape(const std::string& v) {
-  using Json = nlohmann::json;
-  const Json j = Json::parse(v, nullptr, /*allow_exceptions=*/false);
-  bool ok = j.is_array() && j.size() == 4;
   int64_t d[4] = {0, 0, 0, 0};
-  for (size_t i = 0; ok && i < 4; ++i) {
-    ok = j[i].is_number_unsigned() && j[i].get<uint64_t>() >= 1 &&
-         j[i].get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
-    if (ok) d[i] = static_cast<int64_t>(j[i].get<uint64_t>());
+  bool ok = v.size() >= 9 && v.front() == '[' && v.back() == ']';
+  std::string_view rest = ok ? std::string_view(v).substr(1, v.size() - 2) : std::string_view();
+  for (int i = 0; ok && i < 4; ++i) {
+    const size_t comma = i < 3 ? rest.find(',') : rest.size();
+    ok = comma != std::string_view::npos;
+    if (!ok) break;
+    const auto x = strict_decimal(rest.substr(0, comma), 1, INT64_MAX);
+    ok = x.has_value();
+    if (ok) d[i] = *x;
+    rest = rest.substr(std::min(rest.size(), comma + 1));
   }
   if (!ok)
     corrupt(
-        fmt::format("metadata 'shape' must be a JSON list of 4 positive integers [B,S,H,D], "
+        fmt::format("metadata 'shape' must be a list of 4 positive integers written as '[B,S,H,D]' (no spaces), "
                     "got '{}'",
                     printable(v)));
   return {d[0], d[1], d[2], d[3]};
@@ -123,50 +133,6 @@ std::vector<float> floats_of(const std::vector<uint8_t>& bytes) {
   std::vector<float> r(bytes.size() / 4);
   if (!r.empty()) std::memcpy(r.data(), bytes.data(), r.size() * 4);
   return r;
-}
-
-// Content checks that EncodedTensor::validate() leaves to the file reader: values a
-// correct encoder never writes and that would decode to NaN or out-of-range residuals.
-void check_values(const EncodedTensor& e) {
-  for (size_t s = 0; s < e.centroid.size(); ++s) {
-    const size_t n = e.centroid[s].size() / dtype_size(e.dtype);
-    for (size_t i = 0; i < n; ++i)
-      if (!std::isfinite(load_f32(e.centroid[s].data(), e.dtype, i)))
-        corrupt(fmt::format("centroids.{} holds a non-finite value at element {}", s, i));
-  }
-  const bool fp8 = e.scale_dtype == ScaleDType::FP8_E4M3;
-  auto scale_value = [&](const std::vector<uint8_t>& a, size_t i) {
-    return residual_impl::stored_value(a.data(), fp8, int64_t(i));
-  };
-  const size_t nscales = e.scales.size() / e.scale_elem_size();
-  for (size_t i = 0; i < nscales; ++i) {
-    const float v = scale_value(e.scales, i);
-    if (!std::isfinite(v) || std::signbit(v))
-      corrupt(fmt::format("scales holds {} at element {} (scales are finite and >= 0)", v, i));
-  }
-  for (size_t i = 0; i < e.zeros.size() / e.scale_elem_size(); ++i)
-    if (!std::isfinite(scale_value(e.zeros, i)))
-      corrupt(fmt::format("zeros holds a non-finite value at element {}", i));
-  for (const auto* fv : {&e.scale_factor, &e.zero_factor}) {
-    const char* what = fv == &e.scale_factor ? "scale_factor" : "zero_factor";
-    for (size_t i = 0; i < fv->size(); ++i) {
-      const float g = (*fv)[i];
-      if (!std::isfinite(g) || !(g > 0.0f))
-        corrupt(fmt::format("{} holds {} at group {} (factors are finite and > 0)", what, g, i));
-      if (e.scale_dtype == ScaleDType::BF16 && g != 1.0f)
-        corrupt(fmt::format("{} holds {} at group {}; with bf16 scales every factor is 1", what, g, i));
-    }
-  }
-  if (!e.asymmetric) {
-    // Symmetric codes are q + qmax with |q| <= qmax: at most 2 * qmax.
-    const int max_code = 2 * residual_impl::qmax_of(e.bits, false);
-    const int per_byte = 8 / e.bits;
-    const int mask = (1 << e.bits) - 1;
-    for (size_t i = 0; i < e.codes.size(); ++i)
-      for (int k = 0; k < per_byte; ++k)
-        if (((e.codes[i] >> (k * e.bits)) & mask) > max_code)
-          corrupt(fmt::format("codes byte {} holds a symmetric int{} code above {}", i, e.bits, max_code));
-  }
 }
 
 }  // namespace
@@ -196,17 +162,22 @@ std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc) {
   return io_detail::serialize_safetensors_refs(refs, meta);
 }
 
-EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
-  SafetensorsFile f;
-  try {
-    f = parse_safetensors(bytes);
-  } catch (const Error& e) {  // an unsupported dtype is corruption here
-    corrupt(e.what());
-  }
+namespace {
 
+// A `.qvgt` header checked against spec 1.6: its layout, and for each array of the
+// layout (in EncodingLayout::arrays() order) the file's entry for it.
+struct QvgtHeader {
+  EncodingLayout layout;
+  std::vector<std::pair<ArrayDesc, const io_detail::TensorEntry*>> arrays;
+};
+
+// Everything parse_qvgt checks that does not need the arrays' values: exactly the
+// metadata keys with canonical values, exactly the arrays they imply, with their
+// dtypes and logical shapes.
+QvgtHeader check_qvgt_header(const io_detail::SafetensorsHeader& h) {
   // --- metadata: exactly the keys of spec 1.6 ---
   std::map<std::string, std::string> m;
-  for (const auto& [k, v] : f.metadata) {
+  for (const auto& [k, v] : h.metadata) {
     bool known = false;
     for (const char* key : kMetadataKeys) known = known || k == key;
     if (!known)
@@ -222,13 +193,14 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
   if (m["format"] != kQvgtFormat)
     corrupt(fmt::format("metadata 'format' must be '{}', got '{}'", kQvgtFormat, printable(m["format"])));
   if (m["layout"] != "BSHD") corrupt(fmt::format("metadata 'layout' must be 'BSHD', got '{}'", printable(m["layout"])));
-  EncodedTensor e;
+  QvgtHeader q;
+  EncodingLayout& e = q.layout;
   constexpr DType kDTypes[] = {DType::BF16, DType::F16, DType::F32};
   e.dtype = kDTypes[parse_meta_choice("dtype", m["dtype"], {"bf16", "f16", "f32"})];
   e.shape = parse_meta_shape(m["shape"]);
   e.bits = parse_meta_choice("bits", m["bits"], {"2", "4"}) == 0 ? 2 : 4;
   e.block_size = parse_meta_int("block_size", m["block_size"], 1, INT32_MAX);
-  e.stages = parse_meta_int("stages", m["stages"], 1, INT32_MAX);
+  e.stages = parse_meta_int("stages", m["stages"], 1, kMaxStages);
   e.centroids = parse_meta_int("centroids", m["centroids"], 1, 256);
   e.asymmetric = parse_meta_choice("asymmetric", m["asymmetric"], {"false", "true"}) == 1;
   e.scale_dtype = parse_meta_choice("scale_dtype", m["scale_dtype"], {"fp8_e4m3", "bf16"}) == 0 ? ScaleDType::FP8_E4M3
@@ -240,49 +212,98 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
                         e.block_size));
   if (e.shape.d % e.block_size != 0)
     corrupt(fmt::format("metadata 'block_size' must divide head_dim {}, got {}", e.shape.d, e.block_size));
-  // Each stage has two arrays: a stage count beyond that cannot match (and must not
-  // make us build a huge list of expected names).
-  if (static_cast<size_t>(e.stages) > f.tensors.size() / 2)
-    corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages, f.tensors.size()));
+  // Each stage has two arrays: a stage count beyond that cannot match.
+  if (static_cast<size_t>(e.stages) > h.tensors.size() / 2)
+    corrupt(fmt::format("metadata 'stages' is {} but the file holds only {} arrays", e.stages, h.tensors.size()));
 
   // --- arrays: exactly the expected set, with their dtypes and shapes ---
-  const std::vector<ArrayDesc> specs = e.arrays();
-  std::map<std::string, SafeTensor*> by_name;
-  for (auto& t : f.tensors) by_name[t.name] = &t;
+  std::map<std::string, const io_detail::TensorEntry*> by_name;
+  for (const auto& t : h.tensors) by_name[t.t.name] = &t;
   std::map<std::string, const ArrayDesc*> expected;
+  const std::vector<ArrayDesc> specs = e.arrays();
   for (const ArrayDesc& s : specs) expected[s.name()] = &s;
-  for (const auto& t : f.tensors)
-    if (!expected.count(t.name)) corrupt(fmt::format("unexpected array '{}' for this metadata", printable(t.name)));
-  e.centroid.resize(static_cast<size_t>(e.stages));
-  e.ids.resize(static_cast<size_t>(e.stages));
+  for (const auto& t : h.tensors)
+    if (!expected.count(t.t.name)) corrupt(fmt::format("unexpected array '{}' for this metadata", printable(t.t.name)));
   for (const ArrayDesc& s : specs) {
     const std::string name = s.name();
     auto it = by_name.find(name);
     if (it == by_name.end()) corrupt(fmt::format("missing array '{}'", name));
-    SafeTensor& t = *it->second;
+    const SafeTensor& t = it->second->t;
     const StDType want = st_dtype_of(e, s);
     if (t.dtype != want)
       corrupt(fmt::format("array '{}' has dtype {}, expected {}", name, st_dtype_name(t.dtype), st_dtype_name(want)));
     if (t.shape != s.shape)
       corrupt(fmt::format("array '{}' has shape {}, expected {}", name, shape_str(t.shape), shape_str(s.shape)));
+    q.arrays.emplace_back(s, it->second);
+  }
+  return q;
+}
+
+}  // namespace
+
+EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
+  io_detail::SafetensorsHeader h;
+  try {
+    h = io_detail::parse_safetensors_header(bytes, bytes.size(), kMaxQvgtArrays);
+  } catch (const Error& e) {  // an unsupported dtype is corruption here
+    corrupt(e.what());
+  }
+  const QvgtHeader q = check_qvgt_header(h);
+  EncodedTensor e;
+  static_cast<EncodingLayout&>(e) = q.layout;
+  e.centroid.resize(static_cast<size_t>(e.stages));
+  e.ids.resize(static_cast<size_t>(e.stages));
+  const uint8_t* data = bytes.data() + 8 + h.header_len;
+  for (const auto& [s, t] : q.arrays) {
+    std::vector<uint8_t> a(data + t->begin, data + t->end);
     switch (s.kind) {
-      case EncodedArray::Centroids: e.centroid[size_t(s.stage)] = std::move(t.data); break;
-      case EncodedArray::Ids: e.ids[size_t(s.stage)] = std::move(t.data); break;
-      case EncodedArray::Codes: e.codes = std::move(t.data); break;
-      case EncodedArray::Scales: e.scales = std::move(t.data); break;
-      case EncodedArray::Zeros: e.zeros = std::move(t.data); break;
-      case EncodedArray::ScaleFactor: e.scale_factor = floats_of(t.data); break;
-      case EncodedArray::ZeroFactor: e.zero_factor = floats_of(t.data); break;
+      case EncodedArray::Centroids: e.centroid[size_t(s.stage)] = std::move(a); break;
+      case EncodedArray::Ids: e.ids[size_t(s.stage)] = std::move(a); break;
+      case EncodedArray::Codes: e.codes = std::move(a); break;
+      case EncodedArray::Scales: e.scales = std::move(a); break;
+      case EncodedArray::Zeros: e.zeros = std::move(a); break;
+      case EncodedArray::ScaleFactor: e.scale_factor = floats_of(a); break;
+      case EncodedArray::ZeroFactor: e.zero_factor = floats_of(a); break;
     }
   }
 
-  check_values(e);
   try {
     e.validate();
+    e.validate_values();
   } catch (const CorruptData& err) {
     corrupt(err.what());
   }
   return e;
+}
+
+QvgtInfo inspect_qvgt(const std::filesystem::path& path) {
+  const detail::ReadOnlyFile f(path);
+  return detail::with_path(path, [&] {
+    std::vector<uint8_t> head(size_t(std::min<uint64_t>(f.size(), 8)));
+    if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
+    io_detail::SafetensorsHeader h;
+    try {
+      const uint64_t n = io_detail::safetensors_header_length(head, f.size());
+      head.resize(size_t(8 + n));
+      if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
+      h = io_detail::parse_safetensors_header(head, f.size(), kMaxQvgtArrays);
+    } catch (const CorruptData& e) {
+      corrupt(e.what());
+    } catch (const InvalidArgument& e) {
+      corrupt(e.what());
+    }
+    const QvgtHeader q = check_qvgt_header(h);
+    QvgtInfo info;
+    info.file_bytes = f.size();
+    info.header_bytes = 8 + h.header_len;
+    info.metadata = h.metadata;
+    info.layout = q.layout;
+    for (const auto& [s, t] : q.arrays) {
+      info.arrays.push_back({s.name(), std::string(st_dtype_name(t->t.dtype)), t->t.shape, t->end - t->begin});
+      info.encoded_bytes += t->end - t->begin;
+    }
+    return info;
+  });
 }
 
 void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc) {

@@ -8,7 +8,7 @@
 // offsets tiling the buffer exactly; qvg is stricter about duplicate keys and
 // unknown fields.
 #include <algorithm>
-#include <set>
+#include <array>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,23 +53,160 @@ StDType parse_dtype_field(std::string_view s, const std::string& tensor) {
   corrupt(fmt::format("tensor '{}' has unknown dtype '{}'", printable(tensor), printable(s)));
 }
 
-// Reads a JSON array of unsigned integers (each <= INT64_MAX).
-std::vector<int64_t> parse_uint_array(const Json& j, const std::string& tensor, const char* field) {
-  if (!j.is_array()) corrupt(fmt::format("tensor '{}': {} must be a list", printable(tensor), field));
-  std::vector<int64_t> r;
-  r.reserve(j.size());
-  for (const auto& v : j) {
-    if (!v.is_number_unsigned() || v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      corrupt(fmt::format("tensor '{}': {} must hold non-negative integers, got {}", printable(tensor), field,
-                          printable(v.dump())));
-    r.push_back(static_cast<int64_t>(v.get<uint64_t>()));
-  }
-  return r;
-}
+using io_detail::TensorEntry;
+using Entry = TensorEntry;
 
-struct Entry {
-  SafeTensor t;
-  uint64_t begin = 0, end = 0;
+constexpr const char* kArrayText = "a JSON array";
+constexpr const char* kObjectText = "a JSON object";
+
+// A streaming (SAX) reader of the safetensors header that builds the entries
+// directly: linear in the header size (an ordered JSON object looks every key up
+// linearly, which made 40,000 tensors take seconds), no JSON tree, and no nesting
+// beyond the format's three levels (header object -> tensor object -> shape or
+// data_offsets list): a container anywhere else is refused where it opens, and an
+// unexpected container is described by its kind, never printed, so no untrusted
+// depth is ever recursed over.
+class HeaderReader final : public nlohmann::json_sax<Json> {
+ public:
+  explicit HeaderReader(size_t max_tensors) : max_tensors_(max_tensors) {}
+
+  std::vector<Entry> entries;
+  std::vector<std::pair<std::string, std::string>> metadata;
+
+  bool null() override { return unexpected("null"); }
+  bool boolean(bool v) override { return unexpected(v ? "true" : "false"); }
+  bool number_integer(number_integer_t v) override { return unexpected(std::to_string(v)); }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (state_ == State::List && v <= static_cast<uint64_t>(INT64_MAX)) {
+      list_.push_back(static_cast<int64_t>(v));
+      return true;
+    }
+    return unexpected(std::to_string(v));
+  }
+  bool number_float(number_float_t, const string_t& text) override { return unexpected(printable(text)); }
+  bool binary(binary_t&) override { return unexpected("binary data"); }
+  bool string(string_t& v) override {
+    if (state_ == State::Metadata) {
+      metadata.emplace_back(std::move(key_), std::move(v));
+      return true;
+    }
+    if (state_ == State::Tensor && field_ == Field::DType) {
+      cur_.t.dtype = parse_dtype_field(v, cur_.t.name);
+      return true;
+    }
+    return unexpected("\"" + printable(v) + "\"");
+  }
+  bool start_object(std::size_t) override {
+    if (state_ == State::Start) {
+      state_ = State::Top;
+      return true;
+    }
+    if (state_ != State::Top) return unexpected(kObjectText);
+    if (key_ == kMetadataKey) {
+      state_ = State::Metadata;
+      return true;
+    }
+    if (entries.size() >= max_tensors_)
+      throw InvalidArgument(
+          fmt::format("safetensors header holds more than {} tensors (the most qvg reads)", max_tensors_));
+    state_ = State::Tensor;
+    cur_ = Entry();
+    cur_.t.name = std::move(key_);
+    have_ = {false, false, false};
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (state_ == State::Top) {
+      if (k == kMetadataKey && seen_metadata_) corrupt(fmt::format("header repeats the key '{}'", kMetadataKey));
+      seen_metadata_ = seen_metadata_ || k == kMetadataKey;
+    } else if (state_ == State::Tensor) {  // a tensor's field
+      if (k == "dtype") {
+        field_ = Field::DType;
+      } else if (k == "shape") {
+        field_ = Field::Shape;
+      } else if (k == "data_offsets") {
+        field_ = Field::Offsets;
+      } else {
+        corrupt(fmt::format("tensor '{}' has unknown field '{}' (allowed: dtype, shape, data_offsets)",
+                            printable(cur_.t.name), printable(k)));
+      }
+      if (have_[size_t(field_)]) corrupt(fmt::format("header repeats the key '{}'", printable(k)));
+      have_[size_t(field_)] = true;
+    }
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() override {
+    if (state_ == State::Tensor) finish_tensor();
+    state_ = state_ == State::Top ? State::Done : State::Top;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (state_ != State::Tensor || field_ == Field::DType) return unexpected(kArrayText);
+    state_ = State::List;
+    list_.clear();
+    return true;
+  }
+  bool end_array() override {
+    (field_ == Field::Shape ? cur_.t.shape : offsets_) = std::move(list_);
+    list_ = {};
+    state_ = State::Tensor;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    corrupt(fmt::format("header is not valid JSON: {}", e.what()));
+  }
+
+ private:
+  enum class State { Start, Top, Metadata, Tensor, List, Done };
+  enum class Field { DType, Shape, Offsets };
+
+  const char* field_name() const {
+    return field_ == Field::DType ? "dtype" : field_ == Field::Shape ? "shape" : "data_offsets";
+  }
+  // A value (described by `got`) where the format allows none of its kind.
+  [[noreturn]] bool unexpected(const std::string& got) {
+    const std::string tensor = printable(state_ == State::Top ? key_ : cur_.t.name);
+    switch (state_) {
+      case State::Top:
+        if (key_ == kMetadataKey) corrupt("__metadata__ must be an object of strings");
+        corrupt(fmt::format("tensor '{}' must be an object", tensor));
+      case State::Metadata:
+        corrupt(fmt::format("__metadata__ entry '{}' must be a string, got {}", printable(key_), got));
+      case State::Tensor:
+        if (field_ == Field::DType) corrupt(fmt::format("tensor '{}': dtype must be a string", tensor));
+        corrupt(fmt::format("tensor '{}': {} must be a list", tensor, field_name()));
+      case State::List:
+        corrupt(fmt::format("tensor '{}': {} must hold non-negative integers, got {}", tensor, field_name(), got));
+      case State::Start:
+      case State::Done: break;
+    }
+    corrupt("header is not a JSON object");
+  }
+  void finish_tensor() {
+    const std::string name = printable(cur_.t.name);
+    if (!have_[0] || !have_[1] || !have_[2])
+      corrupt(fmt::format("tensor '{}' needs dtype, shape and data_offsets", name));
+    if (offsets_.size() != 2 || offsets_[0] > offsets_[1])
+      corrupt(fmt::format("tensor '{}': data_offsets must be [begin, end] with begin <= end", name));
+    cur_.begin = static_cast<uint64_t>(offsets_[0]);
+    cur_.end = static_cast<uint64_t>(offsets_[1]);
+    const auto need = checked_nbytes(cur_.t.shape, st_dtype_size(cur_.t.dtype));
+    if (!need) corrupt(fmt::format("tensor '{}': shape overflows the addressable size", name));
+    if (*need != cur_.end - cur_.begin)
+      corrupt(fmt::format("tensor '{}': data_offsets span {} bytes, shape x dtype needs {}", name,
+                          cur_.end - cur_.begin, *need));
+    entries.push_back(std::move(cur_));
+  }
+
+  size_t max_tensors_;
+  State state_ = State::Start;
+  Field field_ = Field::DType;
+  std::string key_;
+  bool seen_metadata_ = false;
+  std::array<bool, 3> have_{};
+  Entry cur_;
+  std::vector<int64_t> list_, offsets_;
 };
 
 }  // namespace
@@ -109,85 +246,51 @@ const std::string* SafetensorsFile::find_metadata(std::string_view key) const {
 }
 
 SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
-  if (bytes.size() < 8) corrupt(fmt::format("file is {} bytes, shorter than the 8-byte header length", bytes.size()));
-  const uint64_t n = io_detail::load_le64(bytes.data());
-  if (n > bytes.size() - 8)
-    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", n, bytes.size()));
+  return io_detail::parse_safetensors_limited(bytes, kMaxSafetensorsTensors);
+}
+
+namespace io_detail {
+
+uint64_t safetensors_header_length(std::span<const uint8_t> head, uint64_t file_size) {
+  if (file_size < 8 || head.size() < 8)
+    corrupt(fmt::format("file is {} bytes, shorter than the 8-byte header length", file_size));
+  const uint64_t n = io_detail::load_le64(head.data());
+  if (n > file_size - 8) corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", n, file_size));
   if (n > kMaxHeader) corrupt(fmt::format("header length {} exceeds the limit of {}", n, kMaxHeader));
-  const auto* hb = reinterpret_cast<const char*>(bytes.data() + 8);
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64_t file_size, size_t max_tensors) {
+  SafetensorsHeader h;
+  const uint64_t n = h.header_len = safetensors_header_length(head, file_size);
+  QVG_CHECK(head.size() >= 8 + n);
+  const auto* hb = reinterpret_cast<const char*>(head.data() + 8);
   if (n < 2 || hb[0] != '{') corrupt("header is not a JSON object");
 
-  // Parse with a callback that tracks the keys of every open object: nlohmann keeps
-  // the last of duplicate keys silently, the format forbids duplicates.
-  std::vector<std::set<std::string>> open_keys;
-  std::string duplicate;
-  Json header;
-  try {
-    header = Json::parse(hb, hb + n, [&](int /*depth*/, Json::parse_event_t ev, Json& parsed) {
-      switch (ev) {
-        case Json::parse_event_t::object_start: open_keys.emplace_back(); break;
-        case Json::parse_event_t::object_end:
-          if (!open_keys.empty()) open_keys.pop_back();
-          break;
-        case Json::parse_event_t::key:
-          if (!open_keys.empty() && parsed.is_string() && !open_keys.back().insert(parsed.get<std::string>()).second &&
-              duplicate.empty())
-            duplicate = parsed.get<std::string>();
-          break;
-        default: break;
-      }
-      return true;
-    });
-  } catch (const Json::exception& e) {
-    corrupt(fmt::format("header is not valid JSON: {}", e.what()));
-  }
-  if (!duplicate.empty()) corrupt(fmt::format("header repeats the key '{}'", printable(duplicate)));
-  if (!header.is_object()) corrupt("header is not a JSON object");
-
-  SafetensorsFile f;
-  std::vector<Entry> entries;
-  entries.reserve(header.size());
-  for (const auto& [key, val] : header.items()) {
-    if (key == kMetadataKey) {
-      if (!val.is_object()) corrupt("__metadata__ must be an object of strings");
-      for (const auto& [mk, mv] : val.items()) {
-        if (!mv.is_string())
-          corrupt(fmt::format("__metadata__ entry '{}' must be a string, got {}", printable(mk), printable(mv.dump())));
-        f.metadata.emplace_back(mk, mv.get<std::string>());
-      }
-      continue;
-    }
-    if (!val.is_object()) corrupt(fmt::format("tensor '{}' must be an object", printable(key)));
-    for (const auto& [fk, fv] : val.items()) {
-      (void)fv;
-      if (fk != "dtype" && fk != "shape" && fk != "data_offsets")
-        corrupt(fmt::format("tensor '{}' has unknown field '{}' (allowed: dtype, shape, data_offsets)", printable(key),
-                            printable(fk)));
-    }
-    if (!val.contains("dtype") || !val.contains("shape") || !val.contains("data_offsets"))
-      corrupt(fmt::format("tensor '{}' needs dtype, shape and data_offsets", printable(key)));
-    const auto& jd = val["dtype"];
-    if (!jd.is_string()) corrupt(fmt::format("tensor '{}': dtype must be a string", printable(key)));
-    Entry e;
-    e.t.name = key;
-    e.t.dtype = parse_dtype_field(jd.get<std::string>(), key);
-    e.t.shape = parse_uint_array(val["shape"], key, "shape");
-    const auto offs = parse_uint_array(val["data_offsets"], key, "data_offsets");
-    if (offs.size() != 2 || offs[0] > offs[1])
-      corrupt(fmt::format("tensor '{}': data_offsets must be [begin, end] with begin <= end", printable(key)));
-    e.begin = static_cast<uint64_t>(offs[0]);
-    e.end = static_cast<uint64_t>(offs[1]);
-    const auto need = checked_nbytes(e.t.shape, st_dtype_size(e.t.dtype));
-    if (!need) corrupt(fmt::format("tensor '{}': shape overflows the addressable size", printable(key)));
-    if (*need != e.end - e.begin)
-      corrupt(fmt::format("tensor '{}': data_offsets span {} bytes, shape x dtype needs {}", printable(key),
-                          e.end - e.begin, *need));
-    entries.push_back(std::move(e));
+  HeaderReader reader(max_tensors);
+  Json::sax_parse(hb, hb + n, &reader);  // throws on the first problem (the reader's or the parser's)
+  h.metadata = std::move(reader.metadata);
+  h.tensors = std::move(reader.entries);
+  std::vector<Entry>& entries = h.tensors;
+  // Duplicate keys (the format forbids them): sorted views of the names, no set.
+  auto check_unique = [](std::vector<const std::string*> names) {
+    std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+    for (size_t i = 1; i < names.size(); ++i)
+      if (*names[i] == *names[i - 1]) corrupt(fmt::format("header repeats the key '{}'", printable(*names[i])));
+  };
+  {
+    std::vector<const std::string*> names;
+    names.reserve(entries.size());
+    for (const Entry& e : entries) names.push_back(&e.t.name);
+    check_unique(std::move(names));
+    names.clear();
+    for (const auto& [k, v] : h.metadata) names.push_back(&k);
+    check_unique(std::move(names));
   }
 
   // The tensors must tile the byte buffer: sorted by offset, each starts where the
   // previous ended, the first at 0 and the last at the end of the file.
-  const uint64_t data_len = bytes.size() - 8 - n;
+  const uint64_t data_len = file_size - 8 - n;
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -201,17 +304,21 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes) {
     cursor = e.end;
   }
   if (cursor != data_len) corrupt(fmt::format("tensors cover {} of the {} data bytes", cursor, data_len));
+  return h;
+}
 
-  const uint8_t* data = bytes.data() + 8 + n;
-  f.tensors.reserve(entries.size());
-  for (auto& e : entries) {
+SafetensorsFile parse_safetensors_limited(std::span<const uint8_t> bytes, size_t max_tensors) {
+  SafetensorsHeader h = parse_safetensors_header(bytes, bytes.size(), max_tensors);
+  SafetensorsFile f;
+  f.metadata = std::move(h.metadata);
+  const uint8_t* data = bytes.data() + 8 + h.header_len;
+  f.tensors.reserve(h.tensors.size());
+  for (auto& e : h.tensors) {
     e.t.data.assign(data + e.begin, data + e.end);
     f.tensors.push_back(std::move(e.t));
   }
   return f;
 }
-
-namespace io_detail {
 
 std::vector<uint8_t> serialize_safetensors_refs(const std::vector<TensorRef>& tensors,
                                                 const std::vector<std::pair<std::string, std::string>>& metadata) {

@@ -1,5 +1,6 @@
-// src/io/safetensors_impl.h — private: serialising tensors that live elsewhere
-// (e.g. the arrays of an EncodedTensor) without copying them into SafeTensor first.
+// src/io/safetensors_impl.h — private: parsing with a format's own tensor limit, and
+// serialising tensors that live elsewhere (e.g. the arrays of an EncodedTensor)
+// without copying them into SafeTensor first.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,33 @@ struct TensorRef {
   std::vector<int64_t> shape;
   std::span<const uint8_t> data;
 };
+
+/// A tensor entry of a safetensors header: name, dtype and shape (t.data empty) and
+/// its byte range within the data buffer.
+struct TensorEntry {
+  SafeTensor t;
+  uint64_t begin = 0, end = 0;
+};
+
+/// A parsed safetensors header: the tensors sorted by offset (tiling the data
+/// buffer exactly) and the metadata in header order.
+struct SafetensorsHeader {
+  uint64_t header_len = 0;  ///< N of the 8-byte length field: the data starts at 8 + N
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::vector<TensorEntry> tensors;
+};
+
+/// The header length N of a safetensors file of file_size bytes, from its first 8
+/// bytes: CorruptData unless 8 + N <= file_size and N <= 100 MB.
+uint64_t safetensors_header_length(std::span<const uint8_t> head, uint64_t file_size);
+
+/// Parses the header of a safetensors file of file_size bytes whose first
+/// 8 + N bytes are in `head` (what parse_safetensors checks, without the data).
+SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64_t file_size, size_t max_tensors);
+
+/// parse_safetensors() accepting at most `max_tensors` tensors (InvalidArgument as
+/// soon as the header holds more: a format with a known array count passes it).
+SafetensorsFile parse_safetensors_limited(std::span<const uint8_t> bytes, size_t max_tensors);
 
 /// serialize_safetensors() for borrowed tensors; same format, same errors.
 std::vector<uint8_t> serialize_safetensors_refs(const std::vector<TensorRef>& tensors,

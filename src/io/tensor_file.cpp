@@ -49,18 +49,6 @@ Tensor tensor_of(DType dtype, const std::vector<int64_t>& shape, const std::vect
   return t;
 }
 
-// Runs a parser, prefixing its error message with the path (keeping the error kind).
-template <class F>
-auto with_path(const std::filesystem::path& path, F&& f) {
-  try {
-    return f();
-  } catch (const CorruptData& e) {
-    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("'{}': {}", path.string(), e.what()));
-  }
-}
-
 }  // namespace
 
 Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<std::string>& name) {
@@ -72,12 +60,12 @@ Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<s
                       "apply to .safetensors)",
                       *name, path.string()));
     const auto bytes = read_file_bytes(path);
-    const NpyArray a = with_path(path, [&] { return parse_npy(bytes); });
+    const NpyArray a = io_detail::parse_with_path(path, bytes, [](const auto& b) { return parse_npy(b); });
     return tensor_of(a.dtype, a.shape, a.data, path);
   }
 
   const auto bytes = read_file_bytes(path);
-  const SafetensorsFile f = with_path(path, [&] { return parse_safetensors(bytes); });
+  const SafetensorsFile f = io_detail::parse_with_path(path, bytes, [](const auto& b) { return parse_safetensors(b); });
   std::string names;
   for (const auto& t : f.tensors) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", t.name);
   const SafeTensor* t = nullptr;

@@ -68,7 +68,7 @@ Paired time_paired(const std::function<void()>& fa, const std::function<void()>&
 }
 
 void parallel_copy(void* dst, const void* src, size_t bytes, int threads) {
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
+  const int nt = resolve_threads(threads);
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -79,7 +79,7 @@ void parallel_copy(void* dst, const void* src, size_t bytes, int threads) {
 }
 
 double parallel_fma(int64_t iters, int threads) {
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
+  const int nt = resolve_threads(threads);
   double total = 0;
 #pragma omp parallel num_threads(nt) reduction(+ : total)
   total += fma_loop(iters);
@@ -136,7 +136,8 @@ Measurement make(const std::string& name, const Timing& t) {
 }  // namespace
 
 std::vector<Measurement> run_suite(const BenchOptions& opt) {
-  const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
+  check_threads("threads", opt.threads);
+  const int threads = resolve_threads(opt.threads);
   auto step = [&](const std::string& s) {
     if (opt.progress) opt.progress(s);
   };

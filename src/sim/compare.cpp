@@ -31,7 +31,7 @@ void CompareConfig::validate() const {
     throw InvalidArgument(
         fmt::format("layers must be in 1..{} (the layers of {} at scale {}), got {}", p.layers, p.name, scale, layers));
   if (query_stride < 1) throw InvalidArgument(fmt::format("query_stride must be >= 1, got {}", query_stride));
-  if (threads < 0) throw InvalidArgument(fmt::format("threads must be >= 0 (0 = all cores), got {}", threads));
+  check_threads("threads", threads);
   codec.validate_for_head_dim(p.head_dim);
   BaselineConfig b;
   b.bits = codec.bits;

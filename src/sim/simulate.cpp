@@ -146,7 +146,7 @@ void SimulationConfig::validate() const {
   need(steps >= 1 && steps <= 64, "steps", std::to_string(steps), "in 1..64");
   need(step_noise >= 0 && step_noise <= 1, "step_noise", fmt::format("{}", step_noise), "in [0, 1]");
   need(query_stride >= 1, "query_stride", std::to_string(query_stride), ">= 1");
-  need(threads >= 0, "threads", std::to_string(threads), ">= 0 (0 = all cores)");
+  check_threads("threads", threads);
   const ModelPreset p = simulation_preset(*this);
   need(layers >= 1 && layers <= p.layers, "layers", std::to_string(layers),
        fmt::format("in 1..{} (the layers of {} at scale {})", p.layers, p.name, scale));
@@ -241,7 +241,7 @@ void encoded_view_error(const StridedView& want, const StridedView& got, const E
     }
   if (rows.empty()) return;
   std::vector<double> err(rows.size()), ref(rows.size());
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
+  const int nt = resolve_threads(threads);
 #pragma omp parallel num_threads(nt)
   {
     std::vector<float> a(static_cast<size_t>(D)), b(static_cast<size_t>(D));

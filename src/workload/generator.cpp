@@ -470,7 +470,7 @@ struct Workload::Impl {
     const size_t n = smp.t.size();
     auto lp = std::make_unique<LayerParams>();
     lp->heads.resize(size_t(preset.heads));
-    const int nthreads = opts.threads > 0 ? opts.threads : omp_get_max_threads();
+    const int nthreads = resolve_threads(opts.threads);
     // Heads are independent (each has its own random stream): calibrate them in parallel.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int h = 0; h < preset.heads; ++h) {
@@ -592,8 +592,7 @@ Workload::Workload(const ModelPreset& preset, const WorkloadOptions& options) {
   preset.validate();
   if (options.dtype != DType::BF16 && options.dtype != DType::F32 && options.dtype != DType::F16)
     throw InvalidArgument("workload dtype must be bf16, f16 or f32");
-  if (options.threads < 0)
-    throw InvalidArgument(fmt::format("workload threads must be >= 0 (0 = all), got {}", options.threads));
+  check_threads("workload threads", options.threads);
   impl_ = std::make_unique<Impl>(preset.scaled(options.scale), options);
 }
 Workload::~Workload() = default;
@@ -679,7 +678,7 @@ void Workload::generate_frames_into(int layer, int64_t frame0, int64_t frames, L
 
   const bool cluster_layer = layer >= p.layers - p.k_cluster_layers;
   const double a = kNormSmooth, b = std::sqrt(1 - a * a);
-  const int nthreads = im.opts.threads > 0 ? im.opts.threads : omp_get_max_threads();
+  const int nthreads = resolve_threads(im.opts.threads);
   std::byte* kp = static_cast<std::byte*>(out.k.data());
   std::byte* vp = static_cast<std::byte*>(out.v.data());
   std::byte* kpre = parts.k_pre_rope ? static_cast<std::byte*>(out.k_pre_rope.data()) : nullptr;

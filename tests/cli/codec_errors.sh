@@ -80,10 +80,10 @@ expect_error "decode threads" "$T/y.npy" 1 -- "$QVG" decode -i "$T/good.qvgt" -o
 expect_error "eval garbage" "$T/none" 1 -- "$QVG" eval -i "$T/garbage.npy"
 grep -q "trunc.qvgt" <("$QVG" decode -i "$T/trunc.qvgt" -o "$T/y.npy" 2>&1) \
   || fail "decode error does not name the file"
-# Command-line syntax errors (reported by CLI11): non-zero exit, nothing written.
-expect_error "unknown flag" "$T/y.qvgt" 0 -- "$QVG" encode -i "$T/x.npy" -o "$T/y.qvgt" --bitz 4
-expect_error "missing --output" "$T/y.qvgt" 0 -- "$QVG" encode -i "$T/x.npy"
-expect_error "missing --input" "$T/y.npy" 0 -- "$QVG" decode -o "$T/y.npy"
+# Command-line syntax errors (found by CLI11): one line too, nothing written.
+expect_error "unknown flag" "$T/y.qvgt" 1 -- "$QVG" encode -i "$T/x.npy" -o "$T/y.qvgt" --bitz 4
+expect_error "missing --output" "$T/y.qvgt" 1 -- "$QVG" encode -i "$T/x.npy"
+expect_error "missing --input" "$T/y.npy" 1 -- "$QVG" decode -o "$T/y.npy"
 
 # The good file still decodes.
 "$QVG" decode -i "$T/good.qvgt" -o "$T/y.npy" > /dev/null || fail "good file did not decode"

@@ -191,6 +191,9 @@ struct ScenarioParams {
 };
 /// The calls of one chunk [c, c + n): steps x (1 call or one per head group).
 std::vector<Call> chunk_calls(std::mt19937_64& rng, const ScenarioParams& p, int64_t c, int64_t n);
+/// A random valid quantization configuration for head_dim D (small codebooks, 1-2
+/// stages, every policy option, threads = 1).
+QuantArgs random_quant(std::mt19937_64& rng, int bits, int64_t D);
 /// A random recent_window_tokens choice (absent / 0 / positive).
 std::optional<int64_t> random_rw(std::mt19937_64& rng, const ScenarioParams& p);
 

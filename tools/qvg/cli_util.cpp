@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "qvg/config.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
 
@@ -40,6 +41,18 @@ int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, i
     throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, value));
   if (v < lo || v > hi) throw InvalidArgument(fmt::format("{} must be in {}..{}, got {}", flag, lo, hi, v));
   return v;
+}
+
+int parse_threads_flag(const char* flag, const std::string& value) {
+  int64_t v = 0;
+  const char* end = value.data() + value.size();
+  const auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (value.empty() || (ec != std::errc() && ec != std::errc::result_out_of_range) || p != end)
+    throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, value));
+  if (ec == std::errc::result_out_of_range)
+    throw InvalidArgument(fmt::format("{} must be in 0..{}, got '{}'", flag, max_threads(), value));
+  check_threads(flag, v);
+  return static_cast<int>(v);
 }
 
 uint64_t parse_seed_flag(const char* flag, const std::string& value) {

@@ -29,6 +29,8 @@ CLI::Option* add_tensor_name_flag(CLI::App& cmd, std::optional<std::string>& ten
 /// Parses a whole string as a decimal integer in [lo, hi]; throws InvalidArgument
 /// naming `flag` otherwise.
 int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi);
+/// A thread count: an integer in 0..max_threads() (qvg/config.h), 0 = all cores.
+int parse_threads_flag(const char* flag, const std::string& value);
 /// A seed: parse_int_flag in 0..INT64_MAX.
 uint64_t parse_seed_flag(const char* flag, const std::string& value);
 /// The whole string as a finite number (std::stod's syntax); nullopt otherwise.

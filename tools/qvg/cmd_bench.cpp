@@ -1,10 +1,9 @@
 // `qvg bench`: the performance suite of src/perf, as a table and as JSON.
-#include <cstdio>
-#include <fstream>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "command.h"
 #include "perf/perf.h"
 #include "qvg/error.h"
@@ -18,20 +17,19 @@ namespace {
 struct BenchArgs {
   std::string json;
   bool quick = false;
-  int threads = 0;
+  std::string threads = "0";
   std::string device = "cpu";
 };
 
 void run(const BenchArgs& a) {
+  const int threads = parse_threads_flag("--threads", a.threads);
   if (a.device == "cuda") {  // the GPU benchmarks of the CUDA backend (docs/cuda.md)
 #ifdef QVG_HAVE_CUDA
     std::string table;
     const std::string json = perf::run_gpu_benchmarks(perf::GpuBenchOptions{a.quick, 20}, &table);
     fmt::print("qvg bench --device cuda{}\n{}", a.quick ? " (quick: reduced shapes)" : "", table);
     if (!a.json.empty()) {
-      std::ofstream f(a.json);
-      f << json;
-      if (!f) throw InvalidArgument(fmt::format("--json: cannot write '{}'", a.json));
+      write_output_file(a.json, json, "--json");
       fmt::print("wrote {}\n", a.json);
     }
     return;
@@ -42,7 +40,7 @@ void run(const BenchArgs& a) {
   if (a.device != "cpu") throw InvalidArgument(fmt::format("--device must be cpu or cuda, got '{}'", a.device));
   perf::BenchOptions opt;
   opt.quick = a.quick;
-  opt.threads = a.threads;
+  opt.threads = threads;
 #ifdef QVG_HAVE_FAISS
   opt.faiss = perf::faiss_kmeans();
 #endif
@@ -65,14 +63,7 @@ void run(const BenchArgs& a) {
   j["target"] = perf::cpu_target_name();
   j["quick"] = a.quick;
   if (!a.json.empty()) {
-    const std::string tmp = a.json + ".tmp";
-    {
-      std::ofstream f(tmp);
-      if (!f) throw InvalidArgument(fmt::format("--json: cannot write '{}'", a.json));
-      f << j.dump(2) << "\n";
-    }
-    if (std::rename(tmp.c_str(), a.json.c_str()) != 0)
-      throw InvalidArgument(fmt::format("--json: cannot write '{}'", a.json));
+    write_output_file(a.json, j.dump(2) + "\n", "--json");
     fmt::print("wrote {}\n", a.json);
   }
 }
@@ -83,7 +74,7 @@ void register_bench(CLI::App& app) {
                                             "attention against this machine's copy bandwidth and FMA peak");
   c->add_option("--json", args->json, "write the measurements as one JSON object to this file");
   c->add_flag("--quick", args->quick, "reduced shapes and repetitions (seconds, for smoke tests)");
-  c->add_option("--threads", args->threads, "threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  add_value(*c, "--threads", args->threads, "threads (0 = all cores; at most max(16, 4 x cores))", "INT");
   c->add_option("--device", args->device, "cpu (cuda when the CUDA backend is built)");
   c->callback([args] { run(*args); });
 }

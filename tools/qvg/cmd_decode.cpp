@@ -31,7 +31,7 @@ void run_decode(const DecodeOptions& o) {
   if (o.tensor && ext != ".safetensors")
     throw InvalidArgument(
         fmt::format("--tensor names the tensor of a .safetensors output; '{}' is a .npy file", o.output));
-  const int threads = static_cast<int>(parse_int_flag("--threads", o.threads, 0, 1 << 16));
+  const int threads = parse_threads_flag("--threads", o.threads);
   const EncodedTensor enc = read_qvgt(o.input);
   const auto t0 = std::chrono::steady_clock::now();
   const Tensor x = decode(enc, threads);

@@ -91,7 +91,7 @@ SimulationConfig build_config(const SimulateOptions& o) {
   c.attention_every_step = o.attention_every_step;
   c.seed = parse_seed_flag("--seed", o.workload.seed);
   c.threads = o.cfg.threads;
-  if (c.threads < 0) throw InvalidArgument(fmt::format("--threads must be >= 0 (0 = all cores), got {}", c.threads));
+  check_threads("--threads", c.threads);
 
   QuantArgs q;
   q.centroids = o.cfg.centroids;

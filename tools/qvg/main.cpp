@@ -1,5 +1,9 @@
 // tools/qvg/main.cpp — entry point of the `qvg` command-line tool.
+//
+// Exit status: 0 on success (and for --help / --version), 1 for every error — a bad
+// command line included — with exactly one line "qvg: error: ..." on stderr.
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -15,21 +19,52 @@ std::vector<Registrar>& registry() {
 }
 }  // namespace qvg::cli
 
+namespace {
+
+// The subcommands, as "a, b, c".
+std::string subcommand_names(const CLI::App& app) {
+  std::string names;
+  for (const CLI::App* c : app.get_subcommands([](const CLI::App*) { return true; }))
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", c->get_name());
+  return names;
+}
+
+int error_exit(const std::string& message) {
+  fmt::print(stderr, "qvg: error: {}\n", message);
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"qvg — compressed K/V caches for long video generation (Quant VideoGen / PRQ)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("qvg ") + qvg::kVersion);
-  // Every error is one line on stderr (spec of the CLI), parse errors included.
-  app.failure_message(
-      [](const CLI::App*, const CLI::Error& e) { return std::string("qvg: error: ") + e.what() + "\n"; });
   for (auto& reg : qvg::cli::registry()) reg(app);
+  // A missing or unknown subcommand is named here (CLI11 reports both as "A
+  // subcommand is required").
+  if (argc < 2)
+    return error_exit(fmt::format("a subcommand is required: {} (qvg --help lists them)", subcommand_names(app)));
+  const std::string first = argv[1];
+  if (first[0] != '-') {
+    bool known = false;
+    for (const CLI::App* c : app.get_subcommands([](const CLI::App*) { return true; }))
+      known = known || c->check_name(first);
+    if (!known)
+      return error_exit(fmt::format("unknown subcommand '{}'; the subcommands are {}", first, subcommand_names(app)));
+  } else if (first != "--help" && first != "-h" && first != "--version") {
+    return error_exit(fmt::format("unknown option '{}' (usage: qvg SUBCOMMAND [OPTIONS]; the subcommands are {})",
+                                  first, subcommand_names(app)));
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version print and exit 0; every other parse error is a usage
+    // error: one line, exit status 1.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    return error_exit(e.what());
   } catch (const std::exception& e) {  // qvg::Error and the rest alike: one line
-    fmt::print(stderr, "qvg: error: {}\n", e.what());
-    return 1;
+    return error_exit(e.what());
   }
   return 0;
 }

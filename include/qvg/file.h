@@ -1,0 +1,33 @@
+// qvg/file.h — raw file access shared by every reader and writer of qvg files
+// (tensor files, `.qvgt`, cache snapshots): whole-file reads that never block on
+// a FIFO or a device, and atomic writes.
+//
+// Atomic write rule (the one place it is implemented): the bytes go to a temporary
+// file in the destination's directory (`<path>.tmp.<pid>.<n>`), which is flushed
+// and fsynced, closed, renamed over `path`, and the directory is fsynced. A crash at
+// any point leaves either the old file or the new one at `path` (a crash before the
+// rename may leave the temporary behind); an error removes the temporary and leaves
+// `path` untouched.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+namespace qvg {
+
+/// Whole file contents. The path must name a regular file: a FIFO, socket, device or
+/// directory is refused before anything is read (the open never blocks). Throws
+/// InvalidArgument naming the path if it cannot be read.
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path);
+
+/// Writes `bytes` atomically to `path` (see the rule above). Throws InvalidArgument
+/// naming the path on any I/O error; the temporary is removed and `path` is untouched.
+void write_file_atomic(const std::filesystem::path& path, std::span<const uint8_t> bytes);
+/// The same for a file made of several pieces written one after the other (no
+/// concatenated copy is made).
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const uint8_t>> pieces);
+
+}  // namespace qvg

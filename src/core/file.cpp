@@ -1,0 +1,147 @@
+// Raw file access (qvg/file.h): whole-file and offset reads of regular files, and
+// the atomic (temp + fsync + rename) write rule.
+#include "qvg/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include <fmt/core.h>
+
+#include "core/file_impl.h"
+#include "qvg/error.h"
+
+namespace qvg {
+
+namespace {
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+// Closes the descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+[[noreturn]] void cannot_read(const std::filesystem::path& path, const std::string& why) {
+  throw InvalidArgument(fmt::format("cannot read '{}': {}", path.string(), why));
+}
+
+// Writes all of `bytes` to fd; returns 0 or the errno of the failing write.
+int write_all(int fd, std::span<const uint8_t> bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+namespace detail {
+
+ReadOnlyFile::ReadOnlyFile(const std::filesystem::path& path) : path_(path) {
+  // O_NONBLOCK: opening a FIFO (or a device) for reading must not wait for a writer;
+  // the file type is checked on the descriptor, so there is no stat/open race.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd_ < 0) cannot_read(path, errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int e = errno;
+    ::close(fd_);
+    cannot_read(path, errno_text(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    cannot_read(path, S_ISDIR(st.st_mode)    ? "a directory, not a regular file"
+                      : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe), not a regular file"
+                                             : "not a regular file");
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+ReadOnlyFile::~ReadOnlyFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+size_t ReadOnlyFile::read_some(uint64_t offset, void* dst, size_t n) const {
+  for (;;) {
+    const ssize_t r = ::pread(fd_, dst, n, static_cast<off_t>(offset));
+    if (r >= 0) return static_cast<size_t>(r);
+    if (errno != EINTR && errno != EAGAIN) cannot_read(path_, errno_text(errno));
+  }
+}
+
+bool ReadOnlyFile::read_at(uint64_t offset, void* dst, size_t n) const {
+  auto* out = static_cast<uint8_t*>(dst);
+  size_t done = 0;
+  while (done < n) {
+    const size_t r = read_some(offset + done, out + done, n - done);
+    if (r == 0) return false;  // the file shrank since it was opened
+    done += r;
+  }
+  return true;
+}
+
+}  // namespace detail
+
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
+  const detail::ReadOnlyFile f(path);
+  std::vector<uint8_t> out(static_cast<size_t>(f.size()));
+  size_t done = 0;
+  while (done < out.size()) {
+    const size_t r = f.read_some(done, out.data() + done, out.size() - done);
+    if (r == 0) break;  // the file shrank while we read it
+    done += r;
+  }
+  out.resize(done);
+  return out;
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::span<const uint8_t> bytes) {
+  const std::span<const uint8_t> one[] = {bytes};
+  write_file_atomic(path, std::span<const std::span<const uint8_t>>(one));
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const uint8_t>> pieces) {
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path.string(), static_cast<long>(::getpid()), counter++);
+  auto fail = [&](const char* what, int e) {
+    ::unlink(tmp.c_str());
+    throw InvalidArgument(fmt::format("cannot write '{}': {} ({})", path.string(), errno_text(e), what));
+  };
+  {
+    Fd f;
+    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f.fd < 0) throw InvalidArgument(fmt::format("cannot write '{}': {}", path.string(), errno_text(errno)));
+    for (std::span<const uint8_t> p : pieces)
+      if (const int e = write_all(f.fd, p)) fail("write", e);
+    if (::fsync(f.fd) != 0) fail("fsync", errno);
+    const int fd = f.fd;
+    f.fd = -1;
+    if (::close(fd) != 0) fail("close", errno);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
+  // Make the rename itself durable (best effort: some filesystems refuse fsync on a
+  // directory; the file is in place either way).
+  std::filesystem::path dir = path.parent_path();
+  if (dir.empty()) dir = ".";
+  Fd d;
+  d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d.fd >= 0) (void)::fsync(d.fd);
+}
+
+}  // namespace qvg

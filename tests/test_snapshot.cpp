@@ -1,0 +1,706 @@
+// Tests of cache snapshots (docs/snapshot.md; qvg/cache.h save/load, qvg/snapshot.h).
+//
+//   * round trips: random call sequences on both caches (quantization on and off),
+//     saved mid-way and loaded into a twin; every later call must give the same
+//     views, segments, cursors and resident_nbytes() on both, errors included;
+//   * every truncation and every flipped byte of small snapshots is CorruptData naming
+//     a section, and so are foreign files; another configuration than expected is
+//     InvalidArgument naming the field;
+//   * an interrupted save (killed writer, failing writes) leaves the old file loadable;
+//   * a golden snapshot committed to the repository loads bit-exactly.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "kernels/kernels.h"
+#include "qvg/cache.h"
+#include "qvg/error.h"
+#include "qvg/io.h"
+#include "qvg/snapshot.h"
+#include "support/cache_model.h"
+#include "support/files.h"
+#include "support/snapshot_fixtures.h"
+
+namespace qvg {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<uint8_t>;
+using testing::Call;
+using testing::file_bytes;
+using testing::Outcome;
+using testing::put_file;
+using testing::TempDir;
+
+
+std::string error_of(auto&& f, ErrorKind want) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(int(e.kind()), int(want)) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+// ---- random scenarios ---------------------------------------------------------------
+
+struct Scenario {
+  CacheOptions o;
+  QuantArgs q;
+  testing::ScenarioParams p;
+  std::vector<int64_t> sizes;  // chunk sizes
+};
+
+Scenario random_scenario(std::mt19937_64& rng, bool packed, std::optional<int> bits) {
+  auto ri = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  Scenario s;
+  s.p.B = ri(1, 2);
+  s.p.H = ri(1, 3);
+  s.p.D = bits ? (ri(0, 1) ? 8 : 16) : (ri(0, 1) ? 4 : 8);
+  const DType dts[] = {DType::F32, DType::BF16, DType::F16};
+  s.p.dtype = dts[ri(0, 2)];
+  s.p.base_chunk = ri(1, 6);
+  s.p.steps_max = 3;
+  for (int i = 0; i < 40; ++i) s.sizes.push_back(ri(std::max<int64_t>(1, s.p.base_chunk - 2), s.p.base_chunk + 2));
+  const int64_t maxn = *std::max_element(s.sizes.begin(), s.sizes.end());
+  CacheOptions& o = s.o;
+  o.batch = s.p.B;
+  o.heads = s.p.H;
+  o.head_dim = s.p.D;
+  o.dtype = s.p.dtype;
+  o.sink_tokens = ri(0, 2) == 0 ? 0 : ri(0, s.sizes[0] + s.sizes[1]);
+  o.cache_size = o.sink_tokens + ri(maxn, 5 * s.p.base_chunk + 2);
+  if (ri(0, 2) == 0) o.attention_window_size = ri(std::min(o.cache_size, maxn + o.sink_tokens), o.cache_size);
+  if (!packed && ri(0, 2) == 0) {
+    o.allow_growth = true;
+    o.attention_window_size.reset();
+  }
+  if (bits) {
+    s.q = testing::random_quant(rng, *bits, s.p.D);
+    s.q.span_mode = SpanMode::Deferred;  // format 1.0 refuses incremental spans (test IncrementalRefused)
+  }
+  return s;
+}
+
+// The calls of the next chunk of a scenario: sequential, 1-3 denoising steps; the
+// dense cache also gets an occasional rewrite of an older chunk.
+std::vector<Call> next_calls(std::mt19937_64& rng, const Scenario& s, int64_t global_end, size_t chunk) {
+  const int64_t n = s.sizes[chunk % s.sizes.size()];
+  return testing::chunk_calls(rng, s.p, global_end, n);
+}
+
+// A call that must fail: a bad start, a negative rw or a wrong head slice.
+Call bad_call(std::mt19937_64& rng, const Scenario& s, int64_t global_end) {
+  Call c;
+  c.k = testing::random_tensor(rng, s.p.dtype, {s.p.B, 1, s.p.H, s.p.D});
+  c.v = c.k;
+  switch (rng() % 3) {
+    case 0: c.c = global_end + 1 + int64_t(rng() % 5); break;  // packed: non-sequential
+    case 1: c.c = global_end, c.rw = -1; break;
+    default: c.c = global_end, c.hs = s.p.H; break;
+  }
+  return c;
+}
+
+// Both caches get `call`; their outcomes, views and states must be equal.
+template <class Cache>
+void same_call(Cache& a, Cache& b, const Call& call, int& errors) {
+  const Outcome x = testing::run_call(a, call), y = testing::run_call(b, call);
+  ASSERT_EQ(x.error.has_value(), y.error.has_value()) << x.message << " | " << y.message;
+  if (x.error) {
+    ++errors;
+    ASSERT_EQ(int(*x.error), int(*y.error));
+    ASSERT_EQ(x.message, y.message);
+  } else {
+    ASSERT_EQ(testing::compare_views(x.view, y.view), "") << "c=" << call.c;
+    ASSERT_EQ(x.view.local_start_index, y.view.local_start_index);
+    ASSERT_EQ(x.view.local_end_index, y.view.local_end_index);
+    ASSERT_EQ(x.view.visible_local_end, y.view.visible_local_end);
+    ASSERT_EQ(x.view.visible_global_end, y.view.visible_global_end);
+    ASSERT_EQ(x.view.zero_copy, y.view.zero_copy);
+  }
+  ASSERT_EQ(a.resident_nbytes(), b.resident_nbytes());
+  ASSERT_EQ(a.global_end(), b.global_end());
+  ASSERT_EQ(a.local_end(), b.local_end());
+  ASSERT_EQ(a.cache_size(), b.cache_size());
+}
+
+void same_state(const DenseCausalCache& a, const DenseCausalCache& b) {
+  auto x = a.debug_state(), y = b.debug_state();
+  x.view_scratch.clear(), y.view_scratch.clear();
+  x.owns_storage = y.owns_storage = true;
+  x.peak_transient_nbytes = y.peak_transient_nbytes = 0;
+  ASSERT_TRUE(x == y);
+}
+void same_state(const PackedCausalCache& a, const PackedCausalCache& b) {
+  auto x = a.debug_state(), y = b.debug_state();
+  x.view_scratch.clear(), y.view_scratch.clear();
+  x.peak_transient_nbytes = y.peak_transient_nbytes = 0;
+  ASSERT_TRUE(x == y);
+  ASSERT_EQ(a.warm_state_nbytes(), b.warm_state_nbytes());
+  ASSERT_EQ(a.chunk_tokens(), b.chunk_tokens());
+}
+
+struct RoundTripStats {
+  int sequences = 0, calls = 0, errors = 0, snapshots = 0, via_file = 0, packed_segments = 0, warm = 0, grown = 0;
+};
+
+template <class Cache>
+Cache load_twin(const Cache& a, std::mt19937_64& rng, const TempDir& dir, RoundTripStats& st) {
+  const Bytes bytes = a.snapshot_bytes();
+  ++st.snapshots;
+  SnapshotExpectation x;
+  if (rng() % 2) {
+    const fs::path p = dir / "s.qvgs";
+    a.save(p);
+    ++st.via_file;
+    EXPECT_EQ(file_bytes(p), bytes);  // save() writes exactly snapshot_bytes()
+    Cache b = Cache::load(p, x);
+    EXPECT_EQ(b.snapshot_bytes(), bytes);  // canonical: a reload saves the same bytes
+    return b;
+  }
+  Cache b = Cache::from_snapshot_bytes(bytes, x);
+  EXPECT_EQ(b.snapshot_bytes(), bytes);
+  return b;
+}
+
+// One sequence: some chunks on `a`, snapshot, load `b`, then more chunks (and bad
+// calls) on both, with a second snapshot of `b` into `c` half-way.
+template <class Cache>
+void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripStats& st) {
+  std::mt19937_64 rng(seed);
+  const Scenario s = random_scenario(rng, packed, bits);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " cs=" << s.o.cache_size << " sink=" << s.o.sink_tokens
+                                    << " window=" << s.o.window() << " growth=" << s.o.allow_growth
+                                    << " quant: " << s.q.describe());
+  const TempDir dir("qvg_test_snapshot");
+  auto make = [&] {
+    if constexpr (std::is_same_v<Cache, PackedCausalCache>)
+      return PackedCausalCache(s.o, s.q);
+    else
+      return DenseCausalCache(s.o);
+  };
+  Cache a = make();
+  size_t chunk = 0;
+  const size_t before = 2 + rng() % 8, after = 3 + rng() % 8;
+  for (; chunk < before; ++chunk)
+    for (const Call& call : next_calls(rng, s, a.global_end(), chunk)) (void)testing::run_call(a, call);
+  if (rng() % 10 == 0) a.reset_indices();  // snapshots of a reset cache too
+  Cache b = load_twin(a, rng, dir, st);
+  same_state(a, b);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (size_t k = 0; k < after; ++k, ++chunk) {
+    if (k == after / 2) {  // a snapshot of the loaded cache loads too
+      Cache c = load_twin(b, rng, dir, st);
+      b = std::move(c);
+    }
+    for (const Call& call : next_calls(rng, s, a.global_end(), chunk)) {
+      ++st.calls;
+      same_call(a, b, call, st.errors);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    if (rng() % 4 == 0) {
+      same_call(a, b, bad_call(rng, s, a.global_end()), st.errors);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    same_state(a, b);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  if constexpr (std::is_same_v<Cache, PackedCausalCache>) {
+    for (size_t i = 0; i < a.num_segments(); ++i) st.packed_segments += a.segment(i).packed;
+    st.warm += a.warm_state_nbytes() > 0;
+  } else {
+    st.grown += a.cache_size() != s.o.cache_size;
+  }
+  ++st.sequences;
+}
+
+TEST(SnapshotRoundTrip, EveryLaterCallEqualsTheSavedCache) {
+  RoundTripStats st;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = testing::scaled(140, 35);  // x 4 configurations: 560 sequences (140 under the sanitizers)
+  for (int i = 0; i < n; ++i) {
+    round_trip<DenseCausalCache>(1000 + uint64_t(i), false, std::nullopt, st);
+    round_trip<PackedCausalCache>(2000 + uint64_t(i), true, std::nullopt, st);
+    round_trip<PackedCausalCache>(3000 + uint64_t(i), true, 4, st);
+    round_trip<PackedCausalCache>(4000 + uint64_t(i), true, 2, st);
+    if (HasFatalFailure()) return;
+  }
+  std::printf(
+      "snapshot round trips: %d sequences (dense, packed off, int4, int2), %d snapshots (%d through files), %d later "
+      "calls (%d rejected alike), %d packed segments at the end, %d with warm codebooks, %d grown dense caches, "
+      "%.1f s\n",
+      st.sequences, st.snapshots, st.via_file, st.calls, st.errors, st.packed_segments, st.warm, st.grown,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_GE(st.sequences, testing::scaled(500, 125));
+  EXPECT_GT(st.packed_segments, testing::scaled(100, 20));
+  EXPECT_GT(st.warm, testing::scaled(5, 1));
+  EXPECT_GT(st.grown, testing::scaled(5, 1));
+  EXPECT_GT(st.errors, testing::scaled(50, 10));
+}
+
+// ---- small fixed snapshots (tests/support/snapshot_fixtures) ------------------------------
+
+
+TEST(SnapshotFormat, SmallSnapshotsHoldWhatTheCacheHolds) {
+  const PackedCausalCache p = testing::small_packed_cache();
+  size_t packed_segs = 0;
+  for (size_t i = 0; i < p.num_segments(); ++i) packed_segs += p.segment(i).packed;
+  ASSERT_GE(packed_segs, 2u);
+  ASSERT_GT(p.warm_state_nbytes(), 0u);
+  const Bytes b = p.snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(b);
+  EXPECT_EQ(info.major, kSnapshotMajor);
+  EXPECT_EQ(info.cache, "packed");
+  EXPECT_EQ(info.device, "cpu");
+  EXPECT_EQ(info.file_bytes, b.size());
+  EXPECT_TRUE(info.checksums_ok());
+  EXPECT_EQ(info.sections.size(), 2 + p.num_segments() + 2);  // config, state, segments, warm_k, warm_v
+  EXPECT_EQ(info.sections.back().name, "warm_v");
+  // Little-endian and says so: the byte-order mark 0x01020304 is stored as 04 03 02 01.
+  EXPECT_EQ(Bytes(b.begin() + 12, b.begin() + 16), (Bytes{4, 3, 2, 1}));
+  EXPECT_TRUE(is_snapshot_bytes(b));
+  const DenseCausalCache d = testing::small_dense_cache();
+  ASSERT_EQ(d.cache_size(), 16);  // grew from 8
+  const SnapshotInfo di = inspect_snapshot_bytes(d.snapshot_bytes());
+  EXPECT_EQ(di.cache, "dense");
+  EXPECT_EQ(di.sections.size(), 4u);
+  bool found = false;
+  for (const auto& [k, v] : di.state) found = found || (k == "cache_size" && v == "16");
+  EXPECT_TRUE(found);
+}
+
+// Every truncation and every flipped byte is refused: CorruptData naming a section,
+// never a crash, never a cache.
+template <class Cache>
+int corruption_cases(const Bytes& good, bool all_masks) {
+  int cases = 0;
+  auto refused = [&](const Bytes& m, const std::string& what) {
+    ++cases;
+    try {
+      (void)Cache::from_snapshot_bytes(m);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const CorruptData& e) {
+      const std::string msg = e.what();
+      if (msg.rfind("invalid snapshot: ", 0) != 0) ADD_FAILURE() << what << ": " << msg;
+    }
+  };
+  for (size_t n = 0; n < good.size(); ++n) refused(Bytes(good.begin(), good.begin() + std::ptrdiff_t(n)), fmt::format("prefix {}", n));
+  const std::vector<uint8_t> masks = all_masks ? std::vector<uint8_t>{1, 2, 4, 8, 16, 32, 64, 128, 0xff}
+                                               : std::vector<uint8_t>{1, 0x80, 0xff};
+  for (size_t i = 0; i < good.size(); ++i)
+    for (uint8_t m : masks) {
+      Bytes x = good;
+      x[i] ^= m;
+      refused(x, fmt::format("byte {} ^ 0x{:02x}", i, m));
+      if (::testing::Test::HasFailure()) return cases;
+    }
+  // Bytes appended.
+  Bytes longer = good;
+  longer.push_back(0);
+  refused(longer, "one byte appended");
+  return cases;
+}
+
+TEST(SnapshotFormat, EveryTruncationAndFlippedByteIsCorruptData) {
+  const bool all = !testing::small_scale();
+  const Bytes p = testing::small_packed_cache().snapshot_bytes(), d = testing::small_dense_cache().snapshot_bytes();
+  const int n = corruption_cases<PackedCausalCache>(p, all) + corruption_cases<DenseCausalCache>(d, all);
+  std::printf("corruption cases refused: %d (packed snapshot %zu bytes, dense %zu bytes)\n", n, p.size(), d.size());
+  EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(p));
+  EXPECT_NO_THROW((void)DenseCausalCache::from_snapshot_bytes(d));
+}
+
+TEST(SnapshotFormat, ErrorsNameTheSection) {
+  const Bytes p = testing::small_packed_cache().snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(p);
+  for (const SnapshotSectionInfo& s : info.sections) {
+    Bytes x = p;
+    x[size_t(s.offset + s.length / 2)] ^= 0x10;
+    const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData);
+    EXPECT_NE(m.find(fmt::format("invalid snapshot: {}: checksum mismatch", s.name)), std::string::npos) << m;
+    // inspect reports it instead of throwing.
+    const SnapshotInfo bad = inspect_snapshot_bytes(x);
+    EXPECT_FALSE(bad.checksums_ok());
+    for (const SnapshotSectionInfo& t : bad.sections) EXPECT_EQ(*t.checksum_ok, t.name != s.name) << t.name;
+  }
+  Bytes x = p;
+  x[20] ^= 1;  // the header's reserved field
+  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData)
+                .find("invalid snapshot: header: checksum mismatch"),
+            std::string::npos);
+  x = Bytes(p.begin(), p.end() - 1);
+  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData).find("(truncated)"),
+            std::string::npos);
+}
+
+// Files whose checksums are right but whose content no cache could have: refused,
+// naming the section, by the checks behind the checksums (docs/snapshot.md, "What a
+// reader checks").
+TEST(SnapshotFormat, ImpossibleStatesWithValidChecksumsAreRefused) {
+  const Bytes good = testing::small_packed_cache().snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(good);
+  auto section = [&](const std::string& name) {
+    for (const SnapshotSectionInfo& s : info.sections)
+      if (s.name == name) return s;
+    throw std::runtime_error("no section " + name);
+  };
+  // Segment header fields: g0 (i64), g1 (i64), is_sink, packed (u8), chunks, flags (u32).
+  auto with = [&](const std::string& sec, size_t at, std::vector<uint8_t> bytes) {
+    Bytes b = good;
+    std::memcpy(b.data() + section(sec).offset + at, bytes.data(), bytes.size());
+    testing::fix_snapshot_checksums(b);
+    return b;
+  };
+  auto refused = [&](const Bytes& b, const std::string& where, const std::string& what) {
+    const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(b); }, ErrorKind::CorruptData);
+    EXPECT_NE(m.find("invalid snapshot: " + where + ": "), std::string::npos) << m;
+    EXPECT_NE(m.find(what), std::string::npos) << m;
+  };
+  refused(with("segment 3", 22, {1, 0, 0, 0}), "segment 3", "flags 0x1");
+  refused(with("segment 1", 16, {1}), "segment 1", "is_sink = true for a segment starting at 4");
+  refused(with("segment 3", 18, {2, 0, 0, 0}), "segment 3", "a raw segment holds one chunk");
+  refused(with("segment 3", 16, {2}), "segment 3", "must be 0 or 1");
+  refused(with("segment 2", 0, {9, 0, 0, 0, 0, 0, 0, 0}), "segment 2", "encoding");  // [9, 12): 3 tokens
+  refused(with("segment 3", 0, {13, 0, 0, 0, 0, 0, 0, 0}), "segment 3", "bytes of K and V");
+  // A raw value update() would refuse (NaN), with the right checksum.
+  {
+    Bytes b = good;
+    const float nan = std::nanf("");
+    std::memcpy(b.data() + section("segment 3").offset + 26 + 8, &nan, 4);
+    testing::fix_snapshot_checksums(b);
+    refused(b, "segment 3", "raw K must hold finite values");
+  }
+  // A global_end the segments do not end at.
+  {
+    Bytes b = good;
+    const SnapshotSectionInfo st = section("state");
+    const std::string key = "global_end";
+    auto it = std::search(b.begin() + std::ptrdiff_t(st.offset), b.end(), key.begin(), key.end());
+    ASSERT_NE(it, b.end());
+    *(it + std::ptrdiff_t(key.size()) + 1) = 17;  // after the type byte: the i64's low byte
+    testing::fix_snapshot_checksums(b);
+    refused(b, "state", "the last segment ends at 16, global_end is 17");
+  }
+  // The warm flag off while warm sections follow.
+  {
+    Bytes b = good;
+    const std::string key = "warm";
+    auto it = std::search(b.begin() + std::ptrdiff_t(section("state").offset), b.end(), key.begin(), key.end());
+    ASSERT_NE(it, b.end());
+    *(it + std::ptrdiff_t(key.size()) + 1) = 0;
+    testing::fix_snapshot_checksums(b);
+    refused(b, "section table", "section 6 is 'warm_k', expected the end of the file");
+  }
+  // Values that would decode to Inf inside a packed segment's encoding (scale_factor).
+  {
+    PackedCausalCache c(testing::small_cache_options(), testing::small_quant());
+    c.update(testing::lcg_kv(4, 1), testing::lcg_kv(4, 2), 0);
+    c.update(testing::lcg_kv(4, 3), testing::lcg_kv(4, 4), 4);  // segment 0 packed
+    Bytes b = c.snapshot_bytes();
+    const SnapshotInfo ci = inspect_snapshot_bytes(b);
+    ASSERT_EQ(ci.sections[2].name, "segment 0");
+    // The K encoding's scale_factor: the last 4 bytes before the V encoding begins are
+    // K's [B, H] = 2 factors; find them as the first group factor of K.
+    const EncodedTensor k_enc = *c.segment(0).k_enc;
+    const size_t k_arrays = k_enc.nbytes();
+    const size_t k_layout = 4 + 3 + 32 + 16 + 1 + 4 + 8 + 4 + 9;  // dtype "f32", shape, 4 x i32, bool, strings
+    const size_t factor_at = size_t(ci.sections[2].offset) + 26 + k_layout + k_arrays - 8;
+    float f;
+    std::memcpy(&f, b.data() + factor_at, 4);
+    ASSERT_EQ(f, k_enc.scale_factor[0]);
+    f = 3e38f;
+    std::memcpy(b.data() + factor_at, &f, 4);
+    testing::fix_snapshot_checksums(b);
+    refused(b, "segment 0", "keeps every decoded value finite");
+  }
+}
+
+TEST(SnapshotFormat, NewerMajorVersionAndOtherByteOrderAreRefused) {
+  Bytes p = testing::small_packed_cache().snapshot_bytes();
+  Bytes x = p;
+  x[8] = 2;  // major 2 (the header checksum is not even read)
+  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData)
+                .find("format version 2.0: this reader reads 1.x (written by a newer qvg)"),
+            std::string::npos);
+  x = p;
+  std::reverse(x.begin() + 12, x.begin() + 16);
+  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData).find("big-endian"),
+            std::string::npos);
+  EXPECT_THROW((void)inspect_snapshot_bytes(x), CorruptData);
+}
+
+TEST(SnapshotFormat, ForeignFilesAreCorruptDataAndTheOtherKindInvalidArgument) {
+  CodecConfig c;
+  c.centroids = 4;
+  c.block_size = 8;
+  const Bytes qvgt = serialize_qvgt(encode(testing::lcg_kv(6, 1), c));
+  NpyArray npy;
+  npy.shape = {2};
+  npy.data = Bytes(8, 0);
+  std::mt19937_64 rng(1);
+  Bytes noise(4096);
+  for (auto& b : noise) b = uint8_t(rng());
+  for (const Bytes& f : {Bytes{}, Bytes{0x89, 'Q'}, qvgt, serialize_npy(npy), noise}) {
+    const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(f); }, ErrorKind::CorruptData);
+    EXPECT_NE(m.find("invalid snapshot: header: "), std::string::npos) << m;
+    EXPECT_THROW((void)DenseCausalCache::from_snapshot_bytes(f), CorruptData);
+    EXPECT_FALSE(is_snapshot_bytes(f));
+  }
+  const Bytes dense = testing::small_dense_cache().snapshot_bytes(), packed = testing::small_packed_cache().snapshot_bytes();
+  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(dense); }, ErrorKind::InvalidArgument)
+                .find("the snapshot holds a dense cache"),
+            std::string::npos);
+  EXPECT_THROW((void)DenseCausalCache::from_snapshot_bytes(packed), InvalidArgument);
+}
+
+TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
+  const Bytes b = testing::small_packed_cache().snapshot_bytes();
+  SnapshotExpectation x;
+  x.options = testing::small_cache_options();
+  x.quant = testing::small_quant();
+  EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
+  x.options->attention_window_size = 16;  // equal to cache_size: the same window
+  x.quant->threads = 2;                   // not part of the configuration
+  EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
+  auto refused = [&](auto edit, const std::string& field) {
+    SnapshotExpectation y;
+    y.options = testing::small_cache_options();
+    y.quant = testing::small_quant();
+    edit(y);
+    const std::string m =
+        error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(b, y); }, ErrorKind::InvalidArgument);
+    EXPECT_NE(m.find("the snapshot's cache has " + field + " = "), std::string::npos) << m;
+  };
+  refused([](auto& y) { y.options->batch = 2; }, "batch");
+  refused([](auto& y) { y.options->cache_size = 32; }, "cache_size");
+  refused([](auto& y) { y.options->heads = 4; }, "num_heads");
+  refused([](auto& y) { y.options->head_dim = 16; }, "head_dim");
+  refused([](auto& y) { y.options->dtype = DType::BF16; }, "dtype");
+  refused([](auto& y) { y.options->sink_tokens = 0; }, "sink_tokens");
+  refused([](auto& y) { y.options->attention_window_size = 12; }, "attention_window_size");
+  refused([](auto& y) { y.quant->bits = 2; }, "bits");
+  refused([](auto& y) { y.quant->bits.reset(); }, "bits");
+  refused([](auto& y) { y.quant->centroids = 8; }, "centroids");
+  refused([](auto& y) { y.quant->stages = 1; }, "stages");
+  refused([](auto& y) { y.quant->kmeans_iters = 3; }, "kmeans_iters");
+  refused([](auto& y) { y.quant->asymmetric = true; }, "asymmetric");
+  refused([](auto& y) { y.quant->keep_recent_chunks = 1; }, "keep_recent_chunks");
+  refused([](auto& y) { y.quant->sink = false; }, "sink");
+  refused([](auto& y) { y.quant->sink_span = SinkSpan::Full; }, "sink_span");
+  refused([](auto& y) { y.quant->sink_keep_chunks = 1; }, "sink_keep_chunks");
+  refused([](auto& y) { y.quant->span_chunks = 2; }, "span_chunks");
+  refused([](auto& y) { y.quant->scaling = Scaling::Compat; }, "scaling");
+  refused([](auto& y) { y.quant->scale_dtype = ScaleDType::BF16; }, "scale_dtype");
+  refused([](auto& y) { y.quant->init = Init::Random; }, "init");
+  refused([](auto& y) { y.quant->seed = 1; }, "seed");
+  SnapshotExpectation g;
+  g.options = testing::small_cache_options();
+  g.options->cache_size = 8;
+  EXPECT_NE(error_of([&] { (void)DenseCausalCache::from_snapshot_bytes(testing::small_dense_cache().snapshot_bytes(), g); },
+                     ErrorKind::InvalidArgument)
+                .find("allow_growth"),
+            std::string::npos);
+  g.threads = max_threads() + 1;
+  EXPECT_THROW((void)PackedCausalCache::from_snapshot_bytes(b, g), InvalidArgument);
+}
+
+TEST(SnapshotFormat, RuntimeSettingsAndCallerStorage) {
+  // A shared view scratch and the thread count are the caller's, not the file's.
+  auto scratch = std::make_shared<ViewScratch>();
+  SnapshotExpectation x;
+  x.view_scratch = scratch;
+  x.threads = 2;
+  PackedCausalCache p = PackedCausalCache::from_snapshot_bytes(testing::small_packed_cache().snapshot_bytes(), x);
+  EXPECT_EQ(p.quant_args().threads, 2);
+  const KVView v = p.update(testing::lcg_kv(4, 50), testing::lcg_kv(4, 51), 16);
+  EXPECT_EQ(v.k.data, static_cast<const void*>(scratch->data()));
+  // Dense buffers in caller storage, asked for once with the snapshot's cache_size.
+  std::vector<std::vector<std::byte>> owned;
+  std::vector<int64_t> asked;
+  auto storage = [&](int64_t cs) {
+    asked.push_back(cs);
+    owned.emplace_back(size_t(cs) * 2 * 8 * 4);
+    owned.emplace_back(size_t(cs) * 2 * 8 * 4);
+    return DenseCausalCache::ExternalStorage{owned[owned.size() - 2].data(), owned.back().data()};
+  };
+  const DenseCausalCache saved = testing::small_dense_cache();
+  DenseCausalCache d = DenseCausalCache::from_snapshot_bytes(saved.snapshot_bytes(), {}, storage);
+  EXPECT_EQ(asked, (std::vector<int64_t>{16}));
+  EXPECT_FALSE(d.owns_storage());
+  EXPECT_EQ(d.k_buffer().data, static_cast<const void*>(owned[0].data()));
+  same_state(saved, d);
+  d.update(testing::lcg_kv(12, 3), testing::lcg_kv(12, 4), 12);  // grows through the same storage
+  EXPECT_EQ(asked, (std::vector<int64_t>{16, 32}));
+}
+
+// ---- atomic save ----------------------------------------------------------------------------
+
+// Runs f in a child process; returns its wait status.
+template <class F>
+int in_child(F&& f, int kill_after_us = -1) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    f();
+    ::_exit(0);
+  }
+  if (kill_after_us >= 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(kill_after_us));
+    ::kill(pid, SIGKILL);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+TEST(SnapshotSave, IncrementalSpansAreRefusedWithoutChangingTheCache) {
+  CacheOptions o;
+  o.batch = 1;
+  o.cache_size = 64;
+  o.heads = 2;
+  o.head_dim = 16;
+  QuantArgs q;
+  q.bits = 2;
+  q.centroids = 4;
+  q.block_size = 16;
+  q.span_chunks = 2;
+  q.span_mode = SpanMode::Incremental;
+  PackedCausalCache c(o, q);
+  try {
+    (void)c.snapshot_bytes();
+    FAIL() << "an incremental-span cache was saved";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("span_mode = incremental"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(c.global_end(), 0);
+}
+
+TEST(SnapshotSave, AKilledWriterLeavesTheOldOrTheNewSnapshot) {
+  const TempDir dir("qvg_test_snapshot");
+  const fs::path p = dir / "cache.qvgs";
+  // Two different states of one cache, large enough that a save takes a while.
+  CacheOptions o;
+  o.cache_size = 4096;
+  o.heads = 8;
+  o.head_dim = 64;
+  o.dtype = DType::BF16;
+  DenseCausalCache a(o), b(o);
+  std::mt19937_64 rng(3);
+  a.update(testing::random_tensor(rng, DType::BF16, {1, 2048, 8, 64}), testing::random_tensor(rng, DType::BF16, {1, 2048, 8, 64}), 0);
+  b.update(testing::random_tensor(rng, DType::BF16, {1, 3000, 8, 64}), testing::random_tensor(rng, DType::BF16, {1, 3000, 8, 64}), 0);
+  const Bytes sa = a.snapshot_bytes(), sb = b.snapshot_bytes();
+  a.save(p);
+  int old_seen = 0, new_seen = 0;
+  const int rounds = testing::scaled(24, 10);
+  for (int r = 0; r < rounds; ++r) {
+    const Bytes& before = file_bytes(p) == sa ? sa : sb;
+    const DenseCausalCache& next = &before == &sa ? b : a;
+    const int status = in_child([&] {
+      for (;;) next.save(p);  // until killed
+    }, int(rng() % 40000));
+    ASSERT_TRUE(WIFSIGNALED(status));
+    // The file is exactly one of the two snapshots and loads.
+    const Bytes now = file_bytes(p);
+    ASSERT_TRUE(now == sa || now == sb) << "round " << r << ": " << now.size() << " bytes";
+    (now == before ? old_seen : new_seen) += 1;
+    const DenseCausalCache loaded = DenseCausalCache::load(p);
+    EXPECT_EQ(loaded.global_end(), now == sa ? 2048 : 3000);
+    // A killed writer may leave its temporary behind (never under the final name).
+    for (const auto& e : fs::directory_iterator(dir / ""))
+      if (e.path() != p) fs::remove(e.path());
+  }
+  std::printf("killed writers: %d left the old snapshot, %d the new one\n", old_seen, new_seen);
+}
+
+TEST(SnapshotSave, FailingWritesLeaveTheOldSnapshotAndNoTemporary) {
+  const TempDir dir("qvg_test_snapshot");
+  const fs::path p = dir / "cache.qvgs";
+  const PackedCausalCache old_cache = testing::small_packed_cache();
+  old_cache.save(p);
+  const Bytes old_bytes = file_bytes(p);
+  PackedCausalCache next = testing::small_packed_cache();
+  next.update(testing::lcg_kv(4, 70), testing::lcg_kv(4, 71), 16);
+  const size_t size = next.snapshot_bytes().size();
+  // The writer in a child whose file size limit (RLIMIT_FSIZE) makes write() fail
+  // after `limit` bytes: EFBIG, like a full disk.
+  for (size_t limit : {size_t(0), size_t(1), size_t(39), size_t(40), size / 3, size / 2, size - 1}) {
+    const int status = in_child([&] {
+      ::signal(SIGXFSZ, SIG_IGN);
+      rlimit rl{rlim_t(limit), rlim_t(limit)};
+      ::setrlimit(RLIMIT_FSIZE, &rl);
+      try {
+        next.save(p);
+      } catch (const InvalidArgument& e) {
+        ::_exit(std::string(e.what()).find("cannot write") != std::string::npos ? 3 : 4);
+      }
+      ::_exit(5);
+    });
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 3) << "limit " << limit;
+    EXPECT_EQ(file_bytes(p), old_bytes) << "limit " << limit;
+    EXPECT_EQ(dir.entries(), 1u) << "a temporary was left behind at limit " << limit;
+  }
+  EXPECT_NO_THROW((void)PackedCausalCache::load(p));
+  // Unwritable destinations.
+  EXPECT_THROW(next.save(dir / "missing" / "x.qvgs"), InvalidArgument);
+  // Loading errors name the path.
+  const std::string m = error_of([&] { (void)PackedCausalCache::load(dir / "nope.qvgs"); }, ErrorKind::InvalidArgument);
+  EXPECT_NE(m.find("nope.qvgs"), std::string::npos);
+  put_file(dir / "bad.qvgs", Bytes(old_bytes.begin(), old_bytes.begin() + 100));
+  const std::string t = error_of([&] { (void)PackedCausalCache::load(dir / "bad.qvgs"); }, ErrorKind::CorruptData);
+  EXPECT_NE(t.find("bad.qvgs': invalid snapshot: header: "), std::string::npos) << t;
+}
+
+// ---- golden snapshot ----------------------------------------------------------------------
+
+// tests/data/golden_packed.qvgs: testing::small_packed_cache() encoded on the SCALAR target (the
+// encoder's bytes depend on the SIMD target, spec 1.1). Regenerate (only for a
+// deliberate format change, and say so) with
+//   QVG_WRITE_GOLDEN_SNAPSHOT=tests/data/golden_packed.qvgs build/release/test_snapshot
+const fs::path kGolden = fs::path(QVG_SOURCE_DIR) / "tests" / "data" / "golden_packed.qvgs";
+
+TEST(SnapshotGolden, CommittedSnapshotLoadsBitExactly) {
+  kernels::force_target(kernels::available_targets().back().id);
+  const PackedCausalCache built = testing::small_packed_cache();
+  kernels::force_target(0);
+  if (const char* out = std::getenv("QVG_WRITE_GOLDEN_SNAPSHOT")) built.save(out);
+  const Bytes golden = file_bytes(kGolden);
+  ASSERT_FALSE(golden.empty()) << kGolden;
+  PackedCausalCache loaded = PackedCausalCache::load(kGolden);
+  EXPECT_EQ(loaded.snapshot_bytes(), golden);  // nothing lost or changed on the way in
+  EXPECT_EQ(built.snapshot_bytes(), golden);   // today's writer writes the same bytes
+  same_state(built, loaded);
+  EXPECT_EQ(loaded.resident_nbytes(), built.resident_nbytes());
+  // It continues as the cache it was.
+  PackedCausalCache again = PackedCausalCache::load(kGolden);
+  const Tensor k = testing::lcg_kv(4, 90), v = testing::lcg_kv(4, 91);
+  kernels::force_target(kernels::available_targets().back().id);
+  const KVView a = loaded.update(k, v, 16);
+  const KVView b = again.update(k, v, 16);
+  kernels::force_target(0);
+  EXPECT_EQ(testing::compare_views(a, b), "");
+  EXPECT_EQ(a.k.shape.s, 16);
+}
+
+}  // namespace
+}  // namespace qvg
