@@ -61,6 +61,8 @@ void validate_options(const CacheOptions& o) {
                                       o.cache_size, *o.attention_window_size));
   // Buffer elements must stay far below 2^62 bytes (no overflow anywhere).
   constexpr int64_t kLimit = int64_t(1) << 40;
+  if (o.head_offset < 0 || o.head_offset > kLimit)
+    throw InvalidArgument(fmt::format("head_offset must be in [0, 2^40], got {}", o.head_offset));
   const bool too_big = o.batch > kLimit || o.heads > kLimit || o.head_dim > kLimit || o.cache_size > kLimit ||
                        double(o.batch) * double(o.cache_size) * double(o.heads) * double(o.head_dim) * 8.0 >
                            double(int64_t(1) << 52);

@@ -49,7 +49,10 @@ struct PackedCausalCache::Impl {
 
   Impl(const CacheOptions& o, const QuantArgs& q, Allocator& a)
       : opt(o), quant(q), alloc(&a), esz(dtype_size(o.dtype)), pol(o, q) {
-    if (q.enabled()) codec = q.codec();
+    if (q.enabled()) {
+      codec = q.codec();
+      codec.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
+    }
   }
 
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
