@@ -55,14 +55,9 @@ from typing import Any
 
 import torch
 
-try:
-    from . import _C
-except ImportError as e:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "qvg.torch needs the compiled extension qvg._C: configure with "
-        "`cmake -S . -B build/python -DQVG_BUILD_PYTHON=ON`, build the target qvg_torch_ext and put "
-        "build/python/python on PYTHONPATH (use the interpreter torch belongs to, e.g. /usr/bin/python3)"
-    ) from e
+from ._loader import load_extension
+
+_C = load_extension()
 
 __all__ = [
     "CausalAttentionKVView",
