@@ -24,15 +24,15 @@ set(QVG_TORCH_CUDA "AUTO" CACHE STRING "CUDA path of qvg._C: AUTO (when nvcc's m
 set_property(CACHE QVG_TORCH_CUDA PROPERTY STRINGS AUTO ON OFF)
 string(TOUPPER "${QVG_TORCH_CUDA}" _qvg_torch_cuda)
 if(NOT _qvg_torch_cuda MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "qvg: QVG_TORCH_CUDA must be AUTO, ON or OFF, got '${QVG_TORCH_CUDA}'")
+  qvg_fatal("qvg: QVG_TORCH_CUDA must be AUTO, ON or OFF, got '${QVG_TORCH_CUDA}'")
 endif()
 
 find_package(Python 3.10 COMPONENTS Interpreter Development.Module)
 if(NOT Python_Interpreter_FOUND)
-  message(FATAL_ERROR "qvg: no Python >= 3.10 interpreter found; pass -DPython_EXECUTABLE=<the python torch is installed for>")
+  qvg_fatal("qvg: no Python >= 3.10 interpreter found: pass -DPython_EXECUTABLE=<the python torch is installed for>")
 endif()
 if(NOT Python_Development.Module_FOUND)
-  message(FATAL_ERROR "qvg: the headers of Python ${Python_VERSION} (Python.h, for ${Python_EXECUTABLE}) were not found: "
+  qvg_fatal("qvg: the headers of Python ${Python_VERSION} (Python.h, for ${Python_EXECUTABLE}) were not found: "
                       "install python3-dev (Debian) or your interpreter's development headers")
 endif()
 
@@ -49,19 +49,19 @@ sys.stdout.write(";".join([torch.__version__, torch.version.cuda or "", str(int(
 ]=]
   RESULT_VARIABLE _qvg_rc OUTPUT_VARIABLE _qvg_out ERROR_VARIABLE _qvg_err)
 if(_qvg_out STREQUAL "NO_TORCH")
-  message(FATAL_ERROR "qvg: torch is not installed for ${Python_EXECUTABLE}: install torch first (pip install torch), "
+  qvg_fatal("qvg: torch is not installed for ${Python_EXECUTABLE}: install torch first (pip install torch), "
                       "then build qvg with pip install --no-build-isolation . (docs/python.md)")
 endif()
 if(NOT _qvg_rc EQUAL 0)
   string(REGEX REPLACE "\n[ \t]*" " | " _qvg_err "${_qvg_err}")
-  message(FATAL_ERROR "qvg: ${Python_EXECUTABLE} cannot import torch: ${_qvg_err}")
+  qvg_fatal("qvg: ${Python_EXECUTABLE} cannot import torch: ${_qvg_err}")
 endif()
 list(GET _qvg_out 0 QVG_TORCH_VERSION)
 list(GET _qvg_out 1 QVG_TORCH_CUDA_VERSION)
 list(GET _qvg_out 2 _qvg_abi)
 list(GET _qvg_out 3 _qvg_torch_dir)
 if(QVG_TORCH_VERSION VERSION_LESS 2.4)
-  message(FATAL_ERROR "qvg: qvg.torch needs PyTorch >= 2.4 (docs/python.md lists the versions built and tested), "
+  qvg_fatal("qvg: qvg.torch needs PyTorch >= 2.4 (docs/python.md lists the versions built and tested), "
                       "${Python_EXECUTABLE} has torch ${QVG_TORCH_VERSION}")
 endif()
 set(QVG_TORCH_INCLUDE_DIRS "${_qvg_torch_dir}/include" "${_qvg_torch_dir}/include/torch/csrc/api/include")
@@ -104,10 +104,10 @@ else()
     endif()
   endif()
   if(NOT QVG_EXT_CUDA AND _qvg_torch_cuda STREQUAL "ON")
-    message(FATAL_ERROR "qvg: QVG_TORCH_CUDA=ON but the CUDA path cannot be built: ${_qvg_cpu_reason}")
+    qvg_fatal("qvg: QVG_TORCH_CUDA=ON but the CUDA path cannot be built: ${_qvg_cpu_reason}")
   endif()
   if(NOT QVG_EXT_CUDA)
-    message(WARNING "qvg: building qvg.torch CPU-only (CUDA tensors raise NotImplementedError): ${_qvg_cpu_reason}")
+    qvg_warning("qvg: building qvg.torch CPU-only (CUDA tensors raise NotImplementedError): ${_qvg_cpu_reason}")
   endif()
 endif()
 set(QVG_ENABLE_CUDA ${QVG_EXT_CUDA})  # for cmake/QvgCuda.cmake (a normal variable: policy CMP0126)
