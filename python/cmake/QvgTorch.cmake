@@ -60,8 +60,8 @@ list(GET _qvg_out 0 QVG_TORCH_VERSION)
 list(GET _qvg_out 1 QVG_TORCH_CUDA_VERSION)
 list(GET _qvg_out 2 _qvg_abi)
 list(GET _qvg_out 3 _qvg_torch_dir)
-if(QVG_TORCH_VERSION VERSION_LESS 2.4)
-  qvg_fatal("qvg: qvg.torch needs PyTorch >= 2.4 (docs/python.md lists the versions built and tested), "
+if(QVG_TORCH_VERSION VERSION_LESS 2.5)
+  qvg_fatal("qvg: qvg.torch needs PyTorch >= 2.5 (it raises torch.OutOfMemoryError, docs/python.md lists the versions built and tested), "
                       "${Python_EXECUTABLE} has torch ${QVG_TORCH_VERSION}")
 endif()
 set(QVG_TORCH_INCLUDE_DIRS "${_qvg_torch_dir}/include" "${_qvg_torch_dir}/include/torch/csrc/api/include")
