@@ -32,7 +32,6 @@
 //
 // CUDA tensors: with the CUDA path (QVG_TORCH_CUDA, python/cmake/QvgTorch.cmake)
 // cuda_caches.cpp adds CudaDenseCache and CudaPackedCache (register_cuda).
-#include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/utils/pybind.h>

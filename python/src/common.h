@@ -3,7 +3,11 @@
 // the one-caller guard. Binding code only: no cache logic.
 #pragma once
 
-#include <ATen/ATen.h>
+// Only the tensor type and the three factories used (ATen/ATen.h would parse every op).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/pybind11.h>

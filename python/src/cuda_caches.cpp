@@ -17,7 +17,6 @@
 //   * CUDA graph capture: update() synchronizes its stream, which a capture
 //     forbids, so it refuses to run while the current stream is capturing
 //     (NotImplementedError) before enqueuing anything.
-#include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -115,7 +115,7 @@ def test_layout_disagreement_raises_on_every_rank(world):
                           "must pass the same values"), f"rank {r}"
 
 
-def test_chunk_start_disagreement_raises_on_every_rank_and_changes_nothing(world):
+def test_chunk_start_disagreement_raises_on_every_rank_and_changes_nothing(world, reference):
     n, ranks = world
     per_rank = ", ".join(f"rank {r}: {0 if r == 0 else dc.CHUNK}" for r in range(n))
     expected = ("ValueError", f"qvg.distributed: the ranks disagree on the chunk: current_chunk_start ({per_rank}); "
@@ -124,7 +124,7 @@ def test_chunk_start_disagreement_raises_on_every_rank_and_changes_nothing(world
         assert res["bad_chunk_start"] == expected, f"rank {r}"
         assert res["resident_after_error"] == 0, f"rank {r}: the failed call changed the cache"
     # The next (agreeing) call works, and equals the single process's first call.
-    ref, _ = dc.single_process("off")
+    ref, _ = reference["off"]
     gathered = torch.cat([res["after_error"] for res in ranks], dim=1)
     assert torch.equal(bits(gathered), bits(ref[0]))
 
