@@ -78,9 +78,10 @@ from typing import Any
 
 import torch
 
-from ._loader import load_extension
+from ._loader import check_build
 
-_C = load_extension()
+check_build()  # ImportError naming both versions when _C was built for another torch
+from . import _C  # noqa: E402  (after the check: in another torch, loading it fails with a symbol error)
 
 #: True when the extension was built with its CUDA path (CUDA tensors supported).
 HAS_CUDA: bool = bool(_C.HAS_CUDA)
@@ -183,14 +184,14 @@ class QVGKVQuantArgs:
         return cls(**_C.quant_args_from_flags(flags))
 
 
-_QUANT_DEFAULTS = {f.name: f.default for f in fields(QVGKVQuantArgs)}
+_QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantArgs)}
 _INT_FIELDS = ("centroids", "block_size", "stages", "kmeans_iters", "keep_recent_chunks", "sink_keep_chunks",
                "span_chunks", "seed")
 _BOOL_FIELDS = ("asymmetric", "sink")
 _STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init")
 
 
-def _quant_to_c(q: Any) -> "_C.QuantArgs":
+def _quant_to_c(q: Any) -> _C.QuantArgs:
     """Any object with QVGKVQuantArgs' attributes (ours or the engine's; missing
     qvg extensions take their defaults) -> the C++ QuantArgs (not yet validated)."""
     v = {name: getattr(q, name, default) for name, default in _QUANT_DEFAULTS.items()}
@@ -266,6 +267,19 @@ class _CacheInterface:
     byte counts, direct attention, cursor reset and the update call. Subclasses
     implement ``_update(key, value, c, hs, rw) -> (k, v, ls, le, vle, vge, zero_copy)``
     and ``_set_cursors(global_end, local_end)``."""
+
+    _c: Any  # the qvg._C cache
+    global_end_index: torch.Tensor
+    local_end_index: torch.Tensor
+    global_end_index_int: int | None
+    local_end_index_int: int | None
+
+    def _update(self, key: torch.Tensor, value: torch.Tensor, c: int, hs: int | None,
+                rw: int | None) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int, bool]:
+        raise NotImplementedError
+
+    def _set_cursors(self, global_end: int, local_end: int) -> None:
+        raise NotImplementedError
 
     def can_direct_current_attention(self, num_new_tokens: int) -> bool:
         return self._c.can_direct_current_attention(num_new_tokens)

@@ -210,18 +210,8 @@ class PackedCache {
 
   const qvg::PackedCausalCache& cache() const { return *cache_; }
 
-  /// (g0, g1, is_sink, packed, current, chunks, k_ptr, v_ptr, nbytes) per segment;
-  /// k_ptr/v_ptr are the raw buffers' addresses (0 for packed segments).
-  py::list segments() const {
-    py::list out;
-    for (size_t i = 0; i < cache_->num_segments(); ++i) {
-      const auto s = cache_->segment(i);
-      out.append(py::make_tuple(s.g0, s.g1, s.is_sink, s.packed, s.current, s.chunks,
-                                reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
-                                reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data), s.nbytes));
-    }
-    return out;
-  }
+  /// segment_list (common.h).
+  py::list segments() const { return segment_list(*cache_); }
 
  private:
   /// Lent zero-copy views get a private copy before the current chunk may change.

@@ -210,6 +210,21 @@ class Lender {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> lent_;
 };
 
+/// (g0, g1, is_sink, packed, current, chunks, k_ptr, v_ptr, nbytes) per segment of a
+/// packed cache (CPU or CUDA); k_ptr/v_ptr are the raw buffers' addresses (0 for
+/// packed segments).
+template <class PackedCache>
+py::list segment_list(const PackedCache& c) {
+  py::list out;
+  for (size_t i = 0; i < c.num_segments(); ++i) {
+    const auto s = c.segment(i);
+    out.append(py::make_tuple(s.g0, s.g1, s.is_sink, s.packed, s.current, s.chunks,
+                              reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
+                              reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data), s.nbytes));
+  }
+  return out;
+}
+
 /// The options every cache is built from (the packed caches' constructor arguments).
 inline qvg::CacheOptions cache_options(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim,
                                        const std::string& dtype, int64_t sink_tokens,

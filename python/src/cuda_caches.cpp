@@ -179,18 +179,8 @@ class CudaPackedCache {
   const qvg::cuda::PackedCausalCache& cache() const { return *cache_; }
   const at::Device& device() const { return device_; }
 
-  /// (g0, g1, is_sink, packed, current, chunks, k_ptr, v_ptr, nbytes) per segment, as
-  /// PackedCache.segments(); k_ptr/v_ptr are device addresses (0 for packed segments).
-  py::list segments() const {
-    py::list out;
-    for (size_t i = 0; i < cache_->num_segments(); ++i) {
-      const auto s = cache_->segment(i);
-      out.append(py::make_tuple(s.g0, s.g1, s.is_sink, s.packed, s.current, s.chunks,
-                                reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
-                                reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data), s.nbytes));
-    }
-    return out;
-  }
+  /// segment_list (common.h); raw buffers' addresses are device addresses for CUDA.
+  py::list segments() const { return segment_list(*cache_); }
 
   /// Segment i's K and V as the CPU sees them: raw segments copied to the host,
   /// packed ones downloaded and decoded by the CPU decoder (spec 1.3), as CPU

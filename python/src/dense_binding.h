@@ -68,8 +68,8 @@ class DenseBinding {
     check_buffers_unchanged();
     const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
     typename Backend::Call call(device_);
+    backend_.before_mutation(call);  // first: adopting the cursors may free the view buffer of lent views
     if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
-    backend_.before_mutation(call);
     qvg::KVView kv;
     {
       py::gil_scoped_release nogil;

@@ -169,8 +169,8 @@ struct DenseCausalCache::Impl {
     if (grow) {
       const ExternalStorage s = grow(new_capacity);
       if (s.k == nullptr || s.v == nullptr)
-        throw InvalidArgument(
-            fmt::format("GrowStorage must return non-null K and V storage for cache_size {}", new_capacity));
+        throw InvalidArgument(fmt::format("GrowStorage must return non-null K and V storage for cache_size {}",
+                                          new_capacity));
       g.k = static_cast<std::byte*>(s.k);
       g.v = static_cast<std::byte*>(s.v);
     } else {
@@ -298,30 +298,14 @@ void DenseCausalCache::set_indices(int64_t global_end, int64_t local_end) {
   impl_->scratch->release();
 }
 
-size_t DenseCausalCache::resident_nbytes() const {
-  return 2 * impl_->buffer_bytes(impl_->capacity);
-}
-size_t DenseCausalCache::peak_transient_nbytes() const {
-  return impl_->peak_transient;
-}
-int64_t DenseCausalCache::global_end() const {
-  return impl_->global_end;
-}
-int64_t DenseCausalCache::local_end() const {
-  return impl_->local_end;
-}
-int64_t DenseCausalCache::cache_size() const {
-  return impl_->capacity;
-}
-int64_t DenseCausalCache::attention_window_size() const {
-  return impl_->window;
-}
-bool DenseCausalCache::allow_growth() const {
-  return impl_->opt.allow_growth;
-}
-bool DenseCausalCache::owns_storage() const {
-  return impl_->owns;
-}
+size_t DenseCausalCache::resident_nbytes() const { return 2 * impl_->buffer_bytes(impl_->capacity); }
+size_t DenseCausalCache::peak_transient_nbytes() const { return impl_->peak_transient; }
+int64_t DenseCausalCache::global_end() const { return impl_->global_end; }
+int64_t DenseCausalCache::local_end() const { return impl_->local_end; }
+int64_t DenseCausalCache::cache_size() const { return impl_->capacity; }
+int64_t DenseCausalCache::attention_window_size() const { return impl_->window; }
+bool DenseCausalCache::allow_growth() const { return impl_->opt.allow_growth; }
+bool DenseCausalCache::owns_storage() const { return impl_->owns; }
 
 ConstTensorView DenseCausalCache::k_buffer() const {
   return {impl_->k, impl_->opt.dtype, {impl_->opt.batch, impl_->capacity, impl_->opt.heads, impl_->opt.head_dim}};
@@ -333,16 +317,8 @@ ConstTensorView DenseCausalCache::v_buffer() const {
 DenseCausalCache::DebugState DenseCausalCache::debug_state() const {
   const Impl& m = *impl_;
   const size_t n = m.buffer_bytes(m.capacity);
-  return {detail::bytes_copy(m.k, n),
-          detail::bytes_copy(m.v, n),
-          m.capacity,
-          m.window,
-          m.global_end,
-          m.local_end,
-          resident_nbytes(),
-          m.peak_transient,
-          detail::bytes_copy(m.scratch->data(), m.scratch->size()),
-          m.owns};
+  return {detail::bytes_copy(m.k, n), detail::bytes_copy(m.v, n), m.capacity, m.window, m.global_end, m.local_end,
+          resident_nbytes(), m.peak_transient, detail::bytes_copy(m.scratch->data(), m.scratch->size()), m.owns};
 }
 
 }  // namespace qvg

@@ -15,6 +15,7 @@
 
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
+#include "cache/cuda/device_copy.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
@@ -32,13 +33,9 @@ struct SegData {
 using Policy = qvg::detail::CachePolicy<SegData>;
 using Seg = Policy::Segment;
 
-/// Copies `rows` rows of `width` bytes (rows src_pitch / dst_pitch bytes apart).
-void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows, Stream s) {
-  if (width == 0 || rows == 0) return;
-  QVG_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, s));
-}
-
 }  // namespace
+
+using cache_detail::copy2d;
 
 struct PackedCausalCache::Impl {
   const CacheOptions opt;
@@ -173,18 +170,16 @@ struct PackedCausalCache::Impl {
     KVView out;
     const Seg& cs = pol.segments().back();
     if (!p.copies) {
-      out.k =
-          qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.k_raw.data()), opt, cs.tokens()),
-                                p.view.tail_start - cs.g0, T, head0, h_in);
-      out.v =
-          qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.v_raw.data()), opt, cs.tokens()),
-                                p.view.tail_start - cs.g0, T, head0, h_in);
+      out.k = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.k_raw.data()), opt, cs.tokens()),
+                                    p.view.tail_start - cs.g0, T, head0, h_in);
+      out.v = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.v_raw.data()), opt, cs.tokens()),
+                                    p.view.tail_start - cs.g0, T, head0, h_in);
       out.zero_copy = true;
     } else {
       auto* vk = static_cast<std::byte*>(view.data());
       std::byte* vv = vk + view_bytes / 2;
-      const size_t out_row = size_t(h_in * D) * esz;  // one token of the view
-      const size_t view_batch = size_t(T) * out_row;  // one batch of the view
+      const size_t out_row = size_t(h_in * D) * esz;   // one token of the view
+      const size_t view_batch = size_t(T) * out_row;    // one batch of the view
       std::vector<DeviceDecodeTask> tasks;
       for (const qvg::detail::ViewPiece& pc : pol.view_pieces(p)) {
         const Seg& sg = pol.segments()[pc.seg];
@@ -269,30 +264,14 @@ size_t PackedCausalCache::allocated_nbytes() const {
                   : s.data.k_raw.size() + s.data.v_raw.size();
   return n;
 }
-size_t PackedCausalCache::view_buffer_nbytes() const {
-  return impl_->view.size();
-}
-int64_t PackedCausalCache::global_end() const {
-  return impl_->pol.global_end();
-}
-int64_t PackedCausalCache::local_end() const {
-  return impl_->pol.local_end();
-}
-int64_t PackedCausalCache::cache_size() const {
-  return impl_->opt.cache_size;
-}
-int64_t PackedCausalCache::attention_window_size() const {
-  return impl_->opt.window();
-}
-const QuantArgs& PackedCausalCache::quant_args() const {
-  return impl_->quant;
-}
-std::optional<int64_t> PackedCausalCache::chunk_tokens() const {
-  return impl_->pol.chunk_tokens();
-}
-size_t PackedCausalCache::num_segments() const {
-  return impl_->pol.segments().size();
-}
+size_t PackedCausalCache::view_buffer_nbytes() const { return impl_->view.size(); }
+int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
+int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
+int64_t PackedCausalCache::cache_size() const { return impl_->opt.cache_size; }
+int64_t PackedCausalCache::attention_window_size() const { return impl_->opt.window(); }
+const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
+std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
+size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
 
 PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
   const auto& segs = impl_->pol.segments();

@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include "cache/cache_common.h"
+#include "cache/cuda/device_copy.h"
 #include "cache/dense_plan.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
@@ -17,15 +18,8 @@
 #include "qvg/error.h"
 
 namespace qvg::cuda {
-namespace {
 
-/// Copies `rows` rows of `width` bytes (rows src_pitch / dst_pitch bytes apart).
-void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows, Stream s) {
-  if (width == 0 || rows == 0) return;
-  QVG_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, s));
-}
-
-}  // namespace
+using cache_detail::copy2d;
 
 struct DenseCausalCache::Impl {
   const CacheOptions opt;
