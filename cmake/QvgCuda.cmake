@@ -66,7 +66,8 @@ if(QVG_HAVE_CUDA)
   set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu)
   # Host code: the launchers and the device encoded tensor (kernels layer) and the
   # device-resident packed cache (cache layer).
-  set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/kernels/cuda/encode.cpp src/cache/cuda/device_cache.cpp)
+  set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/kernels/cuda/encode.cpp src/cache/cuda/device_cache.cpp
+                            src/cache/cuda/device_dense_cache.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)

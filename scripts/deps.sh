@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages qvg builds and tests with, when any is missing.
-# Usage: scripts/deps.sh [--python | --fuzz]   (--python: what the PyTorch extension needs;
-#        --fuzz: clang 14 with its sanitizer/libFuzzer runtime and OpenMP, for the 'fuzz' preset)
+# Usage: scripts/deps.sh [--python | --fuzz]   (--python: what the Python package's build
+#        and test need besides the C++ core's packages: the interpreter, its headers and venv;
+#        torch itself comes from PyPI, scripts/python.sh; --fuzz: clang 14 with its
+#        sanitizer/libFuzzer runtime and OpenMP, for the 'fuzz' preset)
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev librapidcheck-dev libbenchmark-dev
       libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libxxhash-dev libfaiss-dev libopenblas0-openmp
       python3-jsonschema)
 if [[ "${1:-}" == "--python" ]]; then
-  pkgs+=(python3 python3-dev python3-pytest pybind11-dev python3-torch libtorch-dev)
+  pkgs+=(python3 python3-dev python3-venv)
 fi
 if [[ "${1:-}" == "--fuzz" ]]; then
   pkgs+=(clang-14 libclang-rt-14-dev libomp-14-dev llvm-14 xxd)

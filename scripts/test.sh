@@ -35,17 +35,7 @@ else
   echo "=== qvg: nvcc not found (PATH, /usr/local/cuda/bin): CUDA backend compile step skipped ==="
 fi
 
-# The PyTorch extension and its pytest suite, with Debian's interpreter (the one
-# python3-torch belongs to; another python3 may come first on PATH).
-echo "=== qvg: build the PyTorch extension (build/python) and run its pytest suite ==="
-bash scripts/deps.sh --python
-cmake -S . -B build/python -G Ninja -DCMAKE_BUILD_TYPE=Release -DQVG_BUILD_PYTHON=ON -DQVG_BUILD_TESTS=OFF \
-  -DQVG_BUILD_BENCH=OFF -DQVG_ENABLE_CUDA=OFF -DPython_EXECUTABLE=/usr/bin/python3 >/dev/null
-cmake --build build/python --target qvg_torch_ext -j "$jobs"
-rc=0
-PYTHONPATH="$PWD/build/python/python" /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests || rc=$?
-if ((rc == 5)); then
-  echo "qvg: pytest collected no tests in python/tests" >&2
-  exit 1
-fi
-exit "$rc"
+# The Python package (qvg.torch, qvg.distributed): built and installed by pip into a
+# virtual environment with torch from PyPI, then its pytest suite (scripts/python.sh).
+echo "=== qvg: the Python package: pip install into build/venv and pytest ==="
+bash scripts/python.sh

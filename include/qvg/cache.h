@@ -123,6 +123,12 @@ struct CacheOptions {
   bool allow_growth = false;
   /// Backing memory of copied views; nullptr: the cache owns its own. See ViewScratch.
   std::shared_ptr<ViewScratch> view_scratch;
+  /// The global index of this cache's head 0 when the cache holds a shard of a
+  /// wider cache's heads (sequence parallelism: rank r holds heads [r * H, r * H + H)).
+  /// Packed spans are encoded with CodecConfig::head_offset = head_offset, so a
+  /// shard's encodings equal the wide cache's for the same heads. 0..2^40; 0 = a
+  /// whole cache. The dense cache ignores it (it encodes nothing).
+  int64_t head_offset = 0;
 
   /// The window in tokens (attention_window_size or cache_size).
   int64_t window() const { return attention_window_size.value_or(cache_size); }

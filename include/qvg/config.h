@@ -66,6 +66,12 @@ struct CodecConfig {
   Init init = Init::Random;     ///< Warm needs previous centroids passed to encode()
   uint64_t seed = 1234;         ///< every random choice derives from it
   int threads = 0;              ///< worker threads for encode/decode: 0..max_threads(), 0 = all cores. Never changes bytes.
+  /// Added to the head index of the PRNG streams only: group (b, h) draws from the
+  /// stream (seed, stage, b, h + head_offset) of spec 1.1. An encoding of heads
+  /// [o, o + H) of a wider tensor made with head_offset = o therefore equals that
+  /// tensor's encoding of those heads byte for byte (a head-sharded cache, e.g.
+  /// qvg.distributed). 0 <= head_offset <= 2^40; 0 changes nothing.
+  int64_t head_offset = 0;
 
   /// Throws InvalidArgument for any field outside its range.
   void validate() const;

@@ -1,4 +1,5 @@
-// qvg/cuda_cache.h — the device-resident packed K/V cache (docs/cuda.md).
+// qvg/cuda_cache.h — the device-resident K/V caches (docs/cuda.md): the packed
+// cache and the dense cache over caller-owned device buffers.
 //
 // qvg::cuda::PackedCausalCache is the CUDA counterpart of qvg::PackedCausalCache
 // (qvg/cache.h, spec 4): the same constructor arguments, the same update()
@@ -18,6 +19,11 @@
 // ordered on the device — in practice one stream per cache; to switch streams,
 // synchronize the old one first. Inputs must stay valid until the work enqueued on
 // `stream` has read them.
+//
+// Allocation failures: every buffer an update() needs (new raw chunks, the spans
+// it encodes with their encoder scratch, the view buffer) is allocated before the
+// cache changes, so a failing allocation (the Allocator's exception, e.g. PyTorch's
+// out-of-memory error) leaves the cache exactly as it was.
 //
 // Not supported (typed errors, raised before any state change): init kmeans++ or
 // warm, span_mode incremental (Unsupported, at construction), a shared CacheOptions::view_scratch (host
@@ -70,10 +76,10 @@ class PackedCausalCache : public CacheDims {
   /// tensors [B, n, h_in, D], dense, of the cache's dtype; cache_head_start and
   /// recent_window_tokens as there. Every argument and the call's placement are
   /// validated first (the values with a check_input_limits, which synchronizes
-  /// `stream`); a call that throws InvalidArgument / Unsupported / OutOfRange
-  /// changes nothing (segments, cursors, the previous view's memory). After
-  /// validation only a CudaError or an allocation failure can interrupt the call;
-  /// the cache then stays consistent (basic guarantee).
+  /// `stream`); a call that throws InvalidArgument / Unsupported / OutOfRange, or
+  /// whose allocations fail, changes nothing (segments, cursors, the previous
+  /// view's memory). After that only a CudaError can interrupt the call; the cache
+  /// then stays consistent (basic guarantee).
   ///
   /// The returned KVView has the CPU cache's indices (local_start_index = T - n,
   /// ...); its k.data and v.data are DEVICE pointers: either into the current
@@ -113,6 +119,71 @@ class PackedCausalCache : public CacheDims {
   size_t num_segments() const;
   /// Throws InvalidArgument unless i < num_segments().
   SegmentInfo segment(size_t i) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The dense causal cache of spec 3.2 over caller-owned device buffers: the
+/// decisions of qvg::DenseCausalCache (src/cache/dense_plan.h, one implementation)
+/// with the bytes moved by cudaMemcpy2DAsync on the call's stream.
+///
+/// State: K and V buffers [B, cache_size, H, D] of the cache's dtype, dense, in
+/// device memory the caller owns (ExternalStorage; e.g. torch tensors), global_end,
+/// local_end, and a device view buffer the cache owns (from its Allocator) holding
+/// the last view when it is two ranges (sink ++ recent window).
+/// Streams: as PackedCausalCache (every call enqueues on its `stream`; update()
+/// synchronizes once to check the input values; one stream per cache).
+/// Allocation failures (growth storage, the eviction roll's temporary, the view
+/// buffer) happen before any change and leave the cache as it was.
+/// Not thread-safe; movable, not copyable.
+class DenseCausalCache : public CacheDims {
+ public:
+  using ExternalStorage = qvg::DenseCausalCache::ExternalStorage;
+  /// As qvg::DenseCausalCache::GrowStorage, returning DEVICE storage of the new size,
+  /// zero-filled (or being zero-filled by work already enqueued on the call's stream).
+  using GrowStorage = qvg::DenseCausalCache::GrowStorage;
+
+  /// Validates like qvg::DenseCausalCache (InvalidArgument for bad options or null
+  /// storage); allow_growth needs a GrowStorage (else Unsupported: the device cache
+  /// does not own buffers). The storage is taken as is (its content is the state).
+  /// `alloc` (for the view buffer and the roll's temporary) must outlive the cache.
+  DenseCausalCache(const CacheOptions& options, ExternalStorage storage, GrowStorage grow = nullptr,
+                   Allocator& alloc = default_allocator());
+  ~DenseCausalCache();
+  DenseCausalCache(DenseCausalCache&&) noexcept;
+  DenseCausalCache& operator=(DenseCausalCache&&) noexcept;
+  DenseCausalCache(const DenseCausalCache&) = delete;
+  DenseCausalCache& operator=(const DenseCausalCache&) = delete;
+
+  /// The contract of qvg::CausalCache::update (spec 3.2) with DEVICE key and value
+  /// ([B, n, h_in, D], dense, the cache's dtype). The view is a strided range of
+  /// the buffers (zero_copy) or the cache's view buffer (dense [B, T, h_in, D], K
+  /// then V); device pointers valid until the next successful update(),
+  /// reset_indices() or set_indices(), readable by work enqueued on `stream`.
+  /// Errors: as the CPU cache (before any change); then only CudaError.
+  KVView update(ConstTensorView key, ConstTensorView value, int64_t current_chunk_start, Stream stream,
+                std::optional<int64_t> cache_head_start = std::nullopt,
+                std::optional<int64_t> recent_window_tokens = std::nullopt);
+
+  /// Cursors to 0 (buffer content is kept); frees the view buffer.
+  void reset_indices();
+  /// As qvg::DenseCausalCache::set_indices (InvalidArgument for inconsistent cursors).
+  void set_indices(int64_t global_end, int64_t local_end);
+
+  /// 2 * B * cache_size * H * D * itemsize (the buffers).
+  size_t resident_nbytes() const;
+  /// Bytes of the device view buffer held now (0 after a zero-copy view).
+  size_t view_buffer_nbytes() const;
+  int64_t global_end() const;
+  int64_t local_end() const;
+  int64_t cache_size() const;  ///< current size (grows with allow_growth)
+  int64_t attention_window_size() const;
+  bool allow_growth() const;
+  /// The buffers (device memory), [B, cache_size, H, D]; valid until the next mutating call.
+  ConstTensorView k_buffer() const;
+  ConstTensorView v_buffer() const;
 
  private:
   struct Impl;

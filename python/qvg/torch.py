@@ -18,14 +18,20 @@ Switching is an import change::
 
 Scope and differences from the engine (all deliberate):
 
-* CPU tensors only, dtype float32, bfloat16 or float16. Keys and values are read in
-  place when contiguous ``[B, n, h, D]``; otherwise a contiguous copy is made.
+* CPU tensors, and CUDA tensors when the extension was built with its CUDA path
+  (:data:`HAS_CUDA`; docs/python.md); dtype float32, bfloat16 or float16. Keys and
+  values are read in place when contiguous ``[B, n, h, D]``; otherwise a
+  contiguous copy is made. A cache lives on one device: the dense cache on its
+  ``k``/``v`` buffers' device, the packed cache on ``device``.
 * Errors are typed as in spec 5: ``ValueError`` (bad argument, shape, dtype, values,
-  configuration), ``NotImplementedError`` (packed: non-sequential write, size change
-  of the current chunk, ``allow_growth``; a non-CPU device), ``RuntimeError`` (a
-  chunk that does not fit the cache or window, overwrites sink tokens, or rewrites
-  evicted positions). A call that raises changes nothing: buffers, cursors, index
-  tensors and ``*_int`` attributes are as before.
+  configuration; key/value on another device than the cache), ``NotImplementedError``
+  (packed: non-sequential write, size change of the current chunk, ``allow_growth``;
+  a device this build does not support; a CUDA cache used during CUDA graph
+  capture), ``RuntimeError`` (a chunk that does not fit the cache or window,
+  overwrites sink tokens, or rewrites evicted positions; a CUDA runtime failure),
+  ``torch.OutOfMemoryError`` (the device is full). A call that raises changes
+  nothing: buffers, cursors, index tensors and ``*_int`` attributes are as before
+  (after a CUDA runtime failure the cache stays consistent, not necessarily as before).
 * ``debug_name`` is accepted for compatibility and not used; messages are qvg's.
 * The view's ``k``/``v`` hold only the heads written by the call
   (``[cache_head_start, cache_head_start + h_in)``), as spec 3.1 says.
@@ -45,6 +51,23 @@ Lifetime of the returned views (``CausalAttentionKVView.k`` / ``.v``):
   buffer: sink plus a recent window, or packed segments decoded): fresh tensors
   owned by the caller, as the engine's packed cache returns.
 
+CUDA caches (docs/python.md, "CUDA tensors"):
+
+* Work runs on ``torch.cuda.current_stream()`` of the cache's device, under a device
+  guard (a cache on ``cuda:1`` works while ``cuda:0`` is current); update() waits
+  for that stream once, to check the input values. A view is ready for work
+  enqueued on that stream after the call; to read it on another stream, make that
+  stream wait (``wait_stream``) and finish with it before the next call.
+* Device memory comes from PyTorch's caching allocator: ``torch.cuda.memory_allocated()``
+  counts ``resident_nbytes()`` plus ``view_buffer_nbytes()`` (each allocation rounded
+  up to the allocator's 512-byte blocks) and ``torch.cuda.empty_cache()`` returns
+  what was freed.
+* Views are CUDA tensors with the lifetime rules above; copied views of a CUDA cache
+  are lent from its view buffer (they receive a private copy if still alive at the
+  next call), not fresh tensors.
+* ``torch.compile``: a call is a graph break (the cache is opaque to dynamo);
+  ``fullgraph=True`` fails. CUDA graph capture is not supported (NotImplementedError).
+
 Not thread-safe: one caller per cache at a time (a second thread gets RuntimeError).
 """
 
@@ -55,16 +78,16 @@ from typing import Any
 
 import torch
 
-try:
-    from . import _C
-except ImportError as e:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "qvg.torch needs the compiled extension qvg._C: configure with "
-        "`cmake -S . -B build/python -DQVG_BUILD_PYTHON=ON`, build the target qvg_torch_ext and put "
-        "build/python/python on PYTHONPATH (use the interpreter torch belongs to, e.g. /usr/bin/python3)"
-    ) from e
+from ._loader import check_build
+
+check_build()  # ImportError naming both versions when _C was built for another torch
+from . import _C  # noqa: E402  (after the check: in another torch, loading it fails with a symbol error)
+
+#: True when the extension was built with its CUDA path (CUDA tensors supported).
+HAS_CUDA: bool = bool(_C.HAS_CUDA)
 
 __all__ = [
+    "HAS_CUDA",
     "CausalAttentionKVView",
     "CausalSelfAttentionKVCache",
     "QVGKVQuantArgs",
@@ -161,14 +184,14 @@ class QVGKVQuantArgs:
         return cls(**_C.quant_args_from_flags(flags))
 
 
-_QUANT_DEFAULTS = {f.name: f.default for f in fields(QVGKVQuantArgs)}
+_QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantArgs)}
 _INT_FIELDS = ("centroids", "block_size", "stages", "kmeans_iters", "keep_recent_chunks", "sink_keep_chunks",
                "span_chunks", "seed")
 _BOOL_FIELDS = ("asymmetric", "sink")
 _STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init")
 
 
-def _quant_to_c(q: Any) -> "_C.QuantArgs":
+def _quant_to_c(q: Any) -> _C.QuantArgs:
     """Any object with QVGKVQuantArgs' attributes (ours or the engine's; missing
     qvg extensions take their defaults) -> the C++ QuantArgs (not yet validated)."""
     v = {name: getattr(q, name, default) for name, default in _QUANT_DEFAULTS.items()}
@@ -190,6 +213,29 @@ def _quant_to_c(q: Any) -> "_C.QuantArgs":
         if x is not None and not -(2**31) < x < 2**31:
             raise ValueError(f"{name} must fit in 32 bits, got {x}")
     return _C.QuantArgs(**v)
+
+
+def _cache_device(device: torch.device | str) -> torch.device:
+    """The packed cache's device: the CPU, or a CUDA device with the CUDA path (spec 5:
+    NotImplementedError for a device this build does not support)."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda" or not HAS_CUDA:
+        if not HAS_CUDA:
+            raise NotImplementedError(
+                f"QVGPackedCausalKVCache: qvg.torch runs on the CPU in this build, device must be 'cpu', got '{dev}'"
+            )
+        raise NotImplementedError(f"QVGPackedCausalKVCache: device must be 'cpu' or a CUDA device, got '{dev}'")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"QVGPackedCausalKVCache: device '{dev}' is not available (torch.cuda.is_available() is False)")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"QVGPackedCausalKVCache: device '{dev}' does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+        )
+    return dev
 
 
 # ---------------------------------------------------------------------------
@@ -222,6 +268,19 @@ class _CacheInterface:
     implement ``_update(key, value, c, hs, rw) -> (k, v, ls, le, vle, vge, zero_copy)``
     and ``_set_cursors(global_end, local_end)``."""
 
+    _c: Any  # the qvg._C cache
+    global_end_index: torch.Tensor
+    local_end_index: torch.Tensor
+    global_end_index_int: int | None
+    local_end_index_int: int | None
+
+    def _update(self, key: torch.Tensor, value: torch.Tensor, c: int, hs: int | None,
+                rw: int | None) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int, bool]:
+        raise NotImplementedError
+
+    def _set_cursors(self, global_end: int, local_end: int) -> None:
+        raise NotImplementedError
+
     def can_direct_current_attention(self, num_new_tokens: int) -> bool:
         return self._c.can_direct_current_attention(num_new_tokens)
 
@@ -231,8 +290,24 @@ class _CacheInterface:
         return self._c.resident_nbytes()
 
     def peak_transient_nbytes(self) -> int:
-        """Most bytes the last successful call held beyond the resident state (spec 3.1)."""
+        """Most bytes the last successful call held beyond the resident state (spec 3.1).
+        CPU caches only: the CUDA caches do not track it (NotImplementedError; see
+        :meth:`view_buffer_nbytes`)."""
+        if not hasattr(self._c, "peak_transient_nbytes"):
+            raise NotImplementedError(
+                f"peak_transient_nbytes is not tracked by the CUDA caches (device {self._c.device}); "
+                "view_buffer_nbytes() gives the view buffer they hold now"
+            )
         return self._c.peak_transient_nbytes()
+
+    def view_buffer_nbytes(self) -> int:
+        """CUDA caches: bytes of the device view buffer held now (the last copied view),
+        which ``torch.cuda.memory_allocated()`` counts besides :meth:`resident_nbytes`.
+        CPU caches return their copied views as fresh tensors: NotImplementedError."""
+        if not hasattr(self._c, "view_buffer_nbytes"):
+            raise NotImplementedError("view_buffer_nbytes is reported by the CUDA caches only (CPU caches return copied "
+                                      "views as fresh tensors; see peak_transient_nbytes)")
+        return self._c.view_buffer_nbytes()
 
     def reset_indices(self) -> None:
         """Dense: cursors to 0 (buffer content is kept). Packed: drops every segment
@@ -273,8 +348,9 @@ class _CacheInterface:
 class CausalSelfAttentionKVCache(_CacheInterface):
     """One transformer block's dense causal self-attention K/V cache and cursors.
 
-    ``k``, ``v``: the buffers, CPU tensors ``[B, cache_size, H, D]``, contiguous; the
-    cache writes into them in place (they are its storage). With ``allow_growth`` a
+    ``k``, ``v``: the buffers, tensors ``[B, cache_size, H, D]``, contiguous, on the CPU
+    or (CUDA path) one CUDA device, which is then the cache's device; the cache
+    writes into them in place (they are its storage). With ``allow_growth`` a
     growth replaces them by new, larger tensors, read back through ``cache.k`` /
     ``cache.v`` as in the engine.
 
@@ -303,7 +379,8 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         allow_growth: bool = False,
     ) -> None:
         window = None if not attention_window_size else attention_window_size
-        self._c = _C.DenseCache(k, v, sink_tokens, window, bool(allow_growth))
+        on_cuda = HAS_CUDA and isinstance(k, torch.Tensor) and k.device.type == "cuda"
+        self._c = (_C.CudaDenseCache if on_cuda else _C.DenseCache)(k, v, sink_tokens, window, bool(allow_growth))
         if cache_size and cache_size != self._c.cache_size:
             raise ValueError(
                 f"cache_size must be 0 or k.shape[1] = {self._c.cache_size} (the buffers hold the cache), "
@@ -402,9 +479,13 @@ class QVGPackedCausalKVCache(_CacheInterface):
     ``global_end_index`` / ``local_end_index`` are written after every call, unless
     ``use_int_indices``: then only ``global_end_index_int`` / ``local_end_index_int``
     are (the tensors are zeroed by :meth:`reset_indices` only), as in the engine.
-    ``device`` must be the CPU. ``quant_args``: :class:`QVGKVQuantArgs` or any object
-    with its attributes (the engine's); ``None`` means off. ``allow_growth`` (qvg
-    only) must stay False.
+    ``device``: the CPU, or (CUDA path) a CUDA device (``"cuda"`` means the current
+    one); the CUDA cache encodes with ``init`` random only. ``quant_args``:
+    :class:`QVGKVQuantArgs` or any object with its attributes (the engine's); ``None``
+    means off. ``allow_growth`` (qvg only) must stay False. ``head_offset`` (qvg
+    only): the global index of this cache's first head when it holds a head shard
+    of a wider cache (:mod:`qvg.distributed`); the shard's encodings then equal the
+    wide cache's for those heads bit for bit.
     """
 
     def __init__(
@@ -423,21 +504,20 @@ class QVGPackedCausalKVCache(_CacheInterface):
         attention_window_size: int | None = None,
         quant_args: QVGKVQuantArgs | None,
         allow_growth: bool = False,
+        head_offset: int = 0,
     ) -> None:
-        dev = torch.device(device)
-        if dev.type != "cpu":
-            raise NotImplementedError(
-                f"QVGPackedCausalKVCache: qvg.torch runs on the CPU, device must be 'cpu', got '{dev}'"
-            )
+        dev = _cache_device(device)
         if dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {dtype}")
+        if isinstance(head_offset, bool) or not isinstance(head_offset, int):
+            raise ValueError(f"head_offset must be an integer in [0, 2^40], got {head_offset!r}")
         if quant_args is None:
             quant_args = QVGKVQuantArgs()
         window = attention_window_size or None
-        self._c = _C.PackedCache(
-            batch_size, cache_size, num_heads, head_dim, _DTYPE_NAMES[dtype], sink_tokens, window,
-            bool(allow_growth), _quant_to_c(quant_args),
-        )
+        args = (batch_size, cache_size, num_heads, head_dim, _DTYPE_NAMES[dtype], sink_tokens, window,
+                bool(allow_growth), _quant_to_c(quant_args), head_offset)
+        self._c = _C.CudaPackedCache(*args, str(dev)) if dev.type == "cuda" else _C.PackedCache(*args)
+        self.head_offset = head_offset
         self.batch_size = batch_size
         self.cache_size = cache_size
         self.num_heads = num_heads

@@ -25,10 +25,15 @@
 //
 // Error kinds map to the Python exceptions of spec 5: InvalidArgument and
 // CorruptData -> ValueError, Unsupported -> NotImplementedError, OutOfRange ->
-// RuntimeError, Device -> RuntimeError, with the C++ message unchanged. A tensor
-// on a device this build does not support is Unsupported (NotImplementedError).
-#include <ATen/ATen.h>
+// RuntimeError, Device -> RuntimeError, with the C++ message unchanged; PyTorch's
+// out-of-memory error (from its allocator) stays torch.OutOfMemoryError. A tensor
+// on a device this build does not support is Unsupported (NotImplementedError); one
+// on a supported device other than the cache's is InvalidArgument (ValueError).
+//
+// CUDA tensors: with the CUDA path (QVG_TORCH_CUDA, python/cmake/QvgTorch.cmake)
+// cuda_caches.cpp adds CudaDenseCache and CudaPackedCache (register_cuda).
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/pybind11.h>
@@ -45,6 +50,8 @@
 
 #include <fmt/core.h>
 
+#include "common.h"
+#include "dense_binding.h"
 #include "qvg/cache.h"
 #include "qvg/config.h"
 #include "qvg/error.h"
@@ -52,105 +59,16 @@
 #include "qvg/version.h"
 
 namespace py = pybind11;
+using namespace qvg_py;
 
 namespace {
 
-// ---- dtypes ---------------------------------------------------------------------
-std::optional<qvg::DType> to_qvg_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return qvg::DType::F32;
-    case at::kBFloat16: return qvg::DType::BF16;
-    case at::kHalf: return qvg::DType::F16;
-    default: return std::nullopt;
-  }
-}
-
-at::ScalarType to_torch_dtype(qvg::DType t) {
-  switch (t) {
-    case qvg::DType::F32: return at::kFloat;
-    case qvg::DType::BF16: return at::kBFloat16;
-    case qvg::DType::F16: return at::kHalf;
-  }
-  return at::kFloat;
-}
-
-std::string torch_dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kHalf: return "torch.float16";
-    case at::kDouble: return "torch.float64";
-    default: return std::string("torch.") + c10::toString(t);
-  }
-}
-
-std::string shape_str(at::IntArrayRef sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
-std::string shape_str(const at::Tensor& t) { return shape_str(t.sizes()); }
-
-// ---- inputs -----------------------------------------------------------------------
-/// A key or value tensor seen as a qvg view; `owner` keeps a contiguous copy alive
-/// when one had to be made.
-struct Input {
-  at::Tensor owner;
-  qvg::ConstTensorView view;
-};
-
-/// A device this build does not support is Unsupported (NotImplementedError, spec 5).
-void require_cpu(const at::Tensor& t, const char* what) {
-  if (!t.device().is_cpu())
-    throw qvg::Unsupported(fmt::format("{} must be a CPU tensor (qvg.torch runs on the CPU in this build), got device {}",
-                                       what, t.device().str()));
-}
-
-Input as_input(const at::Tensor& t, const char* what) {
-  if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
-  require_cpu(t, what);
-  if (t.dim() != 4)
-    throw qvg::InvalidArgument(fmt::format("{} must be a 4-D tensor [B, n, h, D], got shape {}", what, shape_str(t)));
-  const auto dt = to_qvg_dtype(t.scalar_type());
-  if (!dt)
-    throw qvg::InvalidArgument(fmt::format(
-        "{} dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {}", what,
-        torch_dtype_name(t.scalar_type())));
-  Input in;
-  in.owner = t.is_contiguous() ? t : t.contiguous();
-  in.view.data = in.owner.numel() > 0 ? in.owner.data_ptr() : nullptr;
-  in.view.dtype = *dt;
-  in.view.shape = {in.owner.size(0), in.owner.size(1), in.owner.size(2), in.owner.size(3)};
-  return in;
-}
-
-/// Checks a dense cache buffer handed in by the caller ([B, cache_size, H, D]).
-qvg::DType check_buffer(const at::Tensor& t, const char* what) {
-  if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
-  require_cpu(t, what);
-  if (t.dim() != 4)
-    throw qvg::InvalidArgument(
-        fmt::format("{} must be a 4-D tensor [B, cache_size, H, D], got shape {}", what, shape_str(t)));
-  const auto dt = to_qvg_dtype(t.scalar_type());
-  if (!dt)
-    throw qvg::InvalidArgument(fmt::format(
-        "{} dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {}", what,
-        torch_dtype_name(t.scalar_type())));
-  if (!t.is_contiguous())
-    throw qvg::InvalidArgument(fmt::format(
-        "{} must be contiguous (the cache writes into it in place), got strides that are not [B, cache_size, H, D] "
-        "row-major for shape {}",
-        what, shape_str(t)));
-  return *dt;
-}
+const at::Device kCpu(at::kCPU);
 
 // ---- outputs ----------------------------------------------------------------------
 at::TensorOptions options_of(const qvg::StridedView& v) {
   return at::TensorOptions().dtype(to_torch_dtype(v.dtype)).device(at::kCPU);
 }
-
-std::vector<int64_t> sizes_of(const qvg::StridedView& v) { return {v.shape.b, v.shape.s, v.shape.h, v.shape.d}; }
-std::vector<int64_t> strides_of(const qvg::StridedView& v) { return {v.stride_b, v.stride_t, v.stride_h, 1}; }
 
 /// A fresh torch tensor holding a copy of `v` (for views in the cache's scratch).
 at::Tensor copy_out(const qvg::StridedView& v) {
@@ -165,41 +83,26 @@ at::Tensor copy_out(const qvg::StridedView& v) {
   return out;
 }
 
-/// A torch view of `buffer` (one of the dense cache's k/v tensors) covering `v`.
-at::Tensor alias_of(const at::Tensor& buffer, const qvg::StridedView& v) {
-  const auto esz = int64_t(qvg::dtype_size(v.dtype));
-  const auto off = (static_cast<const char*>(v.data) - static_cast<const char*>(buffer.data_ptr())) / esz;
-  return buffer.as_strided(sizes_of(v), strides_of(v), buffer.storage_offset() + off);
-}
-
-py::tuple view_tuple(at::Tensor k, at::Tensor v, const qvg::KVView& kv) {
-  return py::make_tuple(std::move(k), std::move(v), kv.local_start_index, kv.local_end_index, kv.visible_local_end,
-                        kv.visible_global_end, kv.zero_copy);
-}
-
-/// Fails fast when two Python threads use one cache at the same time (the C++
-/// caches are not thread-safe and the GIL is released during update()).
-class BusyGuard {
- public:
-  explicit BusyGuard(std::mutex& m) : lock_(m, std::try_to_lock) {
-    if (!lock_.owns_lock())
-      throw std::runtime_error("qvg cache is being used by another thread; a cache takes one caller at a time");
-  }
-
- private:
-  std::unique_lock<std::mutex> lock_;
-};
-
 // ---- configuration ------------------------------------------------------------------
 qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block_size, int stages, int kmeans_iters,
                                bool asymmetric, int keep_recent_chunks, bool sink, const std::string& sink_span,
                                int sink_keep_chunks, int span_chunks, const std::string& scaling,
                                const std::string& scale_dtype, const std::string& init, uint64_t seed, int threads) {
-  return {.bits = bits, .centroids = centroids, .block_size = block_size, .stages = stages, .kmeans_iters = kmeans_iters,
-          .asymmetric = asymmetric, .keep_recent_chunks = keep_recent_chunks, .sink = sink,
-          .sink_span = qvg::parse_sink_span(sink_span), .sink_keep_chunks = sink_keep_chunks,
-          .span_chunks = span_chunks, .scaling = qvg::parse_scaling(scaling),
-          .scale_dtype = qvg::parse_scale_dtype(scale_dtype), .init = qvg::parse_init(init), .seed = seed,
+  return {.bits = bits,
+          .centroids = centroids,
+          .block_size = block_size,
+          .stages = stages,
+          .kmeans_iters = kmeans_iters,
+          .asymmetric = asymmetric,
+          .keep_recent_chunks = keep_recent_chunks,
+          .sink = sink,
+          .sink_span = qvg::parse_sink_span(sink_span),
+          .sink_keep_chunks = sink_keep_chunks,
+          .span_chunks = span_chunks,
+          .scaling = qvg::parse_scaling(scaling),
+          .scale_dtype = qvg::parse_scale_dtype(scale_dtype),
+          .init = qvg::parse_init(init),
+          .seed = seed,
           .threads = threads};
 }
 
@@ -224,104 +127,30 @@ py::dict quant_args_dict(const qvg::QuantArgs& q) {
 }
 
 // ---- the dense cache ----------------------------------------------------------------
-class DenseCache {
- public:
-  DenseCache(const at::Tensor& k, const at::Tensor& v, int64_t sink_tokens,
-             std::optional<int64_t> attention_window_size, bool allow_growth) {
-    const qvg::DType dt = check_buffer(k, "k");
-    check_buffer(v, "v");
-    if (v.sizes() != k.sizes())
-      throw qvg::InvalidArgument(fmt::format("v shape must equal k shape {}, got {}", shape_str(k), shape_str(v)));
-    if (v.scalar_type() != k.scalar_type())
-      throw qvg::InvalidArgument(fmt::format("v dtype must equal k dtype {}, got {}",
-                                             torch_dtype_name(k.scalar_type()), torch_dtype_name(v.scalar_type())));
-    opt_.batch = k.size(0);
-    opt_.cache_size = k.size(1);
-    opt_.heads = k.size(2);
-    opt_.head_dim = k.size(3);
-    opt_.dtype = dt;
-    opt_.sink_tokens = sink_tokens;
-    opt_.attention_window_size = attention_window_size;
-    opt_.allow_growth = allow_growth;
-    k_ = k.requires_grad() ? k.detach() : k;
-    v_ = v.requires_grad() ? v.detach() : v;
-    // Growth (allow_growth): the cache decides when and how much (spec 3.2) and asks
-    // for torch buffers of the new size; they become .k/.v once the call succeeded.
-    auto grow = [this](int64_t new_cache_size) {
-      grown_k_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, k_.options());
-      grown_v_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, v_.options());
-      return qvg::DenseCausalCache::ExternalStorage{grown_k_.data_ptr(), grown_v_.data_ptr()};
-    };
-    cache_ = std::make_unique<qvg::DenseCausalCache>(
-        opt_,
-        qvg::DenseCausalCache::ExternalStorage{k_.numel() ? k_.data_ptr() : nullptr,
-                                               v_.numel() ? v_.data_ptr() : nullptr},
-        grow);
+/// DenseBinding's CPU backend: copied (two-range) views are copied once more into a
+/// fresh tensor owned by the caller (the scratch is reused by the next call).
+struct CpuDense {
+  using Cache = qvg::DenseCausalCache;
+  struct Call {
+    explicit Call(const at::Device&) {}
+  };
+  std::shared_ptr<Cache> make(const qvg::CacheOptions& o, Cache::ExternalStorage s, Cache::GrowStorage g,
+                              const at::Device& device) {
+    if (!device.is_cpu())
+      throw qvg::InvalidArgument(
+          fmt::format("k must be a CPU tensor for DenseCache (CUDA buffers: CudaDenseCache), "
+                      "got device {}",
+                      device.str()));
+    return std::make_shared<Cache>(o, s, std::move(g));
   }
-
-  /// One update_and_get_attention_kv call. `ge`, `le` are the cursors the
-  /// Python side holds (its source of truth); the C++ cache adopts them first.
-  py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
-                   std::optional<int64_t> rw, int64_t ge, int64_t le) {
-    BusyGuard busy(mu_);
-    check_buffers_unchanged();
-    const Input ki = as_input(key, "key"), vi = as_input(value, "value");
-    if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
-    qvg::KVView kv;
-    {
-      py::gil_scoped_release nogil;
-      try {
-        kv = cache_->update(ki.view, vi.view, c, hs, rw);
-      } catch (...) {
-        grown_k_ = at::Tensor();  // a failed call keeps the old buffers (and the cache did not switch)
-        grown_v_ = at::Tensor();
-        throw;
-      }
-    }
-    if (grown_k_.defined()) {  // the call grew the cache into the buffers of the hook
-      k_ = std::move(grown_k_);
-      v_ = std::move(grown_v_);
-      grown_k_ = at::Tensor();
-      grown_v_ = at::Tensor();
-    }
-    at::Tensor ok = kv.zero_copy ? alias_of(k_, kv.k) : copy_out(kv.k);
-    at::Tensor ov = kv.zero_copy ? alias_of(v_, kv.v) : copy_out(kv.v);
-    return view_tuple(std::move(ok), std::move(ov), kv);
+  qvg::KVView update(Cache& c, Call&, qvg::ConstTensorView k, qvg::ConstTensorView v, int64_t start,
+                     std::optional<int64_t> hs, std::optional<int64_t> rw) {
+    return c.update(k, v, start, hs, rw);
   }
-
-  void reset_indices() {
-    BusyGuard busy(mu_);
-    cache_->reset_indices();
-  }
-  void set_indices(int64_t ge, int64_t le) {
-    BusyGuard busy(mu_);
-    cache_->set_indices(ge, le);
-  }
-
-  const at::Tensor& k() const { return k_; }
-  const at::Tensor& v() const { return v_; }
-  const qvg::DenseCausalCache& cache() const { return *cache_; }
-
- private:
-  /// The C++ cache writes through raw pointers into k_/v_: refuse to go on if the
-  /// caller resized them or swapped their storage in place since.
-  void check_buffers_unchanged() const {
-    const auto kb = cache_->k_buffer(), vb = cache_->v_buffer();
-    const std::vector<int64_t> shape = {kb.shape.b, kb.shape.s, kb.shape.h, kb.shape.d};
-    if (k_.data_ptr() != kb.data || v_.data_ptr() != vb.data || k_.sizes() != at::IntArrayRef(shape) ||
-        v_.sizes() != at::IntArrayRef(shape) || !k_.is_contiguous() || !v_.is_contiguous())
-      throw qvg::InvalidArgument(fmt::format(
-          "the cache's k/v tensors must keep their storage and shape {} (they are the cache's buffers), got k shape "
-          "{} after an in-place resize or set_()",
-          shape_str(shape), shape_str(k_)));
-  }
-
-  qvg::CacheOptions opt_;
-  at::Tensor k_, v_;
-  at::Tensor grown_k_, grown_v_;  // buffers handed to the cache by the growth hook during a call
-  std::unique_ptr<qvg::DenseCausalCache> cache_;
-  std::mutex mu_;
+  at::Tensor copied_view(const qvg::StridedView& v, Call&, const std::shared_ptr<Cache>&) { return copy_out(v); }
+  void before_mutation(Call&) {}
 };
+using DenseCache = DenseBinding<CpuDense>;
 
 // ---- the packed cache ---------------------------------------------------------------
 // Every packed cache of the process assembles its copied views in one shared
@@ -342,16 +171,9 @@ class PackedCache {
  public:
   PackedCache(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
               int64_t sink_tokens, std::optional<int64_t> attention_window_size, bool allow_growth,
-              const qvg::QuantArgs& quant) {
-    qvg::CacheOptions o;
-    o.batch = batch;
-    o.cache_size = cache_size;
-    o.heads = heads;
-    o.head_dim = head_dim;
-    o.dtype = qvg::parse_dtype(dtype);
-    o.sink_tokens = sink_tokens;
-    o.attention_window_size = attention_window_size;
-    o.allow_growth = allow_growth;
+              const qvg::QuantArgs& quant, int64_t head_offset) {
+    qvg::CacheOptions o = cache_options(batch, cache_size, heads, head_dim, dtype, sink_tokens, attention_window_size,
+                                        allow_growth, head_offset);
     o.view_scratch = shared_view_scratch();
     cache_ = std::make_shared<qvg::PackedCausalCache>(o, quant);
   }
@@ -359,7 +181,7 @@ class PackedCache {
   py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
                    std::optional<int64_t> rw) {
     BusyGuard busy(mu_);
-    const Input ki = as_input(key, "key"), vi = as_input(value, "value");
+    const Input ki = as_input(key, "key", kCpu), vi = as_input(value, "value", kCpu);
     detach_lent_views();
     qvg::KVView kv;
     std::unique_lock<std::mutex> shared_lock;
@@ -370,8 +192,8 @@ class PackedCache {
     }
     at::Tensor ok, ov;
     if (kv.zero_copy) {
-      ok = lend(kv.k);
-      ov = lend(kv.v);
+      ok = lender_.lend(kv.k, options_of(kv.k), cache_);
+      ov = lender_.lend(kv.v, options_of(kv.v), cache_);
     } else {
       ok = copy_out(kv.k);
       ov = copy_out(kv.v);
@@ -388,44 +210,21 @@ class PackedCache {
 
   const qvg::PackedCausalCache& cache() const { return *cache_; }
 
-  /// (g0, g1, is_sink, packed, current, chunks, k_ptr, v_ptr, nbytes) per segment;
-  /// k_ptr/v_ptr are the raw buffers' addresses (0 for packed segments).
-  py::list segments() const {
-    py::list out;
-    for (size_t i = 0; i < cache_->num_segments(); ++i) {
-      const auto s = cache_->segment(i);
-      out.append(py::make_tuple(s.g0, s.g1, s.is_sink, s.packed, s.current, s.chunks,
-                                reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
-                                reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data), s.nbytes));
-    }
-    return out;
-  }
+  /// segment_list (common.h).
+  py::list segments() const { return segment_list(*cache_); }
 
  private:
-  /// A torch tensor over cache memory; remembered so that it can be detached
-  /// before the memory may go away.
-  at::Tensor lend(const qvg::StridedView& v) {
-    std::shared_ptr<qvg::PackedCausalCache> keep = cache_;
-    at::Tensor t = at::from_blob(
-        const_cast<void*>(v.data), sizes_of(v), strides_of(v), [keep](void*) {}, options_of(v));
-    lent_.push_back(t.storage().getWeakStorageImpl());
-    return t;
-  }
-
+  /// Lent zero-copy views get a private copy before the current chunk may change.
   void detach_lent_views() {
-    for (auto& w : lent_) {
-      c10::intrusive_ptr<c10::StorageImpl> s = w.lock();
-      if (!s) continue;
-      const size_t n = s->nbytes();
+    lender_.detach([](size_t n, const void* src) {
       at::DataPtr copy = c10::GetCPUAllocator()->allocate(n);
-      if (n) std::memcpy(copy.get(), s->data(), n);
-      s->set_data_ptr(std::move(copy));  // the old DataPtr (and its hold on the cache) is released here
-    }
-    lent_.clear();
+      if (n) std::memcpy(copy.get(), src, n);
+      return copy;
+    });
   }
 
   std::shared_ptr<qvg::PackedCausalCache> cache_;
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> lent_;
+  Lender lender_;
   std::mutex mu_;
 };
 
@@ -434,10 +233,17 @@ class PackedCache {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "qvg C++ caches over torch tensors (binding layer of qvg.torch; use qvg.torch instead)";
   m.attr("__version__") = qvg::kVersion;  // the library's version (project(VERSION))
+  m.attr("HAS_CUDA") = kHasCuda;          // the CUDA path (CudaDenseCache, CudaPackedCache) is compiled in
 
+  // torch.OutOfMemoryError, looked up once (libtorch_python does not export its C handle).
+  static PyObject* const torch_oom = py::object(py::module_::import("torch").attr("OutOfMemoryError")).release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const c10::OutOfMemoryError& e) {
+      // From PyTorch's caching allocator (the device caches' memory): the error
+      // torch raises for it (the cache is unchanged).
+      PyErr_SetString(torch_oom, e.what_without_backtrace());
     } catch (const qvg::Error& e) {
       switch (e.kind()) {
         case qvg::ErrorKind::InvalidArgument:
@@ -451,10 +257,10 @@ PYBIND11_MODULE(_C, m) {
   });
 
   py::class_<qvg::QuantArgs>(m, "QuantArgs")
-      .def(py::init(&make_quant_args), py::arg("bits"), py::arg("centroids"), py::arg("block_size"),
-           py::arg("stages"), py::arg("kmeans_iters"), py::arg("asymmetric"), py::arg("keep_recent_chunks"),
-           py::arg("sink"), py::arg("sink_span"), py::arg("sink_keep_chunks"), py::arg("span_chunks"),
-           py::arg("scaling"), py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("threads") = 0)
+      .def(py::init(&make_quant_args), py::arg("bits"), py::arg("centroids"), py::arg("block_size"), py::arg("stages"),
+           py::arg("kmeans_iters"), py::arg("asymmetric"), py::arg("keep_recent_chunks"), py::arg("sink"),
+           py::arg("sink_span"), py::arg("sink_keep_chunks"), py::arg("span_chunks"), py::arg("scaling"),
+           py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("threads") = 0)
       .def("validate", &qvg::QuantArgs::validate)
       .def("validate_for_head_dim", &qvg::QuantArgs::validate_for_head_dim)
       .def("describe", &qvg::QuantArgs::describe)
@@ -463,7 +269,9 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "quant_args_from_flags",
-      [](const std::map<std::string, std::string>& flags) { return quant_args_dict(qvg::QuantArgs::from_flags(flags)); },
+      [](const std::map<std::string, std::string>& flags) {
+        return quant_args_dict(qvg::QuantArgs::from_flags(flags));
+      },
       "The engine's flat kv_cache_quant* flags (strings) -> validated fields (spec 2).");
 
   py::class_<qvg::DenseCausalCache::DebugState>(m, "DenseDebugState")
@@ -475,33 +283,19 @@ PYBIND11_MODULE(_C, m) {
         return a == b;
       });
 
-  py::class_<DenseCache>(m, "DenseCache")
-      .def(py::init<const at::Tensor&, const at::Tensor&, int64_t, std::optional<int64_t>, bool>(), py::arg("k"),
-           py::arg("v"), py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"))
-      .def("update", &DenseCache::update)
-      .def("reset_indices", &DenseCache::reset_indices)
-      .def("set_indices", &DenseCache::set_indices)
-      .def_property_readonly("k", &DenseCache::k)
-      .def_property_readonly("v", &DenseCache::v)
-      .def_property_readonly("global_end", [](const DenseCache& d) { return d.cache().global_end(); })
-      .def_property_readonly("local_end", [](const DenseCache& d) { return d.cache().local_end(); })
-      .def_property_readonly("cache_size", [](const DenseCache& d) { return d.cache().cache_size(); })
-      .def_property_readonly("attention_window_size",
-                             [](const DenseCache& d) { return d.cache().attention_window_size(); })
-      .def_property_readonly("sink_tokens", [](const DenseCache& d) { return d.cache().sink_tokens(); })
-      .def_property_readonly("num_heads", [](const DenseCache& d) { return d.cache().num_heads(); })
-      .def_property_readonly("allow_growth", [](const DenseCache& d) { return d.cache().allow_growth(); })
-      .def("can_direct_current_attention",
-           [](const DenseCache& d, int64_t n) { return d.cache().can_direct_current_attention(n); })
-      .def("resident_nbytes", [](const DenseCache& d) { return d.cache().resident_nbytes(); })
-      .def("peak_transient_nbytes", [](const DenseCache& d) { return d.cache().peak_transient_nbytes(); })
-      .def("debug_state", [](const DenseCache& d) { return d.cache().debug_state(); });
+  def_dense<CpuDense>(m, "DenseCache", [](auto& c) {
+    using D = DenseCache;
+    c.def("peak_transient_nbytes", [](const D& d) {
+       return d.cache().peak_transient_nbytes();
+     }).def("debug_state", [](const D& d) { return d.cache().debug_state(); });
+  });
 
   py::class_<PackedCache>(m, "PackedCache")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, std::optional<int64_t>, bool,
-                    const qvg::QuantArgs&>(),
+                    const qvg::QuantArgs&, int64_t>(),
            py::arg("batch"), py::arg("cache_size"), py::arg("heads"), py::arg("head_dim"), py::arg("dtype"),
-           py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"), py::arg("quant"))
+           py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"), py::arg("quant"),
+           py::arg("head_offset") = 0)
       .def("update", &PackedCache::update)
       .def("reset_indices", &PackedCache::reset_indices)
       .def("segments", &PackedCache::segments)
@@ -514,4 +308,10 @@ PYBIND11_MODULE(_C, m) {
       .def("peak_transient_nbytes", [](const PackedCache& p) { return p.cache().peak_transient_nbytes(); })
       .def("warm_state_nbytes", [](const PackedCache& p) { return p.cache().warm_state_nbytes(); })
       .def("debug_state", [](const PackedCache& p) { return p.cache().debug_state(); });
+
+  register_cuda(m);  // a no-op without the CUDA path
 }
+
+#if !QVG_TORCH_CUDA
+void qvg_py::register_cuda(py::module_&) {}  // CPU-only build: no device caches
+#endif

@@ -12,6 +12,12 @@ import torch
 from conftest import bits_equal, chunk, make_dense, make_packed, same_snapshot, snapshot
 import qvg.torch as qt
 
+# The devices a build supports (the message of a device it does not: NotImplementedError):
+# the CPU, plus CUDA devices when qvg._C has its CUDA path (issue 12).
+UNSUPPORTED_DEVICE = (r"must be a CPU or CUDA tensor \(the devices of this build of qvg.torch\)" if qt.HAS_CUDA
+                      else r"must be a CPU tensor \(qvg.torch runs on the CPU in this build\)")
+PACKED_DEVICES = "device must be 'cpu' or a CUDA device" if qt.HAS_CUDA else "device must be 'cpu'"
+
 B, S, H, D = 1, 16, 4, 8
 SINK = 4
 
@@ -85,8 +91,7 @@ COMMON = [
     ("overwrites_sink", RuntimeError, r"^chunk \[24, 37\) would overwrite sink tokens: .*cache_size - sink = 12",
      lambda: _k(key=torch.zeros(B, 13, H, D), value=torch.zeros(B, 13, H, D))),
     # A device this build does not support: NotImplementedError (spec 5; was ValueError before issue 11).
-    ("non_cpu_key", NotImplementedError,
-     r"^key must be a CPU tensor \(qvg.torch runs on the CPU in this build\), got device meta$",
+    ("non_cpu_key", NotImplementedError, rf"^key {UNSUPPORTED_DEVICE}, got device meta$",
      lambda: _k(key=torch.zeros(B, 4, H, D, device="meta"))),
 ]
 
@@ -183,7 +188,7 @@ def test_packed_constructor_errors():
                 quant_args=qt.QVGKVQuantArgs())
     with pytest.raises(NotImplementedError, match=r"^allow_growth must be false for the packed cache"):
         qt.QVGPackedCausalKVCache(**base, allow_growth=True)
-    with pytest.raises(NotImplementedError, match="device must be 'cpu', got 'meta'"):
+    with pytest.raises(NotImplementedError, match=PACKED_DEVICES + ", got 'meta'"):
         qt.QVGPackedCausalKVCache(**{**base, "device": "meta"})
     with pytest.raises(ValueError, match=r"^dtype must be one of .* got torch.float64$"):
         qt.QVGPackedCausalKVCache(**{**base, "dtype": torch.float64})
@@ -204,7 +209,7 @@ def test_dense_constructor_errors():
         qt.CausalSelfAttentionKVCache(k=k, v=torch.zeros(1, 8, 2, 8), **idx)
     with pytest.raises(ValueError, match=r"^k must be contiguous"):
         qt.CausalSelfAttentionKVCache(k=k.transpose(1, 2), v=k.clone().transpose(1, 2), **idx)
-    with pytest.raises(NotImplementedError, match=r"^k must be a CPU tensor"):
+    with pytest.raises(NotImplementedError, match=rf"^k {UNSUPPORTED_DEVICE}, got device meta$"):
         qt.CausalSelfAttentionKVCache(k=k.to("meta"), v=k.to("meta"), **idx)
     with pytest.raises(ValueError, match=r"^k dtype must be one of"):
         qt.CausalSelfAttentionKVCache(k=k.double(), v=k.double(), **idx)

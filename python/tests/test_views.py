@@ -12,7 +12,7 @@ import qvg.torch as qt
 
 
 def storage_ptr(t: torch.Tensor) -> int:
-    return t.storage().data_ptr()
+    return t.untyped_storage().data_ptr()  # torch 2.x: TypedStorage is deprecated
 
 
 def test_dense_buffers_are_the_callers_tensors(gen):

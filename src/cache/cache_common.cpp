@@ -60,6 +60,8 @@ void validate_options(const CacheOptions& o) {
   if (o.attention_window_size && (*o.attention_window_size < 1 || *o.attention_window_size > o.cache_size))
     throw InvalidArgument(fmt::format("attention_window_size must be in [1, cache_size = {}] or None, got {}",
                                       o.cache_size, *o.attention_window_size));
+  if (o.head_offset < 0 || o.head_offset > (int64_t(1) << 40))
+    throw InvalidArgument(fmt::format("head_offset must be in [0, 2^40], got {}", o.head_offset));
   auto at_most = [](const char* what, int64_t v, int64_t limit, const char* limit_text) {
     if (v > limit) throw InvalidArgument(fmt::format("{} must be at most {} ({}), got {}", what, limit, limit_text, v));
   };

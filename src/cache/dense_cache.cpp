@@ -1,6 +1,6 @@
-// DenseCausalCache (spec 3.2). Every update() first builds a Plan — a pure
-// function of the arguments and the cursors that throws on any error — and
-// only then touches state.
+// DenseCausalCache (spec 3.2). Every update() first builds a DensePlan — a pure
+// function of the arguments and the cursors that throws on any error
+// (plan_dense_update, also the device dense cache's) — and only then touches state.
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -8,11 +8,119 @@
 #include <fmt/core.h>
 
 #include "cache/cache_common.h"
+#include "cache/dense_plan.h"
 #include "cache/snapshot_state.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
 
 namespace qvg {
+
+namespace detail {
+
+DensePlan plan_dense_update(const CacheOptions& opt, const DenseState& st, ConstTensorView key, ConstTensorView value,
+                            int64_t chunk_start, std::optional<int64_t> head_start,
+                            std::optional<int64_t> recent_window) {
+  const int64_t capacity = st.capacity, window = st.window, global_end = st.global_end, local_end = st.local_end;
+  DensePlan p;
+  p.call = validate_call(opt, key, value, chunk_start, head_start, recent_window);
+  const int64_t n = p.call.n, start = p.call.start, end = p.call.end, sink = opt.sink_tokens;
+  if (!opt.allow_growth && n > capacity)
+    throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", n, capacity));
+  p.new_capacity = capacity;
+  p.new_window = window;
+  const int64_t evicted_so_far = global_end - local_end;
+  if (end <= global_end) {  // rewrite
+    p.rewrite = true;
+    p.chunk_at = start - evicted_so_far;
+    if (p.chunk_at < 0)
+      throw OutOfRange(fmt::format(
+          "rewrite of evicted positions: current_chunk_start = {} maps to buffer index {} < 0 "
+          "(global_end = {}, local_end = {}, {} tokens evicted); only chunks still in the buffer can be rewritten",
+          start, p.chunk_at, global_end, local_end, evicted_so_far));
+    const int64_t sink_end = std::min(sink, local_end);
+    if (evicted_so_far > 0 && p.chunk_at < sink_end)
+      throw OutOfRange(fmt::format(
+          "rewrite of evicted positions: current_chunk_start = {} maps to buffer index {} inside the sink slots "
+          "[0, {}) after {} tokens were evicted (global_end = {}, local_end = {}); only chunks at buffer index >= {} "
+          "can be rewritten",
+          start, p.chunk_at, sink_end, evicted_so_far, global_end, local_end, sink_end));
+    p.new_global_end = global_end;
+    p.new_local_end = local_end;
+  } else {  // advance
+    const int64_t appended = end - global_end;
+    const int64_t needed = local_end + appended;
+    int64_t chunk_end;
+    if (needed > capacity) {
+      if (opt.allow_growth) {
+        p.new_capacity = std::max(needed, 2 * capacity);
+        if (window == capacity) p.new_window = p.new_capacity;
+        CacheOptions grown = opt;  // the grown sizes must stay within the limits
+        grown.cache_size = p.new_capacity;
+        grown.attention_window_size = p.new_window;
+        validate_options(grown);
+        chunk_end = needed;
+      } else {
+        const int64_t sink_end = std::min(sink, local_end);
+        if (capacity - n < sink_end)
+          throw OutOfRange(fmt::format(
+              "chunk [{}, {}) would overwrite sink tokens: after eviction it is placed at buffer [{}, {}), which "
+              "overlaps the {} sink tokens at [0, {}) (cache_size = {}, n = {}); chunks may be at most "
+              "cache_size - sink = {} tokens here",
+              start, end, capacity - n, capacity, sink_end, sink_end, capacity, n, capacity - sink_end));
+        p.evicted = needed - capacity;
+        p.rolled = std::max<int64_t>(0, local_end - p.evicted - sink);
+        chunk_end = capacity;
+      }
+    } else {
+      chunk_end = needed;
+    }
+    p.chunk_at = chunk_end - n;
+    if (p.chunk_at < 0)  // only reachable with cursors set inconsistently from outside
+      throw OutOfRange(fmt::format(
+          "chunk [{}, {}) cannot be placed: it would start at buffer index {} (global_end = {}, local_end = {})", start,
+          end, p.chunk_at, global_end, local_end));
+    p.new_global_end = end;
+    p.new_local_end = chunk_end;
+  }
+  if (n > p.new_window)
+    throw OutOfRange(fmt::format(
+        "chunk of n = {} tokens is longer than the attention window (attention_window_size = {}); the current "
+        "chunk must be entirely visible",
+        n, p.new_window));
+  // View ranges.
+  const int64_t held = p.new_local_end;
+  if (!recent_window) {
+    p.first = {std::max<int64_t>(0, held - p.new_window), held};
+  } else {
+    const int64_t sink_end = std::min(sink, held);
+    const int64_t recent_from = std::max(sink_end, p.chunk_at - *recent_window);
+    if (recent_from <= sink_end) {
+      p.first = {0, held};
+    } else {
+      p.first = {0, sink_end};
+      p.second = {recent_from, held};
+    }
+  }
+  if (p.first.size() == 0) {  // a single range
+    p.first = p.second;
+    p.second = {};
+  }
+  return p;
+}
+
+void check_dense_indices(int64_t cap, int64_t global_end, int64_t local_end) {
+  if (local_end < 0 || local_end > cap)
+    throw InvalidArgument(fmt::format("local_end must be in [0, cache_size = {}], got {}", cap, local_end));
+  if (global_end < local_end || global_end > kMaxPosition)
+    throw InvalidArgument(fmt::format("global_end must be in [local_end = {}, 2^60], got {}", local_end, global_end));
+  if (global_end != local_end && local_end != cap)
+    throw InvalidArgument(fmt::format(
+        "global_end must equal local_end = {} unless local_end == cache_size = {} (evictions happen only from a "
+        "full buffer), got global_end = {}",
+        local_end, cap, global_end));
+}
+
+}  // namespace detail
 
 struct DenseCausalCache::Impl {
   const CacheOptions opt;  // batch, heads, head_dim, dtype, sink, growth: fixed
@@ -40,109 +148,12 @@ struct DenseCausalCache::Impl {
   detail::Rows k_rows() const { return detail::rows_of(static_cast<void*>(k), opt, capacity); }
   detail::Rows v_rows() const { return detail::rows_of(static_cast<void*>(v), opt, capacity); }
 
-  /// A buffer range [begin, end) (local indices).
-  struct Range {
-    int64_t begin = 0, end = 0;
-    int64_t size() const { return end - begin; }
-  };
-
-  struct Plan {
-    detail::CallArgs call;
-    bool rewrite = false;
-    int64_t new_capacity = 0, new_window = 0;  // after growth (== capacity, window without)
-    int64_t evicted = 0, rolled = 0;           // eviction roll (advance without growth)
-    int64_t chunk_at = 0;                      // the chunk's buffer index
-    int64_t new_global_end = 0, new_local_end = 0;
-    Range first, second;                       // the view: buffer[first] ++ buffer[second] (second may be empty)
-    int64_t view_tokens() const { return first.size() + second.size(); }
-  };
+  using Plan = detail::DensePlan;
 
   Plan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
             std::optional<int64_t> recent_window) const {
-    Plan p;
-    p.call = detail::validate_call(opt, key, value, chunk_start, head_start, recent_window);
-    const int64_t n = p.call.n, start = p.call.start, end = p.call.end, sink = opt.sink_tokens;
-    if (!opt.allow_growth && n > capacity)
-      throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", n, capacity));
-    p.new_capacity = capacity;
-    p.new_window = window;
-    const int64_t evicted_so_far = global_end - local_end;
-    if (end <= global_end) {  // rewrite
-      p.rewrite = true;
-      p.chunk_at = start - evicted_so_far;
-      if (p.chunk_at < 0)
-        throw OutOfRange(fmt::format(
-            "rewrite of evicted positions: current_chunk_start = {} maps to buffer index {} < 0 "
-            "(global_end = {}, local_end = {}, {} tokens evicted); only chunks still in the buffer can be rewritten",
-            start, p.chunk_at, global_end, local_end, evicted_so_far));
-      const int64_t sink_end = std::min(sink, local_end);
-      if (evicted_so_far > 0 && p.chunk_at < sink_end)
-        throw OutOfRange(fmt::format(
-            "rewrite of evicted positions: current_chunk_start = {} maps to buffer index {} inside the sink slots "
-            "[0, {}) after {} tokens were evicted (global_end = {}, local_end = {}); only chunks at buffer index >= {} "
-            "can be rewritten",
-            start, p.chunk_at, sink_end, evicted_so_far, global_end, local_end, sink_end));
-      p.new_global_end = global_end;
-      p.new_local_end = local_end;
-    } else {  // advance
-      const int64_t appended = end - global_end;
-      const int64_t needed = local_end + appended;
-      int64_t chunk_end;
-      if (needed > capacity) {
-        if (opt.allow_growth) {
-          p.new_capacity = std::max(needed, 2 * capacity);
-          if (window == capacity) p.new_window = p.new_capacity;
-          CacheOptions grown = opt;  // the grown sizes must stay within the limits
-          grown.cache_size = p.new_capacity;
-          grown.attention_window_size = p.new_window;
-          detail::validate_options(grown);
-          chunk_end = needed;
-        } else {
-          const int64_t sink_end = std::min(sink, local_end);
-          if (capacity - n < sink_end)
-            throw OutOfRange(fmt::format(
-                "chunk [{}, {}) would overwrite sink tokens: after eviction it is placed at buffer [{}, {}), which "
-                "overlaps the {} sink tokens at [0, {}) (cache_size = {}, n = {}); chunks may be at most "
-                "cache_size - sink = {} tokens here",
-                start, end, capacity - n, capacity, sink_end, sink_end, capacity, n, capacity - sink_end));
-          p.evicted = needed - capacity;
-          p.rolled = std::max<int64_t>(0, local_end - p.evicted - sink);
-          chunk_end = capacity;
-        }
-      } else {
-        chunk_end = needed;
-      }
-      p.chunk_at = chunk_end - n;
-      if (p.chunk_at < 0)  // only reachable with cursors set inconsistently from outside
-        throw OutOfRange(fmt::format(
-            "chunk [{}, {}) cannot be placed: it would start at buffer index {} (global_end = {}, local_end = {})",
-            start, end, p.chunk_at, global_end, local_end));
-      p.new_global_end = end;
-      p.new_local_end = chunk_end;
-    }
-    if (n > p.new_window)
-      throw OutOfRange(fmt::format(
-          "chunk of n = {} tokens is longer than the attention window (attention_window_size = {}); the current "
-          "chunk must be entirely visible",
-          n, p.new_window));
-    // View ranges.
-    const int64_t held = p.new_local_end;
-    if (!recent_window) {
-      p.first = {std::max<int64_t>(0, held - p.new_window), held};
-    } else {
-      const int64_t sink_end = std::min(sink, held);
-      const int64_t recent_from = std::max(sink_end, p.chunk_at - *recent_window);
-      if (recent_from <= sink_end) {
-        p.first = {0, held};
-      } else {
-        p.first = {0, sink_end};
-        p.second = {recent_from, held};
-      }
-    }
-    if (p.first.size() == 0) {  // a single range
-      p.first = p.second;
-      p.second = {};
-    }
+    Plan p = detail::plan_dense_update(opt, {capacity, window, global_end, local_end}, key, value, chunk_start,
+                                       head_start, recent_window);
     detail::check_values(key, value);
     return p;
   }
@@ -290,17 +301,7 @@ void DenseCausalCache::reset_indices() {
 }
 
 void DenseCausalCache::set_indices(int64_t global_end, int64_t local_end) {
-  const int64_t cap = impl_->capacity;
-  if (local_end < 0 || local_end > cap)
-    throw InvalidArgument(fmt::format("local_end must be in [0, cache_size = {}], got {}", cap, local_end));
-  if (global_end < local_end || global_end > detail::kMaxPosition)
-    throw InvalidArgument(
-        fmt::format("global_end must be in [local_end = {}, 2^60], got {}", local_end, global_end));
-  if (global_end != local_end && local_end != cap)
-    throw InvalidArgument(fmt::format(
-        "global_end must equal local_end = {} unless local_end == cache_size = {} (evictions happen only from a "
-        "full buffer), got global_end = {}",
-        local_end, cap, global_end));
+  detail::check_dense_indices(impl_->capacity, global_end, local_end);
   impl_->global_end = global_end;
   impl_->local_end = local_end;
   impl_->scratch->release();

@@ -64,7 +64,10 @@ struct PackedCausalCache::Impl {
   Impl(const CacheOptions& o, const QuantArgs& q)
       : opt(o), quant(q), esz(dtype_size(o.dtype)), capacity(o.cache_size), window(o.window()), pol(o, q) {
     scratch = o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>();
-    if (q.enabled()) codec = q.codec();
+    if (q.enabled()) {
+      codec = q.codec();
+      codec.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
+    }
   }
 
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }

@@ -161,7 +161,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
           p.seed = cfg.seed;
           p.stage = st;
           p.b = b;
-          p.h = h;
+          p.h = h + cfg.head_offset;  // the PRNG stream's head: the global head of a shard
           p.path = path;
           p.threads = inner ? nthreads : 1;
           if (init == Init::Warm) {

@@ -21,7 +21,7 @@ struct KMeansParams {
   Init init = Init::Random;
   uint64_t seed = 1234;
   int stage = 0;          ///< with (b, h): selects the PRNG stream
-  int64_t b = 0, h = 0;
+  int64_t b = 0, h = 0;   ///< h: the stream's head (CodecConfig::head_offset included)
   const float* warm = nullptr;  ///< k x dim centroids (original coordinates) when init == Warm
   AssignPath path = AssignPath::Fast;
   bool record_inertia = false;  ///< fill KMeansResult::inertia (costs one fp64 pass per iteration)

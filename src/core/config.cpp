@@ -92,6 +92,8 @@ void check_head_dim(int block_size, int64_t head_dim) {
 void CodecConfig::validate() const {
   check_codec_fields(bits, centroids, block_size, stages, kmeans_iters);
   check_threads("threads", threads);
+  if (head_offset < 0 || head_offset > (int64_t(1) << 40))
+    throw InvalidArgument(fmt::format("head_offset must be in [0, 2^40], got {}", head_offset));
 }
 
 void CodecConfig::validate_for_head_dim(int64_t head_dim) const {

@@ -3,6 +3,8 @@
 // CachePolicy (src/cache/cache_policy.h), the one the CPU cache runs too; this file
 // moves the bytes with the CUDA backend (src/kernels/cuda): raw chunks by
 // cudaMemcpy2DAsync, spans by the device encoder, windows by one decode_ranges.
+// Every allocation of an update() happens before the policy changes: the spans an
+// advance packs are encoded first (encode_spans_of_advance), then installed.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
+#include "cache/cuda/device_copy.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
@@ -30,13 +33,9 @@ struct SegData {
 using Policy = qvg::detail::CachePolicy<SegData>;
 using Seg = Policy::Segment;
 
-/// Copies `rows` rows of `width` bytes (rows src_pitch / dst_pitch bytes apart).
-void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows, Stream s) {
-  if (width == 0 || rows == 0) return;
-  QVG_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, s));
-}
-
 }  // namespace
+
+using cache_detail::copy2d;
 
 struct PackedCausalCache::Impl {
   const CacheOptions opt;
@@ -49,7 +48,10 @@ struct PackedCausalCache::Impl {
 
   Impl(const CacheOptions& o, const QuantArgs& q, Allocator& a)
       : opt(o), quant(q), alloc(&a), esz(dtype_size(o.dtype)), pol(o, q) {
-    if (q.enabled()) codec = q.codec();
+    if (q.enabled()) {
+      codec = q.codec();
+      codec.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
+    }
   }
 
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
@@ -86,6 +88,38 @@ struct PackedCausalCache::Impl {
     return encode(in, codec, s, *alloc);
   }
 
+  /// The K and V encodings of every span the pack step of the advance `p` will make,
+  /// in encoding order, made from the raw segments before anything changes (they
+  /// exist already: the call's own chunk is never part of a span). An allocation
+  /// failure here leaves the cache as it was. The spans are those of a shadow
+  /// policy whose payload is the index of the real segment.
+  std::vector<std::pair<DeviceEncodedTensor, DeviceEncodedTensor>> encode_spans_of_advance(
+      const qvg::detail::CallPlan& p, Stream s) const {
+    std::vector<std::pair<DeviceEncodedTensor, DeviceEncodedTensor>> out;
+    if (!quant.enabled()) return out;
+    constexpr size_t kNew = ~size_t(0);
+    qvg::detail::CachePolicy<size_t> shadow(opt, quant);
+    const auto& segs = pol.segments();
+    for (size_t i = 0; i < segs.size(); ++i) {
+      shadow.push_current(segs[i].g0, segs[i].tokens(), i);
+      shadow.segments().back().chunks = segs[i].chunks;
+      shadow.segments().back().packed = segs[i].packed;
+    }
+    shadow.push_current(p, kNew);
+    shadow.evict();
+    for (const qvg::detail::SpanRef& sr : shadow.spans_to_encode()) {
+      std::vector<const Seg*> parts;
+      for (size_t i = sr.first; i < sr.first + sr.count; ++i) {
+        const size_t real = shadow.segments()[i].data;
+        QVG_CHECK(real != kNew && !segs[real].packed);
+        parts.push_back(&segs[real]);
+      }
+      DeviceEncodedTensor k_enc = encode_one(parts, true, s);
+      out.emplace_back(std::move(k_enc), encode_one(parts, false, s));
+    }
+    return out;
+  }
+
   KVView update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
@@ -96,14 +130,20 @@ struct PackedCausalCache::Impl {
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
     const int64_t head0 = p.call.head_start, T = p.view.tokens;
     const size_t view_bytes = p.copies ? 2 * size_t(B * T * h_in * D) * esz : 0;
-    // New buffers first (an allocation failure here still changes nothing).
+    // New buffers and the spans' encodings first (an allocation failure here still
+    // changes nothing).
     SegData cur;
+    std::vector<std::pair<DeviceEncodedTensor, DeviceEncodedTensor>> encoded;
     if (p.advance) {
       cur.k_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
       cur.v_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
+      encoded = encode_spans_of_advance(p, s);
     }
-    // --- from here on state changes ------------------------------------------
-    if (view.size() != view_bytes) view = DeviceBuffer();
+    DeviceBuffer new_view;
+    if (view_bytes && view.size() != view_bytes) new_view = DeviceBuffer(view_bytes, s, *alloc);
+    // --- from here on state changes; only CUDA errors can interrupt it ---------
+    if (!view_bytes) view = DeviceBuffer();
+    if (new_view.size()) view = std::move(new_view);
     if (p.advance) {
       if (h_in != H) {  // zeros in the heads this call does not write
         QVG_CUDA(cudaMemsetAsync(cur.k_raw.data(), 0, cur.k_raw.size(), s));
@@ -113,11 +153,15 @@ struct PackedCausalCache::Impl {
       write_chunk(value, cur.v_raw.data(), head0, s);
       pol.push_current(p, std::move(cur));
       pol.evict();
-      pol.pack([&](const std::vector<const Seg*>& parts, Seg& packed, qvg::detail::SpanChoice& choice) {
+      size_t next = 0;  // the spans were encoded in the order pack() makes them
+      pol.pack([&](const std::vector<const Seg*>&, Seg& packed, qvg::detail::SpanChoice& choice) {
         QVG_CHECK(!choice.incremental);  // rejected at construction
-        packed.data.k_enc = encode_one(parts, true, s);
-        packed.data.v_enc = encode_one(parts, false, s);
+        QVG_CHECK(next < encoded.size());
+        packed.data.k_enc = std::move(encoded[next].first);
+        packed.data.v_enc = std::move(encoded[next].second);
+        ++next;
       });
+      QVG_CHECK(next == encoded.size());
     } else {
       Seg& c_seg = pol.segments().back();
       write_chunk(key, c_seg.data.k_raw.data(), head0, s);
@@ -133,7 +177,6 @@ struct PackedCausalCache::Impl {
                                     p.view.tail_start - cs.g0, T, head0, h_in);
       out.zero_copy = true;
     } else {
-      if (view.size() != view_bytes) view = DeviceBuffer(view_bytes, s, *alloc);
       auto* vk = static_cast<std::byte*>(view.data());
       std::byte* vv = vk + view_bytes / 2;
       const size_t out_row = size_t(h_in * D) * esz;   // one token of the view

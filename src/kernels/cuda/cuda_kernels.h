@@ -37,10 +37,10 @@ void group_mean(const float* r, int64_t G, int64_t S, int64_t D, double* partial
 void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_t D, uint16_t* xb, float* maxabs,
                    cudaStream_t stream);
 /// Initial point indices idx[g * K + j], j < k_eff, as init_random of kmeans.cpp picks
-/// them (same PRNG stream per (seed, stage, b, h)); 0..k_eff-1 in order when k_eff == S.
-/// `perm`: scratch of G * S uint32.
-void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, uint32_t* perm,
-                  uint32_t* idx, cudaStream_t stream);
+/// them (same PRNG stream per (seed, stage, b, h + head_offset)); 0..k_eff-1 in order when
+/// k_eff == S. `perm`: scratch of G * S uint32.
+void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, int64_t head_offset,
+                  uint32_t* perm, uint32_t* idx, cudaStream_t stream);
 /// Initial centred centroids: c[g, j, :] = r[g, idx[g*K + j], :] - mu[g, :] for j < k_eff,
 /// zero for k_eff <= j < K.
 void init_centroids(const float* r, const float* mu, const uint32_t* idx, int64_t G, int64_t S, int64_t D, int K,

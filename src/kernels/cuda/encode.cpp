@@ -91,7 +91,7 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
     QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
     kernels::group_mean(r, G, S, D, partial, mu, stream);
     kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
-    kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, perm, idx, stream);
+    kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, cfg.head_offset, perm, idx, stream);
     kernels::init_centroids(r, mu, idx, G, S, D, K, k_eff, c, stream);
     for (int it = 0; it < iters; ++it) {
       kernels::prepare_centroids(c, G, D, K, k_eff, cb, cnorm, stream);

@@ -116,7 +116,7 @@ __global__ void iota_kernel(uint32_t* perm, int64_t S, int64_t n) {
 // One thread per group: the partial Fisher-Yates of init_random (kmeans.cpp), with
 // the same PRNG stream, so the device picks the CPU's initial points.
 __global__ void random_indices_kernel(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage,
-                                      uint32_t* perm, uint32_t* idx) {
+                                      int64_t head_offset, uint32_t* perm, uint32_t* idx) {
   const int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (g >= G) return;
   uint32_t* p = perm + g * S;
@@ -124,7 +124,7 @@ __global__ void random_indices_kernel(int64_t G, int64_t H, int64_t S, int K, in
     for (int j = 0; j < k_eff; ++j) idx[g * K + j] = uint32_t(j);
     return;
   }
-  A::Rng rng(seed, uint64_t(stage), uint64_t(g / H), uint64_t(g % H));
+  A::Rng rng(seed, uint64_t(stage), uint64_t(g / H), uint64_t(g % H + head_offset));
   for (int j = 0; j < k_eff; ++j) {
     const uint64_t r = uint64_t(j) + rng.below(uint64_t(S - j));
     const uint32_t tmp = p[j];
@@ -509,13 +509,14 @@ void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_
   detail::check_launch("center_kernel");
 }
 
-void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, uint32_t* perm,
-                  uint32_t* idx, cudaStream_t stream) {
+void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, int64_t head_offset,
+                  uint32_t* perm, uint32_t* idx, cudaStream_t stream) {
   if (k_eff < S) {
     iota_kernel<<<grid_for(G * S), kThreads, 0, stream>>>(perm, S, G * S);
     detail::check_launch("iota_kernel");
   }
-  random_indices_kernel<<<blocks_for(G, 64), 64, 0, stream>>>(G, H, S, K, k_eff, seed, stage, perm, idx);
+  random_indices_kernel<<<blocks_for(G, 64), 64, 0, stream>>>(G, H, S, K, k_eff, seed, stage, head_offset, perm,
+                                                                idx);
   detail::check_launch("random_indices_kernel");
 }
 

@@ -1,0 +1,263 @@
+// python/src/cuda_caches.cpp — the CUDA part of qvg._C (built with the CUDA path,
+// python/cmake/QvgTorch.cmake): CudaDenseCache and CudaPackedCache over the
+// device-resident caches of qvg/cuda_cache.h. Binding code only.
+//
+// Rules (qvg/torch.py and docs/python.md document them for users):
+//   * A cache lives on one CUDA device. Every call runs under a device guard for
+//     it and enqueues its work on torch.cuda.current_stream() of that device; the
+//     one synchronisation per update is the input-value check (spec 1 limits).
+//   * Device memory comes from PyTorch's caching allocator (TorchCudaAllocator):
+//     torch.cuda.memory_allocated() counts it and empty_cache() returns it; its
+//     out-of-memory error reaches Python as torch.OutOfMemoryError, and the caches
+//     allocate everything before they change (the cache is unchanged).
+//   * Views are torch CUDA tensors: dense one-range views are views of the
+//     caller's buffers; every other view points into cache memory (the packed
+//     current chunk or a view buffer) and, if still alive at the next mutating
+//     call, first gets a private copy of its bytes (enqueued on the stream).
+//   * CUDA graph capture: update() synchronizes its stream, which a capture
+//     forbids, so it refuses to run while the current stream is capturing
+//     (NotImplementedError) before enqueuing anything.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <fmt/core.h>
+
+#include "common.h"
+#include "dense_binding.h"
+#include "qvg/codec.h"
+#include "qvg/cuda.h"
+#include "qvg/cuda_cache.h"
+
+namespace qvg_py {
+namespace {
+
+using qvg::cuda::Stream;
+
+/// qvg's device memory from PyTorch's caching allocator, on the current device.
+class TorchCudaAllocator final : public qvg::cuda::Allocator {
+ public:
+  void* allocate(size_t bytes, Stream stream) override {
+    if (bytes == 0) return nullptr;
+    // Throws c10::OutOfMemoryError (torch.OutOfMemoryError) when the device is full.
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
+  }
+  void deallocate(void* p, size_t, Stream) noexcept override {
+    if (p == nullptr) return;
+    try {
+      c10::cuda::CUDACachingAllocator::raw_delete(p);  // stream-ordered: reusable by later work on the block's stream
+    } catch (...) {  // deallocate must not throw; the allocator reports a bad pointer itself
+    }
+  }
+};
+TorchCudaAllocator& torch_allocator() {
+  static TorchCudaAllocator a;
+  return a;
+}
+
+/// What one call on a device cache needs: the cache's device as current device and
+/// that device's current torch stream. Refuses to start while that stream captures
+/// a CUDA graph (Unsupported: update() synchronizes the stream, which a capture
+/// forbids), before anything is enqueued.
+struct DeviceCall {
+  c10::cuda::CUDAGuard guard;
+  at::Device device;
+  Stream stream;
+  explicit DeviceCall(const at::Device& d)
+      : guard(d), device(d), stream(c10::cuda::getCurrentCUDAStream(d.index()).stream()) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(stream, &st);
+    if (e != cudaSuccess)
+      throw qvg::cuda::CudaError(fmt::format("cudaStreamIsCapturing failed: {}", cudaGetErrorString(e)));
+    if (st != cudaStreamCaptureStatusNone)
+      throw qvg::Unsupported(
+          "a qvg CUDA cache cannot be used during CUDA graph capture: update() synchronizes the stream once to check "
+          "the input values (spec 1 limits); call it outside the captured region");
+  }
+};
+
+at::TensorOptions device_options(const qvg::StridedView& v, const at::Device& d) {
+  return at::TensorOptions().dtype(to_torch_dtype(v.dtype)).device(d);
+}
+
+/// Lent views' private copies: caching-allocator memory, copied on `stream`.
+void detach_on(Lender& lender, Stream stream) {
+  lender.detach([stream](size_t n, const void* src) {
+    at::DataPtr copy = c10::cuda::CUDACachingAllocator::get()->allocate(n);
+    if (n) {
+      const cudaError_t e = cudaMemcpyAsync(copy.get(), src, n, cudaMemcpyDeviceToDevice, stream);
+      if (e != cudaSuccess)
+        throw qvg::cuda::CudaError(fmt::format("cudaMemcpyAsync (detaching a view) failed: {}", cudaGetErrorString(e)));
+    }
+    return copy;
+  });
+}
+
+at::Device require_cuda_device(const at::Device& d, const char* what) {
+  if (!d.is_cuda())
+    throw qvg::InvalidArgument(fmt::format("{} must be a CUDA device for a CUDA cache, got {}", what, d.str()));
+  const int count = qvg::cuda::device_count();
+  const int index = d.has_index() ? d.index() : int(c10::cuda::current_device());
+  if (index < 0 || index >= count)
+    throw qvg::InvalidArgument(fmt::format("{} {} does not exist: {} CUDA device(s) visible", what, d.str(), count));
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+// ---- the dense cache ----------------------------------------------------------------
+/// DenseBinding's CUDA backend: copied (two-range) views are lent from the cache's
+/// device view buffer.
+struct CudaDense {
+  using Cache = qvg::cuda::DenseCausalCache;
+  using Call = DeviceCall;
+  Lender lender;
+
+  std::shared_ptr<Cache> make(const qvg::CacheOptions& o, Cache::ExternalStorage s, Cache::GrowStorage g,
+                              const at::Device& device) {
+    require_cuda_device(device, "k's device");
+    c10::cuda::CUDAGuard guard(device);
+    return std::make_shared<Cache>(o, s, std::move(g), torch_allocator());
+  }
+  qvg::KVView update(Cache& c, Call& call, qvg::ConstTensorView k, qvg::ConstTensorView v, int64_t start,
+                     std::optional<int64_t> hs, std::optional<int64_t> rw) {
+    return c.update(k, v, start, call.stream, hs, rw);
+  }
+  at::Tensor copied_view(const qvg::StridedView& v, Call& call, const std::shared_ptr<Cache>& keep) {
+    return lender.lend(v, device_options(v, call.device), keep);
+  }
+  void before_mutation(Call& call) { detach_on(lender, call.stream); }
+};
+using CudaDenseCache = DenseBinding<CudaDense>;
+
+// ---- the packed cache ---------------------------------------------------------------
+class CudaPackedCache {
+ public:
+  CudaPackedCache(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
+                  int64_t sink_tokens, std::optional<int64_t> attention_window_size, bool allow_growth,
+                  const qvg::QuantArgs& quant, int64_t head_offset, const std::string& device)
+      : device_(require_cuda_device(at::Device(device), "device")) {
+    const qvg::CacheOptions o = cache_options(batch, cache_size, heads, head_dim, dtype, sink_tokens,
+                                              attention_window_size, allow_growth, head_offset);
+    c10::cuda::CUDAGuard guard(device_);
+    cache_ = std::make_shared<qvg::cuda::PackedCausalCache>(o, quant, torch_allocator());
+  }
+
+  py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
+                   std::optional<int64_t> rw) {
+    BusyGuard busy(mu_);
+    const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
+    DeviceCall call(device_);
+    detach_on(lender_, call.stream);
+    qvg::KVView kv;
+    {
+      py::gil_scoped_release nogil;
+      kv = cache_->update(ki.view, vi.view, c, call.stream, hs, rw);
+    }
+    at::Tensor ok = lender_.lend(kv.k, device_options(kv.k, device_), cache_);
+    at::Tensor ov = lender_.lend(kv.v, device_options(kv.v, device_), cache_);
+    return view_tuple(std::move(ok), std::move(ov), kv);
+  }
+
+  void reset_indices() {
+    BusyGuard busy(mu_);
+    DeviceCall call(device_);
+    detach_on(lender_, call.stream);
+    cache_->reset_indices();
+  }
+
+  const qvg::cuda::PackedCausalCache& cache() const { return *cache_; }
+  const at::Device& device() const { return device_; }
+
+  /// segment_list (common.h); raw buffers' addresses are device addresses for CUDA.
+  py::list segments() const { return segment_list(*cache_); }
+
+  /// Segment i's K and V as the CPU sees them: raw segments copied to the host,
+  /// packed ones downloaded and decoded by the CPU decoder (spec 1.3), as CPU
+  /// tensors [B, g1 - g0, H, D]. Synchronizes the current stream. For tests.
+  py::tuple segment_on_host(size_t i) {
+    BusyGuard busy(mu_);
+    DeviceCall call(device_);
+    const auto s = cache_->segment(i);
+    const auto host = [&](const qvg::StridedView& raw, const qvg::cuda::DeviceEncodedTensor* enc) {
+      if (enc) {
+        const qvg::Tensor dec = qvg::decode(enc->download(call.stream));
+        at::Tensor t = at::empty({dec.shape().b, dec.shape().s, dec.shape().h, dec.shape().d},
+                                 at::TensorOptions().dtype(to_torch_dtype(dec.dtype())));
+        std::memcpy(t.data_ptr(), dec.data(), dec.nbytes());
+        return t;
+      }
+      const at::Tensor dev =
+          at::from_blob(const_cast<void*>(raw.data), sizes_of(raw), strides_of(raw), device_options(raw, device_));
+      return dev.to(at::kCPU);  // a copy on the current stream, waited for
+    };
+    return py::make_tuple(host(s.k_raw, s.packed ? s.k_enc : nullptr), host(s.v_raw, s.packed ? s.v_enc : nullptr));
+  }
+
+  /// A snapshot for tests: cursors, segments, byte counts (equal snapshots mean an
+  /// unchanged structure; segment bytes are compared through segment_on_host).
+  py::tuple debug_state() const {
+    return py::make_tuple(cache_->global_end(), cache_->local_end(), cache_->chunk_tokens(), segments(),
+                          cache_->resident_nbytes(), cache_->allocated_nbytes(), cache_->view_buffer_nbytes());
+  }
+
+ private:
+  at::Device device_;
+  std::shared_ptr<qvg::cuda::PackedCausalCache> cache_;
+  Lender lender_;
+  std::mutex mu_;
+};
+
+}  // namespace
+
+void register_cuda(py::module_& m) {
+  m.def("cuda_device_count", &qvg::cuda::device_count,
+        "CUDA devices visible to qvg's CUDA backend (0 without a driver)");
+
+  def_dense<CudaDense>(m, "CudaDenseCache", [](auto& c) {
+    using D = CudaDenseCache;
+    c.def("view_buffer_nbytes", [](const D& d) {
+       return d.cache().view_buffer_nbytes();
+     }).def("debug_state", [](const D& d) {
+      return py::make_tuple(d.k().to(at::kCPU), d.v().to(at::kCPU), d.cache().cache_size(),
+                            d.cache().attention_window_size(), d.cache().global_end(), d.cache().local_end(),
+                            d.cache().resident_nbytes(), d.cache().view_buffer_nbytes());
+    });
+  });
+
+  py::class_<CudaPackedCache>(m, "CudaPackedCache")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, std::optional<int64_t>, bool,
+                    const qvg::QuantArgs&, int64_t, const std::string&>(),
+           py::arg("batch"), py::arg("cache_size"), py::arg("heads"), py::arg("head_dim"), py::arg("dtype"),
+           py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"), py::arg("quant"),
+           py::arg("head_offset"), py::arg("device"))
+      .def("update", &CudaPackedCache::update)
+      .def("reset_indices", &CudaPackedCache::reset_indices)
+      .def("segments", &CudaPackedCache::segments)
+      .def("segment_on_host", &CudaPackedCache::segment_on_host)
+      .def("debug_state", &CudaPackedCache::debug_state)
+      .def_property_readonly("device", [](const CudaPackedCache& p) { return p.device().str(); })
+      .def_property_readonly("global_end", [](const CudaPackedCache& p) { return p.cache().global_end(); })
+      .def_property_readonly("local_end", [](const CudaPackedCache& p) { return p.cache().local_end(); })
+      .def_property_readonly("chunk_tokens", [](const CudaPackedCache& p) { return p.cache().chunk_tokens(); })
+      .def("can_direct_current_attention",
+           [](const CudaPackedCache& p, int64_t n) {
+             const auto& c = p.cache();
+             return c.sink_tokens() == 0 && c.cache_size() == n && c.attention_window_size() == n;
+           })
+      .def("resident_nbytes", [](const CudaPackedCache& p) { return p.cache().resident_nbytes(); })
+      .def("allocated_nbytes", [](const CudaPackedCache& p) { return p.cache().allocated_nbytes(); })
+      .def("view_buffer_nbytes", [](const CudaPackedCache& p) { return p.cache().view_buffer_nbytes(); });
+}
+
+}  // namespace qvg_py

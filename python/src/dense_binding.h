@@ -1,0 +1,166 @@
+// python/src/dense_binding.h — the binding of a dense cache (spec 3.2) over the
+// caller's k/v torch tensors, for the CPU (qvg::DenseCausalCache, bindings.cpp)
+// and for CUDA (qvg::cuda::DenseCausalCache, cuda_caches.cpp). A Backend supplies:
+//
+//   using Cache;                    the C++ cache (ExternalStorage, GrowStorage)
+//   struct Call { Call(device); };  what one call needs (CUDA: device guard, stream)
+//   std::shared_ptr<Cache> make(options, storage, grow, device);  (checks the device)
+//   KVView update(cache, call, key, value, start, head_start, recent_window);
+//   at::Tensor copied_view(view, call, keep);   a two-range view as a torch tensor
+//   void before_mutation(call);     what must happen before the cache may change (lent views)
+//
+// Memory rules (qvg/torch.py documents them): the buffers are the caller's tensors
+// (no copy); a one-range view is a torch view (as_strided) of them; growth asks the
+// growth hook for new torch buffers, which become .k/.v only if the call succeeds.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+
+namespace qvg_py {
+
+template <class Backend>
+class DenseBinding {
+ public:
+  DenseBinding(const at::Tensor& k, const at::Tensor& v, int64_t sink_tokens,
+               std::optional<int64_t> attention_window_size, bool allow_growth) {
+    const qvg::DType dt = check_buffer(k, "k");
+    device_ = k.device();
+    check_buffer(v, "v");
+    require_device(v, "v", device_);
+    if (v.sizes() != k.sizes())
+      throw qvg::InvalidArgument(fmt::format("v shape must equal k shape {}, got {}", shape_str(k), shape_str(v)));
+    if (v.scalar_type() != k.scalar_type())
+      throw qvg::InvalidArgument(fmt::format("v dtype must equal k dtype {}, got {}", torch_dtype_name(k.scalar_type()),
+                                             torch_dtype_name(v.scalar_type())));
+    opt_.batch = k.size(0);
+    opt_.cache_size = k.size(1);
+    opt_.heads = k.size(2);
+    opt_.head_dim = k.size(3);
+    opt_.dtype = dt;
+    opt_.sink_tokens = sink_tokens;
+    opt_.attention_window_size = attention_window_size;
+    opt_.allow_growth = allow_growth;
+    k_ = k.requires_grad() ? k.detach() : k;
+    v_ = v.requires_grad() ? v.detach() : v;
+    // Growth (allow_growth): the cache decides when and how much (spec 3.2) and asks
+    // for torch buffers of the new size (zeros, on the buffers' device and, for CUDA,
+    // its current stream); they become .k/.v once the call succeeded.
+    auto grow = [this](int64_t new_cache_size) {
+      grown_k_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, k_.options());
+      grown_v_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, v_.options());
+      return typename Backend::Cache::ExternalStorage{grown_k_.data_ptr(), grown_v_.data_ptr()};
+    };
+    cache_ = backend_.make(opt_, {k_.numel() ? k_.data_ptr() : nullptr, v_.numel() ? v_.data_ptr() : nullptr},
+                           std::move(grow), device_);
+  }
+
+  /// One update_and_get_attention_kv call. `ge`, `le` are the cursors the
+  /// Python side holds (its source of truth); the C++ cache adopts them first.
+  py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
+                   std::optional<int64_t> rw, int64_t ge, int64_t le) {
+    BusyGuard busy(mu_);
+    check_buffers_unchanged();
+    const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
+    typename Backend::Call call(device_);
+    backend_.before_mutation(call);  // first: adopting the cursors may free the view buffer of lent views
+    if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
+    qvg::KVView kv;
+    {
+      py::gil_scoped_release nogil;
+      try {
+        kv = backend_.update(*cache_, call, ki.view, vi.view, c, hs, rw);
+      } catch (...) {
+        grown_k_ = at::Tensor();  // a failed call keeps the old buffers (and the cache did not switch)
+        grown_v_ = at::Tensor();
+        throw;
+      }
+    }
+    if (grown_k_.defined()) {  // the call grew the cache into the buffers of the hook
+      k_ = std::move(grown_k_);
+      v_ = std::move(grown_v_);
+      grown_k_ = at::Tensor();
+      grown_v_ = at::Tensor();
+    }
+    at::Tensor ok = kv.zero_copy ? alias_of(k_, kv.k) : backend_.copied_view(kv.k, call, cache_);
+    at::Tensor ov = kv.zero_copy ? alias_of(v_, kv.v) : backend_.copied_view(kv.v, call, cache_);
+    return view_tuple(std::move(ok), std::move(ov), kv);
+  }
+
+  void reset_indices() {
+    BusyGuard busy(mu_);
+    typename Backend::Call call(device_);
+    backend_.before_mutation(call);
+    cache_->reset_indices();
+  }
+  void set_indices(int64_t ge, int64_t le) {
+    BusyGuard busy(mu_);
+    typename Backend::Call call(device_);
+    backend_.before_mutation(call);
+    cache_->set_indices(ge, le);
+  }
+
+  const at::Tensor& k() const { return k_; }
+  const at::Tensor& v() const { return v_; }
+  const at::Device& device() const { return device_; }
+  const typename Backend::Cache& cache() const { return *cache_; }
+  bool can_direct_current_attention(int64_t n) const {  // spec 3.1
+    return cache_->sink_tokens() == 0 && cache_->cache_size() == n && cache_->attention_window_size() == n;
+  }
+
+ private:
+  /// The C++ cache writes through raw pointers into k_/v_: refuse to go on if the
+  /// caller resized them or swapped their storage in place since.
+  void check_buffers_unchanged() const {
+    const auto kb = cache_->k_buffer(), vb = cache_->v_buffer();
+    const std::vector<int64_t> shape = {kb.shape.b, kb.shape.s, kb.shape.h, kb.shape.d};
+    if (k_.data_ptr() != kb.data || v_.data_ptr() != vb.data || k_.sizes() != at::IntArrayRef(shape) ||
+        v_.sizes() != at::IntArrayRef(shape) || !k_.is_contiguous() || !v_.is_contiguous() || k_.device() != device_ ||
+        v_.device() != device_)
+      throw qvg::InvalidArgument(fmt::format(
+          "the cache's k/v tensors must keep their storage and shape {} (they are the cache's buffers), got k shape "
+          "{} after an in-place resize or set_()",
+          shape_str(shape), shape_str(k_)));
+  }
+
+  Backend backend_;
+  at::Device device_ = at::Device(at::kCPU);
+  qvg::CacheOptions opt_;
+  at::Tensor k_, v_;
+  at::Tensor grown_k_, grown_v_;  // buffers handed to the cache by the growth hook during a call
+  std::shared_ptr<typename Backend::Cache> cache_;
+  std::mutex mu_;
+};
+
+/// The Python class of a DenseBinding<Backend>; `extra` adds the backend's own members.
+template <class Backend, class Extra>
+void def_dense(py::module_& m, const char* name, Extra&& extra) {
+  using D = DenseBinding<Backend>;
+  auto c =
+      py::class_<D>(m, name)
+          .def(py::init<const at::Tensor&, const at::Tensor&, int64_t, std::optional<int64_t>, bool>(), py::arg("k"),
+               py::arg("v"), py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"))
+          .def("update", &D::update)
+          .def("reset_indices", &D::reset_indices)
+          .def("set_indices", &D::set_indices)
+          .def_property_readonly("k", &D::k)
+          .def_property_readonly("v", &D::v)
+          .def_property_readonly("device", [](const D& d) { return d.device().str(); })
+          .def_property_readonly("global_end", [](const D& d) { return d.cache().global_end(); })
+          .def_property_readonly("local_end", [](const D& d) { return d.cache().local_end(); })
+          .def_property_readonly("cache_size", [](const D& d) { return d.cache().cache_size(); })
+          .def_property_readonly("attention_window_size", [](const D& d) { return d.cache().attention_window_size(); })
+          .def_property_readonly("sink_tokens", [](const D& d) { return d.cache().sink_tokens(); })
+          .def_property_readonly("num_heads", [](const D& d) { return d.cache().num_heads(); })
+          .def_property_readonly("allow_growth", [](const D& d) { return d.cache().allow_growth(); })
+          .def("can_direct_current_attention", &D::can_direct_current_attention)
+          .def("resident_nbytes", [](const D& d) { return d.cache().resident_nbytes(); });
+  extra(c);
+}
+
+}  // namespace qvg_py
