@@ -65,8 +65,18 @@ struct Allocator {
   /// so far has finished with it. Must not throw.
   virtual void deallocate(void* p, size_t bytes, Stream stream) noexcept = 0;
 };
-/// The default allocator: cudaMallocAsync / cudaFreeAsync on the device's default pool.
+/// The default allocator. On a device with stream-ordered pools
+/// (cudaDevAttrMemoryPoolsSupported, queried once per device): a pool qvg creates
+/// for that device at its first use (never the device's default pool, which other
+/// libraries share), with release threshold UINT64_MAX, so freed memory is kept for
+/// reuse across synchronizations; cudaMallocFromPoolAsync / cudaFreeAsync. Without
+/// pools (some virtualised GPUs and sandboxes): cudaMalloc, and a free synchronizes
+/// the buffer's stream before cudaFree (it blocks the host). Thread-safe.
 Allocator& default_allocator();
+/// Returns the default allocator's unused pool memory of the current device to the
+/// OS, keeping at least `keep_bytes` reserved (cudaMemPoolTrimTo). A no-op without
+/// pools. Does not synchronize.
+void release_pool_memory(size_t keep_bytes = 0);
 
 /// One owning allocation from an Allocator, freed on the stream it was made on.
 class DeviceBuffer {
@@ -131,8 +141,9 @@ class DeviceEncodedTensor : public EncodingLayout {
 
 /// Encodes x (device memory, [B, S, H, D] bf16/f16/f32, dense) on the device
 /// (spec 1.1, 1.2). k-means assignment uses tensor cores (bf16 operands, fp32
-/// accumulation, spec 1.1's expanded form on group-centred data) when D is 64 or
-/// 128, else an fp32 expanded-form kernel; centroid means are accumulated exactly
+/// accumulation, spec 1.1's expanded form on group-centred data) when D is 64,
+/// 128 or 256 (and the device has the shared memory for the codebook: D = 256 with
+/// K = 256 needs 133 KB), else an fp32 expanded-form kernel; centroid means are accumulated exactly
 /// (fixed point, 64-bit integers), so results do not depend on scheduling; the
 /// residual quantizer is bit-identical to the CPU's for the same residual.
 /// Supported: init random (and S <= K), every other codec option. Throws

@@ -82,16 +82,20 @@ void update(const float* x, int64_t n, int64_t dim, const uint8_t* ids, int k, f
   }
 }
 
-void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c, KMeansWorkspace& ws) {
-  // Partial Fisher-Yates: k distinct indices (k <= n here).
-  std::vector<uint32_t>& idx = ws.idx;
+// Partial Fisher-Yates: idx[0..k) are k distinct indices of 0..n-1 (k <= n).
+void fisher_yates_prefix(int64_t n, int k, Rng& rng, std::vector<uint32_t>& idx) {
   idx.resize(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0u);
   for (int j = 0; j < k; ++j) {
     uint64_t r = uint64_t(j) + rng.below(uint64_t(n - j));
     std::swap(idx[size_t(j)], idx[size_t(r)]);
-    std::copy_n(x + int64_t(idx[size_t(j)]) * dim, dim, c + int64_t(j) * dim);
   }
+}
+
+void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c, KMeansWorkspace& ws) {
+  std::vector<uint32_t>& idx = ws.idx;
+  fisher_yates_prefix(n, k, rng, idx);
+  for (int j = 0; j < k; ++j) std::copy_n(x + int64_t(idx[size_t(j)]) * dim, dim, c + int64_t(j) * dim);
 }
 
 void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c, KMeansWorkspace& ws) {
@@ -159,6 +163,15 @@ void centre(const float* points, int64_t n, int64_t dim, KMeansWorkspace& ws) {
     for (int64_t d = 0; d < dim; ++d) xc[size_t(i * dim + d)] = points[i * dim + d] - mu[size_t(d)];
 }
 }  // namespace
+
+std::vector<uint32_t> random_init_indices(uint64_t seed, int stage, int64_t b, int64_t h, int64_t n, int k) {
+  QVG_CHECK(n >= 1 && k >= 1 && k <= n);
+  Rng rng(seed, uint64_t(stage), uint64_t(b), uint64_t(h));
+  std::vector<uint32_t> idx;
+  fisher_yates_prefix(n, k, rng, idx);
+  idx.resize(size_t(k));
+  return idx;
+}
 
 void assign_to(const float* points, int64_t n, int64_t dim, const float* centroids, int k, uint8_t* ids,
                AssignPath path, int threads, KMeansWorkspace& ws) {

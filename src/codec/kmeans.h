@@ -50,6 +50,13 @@ struct KMeansWorkspace {
   std::vector<char> chosen;
 };
 
+/// The point indices init random picks for k centroids among n > k points of group
+/// (b, h) of stage `stage` (the first k entries of a partial Fisher-Yates with the
+/// PRNG stream of (seed, stage, b, h)): what kmeans() uses. The CUDA encoder draws
+/// the same indices (kernels/cuda/encode_bodies.cuh); its host test compares them.
+/// REQUIRES 1 <= k <= n.
+std::vector<uint32_t> random_init_indices(uint64_t seed, int stage, int64_t b, int64_t h, int64_t n, int k);
+
 /// Assigns each of n points (n x dim, original coordinates) to the nearest of the
 /// first k of `centroids` (k x dim, original coordinates, fp32) with the same
 /// distances as kmeans() (group-centred, `path`); writes ids[0..n). No update.

@@ -13,14 +13,18 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
+#include "codec/kmeans.h"
 #include "gpu/harness.h"
 #include "gpu/modes.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
+#include "kernels/cuda/encode_bodies.cuh"
 #include "kernels/cuda/host.h"
 #include "kernels/ref/ref.h"
 #include "qvg/codec.h"
@@ -99,34 +103,62 @@ K::DecodeArgs make_task(const qvg::EncodedTensor& e, const Contig& c) {
                                     c.cent.data()});
 }
 
-/// Runs the kernel bodies over tokens [t0, t1), heads [h0, h1) into a target with
-/// the given token stride (elements), as the decode kernel would; returns the buffer.
-std::vector<uint8_t> body_decode(const qvg::EncodedTensor& e, const Contig& c, qvg::DType out_dtype, int t0, int t1,
-                                 int h0, int h1, int64_t token_stride, bool vec, bool vstore) {
+/// The modes (bits, fp8, centroid dtype, output dtype) the emulated launches ran.
+std::set<int>& modes_run() {
+  static std::set<int> m;
+  return m;
+}
+
+/// Runs what decode_tasks launches, on the host: plan_decode's launches, every
+/// block of each grid and every thread of each block, through the same dispatch
+/// (with_decode_mode) and bodies as the kernels. Returns the number of launches.
+size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks) {
+  const std::vector<K::DecodeLaunch> plan = K::plan_decode(tasks.data(), int(tasks.size()));
+  for (const K::DecodeLaunch& L : plan)
+    for (int32_t blk = 0; blk < L.blocks(); ++blk) {
+      const int ti = K::task_of_block(L, blk);
+      const int32_t local = blk - L.first_block[ti];
+      if (!L.vec) {
+        for (int tid = 0; tid < K::kDecodeThreads; ++tid) K::decode_block_generic(L, ti, local, tid);
+        continue;
+      }
+      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, [&](auto b, auto f, auto c, auto o) {
+        modes_run().insert(decltype(b)::value * 1000 + decltype(f)::value * 100 + decltype(c)::value * 10 +
+                           decltype(o)::value);
+        for (int tid = 0; tid < K::kDecodeThreads; ++tid)
+          K::decode_block_vec<decltype(b)::value, decltype(f)::value, decltype(c)::value, decltype(o)::value>(
+              L, ti, local, tid);
+      });
+    }
+  return plan.size();
+}
+
+/// A decode task for tokens [t0, t1), heads [h0, h1) of e into `out` with the given
+/// token stride (elements); batch stride = rows * token stride.
+K::DecodeArgs range_task(const qvg::EncodedTensor& e, const Contig& c, qvg::DType out_dtype, int t0, int t1, int h0,
+                         int h1, int64_t token_stride, void* out) {
   K::DecodeArgs T = make_task(e, c);
-  const int64_t D = e.shape.d, rows = t1 - t0;
-  const size_t osz = qvg::dtype_size(out_dtype);
-  const int64_t batch_stride = rows * token_stride;
-  std::vector<uint8_t> out(size_t(e.shape.b * batch_stride) * osz + 64, 0xA5);
   T.t0 = t0;
   T.t1 = t1;
   T.h0 = h0;
   T.h1 = h1;
   T.out_dtype = int8_t(qvg::cuda::arith_dtype(out_dtype));
-  // 16-byte aligned target (std::vector data is 16-byte aligned on this ABI; checked).
-  T.out = out.data();
-  T.batch_stride = batch_stride;
+  T.out = out;
+  T.batch_stride = int64_t(t1 - t0) * token_stride;
   T.token_stride = token_stride;
-  for (int b = 0; b < e.shape.b; ++b)
-    for (int h = h0; h < h1; ++h)
-      for (int t = t0; t < t1; ++t) {
-        if (vec)
-          for (int cc = 0; cc < D / 8; ++cc) K::decode_vec8(T, b, h, t, cc, vstore);
-        else
-          for (int d = 0; d < D; ++d) K::decode_one(T, b, h, t, d);
-      }
-  return out;
+  return T;
 }
+
+/// A 16-byte aligned buffer of n bytes filled with 0xA5 (a sentinel: bytes no task
+/// writes must keep it).
+struct Target {
+  std::vector<uint8_t> raw;
+  uint8_t* p = nullptr;
+  size_t n = 0;
+  explicit Target(size_t bytes, size_t misalign = 0) : raw(bytes + 32 + misalign, 0xA5), n(bytes) {
+    p = raw.data() + ((16 - reinterpret_cast<uintptr_t>(raw.data()) % 16) % 16) + misalign;
+  }
+};
 
 using qvg::testing::all_modes;
 using qvg::testing::Mode;
@@ -215,16 +247,23 @@ QVG_TEST(mul64wide_matches_limb_product) {
   }
 }
 
-QVG_TEST(decode_bodies_match_ref_decode_rows) {
+// The whole decode launch on the host (plan_decode, every block and thread of the
+// grid, the templated bodies) against the CPU codec's decode, bit for bit: all 32
+// modes x input (= centroid) dtype x output dtype (so all 36 instantiations of
+// decode_block_vec), D = 64, 128, 256 and 24 on the vectorised path and D = 12
+// (block 4) on the generic one; the whole tensor into a dense target (aligned:
+// 128-bit stores; misaligned: element stores), and a strided sub-range (t0 > 0,
+// h0 > 0, padded token stride) whose padding must stay untouched.
+QVG_TEST(decode_launches_match_cpu_decode) {
   struct ShapeCase {
     qvg::Shape4 sh;
     int block;
   };
-  // D = 64 (vectorised path) and D = 24 with block 8 (vectorised, 3 blocks), and
-  // D = 12 with block 4 (int2 only: not vectorisable, generic path).
-  const ShapeCase shapes[] = {{{2, 37, 3, 64}, 32}, {{1, 21, 2, 24}, 8}, {{1, 19, 2, 12}, 4}};
+  const ShapeCase shapes[] = {
+      {{2, 37, 3, 64}, 32}, {{1, 21, 2, 128}, 64}, {{1, 13, 2, 256}, 64}, {{1, 21, 2, 24}, 8}, {{1, 19, 2, 12}, 4}};
   int checked = 0;
   uint32_t seed = 1;
+  modes_run().clear();
   for (const ShapeCase& sc : shapes)
     for (const Mode& m : all_modes())
       for (qvg::DType in : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}) {
@@ -243,128 +282,372 @@ QVG_TEST(decode_bodies_match_ref_decode_rows) {
         qvg::Tensor x = make_data(in, sc.sh, seed++, big);
         const qvg::EncodedTensor e = qvg::encode(x, cfg);
         const Contig c = contig(e);
-        const bool vec = K::task_vectorizable(make_task(e, c));
+        const int64_t S = sc.sh.s, H = sc.sh.h, D = sc.sh.d;
         for (qvg::DType out : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}) {
           const std::vector<uint8_t> ref = reference_decode(e, out);
-          const int64_t S = sc.sh.s, H = sc.sh.h, D = sc.sh.d;
+          qvg::Tensor cpu(out, sc.sh);
+          qvg::decode(e, cpu.view());
+          QVG_EXPECT(std::memcmp(cpu.data(), ref.data(), ref.size()) == 0) << "CPU decode vs ref::decode_rows";
           const size_t osz = qvg::dtype_size(out);
-          // Whole tensor, dense target: vectorised (aligned and element stores) and generic bodies.
-          for (int variant = 0; variant < 3; ++variant) {
-            if (variant < 2 && !vec) continue;
-            const std::vector<uint8_t> got = body_decode(e, c, out, 0, int(S), 0, int(H), H * D, variant < 2,
-                                                         variant == 0);
-            const bool same = std::memcmp(got.data(), ref.data(), ref.size()) == 0;
-            QVG_EXPECT(same) << describe(m, in) << "out" << qvg::dtype_name(out) << "variant" << variant;
+          for (size_t misalign : {size_t(0), osz}) {  // 128-bit stores, then element stores
+            Target tg(ref.size(), misalign);
+            run_decode_launches({range_task(e, c, out, 0, int(S), 0, int(H), H * D, tg.p)});
+            const bool same = std::memcmp(tg.p, ref.data(), ref.size()) == 0;
+            QVG_EXPECT(same) << describe(m, in) << "out" << qvg::dtype_name(out) << "D" << D << "misalign" << misalign;
             ++checked;
           }
           // A strided sub-range (tokens [5, S-2), heads [1, H)) as a window view writes it.
           const int t0 = 5, t1 = int(S) - 2, h0 = 1, h1 = int(H);
           const int64_t stride = (h1 - h0) * D + 8;
-          const std::vector<uint8_t> got = body_decode(e, c, out, t0, t1, h0, h1, stride, vec, false);
-          bool same = true;
-          for (int64_t b = 0; b < sc.sh.b && same; ++b)
-            for (int64_t t = t0; t < t1 && same; ++t)
+          Target tg(size_t(sc.sh.b * (t1 - t0) * stride) * osz);
+          run_decode_launches({range_task(e, c, out, t0, t1, h0, h1, stride, tg.p)});
+          bool same = true, pad = true;
+          for (int64_t b = 0; b < sc.sh.b; ++b)
+            for (int64_t t = t0; t < t1; ++t) {
+              const size_t dst = size_t(b * (t1 - t0) * stride + (t - t0) * stride) * osz;
               for (int64_t h = h0; h < h1 && same; ++h) {
                 const size_t src = size_t(((b * S + t) * H + h) * D) * osz;
-                const size_t dst = size_t(b * (t1 - t0) * stride + (t - t0) * stride + (h - h0) * D) * osz;
-                same = std::memcmp(got.data() + dst, ref.data() + src, size_t(D) * osz) == 0;
+                same = std::memcmp(tg.p + dst + size_t((h - h0) * D) * osz, ref.data() + src, size_t(D) * osz) == 0;
               }
-          QVG_EXPECT(same) << describe(m, in) << "out" << qvg::dtype_name(out) << "strided sub-range";
+              for (size_t i = size_t((h1 - h0) * D) * osz; i < size_t(stride) * osz; ++i)
+                pad = pad && tg.p[dst + i] == 0xA5;
+            }
+          QVG_EXPECT(same && pad) << describe(m, in) << "out" << qvg::dtype_name(out) << "D" << D << "strided sub-range"
+                                  << (same ? "padding written" : "differs");
           ++checked;
         }
       }
-  QVG_EXPECT(checked > 300) << checked;
-  std::printf("  %d decode comparisons\n", checked);
+  QVG_EXPECT(modes_run().size() == 36) << "instantiations run:" << modes_run().size();
+  QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
+  QVG_EXPECT(checked > 3000) << checked;
+  std::printf("  %d decode comparisons, %zu instantiations\n", checked, modes_run().size());
 }
 
-QVG_TEST(quantize_bodies_match_quantize_residual_group) {
+// Several tasks of different modes in one decode_tasks call (as a window of K and V
+// spans of different dtypes would be): the plan groups them by mode, 16 tasks per
+// launch, and every task lands in its own region of one buffer.
+QVG_TEST(decode_plan_groups_tasks_by_mode) {
+  const qvg::Shape4 sh{2, 40, 3, 64};
+  std::vector<qvg::EncodedTensor> encs;
+  std::vector<Contig> cs;
+  std::vector<qvg::DType> outs;
+  for (int i = 0; i < 40; ++i) {
+    qvg::CodecConfig cfg;
+    cfg.bits = i % 3 == 0 ? 2 : 4;  // 2 bit modes
+    cfg.scale_dtype = i % 5 == 0 ? qvg::ScaleDType::BF16 : qvg::ScaleDType::FP8_E4M3;
+    cfg.asymmetric = i % 2 == 1;  // runtime-uniform, not part of the mode
+    cfg.centroids = 8;
+    cfg.block_size = i == 7 ? 4 : 32;  // one generic task
+    cfg.threads = 1;
+    const qvg::DType in = i % 4 == 3 ? qvg::DType::F16 : qvg::DType::BF16;
+    encs.push_back(qvg::encode(make_data(in, sh, 900u + uint32_t(i), 10.0f), cfg));
+    outs.push_back(i % 6 == 5 ? qvg::DType::F32 : qvg::DType::BF16);
+  }
+  for (const auto& e : encs) cs.push_back(contig(e));
+  const int t0 = 3, t1 = 37, h0 = 1, h1 = 3;
+  const int64_t stride = (h1 - h0) * sh.d;
+  std::vector<size_t> off;
+  size_t total = 0;
+  for (size_t i = 0; i < encs.size(); ++i) {
+    off.push_back(total);
+    total += size_t(sh.b * (t1 - t0) * stride) * qvg::dtype_size(outs[i]) + 16;
+  }
+  Target tg(total);
+  std::vector<K::DecodeArgs> tasks;
+  std::set<int> keys;
+  for (size_t i = 0; i < encs.size(); ++i) {
+    tasks.push_back(range_task(encs[i], cs[i], outs[i], t0, t1, h0, h1, stride, tg.p + off[i]));
+    const K::DecodeArgs& t = tasks.back();
+    keys.insert(K::task_vectorizable(t) ? t.bits * 1000 + t.fp8 * 100 + t.centroid_dtype * 10 + t.out_dtype : -1);
+  }
+  tasks.push_back(range_task(encs[0], cs[0], outs[0], 4, 4, h0, h1, stride, tg.p));  // empty: skipped
+  const std::vector<K::DecodeLaunch> plan = K::plan_decode(tasks.data(), int(tasks.size()));
+  size_t want = 0;
+  for (int k : keys) {
+    size_t n = 0;
+    for (const K::DecodeArgs& t : tasks)
+      if (t.t1 > t.t0 &&
+          (K::task_vectorizable(t) ? t.bits * 1000 + t.fp8 * 100 + t.centroid_dtype * 10 + t.out_dtype : -1) == k)
+        ++n;
+    want += (n + K::kDecodeTasksPerLaunch - 1) / K::kDecodeTasksPerLaunch;
+  }
+  QVG_EXPECT(plan.size() == want) << plan.size() << "launches, want" << want;
+  for (const K::DecodeLaunch& L : plan)
+    for (int k = 0; k < L.n; ++k)
+      QVG_EXPECT(!L.vec || (L.t[k].bits == L.bits && L.t[k].fp8 == L.fp8 && L.t[k].centroid_dtype == L.centroid_dtype &&
+                            L.t[k].out_dtype == L.out_dtype))
+          << "a launch mixes modes";
+  run_decode_launches(tasks);
+  for (size_t i = 0; i < encs.size(); ++i) {
+    const std::vector<uint8_t> ref = reference_decode(encs[i], outs[i]);
+    const size_t osz = qvg::dtype_size(outs[i]);
+    bool same = true;
+    for (int64_t b = 0; b < sh.b; ++b)
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = h0; h < h1; ++h) {
+          const size_t src = size_t(((b * sh.s + t) * sh.h + h) * sh.d) * osz;
+          const size_t dst = off[i] + size_t(b * (t1 - t0) * stride + (t - t0) * stride + (h - h0) * sh.d) * osz;
+          same = same && std::memcmp(tg.p + dst, ref.data() + src, size_t(sh.d) * osz) == 0;
+        }
+    QVG_EXPECT(same) << "task" << i;
+    QVG_EXPECT(K::host_misaligned_accesses() == 0) << "misaligned accesses";
+    const size_t end = off[i] + size_t(sh.b * (t1 - t0) * stride) * osz;
+    for (size_t j = end; j < end + 16; ++j) QVG_EXPECT(tg.p[j] == 0xA5) << "task" << i << "wrote past its target";
+  }
+}
+
+// The initial point indices the device draws (random_init_indices: sparse
+// Fisher-Yates in a 512-slot table) against the indices the CPU codec's k-means
+// uses (detail::random_init_indices, a dense Fisher-Yates over 0..S-1).
+QVG_TEST(init_indices_match_cpu_codec) {
   int checked = 0;
+  std::vector<uint32_t> keys(K::kInitTableSlots), vals(K::kInitTableSlots), idx(256);
+  for (uint64_t seed : {0ull, 1234ull, 18446744073709551615ull})
+    for (int stage : {0, 1, 5})
+      for (int64_t S : {2ll, 3ll, 17ll, 256ll, 257ll, 1000ll, 4680ll, 29640ll})
+        for (int k : {1, 2, 7, 128, 255, 256}) {
+          if (k >= S) continue;
+          const int64_t b = seed % 3, h = (S + stage) % 7;
+          std::fill(keys.begin(), keys.end(), K::kInitEmpty);
+          K::random_init_indices(seed, stage, b, h, S, k, keys.data(), vals.data(), idx.data());
+          const std::vector<uint32_t> cpu = qvg::detail::random_init_indices(seed, stage, b, h, S, k);
+          QVG_EXPECT(std::equal(cpu.begin(), cpu.end(), idx.begin()))
+              << "seed" << seed << "stage" << stage << "S" << S << "k" << k;
+          ++checked;
+        }
+  QVG_EXPECT(checked > 200) << checked;
+}
+
+// The update rule of the device encoder: fixed_exponent keeps S * maxabs * 2^e in
+// [2^59, 2^61); to_fixed rounds half to even; centroid_from_fixed of an exact sum
+// is the correctly rounded mean (the reference: the mean in long double).
+QVG_TEST(fixed_point_update_rules) {
+  QVG_EXPECT(K::to_fixed(2.5f, 1.0) == 2 && K::to_fixed(3.5f, 1.0) == 4 && K::to_fixed(-2.5f, 1.0) == -2 &&
+             K::to_fixed(0.75f, 2.0) == 2);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int bad = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const float maxabs = std::ldexp(std::fabs(u(rng)) + 1e-3f, int(rng() % 60) - 30);
+    const int64_t S = 1 + int64_t(rng() % 100000);
+    const int e = K::fixed_exponent(maxabs, S);
+    const long double bound = (long double)S * maxabs * std::ldexp(1.0L, e);
+    if (!(bound < std::ldexp(1.0L, 61) && bound >= std::ldexp(1.0L, 58))) ++bad;
+    // Points on the 2^-e grid: the fixed-point sum is exact, the mean correctly rounded.
+    const int cnt = 1 + int(rng() % 50);
+    long long sum = 0;
+    long double exact = 0;
+    for (int j = 0; j < cnt; ++j) {
+      const float x = std::ldexp(std::round(std::ldexp(u(rng) * maxabs, 12)), -12);
+      if (std::ldexp(double(x), e) != std::round(std::ldexp(double(x), e))) continue;  // off the grid
+      sum += K::to_fixed(x, std::ldexp(1.0, e));
+      exact += x;
+    }
+    const float got = K::centroid_from_fixed(sum, cnt, e);
+    const double want = double(exact / cnt);  // |rel. error| ~ 2^-64 before rounding to fp32
+    if (std::fabs(double(got) - want) > std::fabs(want) * 0x1p-24 + 1e-300) ++bad;
+  }
+  QVG_EXPECT(bad == 0) << bad;
+}
+
+namespace {
+
+/// What the quantizer kernels do, on the host: the statistics pass (vectorised:
+/// stats_lane per thread, the segment merge of the kernel's shfl_down loop over
+/// each warp of 32 lanes, stats_leader; else stats_scan per block), the group
+/// maxima, the stored scales (scale_block per block), the pack (pack_word per 8
+/// channels, else pack_byte per byte).
+void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256) {
+  std::fill(a.group_max, a.group_max + 2 * a.G, 0.0f);
+  const int64_t nb = a.D / a.block;
+  if (K::quantize_vectorizable(a.D, a.block)) {
+    const int width = a.block / 8;
+    const int64_t wpg = a.S * (a.D / 8), bpg = (wpg + threads_per_block - 1) / threads_per_block;
+    for (int64_t g = 0; g < a.G; ++g)
+      for (int64_t w0 = 0; w0 < bpg * threads_per_block; w0 += 32) {  // one warp
+        K::RunStats lane[32];
+        for (int l = 0; l < 32; ++l) lane[l] = K::stats_lane(a, g, w0 + l);
+        for (int o = width >> 1; o > 0; o >>= 1) {  // __shfl_down_sync(v, o, width), all lanes at once
+          K::RunStats prev[32];
+          std::copy(lane, lane + 32, prev);
+          for (int l = 0; l < 32; ++l) {
+            const K::RunStats later = (l % width) + o < width ? prev[l + o] : prev[l];
+            K::run_merge(lane[l], later, a.asymmetric);
+          }
+        }
+        for (int l = 0; l < 32; ++l) {
+          float ms = 0, mz = 0;
+          K::stats_leader(a, g, w0 + l, lane[l], ms, mz);
+          a.group_max[g] = std::max(a.group_max[g], ms);
+          a.group_max[a.G + g] = std::max(a.group_max[a.G + g], mz);
+        }
+      }
+  } else {
+    for (int64_t g = 0; g < a.G; ++g)
+      for (int64_t i = 0; i < a.S * nb + 7; ++i) {  // past the group too, as the grid's last block
+        float ms = 0, mz = 0;
+        K::stats_scan(a, g, i, ms, mz);
+        a.group_max[g] = std::max(a.group_max[g], ms);
+        a.group_max[a.G + g] = std::max(a.group_max[a.G + g], mz);
+      }
+  }
+  for (int64_t si = 0; si < a.G * a.S * nb; ++si) K::scale_block(a, si);
+  if (K::quantize_vectorizable(a.D, a.block))
+    for (int64_t w = 0; w < a.G * a.S * (a.D / 8); ++w) K::pack_word(a, w);
+  else
+    for (int64_t e = 0; e < a.G * a.S * a.D * a.bits / 8; ++e) K::pack_byte(a, e);
+}
+
+}  // namespace
+
+// The quantizer's kernels (run on the host as the grid runs them) against
+// quantize_residual_group, in every scale mode, on the vectorised path (blocks of 8
+// to 256 channels: segments of 1 to 32 lanes, D = 64/128/256) and the per-block one
+// (blocks of 24, and of 4/2 channels), with the final residual given (r) or fused
+// (r minus the last stage's stored centroid of each row's id). The data includes
+// huge groups (compat fp8 saturation), tiny ones (zero scales), zero blocks, exact
+// .5 ties, and asymmetric blocks whose minimum is a zero of either sign, with a -0
+// and a +0 in different lanes (the stored zero keeps the sign the CPU's in-order
+// scan finds).
+QVG_TEST(quantize_kernels_match_quantize_residual_group) {
+  struct BlockCase {
+    int64_t D;
+    int block;
+  };
+  const BlockCase blocks[] = {{64, 8},   {64, 32},   {64, 64}, {128, 16}, {128, 64}, {128, 128},
+                              {256, 64}, {256, 256}, {48, 24}, {64, 4},   {64, 2}};
+  int checked = 0, vec_cases = 0, zero_signs = 0;
   uint32_t seed = 100;
   for (const Mode& m : all_modes()) {
     if (m.stages != 1) continue;
-    for (int block : {8, 32, 64}) {
-      const qvg::Shape4 sh{1, 29, 3, 64};
-      qvg::EncodedTensor e;
-      e.dtype = qvg::DType::F32;
-      e.shape = sh;
-      e.bits = m.bits;
-      e.block_size = block;
-      e.asymmetric = m.asym;
-      e.scale_dtype = m.sd;
-      e.scaling = m.sc;
-      const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, nb = D / block;
-      e.codes.assign(size_t(G * S * D * m.bits / 8), 0);
-      e.scales.assign(size_t(G * S * nb) * e.scale_elem_size(), 0);
-      if (m.asym) e.zeros.assign(e.scales.size(), 0);
-      if (m.sc == qvg::Scaling::TwoLevel) {
-        e.scale_factor.assign(size_t(G), 1.0f);
-        if (m.asym) e.zero_factor.assign(size_t(G), 1.0f);
-      }
-      // Residuals: group 0 ordinary, group 1 huge (fp8 saturation in compat), group 2
-      // tiny (underflow to a zero scale) with one all-zero block and exact ties.
-      std::mt19937 rng(seed++);
-      std::normal_distribution<float> n01(0.0f, 1.0f);
-      std::vector<float> r(size_t(G * S * D));
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t i = 0; i < S * D; ++i) {
-          const float s = g == 0 ? 1.0f : g == 1 ? 5000.0f : 1e-12f;
-          float v = s * n01(rng);
-          if (i < D) v = 0.0f;
-          if (i >= D && i < 2 * D) v = s * 0.5f * float(i % 5);
-          r[size_t(g * S * D + i)] = v;
+    for (const BlockCase& bc : blocks)
+      for (bool fused : {false, true}) {
+        if (bc.block % (8 / m.bits) != 0) continue;
+        const qvg::Shape4 sh{1, 29, 3, bc.D};
+        const int block = bc.block;
+        qvg::EncodedTensor e;
+        e.dtype = qvg::DType::F32;
+        e.shape = sh;
+        e.bits = m.bits;
+        e.block_size = block;
+        e.asymmetric = m.asym;
+        e.scale_dtype = m.sd;
+        e.scaling = m.sc;
+        const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, nb = D / block;
+        const int Kc = 5;
+        e.codes.assign(size_t(G * S * D * m.bits / 8), 0);
+        e.scales.assign(size_t(G * S * nb) * e.scale_elem_size(), 0);
+        if (m.asym) e.zeros.assign(e.scales.size(), 0);
+        if (m.sc == qvg::Scaling::TwoLevel) {
+          e.scale_factor.assign(size_t(G), 1.0f);
+          if (m.asym) e.zero_factor.assign(size_t(G), 1.0f);
         }
-      qvg::EncodedTensor ref = e;
-      for (int64_t g = 0; g < G; ++g) qvg::detail::quantize_residual_group(r.data() + g * S * D, g, ref);
+        // Final residuals: group 0 ordinary, group 1 huge (fp8 saturation in compat),
+        // group 2 tiny (underflow to a zero scale); in each, token 0 all zero, token 1
+        // exact ties, token 2 non-negative with zeros of both signs in its first block.
+        std::mt19937 rng(seed++);
+        std::normal_distribution<float> n01(0.0f, 1.0f);
+        std::vector<float> fin(size_t(G * S * D));
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t i = 0; i < S * D; ++i) {
+            const float s = g == 0 ? 1.0f : g == 1 ? 5000.0f : 1e-12f;
+            float v = s * n01(rng);
+            if (i < D) v = 0.0f;
+            if (i >= D && i < 2 * D) v = s * 0.5f * float(i % 5);
+            if (i >= 2 * D && i < 3 * D) {
+              const int64_t d = i - 2 * D;
+              v = std::fabs(v) + s;
+              if (d == 3) v = g == 1 ? 0.0f : -0.0f;   // the first zero: -0 (groups 0, 2) or +0 (group 1)
+              if (d == 13) v = g == 1 ? -0.0f : 0.0f;  // a later zero of the other sign (another lane)
+            }
+            fin[size_t(g * S * D + i)] = v;
+          }
+        qvg::EncodedTensor ref = e;
+        for (int64_t g = 0; g < G; ++g) qvg::detail::quantize_residual_group(fin.data() + g * S * D, g, ref);
+        // The kernels' input: the final residual itself, or r = residual + stored[id];
+        // the rows with zeros and ties use an all-zero stored row (r - 0 = r exactly,
+        // signed zeros included).
+        std::vector<float> r = fin, stored(size_t(G * Kc * D), 0.0f);
+        std::vector<uint8_t> ids(size_t(G * S), 0);
+        if (fused) {
+          for (int64_t g = 0; g < G; ++g) {
+            const float sc = g == 0 ? 1.0f : g == 1 ? 5000.0f : 1e-12f;
+            for (int j = 0; j + 1 < Kc; ++j)
+              for (int64_t d = 0; d < D; ++d) stored[size_t((g * Kc + j) * D + d)] = sc * n01(rng);
+            for (int64_t t = 0; t < S; ++t) {
+              const int id = t <= 2 ? Kc - 1 : int(rng() % (Kc - 1));
+              ids[size_t(g * S + t)] = uint8_t(id);
+              for (int64_t d = 0; d < D; ++d) {
+                const size_t i = size_t((g * S + t) * D + d);
+                r[i] = id == Kc - 1 ? fin[i] : fin[i] + stored[size_t((g * Kc + id) * D + d)];
+              }
+            }
+          }
+          // The reference is the residual the kernels see: r - stored[id] in fp32.
+          for (int64_t g = 0; g < G; ++g)
+            for (int64_t t = 0; t < S; ++t)
+              for (int64_t d = 0; d < D; ++d) {
+                const size_t i = size_t((g * S + t) * D + d);
+                fin[i] = r[i] - stored[size_t((g * Kc + ids[size_t(g * S + t)]) * D + d)];
+              }
+          ref = e;
+          for (int64_t g = 0; g < G; ++g) qvg::detail::quantize_residual_group(fin.data() + g * S * D, g, ref);
+        }
 
-      std::vector<float> raw_s(size_t(G * S * nb)), raw_z(size_t(G * S * nb)), gmax(size_t(2 * G), 0.0f);
-      const int qmax = A::qmax_of(m.bits, m.asym);
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t i = 0; i < S * nb; ++i) {
-          float s = 0, z = 0;
-          K::block_stats(r.data() + g * S * D + (i / nb) * D + (i % nb) * block, block, qmax, m.asym, s, z);
-          raw_s[size_t(g * S * nb + i)] = s;
-          raw_z[size_t(g * S * nb + i)] = z;
-          gmax[size_t(g)] = std::max(gmax[size_t(g)], s);
-          if (m.asym) gmax[size_t(G + g)] = std::max(gmax[size_t(G + g)], std::fabs(z));
-        }
-      qvg::EncodedTensor got = e;
-      K::QuantizeArgs a;
-      a.r = r.data();
-      a.G = G;
-      a.S = S;
-      a.D = D;
-      a.bits = m.bits;
-      a.block = block;
-      a.asymmetric = m.asym;
-      a.fp8 = m.sd == qvg::ScaleDType::FP8_E4M3;
-      a.two_level = m.sc == qvg::Scaling::TwoLevel;
-      a.codes = got.codes.data();
-      a.scales = got.scales.data();
-      a.zeros = m.asym ? got.zeros.data() : nullptr;
-      a.scale_factor = a.two_level ? got.scale_factor.data() : nullptr;
-      a.zero_factor = a.two_level && m.asym ? got.zero_factor.data() : nullptr;
-      a.raw_s = raw_s.data();
-      a.raw_z = raw_z.data();
-      a.group_max = gmax.data();
-      for (int64_t i = 0; i < G * S * D * m.bits / 8; ++i) K::pack_byte(a, i);
-      for (size_t i = 0; i < got.codes.size(); ++i)
-        if (got.codes[i] != ref.codes[i]) {
-          const int64_t cb = D * m.bits / 8, gt = int64_t(i) / cb, d0 = (int64_t(i) % cb) * (8 / m.bits);
-          const int64_t si = gt * nb + d0 / block;
-          QVG_EXPECT(got.codes[i] == ref.codes[i])
-              << describe(m, qvg::DType::F32) << "block" << block << "first differing code byte" << i << "got"
-              << int(got.codes[i]) << "cpu" << int(ref.codes[i]) << "x[0]" << r[size_t(gt * D + d0)] << "raw_s"
-              << raw_s[size_t(si)] << "factor" << (a.two_level ? ref.scale_factor[size_t(gt / S)] : 1.0f);
-          break;
-        }
-      QVG_EXPECT(got.scales == ref.scales) << describe(m, qvg::DType::F32) << "block" << block << "scales";
-      QVG_EXPECT(got.zeros == ref.zeros) << describe(m, qvg::DType::F32) << "block" << block << "zeros";
-      QVG_EXPECT(got.scale_factor == ref.scale_factor) << describe(m, qvg::DType::F32) << "factors";
-      QVG_EXPECT(got.zero_factor == ref.zero_factor) << describe(m, qvg::DType::F32) << "zero factors";
-      ++checked;
-    }
+        if (m.asym)
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t si = (g * S + 2) * nb + 3 / block;  // token 2, the block of channel 3
+            const float z =
+                m.sd == qvg::ScaleDType::FP8_E4M3
+                    ? qvg::fp8e4m3_to_f32(ref.zeros[size_t(si)])
+                    : qvg::bf16_to_f32(uint16_t(ref.zeros[size_t(2 * si)] | ref.zeros[size_t(2 * si + 1)] << 8));
+            zero_signs += z == 0.0f && std::signbit(z) == (g != 1);
+          }
+
+        std::vector<float> raw_s(size_t(G * S * nb)), raw_z(size_t(G * S * nb)), gmax(size_t(2 * G), 0.0f);
+        qvg::EncodedTensor got = e;
+        K::QuantizeArgs a;
+        a.r = r.data();
+        a.stored = fused ? stored.data() : nullptr;
+        a.ids = fused ? ids.data() : nullptr;
+        a.G = G;
+        a.S = S;
+        a.D = D;
+        a.K = Kc;
+        a.bits = m.bits;
+        a.block = block;
+        a.asymmetric = m.asym;
+        a.fp8 = m.sd == qvg::ScaleDType::FP8_E4M3;
+        a.two_level = m.sc == qvg::Scaling::TwoLevel;
+        a.codes = got.codes.data();
+        a.scales = got.scales.data();
+        a.zeros = m.asym ? got.zeros.data() : nullptr;
+        a.scale_factor = a.two_level ? got.scale_factor.data() : nullptr;
+        a.zero_factor = a.two_level && m.asym ? got.zero_factor.data() : nullptr;
+        a.raw_s = raw_s.data();
+        a.raw_z = raw_z.data();
+        a.group_max = gmax.data();
+        run_quantize_kernels(a);
+        vec_cases += K::quantize_vectorizable(D, block) ? 1 : 0;
+        const std::string what = describe(m, qvg::DType::F32) + " D=" + std::to_string(D) +
+                                 " block=" + std::to_string(block) + (fused ? " fused" : "");
+        for (size_t i = 0; i < got.codes.size(); ++i)
+          if (got.codes[i] != ref.codes[i]) {
+            QVG_EXPECT(got.codes[i] == ref.codes[i])
+                << what << "first differing code byte" << i << "got" << int(got.codes[i]) << "cpu" << int(ref.codes[i]);
+            break;
+          }
+        QVG_EXPECT(got.scales == ref.scales) << what << "scales";
+        QVG_EXPECT(got.zeros == ref.zeros) << what << "zeros";
+        QVG_EXPECT(got.scale_factor == ref.scale_factor) << what << "factors";
+        QVG_EXPECT(got.zero_factor == ref.zero_factor) << what << "zero factors";
+        ++checked;
+      }
   }
-  QVG_EXPECT(checked == 48) << checked;
+  QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
+  std::printf("  %d quantizer comparisons (%d vectorised), %d signed zero minima checked\n", checked, vec_cases,
+              zero_signs);
+  QVG_EXPECT(checked == 336 && vec_cases == 256 && zero_signs == 504) << checked << vec_cases << zero_signs;
 }
 
 int main(int argc, char** argv) { return qvg::testing::run_all(argc, argv); }

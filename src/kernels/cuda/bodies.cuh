@@ -1,15 +1,20 @@
-// src/kernels/cuda/bodies.cuh — the per-thread bodies of the decode and residual
-// quantizer kernels, as __host__ __device__ functions over plain structs.
+// src/kernels/cuda/bodies.cuh — the decode kernel's bodies and its launch plan, as
+// __host__ __device__ functions over plain structs (the encoder's are in
+// encode_bodies.cuh).
 //
-// The kernels only map blocks and threads to (task, group, token, channel) and
-// call these bodies; tests/gpu/host_arith_test.cpp runs the same bodies on the
-// host over every element of CPU-encoded tensors and compares the bytes with the
-// CPU codec (decode_rows_reference, quantize_residual_group). What the host test
-// cannot cover is the block/thread mapping of the kernels themselves (GPU tests).
+// The decode kernel is one line per launch: it finds the task of its block and
+// calls decode_block_vec<BITS, FP8, CDT, ODT> (or decode_block_generic) with the
+// block index and the thread index. plan_decode (host) groups the tasks by mode,
+// precomputes every per-task invariant and sizes the grid. So the host test
+// (tests/gpu/host_arith_test.cpp) runs the whole launch — every block and thread of
+// the grid the kernel gets — through the same code, and compares the bytes with the
+// CPU codec's decode. What it cannot cover is the hardware itself (GPU tests).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/arith.cuh"
 
@@ -40,33 +45,26 @@ struct DecodeArgs {
   int64_t token_stride = 0;   ///< elements
 };
 
-/// Arguments of the residual quantize-and-pack kernels (device pointers).
-struct QuantizeArgs {
-  const float* r = nullptr;  ///< [G, S, D] final residual
-  int64_t G = 0, S = 0, D = 0;
-  int bits = 4, block = 64;
-  bool asymmetric = false, fp8 = true, two_level = true;
-  uint8_t* codes = nullptr;
-  uint8_t* scales = nullptr;
-  uint8_t* zeros = nullptr;
-  float* scale_factor = nullptr;  ///< [G], two_level only
-  float* zero_factor = nullptr;   ///< [G], two_level and asymmetric only
-  float* raw_s = nullptr;         ///< scratch: G * S * D/block
-  float* raw_z = nullptr;         ///< scratch: as raw_s, asymmetric only
-  float* group_max = nullptr;     ///< scratch: 2 * G (largest raw scale, then largest |zero|)
-};
-
 /// 16 bytes, loaded with one 128-bit load on the device.
 struct alignas(16) Word4 {
   uint32_t v[4];
 };
-/// An aligned load of a T at p: one native load on the device; memcpy on the host
-/// (the host tests of these bodies use unaligned buffers).
+#if !defined(__CUDA_ARCH__)
+/// Host only: the load_as/store_as accesses made at an address not aligned for
+/// their type (on the device each would fault). The host tests require none.
+inline int& host_misaligned_accesses() {
+  static int n = 0;
+  return n;
+}
+#endif
+/// An aligned load of a T at p: one native load on the device; memcpy on the host,
+/// which counts a misaligned address (host_misaligned_accesses).
 template <class T>
 QVG_HD T load_as(const void* p) {
 #if defined(__CUDA_ARCH__)
   return *static_cast<const T*>(p);
 #else
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) ++host_misaligned_accesses();
   T v;
   std::memcpy(&v, p, sizeof(T));
   return v;
@@ -78,6 +76,7 @@ QVG_HD void store_as(void* p, const T& v) {
 #if defined(__CUDA_ARCH__)
   *static_cast<T*>(p) = v;
 #else
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) ++host_misaligned_accesses();
   std::memcpy(p, &v, sizeof(T));
 #endif
 }
@@ -86,93 +85,247 @@ QVG_HD void store_word4(void* p, const Word4& w) { store_as(p, w); }
 QVG_HD uint32_t load_u32(const uint8_t* p) { return load_as<uint32_t>(p); }
 QVG_HD uint32_t load_u16(const uint8_t* p) { return load_as<uint16_t>(p); }
 
-/// Whether a task can use decode_vec8 (8 channels per thread) and aligned 16-byte stores.
+/// Whether a task can use the vectorised bodies (8 channels per thread, aligned
+/// code words, a block's channels never split across a thread).
 QVG_HD bool task_vectorizable(const DecodeArgs& t) { return t.D % 8 == 0 && t.block % 8 == 0; }
 
-/// The effective scale and zero (spec 1.4) of block `blk` of row `row` (= g * S + t)
-/// of group g.
-struct BlockScale {
-  float s_eff = 0.0f, z_eff = 0.0f;
+// ---- the launch plan ----------------------------------------------------------------
+
+inline constexpr int kDecodeTasksPerLaunch = 16;  ///< tasks one launch serves
+inline constexpr int kDecodeThreads = 256;        ///< threads per block
+inline constexpr int kDecodeTokensPerThread = 4;  ///< tokens each thread of a vectorised tile decodes
+inline constexpr int kDecodeGenericTile = 64;     ///< tokens per block on the per-element path
+
+/// Per-task invariants, computed once on the host (no division on the device
+/// beyond the thread's own coordinates).
+struct DecodePlan {
+  int32_t cpr = 0;     ///< threads per token row: D / 8 (vectorised)
+  int32_t rows = 0;    ///< token rows a block decodes at once: kDecodeThreads / cpr
+  int32_t tile = 0;    ///< tokens per block
+  int32_t ntile = 0;   ///< blocks per (b, h)
+  int32_t hs = 0;      ///< heads of the range: h1 - h0
+  int32_t cbytes = 0;  ///< code bytes per token: D * bits / 8
+  int32_t nb = 0;      ///< scale blocks per token: D / block
+  int8_t vstore = 0;   ///< output rows 16-byte aligned: 128-bit stores
 };
-QVG_HD BlockScale block_scale(const DecodeArgs& T, int64_t g, int64_t row, int64_t blk) {
-  namespace A = qvg::cuda_arith;
-  const bool fp8 = T.fp8 != 0;
-  const int64_t si = row * (T.D / T.block) + blk;
-  BlockScale r;
-  r.s_eff = A::effective(A::stored_value(T.scales, fp8, si), T.scale_factor ? T.scale_factor[g] : 1.0f);
-  if (T.asymmetric) r.z_eff = A::effective(A::stored_value(T.zeros, fp8, si), T.zero_factor ? T.zero_factor[g] : 1.0f);
-  return r;
+
+/// One launch: up to kDecodeTasksPerLaunch tasks of one mode. Block i belongs to
+/// task ti with first_block[ti] <= i < first_block[ti + 1].
+struct DecodeLaunch {
+  DecodeArgs t[kDecodeTasksPerLaunch];
+  DecodePlan p[kDecodeTasksPerLaunch];
+  int32_t first_block[kDecodeTasksPerLaunch + 1] = {};
+  int32_t n = 0;
+  int8_t vec = 0;  ///< decode_block_vec (then every task has the mode below) or decode_block_generic
+  int8_t bits = 4, fp8 = 1, centroid_dtype = 0, out_dtype = 0;
+  int32_t blocks() const { return first_block[n]; }
+};
+
+/// The task of block `blk`.
+QVG_HD int task_of_block(const DecodeLaunch& L, int32_t blk) {
+  int ti = 0;
+  while (ti + 1 < L.n && blk >= L.first_block[ti + 1]) ++ti;
+  return ti;
 }
 
-/// Decodes channels [8c, 8c + 8) of token t (absolute) of group g = b * H + h and
-/// writes them to the task's target (spec 1.3 arithmetic, order of
-/// decode_rows_reference). REQUIRES task_vectorizable(T). `vstore`: the target
-/// row is 16-byte aligned (one or two 128-bit stores), else element stores.
-QVG_HD void decode_vec8(const DecodeArgs& T, int b, int h, int t, int c, bool vstore) {
+/// The launches that decode tasks[0..n): non-empty tasks grouped by mode (bits,
+/// fp8, centroid dtype, output dtype; every non-vectorisable task in generic
+/// launches), in task order within a group, kDecodeTasksPerLaunch per launch.
+/// Host only. REQUIRES the tasks valid (ranges inside the tensor, B >= 1).
+inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n) {
+  std::vector<DecodeLaunch> out;
+  std::vector<int> open;  // index in `out` of the open launch of each key (-1: none)
+  std::vector<int> keys;
+  for (int i = 0; i < n; ++i) {
+    const DecodeArgs& t = tasks[i];
+    if (t.t1 <= t.t0 || t.h1 <= t.h0 || t.B <= 0) continue;  // empty range
+    const bool vec = task_vectorizable(t) && t.D <= 8 * kDecodeThreads;
+    const int key = vec ? 1 + (t.bits == 4) + 2 * (t.fp8 != 0) + 4 * t.centroid_dtype + 12 * t.out_dtype : 0;
+    size_t ki = 0;
+    while (ki < keys.size() && keys[ki] != key) ++ki;
+    if (ki == keys.size()) {
+      keys.push_back(key);
+      open.push_back(-1);
+    }
+    if (open[ki] < 0 || out[size_t(open[ki])].n == kDecodeTasksPerLaunch) {
+      open[ki] = int(out.size());
+      DecodeLaunch L;
+      L.vec = int8_t(vec ? 1 : 0);
+      L.bits = int8_t(t.bits);
+      L.fp8 = t.fp8;
+      L.centroid_dtype = t.centroid_dtype;
+      L.out_dtype = t.out_dtype;
+      out.push_back(L);
+    }
+    DecodeLaunch& L = out[size_t(open[ki])];
+    const int k = L.n++;
+    DecodePlan& P = L.p[k];
+    P.hs = t.h1 - t.h0;
+    P.cbytes = t.D * t.bits / 8;
+    P.nb = t.D / t.block;
+    if (vec) {
+      P.cpr = t.D / 8;
+      P.rows = kDecodeThreads / P.cpr;
+      P.tile = P.rows * kDecodeTokensPerThread;
+    } else {
+      P.tile = kDecodeGenericTile;
+    }
+    P.ntile = (t.t1 - t.t0 + P.tile - 1) / P.tile;
+    const int osz = t.out_dtype == qvg::cuda_arith::kF32 ? 4 : 2;
+    const auto al = [](long long v) { return v % 16 == 0; };
+    P.vstore = int8_t(vec && al((long long)reinterpret_cast<uintptr_t>(t.out)) && al(t.token_stride * osz) &&
+                              al(t.batch_stride * osz) && al((long long)t.D * osz)
+                          ? 1
+                          : 0);
+    L.t[k] = t;
+    L.first_block[k + 1] = L.first_block[k] + P.ntile * P.hs * t.B;
+  }
+  return out;
+}
+
+/// Calls f(bits, fp8, centroid dtype, output dtype) with each argument as a
+/// compile-time constant (std::integral_constant), for the 36 supported modes:
+/// bits 2/4, fp8 or bf16 scales, bf16/f16/f32 centroids and outputs. The decode
+/// launcher and the host test dispatch through this one function.
+template <class F>
+void with_decode_mode(int bits, bool fp8, int cdt, int odt, F&& f) {
+  using std::integral_constant;
+  const auto by_odt = [&](auto b, auto f8, auto c) {
+    switch (odt) {
+      case qvg::cuda_arith::kBF16: return f(b, f8, c, integral_constant<int, qvg::cuda_arith::kBF16>{});
+      case qvg::cuda_arith::kF16: return f(b, f8, c, integral_constant<int, qvg::cuda_arith::kF16>{});
+      default: return f(b, f8, c, integral_constant<int, qvg::cuda_arith::kF32>{});
+    }
+  };
+  const auto by_cdt = [&](auto b, auto f8) {
+    switch (cdt) {
+      case qvg::cuda_arith::kBF16: return by_odt(b, f8, integral_constant<int, qvg::cuda_arith::kBF16>{});
+      case qvg::cuda_arith::kF16: return by_odt(b, f8, integral_constant<int, qvg::cuda_arith::kF16>{});
+      default: return by_odt(b, f8, integral_constant<int, qvg::cuda_arith::kF32>{});
+    }
+  };
+  const auto by_fp8 = [&](auto b) {
+    if (fp8) return by_cdt(b, std::true_type{});
+    return by_cdt(b, std::false_type{});
+  };
+  if (bits == 4) return by_fp8(integral_constant<int, 4>{});
+  return by_fp8(integral_constant<int, 2>{});
+}
+
+// ---- the bodies ---------------------------------------------------------------------
+
+/// Coordinates of block `local` of a task: batch b, head h (absolute), tokens
+/// [t_begin, t_end).
+struct DecodeTile {
+  int b = 0, h = 0, t_begin = 0, t_end = 0;
+};
+QVG_HD DecodeTile decode_tile(const DecodeArgs& T, const DecodePlan& P, int32_t local) {
+  const int32_t gh = local / P.ntile, tile = local - gh * P.ntile;
+  const int32_t b = gh / P.hs;
+  DecodeTile d;
+  d.b = b;
+  d.h = T.h0 + (gh - b * P.hs);
+  d.t_begin = T.t0 + tile * P.tile;
+  d.t_end = T.t1 < d.t_begin + P.tile ? T.t1 : d.t_begin + P.tile;
+  return d;
+}
+
+/// Thread `tid` of block `local` of task `ti` of a vectorised launch: decodes
+/// channels [8c, 8c + 8) of the tokens t_begin + r, t_begin + r + rows, ... of its
+/// tile (c = tid % cpr, r = tid / cpr), spec 1.3 arithmetic in the order of
+/// decode_rows_reference. BITS, FP8 (scale format), CDT (centroid dtype) and ODT
+/// (output dtype) are the launch's mode; asymmetric, two_level and stages are
+/// uniform per task. Invariants (group, factors, pointers, scale block) are set up
+/// once per thread; per token only pointers advance.
+template <int BITS, bool FP8, int CDT, int ODT>
+QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int tid) {
   namespace A = qvg::cuda_arith;
-  const int64_t g = int64_t(b) * T.H + h;
-  const int D = T.D, bits = T.bits;
+  static_assert(BITS == 2 || BITS == 4, "int2 or int4 codes");
+  constexpr int ESZ = CDT == A::kF32 ? 4 : 2;  // centroid element bytes
+  constexpr int OSZ = ODT == A::kF32 ? 4 : 2;  // output element bytes
+  const DecodeArgs& T = L.t[ti];
+  const DecodePlan& P = L.p[ti];
+  const int r = tid / P.cpr, c = tid - r * P.cpr;
+  if (r >= P.rows) return;
+  const DecodeTile tl = decode_tile(T, P, local);
+  int t = tl.t_begin + r;
+  if (t >= tl.t_end) return;
+  const int64_t g = int64_t(tl.b) * T.H + tl.h;
   const bool asym = T.asymmetric != 0;
-  const int qmax = A::qmax_of(bits, asym);
+  const int qmax = A::qmax_of(BITS, asym);
+  const float gf = T.scale_factor ? T.scale_factor[g] : 1.0f;
+  const float gz = asym && T.zero_factor ? T.zero_factor[g] : 1.0f;
   const int64_t row = g * T.S + t;
-  const uint8_t* crow = T.codes + row * (int64_t(D) * bits / 8);
-  const uint32_t word = bits == 4 ? load_u32(crow + c * 4) : load_u16(crow + c * 2);
-  const BlockScale sc = block_scale(T, g, row, (c * 8) / T.block);
-  float acc[8];
-QVG_UNROLL
-  for (int i = 0; i < 8; ++i) acc[i] = A::dequant(A::code_of_word(word, bits, i), qmax, asym, sc.s_eff, sc.z_eff);
-  const int esz = T.centroid_dtype == A::kF32 ? 4 : 2;
-  for (int s = 0; s < T.stages; ++s) {
-    const int id = T.ids[s * T.ids_stage_stride + row];
-    const uint8_t* cp = T.centroid + s * T.centroid_stage_stride + ((g * T.K + id) * D + c * 8) * esz;
-    if (T.centroid_dtype == A::kF32) {
-      const Word4 w0 = load_word4(cp), w1 = load_word4(cp + 16);
-QVG_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        acc[i] = A::add_rn(acc[i], A::from_bits(w0.v[i]));
-        acc[4 + i] = A::add_rn(acc[4 + i], A::from_bits(w1.v[i]));
-      }
-    } else {
-      const Word4 w = load_word4(cp);
-QVG_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        const uint16_t lo = uint16_t(w.v[i] & 0xFFFFu), hi = uint16_t(w.v[i] >> 16);
-        const bool bf = T.centroid_dtype == A::kBF16;
-        acc[2 * i] = A::add_rn(acc[2 * i], bf ? A::bf16_to_f32(lo) : A::f16_to_f32(lo));
-        acc[2 * i + 1] = A::add_rn(acc[2 * i + 1], bf ? A::bf16_to_f32(hi) : A::f16_to_f32(hi));
+  const int step = P.rows;                                  // tokens between two of this thread's rows
+  const uint8_t* cp = T.codes + row * P.cbytes + c * BITS;  // BITS bytes hold 8 codes
+  const int64_t cstep = int64_t(step) * P.cbytes;
+  int64_t si = row * P.nb + (c * 8) / T.block;
+  const int64_t sstep = int64_t(step) * P.nb;
+  const uint8_t* idp = T.ids + row;
+  const uint8_t* cent = T.centroid + (g * T.K * T.D + c * 8) * ESZ;
+  const int crow = T.D * ESZ;  // bytes per centroid row
+  uint8_t* op =
+      static_cast<uint8_t*>(T.out) +
+      (int64_t(tl.b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(tl.h - T.h0) * T.D + c * 8) * OSZ;
+  const int64_t ostep = int64_t(step) * T.token_stride * OSZ;
+  const bool vstore = P.vstore != 0;
+  for (; t < tl.t_end; t += step, cp += cstep, si += sstep, idp += step, op += ostep) {
+    const uint32_t word = BITS == 4 ? load_u32(cp) : load_u16(cp);
+    const float s_eff = A::effective(A::stored_value(T.scales, FP8, si), gf);
+    const float z_eff = asym ? A::effective(A::stored_value(T.zeros, FP8, si), gz) : 0.0f;
+    float acc[8];
+    QVG_UNROLL
+    for (int i = 0; i < 8; ++i) acc[i] = A::dequant(A::code_of_word(word, BITS, i), qmax, asym, s_eff, z_eff);
+    for (int st = 0; st < T.stages; ++st) {
+      const int id = idp[st * T.ids_stage_stride];
+      const uint8_t* q = cent + st * T.centroid_stage_stride + id * crow;
+      if (CDT == A::kF32) {
+        const Word4 w0 = load_word4(q), w1 = load_word4(q + 16);
+        QVG_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          acc[i] = A::add_rn(acc[i], A::from_bits(w0.v[i]));
+          acc[4 + i] = A::add_rn(acc[4 + i], A::from_bits(w1.v[i]));
+        }
+      } else {
+        const Word4 w = load_word4(q);
+        QVG_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          const uint16_t lo = uint16_t(w.v[i] & 0xFFFFu), hi = uint16_t(w.v[i] >> 16);
+          acc[2 * i] = A::add_rn(acc[2 * i], CDT == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo));
+          acc[2 * i + 1] = A::add_rn(acc[2 * i + 1], CDT == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi));
+        }
       }
     }
-  }
-  const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + c * 8;
-  if (T.out_dtype == A::kF32) {
-    float* p = static_cast<float*>(T.out) + e;
-    if (vstore) {
-      Word4 w0, w1;
-QVG_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        w0.v[i] = A::bits_of(acc[i]);
-        w1.v[i] = A::bits_of(acc[4 + i]);
+    if (ODT == A::kF32) {
+      float* p = reinterpret_cast<float*>(op);
+      if (vstore) {
+        Word4 w0, w1;
+        QVG_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          w0.v[i] = A::bits_of(acc[i]);
+          w1.v[i] = A::bits_of(acc[4 + i]);
+        }
+        store_word4(p, w0);
+        store_word4(p + 4, w1);
+      } else {
+        QVG_UNROLL
+        for (int i = 0; i < 8; ++i) store_as<float>(p + i, acc[i]);
       }
-      store_word4(p, w0);
-      store_word4(p + 4, w1);
     } else {
-QVG_UNROLL
-      for (int i = 0; i < 8; ++i) p[i] = acc[i];
+      uint16_t* p = reinterpret_cast<uint16_t*>(op);
+      uint32_t hv[8];
+      QVG_UNROLL
+      for (int i = 0; i < 8; ++i) hv[i] = A::encode_elem(acc[i], ODT);
+      if (vstore) {
+        Word4 w;
+        QVG_UNROLL
+        for (int i = 0; i < 4; ++i) w.v[i] = hv[2 * i] | (hv[2 * i + 1] << 16);
+        store_word4(p, w);
+      } else {
+        QVG_UNROLL
+        for (int i = 0; i < 8; ++i) store_as<uint16_t>(p + i, uint16_t(hv[i]));
+      }
     }
-    return;
-  }
-  uint16_t* p = static_cast<uint16_t*>(T.out) + e;
-  uint32_t hv[8];
-QVG_UNROLL
-  for (int i = 0; i < 8; ++i) hv[i] = A::encode_elem(acc[i], T.out_dtype);
-  if (vstore) {
-    Word4 w;
-QVG_UNROLL
-    for (int i = 0; i < 4; ++i) w.v[i] = hv[2 * i] | (hv[2 * i + 1] << 16);
-    store_word4(p, w);
-  } else {
-QVG_UNROLL
-    for (int i = 0; i < 8; ++i) p[i] = uint16_t(hv[i]);
   }
 }
 
@@ -181,11 +334,14 @@ QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
   const int64_t g = int64_t(b) * T.H + h;
   const int D = T.D, bits = T.bits;
-  const bool asym = T.asymmetric != 0;
+  const bool asym = T.asymmetric != 0, fp8 = T.fp8 != 0;
   const int64_t row = g * T.S + t;
-  const BlockScale sc = block_scale(T, g, row, d / T.block);
-  float acc = A::dequant(A::code_of_row(T.codes + row * (int64_t(D) * bits / 8), bits, d), A::qmax_of(bits, asym),
-                         asym, sc.s_eff, sc.z_eff);
+  const int64_t si = row * (D / T.block) + d / T.block;
+  const float s_eff = A::effective(A::stored_value(T.scales, fp8, si), T.scale_factor ? T.scale_factor[g] : 1.0f);
+  const float z_eff =
+      asym ? A::effective(A::stored_value(T.zeros, fp8, si), T.zero_factor ? T.zero_factor[g] : 1.0f) : 0.0f;
+  float acc = A::dequant(A::code_of_row(T.codes + row * (int64_t(D) * bits / 8), bits, d), A::qmax_of(bits, asym), asym,
+                         s_eff, z_eff);
   for (int s = 0; s < T.stages; ++s) {
     const int id = T.ids[s * T.ids_stage_stride + row];
     acc = A::add_rn(acc, A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype,
@@ -193,68 +349,18 @@ QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
   }
   const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + d;
   if (T.out_dtype == A::kF32)
-    static_cast<float*>(T.out)[e] = acc;
+    store_as<float>(static_cast<float*>(T.out) + e, acc);
   else
-    static_cast<uint16_t*>(T.out)[e] = uint16_t(A::encode_elem(acc, T.out_dtype));
+    store_as<uint16_t>(static_cast<uint16_t*>(T.out) + e, uint16_t(A::encode_elem(acc, T.out_dtype)));
 }
 
-/// Block statistics of one quantization block x[0..bs): the raw scale, and for
-/// asymmetric blocks the raw zero (the block minimum), as quantize_residual_group.
-QVG_HD void block_stats(const float* x, int bs, int qmax, bool asym, float& raw_s, float& raw_z) {
-  namespace A = qvg::cuda_arith;
-  if (!asym) {
-    float a = 0.0f;
-    for (int k = 0; k < bs; ++k) a = A::max_f(a, A::abs_f(x[k]));
-    raw_s = A::raw_scale_sym(a, qmax);
-    raw_z = 0.0f;
-    return;
-  }
-  float lo = x[0], hi = x[0];
-  for (int k = 1; k < bs; ++k) {
-    lo = A::min_f(lo, x[k]);
-    hi = A::max_f(hi, x[k]);
-  }
-  raw_s = A::raw_scale_asym(lo, hi, qmax);
-  raw_z = lo;
-}
-
-/// Output byte e (flat index into codes) of the quantize-and-pack pass: quantizes
-/// its 8/bits channels with the stored (effective) scale and zero, writes the byte,
-/// the block's stored scale/zero (first byte of a block) and the group's factors
-/// (first byte of a group). REQUIRES raw_s/raw_z/group_max filled (block_stats).
-QVG_HD void pack_byte(const QuantizeArgs& a, int64_t e) {
-  namespace A = qvg::cuda_arith;
-  const int64_t D = a.D, S = a.S, nb = D / a.block, cbytes = D * a.bits / 8;
-  const int per_byte = 8 / a.bits;
-  const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
-  const int qmax = A::qmax_of(a.bits, asym);
-  const int64_t j = e % cbytes, gt = e / cbytes;
-  const int64_t g = gt / S, t = gt % S;
-  const int64_t d0 = j * per_byte, k = d0 / a.block;
-  const int64_t si = gt * nb + k;
-  const float gf = divide ? A::two_level_factor(a.group_max[g]) : 1.0f;
-  const float gz = divide && asym ? A::two_level_factor(a.group_max[a.G + g]) : 1.0f;
-  const uint32_t s_st = A::store_format(A::to_store(a.raw_s[si], divide, gf), fp8);
-  const float s_eff = A::effective(A::format_value(s_st, fp8), gf);
-  float z_eff = 0.0f;
-  uint32_t z_st = 0;
-  if (asym) {
-    z_st = A::store_format(A::to_store(a.raw_z[si], divide, gz), fp8);
-    z_eff = A::effective(A::format_value(z_st, fp8), gz);
-  }
-  const float* x = a.r + gt * D + d0;
-  unsigned byte = 0;
-  for (int u = 0; u < per_byte; ++u)
-    byte = (byte << a.bits) | unsigned(A::quantize_code(x[u], qmax, asym, s_eff, z_eff));
-  a.codes[e] = uint8_t(byte);
-  if (d0 % a.block == 0) {
-    A::put_stored(a.scales, fp8, si, s_st);
-    if (asym) A::put_stored(a.zeros, fp8, si, z_st);
-  }
-  if (t == 0 && j == 0 && a.two_level) {
-    a.scale_factor[g] = gf;
-    if (asym) a.zero_factor[g] = gz;
-  }
+/// Thread `tid` of block `local` of task `ti` of a generic launch (any D and block
+/// size): elements tid, tid + kDecodeThreads, ... of the block's tile.
+QVG_HD void decode_block_generic(const DecodeLaunch& L, int ti, int32_t local, int tid) {
+  const DecodeArgs& T = L.t[ti];
+  const DecodeTile tl = decode_tile(T, L.p[ti], local);
+  const int64_t n = int64_t(tl.t_end - tl.t_begin) * T.D;
+  for (int64_t e = tid; e < n; e += kDecodeThreads) decode_one(T, tl.b, tl.h, tl.t_begin + int(e / T.D), int(e % T.D));
 }
 
 }  // namespace qvg::cuda::kernels

@@ -14,33 +14,34 @@
 #include <cstdint>
 
 #include "kernels/cuda/bodies.cuh"
+#include "kernels/cuda/encode_bodies.cuh"
 
 namespace qvg::cuda::kernels {
 
 // DecodeArgs: see bodies.cuh.
 // ---- decode -------------------------------------------------------------------
 
-/// Decodes the tasks (spec 1.3, bit-identical to decode_rows_reference) in
-/// ceil(n / 16) launches. REQUIRES every task in range; targets disjoint.
+/// Decodes the tasks (spec 1.3, bit-identical to decode_rows_reference): one launch
+/// per kDecodeTasksPerLaunch tasks of one mode (plan_decode). REQUIRES every task
+/// in range; targets disjoint.
 void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
 
 // ---- encode: points ---------------------------------------------------------
 
-/// r[g, t, :] = x[b, t, h, :] as fp32 (x dense [B, S, H, D] of dtype `dtype`).
-void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r,
-                   cudaStream_t stream);
-/// mu[g, :] = float(sum_t r[g, t, :] / S), summed in fp64 in a fixed order
-/// (chunks of points, then chunks in order). `partial`: G * ceil(S/1024) * D doubles.
-void group_mean(const float* r, int64_t G, int64_t S, int64_t D, double* partial, float* mu, cudaStream_t stream);
+/// r[g, t, :] = x[b, t, h, :] as fp32 (x dense [B, S, H, D] of dtype `dtype`), and
+/// mu[g, :] = the group mean (mean_of_partials: fp64 sums of kMeanChunk points in
+/// point order, added in chunk order). `partial`: G * ceil(S / kMeanChunk) * D doubles.
+void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r, double* partial,
+                   float* mu, cudaStream_t stream);
 /// xb[g, t, :] = bf16(r[g, t, :] - mu[g, :]) and maxabs[g] = max |r - mu| (fp32).
 /// REQUIRES maxabs zeroed.
 void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_t D, uint16_t* xb, float* maxabs,
                    cudaStream_t stream);
 /// Initial point indices idx[g * K + j], j < k_eff, as init_random of kmeans.cpp picks
-/// them (same PRNG stream per (seed, stage, b, h + head_offset)); 0..k_eff-1 in order when
-/// k_eff == S. `perm`: scratch of G * S uint32.
+/// them (random_init_indices: same PRNG stream per (seed, stage, b, h + head_offset)); 0..k_eff-1
+/// in order when k_eff == S. One block per group, O(k_eff) work each.
 void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, int64_t head_offset,
-                  uint32_t* perm, uint32_t* idx, cudaStream_t stream);
+                  uint32_t* idx, cudaStream_t stream);
 /// Initial centred centroids: c[g, j, :] = r[g, idx[g*K + j], :] - mu[g, :] for j < k_eff,
 /// zero for k_eff <= j < K.
 void init_centroids(const float* r, const float* mu, const uint32_t* idx, int64_t G, int64_t S, int64_t D, int K,
@@ -56,8 +57,9 @@ void prepare_centroids(const float* c, int64_t G, int64_t D, int K, int k_eff, u
 /// every j < it (spec 1.1 early stop, decided on the device).
 /// Assignment (spec 1.1 expanded form on group-centred points, argmin fused, no
 /// N x K matrix): ids[g, t] = argmin_j cnorm[g, j] - 2 xb[g, t] . cb[g, j], x.c on
-/// tensor cores (mma.sync bf16, fp32 accumulation) when D is 64 or 128, else in
-/// fp32 from the bf16 values. changed[it * G + g] += ids that changed (all at it == 0).
+/// tensor cores (mma.sync bf16, fp32 accumulation) when D is 64, 128 or 256 (and
+/// the device has the shared memory for the codebook), else in fp32 from the bf16
+/// values. changed[it * G + g] += ids that changed (all at it == 0).
 void assign(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t D, int K,
             uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream);
 /// Centroid update: for active groups, c[g, j, :] = mean of the centred points
@@ -65,20 +67,26 @@ void assign(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t 
 /// maxabs[g]); empty clusters keep c. `sums`: G*K*D int64, `counts`: G*K int32
 /// (both zeroed here).
 void update_centroids(const float* r, const float* mu, const float* maxabs, const uint8_t* ids, int64_t G, int64_t S,
-                      int64_t D, int K, long long* sums, int* counts, float* c, const int* changed, int it,
-                      double stop, cudaStream_t stream);
+                      int64_t D, int K, long long* sums, int* counts, float* c, const int* changed, int it, double stop,
+                      cudaStream_t stream);
 
 // ---- encode: end of a stage -----------------------------------------------
 
 /// out_c[g, j, :] = (c + mu) rounded to `dtype` (zero for j >= k_eff); stored[g, j, :]
-/// = that value as fp32; then r[g, t, :] -= stored[g, ids[g, t], :].
-void finish_stage(float* r, const float* c, const float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D,
-                  int K, int k_eff, int dtype, void* out_c, float* stored, cudaStream_t stream);
+/// = that value as fp32 (stored_centroid). Unless `last`: then r[g, t, :] -=
+/// stored[g, ids[g, t], :] and mu = the new residual's group mean (as gather_points;
+/// `partial` as there). The last stage's subtraction is the quantizer's.
+void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D, int K,
+                  int k_eff, int dtype, void* out_c, float* stored, bool last, double* partial, cudaStream_t stream);
 
 // ---- encode: residual quantize-and-pack (spec 1.2, 1.4) ----------------------
 
-// QuantizeArgs: see bodies.cuh.
-/// Bit-identical to quantize_residual_group for the same residual.
+// QuantizeArgs: see encode_bodies.cuh.
+/// Bit-identical to quantize_residual_group for the same final residual. Passes:
+/// block statistics (one thread per 8 channels and a segment shuffle per block when
+/// quantize_vectorizable, else one thread per block), stored scales (one thread per
+/// block), pack (one thread per 8 channels, else per byte); the last stage's
+/// subtraction is done in registers in the first and the last pass.
 void quantize_residual(const QuantizeArgs& a, cudaStream_t stream);
 
 /// Index of the first element of x (n elements of `dtype`) that is not finite or has

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <mutex>
 #include <span>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/host.h"
+#include "kernels/cuda/per_device.h"
 #include "qvg/cuda.h"
 
 namespace qvg::cuda {
@@ -42,15 +44,86 @@ int device_count() {
 
 namespace {
 
-class AsyncAllocator final : public Allocator {
+// ---- the default allocator ---------------------------------------------------------
+//
+// Per device, decided once (thread-safe, lazily, at the first allocation there):
+// - stream-ordered pools supported (cudaDevAttrMemoryPoolsSupported): a pool qvg
+//   owns (cudaMemPoolCreate), with release threshold UINT64_MAX so that freed
+//   memory stays in the pool across synchronizations instead of going back to the
+//   OS at every sync; allocations are cudaMallocFromPoolAsync / cudaFreeAsync. The
+//   device's default pool (process-wide state other libraries share) is left alone.
+// - not supported (some virtualised GPUs, gVisor/Firecracker sandboxes, where every
+//   cudaMallocAsync fails): cudaMalloc, and cudaFree after synchronizing the
+//   buffer's stream (so the free is stream-ordered; it blocks the host).
+// The pools are never destroyed: they live as long as the process (destroying them
+// in a static destructor could run after the CUDA runtime has shut down).
+struct DevicePool {
+  std::once_flag once;
+  bool pools = false;
+  cudaMemPool_t pool = nullptr;
+};
+DevicePool g_pools[detail::kMaxDevices];
+
+/// The pool of `device` (nullptr when the device does not support pools or has no
+/// slot in the table); created at the first call for that device.
+cudaMemPool_t device_pool(int device) {
+  if (device < 0 || device >= detail::kMaxDevices) return nullptr;
+  DevicePool& d = g_pools[device];
+  std::call_once(d.once, [&] {
+    int supported = 0;
+    QVG_CUDA(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+    if (supported == 0) return;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t pool = nullptr;
+    QVG_CUDA(cudaMemPoolCreate(&pool, &props));
+    uint64_t threshold = ~uint64_t(0);  // cuuint64_t
+    const cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (e != cudaSuccess) {
+      (void)cudaMemPoolDestroy(pool);
+      detail::throw_cuda(e, "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)", __FILE__, __LINE__);
+    }
+    d.pool = pool;
+    d.pools = true;
+  });
+  return d.pools ? d.pool : nullptr;
+}
+
+class DefaultAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes, Stream stream) override {
+    const size_t n = std::max<size_t>(bytes, 1);
     void* p = nullptr;
-    QVG_CUDA(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream));
+    if (cudaMemPool_t pool = device_pool(detail::current_device()))
+      QVG_CUDA(cudaMallocFromPoolAsync(&p, n, pool, stream));
+    else
+      QVG_CUDA(cudaMalloc(&p, n));
     return p;
   }
   void deallocate(void* p, size_t, Stream stream) noexcept override {
-    if (p) (void)cudaFreeAsync(p, stream);
+    if (p == nullptr) return;
+    // The device the memory belongs to (the current device may have changed since).
+    cudaPointerAttributes attr{};
+    int device = -1;
+    if (cudaPointerGetAttributes(&attr, p) == cudaSuccess)
+      device = attr.device;
+    else
+      (void)cudaGetLastError();
+    bool pooled = false;
+    try {
+      pooled = device >= 0 && device_pool(device) != nullptr;  // already decided when it was allocated
+    } catch (...) {
+      pooled = false;
+    }
+    if (pooled) {
+      (void)cudaFreeAsync(p, stream);
+    } else {
+      (void)cudaStreamSynchronize(stream);  // the work enqueued on `stream` is done with p
+      (void)cudaFree(p);
+    }
   }
 };
 
@@ -59,8 +132,38 @@ size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 }  // namespace
 
 Allocator& default_allocator() {
-  static AsyncAllocator a;
+  static DefaultAllocator a;
   return a;
+}
+
+namespace detail {
+
+cudaMemPool_t default_pool(int device) {
+  return device_pool(device);
+}
+
+int max_shared_optin() {
+  struct Slot {
+    std::once_flag once;
+    int bytes = 0;
+  };
+  static Slot slots[kMaxDevices];
+  const int dev = current_device();
+  auto query = [dev] {
+    int v = 0;
+    QVG_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return v;
+  };
+  if (dev < 0 || dev >= kMaxDevices) return query();
+  Slot& s = slots[dev];
+  std::call_once(s.once, [&] { s.bytes = query(); });
+  return s.bytes;
+}
+
+}  // namespace detail
+
+void release_pool_memory(size_t keep_bytes) {
+  if (cudaMemPool_t pool = device_pool(detail::current_device())) QVG_CUDA(cudaMemPoolTrimTo(pool, keep_bytes));
 }
 
 // ---- DeviceBuffer -------------------------------------------------------------

@@ -1,6 +1,8 @@
-// The device encoder (spec 1.1, 1.2): the host side enqueues, per stage, the
-// group mean, centring, initial centroids, kmeans_iters x (assignment, update),
-// stored centroids and next residual; then the residual quantizer. Every group
+// The device encoder (spec 1.1, 1.2): the host side enqueues the points with their
+// group mean, then per stage centring, initial indices and centroids, kmeans_iters
+// x (assignment, update), stored centroids and (but for the last stage) the next
+// residual with its mean; then the residual quantizer, which subtracts the last
+// stage's centroids itself. Every group
 // is processed by the same launches; early stopping is decided per group on the
 // device (kernels of a stopped group return at once), so nothing synchronizes.
 #include <cuda_runtime_api.h>
@@ -45,10 +47,10 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   const int64_t nb = D / cfg.block_size;
 
   Carver cv;
+  const int64_t nchunk = (S + kernels::kMeanChunk - 1) / kernels::kMeanChunk;
   const size_t o_r = cv.take(size_t(G * S * D) * 4);
   const size_t o_xb = cv.take(size_t(G * S * D) * 2);
-  const size_t o_perm = cv.take(size_t(G * S) * 4);
-  const size_t o_part = cv.take(size_t(G * ((S + 1023) / 1024) * D) * 8);
+  const size_t o_part = cv.take(size_t(G * nchunk * D) * 8);
   const size_t o_mu = cv.take(size_t(G * D) * 4);
   const size_t o_maxabs = cv.take(size_t(G) * 4);
   const size_t o_idx = cv.take(size_t(G * K) * 4);
@@ -67,7 +69,6 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   const auto F = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
   float* r = F(o_r);
   uint16_t* xb = reinterpret_cast<uint16_t*>(base + o_xb);
-  uint32_t* perm = reinterpret_cast<uint32_t*>(base + o_perm);
   double* partial = reinterpret_cast<double*>(base + o_part);
   float* mu = F(o_mu);
   float* maxabs = F(o_maxabs);
@@ -83,28 +84,36 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   const size_t esz = dtype_size(x.dtype);
   const double stop = 1e-4 * double(S);
 
-  kernels::gather_points(x.data, arith_dtype(x.dtype), B, S, H, D, r, stream);
+  // Stage 0's points and mean; each later stage's come from the previous stage's
+  // subtraction (finish_stage). The last stage's residual is never written: the
+  // quantizer subtracts its stored centroids itself.
+  kernels::gather_points(x.data, arith_dtype(x.dtype), B, S, H, D, r, partial, mu, stream);
+  const uint8_t* last_ids = nullptr;
   for (int st = 0; st < cfg.stages; ++st) {
     uint8_t* ids = enc.mutable_data(EncodedArray::Ids) + size_t(st) * size_t(G * S);
     void* out_c = enc.mutable_data(EncodedArray::Centroids) + size_t(st) * size_t(G * K * D) * esz;
     QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(iters) * size_t(G) * 4, stream));
     QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
-    kernels::group_mean(r, G, S, D, partial, mu, stream);
     kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
-    kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, cfg.head_offset, perm, idx, stream);
+    kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
     kernels::init_centroids(r, mu, idx, G, S, D, K, k_eff, c, stream);
     for (int it = 0; it < iters; ++it) {
       kernels::prepare_centroids(c, G, D, K, k_eff, cb, cnorm, stream);
       kernels::assign(xb, cb, cnorm, G, S, D, K, ids, changed, it, stop, stream);
       kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K, sums, counts, c, changed, it, stop, stream);
     }
-    kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, arith_dtype(x.dtype), out_c, stored, stream);
+    kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, arith_dtype(x.dtype), out_c, stored, st + 1 == cfg.stages,
+                          partial, stream);
+    last_ids = ids;
   }
   kernels::QuantizeArgs q;
   q.r = r;
+  q.stored = stored;
+  q.ids = last_ids;
   q.G = G;
   q.S = S;
   q.D = D;
+  q.K = K;
   q.bits = cfg.bits;
   q.block = cfg.block_size;
   q.asymmetric = cfg.asymmetric;
@@ -112,7 +121,7 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   q.two_level = cfg.scaling == Scaling::TwoLevel;
   q.codes = enc.mutable_data(EncodedArray::Codes);
   q.scales = enc.mutable_data(EncodedArray::Scales);
-  q.zeros = enc.mutable_data(EncodedArray::Zeros);  // nullptr unless asymmetric
+  q.zeros = enc.mutable_data(EncodedArray::Zeros);                                         // nullptr unless asymmetric
   q.scale_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ScaleFactor));  // nullptr unless two_level
   q.zero_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ZeroFactor));
   q.raw_s = F(o_raws);
@@ -134,8 +143,8 @@ void check_input_limits(ConstTensorView x, const char* what, Stream stream) {
   QVG_CUDA(cudaMemcpyAsync(&first, p, sizeof first, cudaMemcpyDeviceToHost, stream));
   QVG_CUDA(cudaStreamSynchronize(stream));
   if (first < (unsigned long long)n)
-    throw InvalidArgument(fmt::format("{}: element {} is not finite or exceeds the input limit |x| <= 1e16", what,
-                                      first));
+    throw InvalidArgument(
+        fmt::format("{}: element {} is not finite or exceeds the input limit |x| <= 1e16", what, first));
 }
 
 }  // namespace qvg::cuda

@@ -1,10 +1,13 @@
-// Encoder kernels (spec 1.1, 1.2) on the device: point gathering and centring,
-// k-means assignment on tensor cores with a fused argmin, exact centroid update,
-// the end of a stage (stored centroids, next residual) and the residual
-// quantize-and-pack. The host orchestration is in encode.cpp.
+// Encoder kernels (spec 1.1, 1.2) on the device: point gathering with the group
+// mean, centring, initial indices, k-means assignment on tensor cores with a fused
+// argmin, exact centroid update, the end of a stage (stored centroids, next
+// residual with the next mean) and the residual quantize-and-pack. The host
+// orchestration is in encode.cpp; the bodies that fix bits are in encode_bodies.cuh.
 //
 // Mirrors of the CPU encoder (src/codec/kmeans.cpp, encode.cpp):
-// - points are group-centred with the group mean (fp64 sum, rounded to fp32);
+// - points are group-centred with the group mean (fp64 sums, rounded to fp32);
+// - init random picks the CPU's point indices (same PRNG stream, same partial
+//   Fisher-Yates, on a sparse permutation);
 // - empty clusters keep their previous centroid; S < K uses k_eff = S;
 // - early stop per group after an iteration with fewer than 1e-4 * S changes;
 // - stored centroids = (c + mu) rounded to the input dtype; the next residual
@@ -12,9 +15,14 @@
 // - the residual quantizer uses the arith.cuh functions, bit-identical to
 //   quantize_residual_group.
 // Differences (allowed by spec 1.1 for GPU encoders): x.c uses bf16-rounded
-// operands with fp32 accumulation, and centroid means are accumulated in 64-bit
-// fixed point (exact, so independent of the order the GPU sums in) instead of
-// fp64 in point order.
+// operands with fp32 accumulation, centroid means are accumulated in 64-bit fixed
+// point (exact, so independent of the order the GPU sums in) instead of fp64 in
+// point order, and the group mean adds fp64 partial sums of kMeanChunk points.
+//
+// Passes over the fp32 residual per stage: written once (gather, or the previous
+// stage's subtraction, each with the next mean's partial sums fused), read by the
+// centring and by each centroid update; the last stage's subtraction is fused into
+// the quantizer's two passes (statistics, pack) and never written.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -24,6 +32,8 @@
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/encode_bodies.cuh"
+#include "kernels/cuda/per_device.h"
 
 namespace qvg::cuda::kernels {
 namespace {
@@ -59,36 +69,54 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   return v;  // valid in thread 0
 }
 
-// ---- points ------------------------------------------------------------------
+// ---- points and the group mean -----------------------------------------------------
 
-__global__ void gather_kernel(const void* x, int dtype, int64_t S, int64_t H, int64_t D, int64_t n, float* r) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % D, rest = e / D;
-    const int64_t h = rest % H, bt = rest / H;
-    const int64_t t = bt % S, b = bt / S;
-    r[((b * H + h) * S + t) * D + d] = A::load_elem(x, dtype, e);
-  }
-}
+constexpr int kMeanThreads = 128;
 
-constexpr int kMeanChunk = 1024;
-
-__global__ void mean_partial_kernel(const float* r, int64_t S, int64_t D, int64_t nchunk, double* partial) {
+// One block per (group, chunk of kMeanChunk points), threads over channels:
+// r[g, t, :] = x[b, t, h, :] as fp32 (coalesced rows of D elements), and the chunk's
+// fp64 sum of each channel in point order.
+__global__ void gather_mean_kernel(const void* x, int dtype, int64_t S, int64_t H, int64_t D, int64_t nchunk, float* r,
+                                   double* partial) {
   const int64_t g = blockIdx.x / nchunk, ch = blockIdx.x % nchunk;
+  const int64_t b = g / H, h = g % H;
   const int64_t t0 = ch * kMeanChunk, t1 = min(S, t0 + kMeanChunk);
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     double s = 0;
-    for (int64_t t = t0; t < t1; ++t) s += double(r[(g * S + t) * D + d]);
+#pragma unroll 4
+    for (int64_t t = t0; t < t1; ++t) {
+      const float v = A::load_elem(x, dtype, ((b * S + t) * H + h) * D + d);
+      r[(g * S + t) * D + d] = v;
+      s += double(v);
+    }
+    partial[(g * nchunk + ch) * D + d] = s;
+  }
+}
+
+// As gather_mean_kernel for the next stage: r[g, t, :] -= stored[g, ids[g, t], :]
+// (fp32), and the chunk sums of the new residual.
+__global__ void subtract_mean_kernel(float* r, const float* stored, const uint8_t* ids, int64_t S, int64_t D, int K,
+                                     int64_t nchunk, double* partial) {
+  const int64_t g = blockIdx.x / nchunk, ch = blockIdx.x % nchunk;
+  const int64_t t0 = ch * kMeanChunk, t1 = min(S, t0 + kMeanChunk);
+  const float* sg = stored + g * K * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    double s = 0;
+#pragma unroll 4
+    for (int64_t t = t0; t < t1; ++t) {
+      float* p = r + (g * S + t) * D + d;
+      const float v = A::sub_rn(*p, sg[int64_t(ids[g * S + t]) * D + d]);
+      *p = v;
+      s += double(v);
+    }
     partial[(g * nchunk + ch) * D + d] = s;
   }
 }
 
 __global__ void mean_final_kernel(const double* partial, int64_t S, int64_t D, int64_t nchunk, float* mu) {
   const int64_t g = blockIdx.x;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    double s = 0;
-    for (int64_t ch = 0; ch < nchunk; ++ch) s += partial[(g * nchunk + ch) * D + d];
-    mu[g * D + d] = float(s / double(S));
-  }
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    mu[g * D + d] = mean_of_partials(partial + g * nchunk * D + d, nchunk, D, S);
 }
 
 constexpr int kCenterChunk = 8192;  // elements per block (one group per block)
@@ -108,30 +136,20 @@ __global__ void center_kernel(const float* r, const float* mu, int64_t S, int64_
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + g, m);
 }
 
-__global__ void iota_kernel(uint32_t* perm, int64_t S, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    perm[e] = uint32_t(e % S);
-}
-
-// One thread per group: the partial Fisher-Yates of init_random (kmeans.cpp), with
-// the same PRNG stream, so the device picks the CPU's initial points.
-__global__ void random_indices_kernel(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage,
-                                      int64_t head_offset, uint32_t* perm, uint32_t* idx) {
-  const int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (g >= G) return;
-  uint32_t* p = perm + g * S;
-  if (k_eff == S) {  // every point is its own centroid, in order
-    for (int j = 0; j < k_eff; ++j) idx[g * K + j] = uint32_t(j);
+// One block per group. k_eff < S: thread 0 draws the CPU's initial indices
+// (random_init_indices) with its table in shared memory (O(K) work, nothing of size
+// S); k_eff == S: every point in order.
+__global__ void init_indices_kernel(int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage,
+                                    int64_t head_offset, uint32_t* idx) {
+  __shared__ uint32_t keys[kInitTableSlots], vals[kInitTableSlots];
+  const int64_t g = blockIdx.x;
+  if (k_eff == S) {
+    for (int j = threadIdx.x; j < k_eff; j += blockDim.x) idx[g * K + j] = uint32_t(j);
     return;
   }
-  A::Rng rng(seed, uint64_t(stage), uint64_t(g / H), uint64_t(g % H + head_offset));
-  for (int j = 0; j < k_eff; ++j) {
-    const uint64_t r = uint64_t(j) + rng.below(uint64_t(S - j));
-    const uint32_t tmp = p[j];
-    p[j] = p[r];
-    p[r] = tmp;
-    idx[g * K + j] = p[j];
-  }
+  for (int i = threadIdx.x; i < kInitTableSlots; i += blockDim.x) keys[i] = kInitEmpty;
+  __syncthreads();
+  if (threadIdx.x == 0) random_init_indices(seed, stage, g / H, g % H + head_offset, S, k_eff, keys, vals, idx + g * K);
 }
 
 __global__ void init_kernel(const float* r, const float* mu, const uint32_t* idx, int64_t S, int64_t D, int K,
@@ -188,23 +206,59 @@ __device__ __forceinline__ void take_min(float& best, int& bidx, float d, int id
   }
 }
 
-constexpr int kMmaWarps = 4;
-constexpr int kMmaRowsPerWarp = 32;
-constexpr int kMmaRows = kMmaWarps * kMmaRowsPerWarp;  // points per block
-
-// One block: kMmaRows points of one group against all of the group's centroids,
-// which sit in shared memory (bf16, rows padded by 8 elements: conflict-free B
-// fragment loads). Each warp keeps the A fragments of its 32 points (all of D) in
-// registers and walks the centroids 8 at a time (mma.m16n8k16, two m-tiles), so
-// each B fragment feeds two MMAs; the argmin is taken on the accumulators.
+// The tensor-core configurations: DIM (head dim), MT m-tiles of 16 points per warp
+// (their A fragments, all of DIM, stay in registers: MT * DIM / 4 registers per
+// thread), NT n-tiles of 8 centroids per step (independent accumulators), WARPS
+// per block. D = 64/128: 32 points per warp, each B fragment feeds two MMAs. D =
+// 256: 16 points per warp (64 registers of A), two n-tiles per step so that two
+// accumulation chains are in flight, 8 warps to share the 132 KB of centroids.
 template <int DIM>
-__global__ void __launch_bounds__(kMmaWarps * 32) assign_mma_kernel(const uint16_t* xb, const uint16_t* cb,
-                                                                    const float* cnorm, int64_t G, int64_t S, int K,
-                                                                    int k_eff, int64_t ntiles, uint8_t* ids,
-                                                                    int* changed, int it, double stop) {
-  constexpr int KS = DIM / 16, LD = DIM + 8;
+struct MmaConfig;
+template <>
+struct MmaConfig<64> {
+  static constexpr int MT = 2, NT = 1, WARPS = 4;
+};
+template <>
+struct MmaConfig<128> {
+  static constexpr int MT = 2, NT = 1, WARPS = 4;
+};
+template <>
+struct MmaConfig<256> {
+  static constexpr int MT = 1, NT = 2, WARPS = 8;
+};
+
+template <int DIM>
+constexpr int mma_rows_per_block() {
+  return MmaConfig<DIM>::WARPS * 16 * MmaConfig<DIM>::MT;
+}
+/// Centroid rows the kernel stages for k_eff centroids (a multiple of 8 * NT).
+template <int DIM>
+int mma_kpad(int k_eff) {
+  constexpr int step = 8 * MmaConfig<DIM>::NT;
+  return (k_eff + step - 1) / step * step;
+}
+template <int DIM>
+size_t mma_smem_bytes(int k_eff) {
+  const int kpad = mma_kpad<DIM>(k_eff);
+  return size_t(kpad) * (DIM + 8) * 2 + size_t(kpad) * 4;
+}
+
+// One block: rows_per_block points of one group against all of the group's
+// centroids, which sit in shared memory (bf16, rows padded by 8 elements:
+// conflict-free B fragment loads). Each warp keeps the A fragments of its 16 * MT
+// points (all of DIM) in registers and walks the centroids 8 * NT at a time
+// (mma.m16n8k16); the argmin is taken on the accumulators. Fragment layouts (PTX
+// ISA, m16n8k16 bf16): lane = 4 * gid + tig; A regs 0..3 = rows gid, gid+8 x
+// columns 2tig(+1), 2tig+8(+1); B regs 0, 1 = column gid x rows 2tig(+1),
+// 2tig+8(+1); C regs 0..3 = rows gid, gid, gid+8, gid+8 x columns 2tig, 2tig+1.
+template <int DIM>
+__global__ void __launch_bounds__(MmaConfig<DIM>::WARPS * 32)
+    assign_mma_kernel(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int K,
+                      int k_eff, int64_t ntiles, uint8_t* ids, int* changed, int it, double stop) {
+  constexpr int MT = MmaConfig<DIM>::MT, NT = MmaConfig<DIM>::NT;
+  constexpr int KS = DIM / 16, LD = DIM + 8, ROWS_W = 16 * MT, ROWS_B = mma_rows_per_block<DIM>();
   extern __shared__ uint4 smem_u4[];
-  const int kpad = (k_eff + 7) & ~7;
+  const int kpad = (k_eff + 8 * NT - 1) / (8 * NT) * (8 * NT);
   uint16_t* cs = reinterpret_cast<uint16_t*>(smem_u4);
   float* cn = reinterpret_cast<float*>(cs + size_t(kpad) * LD);
   const int64_t g = blockIdx.x / ntiles, tile = blockIdx.x % ntiles;
@@ -220,11 +274,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) assign_mma_kernel(const uint16
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, tig = lane & 3;
-  const int64_t base = tile * kMmaRows + warp * kMmaRowsPerWarp;
+  const int64_t base = tile * ROWS_B + warp * ROWS_W;
   const uint16_t* xg = xb + g * S * DIM;
-  uint32_t a[2][KS][4];
+  uint32_t a[MT][KS][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+  for (int mt = 0; mt < MT; ++mt) {
     const int64_t r0 = base + mt * 16 + gid, r1 = r0 + 8;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
@@ -235,32 +289,48 @@ __global__ void __launch_bounds__(kMmaWarps * 32) assign_mma_kernel(const uint16
       a[mt][ks][3] = r1 < S ? *reinterpret_cast<const uint32_t*>(xg + r1 * DIM + col + 8) : 0u;
     }
   }
-  float best[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
-  int bidx[4] = {INT_MAX, INT_MAX, INT_MAX, INT_MAX};
-  for (int nt = 0; nt < kpad / 8; ++nt) {
-    float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-    const uint16_t* crow = cs + (nt * 8 + gid) * LD + tig * 2;
+  float best[2 * MT];
+  int bidx[2 * MT];
+#pragma unroll
+  for (int q = 0; q < 2 * MT; ++q) {
+    best[q] = INFINITY;
+    bidx[q] = INT_MAX;
+  }
+  for (int nt0 = 0; nt0 < kpad / 8; nt0 += NT) {
+    float acc[NT][MT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[n][mt][i] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(crow + ks * 16);
-      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(crow + ks * 16 + 8);
-      mma_bf16(acc[0], a[0][ks], b0, b1);
-      mma_bf16(acc[1], a[1][ks], b0, b1);
-    }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int col = nt * 8 + tig * 2 + j;
-      const float c2 = cn[col];
+      for (int n = 0; n < NT; ++n) {
+        const uint16_t* crow = cs + ((nt0 + n) * 8 + gid) * LD + tig * 2 + ks * 16;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(crow);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(crow + 8);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        take_min(best[mt * 2], bidx[mt * 2], fmaf(-2.0f, acc[mt][j], c2), col);
-        take_min(best[mt * 2 + 1], bidx[mt * 2 + 1], fmaf(-2.0f, acc[mt][2 + j], c2), col);
+        for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[n][mt], a[mt][ks], b0, b1);
       }
     }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = (nt0 + n) * 8 + tig * 2 + j;
+        const float c2 = cn[col];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          take_min(best[mt * 2], bidx[mt * 2], fmaf(-2.0f, acc[n][mt][j], c2), col);
+          take_min(best[mt * 2 + 1], bidx[mt * 2 + 1], fmaf(-2.0f, acc[n][mt][2 + j], c2), col);
+        }
+      }
   }
   int nchanged = 0;
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
+  for (int q = 0; q < 2 * MT; ++q) {
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       const float od = __shfl_xor_sync(0xFFFFFFFFu, best[q], o);
@@ -279,27 +349,46 @@ __global__ void __launch_bounds__(kMmaWarps * 32) assign_mma_kernel(const uint16
   if (lane == 0 && nchanged) atomicAdd(changed + int64_t(it) * G + g, nchanged);
 }
 
-// Any D: one thread per point, centroids staged through shared memory as fp32
-// (the bf16 values the tensor-core path uses), expanded form in fp32.
-__global__ void assign_generic_kernel(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G,
-                                      int64_t S, int64_t D, int K, int k_eff, int64_t ntiles, int chunk, uint8_t* ids,
-                                      int* changed, int it, double stop) {
-  extern __shared__ float cf[];
+constexpr int kGenericThreads = 64;
+constexpr int kGenericXStride = kGenericThreads + 2;  // halfwords: rows d of xs start 33 banks apart
+
+// Any D: one thread per point, expanded form in fp32 on the bf16 values the
+// tensor-core path uses. The block's points sit in shared memory (XSMEM; bf16,
+// transposed: thread p reads xs[d * kGenericXStride + p], conflict-free) or, for a
+// D too large for that, are read from global memory; the centroids go through
+// shared memory in chunks, as fp32 (broadcast reads).
+template <bool XSMEM>
+__global__ void __launch_bounds__(kGenericThreads)
+    assign_generic_kernel(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t D,
+                          int K, int k_eff, int64_t ntiles, int chunk, uint8_t* ids, int* changed, int it,
+                          double stop) {
+  extern __shared__ float cf[];  // [chunk][D], then (XSMEM) xs [D][kGenericXStride] bf16
+  uint16_t* xs = reinterpret_cast<uint16_t*>(cf + size_t(chunk) * D);
   const int64_t g = blockIdx.x / ntiles, tile = blockIdx.x % ntiles;
   if (!group_active(changed, G, g, it, stop)) return;
-  const int64_t t = tile * blockDim.x + threadIdx.x;
+  const int64_t t = tile * kGenericThreads + threadIdx.x;
   const uint16_t* x = xb + (g * S + (t < S ? t : 0)) * D;
+  if (XSMEM) {
+    const int64_t t0 = tile * kGenericThreads;
+    for (int64_t i = threadIdx.x; i < kGenericThreads * D; i += kGenericThreads) {  // coalesced rows
+      const int64_t p = i / D, d = i % D;
+      xs[d * kGenericXStride + p] = t0 + p < S ? xb[(g * S + t0 + p) * D + d] : uint16_t(0);
+    }
+  }
   float best = INFINITY;
   int bi = 0;
   for (int j0 = 0; j0 < k_eff; j0 += chunk) {
     const int nj = min(chunk, k_eff - j0);
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < int64_t(nj) * D; i += blockDim.x)
+    for (int64_t i = threadIdx.x; i < int64_t(nj) * D; i += kGenericThreads)
       cf[i] = A::bf16_to_f32(cb[(g * K + j0) * D + i]);
     __syncthreads();
     for (int j = 0; j < nj; ++j) {
       float dot = 0.0f;
-      for (int64_t d = 0; d < D; ++d) dot = fmaf(A::bf16_to_f32(x[d]), cf[j * D + d], dot);
+      for (int64_t d = 0; d < D; ++d) {
+        const uint16_t xv = XSMEM ? xs[d * kGenericXStride + threadIdx.x] : x[d];
+        dot = fmaf(A::bf16_to_f32(xv), cf[j * D + d], dot);
+      }
       const float dist = fmaf(-2.0f, dot, cnorm[g * K + j0 + j]);
       if (dist < best) {
         best = dist;
@@ -322,15 +411,6 @@ __global__ void assign_generic_kernel(const uint16_t* xb, const uint16_t* cb, co
 constexpr int kUpdPoints = 4096;
 constexpr int kUpdDims = 32;
 
-// Exponent e with sum over S points of |x| * 2^e < 2^61 for |x| <= maxabs.
-__device__ __forceinline__ int fixed_exponent(float maxabs, int64_t S) {
-  if (!(maxabs > 0.0f)) return 0;
-  int E;
-  frexpf(maxabs, &E);  // maxabs < 2^E
-  const int sbits = 64 - __clzll((unsigned long long)S);  // S < 2^sbits
-  return 61 - E - sbits;
-}
-
 __global__ void update_accumulate_kernel(const float* r, const float* mu, const float* maxabs, const uint8_t* ids,
                                          int64_t G, int64_t S, int64_t D, int K, int64_t nchunk, int64_t nslice,
                                          unsigned long long* sums, int* counts, const int* changed, int it,
@@ -351,8 +431,7 @@ __global__ void update_accumulate_kernel(const float* r, const float* mu, const 
     const int id = ids[g * S + t];
     if (d < D) {
       const float x = A::sub_rn(r[(g * S + t) * D + d], mu[g * D + d]);
-      const long long v = __double2ll_rn(double(x) * scale);
-      atomicAdd(&acc[id * kUpdDims + lane], (unsigned long long)v);
+      atomicAdd(&acc[id * kUpdDims + lane], (unsigned long long)to_fixed(x, scale));
     }
     if (slice == 0 && lane == 0) atomicAdd(&cnt[id], 1);
   }
@@ -373,9 +452,7 @@ __global__ void update_final_kernel(const unsigned long long* sums, const int* c
     const int64_t gj = e / D, g = gj / K;
     const int cntv = counts[gj];
     if (cntv == 0 || !group_active(changed, G, g, it, stop)) continue;  // empty: keep the previous centroid
-    const double inv = 1.0 / double(cntv);
-    const double sum = double((long long)sums[e]) * ldexp(1.0, -fixed_exponent(maxabs[g], S));
-    c[e] = float(sum * inv);
+    c[e] = centroid_from_fixed((long long)sums[e], cntv, fixed_exponent(maxabs[g], S));
   }
 }
 
@@ -386,52 +463,72 @@ __global__ void store_centroids_kernel(const float* c, const float* mu, int64_t 
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = e % D, gj = e / D;
     const int64_t j = gj % K, g = gj / K;
-    const float v = j < k_eff ? A::add_rn(c[e], mu[g * D + d]) : 0.0f;
-    const uint32_t bits = A::encode_elem(v, dtype);
+    uint32_t bits = 0;
+    const float v = j < k_eff ? stored_centroid(c[e], mu[g * D + d], dtype, &bits) : 0.0f;
     if (dtype == A::kF32)
       static_cast<float*>(out_c)[e] = v;
     else
-      static_cast<uint16_t*>(out_c)[e] = uint16_t(bits);
-    stored[e] = A::round_trip(v, dtype);
-  }
-}
-
-__global__ void subtract_kernel(float* r, const float* stored, const uint8_t* ids, int64_t S, int64_t D, int K,
-                                int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % D, gt = e / D;
-    const int64_t g = gt / S;
-    r[e] = A::sub_rn(r[e], stored[(g * K + ids[gt]) * D + d]);
+      static_cast<uint16_t*>(out_c)[e] = uint16_t(j < k_eff ? bits : 0u);
+    stored[e] = v;
   }
 }
 
 // ---- residual quantization -----------------------------------------------------
 
-__global__ void block_stats_kernel(const float* r, int64_t S, int64_t D, int bs, int qmax, bool asym, int64_t bpg,
-                                   float* raw_s, float* raw_z, float* group_max, int64_t G) {
+// Vectorised statistics: one thread per 8 channels (word w = t * D/8 + c of group
+// g), the final residual computed in registers (residual8: r minus the stored
+// centroid, never written). A block of bs channels is a segment of bs/8 lanes;
+// the segment's run statistics merge down to its first lane in channel order
+// (shfl_down: lane l takes l + o), which writes the block's raw scale (and zero).
+// The group's maxima: block reduction, then one atomic per block.
+__global__ void quantize_stats_vec_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg, int width) {
   __shared__ float red[32];
-  const int64_t nb = D / bs;
-  const int64_t g = blockIdx.x / bpg, i = (blockIdx.x % bpg) * blockDim.x + threadIdx.x;  // i: (t, k) in group
-  float ms = 0.0f, mz = 0.0f;
-  if (i < S * nb) {
-    float z = 0.0f;
-    block_stats(r + g * S * D + (i / nb) * D + (i % nb) * bs, bs, qmax, asym, ms, z);
-    raw_s[g * S * nb + i] = ms;
-    if (asym) {
-      raw_z[g * S * nb + i] = z;
-      mz = A::abs_f(z);
-    }
+  const int64_t g = blockIdx.x / bpg, w = (blockIdx.x % bpg) * blockDim.x + threadIdx.x;
+  const bool asym = a.asymmetric;
+  RunStats s = stats_lane(a, g, w);  // lanes past the group take part in the shuffles too
+  for (int o = width >> 1; o > 0; o >>= 1) {
+    RunStats later;
+    later.lo = __shfl_down_sync(0xFFFFFFFFu, s.lo, o, width);
+    later.hi = __shfl_down_sync(0xFFFFFFFFu, s.hi, o, width);
+    run_merge(s, later, asym);
   }
+  float ms = 0.0f, mz = 0.0f;
+  stats_leader(a, g, w, s, ms, mz);
   ms = block_max(ms, red);
-  if (threadIdx.x == 0) atomic_max_nonneg(group_max + g, ms);
+  if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + g, ms);
   if (asym) {
     __syncthreads();
     mz = block_max(mz, red);
-    if (threadIdx.x == 0) atomic_max_nonneg(group_max + G + g, mz);
+    if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + a.G + g, mz);
   }
 }
 
-__global__ void pack_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
+// Any block size: one thread per block, scanned in order.
+__global__ void quantize_stats_scan_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg) {
+  __shared__ float red[32];
+  const int64_t g = blockIdx.x / bpg, i = (blockIdx.x % bpg) * blockDim.x + threadIdx.x;  // i: (t, k) in group
+  float ms = 0.0f, mz = 0.0f;
+  stats_scan(a, g, i, ms, mz);
+  ms = block_max(ms, red);
+  if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + g, ms);
+  if (a.asymmetric) {
+    __syncthreads();
+    mz = block_max(mz, red);
+    if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + a.G + g, mz);
+  }
+}
+
+__global__ void quantize_scales_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
+  for (int64_t si = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; si < n; si += int64_t(gridDim.x) * blockDim.x)
+    scale_block(a, si);
+}
+
+__global__ void pack_vec_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
+  for (int64_t w = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; w < n; w += int64_t(gridDim.x) * blockDim.x)
+    pack_word(a, w);
+}
+
+__global__ void pack_byte_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
     pack_byte(a, e);
 }
@@ -466,39 +563,67 @@ __global__ void fill_kernel(void* x, int dtype, int64_t S, int64_t H, int64_t D,
   }
 }
 
-unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>(blocks_for(n), 132 * 32)); }
+unsigned grid_for(int64_t n) {
+  return unsigned(std::min<int64_t>(blocks_for(n), 132 * 32));
+}
 
+/// Launches the tensor-core assignment for D = DIM if the device has the shared
+/// memory for k_eff centroids; false (nothing launched) otherwise.
 template <int DIM>
-void launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int K,
+bool launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int K,
                        int k_eff, uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream) {
-  const int kpad = (k_eff + 7) & ~7;
-  const size_t smem = size_t(kpad) * (DIM + 8) * 2 + size_t(kpad) * 4;
-  static bool configured = false;  // the attribute is per function, set once (max K = 256)
-  if (!configured) {
-    QVG_CUDA(cudaFuncSetAttribute(assign_mma_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(256 * (DIM + 8) * 2 + 256 * 4)));
-    configured = true;
-  }
-  const int64_t ntiles = (S + kMmaRows - 1) / kMmaRows;
-  assign_mma_kernel<DIM><<<unsigned(G * ntiles), kMmaWarps * 32, smem, stream>>>(xb, cb, cnorm, G, S, K, k_eff, ntiles,
-                                                                                ids, changed, it, stop);
+  const size_t smem = mma_smem_bytes<DIM>(k_eff);
+  const int optin = detail::max_shared_optin();
+  if (smem > size_t(optin)) return false;
+  // The opt-in is per device and per function: set once per device (thread-safe),
+  // to what K = 256 needs or the device's limit.
+  static detail::PerDeviceOnce configured;
+  configured.run(detail::current_device(), [&] {
+    const int want = int(std::min<size_t>(mma_smem_bytes<DIM>(256), size_t(optin)));
+    QVG_CUDA(cudaFuncSetAttribute(assign_mma_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize, want));
+  });
+  constexpr int rows = mma_rows_per_block<DIM>();
+  const int64_t ntiles = (S + rows - 1) / rows;
+  assign_mma_kernel<DIM><<<unsigned(G * ntiles), MmaConfig<DIM>::WARPS * 32, smem, stream>>>(
+      xb, cb, cnorm, G, S, K, k_eff, ntiles, ids, changed, it, stop);
   detail::check_launch("assign_mma_kernel");
+  return true;
+}
+
+void launch_assign_generic(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t D,
+                           int K, int k_eff, uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream) {
+  const int optin = detail::max_shared_optin();
+  const size_t budget = std::min<size_t>(size_t(96) << 10, size_t(optin));
+  const size_t xbytes = size_t(D) * kGenericXStride * 2;
+  const bool xsmem = xbytes + size_t(D) * 4 <= budget;
+  const size_t cbudget = xsmem ? budget - xbytes : std::min<size_t>(budget, size_t(48) << 10);
+  const int chunk = int(std::max<int64_t>(1, std::min<int64_t>(k_eff, int64_t(cbudget / (size_t(D) * 4)))));
+  const size_t smem = size_t(chunk) * size_t(D) * 4 + (xsmem ? xbytes : 0);
+  static detail::PerDeviceOnce configured;
+  configured.run(detail::current_device(), [&] {
+    QVG_CUDA(
+        cudaFuncSetAttribute(assign_generic_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(budget)));
+    QVG_CUDA(
+        cudaFuncSetAttribute(assign_generic_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(budget)));
+  });
+  const int64_t ntiles = (S + kGenericThreads - 1) / kGenericThreads;
+  if (xsmem)
+    assign_generic_kernel<true><<<unsigned(G * ntiles), kGenericThreads, smem, stream>>>(
+        xb, cb, cnorm, G, S, D, K, k_eff, ntiles, chunk, ids, changed, it, stop);
+  else
+    assign_generic_kernel<false><<<unsigned(G * ntiles), kGenericThreads, smem, stream>>>(
+        xb, cb, cnorm, G, S, D, K, k_eff, ntiles, chunk, ids, changed, it, stop);
+  detail::check_launch("assign_generic_kernel");
 }
 
 }  // namespace
 
-void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r,
-                   cudaStream_t stream) {
-  const int64_t n = B * S * H * D;
-  gather_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, dtype, S, H, D, n, r);
-  detail::check_launch("gather_kernel");
-}
-
-void group_mean(const float* r, int64_t G, int64_t S, int64_t D, double* partial, float* mu, cudaStream_t stream) {
-  const int64_t nchunk = (S + kMeanChunk - 1) / kMeanChunk;
-  mean_partial_kernel<<<unsigned(G * nchunk), 128, 0, stream>>>(r, S, D, nchunk, partial);
-  detail::check_launch("mean_partial_kernel");
-  mean_final_kernel<<<unsigned(G), 128, 0, stream>>>(partial, S, D, nchunk, mu);
+void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r, double* partial,
+                   float* mu, cudaStream_t stream) {
+  const int64_t G = B * H, nchunk = (S + kMeanChunk - 1) / kMeanChunk;
+  gather_mean_kernel<<<unsigned(G * nchunk), kMeanThreads, 0, stream>>>(x, dtype, S, H, D, nchunk, r, partial);
+  detail::check_launch("gather_mean_kernel");
+  mean_final_kernel<<<unsigned(G), kMeanThreads, 0, stream>>>(partial, S, D, nchunk, mu);
   detail::check_launch("mean_final_kernel");
 }
 
@@ -510,14 +635,9 @@ void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_
 }
 
 void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, int64_t head_offset,
-                  uint32_t* perm, uint32_t* idx, cudaStream_t stream) {
-  if (k_eff < S) {
-    iota_kernel<<<grid_for(G * S), kThreads, 0, stream>>>(perm, S, G * S);
-    detail::check_launch("iota_kernel");
-  }
-  random_indices_kernel<<<blocks_for(G, 64), 64, 0, stream>>>(G, H, S, K, k_eff, seed, stage, head_offset, perm,
-                                                                idx);
-  detail::check_launch("random_indices_kernel");
+                  uint32_t* idx, cudaStream_t stream) {
+  init_indices_kernel<<<unsigned(G), 128, 0, stream>>>(H, S, K, k_eff, seed, stage, head_offset, idx);
+  detail::check_launch("init_indices_kernel");
 }
 
 void init_centroids(const float* r, const float* mu, const uint32_t* idx, int64_t G, int64_t S, int64_t D, int K,
@@ -536,60 +656,71 @@ void prepare_centroids(const float* c, int64_t G, int64_t D, int K, int k_eff, u
 void assign(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t D, int K,
             uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream) {
   const int k_eff = int(std::min<int64_t>(K, S));
-  if (D == 128) return launch_assign_mma<128>(xb, cb, cnorm, G, S, K, k_eff, ids, changed, it, stop, stream);
-  if (D == 64) return launch_assign_mma<64>(xb, cb, cnorm, G, S, K, k_eff, ids, changed, it, stop, stream);
-  const int threads = 128;
-  const int chunk = int(std::max<int64_t>(1, std::min<int64_t>(k_eff, 8192 / D)));
-  const int64_t ntiles = (S + threads - 1) / threads;
-  assign_generic_kernel<<<unsigned(G * ntiles), threads, size_t(chunk) * size_t(D) * 4, stream>>>(
-      xb, cb, cnorm, G, S, D, K, k_eff, ntiles, chunk, ids, changed, it, stop);
-  detail::check_launch("assign_generic_kernel");
+  if (D == 128 && launch_assign_mma<128>(xb, cb, cnorm, G, S, K, k_eff, ids, changed, it, stop, stream)) return;
+  if (D == 64 && launch_assign_mma<64>(xb, cb, cnorm, G, S, K, k_eff, ids, changed, it, stop, stream)) return;
+  if (D == 256 && launch_assign_mma<256>(xb, cb, cnorm, G, S, K, k_eff, ids, changed, it, stop, stream)) return;
+  launch_assign_generic(xb, cb, cnorm, G, S, D, K, k_eff, ids, changed, it, stop, stream);
 }
 
 void update_centroids(const float* r, const float* mu, const float* maxabs, const uint8_t* ids, int64_t G, int64_t S,
-                      int64_t D, int K, long long* sums, int* counts, float* c, const int* changed, int it,
-                      double stop, cudaStream_t stream) {
+                      int64_t D, int K, long long* sums, int* counts, float* c, const int* changed, int it, double stop,
+                      cudaStream_t stream) {
   QVG_CUDA(cudaMemsetAsync(sums, 0, size_t(G * K * D) * sizeof(long long), stream));
   QVG_CUDA(cudaMemsetAsync(counts, 0, size_t(G * K) * sizeof(int), stream));
   const int64_t nchunk = (S + kUpdPoints - 1) / kUpdPoints, nslice = (D + kUpdDims - 1) / kUpdDims;
   const size_t smem = size_t(K) * kUpdDims * sizeof(unsigned long long);
-  static bool configured = false;
-  if (!configured) {
+  static detail::PerDeviceOnce configured;  // per device and function (64 KB at K = 256)
+  configured.run(detail::current_device(), [] {
     QVG_CUDA(cudaFuncSetAttribute(update_accumulate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(256 * kUpdDims * sizeof(unsigned long long))));
-    configured = true;
-  }
+  });
   auto* usums = reinterpret_cast<unsigned long long*>(sums);
   update_accumulate_kernel<<<unsigned(G * nchunk * nslice), kThreads, smem, stream>>>(
       r, mu, maxabs, ids, G, S, D, K, nchunk, nslice, usums, counts, changed, it, stop);
   detail::check_launch("update_accumulate_kernel");
   const int64_t n = G * K * D;
-  update_final_kernel<<<grid_for(n), kThreads, 0, stream>>>(usums, counts, maxabs, G, S, D, K, n, c, changed, it,
-                                                            stop);
+  update_final_kernel<<<grid_for(n), kThreads, 0, stream>>>(usums, counts, maxabs, G, S, D, K, n, c, changed, it, stop);
   detail::check_launch("update_final_kernel");
 }
 
-void finish_stage(float* r, const float* c, const float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D,
-                  int K, int k_eff, int dtype, void* out_c, float* stored, cudaStream_t stream) {
+void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D, int K,
+                  int k_eff, int dtype, void* out_c, float* stored, bool last, double* partial, cudaStream_t stream) {
   const int64_t nc = G * K * D;
   store_centroids_kernel<<<grid_for(nc), kThreads, 0, stream>>>(c, mu, D, K, k_eff, dtype, nc, out_c, stored);
   detail::check_launch("store_centroids_kernel");
-  const int64_t n = G * S * D;
-  subtract_kernel<<<grid_for(n), kThreads, 0, stream>>>(r, stored, ids, S, D, K, n);
-  detail::check_launch("subtract_kernel");
+  if (last) return;  // the quantizer subtracts the last stage's centroids itself
+  const int64_t nchunk = (S + kMeanChunk - 1) / kMeanChunk;
+  subtract_mean_kernel<<<unsigned(G * nchunk), kMeanThreads, 0, stream>>>(r, stored, ids, S, D, K, nchunk, partial);
+  detail::check_launch("subtract_mean_kernel");
+  mean_final_kernel<<<unsigned(G), kMeanThreads, 0, stream>>>(partial, S, D, nchunk, mu);
+  detail::check_launch("mean_final_kernel");
 }
 
 void quantize_residual(const QuantizeArgs& a, cudaStream_t stream) {
   QVG_CUDA(cudaMemsetAsync(a.group_max, 0, size_t(2 * a.G) * sizeof(float), stream));
   const int64_t nb = a.D / a.block;
-  const int64_t bpg = (a.S * nb + kThreads - 1) / kThreads;
-  const int qmax = qvg::cuda_arith::qmax_of(a.bits, a.asymmetric);
-  block_stats_kernel<<<unsigned(a.G * bpg), kThreads, 0, stream>>>(a.r, a.S, a.D, a.block, qmax, a.asymmetric, bpg,
-                                                                   a.raw_s, a.raw_z, a.group_max, a.G);
-  detail::check_launch("block_stats_kernel");
-  const int64_t n = a.G * a.S * a.D * a.bits / 8;
-  pack_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
-  detail::check_launch("pack_kernel");
+  const bool vec = quantize_vectorizable(a.D, a.block);
+  if (vec) {
+    const int64_t bpg = (a.S * (a.D / 8) + kThreads - 1) / kThreads;
+    quantize_stats_vec_kernel<<<unsigned(a.G * bpg), kThreads, 0, stream>>>(a, bpg, a.block / 8);
+    detail::check_launch("quantize_stats_vec_kernel");
+  } else {
+    const int64_t bpg = (a.S * nb + kThreads - 1) / kThreads;
+    quantize_stats_scan_kernel<<<unsigned(a.G * bpg), kThreads, 0, stream>>>(a, bpg);
+    detail::check_launch("quantize_stats_scan_kernel");
+  }
+  const int64_t nblocks = a.G * a.S * nb;
+  quantize_scales_kernel<<<grid_for(nblocks), kThreads, 0, stream>>>(a, nblocks);
+  detail::check_launch("quantize_scales_kernel");
+  if (vec) {
+    const int64_t n = a.G * a.S * (a.D / 8);
+    pack_vec_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
+    detail::check_launch("pack_vec_kernel");
+  } else {
+    const int64_t n = a.G * a.S * a.D * a.bits / 8;
+    pack_byte_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
+    detail::check_launch("pack_byte_kernel");
+  }
 }
 
 void fill_clustered(void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, uint64_t seed, float scale,

@@ -1,0 +1,380 @@
+// src/kernels/cuda/encode_bodies.cuh — the per-thread bodies of the device
+// encoder's kernels that must give fixed bits, as __host__ __device__ functions
+// over plain structs: the initial point indices, the group mean, the exact
+// fixed-point centroid update, the stored centroids, and the residual quantizer
+// (block statistics, stored scales, packing) with the last stage's subtraction
+// fused in.
+//
+// The kernels (encode_kernels.cu) only map blocks and threads onto these.
+// tests/gpu/host_arith_test.cpp runs them on the host: the initial indices against
+// the CPU codec's (kmeans.cpp), the quantizer over the same grids the kernels use
+// against quantize_residual_group; tests/gpu/gpu_tests.cpp replays a device
+// encoding on the host with the mean and update rules below.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/arith.cuh"
+#include "kernels/cuda/bodies.cuh"  // load_as / store_as / Word4
+
+namespace qvg::cuda::kernels {
+
+// ---- initial indices (spec 1.1 init random) -----------------------------------------
+
+/// Slots of the table random_init_indices works in (a power of two >= 2 * 256, so
+/// the table is at most half full: K <= 256 insertions).
+inline constexpr int kInitTableSlots = 512;
+inline constexpr uint32_t kInitEmpty = 0xFFFFFFFFu;
+
+QVG_HD uint32_t init_slot(uint32_t pos) {
+  return (pos * 0x9E3779B1u) >> (32 - 9);
+}
+/// Value at position `pos` of the virtual permutation (pos itself until written).
+QVG_HD uint32_t init_get(const uint32_t* keys, const uint32_t* vals, uint32_t pos) {
+  for (uint32_t i = init_slot(pos);; i = (i + 1) & (kInitTableSlots - 1)) {
+    if (keys[i] == pos) return vals[i];
+    if (keys[i] == kInitEmpty) return pos;
+  }
+}
+QVG_HD void init_put(uint32_t* keys, uint32_t* vals, uint32_t pos, uint32_t v) {
+  for (uint32_t i = init_slot(pos);; i = (i + 1) & (kInitTableSlots - 1))
+    if (keys[i] == pos || keys[i] == kInitEmpty) {
+      keys[i] = pos;
+      vals[i] = v;
+      return;
+    }
+}
+
+/// The k point indices init random picks for group (b, h) of stage `stage`: the
+/// first k entries of the CPU codec's partial Fisher-Yates over 0..S-1
+/// (kmeans.cpp), with the same PRNG stream, but on a sparse permutation (a table
+/// of the positions the swaps touched) instead of an S-element array: O(k) work
+/// and memory. `keys`/`vals`: kInitTableSlots entries each, keys all kInitEmpty
+/// on entry. REQUIRES 1 <= k <= 256, k < S < 2^31.
+QVG_HD void random_init_indices(uint64_t seed, int stage, int64_t b, int64_t h, int64_t S, int k, uint32_t* keys,
+                                uint32_t* vals, uint32_t* idx) {
+  qvg::cuda_arith::Rng rng(seed, uint64_t(stage), uint64_t(b), uint64_t(h));
+  for (int j = 0; j < k; ++j) {
+    const uint32_t r = uint32_t(uint64_t(j) + rng.below(uint64_t(S - j)));
+    const uint32_t vr = init_get(keys, vals, r);
+    if (r != uint32_t(j)) init_put(keys, vals, r, init_get(keys, vals, uint32_t(j)));  // swap; j is final now
+    idx[j] = vr;
+  }
+}
+
+// ---- group mean ---------------------------------------------------------------------
+
+/// Points per partial sum of the group mean.
+inline constexpr int kMeanChunk = 256;
+
+/// The device encoder's group mean of one channel: fp64 sums over chunks of
+/// kMeanChunk points in point order (partial[ch * stride], computed that way by the
+/// kernels), added in chunk order, divided by S, rounded to fp32.
+QVG_HD float mean_of_partials(const double* partial, int64_t nchunk, int64_t stride, int64_t S) {
+  double s = 0;
+  for (int64_t ch = 0; ch < nchunk; ++ch) s += partial[ch * stride];
+  return float(s / double(S));
+}
+
+// ---- exact centroid update ------------------------------------------------------------
+
+/// Exponent e with sum over S points of |x| * 2^e < 2^61 for |x| <= maxabs (0 when
+/// maxabs is 0): centred values are summed as round(x * 2^e) in 64-bit integers, so
+/// sums do not depend on the order the device adds them in.
+QVG_HD int fixed_exponent(float maxabs, int64_t S) {
+  if (!(maxabs > 0.0f)) return 0;
+  int E = 0;
+#if defined(__CUDA_ARCH__)
+  frexpf(maxabs, &E);                            // maxabs < 2^E
+  const int sbits = 64 - __clzll((long long)S);  // S < 2^sbits
+#else
+  std::frexp(maxabs, &E);
+  const int sbits = 64 - __builtin_clzll((unsigned long long)S);
+#endif
+  return 61 - E - sbits;
+}
+/// round_half_even(x * 2^e) for `scale` = 2^e.
+QVG_HD long long to_fixed(float x, double scale) {
+#if defined(__CUDA_ARCH__)
+  return __double2ll_rn(double(x) * scale);
+#else
+  return (long long)std::nearbyint(double(x) * scale);  // default rounding mode: nearest even
+#endif
+}
+/// The centroid (centred coordinates) of a cluster of `cnt` >= 1 points whose
+/// fixed-point sum (exponent e) is `sum`.
+QVG_HD float centroid_from_fixed(long long sum, int cnt, int e) {
+  const double inv = 1.0 / double(cnt);
+#if defined(__CUDA_ARCH__)
+  const double s = double(sum) * ldexp(1.0, -e);
+#else
+  const double s = double(sum) * std::ldexp(1.0, -e);
+#endif
+  return float(s * inv);
+}
+
+/// The stored value of centroid element c (centred) of a group with mean mu: c + mu
+/// (one rounded add) rounded to the storage dtype t; its bits in *out_bits.
+QVG_HD float stored_centroid(float c, float mu, int t, uint32_t* out_bits) {
+  namespace A = qvg::cuda_arith;
+  const float v = A::add_rn(c, mu);
+  *out_bits = A::encode_elem(v, t);
+  return A::round_trip(v, t);
+}
+
+// ---- residual quantizer (spec 1.2, 1.4) ------------------------------------------------
+
+/// Arguments of the residual quantizer kernels (device pointers).
+struct QuantizeArgs {
+  /// [G, S, D]: the last stage's residual r_{stages-1} when `stored` is set (the
+  /// final residual is then r - stored[ids], computed where it is used and never
+  /// written), else the final residual itself.
+  const float* r = nullptr;
+  const float* stored = nullptr;  ///< [G, K, D] last stage's stored centroids (fp32 values), or null
+  const uint8_t* ids = nullptr;   ///< [G, S] last stage's ids (with `stored`)
+  int64_t G = 0, S = 0, D = 0;
+  int K = 0;
+  int bits = 4, block = 64;
+  bool asymmetric = false, fp8 = true, two_level = true;
+  uint8_t* codes = nullptr;
+  uint8_t* scales = nullptr;
+  uint8_t* zeros = nullptr;
+  float* scale_factor = nullptr;  ///< [G], two_level only
+  float* zero_factor = nullptr;   ///< [G], two_level and asymmetric only
+  /// Scratch, G * S * D/block: the raw block scale (after quantize_stats), then the
+  /// effective one s_eff (after quantize_scales).
+  float* raw_s = nullptr;
+  float* raw_z = nullptr;      ///< as raw_s for zeros, asymmetric only
+  float* group_max = nullptr;  ///< scratch: 2 * G (largest raw scale, then largest |zero|), zeroed first
+};
+
+/// Whether the quantizer runs the vectorised bodies: a thread per 8 channels, a
+/// block of bs channels on a power-of-two segment of bs/8 <= 32 lanes of a warp.
+QVG_HD bool quantize_vectorizable(int64_t D, int bs) {
+  const int w = bs / 8;
+  return D % 8 == 0 && bs % 8 == 0 && w >= 1 && w <= 32 && (w & (w - 1)) == 0;
+}
+
+/// Element d of the final residual of row `row` (= g * S + t).
+QVG_HD float residual_at(const QuantizeArgs& a, int64_t row, int64_t d) {
+  const float x = a.r[row * a.D + d];
+  if (a.stored == nullptr) return x;
+  const int64_t g = row / a.S;
+  return qvg::cuda_arith::sub_rn(x, a.stored[(g * a.K + a.ids[row]) * a.D + d]);
+}
+/// Channels [8c, 8c + 8) of the final residual of row `row` (two 128-bit loads of
+/// r and of the stored centroid row). REQUIRES D % 8 == 0.
+QVG_HD void residual8(const QuantizeArgs& a, int64_t row, int64_t c, float (&v)[8]) {
+  namespace A = qvg::cuda_arith;
+  const float* x = a.r + row * a.D + c * 8;
+  const Word4 x0 = load_word4(x), x1 = load_word4(x + 4);
+  QVG_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    v[i] = A::from_bits(x0.v[i]);
+    v[4 + i] = A::from_bits(x1.v[i]);
+  }
+  if (a.stored == nullptr) return;
+  const int64_t g = row / a.S;
+  const float* s = a.stored + (g * a.K + a.ids[row]) * a.D + c * 8;
+  const Word4 s0 = load_word4(s), s1 = load_word4(s + 4);
+  QVG_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    v[i] = A::sub_rn(v[i], A::from_bits(s0.v[i]));
+    v[4 + i] = A::sub_rn(v[4 + i], A::from_bits(s1.v[i]));
+  }
+}
+
+/// Statistics of a run of consecutive channels of a block: symmetric, hi = max |x|
+/// (lo unused, 0); asymmetric, lo = min x and hi = max x. A run's value is that of
+/// the CPU's sequential scan (kernels::ref::block_minmax / block_absmax): on ties
+/// the earlier element is kept, which matters for the sign of a zero minimum.
+struct RunStats {
+  float lo = 0.0f, hi = 0.0f;
+};
+/// The statistics of the single element v.
+QVG_HD RunStats run_first(float v, bool asym) {
+  RunStats s;
+  if (asym) {
+    s.lo = v;
+    s.hi = v;
+  } else {
+    s.hi = qvg::cuda_arith::max_f(0.0f, qvg::cuda_arith::abs_f(v));
+  }
+  return s;
+}
+/// Appends element v (after the run).
+QVG_HD void run_add(RunStats& s, float v, bool asym) {
+  namespace A = qvg::cuda_arith;
+  if (asym) {
+    s.lo = A::min_f(s.lo, v);
+    s.hi = A::max_f(s.hi, v);
+  } else {
+    s.hi = A::max_f(s.hi, A::abs_f(v));
+  }
+}
+/// Appends the run `later` (the channels right after s's): min_f / max_f keep
+/// their first operand on ties, so any tree of merges that keeps the channel
+/// order gives the sequential scan's value.
+QVG_HD void run_merge(RunStats& s, const RunStats& later, bool asym) {
+  namespace A = qvg::cuda_arith;
+  if (asym) s.lo = A::min_f(s.lo, later.lo);
+  s.hi = A::max_f(s.hi, later.hi);
+}
+/// The statistics of 8 consecutive channels.
+QVG_HD RunStats run_stats8(const float (&v)[8], bool asym) {
+  RunStats s = run_first(v[0], asym);
+  QVG_UNROLL
+  for (int i = 1; i < 8; ++i) run_add(s, v[i], asym);
+  return s;
+}
+/// The raw scale (and raw zero, the block minimum) of a whole block's statistics,
+/// as quantize_residual_group computes them.
+QVG_HD void block_raw(const RunStats& s, int qmax, bool asym, float& raw_s, float& raw_z) {
+  namespace A = qvg::cuda_arith;
+  if (asym) {
+    raw_s = A::raw_scale_asym(s.lo, s.hi, qmax);
+    raw_z = s.lo;
+  } else {
+    raw_s = A::raw_scale_sym(s.hi, qmax);
+    raw_z = 0.0f;
+  }
+}
+/// The statistics of block k of row `row`, scanned in order (the per-block path,
+/// any block size).
+QVG_HD RunStats block_stats_scan(const QuantizeArgs& a, int64_t row, int64_t k) {
+  const int64_t d0 = k * a.block;
+  RunStats s = run_first(residual_at(a, row, d0), a.asymmetric);
+  for (int64_t d = d0 + 1; d < d0 + a.block; ++d) run_add(s, residual_at(a, row, d), a.asymmetric);
+  return s;
+}
+
+/// Thread `w` (word w = t * D/8 + c of group g) of the vectorised statistics pass,
+/// before the segment merge: the run statistics of its 8 channels of the final
+/// residual (lanes past the group, w >= S * D/8, give zeros and write nothing).
+/// REQUIRES quantize_vectorizable.
+QVG_HD RunStats stats_lane(const QuantizeArgs& a, int64_t g, int64_t w) {
+  const int64_t cpr = a.D / 8;
+  if (w >= a.S * cpr) return RunStats{};
+  float v[8];
+  residual8(a, g * a.S + w / cpr, w % cpr, v);
+  return run_stats8(v, a.asymmetric);
+}
+/// The same thread after the merge of its segment of bs/8 lanes (s = the merged
+/// statistics, complete in the segment's first lane): the first lane writes its
+/// block's raw scale (and zero) and gives them in ms (mz = |zero|) for the group
+/// maxima; every other lane gives 0.
+QVG_HD void stats_leader(const QuantizeArgs& a, int64_t g, int64_t w, const RunStats& s, float& ms, float& mz) {
+  const int64_t cpr = a.D / 8, width = a.block / 8;
+  ms = 0.0f;
+  mz = 0.0f;
+  if (w >= a.S * cpr || w % width != 0) return;
+  const int64_t row = g * a.S + w / cpr, c = w % cpr;
+  const int64_t si = row * (a.D / a.block) + (c * 8) / a.block;
+  float rs = 0.0f, rz = 0.0f;
+  block_raw(s, qvg::cuda_arith::qmax_of(a.bits, a.asymmetric), a.asymmetric, rs, rz);
+  a.raw_s[si] = rs;
+  ms = rs;
+  if (a.asymmetric) {
+    a.raw_z[si] = rz;
+    mz = qvg::cuda_arith::abs_f(rz);
+  }
+}
+/// Thread `i` (block i = t * D/block + k of group g) of the per-block statistics
+/// pass (any block size): scans the block in order, writes its raw scale (and zero)
+/// and gives them in ms/mz for the group maxima (0 past the group).
+QVG_HD void stats_scan(const QuantizeArgs& a, int64_t g, int64_t i, float& ms, float& mz) {
+  const int64_t nb = a.D / a.block;
+  ms = 0.0f;
+  mz = 0.0f;
+  if (i >= a.S * nb) return;
+  float rs = 0.0f, rz = 0.0f;
+  block_raw(block_stats_scan(a, g * a.S + i / nb, i % nb), qvg::cuda_arith::qmax_of(a.bits, a.asymmetric), a.asymmetric,
+            rs, rz);
+  const int64_t si = g * a.S * nb + i;
+  a.raw_s[si] = rs;
+  ms = rs;
+  if (a.asymmetric) {
+    a.raw_z[si] = rz;
+    mz = qvg::cuda_arith::abs_f(rz);
+  }
+}
+
+/// Block `si` (= row * D/block + k) of the stored-scale pass: converts the raw scale
+/// (and zero) with the group's two-level factor, writes the stored bytes, replaces
+/// raw_s[si] (raw_z[si]) by the effective value s_eff (z_eff) the codes use, and
+/// for the group's first block writes the group's factors. REQUIRES group_max
+/// complete (every block's statistics done).
+QVG_HD void scale_block(const QuantizeArgs& a, int64_t si) {
+  namespace A = qvg::cuda_arith;
+  const int64_t nb = a.D / a.block, g = si / (a.S * nb);
+  const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
+  const float gf = divide ? A::two_level_factor(a.group_max[g]) : 1.0f;
+  const uint32_t s_st = A::store_format(A::to_store(a.raw_s[si], divide, gf), fp8);
+  A::put_stored(a.scales, fp8, si, s_st);
+  a.raw_s[si] = A::effective(A::format_value(s_st, fp8), gf);
+  float gz = 1.0f;
+  if (asym) {
+    gz = divide ? A::two_level_factor(a.group_max[a.G + g]) : 1.0f;
+    const uint32_t z_st = A::store_format(A::to_store(a.raw_z[si], divide, gz), fp8);
+    A::put_stored(a.zeros, fp8, si, z_st);
+    a.raw_z[si] = A::effective(A::format_value(z_st, fp8), gz);
+  }
+  if (a.two_level && si == g * a.S * nb) {
+    a.scale_factor[g] = gf;
+    if (asym) a.zero_factor[g] = gz;
+  }
+}
+
+/// The code bytes of 8 consecutive channels v (one block, effective scale s_eff and
+/// zero z_eff), packed in spec 1.5 order as a little-endian word: int4, 4 bytes
+/// (byte j = code[2j] << 4 | code[2j+1]); int2, 2 bytes.
+QVG_HD uint32_t pack8(const float (&v)[8], int bits, int qmax, bool asym, float s_eff, float z_eff) {
+  namespace A = qvg::cuda_arith;
+  uint32_t q[8];
+  QVG_UNROLL
+  for (int i = 0; i < 8; ++i) q[i] = uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff));
+  uint32_t w = 0;
+  if (bits == 4) {
+    QVG_UNROLL
+    for (int j = 0; j < 4; ++j) w |= ((q[2 * j] << 4) | q[2 * j + 1]) << (8 * j);
+  } else {
+    QVG_UNROLL
+    for (int j = 0; j < 2; ++j)
+      w |= ((q[4 * j] << 6) | (q[4 * j + 1] << 4) | (q[4 * j + 2] << 2) | q[4 * j + 3]) << (8 * j);
+  }
+  return w;
+}
+/// Word w (= row * D/8 + c) of the vectorised pack pass: 8 channels of one block
+/// into bits bytes of codes. REQUIRES quantize_vectorizable, scale_block done.
+QVG_HD void pack_word(const QuantizeArgs& a, int64_t w) {
+  const int64_t cpr = a.D / 8, row = w / cpr, c = w - row * cpr;
+  float v[8];
+  residual8(a, row, c, v);
+  const int64_t si = row * (a.D / a.block) + (c * 8) / a.block;
+  const bool asym = a.asymmetric;
+  const uint32_t word =
+      pack8(v, a.bits, qvg::cuda_arith::qmax_of(a.bits, asym), asym, a.raw_s[si], asym ? a.raw_z[si] : 0.0f);
+  uint8_t* p = a.codes + row * (a.D * a.bits / 8) + c * a.bits;
+  if (a.bits == 4)
+    store_as<uint32_t>(p, word);
+  else
+    store_as<uint16_t>(p, uint16_t(word));
+}
+/// Byte e (flat index into codes) of the per-byte pack pass (any block size).
+/// REQUIRES scale_block done.
+QVG_HD void pack_byte(const QuantizeArgs& a, int64_t e) {
+  namespace A = qvg::cuda_arith;
+  const int64_t cbytes = a.D * a.bits / 8, row = e / cbytes, j = e - row * cbytes;
+  const int per_byte = 8 / a.bits;
+  const int64_t d0 = j * per_byte, si = row * (a.D / a.block) + d0 / a.block;
+  const bool asym = a.asymmetric;
+  const int qmax = A::qmax_of(a.bits, asym);
+  const float s_eff = a.raw_s[si], z_eff = asym ? a.raw_z[si] : 0.0f;
+  unsigned byte = 0;
+  for (int u = 0; u < per_byte; ++u)
+    byte = (byte << a.bits) | unsigned(A::quantize_code(residual_at(a, row, d0 + u), qmax, asym, s_eff, z_eff));
+  a.codes[e] = uint8_t(byte);
+}
+
+}  // namespace qvg::cuda::kernels
