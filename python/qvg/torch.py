@@ -73,6 +73,7 @@ Not thread-safe: one caller per cache at a time (a second thread gets RuntimeErr
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -113,6 +114,8 @@ _FLAG_TO_FIELD = {
     "kv_cache_quant_sink": "sink",
     "kv_cache_quant_sink_span": "sink_span",
     "kv_cache_quant_span_chunks": "span_chunks",
+    "kv_cache_quant_span_mode": "span_mode",
+    "kv_cache_quant_span_break_ratio": "span_break_ratio",
     "kv_cache_quant_scaling": "scaling",
     "kv_cache_quant_scale_dtype": "scale_dtype",
     "kv_cache_quant_init": "init",
@@ -151,6 +154,8 @@ class QVGKVQuantArgs:
     scale_dtype: str = "fp8_e4m3"  # "fp8_e4m3" | "bf16"
     init: str = "random"  # "random" | "kmeans++" | "warm"
     seed: int = 1234
+    span_mode: str = "deferred"  # "deferred" | "incremental" (docs/spans.md)
+    span_break_ratio: float = 0.0  # incremental: start a new span above this residual-energy ratio; 0 = never
 
     @property
     def enabled(self) -> bool:
@@ -169,8 +174,8 @@ class QVGKVQuantArgs:
         """Builds the settings from the engine's flat flags (``kv_cache_quant``,
         ``kv_cache_quant_centroids``, ``_block_size``, ``_stages``, ``_iters``,
         ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
-        and qvg's ``_span_chunks``, ``_scaling``, ``_scale_dtype``, ``_init``,
-        ``_seed``). Values may be typed (ints, bools) or strings; ``None`` means
+        and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``,
+        ``_scaling``, ``_scale_dtype``, ``_init``, ``_seed``). Values may be typed (ints, bools) or strings; ``None`` means
         "not given". Without ``kv_cache_quant`` everything is default (off), as in
         the engine. Other keys are ignored. Raises ValueError on bad values."""
         master = kwargs.get("kv_cache_quant")
@@ -188,7 +193,8 @@ _QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantA
 _INT_FIELDS = ("centroids", "block_size", "stages", "kmeans_iters", "keep_recent_chunks", "sink_keep_chunks",
                "span_chunks", "seed")
 _BOOL_FIELDS = ("asymmetric", "sink")
-_STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init")
+_STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init", "span_mode")
+_FLOAT_FIELDS = ("span_break_ratio",)
 
 
 def _quant_to_c(q: Any) -> _C.QuantArgs:
@@ -208,6 +214,10 @@ def _quant_to_c(q: Any) -> _C.QuantArgs:
     for name in _STR_FIELDS:
         if not isinstance(v[name], str):
             raise ValueError(f"{name} must be a string, got {v[name]!r}")
+    for name in _FLOAT_FIELDS:
+        if isinstance(v[name], bool) or not isinstance(v[name], (int, float)):
+            raise ValueError(f"{name} must be a number, got {v[name]!r}")
+        v[name] = float(v[name])
     for name in _INT_FIELDS[:-1] + ("bits",):
         x = v[name]
         if x is not None and not -(2**31) < x < 2**31:
@@ -446,6 +456,54 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         value = getattr(self, key)
         return default if value is None else value
 
+    # -- snapshots (docs/snapshot.md) ---------------------------------------------------
+    def _cursors(self) -> tuple[int, int]:
+        ge, le = self.global_end_index_int, self.local_end_index_int
+        if ge is None or le is None:
+            return int(self.global_end_index.item()), int(self.local_end_index.item())
+        return ge, le
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the cache (configuration, cursors, the buffers, checksums) to ``path``
+        atomically: a crash leaves the previous file. ValueError naming the path on an
+        I/O error. CPU caches only (NotImplementedError for a CUDA one)."""
+        self._c.save(os.fspath(path), *self._cursors())
+
+    def snapshot_bytes(self) -> bytes:
+        """The bytes :meth:`save` writes."""
+        return self._c.snapshot_bytes(*self._cursors())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> CausalSelfAttentionKVCache:
+        """A cache restored from a snapshot written by :meth:`save`. ``kwargs`` are the
+        constructor's: ``k``/``v`` of the size the saved cache was built with (they give
+        the expected configuration; the loaded cache's buffers are new tensors, read
+        through ``cache.k`` / ``cache.v`` as after a growth), the cursor tensors and
+        options. A snapshot of another configuration is ValueError naming the field; a
+        truncated or altered file is ValueError naming the section. The cursors (int and
+        tensors) are set from the snapshot. CPU caches only."""
+        cache = cls(**kwargs)
+        cache._c.restore(os.fspath(path), False)
+        cache._adopt_loaded_cursors()
+        return cache
+
+    @classmethod
+    def from_snapshot_bytes(cls, data: bytes, **kwargs: Any) -> CausalSelfAttentionKVCache:
+        """:meth:`load` from the bytes of a snapshot."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"data must be bytes, got {type(data).__name__}")
+        cache = cls(**kwargs)
+        cache._c.restore(bytes(data), True)
+        cache._adopt_loaded_cursors()
+        return cache
+
+    def _adopt_loaded_cursors(self) -> None:
+        ge, le = self._c.global_end, self._c.local_end
+        self.global_end_index.fill_(ge)
+        self.local_end_index.fill_(le)
+        self.global_end_index_int = ge
+        self.local_end_index_int = le
+
     # -- the interface (_CacheInterface) -----------------------------------------------
     def _update(self, key, value, c, hs, rw):
         ge = self.global_end_index_int
@@ -550,6 +608,49 @@ class QVGPackedCausalKVCache(_CacheInterface):
             "QVGPackedCausalKVCache does not support pinning the current chunk as a sink "
             f"(got current_num_tokens={current_num_tokens})"
         )
+
+    # -- snapshots (docs/snapshot.md) ---------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the cache (configuration, cursors, every segment as held in memory,
+        warm-start codebooks, checksums) to ``path`` atomically: a crash leaves the
+        previous file. ValueError naming the path on an I/O error; the cache is unchanged."""
+        self._cpu_only("save")
+        self._c.save(os.fspath(path))
+
+    def snapshot_bytes(self) -> bytes:
+        """The bytes :meth:`save` writes."""
+        self._cpu_only("snapshot_bytes")
+        return self._c.snapshot_bytes()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> QVGPackedCausalKVCache:
+        """A cache restored from a snapshot written by :meth:`save`. ``kwargs`` are the
+        constructor's (the model's configuration, cursor tensors included): the snapshot
+        must hold a cache of exactly these options and quant args, else ValueError naming
+        the first differing field. A truncated or altered file is ValueError naming the
+        section (spec 5: corrupt data). The cursors are set from the snapshot. Every later
+        call returns what the saved cache would have returned, bit for bit. CPU only."""
+        cache = cls(**kwargs)
+        cache._cpu_only("load")
+        cache._c.restore(os.fspath(path), False)
+        cache._set_cursors(cache._c.global_end, cache._c.local_end)
+        return cache
+
+    @classmethod
+    def from_snapshot_bytes(cls, data: bytes, **kwargs: Any) -> QVGPackedCausalKVCache:
+        """:meth:`load` from the bytes of a snapshot."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"data must be bytes, got {type(data).__name__}")
+        cache = cls(**kwargs)
+        cache._cpu_only("from_snapshot_bytes")
+        cache._c.restore(bytes(data), True)
+        cache._set_cursors(cache._c.global_end, cache._c.local_end)
+        return cache
+
+    def _cpu_only(self, what: str) -> None:
+        if self.device.type != "cpu":
+            raise NotImplementedError(f"QVGPackedCausalKVCache.{what}: snapshots of a CUDA cache are not supported "
+                                      f"from Python yet (device {self.device}); use a CPU cache")
 
     # -- the interface (_CacheInterface) -----------------------------------------------
     def _update(self, key, value, c, hs, rw):

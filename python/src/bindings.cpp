@@ -87,7 +87,8 @@ at::Tensor copy_out(const qvg::StridedView& v) {
 qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block_size, int stages, int kmeans_iters,
                                bool asymmetric, int keep_recent_chunks, bool sink, const std::string& sink_span,
                                int sink_keep_chunks, int span_chunks, const std::string& scaling,
-                               const std::string& scale_dtype, const std::string& init, uint64_t seed, int threads) {
+                               const std::string& scale_dtype, const std::string& init, uint64_t seed,
+                               const std::string& span_mode, double span_break_ratio, int threads) {
   return {.bits = bits,
           .centroids = centroids,
           .block_size = block_size,
@@ -99,6 +100,8 @@ qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block
           .sink_span = qvg::parse_sink_span(sink_span),
           .sink_keep_chunks = sink_keep_chunks,
           .span_chunks = span_chunks,
+          .span_mode = qvg::parse_span_mode(span_mode),
+          .span_break_ratio = span_break_ratio,
           .scaling = qvg::parse_scaling(scaling),
           .scale_dtype = qvg::parse_scale_dtype(scale_dtype),
           .init = qvg::parse_init(init),
@@ -123,6 +126,8 @@ py::dict quant_args_dict(const qvg::QuantArgs& q) {
   d["scale_dtype"] = std::string(qvg::name(q.scale_dtype));
   d["init"] = std::string(qvg::name(q.init));
   d["seed"] = q.seed;
+  d["span_mode"] = std::string(qvg::name(q.span_mode));
+  d["span_break_ratio"] = q.span_break_ratio;
   return d;
 }
 
@@ -176,6 +181,47 @@ class PackedCache {
                                         allow_growth, head_offset);
     o.view_scratch = shared_view_scratch();
     cache_ = std::make_shared<qvg::PackedCausalCache>(o, quant);
+    options_ = o;
+    quant_ = quant;
+  }
+
+  // ---- snapshots (docs/snapshot.md) ----
+  void save(const std::string& path) const {
+    py::gil_scoped_release nogil;
+    cache_->save(path);
+  }
+  py::bytes snapshot_bytes() const {
+    std::vector<uint8_t> b;
+    {
+      py::gil_scoped_release nogil;
+      b = cache_->snapshot_bytes();
+    }
+    return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  /// Replaces this cache's state by a snapshot's (path, or bytes when from_bytes),
+  /// which must hold a cache of this cache's options and quant args; on any error
+  /// nothing changes. Lent views get their private copies first.
+  void restore(const py::object& source, bool from_bytes) {
+    BusyGuard busy(mu_);
+    qvg::SnapshotExpectation x;
+    x.options = options_;
+    x.quant = quant_;
+    x.view_scratch = options_.view_scratch;
+    x.threads = quant_.threads;
+    std::shared_ptr<qvg::PackedCausalCache> loaded;
+    if (from_bytes) {
+      const std::string b = source.cast<std::string>();
+      py::gil_scoped_release nogil;
+      loaded = std::make_shared<qvg::PackedCausalCache>(
+          qvg::PackedCausalCache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(b.data()), b.size()}, x));
+    } else {
+      const std::string path = source.cast<std::string>();
+      py::gil_scoped_release nogil;
+      loaded = std::make_shared<qvg::PackedCausalCache>(qvg::PackedCausalCache::load(path, x));
+    }
+    detach_lent_views();
+    std::lock_guard<std::mutex> shared_lock(shared_view_mutex());  // the old cache's views share the scratch
+    cache_ = std::move(loaded);
   }
 
   py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
@@ -224,6 +270,8 @@ class PackedCache {
   }
 
   std::shared_ptr<qvg::PackedCausalCache> cache_;
+  qvg::CacheOptions options_;  // as constructed: what a restored snapshot must hold
+  qvg::QuantArgs quant_;
   Lender lender_;
   std::mutex mu_;
 };
@@ -260,7 +308,8 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&make_quant_args), py::arg("bits"), py::arg("centroids"), py::arg("block_size"), py::arg("stages"),
            py::arg("kmeans_iters"), py::arg("asymmetric"), py::arg("keep_recent_chunks"), py::arg("sink"),
            py::arg("sink_span"), py::arg("sink_keep_chunks"), py::arg("span_chunks"), py::arg("scaling"),
-           py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("threads") = 0)
+           py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("span_mode") = "deferred",
+           py::arg("span_break_ratio") = 0.0, py::arg("threads") = 0)
       .def("validate", &qvg::QuantArgs::validate)
       .def("validate_for_head_dim", &qvg::QuantArgs::validate_for_head_dim)
       .def("describe", &qvg::QuantArgs::describe)
@@ -298,6 +347,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("head_offset") = 0)
       .def("update", &PackedCache::update)
       .def("reset_indices", &PackedCache::reset_indices)
+      .def("save", &PackedCache::save, py::arg("path"))
+      .def("snapshot_bytes", &PackedCache::snapshot_bytes)
+      .def("restore", &PackedCache::restore, py::arg("source"), py::arg("from_bytes"))
       .def("segments", &PackedCache::segments)
       .def_property_readonly("global_end", [](const PackedCache& p) { return p.cache().global_end(); })
       .def_property_readonly("local_end", [](const PackedCache& p) { return p.cache().local_end(); })

@@ -17,6 +17,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -51,11 +53,7 @@ class DenseBinding {
     // Growth (allow_growth): the cache decides when and how much (spec 3.2) and asks
     // for torch buffers of the new size (zeros, on the buffers' device and, for CUDA,
     // its current stream); they become .k/.v once the call succeeded.
-    auto grow = [this](int64_t new_cache_size) {
-      grown_k_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, k_.options());
-      grown_v_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, v_.options());
-      return typename Backend::Cache::ExternalStorage{grown_k_.data_ptr(), grown_v_.data_ptr()};
-    };
+    auto grow = [this](int64_t new_cache_size) { return grow_buffers(new_cache_size); };
     cache_ = backend_.make(opt_, {k_.numel() ? k_.data_ptr() : nullptr, v_.numel() ? v_.data_ptr() : nullptr},
                            std::move(grow), device_);
   }
@@ -105,6 +103,53 @@ class DenseBinding {
     cache_->set_indices(ge, le);
   }
 
+  // ---- snapshots (docs/snapshot.md; the CPU cache only) ----
+  /// The snapshot's bytes, after the C++ cache adopted the cursors the Python side holds.
+  std::vector<uint8_t> snapshot_bytes(int64_t ge, int64_t le) {
+    adopt_for_snapshot(ge, le);
+    py::gil_scoped_release nogil;
+    return cpu_cache().snapshot_bytes();
+  }
+  void save(const std::string& path, int64_t ge, int64_t le) {
+    adopt_for_snapshot(ge, le);
+    py::gil_scoped_release nogil;
+    cpu_cache().save(path);
+  }
+  /// Replaces the cache by a snapshot's (a path, or bytes when from_bytes) of a cache
+  /// constructed with this one's options; its buffers are new tensors (.k/.v, as after
+  /// a growth). On any error nothing changes.
+  void restore(const py::object& source, bool from_bytes) {
+    BusyGuard busy(mu_);
+    if constexpr (!std::is_same_v<typename Backend::Cache, qvg::DenseCausalCache>) {
+      (void)source;
+      (void)from_bytes;
+      throw qvg::Unsupported("snapshots of a CUDA dense cache are not supported from Python yet; use a CPU cache");
+    } else {
+      qvg::SnapshotExpectation x;
+      x.options = opt_;
+      const std::string data = source.cast<std::string>();
+      std::shared_ptr<qvg::DenseCausalCache> loaded;
+      auto storage = [this](int64_t n) { return grow_buffers(n); };
+      try {
+        py::gil_scoped_release nogil;
+        loaded = std::make_shared<qvg::DenseCausalCache>(
+            from_bytes ? qvg::DenseCausalCache::from_snapshot_bytes(
+                             {reinterpret_cast<const uint8_t*>(data.data()), data.size()}, x, storage)
+                       : qvg::DenseCausalCache::load(data, x, storage));
+      } catch (...) {
+        grown_k_ = at::Tensor();
+        grown_v_ = at::Tensor();
+        throw;
+      }
+      QVG_CHECK(grown_k_.defined());
+      k_ = std::move(grown_k_);
+      v_ = std::move(grown_v_);
+      grown_k_ = at::Tensor();
+      grown_v_ = at::Tensor();
+      cache_ = std::move(loaded);
+    }
+  }
+
   const at::Tensor& k() const { return k_; }
   const at::Tensor& v() const { return v_; }
   const at::Device& device() const { return device_; }
@@ -114,6 +159,26 @@ class DenseBinding {
   }
 
  private:
+  typename Backend::Cache::ExternalStorage grow_buffers(int64_t new_cache_size) {
+    grown_k_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, k_.options());
+    grown_v_ = at::zeros({opt_.batch, new_cache_size, opt_.heads, opt_.head_dim}, v_.options());
+    return typename Backend::Cache::ExternalStorage{grown_k_.data_ptr(), grown_v_.data_ptr()};
+  }
+
+  void adopt_for_snapshot(int64_t ge, int64_t le) {
+    if constexpr (!std::is_same_v<typename Backend::Cache, qvg::DenseCausalCache>)
+      throw qvg::Unsupported("snapshots of a CUDA dense cache are not supported from Python yet; use a CPU cache");
+    BusyGuard busy(mu_);
+    check_buffers_unchanged();
+    if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
+  }
+  qvg::DenseCausalCache& cpu_cache() {
+    if constexpr (std::is_same_v<typename Backend::Cache, qvg::DenseCausalCache>)
+      return *cache_;
+    else
+      throw qvg::Unsupported("snapshots of a CUDA dense cache are not supported from Python yet");
+  }
+
   /// The C++ cache writes through raw pointers into k_/v_: refuse to go on if the
   /// caller resized them or swapped their storage in place since.
   void check_buffers_unchanged() const {
@@ -159,7 +224,14 @@ void def_dense(py::module_& m, const char* name, Extra&& extra) {
           .def_property_readonly("num_heads", [](const D& d) { return d.cache().num_heads(); })
           .def_property_readonly("allow_growth", [](const D& d) { return d.cache().allow_growth(); })
           .def("can_direct_current_attention", &D::can_direct_current_attention)
-          .def("resident_nbytes", [](const D& d) { return d.cache().resident_nbytes(); });
+          .def("resident_nbytes", [](const D& d) { return d.cache().resident_nbytes(); })
+          .def("save", &D::save, py::arg("path"), py::arg("global_end"), py::arg("local_end"))
+          .def("snapshot_bytes",
+               [](D& d, int64_t ge, int64_t le) {
+                 const std::vector<uint8_t> b = d.snapshot_bytes(ge, le);
+                 return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+               })
+          .def("restore", &D::restore, py::arg("source"), py::arg("from_bytes"));
   extra(c);
 }
 
