@@ -143,3 +143,24 @@ def test_noncontiguous_inputs_are_accepted(gen):
     for cache in (dense, packed):
         view = cache.update_and_get_attention_kv(key=key, value=key, current_chunk_start=0)
         assert bits_equal(view.k, key.contiguous())
+
+
+def test_a_key_that_is_a_slice_of_the_cache_buffer_acts_like_its_clone():
+    """Reliability finding 11: a dense cache given ``cache.k[:, a:b]`` as the key of an
+    evicting call returns the same view as for a clone of that slice (qvg copies an
+    argument that overlaps its own memory first; docs/design.md)."""
+    from conftest import bits_equal, make_dense
+
+    def run(use_alias: bool):
+        cache = make_dense(S=8, H=2, D=4)
+        g = torch.Generator().manual_seed(11)
+        for c in range(0, 8, 4):
+            k = torch.randn(1, 4, 2, 4, generator=g)
+            cache.update_and_get_attention_kv(key=k, value=k.clone(), current_chunk_start=c)
+        key = cache.k[:, 0:4] if use_alias else cache.k[:, 0:4].clone()
+        val = cache.v[:, 2:6] if use_alias else cache.v[:, 2:6].clone()
+        out = cache.update_and_get_attention_kv(key=key, value=val, current_chunk_start=8)  # evicts and rolls
+        return out.k.clone(), out.v.clone(), cache.k.clone(), cache.v.clone()
+
+    for a, b in zip(run(True), run(False)):
+        assert bits_equal(a, b)
