@@ -158,6 +158,11 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
 /// Throws InvalidArgument (naming `what` and the first bad flat index) unless every
 /// element of the device tensor x is finite with |x| <= 1e16. Synchronizes `stream`.
 void check_input_limits(ConstTensorView x, const char* what, Stream stream);
+/// Both tensors of a cache update checked at once: one flag buffer (2 x 8 bytes from
+/// `alloc`), two scans, one copy back and one synchronization. The error names
+/// `what_a` or `what_b` (the first tensor with a bad element) as above.
+void check_input_limits(ConstTensorView a, const char* what_a, ConstTensorView b, const char* what_b, Stream stream,
+                        Allocator& alloc);
 
 /// Where a decoded range goes on the device: as qvg::DecodeTarget, device memory.
 using DeviceDecodeTarget = DecodeTarget;

@@ -39,9 +39,9 @@ namespace {
 
 using qvg::cuda::DeviceBuffer;
 
-#define CK(call) \
-  do { \
-    cudaError_t e_ = (call); \
+#define CK(call)                                                                                         \
+  do {                                                                                                   \
+    cudaError_t e_ = (call);                                                                             \
     if (e_ != cudaSuccess) throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
@@ -141,8 +141,7 @@ QVG_TEST(decode_matches_cpu_bit_for_bit) {
           qvg::cuda::decode(de, qvg::TensorView{dout.data(), out, sc.sh}, st.s);
           const std::vector<uint8_t> got = to_host(dout.data(), ref.nbytes(), st.s);
           QVG_EXPECT(std::memcmp(got.data(), ref.data(), ref.nbytes()) == 0)
-              << describe(m) << "in" << qvg::dtype_name(in) << "out" << qvg::dtype_name(out) << "shape"
-              << sc.sh.str();
+              << describe(m) << "in" << qvg::dtype_name(in) << "out" << qvg::dtype_name(out) << "shape" << sc.sh.str();
           ++checked;
         }
       }
@@ -174,12 +173,20 @@ QVG_TEST(window_decode_tasks_match_cpu) {
     for (int i = 0; i < 2 * nchunks; ++i) {
       const int kv = i % 2, chunk = i / 2;
       const int64_t off = (kv * window_tokens + chunk * (sh.s - 3)) * token_stride;
-      qvg::DecodeTask c{&encs[size_t(i)], 3, sh.s, h0, h1,
+      qvg::DecodeTask c{&encs[size_t(i)],
+                        3,
+                        sh.s,
+                        h0,
+                        h1,
                         qvg::DecodeTarget{ref.data() + off * 2, qvg::DType::BF16, 0, token_stride}};
       cpu.push_back(c);
-      qvg::cuda::DeviceDecodeTask g{&des[size_t(i)], 3, sh.s, h0, h1,
-                                    qvg::DecodeTarget{static_cast<uint8_t*>(dwin.data()) + off * 2,
-                                                      qvg::DType::BF16, 0, token_stride}};
+      qvg::cuda::DeviceDecodeTask g{
+          &des[size_t(i)],
+          3,
+          sh.s,
+          h0,
+          h1,
+          qvg::DecodeTarget{static_cast<uint8_t*>(dwin.data()) + off * 2, qvg::DType::BF16, 0, token_stride}};
       gpu.push_back(g);
     }
     qvg::decode_ranges(cpu);
@@ -204,7 +211,7 @@ QVG_TEST(gpu_encode_quality_within_1pct_of_cpu) {
       {{1, 4096, 4, 128}, {2, false, qvg::ScaleDType::BF16, qvg::Scaling::TwoLevel, 2}, 128},
       {{2, 2000, 2, 64}, {4, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::Compat, 2}, 64},
       {{1, 1000, 2, 48}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 32},  // generic assign
-      {{1, 100, 2, 64}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 256},   // S < K
+      {{1, 100, 2, 64}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 256},  // S < K
   };
   uint32_t seed = 500;
   for (const Case& c : cases)
@@ -273,6 +280,39 @@ QVG_TEST(check_input_limits_reports_first_bad_element) {
     threw = std::string(e.what()).find("7777") != std::string::npos;
   }
   QVG_EXPECT(threw);
+}
+
+// The pair check of a cache update: the first tensor with a bad element is named, a
+// clean pair passes, and the flag buffer comes from the allocator given (counted).
+QVG_TEST(check_input_limits_of_a_pair_names_the_bad_tensor_and_uses_the_allocator) {
+  struct Counting final : qvg::cuda::Allocator {
+    int calls = 0;
+    void* allocate(size_t bytes, qvg::cuda::Stream s) override {
+      ++calls;
+      return qvg::cuda::default_allocator().allocate(bytes, s);
+    }
+    void deallocate(void* p, size_t bytes, qvg::cuda::Stream s) noexcept override {
+      qvg::cuda::default_allocator().deallocate(p, bytes, s);
+    }
+  } counting;
+  StreamHolder st;
+  std::vector<float> good(4096, 0.5f), bad(4096, 0.5f);
+  bad[1234] = INFINITY;
+  DeviceBuffer dg = to_device(good.data(), good.size() * 4, st.s), db = to_device(bad.data(), bad.size() * 4, st.s);
+  const qvg::ConstTensorView g{dg.data(), qvg::DType::F32, {1, 4096, 1, 1}},
+      b{db.data(), qvg::DType::F32, {1, 4096, 1, 1}};
+  qvg::cuda::check_input_limits(g, "key", g, "value", st.s, counting);  // passes
+  QVG_EXPECT(counting.calls == 1);
+  for (const bool bad_is_key : {true, false}) {
+    std::string msg;
+    try {
+      qvg::cuda::check_input_limits(bad_is_key ? b : g, "key", bad_is_key ? g : b, "value", st.s, counting);
+    } catch (const qvg::InvalidArgument& e) {
+      msg = e.what();
+    }
+    QVG_EXPECT(msg.rfind(bad_is_key ? "key: element 1234" : "value: element 1234", 0) == 0) << msg;
+  }
+  QVG_EXPECT(counting.calls == 3);
 }
 
 QVG_TEST(unsupported_init_is_rejected) {
@@ -430,16 +470,28 @@ QVG_TEST(device_packed_cache_quant_off_matches_cpu_caches) {
       const DevSnapshot before = snapshot(dev, st.s);
       std::exception_ptr de, ce, xe;
       qvg::KVView dview, cview, xview;
-      try { dview = dev.update(dkv, dvv, c, st.s, hs, rw); } catch (...) { de = std::current_exception(); }
-      try { cview = cpu.update(k.view(), v.view(), c, hs, rw); } catch (...) { ce = std::current_exception(); }
+      try {
+        dview = dev.update(dkv, dvv, c, st.s, hs, rw);
+      } catch (...) {
+        de = std::current_exception();
+      }
+      try {
+        cview = cpu.update(k.view(), v.view(), c, hs, rw);
+      } catch (...) {
+        ce = std::current_exception();
+      }
       if (with_dense && !ce) {  // a call the packed cache rejects is applied to neither (the dense cache may
                                 // accept it, e.g. an advance with a gap); one only the dense cache rejects
                                 // ends the dense comparison of this sequence
-        try { xview = dense.update(k.view(), v.view(), c, hs, rw); } catch (...) { xe = std::current_exception(); }
+        try {
+          xview = dense.update(k.view(), v.view(), c, hs, rw);
+        } catch (...) {
+          xe = std::current_exception();
+        }
         if (xe) with_dense = false;
       }
-      QVG_EXPECT(error_kind(de) == error_kind(ce)) << what << "step" << step << "device error kind" << error_kind(de)
-                                                   << "vs CPU" << error_kind(ce);
+      QVG_EXPECT(error_kind(de) == error_kind(ce))
+          << what << "step" << step << "device error kind" << error_kind(de) << "vs CPU" << error_kind(ce);
       if (ce || de) {
         ++rejected;
         QVG_EXPECT(snapshot(dev, st.s) == before) << what << "a rejected call changed the device cache";
@@ -456,12 +508,12 @@ QVG_TEST(device_packed_cache_quant_off_matches_cpu_caches) {
                  dview.visible_global_end == cview.visible_global_end)
           << what << "step" << step << "view metadata differs";
       const std::vector<uint8_t> gk = download_view(dview.k, st.s), gv = download_view(dview.v, st.s);
-      QVG_EXPECT(gk == host_bytes(cview.k) && gv == host_bytes(cview.v)) << what << "step" << step
-                                                                         << "view != CPU packed view";
+      QVG_EXPECT(gk == host_bytes(cview.k) && gv == host_bytes(cview.v))
+          << what << "step" << step << "view != CPU packed view";
       if (with_dense) {
         ++compared_dense;
-        QVG_EXPECT(gk == host_bytes(xview.k) && gv == host_bytes(xview.v)) << what << "step" << step
-                                                                           << "view != CPU dense view";
+        QVG_EXPECT(gk == host_bytes(xview.k) && gv == host_bytes(xview.v))
+            << what << "step" << step << "view != CPU dense view";
       }
       if (segs.empty())
         for (size_t i = 0; i < cpu.num_segments(); ++i) {
@@ -474,8 +526,9 @@ QVG_TEST(device_packed_cache_quant_off_matches_cpu_caches) {
       QVG_EXPECT(dev.resident_nbytes() == cpu.resident_nbytes()) << what << "resident bytes";
     }
   }
-  std::printf("  %d calls compared (%d also with the dense cache; %d copied, %d zero-copy, %d head-sliced), %d rejected\n",
-              calls, compared_dense, copied, zero_copy, sliced, rejected);
+  std::printf(
+      "  %d calls compared (%d also with the dense cache; %d copied, %d zero-copy, %d head-sliced), %d rejected\n",
+      calls, compared_dense, copied, zero_copy, sliced, rejected);
   QVG_EXPECT(calls > 500 && compared_dense > 200 && rejected > 50 && zero_copy > 10 && sliced > 20);
 }
 
@@ -549,8 +602,8 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
               continue;
             }
             ++packed_rows;
-            const auto* want = static_cast<const uint8_t*>(dec->data()) +
-                               size_t(b * sg.k_enc->shape.s + (g - sg.g0)) * row;
+            const auto* want =
+                static_cast<const uint8_t*>(dec->data()) + size_t(b * sg.k_enc->shape.s + (g - sg.g0)) * row;
             QVG_EXPECT(std::memcmp(got.data() + at, want, row) == 0)
                 << "step" << step << "packed token" << g << "!= CPU decode of the device encoding";
             for (int64_t j = 0; j < o.heads * o.head_dim; ++j) {

@@ -124,8 +124,7 @@ struct PackedCausalCache::Impl {
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
     const qvg::detail::CallPlan p = pol.plan(key, value, chunk_start, head_start, recent_window);
-    check_input_limits(key, "key", s);
-    check_input_limits(value, "value", s);
+    check_input_limits(key, "key", value, "value", s, *alloc);  // one flag buffer, one synchronization
 
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
     const int64_t head0 = p.call.head_start, T = p.view.tokens;

@@ -71,8 +71,7 @@ struct DenseCausalCache::Impl {
     // --- validation: throws, changes nothing ---------------------------------
     const qvg::detail::DensePlan p = qvg::detail::plan_dense_update(opt, {capacity, window, global_end, local_end}, key,
                                                                     value, chunk_start, head_start, recent_window);
-    check_input_limits(key, "key", s);
-    check_input_limits(value, "value", s);
+    check_input_limits(key, "key", value, "value", s, *alloc);  // one flag buffer, one synchronization
     const int64_t B = opt.batch, h_in = p.call.heads, head0 = p.call.head_start, T = p.view_tokens();
     const bool copy = p.second.size() > 0;
     const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * opt.head_dim) * esz : 0;

@@ -8,6 +8,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 
 #include <fmt/core.h>
 
@@ -131,20 +133,48 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   return enc;  // `scratch` is freed on `stream`, after the kernels above
 }
 
-void check_input_limits(ConstTensorView x, const char* what, Stream stream) {
-  const int64_t n = x.shape.numel();
-  if (n == 0) return;
-  DeviceBuffer flag(sizeof(unsigned long long), stream);
+namespace {
+
+// The first element index of each tensor with a non-finite value or |x| > 1e16 (its
+// element count when none): one flag buffer, one copy back, one synchronization.
+void check_limits(std::initializer_list<std::pair<ConstTensorView, const char*>> xs, Stream stream, Allocator& alloc) {
+  unsigned long long init[2] = {0, 0}, first[2] = {0, 0};
+  QVG_CHECK(xs.size() <= 2);
+  size_t i = 0;
+  bool any = false;
+  for (const auto& [x, what] : xs) {
+    init[i++] = (unsigned long long)x.shape.numel();
+    any = any || x.shape.numel() > 0;
+  }
+  if (!any) return;
+  DeviceBuffer flag(sizeof init, stream, alloc);
   auto* p = static_cast<unsigned long long*>(flag.data());
-  const unsigned long long init = (unsigned long long)n;
-  QVG_CUDA(cudaMemcpyAsync(p, &init, sizeof init, cudaMemcpyHostToDevice, stream));
-  kernels::first_out_of_limit(x.data, arith_dtype(x.dtype), n, p, stream);
-  unsigned long long first = 0;
-  QVG_CUDA(cudaMemcpyAsync(&first, p, sizeof first, cudaMemcpyDeviceToHost, stream));
+  QVG_CUDA(cudaMemcpyAsync(p, init, sizeof init, cudaMemcpyHostToDevice, stream));
+  i = 0;
+  for (const auto& [x, what] : xs) {
+    if (x.shape.numel() > 0) kernels::first_out_of_limit(x.data, arith_dtype(x.dtype), x.shape.numel(), p + i, stream);
+    ++i;
+  }
+  QVG_CUDA(cudaMemcpyAsync(first, p, sizeof first, cudaMemcpyDeviceToHost, stream));
   QVG_CUDA(cudaStreamSynchronize(stream));
-  if (first < (unsigned long long)n)
-    throw InvalidArgument(
-        fmt::format("{}: element {} is not finite or exceeds the input limit |x| <= 1e16", what, first));
+  i = 0;
+  for (const auto& [x, what] : xs) {
+    if (first[i] < init[i])
+      throw InvalidArgument(
+          fmt::format("{}: element {} is not finite or exceeds the input limit |x| <= 1e16", what, first[i]));
+    ++i;
+  }
+}
+
+}  // namespace
+
+void check_input_limits(ConstTensorView x, const char* what, Stream stream) {
+  check_limits({{x, what}}, stream, default_allocator());
+}
+
+void check_input_limits(ConstTensorView a, const char* what_a, ConstTensorView b, const char* what_b, Stream stream,
+                        Allocator& alloc) {
+  check_limits({{a, what_a}, {b, what_b}}, stream, alloc);
 }
 
 }  // namespace qvg::cuda
