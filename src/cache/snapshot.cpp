@@ -1119,6 +1119,16 @@ void check_span_state(const detail::PackedStateData& d) {
                                      [](const detail::PackedSpanData& a, int64_t x) { return a.id < x; });
     used[size_t(sp - d.spans.begin())] = true;  // get_segment() found it
   }
+  // Chunks of a span can only be missing by eviction, which drops the oldest non-sink
+  // segments: the open span holds all its chunks, or it starts the non-sink segments.
+  const auto first_nonsink = std::find_if(segs.begin(), segs.end(), [](const auto& g) { return !g.is_sink; });
+  const auto first_open = std::find_if(segs.begin(), segs.end(), [&](const auto& g) { return g.span == ss.open_span; });
+  const auto held = std::count_if(segs.begin(), segs.end(), [&](const auto& g) { return g.span == ss.open_span; });
+  if (ss.open_span >= 0 && held > 0 && held < ss.open_span_chunks && first_open != first_nonsink)
+    bad(
+        fmt::format("the open span {} holds {} of its {} chunks, but only evicted chunks (before the first non-sink "
+                    "segment) can be missing",
+                    ss.open_span, held, ss.open_span_chunks));
   for (size_t i = 0; i < d.spans.size(); ++i)
     if (!used[i] && d.spans[i].id != ss.open_span)
       corrupt(section_name(uint32_t(Kind::Span), uint32_t(i)),
