@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
   // .npy: every dtype, rank 0..4, format versions 1 and 2 (a long header).
   int n = 0;
   for (DType dt : {DType::F32, DType::F16})
-    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{}, {3}, {2, 3}, {4, 1, 8}, {1, 2, 2, 4}, {0, 5}}) {
+    for (const std::vector<int64_t>& shape :
+         std::vector<std::vector<int64_t>>{{}, {3}, {2, 3}, {4, 1, 8}, {1, 2, 2, 4}, {0, 5}}) {
       NpyArray a;
       a.dtype = dt;
       a.shape = shape;
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
     o.attention_window_size = 6;
     o.dtype = DType::BF16;
     DenseCausalCache e(o);
-    for (int64_t c = 0; c < 16; c += 3) e.update(kvt(DType::BF16, 3, 2, 8, uint64_t(c)), kvt(DType::BF16, 3, 2, 8, uint64_t(c + 7)), c);
+    for (int64_t c = 0; c < 16; c += 3)
+      e.update(kvt(DType::BF16, 3, 2, 8, uint64_t(c)), kvt(DType::BF16, 3, 2, 8, uint64_t(c + 7)), c);
     snap("seed_dense_evicted.snap", 2, e.snapshot_bytes());
   }
   {
@@ -145,14 +147,29 @@ int main(int argc, char** argv) {
     o.attention_window_size = 12;
     o.cache_size = 24;
     PackedCausalCache p2(o, q2);
-    for (int64_t c = 0; c < 40; c += 4) p2.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 5)), c);
+    for (int64_t c = 0; c < 40; c += 4)
+      p2.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 5)), c);
     snap("seed_packed_span.snap", 0, p2.snapshot_bytes());
     snap("seed_packed_span_fix.snap", 5, p2.snapshot_bytes());
     PackedCausalCache off(o, QuantArgs{});
-    for (int64_t c = 0; c < 20; c += 5) off.update(kvt(DType::BF16, 5, 2, 8, uint64_t(c)), kvt(DType::BF16, 5, 2, 8, uint64_t(c)), c);
+    for (int64_t c = 0; c < 20; c += 5)
+      off.update(kvt(DType::BF16, 5, 2, 8, uint64_t(c)), kvt(DType::BF16, 5, 2, 8, uint64_t(c)), c);
     snap("seed_packed_off.snap", 1, off.snapshot_bytes());
     PackedCausalCache empty(o, q2);
     snap("seed_packed_empty.snap", 0, empty.snapshot_bytes());
+    // Incremental spans (format 1.1): span sections, span chunks, an open span, breaks.
+    const PackedCausalCache inc = testing::small_incremental_cache();
+    snap("seed_packed_incremental.snap", 0, inc.snapshot_bytes());
+    snap("seed_packed_incremental_fix.snap", 1, inc.snapshot_bytes());
+    QuantArgs q3 = q2;
+    q3.span_mode = SpanMode::Incremental;
+    q3.span_break_ratio = 1.5;
+    q3.keep_recent_chunks = 1;
+    q3.sink_span = SinkSpan::Chunk;
+    PackedCausalCache inc2(o, q3);
+    for (int64_t c = 0; c < 40; c += 4)
+      inc2.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 1)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 3)), c);
+    snap("seed_packed_incremental_bf16_fix.snap", 5, inc2.snapshot_bytes());
   }
 
   // The cache API: random byte strings (the target reads them as calls).

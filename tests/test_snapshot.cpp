@@ -1,8 +1,10 @@
 // Tests of cache snapshots (docs/snapshot.md; qvg/cache.h save/load, qvg/snapshot.h).
 //
-//   * round trips: random call sequences on both caches (quantization on and off),
-//     saved mid-way and loaded into a twin; every later call must give the same
-//     views, segments, cursors and resident_nbytes() on both, errors included;
+//   * round trips: random call sequences on both caches (quantization on and off,
+//     deferred and incremental spans), saved mid-way and loaded into a twin; every
+//     later call must give the same views, segments, cursors and resident_nbytes()
+//     on both, errors included; incremental spans saved mid-span, with breaks, their
+//     codebooks shared again by their chunks;
 //   * every truncation and every flipped byte of small snapshots is CorruptData naming
 //     a section, and so are foreign files; another configuration than expected is
 //     InvalidArgument naming the field;
@@ -16,9 +18,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -49,7 +52,6 @@ using testing::Outcome;
 using testing::put_file;
 using testing::TempDir;
 
-
 std::string error_of(auto&& f, ErrorKind want) {
   try {
     f();
@@ -70,7 +72,9 @@ struct Scenario {
   std::vector<int64_t> sizes;  // chunk sizes
 };
 
-Scenario random_scenario(std::mt19937_64& rng, bool packed, std::optional<int> bits) {
+// `incremental`: spans always incremental, with adaptive boundaries (else as
+// testing::random_quant() draws them: deferred or incremental).
+Scenario random_scenario(std::mt19937_64& rng, bool packed, std::optional<int> bits, bool incremental = false) {
   auto ri = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   Scenario s;
   s.p.B = ri(1, 2);
@@ -96,7 +100,12 @@ Scenario random_scenario(std::mt19937_64& rng, bool packed, std::optional<int> b
   }
   if (bits) {
     s.q = testing::random_quant(rng, *bits, s.p.D);
-    s.q.span_mode = SpanMode::Deferred;  // format 1.0 refuses incremental spans (test IncrementalRefused)
+    if (incremental) {
+      s.q.span_mode = SpanMode::Incremental;
+      s.q.span_chunks = int(ri(2, 4));
+      const double ratios[] = {1.02, 1.1, 1.5, 2.0};
+      s.q.span_break_ratio = ratios[ri(0, 3)];
+    }
   }
   return s;
 }
@@ -158,16 +167,53 @@ void same_state(const PackedCausalCache& a, const PackedCausalCache& b) {
   ASSERT_TRUE(x == y);
   ASSERT_EQ(a.warm_state_nbytes(), b.warm_state_nbytes());
   ASSERT_EQ(a.chunk_tokens(), b.chunk_tokens());
+  ASSERT_EQ(a.span_breaks(), b.span_breaks());
+}
+
+// The chunks of an incremental span share one pair of codebooks (the same objects),
+// distinct spans have their own, and resident_nbytes() counts each span's once.
+void spans_shared(const PackedCausalCache& c) {
+  size_t want = 0;
+  for (size_t i = 0; i < c.num_segments(); ++i) {
+    const auto s = c.segment(i);
+    want += s.nbytes;
+    ASSERT_EQ(s.span >= 0, s.k_codebook != nullptr) << "segment " << i;
+    ASSERT_EQ(s.span >= 0, s.v_codebook != nullptr) << "segment " << i;
+    if (s.span < 0) continue;
+    const bool first_of_span = i == 0 || c.segment(i - 1).span != s.span;
+    if (first_of_span) {
+      for (const auto& b : s.k_codebook->centroid) want += b.size();
+      for (const auto& b : s.v_codebook->centroid) want += b.size();
+      if (i > 0) {
+        ASSERT_NE(c.segment(i - 1).k_codebook, s.k_codebook) << "segment " << i;
+      }
+    } else {
+      ASSERT_EQ(c.segment(i - 1).k_codebook, s.k_codebook) << "segment " << i;
+      ASSERT_EQ(c.segment(i - 1).v_codebook, s.v_codebook) << "segment " << i;
+    }
+  }
+  ASSERT_EQ(c.resident_nbytes(), want);
 }
 
 struct RoundTripStats {
   int sequences = 0, calls = 0, errors = 0, snapshots = 0, via_file = 0, packed_segments = 0, warm = 0, grown = 0;
+  int incremental = 0, mid_span = 0, spans_saved = 0, breaks = 0;
 };
 
 template <class Cache>
 Cache load_twin(const Cache& a, std::mt19937_64& rng, const TempDir& dir, RoundTripStats& st) {
   const Bytes bytes = a.snapshot_bytes();
   ++st.snapshots;
+  if constexpr (std::is_same_v<Cache, PackedCausalCache>) {
+    const auto d = a.debug_state();
+    // Saved while the open span can still take chunks.
+    st.mid_span += d.open_span >= 0 && d.open_span_chunks < a.quant_args().span_chunks;
+    for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(bytes, false).sections)
+      st.spans_saved += s.name.starts_with("span ");
+    // Format 1.0 unless the cache needs 1.1.
+    const bool v11 = a.quant_args().span_mode == SpanMode::Incremental || a.quant_args().span_break_ratio != 0;
+    EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), v11 ? 1 : 0);
+  }
   SnapshotExpectation x;
   if (rng() % 2) {
     const fs::path p = dir / "s.qvgs";
@@ -186,9 +232,9 @@ Cache load_twin(const Cache& a, std::mt19937_64& rng, const TempDir& dir, RoundT
 // One sequence: some chunks on `a`, snapshot, load `b`, then more chunks (and bad
 // calls) on both, with a second snapshot of `b` into `c` half-way.
 template <class Cache>
-void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripStats& st) {
+void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripStats& st, bool incremental = false) {
   std::mt19937_64 rng(seed);
-  const Scenario s = random_scenario(rng, packed, bits);
+  const Scenario s = random_scenario(rng, packed, bits, incremental);
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " cs=" << s.o.cache_size << " sink=" << s.o.sink_tokens
                                     << " window=" << s.o.window() << " growth=" << s.o.allow_growth
                                     << " quant: " << s.q.describe());
@@ -208,6 +254,10 @@ void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripSt
   Cache b = load_twin(a, rng, dir, st);
   same_state(a, b);
   if (::testing::Test::HasFatalFailure()) return;
+  if constexpr (std::is_same_v<Cache, PackedCausalCache>) {
+    spans_shared(b);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
   for (size_t k = 0; k < after; ++k, ++chunk) {
     if (k == after / 2) {  // a snapshot of the loaded cache loads too
       Cache c = load_twin(b, rng, dir, st);
@@ -226,8 +276,14 @@ void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripSt
     if (::testing::Test::HasFatalFailure()) return;
   }
   if constexpr (std::is_same_v<Cache, PackedCausalCache>) {
+    spans_shared(b);
+    if (::testing::Test::HasFatalFailure()) return;
+    const Bytes end = a.snapshot_bytes();
+    ASSERT_EQ(b.snapshot_bytes(), end);  // equal caches save equal bytes
     for (size_t i = 0; i < a.num_segments(); ++i) st.packed_segments += a.segment(i).packed;
     st.warm += a.warm_state_nbytes() > 0;
+    st.incremental += s.q.span_mode == SpanMode::Incremental;
+    st.breaks += int(a.span_breaks());
   } else {
     st.grown += a.cache_size() != s.o.cache_size;
   }
@@ -256,10 +312,33 @@ TEST(SnapshotRoundTrip, EveryLaterCallEqualsTheSavedCache) {
   EXPECT_GT(st.warm, testing::scaled(5, 1));
   EXPECT_GT(st.grown, testing::scaled(5, 1));
   EXPECT_GT(st.errors, testing::scaled(50, 10));
+  EXPECT_GT(st.incremental, testing::scaled(50, 10));
+}
+
+// Incremental spans with adaptive boundaries: saved mid-span and across breaks, the
+// loaded cache takes every later call as the saved one would (views bit for bit,
+// segments, span ids, codebooks shared by a span's chunks, resident_nbytes(),
+// span_breaks()) and saves the same bytes.
+TEST(SnapshotRoundTrip, IncrementalSpansContinueBitForBit) {
+  RoundTripStats st;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = testing::scaled(120, 30);
+  for (int i = 0; i < n; ++i) {
+    round_trip<PackedCausalCache>(6000 + uint64_t(i), true, i % 2 ? 2 : 4, st, true);
+    if (HasFatalFailure()) return;
+  }
+  std::printf(
+      "incremental round trips: %d sequences, %d snapshots (%d mid-span, %d span sections), %d later calls (%d "
+      "rejected alike), %d span breaks at the end, %.1f s\n",
+      st.sequences, st.snapshots, st.mid_span, st.spans_saved, st.calls, st.errors, st.breaks,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_EQ(st.incremental, n);
+  EXPECT_GT(st.mid_span, testing::scaled(20, 5));
+  EXPECT_GT(st.spans_saved, testing::scaled(100, 20));
+  EXPECT_GT(st.breaks, testing::scaled(50, 10));
 }
 
 // ---- small fixed snapshots (tests/support/snapshot_fixtures) ------------------------------
-
 
 TEST(SnapshotFormat, SmallSnapshotsHoldWhatTheCacheHolds) {
   const PackedCausalCache p = testing::small_packed_cache();
@@ -304,9 +383,10 @@ int corruption_cases(const Bytes& good, bool all_masks) {
       if (msg.rfind("invalid snapshot: ", 0) != 0) ADD_FAILURE() << what << ": " << msg;
     }
   };
-  for (size_t n = 0; n < good.size(); ++n) refused(Bytes(good.begin(), good.begin() + std::ptrdiff_t(n)), fmt::format("prefix {}", n));
-  const std::vector<uint8_t> masks = all_masks ? std::vector<uint8_t>{1, 2, 4, 8, 16, 32, 64, 128, 0xff}
-                                               : std::vector<uint8_t>{1, 0x80, 0xff};
+  for (size_t n = 0; n < good.size(); ++n)
+    refused(Bytes(good.begin(), good.begin() + std::ptrdiff_t(n)), fmt::format("prefix {}", n));
+  const std::vector<uint8_t> masks =
+      all_masks ? std::vector<uint8_t>{1, 2, 4, 8, 16, 32, 64, 128, 0xff} : std::vector<uint8_t>{1, 0x80, 0xff};
   for (size_t i = 0; i < good.size(); ++i)
     for (uint8_t m : masks) {
       Bytes x = good;
@@ -324,33 +404,40 @@ int corruption_cases(const Bytes& good, bool all_masks) {
 TEST(SnapshotFormat, EveryTruncationAndFlippedByteIsCorruptData) {
   const bool all = !testing::small_scale();
   const Bytes p = testing::small_packed_cache().snapshot_bytes(), d = testing::small_dense_cache().snapshot_bytes();
-  const int n = corruption_cases<PackedCausalCache>(p, all) + corruption_cases<DenseCausalCache>(d, all);
-  std::printf("corruption cases refused: %d (packed snapshot %zu bytes, dense %zu bytes)\n", n, p.size(), d.size());
+  const Bytes inc = testing::small_incremental_cache().snapshot_bytes();
+  const int n = corruption_cases<PackedCausalCache>(p, all) + corruption_cases<DenseCausalCache>(d, all) +
+                corruption_cases<PackedCausalCache>(inc, all);
+  std::printf("corruption cases refused: %d (packed snapshot %zu bytes, dense %zu bytes, incremental %zu bytes)\n", n,
+              p.size(), d.size(), inc.size());
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(p));
   EXPECT_NO_THROW((void)DenseCausalCache::from_snapshot_bytes(d));
+  EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(inc));
 }
 
 TEST(SnapshotFormat, ErrorsNameTheSection) {
-  const Bytes p = testing::small_packed_cache().snapshot_bytes();
-  const SnapshotInfo info = inspect_snapshot_bytes(p);
-  for (const SnapshotSectionInfo& s : info.sections) {
+  for (const Bytes& p :
+       {testing::small_packed_cache().snapshot_bytes(), testing::small_incremental_cache().snapshot_bytes()}) {
+    const SnapshotInfo info = inspect_snapshot_bytes(p);
+    for (const SnapshotSectionInfo& s : info.sections) {
+      Bytes x = p;
+      x[size_t(s.offset + s.length / 2)] ^= 0x10;
+      const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData);
+      EXPECT_NE(m.find(fmt::format("invalid snapshot: {}: checksum mismatch", s.name)), std::string::npos) << m;
+      // inspect reports it instead of throwing.
+      const SnapshotInfo bad = inspect_snapshot_bytes(x);
+      EXPECT_FALSE(bad.checksums_ok());
+      for (const SnapshotSectionInfo& t : bad.sections) EXPECT_EQ(*t.checksum_ok, t.name != s.name) << t.name;
+    }
     Bytes x = p;
-    x[size_t(s.offset + s.length / 2)] ^= 0x10;
-    const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData);
-    EXPECT_NE(m.find(fmt::format("invalid snapshot: {}: checksum mismatch", s.name)), std::string::npos) << m;
-    // inspect reports it instead of throwing.
-    const SnapshotInfo bad = inspect_snapshot_bytes(x);
-    EXPECT_FALSE(bad.checksums_ok());
-    for (const SnapshotSectionInfo& t : bad.sections) EXPECT_EQ(*t.checksum_ok, t.name != s.name) << t.name;
+    x[20] ^= 1;  // the header's reserved field
+    EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData)
+                  .find("invalid snapshot: header: checksum mismatch"),
+              std::string::npos);
+    x = Bytes(p.begin(), p.end() - 1);
+    EXPECT_NE(
+        error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData).find("(truncated)"),
+        std::string::npos);
   }
-  Bytes x = p;
-  x[20] ^= 1;  // the header's reserved field
-  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData)
-                .find("invalid snapshot: header: checksum mismatch"),
-            std::string::npos);
-  x = Bytes(p.begin(), p.end() - 1);
-  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData).find("(truncated)"),
-            std::string::npos);
 }
 
 // Files whose checksums are right but whose content no cache could have: refused,
@@ -435,6 +522,318 @@ TEST(SnapshotFormat, ImpossibleStatesWithValidChecksumsAreRefused) {
   }
 }
 
+// ---- crafting snapshots: sections and entries rewritten, checksums fixed -----------------
+
+// The file with section `name`'s bytes replaced by `content` (the table's offsets and
+// lengths, the file size and every checksum recomputed).
+Bytes with_section(const Bytes& file, const std::string& name, const Bytes& content) {
+  const SnapshotInfo info = inspect_snapshot_bytes(file, false);
+  Bytes out(file.begin(), file.begin() + 40 + 32 * std::ptrdiff_t(info.sections.size()));
+  bool found = false;
+  for (size_t i = 0; i < info.sections.size(); ++i) {
+    const SnapshotSectionInfo& s = info.sections[i];
+    const uint64_t off = out.size();
+    if (s.name == name) {
+      out.insert(out.end(), content.begin(), content.end());
+      found = true;
+    } else {
+      out.insert(out.end(), file.begin() + std::ptrdiff_t(s.offset),
+                 file.begin() + std::ptrdiff_t(s.offset + s.length));
+    }
+    const uint64_t len = out.size() - off;
+    std::memcpy(out.data() + 40 + 32 * i + 8, &off, 8);
+    std::memcpy(out.data() + 40 + 32 * i + 16, &len, 8);
+  }
+  EXPECT_TRUE(found) << name;
+  const uint64_t size = out.size();
+  std::memcpy(out.data() + 24, &size, 8);
+  testing::fix_snapshot_checksums(out);
+  return out;
+}
+
+Bytes section_bytes(const Bytes& file, const std::string& name) {
+  for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(file, false).sections)
+    if (s.name == name)
+      return Bytes(file.begin() + std::ptrdiff_t(s.offset), file.begin() + std::ptrdiff_t(s.offset + s.length));
+  ADD_FAILURE() << "no section " << name;
+  return {};
+}
+
+// The entries of a config or state section (docs/snapshot.md): key, type, value bytes.
+struct RawEntry {
+  std::string key;
+  uint8_t type = 0;
+  Bytes value;
+};
+std::vector<RawEntry> entries_of(const Bytes& b) {
+  size_t at = 0;
+  auto u32 = [&] {
+    uint32_t v;
+    std::memcpy(&v, b.data() + at, 4);
+    at += 4;
+    return v;
+  };
+  std::vector<RawEntry> e(u32());
+  for (RawEntry& x : e) {
+    const uint32_t n = u32();
+    x.key.assign(b.begin() + std::ptrdiff_t(at), b.begin() + std::ptrdiff_t(at + n));
+    at += n;
+    x.type = b[at++];
+    const size_t len = x.type <= 2   ? 8
+                       : x.type == 3 ? 1
+                       : x.type == 4 ? 4 + size_t([&] {
+                                         uint32_t v;
+                                         std::memcpy(&v, b.data() + at, 4);
+                                         return v;
+                                       }())
+                                     : 0;
+    x.value.assign(b.begin() + std::ptrdiff_t(at), b.begin() + std::ptrdiff_t(at + len));
+    at += len;
+  }
+  return e;
+}
+Bytes bytes_of(const std::vector<RawEntry>& e) {
+  Bytes b;
+  auto u32 = [&](uint32_t v) { b.insert(b.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 4); };
+  u32(uint32_t(e.size()));
+  for (const RawEntry& x : e) {
+    u32(uint32_t(x.key.size()));
+    b.insert(b.end(), x.key.begin(), x.key.end());
+    b.push_back(x.type);
+    b.insert(b.end(), x.value.begin(), x.value.end());
+  }
+  return b;
+}
+RawEntry i64_entry(const std::string& key, int64_t v) {
+  RawEntry e{key, 1, Bytes(8)};
+  std::memcpy(e.value.data(), &v, 8);
+  return e;
+}
+RawEntry str_entry(const std::string& key, const std::string& v) {
+  RawEntry e{key, 4, Bytes(4)};
+  const uint32_t n = uint32_t(v.size());
+  std::memcpy(e.value.data(), &n, 4);
+  e.value.insert(e.value.end(), v.begin(), v.end());
+  return e;
+}
+// The file with entry `e` of section `sec` (config or state) replaced, or added at
+// the end when it is not there; with `remove`, that entry removed.
+Bytes with_entry(const Bytes& file, const std::string& sec, const RawEntry& e, bool remove = false) {
+  std::vector<RawEntry> es = entries_of(section_bytes(file, sec));
+  auto it = std::find_if(es.begin(), es.end(), [&](const RawEntry& x) { return x.key == e.key; });
+  if (remove) {
+    EXPECT_NE(it, es.end()) << e.key;
+    if (it != es.end()) es.erase(it);
+  } else if (it == es.end()) {
+    es.push_back(e);
+  } else {
+    *it = e;
+  }
+  return with_section(file, sec, bytes_of(es));
+}
+std::string entry_text(const std::vector<std::pair<std::string, std::string>>& es, const std::string& key) {
+  for (const auto& [k, v] : es)
+    if (k == key) return v;
+  return "(absent)";
+}
+
+// ---- format 1.1: incremental spans ------------------------------------------------------
+
+TEST(SnapshotFormat, IncrementalSpansAreFormat1_1AndEverythingElseStays1_0) {
+  // Deferred spans and dense caches need nothing of 1.1: written as 1.0, byte for byte
+  // what a 1.0 writer wrote (the golden file below checks it).
+  EXPECT_EQ(inspect_snapshot_bytes(testing::small_packed_cache().snapshot_bytes()).minor, 0);
+  EXPECT_EQ(inspect_snapshot_bytes(testing::small_dense_cache().snapshot_bytes()).minor, 0);
+  const SnapshotInfo d = inspect_snapshot_bytes(testing::small_packed_cache().snapshot_bytes());
+  EXPECT_EQ(entry_text(d.config, "span_mode"), "(absent)");
+  // An incremental cache: 1.1, with its span state, one section per span.
+  const PackedCausalCache c = testing::small_incremental_cache();
+  const auto st = c.debug_state();
+  ASSERT_EQ(st.open_span, 3);
+  ASSERT_EQ(st.open_span_chunks, 2);
+  ASSERT_EQ(st.span_breaks, 3);
+  const Bytes b = c.snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(b);
+  EXPECT_EQ(info.major, 1);
+  EXPECT_EQ(info.minor, 1);
+  EXPECT_TRUE(info.checksums_ok());
+  EXPECT_EQ(entry_text(info.config, "span_mode"), "incremental");
+  EXPECT_EQ(entry_text(info.config, "span_break_ratio"), "2");
+  EXPECT_EQ(entry_text(info.state, "spans"), "2");
+  EXPECT_EQ(entry_text(info.state, "open_span"), "3");
+  EXPECT_EQ(entry_text(info.state, "open_span_chunks"), "2");
+  EXPECT_EQ(entry_text(info.state, "next_span"), "4");
+  EXPECT_EQ(entry_text(info.state, "span_breaks"), "3");
+  double ek = 0;
+  const std::string ek_text = entry_text(info.state, "open_k_energy");
+  std::from_chars(ek_text.data(), ek_text.data() + ek_text.size(), ek);
+  EXPECT_EQ(ek, st.open_k_energy);  // exact
+  std::vector<std::string> names;
+  for (const SnapshotSectionInfo& s : info.sections) names.push_back(s.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"config", "state", "span 0", "span 1", "segment 0", "segment 1",
+                                             "segment 2", "segment 3", "segment 4", "warm_k", "warm_v"}));
+  // The span's codebooks once, in its section; its chunks without centroids.
+  const size_t layout = 81;  // f32, fp8_e4m3, two_level
+  size_t book = 0;
+  for (const auto& a : c.segment(2).k_codebook->centroid) book += a.size();
+  EXPECT_EQ(info.sections[3].length, 8 + 2 * (4 + layout + book));
+  for (size_t i : {size_t(2), size_t(3)}) {
+    const auto g = c.segment(i);
+    ASSERT_EQ(g.span, 3);
+    EXPECT_EQ(info.sections[4 + i].length, 26 + 8 + 2 * layout + g.k_enc->nbytes() + g.v_enc->nbytes());
+    EXPECT_EQ(g.k_enc->centroid[0].size(), 0u);
+  }
+  // Loaded: the same state, the codebooks shared again, the same bytes.
+  const PackedCausalCache l = PackedCausalCache::from_snapshot_bytes(b);
+  same_state(c, l);
+  spans_shared(l);
+  EXPECT_EQ(l.segment(2).k_codebook, l.segment(3).k_codebook);
+  EXPECT_EQ(l.resident_nbytes(), c.resident_nbytes());
+  EXPECT_EQ(l.snapshot_bytes(), b);
+  // Deferred spans with a break ratio (unused, but part of the configuration): 1.1.
+  QuantArgs q = testing::small_quant();
+  q.span_break_ratio = 0.1;
+  PackedCausalCache r(testing::small_cache_options(), q);
+  r.update(testing::lcg_kv(4, 1), testing::lcg_kv(4, 2), 0);
+  const Bytes rb = r.snapshot_bytes();
+  const SnapshotInfo ri = inspect_snapshot_bytes(rb);
+  EXPECT_EQ(ri.minor, 1);
+  EXPECT_EQ(entry_text(ri.config, "span_mode"), "deferred");
+  EXPECT_EQ(entry_text(ri.config, "span_break_ratio"), "0.1");
+  EXPECT_EQ(entry_text(ri.state, "spans"), "(absent)");
+  const PackedCausalCache rl = PackedCausalCache::from_snapshot_bytes(rb);
+  EXPECT_EQ(rl.quant_args().span_break_ratio, 0.1);
+  EXPECT_EQ(rl.snapshot_bytes(), rb);
+}
+
+TEST(SnapshotFormat, IncrementalSpansContinueAfterLoadAtEveryPoint) {
+  // Saved after every chunk (empty, first span, mid-span, after breaks, after a
+  // span's first chunk was evicted), loaded, and both continued for the chunks left.
+  for (int saved_at = 0; saved_at <= 9; ++saved_at) {
+    SCOPED_TRACE(saved_at);
+    PackedCausalCache a(testing::small_cache_options(), testing::small_incremental_quant());
+    for (int64_t i = 0; i < saved_at; ++i)
+      a.update(testing::lcg_kv(4, uint64_t(2 * i)), testing::lcg_kv(4, uint64_t(2 * i + 1)), 4 * i);
+    PackedCausalCache b = PackedCausalCache::from_snapshot_bytes(a.snapshot_bytes());
+    same_state(a, b);
+    for (int64_t i = saved_at; i < 12; ++i) {
+      const Tensor k = testing::lcg_kv(4, uint64_t(2 * i)), v = testing::lcg_kv(4, uint64_t(2 * i + 1));
+      for (int step = 0; step < 2; ++step) {  // an advance, then a denoising step's rewrite
+        const KVView x = a.update(k, v, 4 * i), y = b.update(k, v, 4 * i);
+        ASSERT_EQ(testing::compare_views(x, y), "") << "chunk " << i;
+      }
+      same_state(a, b);
+      spans_shared(b);
+      ASSERT_EQ(a.snapshot_bytes(), b.snapshot_bytes());
+    }
+  }
+}
+
+// The checks behind the checksums for incremental spans (docs/snapshot.md, "What a
+// reader checks"), on small_incremental_cache(): span 0 is span 2 (one chunk,
+// segment 1, K and V filled 2), span 1 the open span 3 (segments 2 and 3, filled 3).
+TEST(SnapshotFormat, ImpossibleIncrementalStatesAreRefused) {
+  const Bytes good = testing::small_incremental_cache().snapshot_bytes();
+  ASSERT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(good));
+  const SnapshotInfo info = inspect_snapshot_bytes(good);
+  auto at = [&](const std::string& sec, size_t off, const std::vector<uint8_t>& bytes) {
+    Bytes b = good;
+    for (const SnapshotSectionInfo& s : info.sections)
+      if (s.name == sec) std::memcpy(b.data() + s.offset + off, bytes.data(), bytes.size());
+    testing::fix_snapshot_checksums(b);
+    return b;
+  };
+  auto refused = [&](const Bytes& b, const std::string& where, const std::string& what) {
+    SCOPED_TRACE(what);
+    const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(b); }, ErrorKind::CorruptData);
+    EXPECT_NE(m.find("invalid snapshot: " + where + ": "), std::string::npos) << m;
+    EXPECT_NE(m.find(what), std::string::npos) << m;
+  };
+  auto le = [](int64_t v, size_t n) {
+    std::vector<uint8_t> b(n);
+    std::memcpy(b.data(), &v, n);
+    return b;
+  };
+  // Segments: the flag (offset 22), the span id (26), the first id of K (26 + 8 + layout).
+  refused(at("segment 1", 22, le(0, 4)), "segment 1", "must be a chunk of a span (flag 0x1)");
+  refused(at("segment 1", 22, le(3, 4)), "segment 1", "flags 0x3: format 1.1 defines 0x1 only");
+  refused(at("segment 0", 22, le(1, 4)), "segment 0", "must be one packed non-sink chunk");
+  refused(at("segment 4", 22, le(1, 4)), "segment 4", "must be one packed non-sink chunk");
+  refused(at("segment 1", 26, le(7, 8)), "segment 1", "span 7 has no span section");
+  refused(at("segment 1", 26, le(-1, 8)), "segment 1", "span id >= 0");
+  refused(at("segment 1", 26 + 8 + 81, {2}), "segment 1", "ids.0 holds id 2, its span's codebook has 2 slots in use");
+  // A chunk moved to another span: too many chunks for the open span; with room, span
+  // 2 is left without chunks; chunks of a span apart.
+  refused(at("segment 1", 26, le(3, 8)), "state", "span 3 has more than 2 chunks (segment 3)");
+  refused(at("segment 1", 26, le(3, 8)), "state", "span 3 has more than 2 chunks");
+  {
+    const Bytes b = with_entry(at("segment 1", 26, le(3, 8)), "state", i64_entry("open_span_chunks", 3));
+    refused(b, "span 0", "span 2 has no chunk and is not the open span");
+  }
+  refused(at("segment 2", 26, le(2, 8)), "state", "the open span 3 holds 1 of its 2 chunks");
+  {
+    // Span 2's codebooks with a third slot in use (zero), so that segment 3's ids fit it.
+    Bytes b = at("segment 3", 26, le(2, 8));
+    const size_t span0 = size_t(info.sections[2].offset), book = 2 * 4 * 2 * 8 * 4;  // 2 stages of [1, 2, 4, 8] f32
+    for (size_t off : {size_t(8), 8 + 4 + 81 + book}) std::memcpy(b.data() + span0 + off, le(3, 4).data(), 4);
+    testing::fix_snapshot_checksums(b);
+    refused(b, "state", "segment 3 is a chunk of span 2 after a chunk of span 3");
+  }
+  // Span sections: id order, slots in use, unused slots zero, layout.
+  refused(at("span 0", 0, le(5, 8)), "span 1", "span id 3 follows span id 5");
+  refused(at("span 0", 8, le(0, 4)), "span 0", "the K codebook has 0 slots in use, must be 1..4");
+  refused(at("span 0", 8, le(5, 4)), "span 0", "the K codebook has 5 slots in use, must be 1..4");
+  refused(at("span 0", 8, le(1, 4)), "span 0", "holds a centroid in a slot not in use (>= 1)");
+  {
+    const float one = 1.0f;
+    std::vector<uint8_t> f(4);
+    std::memcpy(f.data(), &one, 4);
+    refused(at("span 0", 12 + 81 + 3 * 32, f), "span 0", "slot not in use (>= 2)");
+    const float inf = INFINITY;
+    std::memcpy(f.data(), &inf, 4);
+    refused(at("span 0", 12 + 81, f), "span 0", "not finite");
+  }
+  refused(at("span 0", 12 + 4 + 3 + 8, le(17, 8)), "span 0", "outside [1, cache_size = 16]");  // shape.s
+  // State entries.
+  refused(with_entry(good, "state", i64_entry("open_span", 2)), "state", "open_span = 2 must be the last span started");
+  refused(with_entry(good, "state", i64_entry("next_span", 5)), "state", "open_span = 3 must be the last span started");
+  refused(with_entry(good, "state", i64_entry("span_breaks", 4)), "state", "span_breaks = 4 is out of [0, 3]");
+  refused(with_entry(good, "state", i64_entry("open_span_chunks", 4)), "state",
+          "open_span_chunks = 4 is out of [1, 3]");
+  refused(with_entry(good, "state", i64_entry("open_span_chunks", 1)), "state", "span 3 has more than 1 chunks");
+  refused(with_entry(good, "state", i64_entry("spans", 1)), "section table",
+          "section 3 is 'span 1', expected 'segment 0'");
+  refused(with_entry(good, "state", i64_entry("spans", 3)), "section table", "expected 'span 2'");
+  refused(with_entry(good, "state", str_entry("open_k_energy", "-1")), "state", "must be >= 0");
+  refused(with_entry(good, "state", str_entry("open_k_energy", "nan")), "state", "'nan' is not a finite number");
+  refused(with_entry(good, "state", str_entry("open_v_energy", "2.50")), "state", "'2.50' is not a finite number");
+  refused(with_entry(good, "state", str_entry("open_v_energy", "1e999")), "state", "not a finite number");
+  refused(with_entry(good, "state", i64_entry("open_k_energy", 1)), "state", "entry 'open_k_energy' must be a string");
+  refused(with_entry(good, "state", i64_entry("spans", 0), true), "state", "missing entry 'spans'");
+  // Configuration.
+  refused(with_entry(good, "config", str_entry("span_break_ratio", "1e+07")), "config",
+          "span_break_ratio must be in [0, 1e6]");
+  refused(with_entry(good, "config", str_entry("span_break_ratio", "2.0")), "config", "shortest decimal form");
+  refused(with_entry(good, "config", str_entry("span_mode", "eager")), "config", "span_mode");
+  refused(with_entry(good, "config", str_entry("span_mode", "deferred")), "state", "unknown entry 'spans'");
+  // A 1.1 file labelled 1.0: its additions are unknown to format 1.0.
+  {
+    Bytes b = good;
+    b[10] = 0;
+    testing::fix_snapshot_checksums(b);
+    refused(b, "section table", "span 0 (a newer qvg may have written it)");
+    QuantArgs q = testing::small_quant();
+    q.span_break_ratio = 0.5;
+    PackedCausalCache r(testing::small_cache_options(), q);
+    Bytes rb = r.snapshot_bytes();
+    rb[10] = 0;
+    testing::fix_snapshot_checksums(rb);
+    refused(rb, "config", "unknown entry 'span_mode'");
+  }
+  // The same crafted files through inspect: never a crash.
+  (void)inspect_snapshot_bytes(with_entry(good, "state", str_entry("open_k_energy", "nan")));
+}
+
 TEST(SnapshotFormat, NewerMajorVersionAndOtherByteOrderAreRefused) {
   Bytes p = testing::small_packed_cache().snapshot_bytes();
   Bytes x = p;
@@ -444,8 +843,9 @@ TEST(SnapshotFormat, NewerMajorVersionAndOtherByteOrderAreRefused) {
             std::string::npos);
   x = p;
   std::reverse(x.begin() + 12, x.begin() + 16);
-  EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData).find("big-endian"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(x); }, ErrorKind::CorruptData).find("big-endian"),
+      std::string::npos);
   EXPECT_THROW((void)inspect_snapshot_bytes(x), CorruptData);
 }
 
@@ -466,7 +866,8 @@ TEST(SnapshotFormat, ForeignFilesAreCorruptDataAndTheOtherKindInvalidArgument) {
     EXPECT_THROW((void)DenseCausalCache::from_snapshot_bytes(f), CorruptData);
     EXPECT_FALSE(is_snapshot_bytes(f));
   }
-  const Bytes dense = testing::small_dense_cache().snapshot_bytes(), packed = testing::small_packed_cache().snapshot_bytes();
+  const Bytes dense = testing::small_dense_cache().snapshot_bytes(),
+              packed = testing::small_packed_cache().snapshot_bytes();
   EXPECT_NE(error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(dense); }, ErrorKind::InvalidArgument)
                 .find("the snapshot holds a dense cache"),
             std::string::npos);
@@ -509,6 +910,8 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   refused([](auto& y) { y.quant->sink_span = SinkSpan::Full; }, "sink_span");
   refused([](auto& y) { y.quant->sink_keep_chunks = 1; }, "sink_keep_chunks");
   refused([](auto& y) { y.quant->span_chunks = 2; }, "span_chunks");
+  refused([](auto& y) { y.quant->span_mode = SpanMode::Incremental; }, "span_mode");
+  refused([](auto& y) { y.quant->span_break_ratio = 0.5; }, "span_break_ratio");
   refused([](auto& y) { y.quant->scaling = Scaling::Compat; }, "scaling");
   refused([](auto& y) { y.quant->scale_dtype = ScaleDType::BF16; }, "scale_dtype");
   refused([](auto& y) { y.quant->init = Init::Random; }, "init");
@@ -516,10 +919,11 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   SnapshotExpectation g;
   g.options = testing::small_cache_options();
   g.options->cache_size = 8;
-  EXPECT_NE(error_of([&] { (void)DenseCausalCache::from_snapshot_bytes(testing::small_dense_cache().snapshot_bytes(), g); },
-                     ErrorKind::InvalidArgument)
-                .find("allow_growth"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { (void)DenseCausalCache::from_snapshot_bytes(testing::small_dense_cache().snapshot_bytes(), g); },
+               ErrorKind::InvalidArgument)
+          .find("allow_growth"),
+      std::string::npos);
   g.threads = max_threads() + 1;
   EXPECT_THROW((void)PackedCausalCache::from_snapshot_bytes(b, g), InvalidArgument);
 }
@@ -573,28 +977,6 @@ int in_child(F&& f, int kill_after_us = -1) {
   return status;
 }
 
-TEST(SnapshotSave, IncrementalSpansAreRefusedWithoutChangingTheCache) {
-  CacheOptions o;
-  o.batch = 1;
-  o.cache_size = 64;
-  o.heads = 2;
-  o.head_dim = 16;
-  QuantArgs q;
-  q.bits = 2;
-  q.centroids = 4;
-  q.block_size = 16;
-  q.span_chunks = 2;
-  q.span_mode = SpanMode::Incremental;
-  PackedCausalCache c(o, q);
-  try {
-    (void)c.snapshot_bytes();
-    FAIL() << "an incremental-span cache was saved";
-  } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("span_mode = incremental"), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(c.global_end(), 0);
-}
-
 TEST(SnapshotSave, AKilledWriterLeavesTheOldOrTheNewSnapshot) {
   const TempDir dir("qvg_test_snapshot");
   const fs::path p = dir / "cache.qvgs";
@@ -606,8 +988,10 @@ TEST(SnapshotSave, AKilledWriterLeavesTheOldOrTheNewSnapshot) {
   o.dtype = DType::BF16;
   DenseCausalCache a(o), b(o);
   std::mt19937_64 rng(3);
-  a.update(testing::random_tensor(rng, DType::BF16, {1, 2048, 8, 64}), testing::random_tensor(rng, DType::BF16, {1, 2048, 8, 64}), 0);
-  b.update(testing::random_tensor(rng, DType::BF16, {1, 3000, 8, 64}), testing::random_tensor(rng, DType::BF16, {1, 3000, 8, 64}), 0);
+  a.update(testing::random_tensor(rng, DType::BF16, {1, 2048, 8, 64}),
+           testing::random_tensor(rng, DType::BF16, {1, 2048, 8, 64}), 0);
+  b.update(testing::random_tensor(rng, DType::BF16, {1, 3000, 8, 64}),
+           testing::random_tensor(rng, DType::BF16, {1, 3000, 8, 64}), 0);
   const Bytes sa = a.snapshot_bytes(), sb = b.snapshot_bytes();
   a.save(p);
   int old_seen = 0, new_seen = 0;
@@ -615,9 +999,11 @@ TEST(SnapshotSave, AKilledWriterLeavesTheOldOrTheNewSnapshot) {
   for (int r = 0; r < rounds; ++r) {
     const Bytes& before = file_bytes(p) == sa ? sa : sb;
     const DenseCausalCache& next = &before == &sa ? b : a;
-    const int status = in_child([&] {
-      for (;;) next.save(p);  // until killed
-    }, int(rng() % 40000));
+    const int status = in_child(
+        [&] {
+          for (;;) next.save(p);  // until killed
+        },
+        int(rng() % 40000));
     ASSERT_TRUE(WIFSIGNALED(status));
     // The file is exactly one of the two snapshots and loads.
     const Bytes now = file_bytes(p);

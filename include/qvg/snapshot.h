@@ -16,13 +16,15 @@
 
 namespace qvg {
 
-/// The snapshot format this build writes (docs/snapshot.md, "Versions").
+/// The newest snapshot format this build reads and writes (docs/snapshot.md,
+/// "Versions"). A cache that needs nothing of 1.1 (incremental spans, a span break
+/// ratio) is written as format 1.0, byte for byte what a 1.0 writer wrote.
 inline constexpr uint16_t kSnapshotMajor = 1;
-inline constexpr uint16_t kSnapshotMinor = 0;
+inline constexpr uint16_t kSnapshotMinor = 1;
 
 /// One section of a snapshot, as its table lists it.
 struct SnapshotSectionInfo {
-  std::string name;                 ///< "config", "state", "buffer_k", "buffer_v", "segment 3", "warm_k", "warm_v"
+  std::string name;  ///< "config", "state", "buffer_k", "buffer_v", "span 0", "segment 3", "warm_k", "warm_v"
   uint64_t offset = 0, length = 0;  ///< bytes within the file
   uint64_t checksum = 0;            ///< XXH64 (seed 0) stored in the table
   std::optional<bool> checksum_ok;  ///< nullopt: not verified

@@ -57,10 +57,10 @@ struct ViewLayout {
 /// The outcome of validating one update() (no state change), with the view's layout.
 struct CallPlan {
   CallArgs call;
-  bool advance = false;          ///< start == global_end (else a rewrite of the current chunk)
+  bool advance = false;  ///< start == global_end (else a rewrite of the current chunk)
   int64_t new_global_end = 0;
-  int64_t sink_end = 0;          ///< min(sink_tokens, new_global_end)
-  int64_t recent_start = 0;      ///< lo of spec 4: tail_start, or max(tail_start, start - rw)
+  int64_t sink_end = 0;      ///< min(sink_tokens, new_global_end)
+  int64_t recent_start = 0;  ///< lo of spec 4: tail_start, or max(tail_start, start - rw)
   ViewLayout view;
   /// The view is assembled in a buffer (else it is a zero-copy window of the
   /// current chunk starting at global view.tail_start).
@@ -114,20 +114,24 @@ class CachePolicy {
     open_ = OpenSpan{};
     next_span_ = 0;
   }
-  /// Takes over a saved state (snapshots). REQUIRES it valid for this policy
-  /// (src/cache/snapshot.cpp checks the invariants before).
-  void restore(std::vector<Segment> segs, int64_t global_end, std::optional<int64_t> chunk_tokens) {
-    segs_ = std::move(segs);
-    global_end_ = global_end;
-    chunk_tokens_ = chunk_tokens;
-  }
-
   /// The incremental span chunks may still join (id -1: none), and its chunk count.
   struct OpenSpan {
     int64_t id = -1;
     int chunks = 0;
     bool operator==(const OpenSpan&) const = default;
   };
+
+  /// Takes over a saved state (snapshots): the segments (with their span ids), the
+  /// cursors, the open incremental span and the next span id. REQUIRES it valid for
+  /// this policy (src/cache/snapshot.cpp checks the invariants before).
+  void restore(std::vector<Segment> segs, int64_t global_end, std::optional<int64_t> chunk_tokens, OpenSpan open = {},
+               int64_t next_span = 0) {
+    segs_ = std::move(segs);
+    global_end_ = global_end;
+    chunk_tokens_ = chunk_tokens;
+    open_ = open;
+    next_span_ = next_span;
+  }
   const OpenSpan& open_span() const { return open_; }
   /// The id the next incremental span will get (ids are never reused until reset()).
   int64_t next_span_id() const { return next_span_; }
@@ -333,7 +337,8 @@ class CachePolicy {
     std::vector<ViewPiece> pieces;
     fill(0, p.view.sink_end, 0, pieces);
     fill(p.view.tail_start, p.call.start, p.view.sink_end, pieces);
-    QVG_CHECK(p.view.end == p.call.end && p.view.sink_end + (p.call.start - p.view.tail_start) == p.view.tokens - p.call.n);
+    QVG_CHECK(p.view.end == p.call.end &&
+              p.view.sink_end + (p.call.start - p.view.tail_start) == p.view.tokens - p.call.n);
     return pieces;
   }
 

@@ -1,6 +1,7 @@
 // PackedCausalCache (spec 4). update() = plan (validation, throws, no state
 // change) + apply (write the chunk, pack-and-evict, build the view).
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -23,8 +24,8 @@ namespace {
 // and shares its span's codebooks (k_book, v_book: all K slots allocated, filled
 // chunk by chunk) with the span's other chunks.
 struct SegData {
-  AlignedBuffer k_raw, v_raw;  // raw
-  EncodedTensor k_enc, v_enc;  // packed
+  AlignedBuffer k_raw, v_raw;                    // raw
+  EncodedTensor k_enc, v_enc;                    // packed
   std::shared_ptr<SpanCodebook> k_book, v_book;  // incremental span chunks only
 };
 using Policy = detail::CachePolicy<SegData>;
@@ -217,8 +218,7 @@ struct PackedCausalCache::Impl {
     const size_t view_bytes = p.copies ? 2 * size_t(B * T * h_in * D) * esz : 0;
     // An advance that encodes frees an unshared view buffer first (lower peak while
     // encoding); a shared one is kept for the other caches that use it.
-    if (scratch->size() != view_bytes || (p.advance && quant.enabled() && scratch.use_count() == 1))
-      scratch->release();
+    if (scratch->size() != view_bytes || (p.advance && quant.enabled() && scratch.use_count() == 1)) scratch->release();
     meter.add(scratch->size());  // kept for reuse: held through the call
 
     std::vector<Segment>& segs = pol.segments();
@@ -268,10 +268,10 @@ struct PackedCausalCache::Impl {
         } else {
           const DecodeTarget tk{vk.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
           const DecodeTarget tv{vv.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back({&s.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk,
-                           s.data.k_book ? &s.data.k_book->book : nullptr});
-          tasks.push_back({&s.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv,
-                           s.data.v_book ? &s.data.v_book->book : nullptr});
+          tasks.push_back(
+              {&s.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk, s.data.k_book ? &s.data.k_book->book : nullptr});
+          tasks.push_back(
+              {&s.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv, s.data.v_book ? &s.data.v_book->book : nullptr});
         }
       }
       const int64_t chunk_at = T - p.call.n;  // the call's chunk: the view's last n tokens
@@ -339,15 +339,33 @@ void PackedCausalCache::reset_indices() {
   impl_->peak_transient = 0;
 }
 
-size_t PackedCausalCache::resident_nbytes() const { return impl_->resident(); }
-int64_t PackedCausalCache::span_breaks() const { return impl_->span_breaks; }
-size_t PackedCausalCache::peak_transient_nbytes() const { return impl_->peak_transient; }
-int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
-int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
-int64_t PackedCausalCache::cache_size() const { return impl_->capacity; }
-int64_t PackedCausalCache::attention_window_size() const { return impl_->window; }
-const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
-std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
+size_t PackedCausalCache::resident_nbytes() const {
+  return impl_->resident();
+}
+int64_t PackedCausalCache::span_breaks() const {
+  return impl_->span_breaks;
+}
+size_t PackedCausalCache::peak_transient_nbytes() const {
+  return impl_->peak_transient;
+}
+int64_t PackedCausalCache::global_end() const {
+  return impl_->pol.global_end();
+}
+int64_t PackedCausalCache::local_end() const {
+  return impl_->pol.local_end();
+}
+int64_t PackedCausalCache::cache_size() const {
+  return impl_->capacity;
+}
+int64_t PackedCausalCache::attention_window_size() const {
+  return impl_->window;
+}
+const QuantArgs& PackedCausalCache::quant_args() const {
+  return impl_->quant;
+}
+std::optional<int64_t> PackedCausalCache::chunk_tokens() const {
+  return impl_->pol.chunk_tokens();
+}
 
 size_t PackedCausalCache::warm_state_nbytes() const {
   size_t n = 0;
@@ -360,7 +378,9 @@ WindowRanges PackedCausalCache::window_ranges() const {
   return impl_->pol.window_ranges_at(impl_->pol.global_end());
 }
 
-size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
+size_t PackedCausalCache::num_segments() const {
+  return impl_->pol.segments().size();
+}
 
 PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
   return detail::describe_segment<EncodedTensor>(impl_->pol, i, impl_->opt);
@@ -404,7 +424,7 @@ detail::PackedStateRef detail::SnapshotAccess::state(const PackedCausalCache& c)
   r.global_end = m.pol.global_end();
   r.chunk_tokens = m.pol.chunk_tokens();
   for (const Segment& s : m.pol.segments()) {
-    PackedSegmentRef g{s.g0, s.g1, s.is_sink, s.packed, s.chunks, {}, {}, nullptr, nullptr};
+    PackedSegmentRef g{s.g0, s.g1, s.is_sink, s.packed, s.chunks, s.span, {}, {}, nullptr, nullptr};
     if (s.packed) {
       g.k_enc = &s.data.k_enc;
       g.v_enc = &s.data.v_enc;
@@ -412,15 +432,36 @@ detail::PackedStateRef detail::SnapshotAccess::state(const PackedCausalCache& c)
       g.k_raw = {s.data.k_raw.data(), s.data.k_raw.size()};
       g.v_raw = {s.data.v_raw.data(), s.data.v_raw.size()};
     }
+    // A span's chunks are adjacent and spans come oldest first: one entry per span.
+    if (s.span >= 0 && (r.spans.empty() || r.spans.back().id != s.span))
+      r.spans.push_back({s.span, s.data.k_book.get(), s.data.v_book.get()});
     r.segments.push_back(g);
   }
   r.warm_k = m.warm_k ? &*m.warm_k : nullptr;
   r.warm_v = m.warm_v ? &*m.warm_v : nullptr;
+  const auto& open = m.pol.open_span();
+  // The open span's codebooks, also when none of its chunks is left (they seed the
+  // next span's with init = warm).
+  if (open.id >= 0 && (r.spans.empty() || r.spans.back().id != open.id))
+    r.spans.push_back({open.id, m.open_k_book.get(), m.open_v_book.get()});
+  r.span_state = {open.id, open.chunks, m.pol.next_span_id(), m.span_breaks, m.open_k_energy, m.open_v_energy};
   return r;
 }
 
 PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
   auto m = std::make_unique<PackedCausalCache::Impl>(d.options, d.quant);
+  // One shared pair of codebooks per span, for its chunks and (the open span) the cache.
+  std::vector<std::pair<int64_t, std::array<std::shared_ptr<SpanCodebook>, 2>>> books;
+  books.reserve(d.spans.size());
+  for (PackedSpanData& sp : d.spans)
+    books.push_back(
+        {sp.id, {std::make_shared<SpanCodebook>(std::move(sp.k)), std::make_shared<SpanCodebook>(std::move(sp.v))}});
+  const auto book_of = [&](int64_t id) {
+    const auto it =
+        std::lower_bound(books.begin(), books.end(), id, [](const auto& b, int64_t x) { return b.first < x; });
+    QVG_CHECK(it != books.end() && it->first == id);  // the reader checked every id has its span
+    return it->second;
+  };
   std::vector<Segment> segs;
   segs.reserve(d.segments.size());
   for (PackedSegmentData& s : d.segments) {
@@ -430,12 +471,27 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
     g.is_sink = s.is_sink;
     g.packed = s.packed;
     g.chunks = s.chunks;
+    g.span = s.span;
     g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr};
+    if (s.span >= 0) {
+      const auto b = book_of(s.span);
+      g.data.k_book = b[0];
+      g.data.v_book = b[1];
+    }
     segs.push_back(std::move(g));
   }
-  m->pol.restore(std::move(segs), d.global_end, d.chunk_tokens);
+  const detail::SpanState& ss = d.span_state;
+  m->pol.restore(std::move(segs), d.global_end, d.chunk_tokens, {ss.open_span, ss.open_span_chunks}, ss.next_span);
   m->warm_k = std::move(d.warm_k);
   m->warm_v = std::move(d.warm_v);
+  if (ss.open_span >= 0) {
+    const auto b = book_of(ss.open_span);
+    m->open_k_book = b[0];
+    m->open_v_book = b[1];
+  }
+  m->open_k_energy = ss.open_k_energy;
+  m->open_v_energy = ss.open_v_energy;
+  m->span_breaks = ss.span_breaks;
   return PackedCausalCache(std::move(m));
 }
 

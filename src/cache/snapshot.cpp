@@ -7,8 +7,11 @@
 //   table    N entries of 32 bytes: u32 kind, u32 index, u64 offset, u64 length,
 //            u64 XXH64 of the section's bytes
 //   sections in table order, tiling the rest of the file exactly (no gap, no padding)
-// Sections: config, state, then buffer_k, buffer_v (dense) or segment 0..n-1, and
-// warm_k, warm_v when the cache holds warm-start codebooks (packed).
+// Sections: config, state, then buffer_k, buffer_v (dense) or span 0..m-1 (the
+// codebooks of incremental spans, format 1.1), segment 0..n-1, and warm_k, warm_v
+// when the cache holds warm-start codebooks (packed). A writer writes format 1.0
+// unless the cache needs an addition of 1.1 (span_mode = incremental, or a
+// span_break_ratio other than 0).
 //
 // Reading validates everything before anything is built: the header and table
 // (magic, version, byte order, sizes, tiling, checksum), each section's checksum
@@ -19,6 +22,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -52,7 +56,19 @@ constexpr size_t kHeaderBytes = 40;
 constexpr size_t kEntryBytes = 32;
 constexpr size_t kMaxKey = 64, kMaxText = 256, kMaxEntries = 256;
 
-enum class Kind : uint32_t { Config = 1, State = 2, BufferK = 3, BufferV = 4, Segment = 5, WarmK = 6, WarmV = 7 };
+enum class Kind : uint32_t {
+  Config = 1,
+  State = 2,
+  BufferK = 3,
+  BufferV = 4,
+  Segment = 5,
+  WarmK = 6,
+  WarmV = 7,
+  Span = 8,  // format 1.1
+};
+
+// Segment flags (format 1.1): the segment is a chunk of an incremental span.
+constexpr uint32_t kFlagSpanChunk = 1;
 
 std::string section_name(uint32_t kind, uint32_t index) {
   switch (Kind(kind)) {
@@ -63,6 +79,7 @@ std::string section_name(uint32_t kind, uint32_t index) {
     case Kind::Segment: return fmt::format("segment {}", index);
     case Kind::WarmK: return "warm_k";
     case Kind::WarmV: return "warm_v";
+    case Kind::Span: return fmt::format("span {}", index);
   }
   return fmt::format("section of unknown kind {}", kind);
 }
@@ -83,6 +100,16 @@ auto in_section(const std::string& where, F&& f) {
     if (std::string_view(e.what()).starts_with("invalid snapshot: ")) throw;
     corrupt(where, e.what());
   }
+}
+
+// ---- numbers stored as text ------------------------------------------------------
+// A double is a string entry: the shortest decimal that reads back to the same
+// double (std::to_chars), so that it is exact and a reader can insist on the one
+// spelling a writer gives it.
+std::string double_text(double v) {
+  std::array<char, 64> buf{};
+  const auto res = std::to_chars(buf.data(), buf.data() + buf.size(), v);
+  return std::string(buf.data(), res.ptr);
 }
 
 // ---- key/value entries: the config and state sections ------------------------
@@ -116,9 +143,12 @@ class KvWriter {
   void boolean(std::string_view k, bool v) { add(k, {VType::Bool, 0, 0, v, {}}); }
   void str(std::string_view k, std::string_view v) { add(k, {VType::Str, 0, 0, false, std::string(v)}); }
   void opt_i64(std::string_view k, std::optional<int64_t> v) {
-    if (v) i64(k, *v);
-    else add(k, {VType::None, 0, 0, false, {}});
+    if (v)
+      i64(k, *v);
+    else
+      add(k, {VType::None, 0, 0, false, {}});
   }
+  void real(std::string_view k, double v) { str(k, double_text(v)); }
   std::vector<uint8_t> bytes() const {
     ByteWriter w;
     w.put(static_cast<uint32_t>(e_.size()));
@@ -188,6 +218,17 @@ class KvReader {
     if (v < INT32_MIN || v > INT32_MAX) corrupt(where_, fmt::format("entry '{}' = {} does not fit 32 bits", k, v));
     return int(v);
   }
+  // A finite double written as double_text() writes it (nothing else reads back to
+  // the same bytes).
+  double real(std::string_view k) {
+    const std::string t = str(k);
+    double v = 0;
+    const auto res = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (res.ec != std::errc() || res.ptr != t.data() + t.size() || !std::isfinite(v) || double_text(v) != t)
+      corrupt(where_,
+              fmt::format("entry '{}' = '{}' is not a finite number in its shortest decimal form", k, printable(t)));
+    return v;
+  }
   void expect_all_read() const {
     for (size_t i = 0; i < e_.size(); ++i)
       if (!used_[i])
@@ -252,14 +293,23 @@ void put_layout(ByteWriter& w, const EncodingLayout& l) {
   w.put_str(name(l.scaling));
 }
 
-// An encoding: its layout, then its arrays in spec 1.5 order (borrowed). With
-// codebooks_only, the centroid arrays alone (warm-start state).
-void put_encoded(SectionOut& s, const EncodedTensor& e, bool codebooks_only) {
+// Which arrays of an encoding a section holds: all of them; the centroid arrays
+// alone (warm-start state, span codebooks); all but the centroid arrays (a chunk of
+// an incremental span, whose centroids are its span's).
+enum class Arrays { All, CodebooksOnly, WithoutCodebooks };
+
+bool holds(Arrays which, const ArrayDesc& a) {
+  const bool c = a.kind == EncodedArray::Centroids;
+  return which == Arrays::All || (which == Arrays::CodebooksOnly) == c;
+}
+
+// An encoding: its layout, then the arrays `which` selects in spec 1.5 order (borrowed).
+void put_encoded(SectionOut& s, const EncodedTensor& e, Arrays which) {
   ByteWriter w;
   put_layout(w, e);
   s.own(std::move(w.bytes()));
   for (const ArrayDesc& a : e.arrays())
-    if (!codebooks_only || a.kind == EncodedArray::Centroids) s.ref(e.array(a));
+    if (holds(which, a)) s.ref(e.array(a));
 }
 
 void put_options(KvWriter& kv, const char* cache, const CacheOptions& o) {
@@ -275,6 +325,12 @@ void put_options(KvWriter& kv, const char* cache, const CacheOptions& o) {
   kv.boolean("allow_growth", o.allow_growth);
 }
 
+// Whether a packed cache needs format 1.1 (else it is written as 1.0, byte for byte
+// what a 1.0 writer wrote).
+bool needs_1_1(const QuantArgs& q) {
+  return q.span_mode == SpanMode::Incremental || q.span_break_ratio != 0;
+}
+
 void put_quant(KvWriter& kv, const QuantArgs& q) {
   kv.opt_i64("bits", q.bits ? std::optional<int64_t>(*q.bits) : std::nullopt);
   kv.i64("centroids", q.centroids);
@@ -287,6 +343,10 @@ void put_quant(KvWriter& kv, const QuantArgs& q) {
   kv.str("sink_span", name(q.sink_span));
   kv.i64("sink_keep_chunks", q.sink_keep_chunks);
   kv.i64("span_chunks", q.span_chunks);
+  if (needs_1_1(q)) {  // format 1.1
+    kv.str("span_mode", name(q.span_mode));
+    kv.real("span_break_ratio", q.span_break_ratio);
+  }
   kv.str("scaling", name(q.scaling));
   kv.str("scale_dtype", name(q.scale_dtype));
   kv.str("init", name(q.init));
@@ -325,10 +385,15 @@ std::vector<SectionOut> sections_of(const detail::DenseStateRef& st) {
   return out;
 }
 
+uint16_t minor_of(const detail::DenseStateRef&) {
+  return 0;
+}
+uint16_t minor_of(const detail::PackedStateRef& st) {
+  return needs_1_1(st.quant) ? 1 : 0;
+}
+
 std::vector<SectionOut> sections_of(const detail::PackedStateRef& st) {
-  if (st.quant.span_mode == SpanMode::Incremental)
-    throw Unsupported(
-        "save: a packed cache with span_mode = incremental cannot be saved (snapshot format 1.0 has no open spans)");
+  const bool incremental = st.quant.span_mode == SpanMode::Incremental;
   KvWriter cfg, state;
   put_options(cfg, "packed", st.options);
   put_quant(cfg, st.quant);
@@ -336,7 +401,31 @@ std::vector<SectionOut> sections_of(const detail::PackedStateRef& st) {
   state.opt_i64("chunk_tokens", st.chunk_tokens);
   state.i64("segments", int64_t(st.segments.size()));
   state.boolean("warm", st.warm_k != nullptr);
+  if (incremental) {  // format 1.1
+    const detail::SpanState& ss = st.span_state;
+    state.i64("spans", int64_t(st.spans.size()));
+    state.i64("open_span", ss.open_span);
+    state.i64("open_span_chunks", ss.open_span_chunks);
+    state.i64("next_span", ss.next_span);
+    state.i64("span_breaks", ss.span_breaks);
+    state.real("open_k_energy", ss.open_k_energy);
+    state.real("open_v_energy", ss.open_v_energy);
+  }
   std::vector<SectionOut> out = head_sections(cfg, state);
+  for (size_t i = 0; i < st.spans.size(); ++i) {
+    const detail::PackedSpanRef& sp = st.spans[i];
+    SectionOut s;
+    s.kind = Kind::Span;
+    s.index = uint32_t(i);
+    for (const SpanCodebook* b : {sp.k, sp.v}) {
+      ByteWriter w;
+      if (b == sp.k) w.put(sp.id);
+      w.put(static_cast<uint32_t>(b->filled));
+      s.own(std::move(w.bytes()));
+      put_encoded(s, b->book, Arrays::CodebooksOnly);
+    }
+    out.push_back(std::move(s));
+  }
   for (size_t i = 0; i < st.segments.size(); ++i) {
     const detail::PackedSegmentRef& g = st.segments[i];
     SectionOut s;
@@ -348,11 +437,13 @@ std::vector<SectionOut> sections_of(const detail::PackedStateRef& st) {
     w.put_bool(g.is_sink);
     w.put_bool(g.packed);
     w.put(static_cast<uint32_t>(g.chunks));
-    w.put(static_cast<uint32_t>(0));  // flags: none defined in format 1.0
+    w.put(g.span >= 0 ? kFlagSpanChunk : uint32_t(0));  // flags
+    if (g.span >= 0) w.put(g.span);
     s.own(std::move(w.bytes()));
     if (g.packed) {
-      put_encoded(s, *g.k_enc, false);
-      put_encoded(s, *g.v_enc, false);
+      const Arrays which = g.span >= 0 ? Arrays::WithoutCodebooks : Arrays::All;
+      put_encoded(s, *g.k_enc, which);
+      put_encoded(s, *g.v_enc, which);
     } else {
       s.ref(g.k_raw);
       s.ref(g.v_raw);
@@ -363,22 +454,23 @@ std::vector<SectionOut> sections_of(const detail::PackedStateRef& st) {
     for (Kind k : {Kind::WarmK, Kind::WarmV}) {
       SectionOut s;
       s.kind = k;
-      put_encoded(s, k == Kind::WarmK ? *st.warm_k : *st.warm_v, true);
+      put_encoded(s, k == Kind::WarmK ? *st.warm_k : *st.warm_v, Arrays::CodebooksOnly);
       out.push_back(std::move(s));
     }
   }
   return out;
 }
 
-// The header and table for `sections`; the file is head ++ every section's pieces.
-std::vector<uint8_t> head_of(const std::vector<SectionOut>& sections) {
+// The header (format 1.`minor`) and table for `sections`; the file is head ++ every
+// section's pieces.
+std::vector<uint8_t> head_of(const std::vector<SectionOut>& sections, uint16_t minor) {
   const uint64_t table_end = kHeaderBytes + kEntryBytes * sections.size();
   uint64_t size = table_end;
   for (const SectionOut& s : sections) size += s.length();
   ByteWriter w;
   w.put_bytes(kMagic);
   w.put(kSnapshotMajor);
-  w.put(kSnapshotMinor);
+  w.put(minor);
   w.put(kByteOrderMark);
   w.put(static_cast<uint32_t>(sections.size()));
   w.put(static_cast<uint32_t>(0));
@@ -403,7 +495,7 @@ std::vector<uint8_t> head_of(const std::vector<SectionOut>& sections) {
 template <class State>
 void save_state(const std::filesystem::path& path, const State& st) {
   const std::vector<SectionOut> sections = sections_of(st);
-  const std::vector<uint8_t> head = head_of(sections);
+  const std::vector<uint8_t> head = head_of(sections, minor_of(st));
   std::vector<std::span<const uint8_t>> pieces = {head};
   for (const SectionOut& s : sections) pieces.insert(pieces.end(), s.pieces.begin(), s.pieces.end());
   write_file_atomic(path, pieces);
@@ -412,7 +504,7 @@ void save_state(const std::filesystem::path& path, const State& st) {
 template <class State>
 std::vector<uint8_t> bytes_of_state(const State& st) {
   const std::vector<SectionOut> sections = sections_of(st);
-  std::vector<uint8_t> out = head_of(sections);
+  std::vector<uint8_t> out = head_of(sections, minor_of(st));
   for (const SectionOut& s : sections)
     for (const auto& p : s.pieces) out.insert(out.end(), p.begin(), p.end());
   return out;
@@ -520,14 +612,15 @@ Table read_table(const Source& src) {
     e.offset = tr.get<uint64_t>("section offset");
     e.length = tr.get<uint64_t>("section length");
     e.checksum = tr.get<uint64_t>("section checksum");
-    if (e.kind < uint32_t(Kind::Config) || e.kind > uint32_t(Kind::WarmV))
+    if (e.kind < uint32_t(Kind::Config) || e.kind > uint32_t(Kind::Span) ||
+        (e.kind == uint32_t(Kind::Span) && t.minor < 1))
       corrupt("section table", fmt::format("{} (a newer qvg may have written it)", e.name()));
     if (e.offset != cursor)
       corrupt("section table", fmt::format("section '{}' starts at byte {}, expected {} (sections tile the file)",
                                            e.name(), e.offset, cursor));
     if (e.length > size - cursor)
-      corrupt("section table",
-              fmt::format("section '{}' of {} bytes runs past the end of the file ({} bytes)", e.name(), e.length, size));
+      corrupt("section table", fmt::format("section '{}' of {} bytes runs past the end of the file ({} bytes)",
+                                           e.name(), e.length, size));
     cursor += e.length;
   }
   if (cursor != size) corrupt("section table", fmt::format("sections end at byte {}, the file at {}", cursor, size));
@@ -573,7 +666,7 @@ struct Config {
   std::optional<QuantArgs> quant;  // packed caches
 };
 
-Config parse_config(std::span<const uint8_t> bytes) {
+Config parse_config(std::span<const uint8_t> bytes, uint16_t minor) {
   KvReader kv(read_entries(bytes, "config"), "config");
   Config c;
   c.cache = kv.str("cache");
@@ -610,8 +703,10 @@ Config parse_config(std::span<const uint8_t> bytes) {
       q.scaling = parse_scaling(kv.str("scaling"));
       q.scale_dtype = parse_scale_dtype(kv.str("scale_dtype"));
       q.init = parse_init(kv.str("init"));
+      if (minor >= 1) q.span_mode = parse_span_mode(kv.str("span_mode"));  // format 1.1
       return 0;
     });
+    if (minor >= 1) q.span_break_ratio = kv.real("span_break_ratio");
     q.seed = kv.u64("seed");
     c.quant = q;
   }
@@ -620,8 +715,10 @@ Config parse_config(std::span<const uint8_t> bytes) {
     detail::validate_options(o);
     if (c.quant) {
       if (o.allow_growth) throw InvalidArgument("allow_growth must be false for a packed cache");
-      if (c.quant->enabled()) c.quant->validate_for_head_dim(o.head_dim);
-      else c.quant->validate();
+      if (c.quant->enabled())
+        c.quant->validate_for_head_dim(o.head_dim);
+      else
+        c.quant->validate();
     }
     return 0;
   });
@@ -632,11 +729,12 @@ Config parse_config(std::span<const uint8_t> bytes) {
 template <class T>
 void expect_equal(const char* field, const T& got, const T& want) {
   if (!(got == want))
-    throw InvalidArgument(
-        fmt::format("the snapshot's cache has {} = {}, the caller expects {}", field, got, want));
+    throw InvalidArgument(fmt::format("the snapshot's cache has {} = {}, the caller expects {}", field, got, want));
 }
 
-std::string bits_text(const std::optional<int>& b) { return b ? std::to_string(*b) : std::string("none"); }
+std::string bits_text(const std::optional<int>& b) {
+  return b ? std::to_string(*b) : std::string("none");
+}
 
 void check_expectation(const Config& c, const SnapshotExpectation& x) {
   if (x.options) {
@@ -663,6 +761,8 @@ void check_expectation(const Config& c, const SnapshotExpectation& x) {
     expect_equal("sink_span", std::string(name(g.sink_span)), std::string(name(w.sink_span)));
     expect_equal("sink_keep_chunks", g.sink_keep_chunks, w.sink_keep_chunks);
     expect_equal("span_chunks", g.span_chunks, w.span_chunks);
+    expect_equal("span_mode", std::string(name(g.span_mode)), std::string(name(w.span_mode)));
+    expect_equal("span_break_ratio", g.span_break_ratio, w.span_break_ratio);
     expect_equal("scaling", std::string(name(g.scaling)), std::string(name(w.scaling)));
     expect_equal("scale_dtype", std::string(name(g.scale_dtype)), std::string(name(w.scale_dtype)));
     expect_equal("init", std::string(name(g.init)), std::string(name(w.init)));
@@ -683,10 +783,10 @@ Opened open_snapshot(const Source& src, const char* want_kind, const SnapshotExp
   const TableEntry& first = o.table.entries[0];
   if (first.kind != uint32_t(Kind::Config))
     corrupt("section table", fmt::format("the first section is '{}', expected 'config'", first.name()));
-  o.config = parse_config(read_section(src, first).bytes);
+  o.config = parse_config(read_section(src, first).bytes, o.table.minor);
   if (o.config.cache != want_kind)
-    throw InvalidArgument(fmt::format("the snapshot holds a {} cache; a {} cache cannot be loaded from it",
-                                      o.config.cache, want_kind));
+    throw InvalidArgument(
+        fmt::format("the snapshot holds a {} cache; a {} cache cannot be loaded from it", o.config.cache, want_kind));
   check_expectation(o.config, x);
   o.config.options.view_scratch = x.view_scratch;
   if (o.config.quant) o.config.quant->threads = x.threads;
@@ -743,8 +843,8 @@ detail::DenseStateData read_dense(const Source& src, const SnapshotExpectation& 
   for (size_t i : {size_t(2), size_t(3)}) {
     const TableEntry& e = o.table.entries[i];
     if (e.length != buf)
-      corrupt(e.name(), fmt::format("{} bytes, a [{}, {}, {}, {}] {} buffer has {}", e.length, opt.batch,
-                                    d.cache_size, opt.heads, opt.head_dim, dtype_name(opt.dtype), buf));
+      corrupt(e.name(), fmt::format("{} bytes, a [{}, {}, {}, {}] {} buffer has {}", e.length, opt.batch, d.cache_size,
+                                    opt.heads, opt.head_dim, dtype_name(opt.dtype), buf));
     (i == 2 ? d.k : d.v) = read_raw_section(src, e);
   }
   return d;
@@ -769,40 +869,63 @@ EncodingLayout get_layout(ByteReader& r) {
   return l;
 }
 
-// Reads an encoding (or only its codebooks) after its layout; its arrays must fit
-// the rest of the section before anything is allocated.
-EncodedTensor get_encoded(ByteReader& r, bool codebooks_only) {
+// Reads an encoding's layout and the arrays `which` selects; they must fit the rest
+// of the section before anything is allocated. Validates what it reads: a whole
+// encoding as EncodedTensor::validate() and validate_values() do; codebooks finite;
+// a span chunk's factors (its ids and values are checked against its span's
+// codebooks by check_span_chunk()).
+EncodedTensor get_encoded(ByteReader& r, Arrays which) {
   const EncodingLayout l = get_layout(r);
   std::vector<ArrayDesc> arrays = l.arrays();
-  if (codebooks_only)
-    std::erase_if(arrays, [](const ArrayDesc& a) { return a.kind != EncodedArray::Centroids; });
+  std::erase_if(arrays, [&](const ArrayDesc& a) { return !holds(which, a); });
   uint64_t need = 0;
   for (const ArrayDesc& a : arrays) need += a.bytes();
   if (need > r.remaining())
     r.fail(fmt::format("truncated: the arrays of a {} encoding need {} bytes, {} left", l.shape.str(), need,
                        r.remaining()));
   EncodedTensor e;
-  if (codebooks_only) {
+  if (which == Arrays::All) {
+    e = EncodedTensor::allocate(l);
+  } else {  // only the arrays read (every allocation bounded by the section)
     static_cast<EncodingLayout&>(e) = l;
     e.centroid.resize(size_t(l.stages));
-    for (const ArrayDesc& a : arrays) {
-      const auto b = r.get_bytes(a.bytes(), "centroids");
-      e.centroid[size_t(a.stage)].assign(b.begin(), b.end());
-    }
-    for (const auto& c : e.centroid)
-      for (size_t i = 0; i < c.size() / dtype_size(l.dtype); ++i)
-        if (!std::isfinite(load_f32(c.data(), l.dtype, i)))
-          r.fail(fmt::format("a warm-start centroid is not finite (element {})", i));
-    return e;
+    if (which == Arrays::WithoutCodebooks) e.ids.resize(size_t(l.stages));
   }
-  e = EncodedTensor::allocate(l);
   for (const ArrayDesc& a : arrays) {
     const auto b = r.get_bytes(a.bytes(), "array");
+    std::vector<uint8_t>* v = nullptr;
+    switch (a.kind) {
+      case EncodedArray::Centroids: v = &e.centroid[size_t(a.stage)]; break;
+      case EncodedArray::Ids: v = &e.ids[size_t(a.stage)]; break;
+      case EncodedArray::Codes: v = &e.codes; break;
+      case EncodedArray::Scales: v = &e.scales; break;
+      case EncodedArray::Zeros: v = &e.zeros; break;
+      case EncodedArray::ScaleFactor: e.scale_factor.resize(b.size() / 4); break;
+      case EncodedArray::ZeroFactor: e.zero_factor.resize(b.size() / 4); break;
+    }
+    if (v && which != Arrays::All) v->resize(b.size());
     std::span<uint8_t> dst = e.array(a);
     if (!b.empty()) std::memcpy(dst.data(), b.data(), b.size());
   }
-  e.validate();
-  e.validate_values();
+  switch (which) {
+    case Arrays::All:
+      e.validate();
+      e.validate_values();
+      break;
+    case Arrays::CodebooksOnly:
+      for (const auto& c : e.centroid)
+        for (size_t i = 0; i < c.size() / dtype_size(l.dtype); ++i)
+          if (!std::isfinite(load_f32(c.data(), l.dtype, i)))
+            r.fail(fmt::format("a centroid of a codebook is not finite (element {})", i));
+      break;
+    case Arrays::WithoutCodebooks:
+      for (const std::vector<float>* fv : {&e.scale_factor, &e.zero_factor})
+        for (float f : *fv)
+          if (!(std::isfinite(f) && f > 0))
+            r.fail(fmt::format("{} must be finite and > 0, got {}",
+                               fv == &e.scale_factor ? "scale_factor" : "zero_factor", f));
+      break;
+  }
   return e;
 }
 
@@ -823,8 +946,62 @@ void check_layout_fits(const EncodingLayout& l, const CacheOptions& o, const Qua
         o.heads, o.head_dim, dtype_name(o.dtype), c.describe()));
 }
 
+// A span section (format 1.1): the span's id, then per K and V the slots in use
+// (u32 filled) and the codebook (layout and centroid arrays, all K slots).
+detail::PackedSpanData get_span(std::span<const uint8_t> bytes, const std::string& where, const CacheOptions& o,
+                                const QuantArgs& q) {
+  ByteReader r(bytes, "invalid snapshot: " + where);
+  if (!q.enabled()) r.fail("a span codebook in a cache with quantization off");
+  detail::PackedSpanData sp;
+  sp.id = r.get<int64_t>("span id");
+  if (sp.id < 0 || sp.id > detail::kMaxPosition) r.fail(fmt::format("span id {} is out of [0, 2^60]", sp.id));
+  for (SpanCodebook* b : {&sp.k, &sp.v}) {
+    const char* what = b == &sp.k ? "the K codebook" : "the V codebook";
+    const uint32_t filled = r.get<uint32_t>("filled");
+    b->book = get_encoded(r, Arrays::CodebooksOnly);
+    const EncodingLayout& l = b->book;
+    check_layout_fits(l, o, q, false, 0, what);
+    if (l.shape.s < 1 || l.shape.s > o.cache_size)
+      r.fail(fmt::format("{} was made for a chunk of {} tokens, outside [1, cache_size = {}]", what, l.shape.s,
+                         o.cache_size));
+    if (filled < 1 || filled > uint32_t(l.centroids))
+      r.fail(fmt::format("{} has {} slots in use, must be 1..{} (centroids)", what, filled, l.centroids));
+    b->filled = int(filled);
+    // Slots not yet in use are zero (a later chunk fills them; a warm start reads them).
+    const size_t row = size_t(l.shape.d) * dtype_size(l.dtype);
+    for (size_t st = 0; st < b->book.centroid.size(); ++st)
+      for (int64_t g = 0; g < l.groups(); ++g) {
+        const uint8_t* p = b->book.centroid[st].data() + size_t(g * l.centroids) * row;
+        if (std::any_of(p + size_t(filled) * row, p + size_t(l.centroids) * row, [](uint8_t x) { return x != 0; }))
+          r.fail(
+              fmt::format("{}: stage {}, group {} holds a centroid in a slot not in use (>= {})", what, st, g, filled));
+      }
+  }
+  r.expect_end();
+  return sp;
+}
+
+// The arrays of a chunk of an incremental span against its span's codebook: every
+// id a slot in use, every element decoding finite (validate_values() with the
+// span's centroids).
+void check_span_chunk(EncodedTensor& part, SpanCodebook& book, const char* what) {
+  for (size_t st = 0; st < part.ids.size(); ++st)
+    for (uint8_t id : part.ids[st])
+      if (int(id) >= book.filled)
+        throw CorruptData(
+            fmt::format("{}: ids.{} holds id {}, its span's codebook has {} slots in use", what, st, id, book.filled));
+  std::swap(part.centroid, book.book.centroid);
+  try {
+    part.validate_values();
+  } catch (...) {
+    std::swap(part.centroid, book.book.centroid);
+    throw;
+  }
+  std::swap(part.centroid, book.book.centroid);
+}
+
 detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std::string& where, const CacheOptions& o,
-                                      const QuantArgs& q) {
+                                      const QuantArgs& q, uint16_t minor, std::vector<detail::PackedSpanData>& spans) {
   ByteReader r(bytes, "invalid snapshot: " + where);
   detail::PackedSegmentData s;
   s.g0 = r.get<int64_t>("g0");
@@ -833,17 +1010,31 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
   s.packed = r.get_bool("packed");
   const uint32_t chunks = r.get<uint32_t>("chunks");
   const uint32_t flags = r.get<uint32_t>("flags");
-  if (flags != 0) r.fail(fmt::format("flags 0x{:x}: none is defined in format {}.{}", flags, kSnapshotMajor, kSnapshotMinor));
+  const uint32_t known = minor >= 1 ? kFlagSpanChunk : 0;
+  if (flags & ~known)
+    r.fail(fmt::format("flags 0x{:x}: format {}.{} defines {} (a newer qvg may have written them)", flags,
+                       kSnapshotMajor, minor, known ? "0x1 only" : "none"));
   if (s.g0 < 0 || s.g1 <= s.g0 || s.g1 > detail::kMaxPosition)
     r.fail(fmt::format("token range [{}, {}) is empty or out of [0, 2^60]", s.g0, s.g1));
   if (chunks < 1 || chunks > uint32_t(INT32_MAX)) r.fail(fmt::format("chunks = {}, must be >= 1", chunks));
   s.chunks = int(chunks);
   if (s.is_sink != (s.g0 < o.sink_tokens))
     r.fail(fmt::format("is_sink = {} for a segment starting at {} (sink_tokens = {})", s.is_sink, s.g0, o.sink_tokens));
+  if (flags & kFlagSpanChunk) {
+    s.span = r.get<int64_t>("span");
+    if (q.span_mode != SpanMode::Incremental || !s.packed || s.is_sink || s.chunks != 1 || s.span < 0)
+      r.fail(
+          fmt::format("a chunk of span {} must be one packed non-sink chunk (chunks = 1) of a cache with span_mode "
+                      "= incremental, and its span id >= 0 (packed = {}, is_sink = {}, chunks = {}, span_mode = {})",
+                      s.span, s.packed, s.is_sink, s.chunks, name(q.span_mode)));
+  } else if (s.packed && !s.is_sink && q.span_mode == SpanMode::Incremental) {
+    r.fail("a packed non-sink segment of a cache with span_mode = incremental must be a chunk of a span (flag 0x1)");
+  }
   const int64_t n = s.g1 - s.g0;
   if (!s.packed) {
     if (s.chunks != 1) r.fail(fmt::format("a raw segment holds one chunk, got chunks = {}", s.chunks));
-    if (n > o.cache_size) r.fail(fmt::format("a raw chunk of {} tokens is longer than the cache ({})", n, o.cache_size));
+    if (n > o.cache_size)
+      r.fail(fmt::format("a raw chunk of {} tokens is longer than the cache ({})", n, o.cache_size));
     const size_t raw = size_t(o.batch * n * o.heads * o.head_dim) * dtype_size(o.dtype);
     if (r.remaining() != 2 * raw)
       r.fail(fmt::format("{} bytes of K and V, a raw [{}, {}, {}, {}] {} chunk has {}", r.remaining(), o.batch, n,
@@ -859,12 +1050,89 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
     return s;
   }
   if (!q.enabled()) r.fail("a packed segment in a cache with quantization off");
-  s.k_enc = get_encoded(r, false);
-  s.v_enc = get_encoded(r, false);
+  if (s.span < 0) {
+    s.k_enc = get_encoded(r, Arrays::All);
+    s.v_enc = get_encoded(r, Arrays::All);
+    r.expect_end();
+    check_layout_fits(s.k_enc, o, q, true, n, "K");
+    check_layout_fits(s.v_enc, o, q, true, n, "V");
+    return s;
+  }
+  const auto sp = std::lower_bound(spans.begin(), spans.end(), s.span,
+                                   [](const detail::PackedSpanData& a, int64_t id) { return a.id < id; });
+  if (sp == spans.end() || sp->id != s.span) r.fail(fmt::format("span {} has no span section", s.span));
+  s.k_enc = get_encoded(r, Arrays::WithoutCodebooks);
+  s.v_enc = get_encoded(r, Arrays::WithoutCodebooks);
   r.expect_end();
   check_layout_fits(s.k_enc, o, q, true, n, "K");
   check_layout_fits(s.v_enc, o, q, true, n, "V");
+  check_span_chunk(s.k_enc, sp->k, "K");
+  check_span_chunk(s.v_enc, sp->v, "V");
   return s;
+}
+
+// The incremental-span bookkeeping against the segments and span sections
+// (docs/snapshot.md): ids in order, a span's chunks adjacent and at most span_chunks
+// of them, every span section used, the open span the last one started.
+void check_span_state(const detail::PackedStateData& d) {
+  const QuantArgs& q = d.quant;
+  const detail::SpanState& ss = d.span_state;
+  if (q.span_mode != SpanMode::Incremental) return;  // no span state (entries and sections absent)
+  auto bad = [](const std::string& m) { corrupt("state", m); };
+  if (ss.next_span < 0 || ss.next_span > detail::kMaxPosition)
+    bad(fmt::format("next_span = {} is out of [0, 2^60]", ss.next_span));
+  if (ss.open_span != ss.next_span - 1)
+    bad(fmt::format("open_span = {} must be the last span started (next_span - 1 = {})", ss.open_span,
+                    ss.next_span - 1));
+  if (ss.open_span < 0 ? ss.open_span_chunks != 0 : ss.open_span_chunks < 1 || ss.open_span_chunks > q.span_chunks)
+    bad(fmt::format("open_span_chunks = {} is out of [{}, {}] (open_span = {}, span_chunks = {})", ss.open_span_chunks,
+                    ss.open_span < 0 ? 0 : 1, ss.open_span < 0 ? 0 : q.span_chunks, ss.open_span, q.span_chunks));
+  if (ss.span_breaks < 0 || ss.span_breaks > std::max<int64_t>(0, ss.next_span - 1))
+    bad(fmt::format("span_breaks = {} is out of [0, {}] (every break starts one of the {} spans after the first)",
+                    ss.span_breaks, std::max<int64_t>(0, ss.next_span - 1), ss.next_span));
+  for (double e : {ss.open_k_energy, ss.open_v_energy})
+    if (std::signbit(e) || (ss.open_span < 0 && e != 0))
+      bad(fmt::format("open span energies {} and {} must be >= 0 (and 0 without an open span)", ss.open_k_energy,
+                      ss.open_v_energy));
+  if (ss.open_span >= 0 && (d.spans.empty() || d.spans.back().id != ss.open_span))
+    bad(fmt::format("the open span {} has no span section (the last one)", ss.open_span));
+  for (const detail::PackedSpanData& sp : d.spans)
+    if (sp.id >= ss.next_span) bad(fmt::format("span {} is not below next_span = {}", sp.id, ss.next_span));
+  // Chunks: spans oldest first, each span's chunks adjacent, at most span_chunks (the
+  // open span: open_span_chunks, some of them maybe evicted).
+  std::vector<bool> used(d.spans.size(), false);
+  const auto& segs = d.segments;
+  int64_t last = -1, run = 0;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const int64_t id = segs[i].span;
+    if (id < 0) continue;
+    if (id < last || (id == last && segs[i - 1].span != id))
+      bad(
+          fmt::format("segment {} is a chunk of span {} after a chunk of span {}: the chunks of a span are adjacent, "
+                      "spans in order",
+                      i, id, last));
+    run = id == last ? run + 1 : 1;
+    last = id;
+    const int64_t limit = id == ss.open_span ? ss.open_span_chunks : q.span_chunks;
+    if (run > limit) bad(fmt::format("span {} has more than {} chunks (segment {})", id, limit, i));
+    const auto sp = std::lower_bound(d.spans.begin(), d.spans.end(), id,
+                                     [](const detail::PackedSpanData& a, int64_t x) { return a.id < x; });
+    used[size_t(sp - d.spans.begin())] = true;  // get_segment() found it
+  }
+  // Chunks of a span can only be missing by eviction, which drops the oldest non-sink
+  // segments: the open span holds all its chunks, or it starts the non-sink segments.
+  const auto first_nonsink = std::find_if(segs.begin(), segs.end(), [](const auto& g) { return !g.is_sink; });
+  const auto first_open = std::find_if(segs.begin(), segs.end(), [&](const auto& g) { return g.span == ss.open_span; });
+  const auto held = std::count_if(segs.begin(), segs.end(), [&](const auto& g) { return g.span == ss.open_span; });
+  if (ss.open_span >= 0 && held > 0 && held < ss.open_span_chunks && first_open != first_nonsink)
+    bad(
+        fmt::format("the open span {} holds {} of its {} chunks, but only evicted chunks (before the first non-sink "
+                    "segment) can be missing",
+                    ss.open_span, held, ss.open_span_chunks));
+  for (size_t i = 0; i < d.spans.size(); ++i)
+    if (!used[i] && d.spans[i].id != ss.open_span)
+      corrupt(section_name(uint32_t(Kind::Span), uint32_t(i)),
+              fmt::format("span {} has no chunk and is not the open span", d.spans[i].id));
 }
 
 // The invariants the packed cache and its policy rely on (docs/snapshot.md).
@@ -894,7 +1162,8 @@ void check_packed_state(const detail::PackedStateData& d) {
     const auto &a = segs[i], &b = segs[i + 1];
     if (a.g1 == b.g0) continue;
     if (a.g1 > b.g0 || !a.is_sink || b.is_sink || b.g0 > tail)
-      bad(fmt::format("segment {} ends at {} but segment {} starts at {} (only the evicted tokens between the sink "
+      bad(
+          fmt::format("segment {} ends at {} but segment {} starts at {} (only the evicted tokens between the sink "
                       "and the window's tail at {} may be missing)",
                       i, a.g1, i + 1, b.g0, tail));
   }
@@ -926,10 +1195,11 @@ detail::PackedStateData read_packed(const Source& src, const SnapshotExpectation
   detail::PackedStateData d;
   d.options = o.config.options;
   d.quant = *o.config.quant;
+  const uint16_t minor = o.table.minor;
   const std::vector<TableEntry>& t = o.table.entries;
   if (t[1].kind != uint32_t(Kind::State))
     corrupt("section table", fmt::format("section 1 is '{}', expected 'state'", t[1].name()));
-  int64_t nseg = 0;
+  int64_t nseg = 0, nspan = 0;
   bool warm = false;
   {
     KvReader kv(read_entries(read_section(src, t[1]).bytes, "state"), "state");
@@ -937,27 +1207,51 @@ detail::PackedStateData read_packed(const Source& src, const SnapshotExpectation
     d.chunk_tokens = kv.opt_i64("chunk_tokens");
     nseg = kv.i64("segments");
     warm = kv.boolean("warm");
+    if (d.quant.span_mode == SpanMode::Incremental) {  // format 1.1
+      detail::SpanState& ss = d.span_state;
+      nspan = kv.i64("spans");
+      ss.open_span = kv.i64("open_span");
+      ss.open_span_chunks = kv.i32("open_span_chunks");
+      ss.next_span = kv.i64("next_span");
+      ss.span_breaks = kv.i64("span_breaks");
+      ss.open_k_energy = kv.real("open_k_energy");
+      ss.open_v_energy = kv.real("open_v_energy");
+    }
     kv.expect_all_read();
   }
   if (nseg < 0 || uint64_t(nseg) > t.size())
     corrupt("state", fmt::format("segments = {} but the file has {} sections", nseg, t.size()));
+  if (nspan < 0 || uint64_t(nspan) > t.size())
+    corrupt("state", fmt::format("spans = {} but the file has {} sections", nspan, t.size()));
   std::vector<std::pair<Kind, uint32_t>> want = {{Kind::Config, 0}, {Kind::State, 0}};
+  for (int64_t i = 0; i < nspan; ++i) want.emplace_back(Kind::Span, uint32_t(i));
   for (int64_t i = 0; i < nseg; ++i) want.emplace_back(Kind::Segment, uint32_t(i));
   if (warm) want.insert(want.end(), {{Kind::WarmK, 0}, {Kind::WarmV, 0}});
   expect_sections(o.table, want);
+  size_t next = 2;
+  d.spans.reserve(size_t(nspan));
+  for (int64_t i = 0; i < nspan; ++i) {
+    const TableEntry& e = t[next++];
+    const SectionBytes b = read_section(src, e);
+    d.spans.push_back(in_section(e.name(), [&] { return get_span(b.bytes, e.name(), d.options, d.quant); }));
+    if (i > 0 && d.spans[size_t(i)].id <= d.spans[size_t(i) - 1].id)
+      corrupt(e.name(), fmt::format("span id {} follows span id {} (span sections are in increasing id order)",
+                                    d.spans[size_t(i)].id, d.spans[size_t(i) - 1].id));
+  }
   d.segments.reserve(size_t(nseg));
   for (int64_t i = 0; i < nseg; ++i) {
-    const TableEntry& e = t[size_t(2 + i)];
+    const TableEntry& e = t[next++];
     const SectionBytes b = read_section(src, e);
-    d.segments.push_back(in_section(e.name(), [&] { return get_segment(b.bytes, e.name(), d.options, d.quant); }));
+    d.segments.push_back(
+        in_section(e.name(), [&] { return get_segment(b.bytes, e.name(), d.options, d.quant, minor, d.spans); }));
   }
   if (warm) {
     for (size_t i = 0; i < 2; ++i) {
-      const TableEntry& e = t[size_t(2 + nseg) + i];
+      const TableEntry& e = t[next++];
       const SectionBytes b = read_section(src, e);
       in_section(e.name(), [&] {
         ByteReader r(b.bytes, "invalid snapshot: " + e.name());
-        EncodedTensor w = get_encoded(r, true);
+        EncodedTensor w = get_encoded(r, Arrays::CodebooksOnly);
         r.expect_end();
         if (!d.quant.enabled()) throw InvalidArgument("warm-start codebooks in a cache with quantization off");
         check_layout_fits(w, d.options, d.quant, false, 0, "the warm-start codebook");
@@ -967,6 +1261,7 @@ detail::PackedStateData read_packed(const Source& src, const SnapshotExpectation
     }
   }
   check_packed_state(d);
+  check_span_state(d);
   return d;
 }
 
@@ -1021,7 +1316,9 @@ bool SnapshotInfo::checksums_ok() const {
                      [](const SnapshotSectionInfo& s) { return s.checksum_ok.value_or(false); });
 }
 
-bool is_snapshot_bytes(std::span<const uint8_t> bytes) { return has_magic(bytes); }
+bool is_snapshot_bytes(std::span<const uint8_t> bytes) {
+  return has_magic(bytes);
+}
 
 bool is_snapshot_file(const std::filesystem::path& path) {
   try {

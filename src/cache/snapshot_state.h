@@ -23,10 +23,10 @@ namespace qvg::detail {
 // ---- dense cache ---------------------------------------------------------------
 /// A dense cache's state, by reference (valid until the cache's next mutating call).
 struct DenseStateRef {
-  CacheOptions options;                    ///< as constructed (cache_size and window before any growth)
-  int64_t cache_size = 0, window = 0;      ///< current (after growth)
+  CacheOptions options;                ///< as constructed (cache_size and window before any growth)
+  int64_t cache_size = 0, window = 0;  ///< current (after growth)
   int64_t global_end = 0, local_end = 0;
-  std::span<const std::byte> k, v;         ///< the buffers, [B, cache_size, H, D] each
+  std::span<const std::byte> k, v;  ///< the buffers, [B, cache_size, H, D] each
 };
 /// A dense cache's state, owned, validated (what load() builds a cache from).
 struct DenseStateData {
@@ -40,9 +40,24 @@ struct PackedSegmentRef {
   int64_t g0 = 0, g1 = 0;
   bool is_sink = false, packed = false;
   int chunks = 1;
+  int64_t span = -1;                        ///< a chunk of incremental span `span` (else -1)
   std::span<const std::byte> k_raw, v_raw;  ///< raw: [B, g1 - g0, H, D] each
-  const EncodedTensor* k_enc = nullptr;     ///< packed
+  const EncodedTensor* k_enc = nullptr;     ///< packed (a span chunk's: without centroids)
   const EncodedTensor* v_enc = nullptr;
+};
+/// An incremental span's codebooks, shared by its chunks (and the open span's).
+struct PackedSpanRef {
+  int64_t id = -1;
+  const SpanCodebook* k = nullptr;
+  const SpanCodebook* v = nullptr;
+};
+/// The incremental-span bookkeeping of a packed cache (span_mode = incremental).
+struct SpanState {
+  int64_t open_span = -1;  ///< the span chunks may join (-1: none yet)
+  int open_span_chunks = 0;
+  int64_t next_span = 0;  ///< the id the next span gets
+  int64_t span_breaks = 0;
+  double open_k_energy = 0, open_v_energy = 0;  ///< the open span's first chunk's, per element
 };
 struct PackedStateRef {
   CacheOptions options;
@@ -52,13 +67,22 @@ struct PackedStateRef {
   std::vector<PackedSegmentRef> segments;  ///< global order; the last is the current chunk
   const EncodedTensor* warm_k = nullptr;   ///< warm-start codebooks (codebooks_only), or null
   const EncodedTensor* warm_v = nullptr;
+  /// Incremental spans: every span a segment refers to, and the open span (which may
+  /// have no chunk left), once each, in increasing id order.
+  std::vector<PackedSpanRef> spans;
+  SpanState span_state;
 };
 struct PackedSegmentData {
   int64_t g0 = 0, g1 = 0;
   bool is_sink = false, packed = false;
   int chunks = 1;
+  int64_t span = -1;
   AlignedBuffer k_raw, v_raw;
   EncodedTensor k_enc, v_enc;
+};
+struct PackedSpanData {
+  int64_t id = -1;
+  SpanCodebook k, v;
 };
 struct PackedStateData {
   CacheOptions options;
@@ -67,6 +91,8 @@ struct PackedStateData {
   std::optional<int64_t> chunk_tokens;
   std::vector<PackedSegmentData> segments;
   std::optional<EncodedTensor> warm_k, warm_v;
+  std::vector<PackedSpanData> spans;  ///< increasing ids; the chunks of one span share its codebooks
+  SpanState span_state;
 };
 
 /// The caches' side of snapshots (friend of both caches).

@@ -51,6 +51,20 @@ PackedCausalCache small_packed_cache(std::optional<int> bits) {
   return c;
 }
 
+QuantArgs small_incremental_quant(double ratio) {
+  QuantArgs q = small_quant();
+  q.span_mode = SpanMode::Incremental;
+  q.span_chunks = 3;
+  q.span_break_ratio = ratio;
+  return q;
+}
+
+PackedCausalCache small_incremental_cache(int chunks, double ratio) {
+  PackedCausalCache c(small_cache_options(), small_incremental_quant(ratio));
+  for (int64_t i = 0; i < chunks; ++i) c.update(lcg_kv(4, uint64_t(2 * i)), lcg_kv(4, uint64_t(2 * i + 1)), 4 * i);
+  return c;
+}
+
 DenseCausalCache small_dense_cache() {
   CacheOptions o = small_cache_options();
   o.cache_size = 8;

@@ -23,6 +23,14 @@ QuantArgs small_quant();
 /// sink chunk, packed non-sink chunks, the raw current chunk, warm codebooks. With
 /// `bits` nullopt, quantization off (every segment raw).
 PackedCausalCache small_packed_cache(std::optional<int> bits = 4);
+/// small_quant() with incremental spans of up to 3 chunks and adaptive boundaries
+/// (span_mode = incremental, span_break_ratio `ratio`).
+QuantArgs small_incremental_quant(double ratio = 2.0);
+/// A packed cache with incremental spans after `chunks` chunks of 4 tokens (lcg_kv
+/// seeds 2i, 2i + 1; small_cache_options(), small_incremental_quant(ratio)). The
+/// default holds a packed sink chunk [0, 4), span 2 (one chunk, [12, 16)), the open
+/// span 3 (two chunks of three, [16, 24)), the raw current chunk; 3 breaks so far.
+PackedCausalCache small_incremental_cache(int chunks = 7, double ratio = 2.0);
 /// A dense cache of cache_size 8 with allow_growth, grown to 16 by three chunks of 4.
 DenseCausalCache small_dense_cache();
 
