@@ -377,7 +377,13 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         sink_tokens: int = 0,
         attention_window_size: int = 0,
         allow_growth: bool = False,
+        global_sink_tokens: int = 0,
     ) -> None:
+        if global_sink_tokens:
+            raise NotImplementedError(
+                "CausalSelfAttentionKVCache: global_sink_tokens (the engine's pinned sink of longlive2) is not "
+                f"supported by qvg, it must be 0, got {global_sink_tokens!r}"
+            )
         window = None if not attention_window_size else attention_window_size
         on_cuda = HAS_CUDA and isinstance(k, torch.Tensor) and k.device.type == "cuda"
         self._c = (_C.CudaDenseCache if on_cuda else _C.DenseCache)(k, v, sink_tokens, window, bool(allow_growth))
@@ -419,6 +425,25 @@ class CausalSelfAttentionKVCache(_CacheInterface):
     @property
     def num_cache_heads(self) -> int:
         return self._c.num_heads
+
+    @property
+    def global_sink_tokens(self) -> int:
+        """Always 0: qvg has no pinned global sink (docs/compat.md)."""
+        return 0
+
+    def reset_pinned_sink(self) -> None:
+        """The engine's reset of a pinned sink: nothing is ever pinned in qvg, a no-op."""
+
+    def pin_current_chunk(self, current_num_tokens: int) -> None:
+        """The engine pins the current chunk as a sink (longlive2); qvg does not support
+        it. As in the engine, a cache without sink tokens (or an empty chunk) only resets
+        the pin: a no-op here. Otherwise NotImplementedError."""
+        if self.sink_tokens <= 0 or current_num_tokens <= 0:
+            return
+        raise NotImplementedError(
+            "CausalSelfAttentionKVCache does not support pinning the current chunk as a sink "
+            f"(sink_tokens = {self.sink_tokens}, got current_num_tokens={current_num_tokens})"
+        )
 
     # The newer engine also lets callers treat the cache as a mapping of its fields.
     _FIELD_NAMES = frozenset(
