@@ -281,3 +281,14 @@ def test_packed_constructor_extensions():
     eng_packed_mod.QVGPackedCausalKVCache(dtype=torch.float64, quant_args=eng_quant_mod.QVGKVQuantArgs(), **kw)
     with pytest.raises(ValueError):
         qt.QVGPackedCausalKVCache(dtype=torch.float64, quant_args=None, **kw)
+
+
+def test_packed_settings_checked_against_head_dim_at_construction():
+    """Engine: a packed cache with quantization on and block_size not dividing head_dim
+    is built; the mismatch surfaces only when a chunk is first packed (inside the
+    reference's kernels). qvg: ValueError when the cache is built (spec 2)."""
+    kw = dict(batch_size=1, cache_size=8, num_heads=1, head_dim=4, dtype=torch.float32, device=torch.device("cpu"),
+              global_end_index=index_tensor(), local_end_index=index_tensor())
+    eng_packed_mod.QVGPackedCausalKVCache(quant_args=eng_quant_mod.QVGKVQuantArgs(bits=4), **kw)
+    with pytest.raises(ValueError, match="block_size must divide head_dim"):
+        qt.QVGPackedCausalKVCache(quant_args=qt.QVGKVQuantArgs(bits=4), **kw)
