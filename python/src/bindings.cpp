@@ -55,6 +55,7 @@
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/encoding_layout.h"
+#include "qvg/workload.h"
 #include "qvg/config.h"
 #include "qvg/error.h"
 #include "qvg/tensor.h"
@@ -333,6 +334,34 @@ at::Tensor decode_tensor(const py::dict& layout, const py::dict& arrays) {
   return out;
 }
 
+/// K and V ([1, n, H, D] bf16) of one chunk of one layer from the workload generator
+/// (docs/workload.md): for codec comparisons (python/gpu/compat_check.py).
+py::tuple workload_kv(const std::string& preset, int layer, int64_t chunk_index, uint64_t seed, double scale) {
+  qvg::WorkloadOptions opt;
+  opt.seed = seed;
+  opt.scale = scale;
+  opt.dtype = qvg::DType::BF16;
+  qvg::LayerChunk lc;
+  {
+    py::gil_scoped_release release;
+    const qvg::Workload w(qvg::find_model_preset(preset), opt);
+    lc = w.generate(layer, chunk_index, qvg::GenerateParts{false, false});
+  }
+  auto to_torch = [](const qvg::Tensor& t) {
+    const auto& sh = t.shape();
+    at::Tensor out = at::empty({sh.b, sh.s, sh.h, sh.d}, at::TensorOptions().dtype(to_torch_dtype(t.dtype())));
+    if (t.nbytes()) std::memcpy(out.data_ptr(), t.data(), t.nbytes());
+    return out;
+  };
+  return py::make_tuple(to_torch(lc.k), to_torch(lc.v));
+}
+
+py::list workload_presets() {
+  py::list out;
+  for (const auto& p : qvg::model_presets()) out.append(p.name);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -418,6 +447,10 @@ PYBIND11_MODULE(_C, m) {
         "x [B, S, H, D] (CPU) -> (layout dict, {array name: raw bytes, 1-D uint8}) (spec 1.5).");
   m.def("decode", &decode_tensor, py::arg("layout"), py::arg("arrays"),
         "(layout dict, arrays) as encode returns them -> the decoded [B, S, H, D] tensor (spec 1.3).");
+
+  m.def("workload_kv", &workload_kv, py::arg("preset"), py::arg("layer"), py::arg("chunk_index"), py::arg("seed"),
+        py::arg("scale") = 1.0, "(k, v) [1, n, H, D] bf16 of one chunk of one layer from the workload generator.");
+  m.def("workload_presets", &workload_presets, "The workload generator's preset names.");
 
   register_cuda(m);  // a no-op without the CUDA path
 }
