@@ -64,7 +64,7 @@ cpip=("$venv/bin/python" -m pip --disable-pip-version-check)
 if ! "$venv/bin/python" -W ignore -c 'import importlib.util as u, termcolor, sglang.multimodal_gen.runtime.layers.kvcache.qvg_packed_cache
 assert u.find_spec("quant_videogen")' 2>/dev/null; then
   if ! "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$compat" 2>/dev/null; then
-    echo "qvg: downloading the wheels of $compat into $wheels (first run: about 40 MB)"
+    echo "qvg: downloading the wheels of $compat into $wheels (first run: about 55 MB)"
     "$base/bin/python" -m pip --disable-pip-version-check download -q --no-deps -d "$wheels" -r "$compat"
     "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$compat"
   fi
