@@ -55,6 +55,20 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$base_site" >"$venv_site/_qvg_base_env.pth"
+# The test-only oracles (docs/compat.md): the engine and the reference codec with
+# --no-deps and the few pinned packages their imported modules need, into the
+# clone's environment, from the wheelhouse (downloaded into it the first time).
+compat=python/requirements-compat.txt
+cpip=("$venv/bin/python" -m pip --disable-pip-version-check)
+# (quant_videogen is only looked up: it does not import under Triton 3.9, docs/compat.md.)
+if ! "$venv/bin/python" -W ignore -c 'import importlib.util as u, termcolor, sglang.multimodal_gen.runtime.layers.kvcache.qvg_packed_cache
+assert u.find_spec("quant_videogen")' 2>/dev/null; then
+  if ! "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$compat" 2>/dev/null; then
+    echo "qvg: downloading the wheels of $compat into $wheels (first run: about 55 MB)"
+    "$base/bin/python" -m pip --disable-pip-version-check download -q --no-deps -d "$wheels" -r "$compat"
+    "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$compat"
+  fi
+fi
 t1=$(date +%s)
 
 # The extension: CUDA path when nvcc is found (then a version mismatch with torch is

@@ -53,6 +53,9 @@
 #include "common.h"
 #include "dense_binding.h"
 #include "qvg/cache.h"
+#include "qvg/codec.h"
+#include "qvg/encoding_layout.h"
+#include "qvg/workload.h"
 #include "qvg/config.h"
 #include "qvg/error.h"
 #include "qvg/tensor.h"
@@ -276,6 +279,137 @@ class PackedCache {
   std::mutex mu_;
 };
 
+// ---- the codec (qvg.torch.encode / decode and the reference interop) -------------
+
+const char* dtype_text(qvg::DType t) {
+  switch (t) {
+    case qvg::DType::F32: return "f32";
+    case qvg::DType::BF16: return "bf16";
+    case qvg::DType::F16: return "f16";
+  }
+  return "f32";
+}
+
+qvg::DType parse_dtype_text(const std::string& s) {
+  if (s == "f32") return qvg::DType::F32;
+  if (s == "bf16") return qvg::DType::BF16;
+  if (s == "f16") return qvg::DType::F16;
+  throw qvg::InvalidArgument(fmt::format("dtype must be one of f32, bf16, f16, got '{}'", s));
+}
+
+py::dict layout_dict(const qvg::EncodingLayout& l) {
+  py::dict d;
+  d["dtype"] = dtype_text(l.dtype);
+  d["shape"] = py::make_tuple(l.shape.b, l.shape.s, l.shape.h, l.shape.d);
+  d["bits"] = l.bits;
+  d["block_size"] = l.block_size;
+  d["stages"] = l.stages;
+  d["centroids"] = l.centroids;
+  d["asymmetric"] = l.asymmetric;
+  d["scale_dtype"] = l.scale_dtype == qvg::ScaleDType::FP8_E4M3 ? "fp8_e4m3" : "bf16";
+  d["scaling"] = l.scaling == qvg::Scaling::Compat ? "compat" : "two_level";
+  return d;
+}
+
+/// x [B, S, H, D] (CPU; bf16, f16 or f32) encoded with the codec parameters of
+/// `quant` (bits required) -> (layout dict, {array name: raw bytes as a 1-D uint8 tensor}).
+py::tuple encode_tensor(const at::Tensor& x, const qvg::QuantArgs& quant, int64_t head_offset) {
+  if (!quant.enabled()) throw qvg::InvalidArgument("encode needs quantization settings with bits 2 or 4, got bits None");
+  const Input in = as_input(x, "x", at::Device(at::kCPU));
+  qvg::CodecConfig cfg = quant.codec();
+  cfg.head_offset = head_offset;
+  qvg::EncodedTensor enc;
+  {
+    py::gil_scoped_release release;
+    enc = qvg::encode(in.view, cfg);
+  }
+  py::dict arrays;
+  for (const qvg::ArrayDesc& a : enc.arrays()) {
+    const auto bytes = enc.array(a);
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::TensorOptions().dtype(at::kByte));
+    if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    arrays[py::str(a.name())] = t;
+  }
+  return py::make_tuple(layout_dict(enc.layout()), arrays);
+}
+
+/// The inverse: a layout dict and its arrays (raw bytes, 1-D uint8 CPU tensors, named
+/// as encode returns them) -> the decoded [B, S, H, D] tensor. Checks every array's
+/// presence and size and the values (validate, validate_values) before decoding.
+at::Tensor decode_tensor(const py::dict& layout, const py::dict& arrays) {
+  qvg::EncodingLayout l;
+  try {
+    l.dtype = parse_dtype_text(layout["dtype"].cast<std::string>());
+    const auto shape = layout["shape"].cast<std::vector<int64_t>>();
+    if (shape.size() != 4) throw qvg::InvalidArgument("layout shape must have 4 entries [B, S, H, D]");
+    l.shape = {shape[0], shape[1], shape[2], shape[3]};
+    l.bits = layout["bits"].cast<int>();
+    l.block_size = layout["block_size"].cast<int>();
+    l.stages = layout["stages"].cast<int>();
+    l.centroids = layout["centroids"].cast<int>();
+    l.asymmetric = layout["asymmetric"].cast<bool>();
+    l.scale_dtype = qvg::parse_scale_dtype(layout["scale_dtype"].cast<std::string>());
+    l.scaling = qvg::parse_scaling(layout["scaling"].cast<std::string>());
+  } catch (const py::error_already_set& e) {
+    throw qvg::InvalidArgument(fmt::format("bad encoding layout: {}", e.what()));
+  } catch (const py::cast_error& e) {
+    throw qvg::InvalidArgument(fmt::format("bad encoding layout: {}", e.what()));
+  }
+  l.check();
+  qvg::EncodedTensor enc = qvg::EncodedTensor::allocate(l);
+  for (const qvg::ArrayDesc& a : l.arrays()) {
+    const std::string name = a.name();
+    if (!arrays.contains(name)) throw qvg::InvalidArgument(fmt::format("encoding array '{}' is missing", name));
+    const at::Tensor t = arrays[py::str(name)].cast<at::Tensor>();
+    if (t.scalar_type() != at::kByte || t.dim() != 1 || t.device().type() != at::kCPU)
+      throw qvg::InvalidArgument(fmt::format("encoding array '{}' must be a 1-D uint8 CPU tensor of raw bytes", name));
+    const at::Tensor c = t.contiguous();
+    auto dst = enc.array(a);
+    if (static_cast<size_t>(c.numel()) != dst.size())
+      throw qvg::InvalidArgument(
+          fmt::format("encoding array '{}' must hold {} bytes for this layout, got {}", name, dst.size(), c.numel()));
+    if (!dst.empty()) std::memcpy(dst.data(), c.data_ptr(), dst.size());
+  }
+  enc.validate();
+  enc.validate_values();
+  at::Tensor out = at::empty({l.shape.b, l.shape.s, l.shape.h, l.shape.d},
+                             at::TensorOptions().dtype(to_torch_dtype(l.dtype)));
+  qvg::TensorView v{out.data_ptr(), l.dtype, l.shape};
+  {
+    py::gil_scoped_release release;
+    qvg::decode(enc, v);
+  }
+  return out;
+}
+
+/// K and V ([1, n, H, D] bf16) of one chunk of one layer from the workload generator
+/// (docs/workload.md): for codec comparisons (python/gpu/compat_check.py).
+py::tuple workload_kv(const std::string& preset, int layer, int64_t chunk_index, uint64_t seed, double scale) {
+  qvg::WorkloadOptions opt;
+  opt.seed = seed;
+  opt.scale = scale;
+  opt.dtype = qvg::DType::BF16;
+  qvg::LayerChunk lc;
+  {
+    py::gil_scoped_release release;
+    const qvg::Workload w(qvg::find_model_preset(preset), opt);
+    lc = w.generate(layer, chunk_index, qvg::GenerateParts{false, false});
+  }
+  auto to_torch = [](const qvg::Tensor& t) {
+    const auto& sh = t.shape();
+    at::Tensor out = at::empty({sh.b, sh.s, sh.h, sh.d}, at::TensorOptions().dtype(to_torch_dtype(t.dtype())));
+    if (t.nbytes()) std::memcpy(out.data_ptr(), t.data(), t.nbytes());
+    return out;
+  };
+  return py::make_tuple(to_torch(lc.k), to_torch(lc.v));
+}
+
+py::list workload_presets() {
+  py::list out;
+  for (const auto& p : qvg::model_presets()) out.append(p.name);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -360,6 +494,15 @@ PYBIND11_MODULE(_C, m) {
       .def("peak_transient_nbytes", [](const PackedCache& p) { return p.cache().peak_transient_nbytes(); })
       .def("warm_state_nbytes", [](const PackedCache& p) { return p.cache().warm_state_nbytes(); })
       .def("debug_state", [](const PackedCache& p) { return p.cache().debug_state(); });
+
+  m.def("encode", &encode_tensor, py::arg("x"), py::arg("quant"), py::arg("head_offset") = 0,
+        "x [B, S, H, D] (CPU) -> (layout dict, {array name: raw bytes, 1-D uint8}) (spec 1.5).");
+  m.def("decode", &decode_tensor, py::arg("layout"), py::arg("arrays"),
+        "(layout dict, arrays) as encode returns them -> the decoded [B, S, H, D] tensor (spec 1.3).");
+
+  m.def("workload_kv", &workload_kv, py::arg("preset"), py::arg("layer"), py::arg("chunk_index"), py::arg("seed"),
+        py::arg("scale") = 1.0, "(k, v) [1, n, H, D] bf16 of one chunk of one layer from the workload generator.");
+  m.def("workload_presets", &workload_presets, "The workload generator's preset names.");
 
   register_cuda(m);  // a no-op without the CUDA path
 }
