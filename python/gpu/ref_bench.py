@@ -118,7 +118,7 @@ def main() -> int:
             row = {"shape": name, "dims": list(shape), "bits": bits, "reference_encode_ms": enc_ms,
                    "reference_decode_ms": dec_ms, "reference_rel_mse": rel_mse, "reference_warmup_s": warm_s,
                    "ours_encode_ms": None, "ours_decode_ms": None, "ours_rel_mse": None}
-            if ours_api is not None:
+            if ours_api is not None and getattr(qt, "_ENCODE_TAKES_CODEC_KWARGS", False):
                 cfg = dict(bits=bits, centroids=256, block_size=64, stages=1, kmeans_iters=2, asymmetric=False,
                            scale_dtype="fp8_e4m3", scaling="compat")
                 enc = ours_api(x, **cfg)
