@@ -66,6 +66,22 @@ void* operator new(size_t n, std::align_val_t a) {
   return p;
 }
 void* operator new[](size_t n, std::align_val_t a) { return operator new(n, a); }
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): a form left to the
+// runtime would allocate with its allocator and free through ours (ASan: alloc-dealloc-mismatch).
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  void* p = std::malloc(n ? n : 1);
+  note_alloc(p, n);
+  return p;
+}
+void* operator new[](size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new(size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  void* p = std::aligned_alloc(size_t(a), (n + size_t(a) - 1) / size_t(a) * size_t(a));
+  note_alloc(p, n);
+  return p;
+}
+void* operator new[](size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
+  return operator new(n, a, t);
+}
 void operator delete(void* p) noexcept {
   note_free(p);
   std::free(p);
@@ -77,6 +93,10 @@ void operator delete(void* p, std::align_val_t) noexcept { operator delete(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { operator delete(p); }
 void operator delete(void* p, size_t, std::align_val_t) noexcept { operator delete(p); }
 void operator delete[](void* p, size_t, std::align_val_t) noexcept { operator delete(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { operator delete(p); }
 #pragma GCC diagnostic pop
 
 namespace qvg {
