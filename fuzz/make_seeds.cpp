@@ -170,6 +170,14 @@ int main(int argc, char** argv) {
     for (int64_t c = 0; c < 40; c += 4)
       inc2.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 1)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 3)), c);
     snap("seed_packed_incremental_bf16_fix.snap", 5, inc2.snapshot_bytes());
+    // A head shard (format 1.2: the config entry head_offset).
+    CacheOptions os = o;
+    os.head_offset = 7;
+    PackedCausalCache shard(os, q3);
+    for (int64_t c = 0; c < 24; c += 4)
+      shard.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 2)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 4)), c);
+    snap("seed_packed_shard.snap", 0, shard.snapshot_bytes());
+    snap("seed_packed_shard_fix.snap", 1, shard.snapshot_bytes());
   }
 
   // The cache API: random byte strings (the target reads them as calls).

@@ -94,6 +94,7 @@ Scenario random_scenario(std::mt19937_64& rng, bool packed, std::optional<int> b
   o.sink_tokens = ri(0, 2) == 0 ? 0 : ri(0, s.sizes[0] + s.sizes[1]);
   o.cache_size = o.sink_tokens + ri(maxn, 5 * s.p.base_chunk + 2);
   if (ri(0, 2) == 0) o.attention_window_size = ri(std::min(o.cache_size, maxn + o.sink_tokens), o.cache_size);
+  if (ri(0, 3) == 0) o.head_offset = ri(1, 64);  // a head shard (format 1.2)
   if (!packed && ri(0, 2) == 0) {
     o.allow_growth = true;
     o.attention_window_size.reset();
@@ -201,7 +202,7 @@ struct RoundTripStats {
 };
 
 template <class Cache>
-Cache load_twin(const Cache& a, std::mt19937_64& rng, const TempDir& dir, RoundTripStats& st) {
+Cache load_twin(const Cache& a, int64_t head_offset, std::mt19937_64& rng, const TempDir& dir, RoundTripStats& st) {
   const Bytes bytes = a.snapshot_bytes();
   ++st.snapshots;
   if constexpr (std::is_same_v<Cache, PackedCausalCache>) {
@@ -210,9 +211,11 @@ Cache load_twin(const Cache& a, std::mt19937_64& rng, const TempDir& dir, RoundT
     st.mid_span += d.open_span >= 0 && d.open_span_chunks < a.quant_args().span_chunks;
     for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(bytes, false).sections)
       st.spans_saved += s.name.starts_with("span ");
-    // Format 1.0 unless the cache needs 1.1.
+    // The lowest version the cache needs: 1.2 for a head_offset, 1.1 for spans, else 1.0.
     const bool v11 = a.quant_args().span_mode == SpanMode::Incremental || a.quant_args().span_break_ratio != 0;
-    EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), v11 ? 1 : 0);
+    EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), head_offset ? 2 : v11 ? 1 : 0);
+  } else {
+    EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), head_offset ? 2 : 0);
   }
   SnapshotExpectation x;
   if (rng() % 2) {
@@ -251,7 +254,7 @@ void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripSt
   for (; chunk < before; ++chunk)
     for (const Call& call : next_calls(rng, s, a.global_end(), chunk)) (void)testing::run_call(a, call);
   if (rng() % 10 == 0) a.reset_indices();  // snapshots of a reset cache too
-  Cache b = load_twin(a, rng, dir, st);
+  Cache b = load_twin(a, s.o.head_offset, rng, dir, st);
   same_state(a, b);
   if (::testing::Test::HasFatalFailure()) return;
   if constexpr (std::is_same_v<Cache, PackedCausalCache>) {
@@ -260,7 +263,7 @@ void round_trip(uint64_t seed, bool packed, std::optional<int> bits, RoundTripSt
   }
   for (size_t k = 0; k < after; ++k, ++chunk) {
     if (k == after / 2) {  // a snapshot of the loaded cache loads too
-      Cache c = load_twin(b, rng, dir, st);
+      Cache c = load_twin(b, s.o.head_offset, rng, dir, st);
       b = std::move(c);
     }
     for (const Call& call : next_calls(rng, s, a.global_end(), chunk)) {
@@ -899,6 +902,7 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   refused([](auto& y) { y.options->dtype = DType::BF16; }, "dtype");
   refused([](auto& y) { y.options->sink_tokens = 0; }, "sink_tokens");
   refused([](auto& y) { y.options->attention_window_size = 12; }, "attention_window_size");
+  refused([](auto& y) { y.options->head_offset = 4; }, "head_offset");
   refused([](auto& y) { y.quant->bits = 2; }, "bits");
   refused([](auto& y) { y.quant->bits.reset(); }, "bits");
   refused([](auto& y) { y.quant->centroids = 8; }, "centroids");
@@ -1086,6 +1090,56 @@ TEST(SnapshotGolden, CommittedSnapshotLoadsBitExactly) {
   kernels::force_target(0);
   EXPECT_EQ(testing::compare_views(a, b), "");
   EXPECT_EQ(a.k.shape.s, 16);
+}
+
+// ---- format 1.2: head_offset ------------------------------------------------------------
+
+TEST(SnapshotFormat, AHeadShardIsFormat1_2AndKeepsItsHeadOffset) {
+  // A shard of heads [5, 7) of a wider cache: its encodings draw the PRNG streams of
+  // heads 5 and 6, so a loaded cache that forgot the offset would encode later chunks
+  // differently. The snapshot stores it (format 1.2), checks it against the caller's
+  // expectation, and the loaded cache continues bit for bit.
+  CacheOptions o = testing::small_cache_options();
+  o.head_offset = 5;
+  QuantArgs q = testing::small_quant();
+  q.init = Init::Random;  // every chunk draws from the head's stream: 2 of 4 tokens,
+  q.centroids = 2;        // one Lloyd step, so the drawn points show in the result
+  q.kmeans_iters = 1;
+  PackedCausalCache a(o, q), plain(testing::small_cache_options(), q);
+  for (int i = 0; i < 3; ++i) {
+    const Tensor k = testing::lcg_kv(4, 2 * i), v = testing::lcg_kv(4, 2 * i + 1);
+    (void)a.update(k, v, 4 * i);
+    (void)plain.update(k, v, 4 * i);
+  }
+  const Bytes b = a.snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(b);
+  EXPECT_EQ(info.minor, 2);
+  EXPECT_EQ(entry_text(info.config, "head_offset"), "5");
+  EXPECT_EQ(inspect_snapshot_bytes(plain.snapshot_bytes()).minor, 0);
+  EXPECT_EQ(entry_text(inspect_snapshot_bytes(plain.snapshot_bytes()).config, "head_offset"), "(absent)");
+  SnapshotExpectation x;
+  x.options = o;
+  x.quant = q;
+  PackedCausalCache c = PackedCausalCache::from_snapshot_bytes(b, x);
+  EXPECT_EQ(c.snapshot_bytes(), b);
+  bool differs_from_plain = false;
+  for (int i = 3; i < 7; ++i) {
+    const Tensor k = testing::lcg_kv(4, 2 * i), v = testing::lcg_kv(4, 2 * i + 1);
+    const KVView va = a.update(k, v, 4 * i), vc = c.update(k, v, 4 * i), vp = plain.update(k, v, 4 * i);
+    ASSERT_TRUE(testing::compare_views(va, vc) == "") << "chunk " << i;
+    differs_from_plain |= testing::compare_views(va, vp) != "";
+  }
+  EXPECT_TRUE(differs_from_plain);  // the offset matters, so the check above can fail
+  // A dense cache with an offset is 1.2 too, and refuses another offset.
+  CacheOptions d = testing::small_cache_options();
+  d.head_offset = 3;
+  DenseCausalCache dc(d);
+  EXPECT_EQ(inspect_snapshot_bytes(dc.snapshot_bytes()).minor, 2);
+  SnapshotExpectation y;
+  y.options = testing::small_cache_options();
+  const std::string m = error_of([&] { (void)DenseCausalCache::from_snapshot_bytes(dc.snapshot_bytes(), y); },
+                                 ErrorKind::InvalidArgument);
+  EXPECT_NE(m.find("head_offset = 3, the caller expects 0"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -17,10 +17,11 @@
 namespace qvg {
 
 /// The newest snapshot format this build reads and writes (docs/snapshot.md,
-/// "Versions"). A cache that needs nothing of 1.1 (incremental spans, a span break
-/// ratio) is written as format 1.0, byte for byte what a 1.0 writer wrote.
+/// "Versions"). A writer writes the lowest version its cache needs: 1.2 for a
+/// head_offset other than 0, 1.1 for incremental spans or a span break ratio, else
+/// 1.0, byte for byte what a 1.0 writer wrote.
 inline constexpr uint16_t kSnapshotMajor = 1;
-inline constexpr uint16_t kSnapshotMinor = 1;
+inline constexpr uint16_t kSnapshotMinor = 2;
 
 /// One section of a snapshot, as its table lists it.
 struct SnapshotSectionInfo {

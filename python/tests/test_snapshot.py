@@ -118,6 +118,28 @@ def test_another_configuration_is_refused_naming_the_field(tmp_path):
         qt.QVGPackedCausalKVCache.load(tmp_path / "x.qvgs", **kwargs(QUANTS[1], sink=0))
 
 
+def test_a_head_shard_keeps_its_head_offset(tmp_path):
+    # A shard's encodings draw its global heads' PRNG streams (init="random"): the
+    # snapshot stores head_offset (format 1.2), the loaded cache continues bit for bit,
+    # and a caller expecting another offset is refused naming the field.
+    quant = qt.QVGKVQuantArgs(bits=2, centroids=4, block_size=8, keep_recent_chunks=0, init="random")
+    a = qt.QVGPackedCausalKVCache(**kwargs(quant), head_offset=3)
+    g = torch.Generator().manual_seed(9)
+    for c in range(0, 24, 8):
+        step(a, g, c, 8, None, torch.bfloat16)
+    a.save(tmp_path / "shard.qvgs")
+    with pytest.raises(ValueError, match=r"the snapshot's cache has head_offset = 3, the caller expects 0"):
+        qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant))
+    b = qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant), head_offset=3)
+    for c in range(24, 64, 8):
+        k = torch.randn(B, 8, H, D, generator=g).to(torch.bfloat16)
+        v = torch.randn(B, 8, H, D, generator=g).to(torch.bfloat16)
+        va = a.update_and_get_attention_kv(key=k, value=v, current_chunk_start=c)
+        vb = b.update_and_get_attention_kv(key=k.clone(), value=v.clone(), current_chunk_start=c)
+        assert bits_equal(va.k, vb.k) and bits_equal(va.v, vb.v)
+    assert a.snapshot_bytes() == b.snapshot_bytes()
+
+
 def test_damaged_bytes_are_value_errors_naming_the_section(tmp_path):
     a = qt.QVGPackedCausalKVCache(**kwargs(QUANTS[1]))
     g = torch.Generator().manual_seed(1)

@@ -9,9 +9,9 @@
 //   sections in table order, tiling the rest of the file exactly (no gap, no padding)
 // Sections: config, state, then buffer_k, buffer_v (dense) or span 0..m-1 (the
 // codebooks of incremental spans, format 1.1), segment 0..n-1, and warm_k, warm_v
-// when the cache holds warm-start codebooks (packed). A writer writes format 1.0
-// unless the cache needs an addition of 1.1 (span_mode = incremental, or a
-// span_break_ratio other than 0).
+// when the cache holds warm-start codebooks (packed). A writer writes the lowest
+// format its cache needs: 1.2 for a head_offset other than 0, else 1.1 for a packed
+// cache with span_mode = incremental or a span_break_ratio other than 0, else 1.0.
 //
 // Reading validates everything before anything is built: the header and table
 // (magic, version, byte order, sizes, tiling, checksum), each section's checksum
@@ -312,7 +312,7 @@ void put_encoded(SectionOut& s, const EncodedTensor& e, Arrays which) {
     if (holds(which, a)) s.ref(e.array(a));
 }
 
-void put_options(KvWriter& kv, const char* cache, const CacheOptions& o) {
+void put_options(KvWriter& kv, const char* cache, const CacheOptions& o, uint16_t minor) {
   kv.str("cache", cache);
   kv.str("device", "cpu");
   kv.i64("batch", o.batch);
@@ -323,15 +323,18 @@ void put_options(KvWriter& kv, const char* cache, const CacheOptions& o) {
   kv.i64("sink_tokens", o.sink_tokens);
   kv.opt_i64("attention_window_size", o.attention_window_size);
   kv.boolean("allow_growth", o.allow_growth);
+  if (minor >= 2) kv.i64("head_offset", o.head_offset);  // format 1.2
 }
 
-// Whether a packed cache needs format 1.1 (else it is written as 1.0, byte for byte
-// what a 1.0 writer wrote).
-bool needs_1_1(const QuantArgs& q) {
-  return q.span_mode == SpanMode::Incremental || q.span_break_ratio != 0;
+// The lowest minor version that holds a cache of these settings (a 1.0 file is byte
+// for byte what a 1.0 writer wrote).
+uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
+  if (o.head_offset != 0) return 2;
+  if (q && (q->span_mode == SpanMode::Incremental || q->span_break_ratio != 0)) return 1;
+  return 0;
 }
 
-void put_quant(KvWriter& kv, const QuantArgs& q) {
+void put_quant(KvWriter& kv, const QuantArgs& q, uint16_t minor) {
   kv.opt_i64("bits", q.bits ? std::optional<int64_t>(*q.bits) : std::nullopt);
   kv.i64("centroids", q.centroids);
   kv.i64("block_size", q.block_size);
@@ -343,7 +346,7 @@ void put_quant(KvWriter& kv, const QuantArgs& q) {
   kv.str("sink_span", name(q.sink_span));
   kv.i64("sink_keep_chunks", q.sink_keep_chunks);
   kv.i64("span_chunks", q.span_chunks);
-  if (needs_1_1(q)) {  // format 1.1
+  if (minor >= 1) {  // format 1.1
     kv.str("span_mode", name(q.span_mode));
     kv.real("span_break_ratio", q.span_break_ratio);
   }
@@ -368,9 +371,16 @@ std::vector<SectionOut> head_sections(const KvWriter& config, const KvWriter& st
   return out;
 }
 
+uint16_t minor_of(const detail::DenseStateRef& st) {
+  return minor_needed(st.options, nullptr);
+}
+uint16_t minor_of(const detail::PackedStateRef& st) {
+  return minor_needed(st.options, &st.quant);
+}
+
 std::vector<SectionOut> sections_of(const detail::DenseStateRef& st) {
   KvWriter cfg, state;
-  put_options(cfg, "dense", st.options);
+  put_options(cfg, "dense", st.options, minor_of(st));
   state.i64("cache_size", st.cache_size);
   state.i64("attention_window_size", st.window);
   state.i64("global_end", st.global_end);
@@ -385,18 +395,12 @@ std::vector<SectionOut> sections_of(const detail::DenseStateRef& st) {
   return out;
 }
 
-uint16_t minor_of(const detail::DenseStateRef&) {
-  return 0;
-}
-uint16_t minor_of(const detail::PackedStateRef& st) {
-  return needs_1_1(st.quant) ? 1 : 0;
-}
 
 std::vector<SectionOut> sections_of(const detail::PackedStateRef& st) {
   const bool incremental = st.quant.span_mode == SpanMode::Incremental;
   KvWriter cfg, state;
-  put_options(cfg, "packed", st.options);
-  put_quant(cfg, st.quant);
+  put_options(cfg, "packed", st.options, minor_of(st));
+  put_quant(cfg, st.quant, minor_of(st));
   state.i64("global_end", st.global_end);
   state.opt_i64("chunk_tokens", st.chunk_tokens);
   state.i64("segments", int64_t(st.segments.size()));
@@ -684,6 +688,7 @@ Config parse_config(std::span<const uint8_t> bytes, uint16_t minor) {
   o.sink_tokens = kv.i64("sink_tokens");
   o.attention_window_size = kv.opt_i64("attention_window_size");
   o.allow_growth = kv.boolean("allow_growth");
+  if (minor >= 2) o.head_offset = kv.i64("head_offset");  // format 1.2
   if (c.cache == "packed") {
     QuantArgs q;
     const std::optional<int64_t> bits = kv.opt_i64("bits");
@@ -747,6 +752,7 @@ void check_expectation(const Config& c, const SnapshotExpectation& x) {
     expect_equal("sink_tokens", g.sink_tokens, w.sink_tokens);
     expect_equal("attention_window_size", g.window(), w.window());
     expect_equal("allow_growth", g.allow_growth, w.allow_growth);
+    expect_equal("head_offset", g.head_offset, w.head_offset);
   }
   if (x.quant && c.quant) {
     const QuantArgs &g = *c.quant, &w = *x.quant;
