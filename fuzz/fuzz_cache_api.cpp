@@ -16,8 +16,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "fuzz_support.h"
@@ -81,6 +84,11 @@ Setup make_setup(FuzzedDataProvider& fdp) {
     q.sink_span = fdp.ConsumeBool() ? SinkSpan::Full : SinkSpan::Chunk;
     q.sink_keep_chunks = fdp.ConsumeIntegralInRange<int>(0, 1);
     q.span_chunks = fdp.ConsumeIntegralInRange<int>(1, 3);
+    if (fdp.ConsumeBool()) {  // incremental spans, with or without adaptive boundaries
+      q.span_mode = SpanMode::Incremental;
+      const double ratios[] = {0.0, 1.05, 1.5, 3.0};
+      q.span_break_ratio = ratios[fdp.ConsumeIntegralInRange<int>(0, 3)];
+    }
     q.scaling = fdp.ConsumeBool() ? Scaling::Compat : Scaling::TwoLevel;
     q.scale_dtype = fdp.ConsumeBool() ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
     const Init inits[] = {Init::Random, Init::KMeansPlusPlus, Init::Warm};
@@ -206,13 +214,32 @@ struct PackedSide {
   PackedCausalCache cache, twin;
   testing::PackedModel model;
   testing::KVHistory hist;
+  // Incremental spans: where a chunk starts a new span depends on the data (adaptive
+  // boundaries); the model replays the cache's decisions and checks the rest.
+  std::shared_ptr<std::deque<bool>> joins = std::make_shared<std::deque<bool>>();
   PackedSide(const CacheOptions& opt, const QuantArgs& q)
-      : o(opt), cache(opt, q), twin(opt, q), model(opt, q), hist(opt.batch, opt.heads, opt.head_dim) {}
+      : o(opt), cache(opt, q), twin(opt, q), model(opt, q), hist(opt.batch, opt.heads, opt.head_dim) {
+    model.set_join_decision([j = joins] {
+      if (j->empty()) return true;
+      const bool join = j->front();
+      j->pop_front();
+      return join;
+    });
+  }
 
   void call(const Call& c) {
     const auto want = model.check(c);
+    std::set<int64_t> packed_before;
+    for (size_t i = 0; i < cache.num_segments(); ++i)
+      if (cache.segment(i).packed) packed_before.insert(cache.segment(i).g0);
     const testing::Outcome out = checked_call(cache, c, want, "packed");
     if (out.error) return;
+    joins->clear();
+    for (size_t i = 0; i < cache.num_segments(); ++i) {
+      const auto sg = cache.segment(i);
+      if (sg.span < 0 || packed_before.count(sg.g0)) continue;
+      joins->push_back(i > 0 && cache.segment(i - 1).span == sg.span);
+    }
     twin_call(twin, c, out, "packed");
     const testing::PackedModel::Result r = model.apply(c);
     hist.write(c);
