@@ -5,15 +5,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 jobs=$(nproc)
+# Wall time of each step, printed as it ends and once more at the end (the budgets of
+# the issues are per step: e.g. the fuzz step at most 8 minutes).
+declare -a step_times=()
+step_begin=$SECONDS
+step_done() {
+  local t=$((SECONDS - step_begin))
+  step_times+=("$1: $t s")
+  echo "qvg: step '$1' took $t s"
+  step_begin=$SECONDS
+}
+trap 'if ((${#step_times[@]})); then printf "qvg: step times: %s\n" "$(IFS=";"; echo "${step_times[*]}")"; fi' EXIT
 
 echo "=== qvg: the layers point down only (scripts/check-layers.py) ==="
 python3 scripts/check-layers.py
+step_done "deps and layers"
 
 for preset in ci asan; do
   echo "=== qvg: configure, build and test the '$preset' preset ==="
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
   ctest --preset "$preset"
+  step_done "$preset"
 done
 
 # The libFuzzer targets (a separate clang 14 build with ASan + UBSan, the 'fuzz' preset):
@@ -21,6 +34,7 @@ done
 # a crash fails the run and prints the reproducer (docs/reliability.md).
 echo "=== qvg: fuzz targets (clang 14, libFuzzer + ASan + UBSan): corpus replay and seeded runs ==="
 bash scripts/fuzz.sh --ci
+step_done "fuzz"
 
 # The CUDA backend, compile only (no GPU here): sm_90a, warnings as errors, plus its
 # host-side test of the shared kernel arithmetic. The GPU tests run on a device
@@ -31,6 +45,7 @@ if command -v nvcc >/dev/null; then
   cmake --preset cuda-compile >/dev/null
   cmake --build --preset cuda-compile -j "$jobs"  # every target of the preset: library, host tests, GPU binaries, CLI
   ctest --preset cuda-compile
+  step_done "cuda-compile"
 else
   echo "=== qvg: nvcc not found (PATH, /usr/local/cuda/bin): CUDA backend compile step skipped ==="
 fi
@@ -39,3 +54,4 @@ fi
 # virtual environment with torch from PyPI, then its pytest suite (scripts/python.sh).
 echo "=== qvg: the Python package: pip install into build/venv and pytest ==="
 bash scripts/python.sh
+step_done "python"
