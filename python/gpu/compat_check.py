@@ -23,8 +23,16 @@ as scripts/gpu-check --python builds it) and quant-videogen: the installed packa
 the wheel shipped in python/gpu/wheels/ (with termcolor), extracted to a temporary
 directory and imported without the package's ``__init__`` (which needs loguru).
 
-Usage: python3 python/gpu/compat_check.py [--seeds 5] [--preset NAME] [--scale 0.25]
-       [--chunk 2] [--layer 0] [--out FILE]
+With ``--device cpu`` the same comparison runs without a GPU: the reference's own
+Triton kernels under Triton's interpreter (python/tests/reference_cpu.py says what is
+mended there). The interpreter computes bf16 arithmetic on raw bit patterns, so on the
+CPU the reference quantizes the float32 copy of each bf16 K/V tensor, and the ratio
+compares it with qvg's encoding of that same float32 tensor (qvg's bf16 encodings are
+reported beside it); the dict checks compare float32 outputs bit for bit (``max_ulp``
+is then in float32 ulps). Takes about 2 minutes per (bits, seed) on a 2-core machine.
+
+Usage: python3 python/gpu/compat_check.py [--device cuda|cpu] [--seeds 5] [--preset NAME]
+       [--scale 0.25] [--chunk 2] [--layer 0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -78,8 +86,16 @@ def max_ulp_bf16(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((ia - ib).abs().max())
 
 
+def max_ulp_f32(a: torch.Tensor, b: torch.Tensor) -> int:
+    ia = a.contiguous().float().view(torch.int32).long()
+    ib = b.contiguous().float().view(torch.int32).long()
+    return int((ia - ib).abs().max())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="where the reference runs (cpu: Triton's interpreter, float32 input)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--preset", default=None, help="workload preset (default: the first)")
     ap.add_argument("--scale", type=float, default=0.25)
@@ -96,55 +112,74 @@ def main() -> int:
         print(json.dumps(summary, indent=2))
         return rc
 
-    if not torch.cuda.is_available():
+    cpu = a.device == "cpu"
+    if not cpu and not torch.cuda.is_available():
         summary["error"] = "no CUDA device"
         return finish(2)
     import qvg.torch as qt
     from qvg import _C
 
     try:
-        quantize, dequantize, how = load_reference()
+        if cpu:
+            sys.path.insert(0, str(HERE.parent / "tests"))
+            import reference_cpu  # type: ignore[import-not-found]
+
+            quantize, dequantize, how = reference_cpu.load()
+        else:
+            quantize, dequantize, how = load_reference()
     except Exception as e:  # noqa: BLE001
         summary["error"] = f"quant-videogen not importable: {type(e).__name__}: {e}"
         return finish(2)
     import triton
 
     preset = a.preset or _C.workload_presets()[0]
-    summary.update(reference=how, torch=torch.__version__, triton=triton.__version__, preset=preset, scale=a.scale,
+    dev = "cpu" if cpu else "cuda"
+    # The dtype the reference quantizes (and the ratio's qvg encodes): the engine's bf16
+    # on the GPU; on the CPU the float32 copy (the interpreter's bf16 arithmetic is wrong).
+    rdt = torch.float32 if cpu else torch.bfloat16
+    out_dt = torch.float32 if cpu else torch.bfloat16
+    max_ulp = max_ulp_f32 if cpu else max_ulp_bf16
+    summary.update(reference=how, device=dev, reference_input_dtype=str(rdt).replace("torch.", ""),
+                   torch=torch.__version__, triton=triton.__version__, preset=preset, scale=a.scale,
                    chunk=a.chunk, layer=a.layer, seeds=a.seeds,
                    config="centroids 128, block 64, 1 stage, 2 iters, symmetric, fp8 scales; qvg scaling compat")
     results: dict[str, Any] = {}
     ok = True
     t0 = time.time()
     for bits in (2, 4):
-        per: dict[str, list] = {"qvg": [], "ref": [], "ulp_ref_dict_by_qvg": [], "ulp_qvg_dict_by_ref": []}
+        per: dict[str, list] = {"qvg": [], "ref": [], "qvg_bf16": [], "ulp_ref_dict_by_qvg": [],
+                                "ulp_qvg_dict_by_ref": []}
         for seed in range(a.seeds):
             k, v = _C.workload_kv(preset, a.layer, a.chunk, seed, a.scale)
-            for name, x in (("K", k), ("V", v)):
+            for name, xb16 in (("K", k), ("V", v)):
+                print(f"compat_check: int{bits} seed {seed} {name} ({time.time() - t0:.0f} s)", file=sys.stderr,
+                      flush=True)
+                x = xb16.to(rdt)
                 q = qt.QVGKVQuantArgs(bits=bits, centroids=128, block_size=64, stages=1, kmeans_iters=2,
                                       asymmetric=False, scaling="compat", scale_dtype="fp8_e4m3", seed=1234 + seed)
                 enc = qt.encode(x, q)
                 ours = qt.decode(enc)
                 per["qvg"].append(rel_mse(ours, x))
-                xb = x.permute(0, 2, 1, 3).contiguous().cuda()
-                with torch.random.fork_rng(devices=[xb.device]):
+                per["qvg_bf16"].append(rel_mse(qt.decode(qt.encode(xb16, q)), xb16))
+                xr = x.permute(0, 2, 1, 3).contiguous().to(dev)
+                with torch.random.fork_rng(devices=[] if cpu else [xr.device]):
                     torch.manual_seed(1234 + seed)
-                    packed = quantize(xb, num_stages=1, num_clusters=128, block_size=64, max_iters=2,
+                    packed = quantize(xr, num_stages=1, num_clusters=128, block_size=64, max_iters=2,
                                       quantize_fn=lambda _t, b=bits: b, asymmetric=False)
-                ref_dec = dequantize(packed, 64, bits, output_dtype=torch.bfloat16)
+                ref_dec = dequantize(packed, 64, bits, output_dtype=out_dt)
                 per["ref"].append(rel_mse(ref_dec.cpu(), x.permute(0, 2, 1, 3)))
                 # the reference's dict decoded by qvg
                 cpu_packed = {key: ([t.cpu() for t in val] if isinstance(val, list) else
                                     (val.cpu() if isinstance(val, torch.Tensor) else val))
                               for key, val in packed.items()}
                 by_qvg = qt.decode(qt.from_reference(cpu_packed, 64, bits)).permute(0, 2, 1, 3)
-                per["ulp_ref_dict_by_qvg"].append(max_ulp_bf16(by_qvg, ref_dec.cpu()))
-                # qvg's encoding decoded by the reference on the GPU
-                ref_of_ours = {key: ([t.cuda() for t in val] if isinstance(val, list) else
-                                     (val.cuda() if isinstance(val, torch.Tensor) else val))
+                per["ulp_ref_dict_by_qvg"].append(max_ulp(by_qvg, ref_dec.cpu()))
+                # qvg's encoding decoded by the reference
+                ref_of_ours = {key: ([t.to(dev) for t in val] if isinstance(val, list) else
+                                     (val.to(dev) if isinstance(val, torch.Tensor) else val))
                                for key, val in qt.to_reference(enc).items()}
-                by_ref = dequantize(ref_of_ours, 64, bits, output_dtype=torch.bfloat16).cpu()
-                per["ulp_qvg_dict_by_ref"].append(max_ulp_bf16(by_ref, ours.permute(0, 2, 1, 3)))
+                by_ref = dequantize(ref_of_ours, 64, bits, output_dtype=out_dt).cpu()
+                per["ulp_qvg_dict_by_ref"].append(max_ulp(by_ref, ours.permute(0, 2, 1, 3)))
         mq = sum(per["qvg"]) / len(per["qvg"])
         mr = sum(per["ref"]) / len(per["ref"])
         ratio = mq / mr if mr > 0 else float("inf")
@@ -152,6 +187,7 @@ def main() -> int:
         ok = ok and passed
         results[f"int{bits}"] = {
             "qvg_rel_mse_mean": mq, "ref_rel_mse_mean": mr, "ratio": ratio, "ratio_limit": 1.02,
+            "qvg_bf16_rel_mse_mean": sum(per["qvg_bf16"]) / len(per["qvg_bf16"]),
             "max_ulp_ref_dict_decoded_by_qvg": max(per["ulp_ref_dict_by_qvg"]),
             "max_ulp_qvg_dict_decoded_by_ref": max(per["ulp_qvg_dict_by_ref"]),
             "per_tensor": per, "passed": passed,
