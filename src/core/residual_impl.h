@@ -97,6 +97,30 @@ QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_e
   return add_rn(mul_rn(int_to_float(code), s_eff), z_eff);
 }
 
+// ---- the encoder's scale search (issue 16, ScaleSearch::Mse) ------------------------
+// Only the encoder's choice of the stored scale (and zero) changes; decode is spec 1.3.
+// Scalar on purpose: every candidate is evaluated with the decode's own separately
+// rounded fp32 operations and its squared error summed in fp64 in channel order, so
+// the choice (and the bytes) are the same on every SIMD target, GPU or thread count.
+
+/// Candidates: the block's range shrunk by the factor 1 - k/20, k = 0..kScaleSearchSteps-1
+/// (1.0 down to 0.30); k = 0 is the `off` choice (spec 1.2) itself.
+inline constexpr int kScaleSearchSteps = 15;
+/// The shrink factor of candidate k (exact in fp32 for k = 0: 1.0f).
+QVG_HD float scale_search_factor(int k) { return div_rn(int_to_float(20 - k), 20.0f); }
+
+/// Sum over the n channels of a block of (x - dequant(quantize(x)))^2, in fp64, with
+/// the effective scale and zero given: the squared error the decoder will give.
+QVG_HD double block_sq_error(const float* x, int64_t n, int qmax, bool asymmetric, float s_eff, float z_eff) {
+  double e = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = quantize_code(x[i], qmax, asymmetric, s_eff, z_eff);
+    const double d = double(sub_rn(x[i], dequant(c, qmax, asymmetric, s_eff, z_eff)));
+    e += d * d;
+  }
+  return e;
+}
+
 /// Code of channel i of a packed row (spec 1.5 order: int4 byte j = code[2j] << 4 |
 /// code[2j+1]; int2 byte j = code[4j] << 6 | code[4j+1] << 4 | code[4j+2] << 2 | code[4j+3]).
 QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) {

@@ -68,6 +68,15 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
       ->type_name("NAME")
       ->default_str("two_level");
   cmd.add_option_function<std::string>(
+         "--scale-search",
+         [&cfg](const std::string& v) {
+           cfg.scale_search = named("--scale-search", [&] { return parse_scale_search(v); });
+         },
+         "the encoder's choice of each block's stored scale: off (the block maximum, spec 1.2) | mse (the "
+         "least-squared-error candidate among shrunk ranges; same stored form, docs/quality.md)")
+      ->type_name("NAME")
+      ->default_str("off");
+  cmd.add_option_function<std::string>(
          "--init",
          [&cfg](const std::string& v) {
            if (v == "warm")
