@@ -30,7 +30,9 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   // (Block maxima and minima come from the SIMD kernels; the rest is per block.)
   std::vector<float> raw_s(static_cast<size_t>(S * nb)), raw_z(asym ? size_t(S * nb) : 0);
   std::vector<float> hi(asym ? size_t(S * nb) : 0);  // block maxima (asymmetric)
-  auto hi_of_block = [&](size_t i) { return hi[i]; };
+  // The scale search's candidates: stored bits, effective values, errors.
+  std::vector<uint32_t> cand_s(R::kScaleSearchSteps), cand_z(R::kScaleSearchSteps);
+  std::vector<float> cand_se(R::kScaleSearchSteps), cand_ze(R::kScaleSearchSteps), cand_err(R::kScaleSearchSteps);
   float max_s = 0, max_z = 0;
   if (!asym) {
     kernels::block_absmax(r, S * nb, bs, raw_s.data());
@@ -69,32 +71,33 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
       // Candidates shrink the block's range (symmetric: [-absmax, absmax]; asymmetric:
       // [lo, hi] about its centre); the factors stay those of the `off` choice, so a
       // candidate's stored values are what the decoder reads. Candidates whose stored
-      // bits equal the previous one's are skipped (same error).
-      const float* x = r + int64_t(i) * bs;
-      double best = R::block_sq_error(x, bs, qmax, asym, se, ze);
-      uint32_t prev_s = s_bits, prev_z = z_bits;
-      const float range = asym ? R::sub_rn(hi_of_block(i), raw_z[i]) : 0.0f;
-      for (int k = 1; k < R::kScaleSearchSteps && best > 0.0; ++k) {
+      // bits equal the previous one's are skipped (same error). The errors come from
+      // the SIMD kernel (the same bits on every target); the first least one wins.
+      int m = 0;
+      for (int k = 0; k < R::kScaleSearchSteps; ++k) {
         const float f = R::scale_search_factor(k);
         const float cs = R::mul_rn(raw_s[i], f);
         // z = lo + range * (1 - f) / 2: the shrunk range keeps the block's centre.
-        const float cz = asym ? R::add_rn(raw_z[i], R::mul_rn(range, R::mul_rn(R::sub_rn(1.0f, f), 0.5f))) : 0.0f;
+        const float cz = asym ? R::add_rn(raw_z[i], R::mul_rn(R::sub_rn(hi[i], raw_z[i]),
+                                                               R::mul_rn(R::sub_rn(1.0f, f), 0.5f)))
+                              : 0.0f;
         const uint32_t cs_bits = R::store_format(R::to_store(cs, divide, g), fp8);
         const uint32_t cz_bits = asym ? R::store_format(R::to_store(cz, divide, gz), fp8) : 0u;
-        if (cs_bits == prev_s && cz_bits == prev_z) continue;
-        prev_s = cs_bits;
-        prev_z = cz_bits;
-        const float cse = R::effective(R::format_value(cs_bits, fp8), g);
-        const float cze = asym ? R::effective(R::format_value(cz_bits, fp8), gz) : 0.0f;
-        const double e = R::block_sq_error(x, bs, qmax, asym, cse, cze);
-        if (e < best) {
-          best = e;
-          s_bits = cs_bits;
-          z_bits = cz_bits;
-          se = cse;
-          ze = cze;
-        }
+        if (m > 0 && cs_bits == cand_s[size_t(m - 1)] && cz_bits == cand_z[size_t(m - 1)]) continue;
+        cand_s[size_t(m)] = cs_bits;
+        cand_z[size_t(m)] = cz_bits;
+        cand_se[size_t(m)] = R::effective(R::format_value(cs_bits, fp8), g);
+        cand_ze[size_t(m)] = asym ? R::effective(R::format_value(cz_bits, fp8), gz) : 0.0f;
+        ++m;
       }
+      kernels::block_errors(r + int64_t(i) * bs, bs, qmax, asym, cand_se.data(), cand_ze.data(), m, cand_err.data());
+      int best = 0;
+      for (int k = 1; k < m; ++k)
+        if (cand_err[size_t(k)] < cand_err[size_t(best)]) best = k;
+      s_bits = cand_s[size_t(best)];
+      z_bits = cand_z[size_t(best)];
+      se = cand_se[size_t(best)];
+      ze = cand_ze[size_t(best)];
     }
     R::put_stored(enc.scales.data(), fp8, si, s_bits);
     s_eff[i] = se;
