@@ -111,6 +111,11 @@ struct RoleCodec {
   bool operator==(const RoleCodec&) const = default;
 };
 
+/// Parses "bits=4,asymmetric=true,centroids=64" (fields as the flag suffixes: bits,
+/// centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling,
+/// scale_search); "" is empty. Throws InvalidArgument naming `what` (e.g. "--k-config").
+RoleCodec parse_role_codec(std::string_view spec, std::string_view what);
+
 /// The engine's QVGKVQuantArgs plus qvg's extensions (spec 2).
 struct QuantArgs {
   std::optional<int> bits;      ///< nullopt = quantization off (every segment stays raw)

@@ -290,7 +290,48 @@ bool parse_bool_flag(const std::string& key, const std::string& v) {
   throw InvalidArgument(fmt::format("{} must be a boolean (true/false/1/0), got '{}'", key, v));
 }
 
+
+// One per-role codec field (f = "_bits", "_centroids", ...) of a RoleCodec; false if
+// f names none. `key` names the setting in messages.
+bool set_role_field(RoleCodec& r, const std::string& key, const std::string& f, const std::string& value) {
+  if (f == "_bits") {
+    if (value == "2" || value == "int2") r.bits = 2;
+    else if (value == "4" || value == "int4") r.bits = 4;
+    else throw InvalidArgument(fmt::format("{} must be 2, 4, int2 or int4, got '{}'", key, value));
+  } else if (f == "_centroids") r.centroids = parse_int32_flag(key, value);
+  else if (f == "_block_size") r.block_size = parse_int32_flag(key, value);
+  else if (f == "_stages") r.stages = parse_int32_flag(key, value);
+  else if (f == "_iters") r.kmeans_iters = parse_int32_flag(key, value);
+  else if (f == "_asymmetric") r.asymmetric = parse_bool_flag(key, value);
+  else if (f == "_scale_dtype") r.scale_dtype = parse_scale_dtype(value);
+  else if (f == "_scaling") r.scaling = parse_scaling(value);
+  else if (f == "_scale_search") r.scale_search = parse_scale_search(value);
+  else return false;
+  return true;
+}
+
 }  // namespace
+
+RoleCodec parse_role_codec(std::string_view spec, std::string_view what) {
+  RoleCodec r;
+  size_t i = 0;
+  const std::string sp(spec);
+  while (i < sp.size()) {
+    size_t j = sp.find(',', i);
+    if (j == std::string::npos) j = sp.size();
+    const std::string item = sp.substr(i, j - i);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw InvalidArgument(fmt::format("{} must be a list of field=value separated by commas, got '{}'", what, sp));
+    const std::string field = item.substr(0, eq), value = item.substr(eq + 1);
+    if (!set_role_field(r, fmt::format("{} field '{}'", what, field), "_" + field, value))
+      throw InvalidArgument(fmt::format("{}: unknown field '{}'; accepted: bits, centroids, block_size, stages, iters, "
+                                        "asymmetric, scale_dtype, scaling, scale_search",
+                                        what, field));
+    i = j + 1;
+  }
+  return r;
+}
 
 QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags) {
   QuantArgs a;
@@ -317,22 +358,6 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     a.apply_profile(pf->second);
     a.bits = mode_bits;  // kv_cache_quant decides whether (and at which width) quantization runs
   }
-  auto role_field = [](RoleCodec& r, const std::string& key, const std::string& f, const std::string& value) {
-    if (f == "_bits") {
-      if (value == "2" || value == "int2") r.bits = 2;
-      else if (value == "4" || value == "int4") r.bits = 4;
-      else throw InvalidArgument(fmt::format("{} must be 2, 4, int2 or int4, got '{}'", key, value));
-    } else if (f == "_centroids") r.centroids = parse_int32_flag(key, value);
-    else if (f == "_block_size") r.block_size = parse_int32_flag(key, value);
-    else if (f == "_stages") r.stages = parse_int32_flag(key, value);
-    else if (f == "_iters") r.kmeans_iters = parse_int32_flag(key, value);
-    else if (f == "_asymmetric") r.asymmetric = parse_bool_flag(key, value);
-    else if (f == "_scale_dtype") r.scale_dtype = parse_scale_dtype(value);
-    else if (f == "_scaling") r.scaling = parse_scaling(value);
-    else if (f == "_scale_search") r.scale_search = parse_scale_search(value);
-    else return false;
-    return true;
-  };
   for (const auto& [key, value] : flags) {
     if (key == "kv_cache_quant") continue;
     if (key == "kv_cache_quant_profile") continue;  // applied above
@@ -356,8 +381,8 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else if (f == "_init") a.init = parse_init(value);
     else if (f == "_seed") a.seed = parse_seed_flag(key, value);
     else if (f == "_scale_search") a.scale_search = parse_scale_search(value);
-    else if (f.rfind("_k_", 0) == 0 && role_field(a.k, key, f.substr(2), value)) continue;
-    else if (f.rfind("_v_", 0) == 0 && role_field(a.v, key, f.substr(2), value)) continue;
+    else if (f.rfind("_k_", 0) == 0 && set_role_field(a.k, key, f.substr(2), value)) continue;
+    else if (f.rfind("_v_", 0) == 0 && set_role_field(a.v, key, f.substr(2), value)) continue;
     else
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
