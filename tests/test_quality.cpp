@@ -18,6 +18,8 @@
 #include "support/data.h"
 
 namespace qvg {
+using testing::random_tensor;
+
 namespace {
 
 std::vector<float> as_f32(const Tensor& t) {
@@ -63,7 +65,7 @@ TEST(ScaleSearch, OffIsTheDefaultAndChangesNoByte) {
 TEST(ScaleSearch, WithinTheBoundAndNeverWorseThanTheBlockMaximum) {
   for (uint64_t seed : {1u, 2u, 3u})
     for (const Case& k : all_cases()) {
-      SCOPED_TRACE(testing::Message() << "bits " << k.bits << " asym " << k.asym << " scaling " << name(k.scaling)
+      SCOPED_TRACE(::testing::Message() << "bits " << k.bits << " asym " << k.asym << " scaling " << name(k.scaling)
                                       << " scales " << name(k.sd) << " seed " << seed);
       const Tensor x = v_like(seed);
       CodecConfig off;
@@ -228,7 +230,7 @@ TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem
     c.update(k.view(), v.view(), 16 * i);
   }
   ASSERT_GE(c.num_segments(), 2u);
-  const SegmentInfo s = c.segment(0);
+  const auto s = c.segment(0);
   ASSERT_TRUE(s.packed);
   EXPECT_EQ(s.k_enc->bits, 4);
   EXPECT_FALSE(s.k_enc->asymmetric);
@@ -240,14 +242,19 @@ TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem
   ASSERT_GE(bytes.size(), 12u);
   EXPECT_EQ(bytes[10] | (bytes[11] << 8), 3);
   PackedCausalCache l = PackedCausalCache::from_snapshot_bytes(bytes);
-  EXPECT_EQ(l.debug_state(), c.debug_state());
+  auto same = [](const PackedCausalCache& x, const PackedCausalCache& y) {
+    auto a = x.debug_state(), b = y.debug_state();
+    a.view_scratch.clear(), b.view_scratch.clear();
+    a.peak_transient_nbytes = b.peak_transient_nbytes = 0;
+    return a == b;
+  };
+  EXPECT_TRUE(same(l, c));
+  // Both encode the next chunk alike (K with K's settings, V with V's).
   const Tensor k = random_tensor({1, 16, 2, 64}, DType::F32, 99);
   const Tensor v = random_tensor({1, 16, 2, 64}, DType::F32, 98, 50.0f);
-  const KVView a = c.update(k.view(), v.view(), 48);
-  const KVView b = l.update(k.view(), v.view(), 48);
-  EXPECT_EQ(c.debug_state(), l.debug_state());
-  (void)a;
-  (void)b;
+  c.update(k.view(), v.view(), 48);
+  l.update(k.view(), v.view(), 48);
+  EXPECT_TRUE(same(l, c));
   // Without the new settings a snapshot stays 1.0.
   QuantArgs plain;
   plain.bits = 2;
@@ -278,10 +285,11 @@ TEST(Frontier, QuickRunMarksParetoReferenceAndProfile) {
   for (const FrontierPoint& p : r.points) any_pareto = any_pareto || p.pareto;
   EXPECT_TRUE(any_pareto);
   // No Pareto point is dominated.
-  for (const FrontierPoint& p : r.points)
-    if (p.pareto)
-      for (const FrontierPoint& o : r.points)
-        EXPECT_FALSE(o.bits_per_element < p.bits_per_element && o.attention.rel_l2() < p.attention.rel_l2());
+  for (const FrontierPoint& p : r.points) {
+    if (!p.pareto) continue;
+    for (const FrontierPoint& o : r.points)
+      EXPECT_FALSE(o.bits_per_element < p.bits_per_element && o.attention.rel_l2() < p.attention.rel_l2());
+  }
   // Baselines at 2, 3 and 4 bits, two group sizes, three methods.
   int baselines = 0;
   for (const FrontierPoint& p : r.points) baselines += p.method != "qvg";

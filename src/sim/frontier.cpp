@@ -415,6 +415,9 @@ FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(cons
     QuantArgs q;
     q.apply_profile("hq");
     res.profile = eval_qvg(frontier_codec_of(q), "profile", "hq profile");
+    // The descent may have visited it already: it is labelled as the profile.
+    res.points[res.profile].label = "hq profile";
+    res.points[res.profile].stage = "profile";
   }
   if (!cfg.quick) {
     for (const int bits : {2, 4})
