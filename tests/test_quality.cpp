@@ -45,7 +45,9 @@ std::vector<Case> all_cases() {
 }
 
 // V-like data: magnitudes in the hundreds (compat int2 scales saturate at 448).
-Tensor v_like(uint64_t seed) { return random_tensor({1, 200, 2, 64}, DType::F32, seed, 300.0f, 20.0f); }
+Tensor v_like(uint64_t seed) {
+  return random_tensor({1, 200, 2, 64}, DType::F32, seed, 300.0f, 20.0f);
+}
 
 TEST(ScaleSearch, OffIsTheDefaultAndChangesNoByte) {
   const Tensor x = v_like(1);
@@ -66,7 +68,7 @@ TEST(ScaleSearch, WithinTheBoundAndNeverWorseThanTheBlockMaximum) {
   for (uint64_t seed : {1u, 2u, 3u})
     for (const Case& k : all_cases()) {
       SCOPED_TRACE(::testing::Message() << "bits " << k.bits << " asym " << k.asym << " scaling " << name(k.scaling)
-                                      << " scales " << name(k.sd) << " seed " << seed);
+                                        << " scales " << name(k.sd) << " seed " << seed);
       const Tensor x = v_like(seed);
       CodecConfig off;
       off.bits = k.bits;
@@ -207,7 +209,8 @@ TEST(QuantArgsPerRole, MemoryModelCountsEachRole) {
   b.v.bits = 4;
   const MemoryReport r = memory_report(s, b);
   // V's codes double: the difference is V's extra 2 bits per element.
-  EXPECT_EQ(r.packed_context_bytes - base.packed_context_bytes, size_t(s.context_tokens * s.heads * s.head_dim) * 2 / 8);
+  EXPECT_EQ(r.packed_context_bytes - base.packed_context_bytes,
+            size_t(s.context_tokens * s.heads * s.head_dim) * 2 / 8);
 }
 
 TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem) {

@@ -339,7 +339,6 @@ CompareResult compare(const CompareConfig& cfg);
 std::string compare_json(const CompareResult& result, int indent = 2);
 std::string compare_table_text(const CompareResult& result);
 
-
 // ---------------------------------------------------------------------------
 // frontier(): the rate-distortion frontier (issue 16, docs/quality.md). qvg
 // configurations (per-role codec settings and span length) and the baselines at
@@ -379,7 +378,12 @@ struct FrontierConfig {
   /// codebook swept costs at most 0.25 bits per element). 1..1000.
   std::optional<int64_t> context_chunks;
   int layers = 2;
-  int query_stride = 8;
+  int query_stride = 8;  ///< every query_stride-th query of the next chunk: >= 1
+  /// Queries scored per layer at most: the stride grows (from query_stride) until the
+  /// next chunk gives at most this many (attention over the whole window is the costly
+  /// part of an evaluation: LongCat's 24-frame chunks hold 9,360 queries at scale
+  /// 0.25). 0 = no cap.
+  int max_queries = 160;
   uint64_t codec_seed = 1234;
   double bpe_slack = 0.15;  ///< the descent's budget: reference bits per element + this (>= 0)
   int max_rounds = 3;       ///< 1..10
@@ -416,6 +420,7 @@ struct FrontierResult {
   ModelPreset preset;  ///< scaled
   std::vector<int> layers;
   int64_t context_chunks = 0, context_tokens = 0, queries = 0;
+  int query_stride = 0;  ///< the stride used (FrontierConfig::max_queries)
   std::vector<FrontierPoint> points;
   size_t reference = 0, best = 0, profile = 0;  ///< indices: reference default, descent result, hq profile
   double budget_bpe = 0;
@@ -442,15 +447,15 @@ void write_frontier_report(const FrontierResult& r, const std::string& dir);
 /// cache's default), each span's first k-means stage on K and V, seeded at random and
 /// from the previous span's centroids (init warm).
 struct WarmStartFigures {
-  int64_t groups = 0;                ///< (span, tensor, head) k-means runs compared
-  double random_s = 0;               ///< time of random init, 2 iterations (the target)
-  double warm_s_to_target = 0;       ///< time of warm init, the iterations it needed
-  double warm_iters_to_target = 0;   ///< mean iterations warm needs to reach random's 2-iteration inertia
-  int64_t warm_never = 0;            ///< runs where warm did not reach it within 8 iterations
+  int64_t groups = 0;                    ///< (span, tensor, head) k-means runs compared
+  double random_s = 0;                   ///< time of random init, 2 iterations (the target)
+  double warm_s_to_target = 0;           ///< time of warm init, the iterations it needed
+  double warm_iters_to_target = 0;       ///< mean iterations warm needs to reach random's 2-iteration inertia
+  int64_t warm_never = 0;                ///< runs where warm did not reach it within 8 iterations
   double inertia_ratio_equal_iters = 0;  ///< warm / random inertia after 2 iterations each (sums)
   double inertia_ratio_one_iter = 0;     ///< warm after 1 iteration / random after 2
 };
-WarmStartFigures warm_start_figures(const std::string& model, double scale, int layers, int centroids,
-                                    int64_t chunks, uint64_t seed, int threads);
+WarmStartFigures warm_start_figures(const std::string& model, double scale, int layers, int centroids, int64_t chunks,
+                                    uint64_t seed, int threads);
 
 }  // namespace qvg

@@ -85,6 +85,7 @@ void FrontierConfig::validate() const {
     throw InvalidArgument(
         fmt::format("layers must be in 1..{} (the layers of {} at scale {}), got {}", p.layers, p.name, scale, layers));
   if (query_stride < 1) throw InvalidArgument(fmt::format("query_stride must be >= 1, got {}", query_stride));
+  if (max_queries < 0) throw InvalidArgument(fmt::format("max_queries must be >= 0 (0 = no cap), got {}", max_queries));
   if (!(bpe_slack >= 0 && bpe_slack <= 16))
     throw InvalidArgument(fmt::format("bpe_slack must be in [0, 16], got {}", bpe_slack));
   if (max_rounds < 1 || max_rounds > 10)
@@ -129,8 +130,8 @@ Tensor span_round_trip(const Tensor& x, int64_t span_tokens, const CodecConfig& 
   std::optional<EncodedTensor> prev;
   for (int64_t t0 = 0; t0 < sh.s; t0 += span_tokens) {
     const int64_t n = std::min(span_tokens, sh.s - t0);
-    const ConstTensorView part{static_cast<const std::byte*>(x.data()) + size_t(t0) * row, x.dtype(),
-                               {1, n, sh.h, sh.d}};
+    const ConstTensorView part{
+        static_cast<const std::byte*>(x.data()) + size_t(t0) * row, x.dtype(), {1, n, sh.h, sh.d}};
     auto t = clock_type::now();
     EncodedTensor e = encode(part, cfg, cfg.init == Init::Warm && prev ? &*prev : nullptr);
     enc_s += sim::seconds_since(t);
@@ -201,7 +202,9 @@ struct Knob {
   std::function<void(FrontierCodec&, const std::string&)> set;
 };
 
-int to_int(const std::string& s) { return std::stoi(s); }
+int to_int(const std::string& s) {
+  return std::stoi(s);
+}
 
 std::vector<Knob> knobs(bool quick) {
   std::vector<Knob> out;
@@ -218,7 +221,8 @@ std::vector<Knob> knobs(bool quick) {
                      set(c.v, v);
                    }});
   };
-  both_knob("scaling", {"compat", "two_level"}, [](CodecConfig& c, const std::string& v) { c.scaling = parse_scaling(v); });
+  both_knob("scaling", {"compat", "two_level"},
+            [](CodecConfig& c, const std::string& v) { c.scaling = parse_scaling(v); });
   role_knob("scale_search", {"off", "mse"},
             [](CodecConfig& c, const std::string& v) { c.scale_search = parse_scale_search(v); });
   role_knob("asymmetric", {"false", "true"}, [](CodecConfig& c, const std::string& v) { c.asymmetric = v == "true"; });
@@ -236,8 +240,10 @@ std::vector<Knob> knobs(bool quick) {
   out.push_back({"span", {"all", "4", "1", "4+warm", "1+warm"}, [](FrontierCodec& c, const std::string& v) {
                    c.span_chunks = v.rfind("all", 0) == 0 ? 0 : to_int(v);
                    const bool warm = v.find("+warm") != std::string::npos;
-                   if (warm) c.k.init = c.v.init = Init::Warm;
-                   else if (c.k.init == Init::Warm) c.k.init = c.v.init = Init::Random;
+                   if (warm)
+                     c.k.init = c.v.init = Init::Warm;
+                   else if (c.k.init == Init::Warm)
+                     c.k.init = c.v.init = Init::Random;
                  }});
   return out;
 }
@@ -308,6 +314,11 @@ FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(cons
   const int64_t ctx_frames = res.context_chunks * p.frames_per_chunk;
   res.context_tokens = ctx_frames * p.tokens_per_frame();
 
+  res.query_stride = cfg.query_stride;
+  if (cfg.max_queries > 0) {
+    const int64_t ct = p.chunk_tokens();
+    while ((ct + res.query_stride - 1) / res.query_stride > cfg.max_queries) ++res.query_stride;
+  }
   std::vector<LayerData> data;
   GenerateParts ctx_parts;
   ctx_parts.k_pre_rope = false;
@@ -319,7 +330,7 @@ FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(cons
     LayerChunk ctx = w.generate_frames(layer, 0, ctx_frames, ctx_parts);
     LayerChunk cur = w.generate_frames(layer, ctx_frames, p.frames_per_chunk, cur_parts);
     LayerData d;
-    d.q = sim::subsample_tokens(cur.q.view(), cfg.query_stride);
+    d.q = sim::subsample_tokens(cur.q.view(), res.query_stride);
     res.queries = d.q.shape().s;
     const Tensor k_all = sim::concat_tokens(ctx.k.view(), cur.k.view());
     const Tensor v_all = sim::concat_tokens(ctx.v.view(), cur.v.view());
@@ -331,8 +342,9 @@ FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(cons
     d.v_cur = std::move(cur.v);
     data.push_back(std::move(d));
   }
-  say(fmt::format("frontier: {} at scale {}: {} layers, {} context tokens ({} chunks), {} queries", p.name, cfg.scale,
-                  res.layers.size(), res.context_tokens, res.context_chunks, res.queries));
+  say(fmt::format("frontier: {} at scale {}: {} layers, {} context tokens ({} chunks), {} queries (every {}-th)",
+                  p.name, cfg.scale, res.layers.size(), res.context_tokens, res.context_chunks, res.queries,
+                  res.query_stride));
   Evaluator ev{cfg, p, data, p.chunk_tokens(), elements};
 
   // Every qvg configuration evaluated once (keyed by its full description).
@@ -499,11 +511,16 @@ std::string frontier_json(const FrontierResult& r, int indent) {
   nlohmann::ordered_json j;
   j["format"] = "qvg.frontier/1";
   const ModelPreset& p = r.preset;
-  j["workload"] = {{"model", r.config.model},       {"scale", r.config.scale},
-                   {"seed", r.config.seed},         {"layers_scored", r.layers},
-                   {"heads", p.heads},              {"head_dim", p.head_dim},
-                   {"chunk_tokens", p.chunk_tokens()}, {"context_chunks", r.context_chunks},
-                   {"context_tokens", r.context_tokens}, {"query_stride", r.config.query_stride},
+  j["workload"] = {{"model", r.config.model},
+                   {"scale", r.config.scale},
+                   {"seed", r.config.seed},
+                   {"layers_scored", r.layers},
+                   {"heads", p.heads},
+                   {"head_dim", p.head_dim},
+                   {"chunk_tokens", p.chunk_tokens()},
+                   {"context_chunks", r.context_chunks},
+                   {"context_tokens", r.context_tokens},
+                   {"query_stride", r.query_stride},
                    {"queries", r.queries}};
   j["search"] = {{"strategy",
                   "coordinate descent from the reference default: per round, each knob's values with the others "
@@ -531,7 +548,8 @@ std::string frontier_json(const FrontierResult& r, int indent) {
       o["config"] = q.codec.describe(true);
       o["k"] = codec_json(q.codec.k);
       o["v"] = codec_json(q.codec.v);
-      o["span_chunks"] = q.codec.span_chunks == 0 ? nlohmann::ordered_json("all") : nlohmann::ordered_json(q.codec.span_chunks);
+      o["span_chunks"] =
+          q.codec.span_chunks == 0 ? nlohmann::ordered_json("all") : nlohmann::ordered_json(q.codec.span_chunks);
       o["encode_s"] = q.encode_s;
       o["decode_s"] = q.decode_s;
     } else {
@@ -581,11 +599,12 @@ std::string frontier_text(const FrontierResult& r) {
                    best.attention.rel_l2(), best.codec.describe(true));
   o += fmt::format("  hq profile         bpe {:.3f}  attention rel. error {:.5f}  ({})\n", hq.bits_per_element,
                    hq.attention.rel_l2(), hq.codec.describe(true));
-  o += fmt::format("  hq vs reference: {:.2f}x lower error at {:+.3f} bits per element; encode {:.2f}x, decode {:.2f}x "
-                   "the reference's throughput\n",
-                   ref.attention.rel_l2() / hq.attention.rel_l2(), hq.bits_per_element - ref.bits_per_element,
-                   r.ref_encode_eps > 0 ? r.hq_encode_eps / r.ref_encode_eps : 0.0,
-                   r.ref_decode_eps > 0 ? r.hq_decode_eps / r.ref_decode_eps : 0.0);
+  o += fmt::format(
+      "  hq vs reference: {:.2f}x lower error at {:+.3f} bits per element; encode {:.2f}x, decode {:.2f}x "
+      "the reference's throughput\n",
+      ref.attention.rel_l2() / hq.attention.rel_l2(), hq.bits_per_element - ref.bits_per_element,
+      r.ref_encode_eps > 0 ? r.hq_encode_eps / r.ref_encode_eps : 0.0,
+      r.ref_decode_eps > 0 ? r.hq_decode_eps / r.ref_decode_eps : 0.0);
   for (const FrontierCurveAt& c : r.curves)
     o += fmt::format("  {:6} g{:<2} at {:.3f} bpe: error {:.5f} = {:.2f}x hq's{}\n", c.method, c.group,
                      hq.bits_per_element, c.error, c.error / hq.attention.rel_l2(),
@@ -649,7 +668,8 @@ std::string frontier_svg(const FrontierResult& r) {
     s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:g}</text>\n", L - 6, Y(std::pow(10.0, e)) + 4,
                      std::pow(10.0, e));
   s += "</g>\n";
-  s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", L, T, pw, ph);
+  s +=
+      fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", L, T, pw, ph);
   s += fmt::format(
       "<text id=\"x-label\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">bits per element (everything stored: "
       "codebooks, ids, codes, scales, zeros)</text>\n",
@@ -679,10 +699,11 @@ std::string frontier_svg(const FrontierResult& r) {
   s += "</g>\n<g id=\"qvg-points\">\n";
   for (const FrontierPoint& q : r.points)
     if (q.method == "qvg")
-      s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"#9db4dd\" stroke=\"#1f4e9c\" "
-                       "stroke-width=\"0.5\"><title>{}: {:.3f} bpe, {:.5f}</title></circle>\n",
-                       X(q.bits_per_element), Y(q.attention.rel_l2()), q.codec.describe(true), q.bits_per_element,
-                       q.attention.rel_l2());
+      s += fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"#9db4dd\" stroke=\"#1f4e9c\" "
+          "stroke-width=\"0.5\"><title>{}: {:.3f} bpe, {:.5f}</title></circle>\n",
+          X(q.bits_per_element), Y(q.attention.rel_l2()), q.codec.describe(true), q.bits_per_element,
+          q.attention.rel_l2());
   s += "</g>\n";
   // Pareto set: joined as a staircase, each point ringed.
   std::vector<const FrontierPoint*> par;
@@ -696,9 +717,10 @@ std::string frontier_svg(const FrontierResult& r) {
     path += fmt::format("{}{:.1f},{:.1f} ", path.empty() ? "M" : "L", X(q->bits_per_element), Y(q->attention.rel_l2()));
   s += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"#111\" stroke-width=\"2\"/>\n", path);
   for (const FrontierPoint* q : par)
-    s += fmt::format("<circle class=\"pareto-point\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"none\" stroke=\"#111\" "
-                     "stroke-width=\"1.5\"/>\n",
-                     X(q->bits_per_element), Y(q->attention.rel_l2()));
+    s += fmt::format(
+        "<circle class=\"pareto-point\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"none\" stroke=\"#111\" "
+        "stroke-width=\"1.5\"/>\n",
+        X(q->bits_per_element), Y(q->attention.rel_l2()));
   s += "</g>\n";
   // The reference default and the hq profile, labelled.
   auto mark = [&](const char* id, const FrontierPoint& q, const std::string& text, const char* fill, double dy) {
@@ -723,17 +745,17 @@ std::string frontier_svg(const FrontierResult& r) {
   };
   legend(fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"#9db4dd\" stroke=\"#1f4e9c\"/>", lx + 8, ly),
          "qvg configuration");
-  legend(fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"none\" stroke=\"#111\" stroke-width=\"1.5\"/>",
-                     lx + 8, ly),
+  legend(fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"5\" fill=\"none\" stroke=\"#111\" stroke-width=\"1.5\"/>", lx + 8,
+                     ly),
          "Pareto set");
   legend(fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"#f1c40f\" stroke=\"#000\"/>", lx + 8, ly),
          "reference default");
   legend(fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"#8e44ad\" stroke=\"#000\"/>", lx + 8, ly),
          "hq profile");
   for (const std::string m : {"rtn", "kivi", "quarot"}) {
-    legend(fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>", lx, ly, lx + 16, ly,
-                       colour.at(m)),
-           fmt::format("{} g64 (2, 3, 4 bits)", m));
+    legend(
+        fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\"/>", lx, ly, lx + 16, ly, colour.at(m)),
+        fmt::format("{} g64 (2, 3, 4 bits)", m));
     legend(fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-dasharray=\"4 3\"/>", lx, ly,
                        lx + 16, ly, colour.at(m)),
            fmt::format("{} g32", m));
@@ -750,8 +772,8 @@ void write_frontier_report(const FrontierResult& r, const std::string& dir) {
 
 // ---- warm start --------------------------------------------------------------------
 
-WarmStartFigures warm_start_figures(const std::string& model, double scale, int layers, int centroids,
-                                    int64_t chunks, uint64_t seed, int threads) {
+WarmStartFigures warm_start_figures(const std::string& model, double scale, int layers, int centroids, int64_t chunks,
+                                    uint64_t seed, int threads) {
   WorkloadOptions wo;
   wo.scale = scale;
   wo.seed = seed;

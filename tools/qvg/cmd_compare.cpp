@@ -39,6 +39,7 @@ struct CompareOptions {
   bool warm_start = false;
   std::string bpe_slack = "0.15";
   std::string rounds = "3";
+  std::string max_queries = "160";
   std::optional<std::string> report;
   CodecConfig cfg;
 };
@@ -51,6 +52,7 @@ void run_frontier(const CompareOptions& o, const CompareConfig& c) {
   f.context_chunks = c.context_chunks;
   f.layers = c.layers;
   f.query_stride = c.query_stride;
+  f.max_queries = int(parse_int_flag("--max-queries", o.max_queries, 0, 1'000'000));
   f.codec_seed = c.codec.seed;
   f.threads = c.threads;
   f.quick = o.frontier_quick;
@@ -139,6 +141,9 @@ void register_compare(CLI::App& root) {
   cmd->add_flag("--frontier-quick", o->frontier_quick, "with --frontier: a reduced knob set (tests)");
   add_value(*cmd, "--bpe-slack", o->bpe_slack,
             "with --frontier: the descent's budget is the reference's bits per element + this", "X");
+  add_value(*cmd, "--max-queries", o->max_queries,
+            "with --frontier: at most this many queries per layer (the stride grows from --query-stride); 0 = no cap",
+            "N");
   add_value(*cmd, "--rounds", o->rounds, "with --frontier: at most this many descent rounds (1..10)", "N");
   add_value(*cmd, "--report", o->report, "with --frontier: write frontier.json, frontier.svg and summary.txt into DIR",
             "DIR");
