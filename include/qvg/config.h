@@ -56,8 +56,8 @@ std::string_view name(Scaling v);     ///< "two_level" | "compat"
 std::string_view name(Init v);        ///< "random" | "kmeans++" | "warm"
 std::string_view name(SinkSpan v);    ///< "chunk" | "full"
 std::string_view name(SpanMode v);    ///< "deferred" | "incremental"
-std::string_view name(ScaleSearch v); ///< "off" | "mse"
-std::string_view name(CacheRole v);   ///< "k" | "v"
+std::string_view name(ScaleSearch v);              ///< "off" | "mse"
+std::string_view name(CacheRole v);                ///< "k" | "v"
 ScaleDType parse_scale_dtype(std::string_view s);  ///< also accepts "fp8"
 Scaling parse_scaling(std::string_view s);
 Init parse_init(std::string_view s);

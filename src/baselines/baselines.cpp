@@ -93,9 +93,9 @@ void BaselineConfig::validate() const {
   // Codes fill whole bytes: block_size * bits a multiple of 8 (3 bits: blocks of 8).
   const int per = bits == 3 ? 8 : 8 / bits;
   if (block_size < 1 || (block_size * bits) % 8 != 0)
-    throw InvalidArgument(fmt::format(
-        "baseline block_size must be a positive multiple of {} (block_size * bits a multiple of 8), got {}", per,
-        block_size));
+    throw InvalidArgument(
+        fmt::format("baseline block_size must be a positive multiple of {} (block_size * bits a multiple of 8), got {}",
+                    per, block_size));
   if (kivi_group_tokens < 1)
     throw InvalidArgument(fmt::format("baseline kivi_group_tokens must be >= 1, got {}", kivi_group_tokens));
 }

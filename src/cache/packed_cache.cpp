@@ -144,10 +144,8 @@ struct PackedCausalCache::Impl {
       const size_t trial = codebook_nbytes(tk.book) + codebook_nbytes(tv.book);
       meter.add(trial);
       EncodeStats sk, sv;
-      EncodedTensor k =
-          encode_span_chunk(raw_view(raw, true), codec_k, tk, later_chunk_slots(codec_k), nullptr, &sk);
-      EncodedTensor v =
-          encode_span_chunk(raw_view(raw, false), codec_v, tv, later_chunk_slots(codec_v), nullptr, &sv);
+      EncodedTensor k = encode_span_chunk(raw_view(raw, true), codec_k, tk, later_chunk_slots(codec_k), nullptr, &sk);
+      EncodedTensor v = encode_span_chunk(raw_view(raw, false), codec_v, tv, later_chunk_slots(codec_v), nullptr, &sv);
       const auto ratio = [](double e, double first) {
         return first > 0 ? e / first : (e > 0 ? std::numeric_limits<double>::infinity() : 1.0);
       };
@@ -181,8 +179,7 @@ struct PackedCausalCache::Impl {
     meter.add(codebook_nbytes(book_k->book) + codebook_nbytes(book_v->book));
     EncodeStats fk, fv;
     packed.data.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, first_chunk_slots(codec_k), wk, &fk);
-    packed.data.v_enc =
-        encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, &fv);
+    packed.data.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, &fv);
     meter.add(detail::segment_bytes(packed));
     packed.data.k_book = open_k_book = std::move(book_k);
     packed.data.v_book = open_v_book = std::move(book_v);

@@ -748,10 +748,11 @@ Config parse_config(std::span<const uint8_t> bytes, uint16_t minor) {
           opt(p + "stages", r->stages);
           opt(p + "kmeans_iters", r->kmeans_iters);
           const std::string asym = kv.str(p + "asymmetric");
-          if (asym == "true" || asym == "false") r->asymmetric = asym == "true";
+          if (asym == "true" || asym == "false")
+            r->asymmetric = asym == "true";
           else if (!asym.empty())
-            throw InvalidArgument(fmt::format("entry '{}asymmetric' must be true, false or empty, got '{}'", p,
-                                              printable(asym)));
+            throw InvalidArgument(
+                fmt::format("entry '{}asymmetric' must be true, false or empty, got '{}'", p, printable(asym)));
           if (const std::string v = kv.str(p + "scale_dtype"); !v.empty()) r->scale_dtype = parse_scale_dtype(v);
           if (const std::string v = kv.str(p + "scaling"); !v.empty()) r->scaling = parse_scaling(v);
           if (const std::string v = kv.str(p + "scale_search"); !v.empty()) r->scale_search = parse_scale_search(v);

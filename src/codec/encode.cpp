@@ -78,9 +78,9 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
         const float f = R::scale_search_factor(k);
         const float cs = R::mul_rn(raw_s[i], f);
         // z = lo + range * (1 - f) / 2: the shrunk range keeps the block's centre.
-        const float cz = asym ? R::add_rn(raw_z[i], R::mul_rn(R::sub_rn(hi[i], raw_z[i]),
-                                                               R::mul_rn(R::sub_rn(1.0f, f), 0.5f)))
-                              : 0.0f;
+        const float cz =
+            asym ? R::add_rn(raw_z[i], R::mul_rn(R::sub_rn(hi[i], raw_z[i]), R::mul_rn(R::sub_rn(1.0f, f), 0.5f)))
+                 : 0.0f;
         const uint32_t cs_bits = R::store_format(R::to_store(cs, divide, g), fp8);
         const uint32_t cz_bits = asym ? R::store_format(R::to_store(cz, divide, gz), fp8) : 0u;
         if (m > 0 && cs_bits == cand_s[size_t(m - 1)] && cz_bits == cand_z[size_t(m - 1)]) continue;

@@ -16,7 +16,6 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
 /// ScaleSearch::Mse each block's stored scale (and zero) is the candidate of least
 /// squared error (residual_impl::block_sq_error; ties keep the earlier, the first
 /// being the `off` choice), so the residual's squared error is never above `off`'s.
-void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc,
-                             ScaleSearch search = ScaleSearch::Off);
+void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, ScaleSearch search = ScaleSearch::Off);
 
 }  // namespace qvg::detail

@@ -31,8 +31,12 @@ std::string_view name(Scaling v) { return detail::name_in(kScalings, v); }
 std::string_view name(Init v) { return detail::name_in(kInits, v); }
 std::string_view name(SinkSpan v) { return detail::name_in(kSinkSpans, v); }
 std::string_view name(SpanMode v) { return detail::name_in(kSpanModes, v); }
-std::string_view name(ScaleSearch v) { return detail::name_in(kScaleSearches, v); }
-std::string_view name(CacheRole v) { return detail::name_in(kCacheRoles, v); }
+std::string_view name(ScaleSearch v) {
+  return detail::name_in(kScaleSearches, v);
+}
+std::string_view name(CacheRole v) {
+  return detail::name_in(kCacheRoles, v);
+}
 ScaleSearch parse_scale_search(std::string_view s) {
   return detail::parse_in(kScaleSearches, s, "scale_search", "off, mse");
 }
@@ -117,7 +121,9 @@ std::string CodecConfig::describe() const {
          (scale_search == ScaleSearch::Off ? std::string() : fmt::format(" scale_search={}", name(scale_search)));
 }
 
-bool RoleCodec::empty() const { return *this == RoleCodec{}; }
+bool RoleCodec::empty() const {
+  return *this == RoleCodec{};
+}
 
 std::string RoleCodec::describe(std::string_view p) const {
   std::string out;
@@ -183,11 +189,11 @@ void QuantArgs::validate_for_head_dim(int64_t head_dim) const {
 std::string QuantArgs::describe() const {
   if (!bits) return "kv_cache_quant=off";
   return fmt::format(
-      "kv_cache_quant=int{} centroids={} block_size={} stages={} kmeans_iters={} asymmetric={} "
-      "keep_recent_chunks={} sink={} sink_span={} sink_keep_chunks={} span_chunks={} scaling={} scale_dtype={} "
-      "init={} seed={}",
-      *bits, centroids, block_size, stages, kmeans_iters, asymmetric, keep_recent_chunks, sink, name(sink_span),
-      sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed) +
+             "kv_cache_quant=int{} centroids={} block_size={} stages={} kmeans_iters={} asymmetric={} "
+             "keep_recent_chunks={} sink={} sink_span={} sink_keep_chunks={} span_chunks={} scaling={} scale_dtype={} "
+             "init={} seed={}",
+             *bits, centroids, block_size, stages, kmeans_iters, asymmetric, keep_recent_chunks, sink, name(sink_span),
+             sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed) +
          (span_mode == SpanMode::Deferred
               ? std::string()
               : fmt::format(" span_mode={} span_break_ratio={}", name(span_mode), span_break_ratio)) +
@@ -197,9 +203,18 @@ std::string QuantArgs::describe() const {
 
 CodecConfig QuantArgs::codec() const {
   QVG_CHECK(bits.has_value());
-  return {.bits = *bits, .centroids = centroids, .stages = stages, .kmeans_iters = kmeans_iters,
-          .block_size = block_size, .asymmetric = asymmetric, .scale_dtype = scale_dtype, .scaling = scaling,
-          .init = init, .scale_search = scale_search, .seed = seed, .threads = threads};
+  return {.bits = *bits,
+          .centroids = centroids,
+          .stages = stages,
+          .kmeans_iters = kmeans_iters,
+          .block_size = block_size,
+          .asymmetric = asymmetric,
+          .scale_dtype = scale_dtype,
+          .scaling = scaling,
+          .init = init,
+          .scale_search = scale_search,
+          .seed = seed,
+          .threads = threads};
 }
 
 CodecConfig QuantArgs::codec(CacheRole role) const {
@@ -290,23 +305,34 @@ bool parse_bool_flag(const std::string& key, const std::string& v) {
   throw InvalidArgument(fmt::format("{} must be a boolean (true/false/1/0), got '{}'", key, v));
 }
 
-
 // One per-role codec field (f = "_bits", "_centroids", ...) of a RoleCodec; false if
 // f names none. `key` names the setting in messages.
 bool set_role_field(RoleCodec& r, const std::string& key, const std::string& f, const std::string& value) {
   if (f == "_bits") {
-    if (value == "2" || value == "int2") r.bits = 2;
-    else if (value == "4" || value == "int4") r.bits = 4;
-    else throw InvalidArgument(fmt::format("{} must be 2, 4, int2 or int4, got '{}'", key, value));
-  } else if (f == "_centroids") r.centroids = parse_int32_flag(key, value);
-  else if (f == "_block_size") r.block_size = parse_int32_flag(key, value);
-  else if (f == "_stages") r.stages = parse_int32_flag(key, value);
-  else if (f == "_iters") r.kmeans_iters = parse_int32_flag(key, value);
-  else if (f == "_asymmetric") r.asymmetric = parse_bool_flag(key, value);
-  else if (f == "_scale_dtype") r.scale_dtype = parse_scale_dtype(value);
-  else if (f == "_scaling") r.scaling = parse_scaling(value);
-  else if (f == "_scale_search") r.scale_search = parse_scale_search(value);
-  else return false;
+    if (value == "2" || value == "int2")
+      r.bits = 2;
+    else if (value == "4" || value == "int4")
+      r.bits = 4;
+    else
+      throw InvalidArgument(fmt::format("{} must be 2, 4, int2 or int4, got '{}'", key, value));
+  } else if (f == "_centroids")
+    r.centroids = parse_int32_flag(key, value);
+  else if (f == "_block_size")
+    r.block_size = parse_int32_flag(key, value);
+  else if (f == "_stages")
+    r.stages = parse_int32_flag(key, value);
+  else if (f == "_iters")
+    r.kmeans_iters = parse_int32_flag(key, value);
+  else if (f == "_asymmetric")
+    r.asymmetric = parse_bool_flag(key, value);
+  else if (f == "_scale_dtype")
+    r.scale_dtype = parse_scale_dtype(value);
+  else if (f == "_scaling")
+    r.scaling = parse_scaling(value);
+  else if (f == "_scale_search")
+    r.scale_search = parse_scale_search(value);
+  else
+    return false;
   return true;
 }
 
@@ -325,9 +351,10 @@ RoleCodec parse_role_codec(std::string_view spec, std::string_view what) {
       throw InvalidArgument(fmt::format("{} must be a list of field=value separated by commas, got '{}'", what, sp));
     const std::string field = item.substr(0, eq), value = item.substr(eq + 1);
     if (!set_role_field(r, fmt::format("{} field '{}'", what, field), "_" + field, value))
-      throw InvalidArgument(fmt::format("{}: unknown field '{}'; accepted: bits, centroids, block_size, stages, iters, "
-                                        "asymmetric, scale_dtype, scaling, scale_search",
-                                        what, field));
+      throw InvalidArgument(
+          fmt::format("{}: unknown field '{}'; accepted: bits, centroids, block_size, stages, iters, "
+                      "asymmetric, scale_dtype, scaling, scale_search",
+                      what, field));
     i = j + 1;
   }
   return r;
@@ -360,7 +387,7 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
   }
   for (const auto& [key, value] : flags) {
     if (key == "kv_cache_quant") continue;
-    if (key == "kv_cache_quant_profile") continue;  // applied above
+    if (key == "kv_cache_quant_profile") continue;      // applied above
     if (key.rfind("kv_cache_quant", 0) != 0) continue;  // not ours
     if (key == "kv_cache_quant_config") continue;  // the engine's own key: no cache setting in it
     std::string f = key.substr(std::string("kv_cache_quant").size());
@@ -380,9 +407,12 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
     else if (f == "_init") a.init = parse_init(value);
     else if (f == "_seed") a.seed = parse_seed_flag(key, value);
-    else if (f == "_scale_search") a.scale_search = parse_scale_search(value);
-    else if (f.rfind("_k_", 0) == 0 && set_role_field(a.k, key, f.substr(2), value)) continue;
-    else if (f.rfind("_v_", 0) == 0 && set_role_field(a.v, key, f.substr(2), value)) continue;
+    else if (f == "_scale_search")
+      a.scale_search = parse_scale_search(value);
+    else if (f.rfind("_k_", 0) == 0 && set_role_field(a.k, key, f.substr(2), value))
+      continue;
+    else if (f.rfind("_v_", 0) == 0 && set_role_field(a.v, key, f.substr(2), value))
+      continue;
     else
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "

@@ -107,7 +107,9 @@ QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_e
 /// (1.0 down to 0.30); k = 0 is the `off` choice (spec 1.2) itself.
 inline constexpr int kScaleSearchSteps = 15;
 /// The shrink factor of candidate k (exact in fp32 for k = 0: 1.0f).
-QVG_HD float scale_search_factor(int k) { return div_rn(int_to_float(20 - k), 20.0f); }
+QVG_HD float scale_search_factor(int k) {
+  return div_rn(int_to_float(20 - k), 20.0f);
+}
 
 /// The squared error the decoder gives on a block of n channels with effective scale
 /// s_eff (and zero z_eff): the sum over channels of (x - dequant(quantize_code(x)))^2.

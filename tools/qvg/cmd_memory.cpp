@@ -123,8 +123,8 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   fmt::print("  context  {} frames = {} tokens{}, {}; window = context + 1 chunk = {} tokens\n", ctx_frames,
              grouped(s.context_tokens), frames_overridden ? " (--frames)" : assumed_mark(as.context), sink,
              grouped(s.cache_tokens()));
-  fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}{}\n", *a.bits, a.centroids,
-             a.block_size, a.stages, a.stages == 1 ? "" : "s", name(a.scale_dtype), name(a.scaling),
+  fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}{}\n", *a.bits,
+             a.centroids, a.block_size, a.stages, a.stages == 1 ? "" : "s", name(a.scale_dtype), name(a.scaling),
              a.asymmetric ? "asymmetric" : "symmetric", a.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
   if (a.per_role())
     fmt::print("  per role {}{}{}\n", a.k.describe("k_"), !a.k.empty() && !a.v.empty() ? " " : "", a.v.describe("v_"));

@@ -246,10 +246,10 @@ PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArg
         "maxima only), got {}",
         name(quant.scale_search)));
   if (quant.enabled() && quant.per_role())
-    throw Unsupported(fmt::format(
-        "per-role settings are not supported by the device packed cache (it encodes K and V with one "
-        "configuration), got {}",
-        quant.describe()));
+    throw Unsupported(
+        fmt::format("per-role settings are not supported by the device packed cache (it encodes K and V with one "
+                    "configuration), got {}",
+                    quant.describe()));
   impl_ = std::make_unique<Impl>(options, quant, alloc);
 }
 

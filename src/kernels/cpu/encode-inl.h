@@ -149,8 +149,8 @@ void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block,
 
 // Candidates in lanes (lane j: candidate c0 + j), channels in order: every lane runs
 // residual_impl::block_sq_error's operations, so the bits do not depend on the width.
-void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff,
-                     int ncand, float* err) {
+void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
+                     float* err) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const int L = int(hn::Lanes(df));
