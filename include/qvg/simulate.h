@@ -449,7 +449,9 @@ void write_frontier_report(const FrontierResult& r, const std::string& dir);
 struct WarmStartFigures {
   int64_t groups = 0;                    ///< (span, tensor, head) k-means runs compared
   double random_s = 0;                   ///< time of random init, 2 iterations (the target)
-  double warm_s_to_target = 0;           ///< time of warm init, the iterations it needed
+  double warm_s_to_target = 0;           ///< time of warm init, the iterations it needed (runs that reached it)
+  double random_s_reached = 0;           ///< random's time over the runs warm reached the target in
+  double warm_s_equal_iters = 0;         ///< time of warm init with 2 iterations (all runs)
   double warm_iters_to_target = 0;       ///< mean iterations warm needs to reach random's 2-iteration inertia
   int64_t warm_never = 0;                ///< runs where warm did not reach it within 8 iterations
   double inertia_ratio_equal_iters = 0;  ///< warm / random inertia after 2 iterations each (sums)

@@ -80,12 +80,13 @@ void run_warm_start(const CompareConfig& c) {
   fmt::print(
       "warm start on {} (scale {}), {} centroids, one-chunk spans of {} chunks, {} k-means runs (K and V):\n"
       "  random init, 2 iterations: {:.3f} s (the target inertia)\n"
-      "  warm init: {:.2f} iterations on average to reach it ({} runs never within 8), {:.3f} s ({:.2f}x random's "
-      "time)\n"
-      "  inertia at equal iterations (2): warm / random = {:.4f}; warm after 1 iteration / random after 2 = {:.4f}\n",
-      c.model, c.scale, c.codec.centroids, chunks, w.groups, w.random_s, w.warm_iters_to_target, w.warm_never,
-      w.warm_s_to_target, w.random_s > 0 ? w.warm_s_to_target / w.random_s : 0.0, w.inertia_ratio_equal_iters,
-      w.inertia_ratio_one_iter);
+      "  warm init: reaches it in {} of {} runs ({} never within 8 iterations), in {:.2f} iterations on average, "
+      "{:.3f} s where random took {:.3f} s on those runs\n"
+      "  equal iterations (2, about equal time: warm {:.3f} s): inertia warm / random = {:.4f}; warm after 1 "
+      "iteration / random after 2 = {:.4f}\n",
+      c.model, c.scale, c.codec.centroids, chunks, w.groups, w.random_s, w.groups - w.warm_never, w.groups,
+      w.warm_never, w.warm_iters_to_target, w.warm_s_to_target, w.random_s_reached, w.warm_s_equal_iters,
+      w.inertia_ratio_equal_iters, w.inertia_ratio_one_iter);
 }
 
 void run_compare(const CompareOptions& o) {
