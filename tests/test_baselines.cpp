@@ -106,7 +106,7 @@ TEST(Baselines, ExactByteCounts) {
 }
 
 TEST(Baselines, RtnAndKiviMeetTheirBounds) {
-  for (int bits : {2, 4, 8})
+  for (int bits : {2, 3, 4, 8})
     for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
       BaselineConfig cfg;
       cfg.bits = bits;
@@ -252,7 +252,7 @@ TEST(Baselines, TypedErrors) {
     EXPECT_NE(std::string(e.what()).find("96"), std::string::npos);
   }
   BaselineConfig bad = cfg;
-  bad.bits = 3;
+  bad.bits = 5;
   EXPECT_THROW(baseline_roundtrip(BaselineMethod::RTN, x, TensorRole::Key, bad), InvalidArgument);
   bad = cfg;
   bad.block_size = 64;  // does not divide 96

@@ -413,6 +413,35 @@ TEST_P(PerTarget, InputLimitScanMatchesDefinition) {
   }
 }
 
+// The scale search's errors (issue 16): candidates in lanes, every lane the scalar rule.
+TEST_P(PerTarget, BlockErrorsMatchTheReference) {
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int rep = 0; rep < 60; ++rep) {
+    const int64_t n = std::vector<int64_t>{2, 8, 16, 32, 64, 128}[size_t(rep % 6)];
+    const float mag = std::vector<float>{1e-3f, 1.0f, 300.0f, 3e4f}[size_t(rep % 4)];
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = nd(rng) * mag;
+    if (rep % 7 == 0) x[0] = 0.0f;
+    const int ncand = 1 + rep % 20;
+    std::vector<float> s(static_cast<size_t>(ncand)), z(s.size());
+    for (int c = 0; c < ncand; ++c) {
+      s[size_t(c)] = (c % 9 == 4) ? 0.0f : std::fabs(nd(rng)) * mag;
+      z[size_t(c)] = nd(rng) * mag;
+    }
+    for (int bits : {2, 4})
+      for (bool asym : {false, true}) {
+        const int qmax = asym ? (1 << bits) - 1 : (1 << (bits - 1)) - 1;
+        std::vector<float> got(s.size()), want(s.size());
+        kernels::block_errors(x.data(), n, qmax, asym, s.data(), z.data(), ncand, got.data());
+        kernels::ref::block_errors(x.data(), n, qmax, asym, s.data(), z.data(), ncand, want.data());
+        for (int c = 0; c < ncand; ++c)
+          ASSERT_EQ(f32_bits(got[size_t(c)]), f32_bits(want[size_t(c)]))
+              << "rep " << rep << " candidate " << c << " bits " << bits << " asym " << asym;
+      }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
 
 // The benchmark's FMA loop (src/perf, compiled per target like the kernels).

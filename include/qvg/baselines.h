@@ -55,7 +55,7 @@ enum class TensorRole { Key, Value };
 
 /// Parameters shared by all baselines.
 struct BaselineConfig {
-  int bits = 4;                ///< code width: 2, 4 or 8
+  int bits = 4;                ///< code width: 2, 3, 4 or 8
   int block_size = 64;         ///< channels sharing a scale (RTN, QuaRot, KIVI V); divides D,
                                ///< and block_size * bits is a multiple of 8
   int kivi_group_tokens = 64;  ///< tokens sharing a per-channel scale (KIVI K): >= 1

@@ -41,17 +41,29 @@ enum class SinkSpan : uint8_t { Chunk, Full };
 /// `incremental`: each chunk as soon as it is eligible — the first chunk of a span
 /// trains the span's codebook, later ones are encoded against it.
 enum class SpanMode : uint8_t { Deferred, Incremental };
+/// How the encoder chooses each block's stored residual scale (and zero), issue 16:
+/// `off` (spec 1.2, the reference): from the block's absmax (or min/max); `mse`: the
+/// candidate, among a fixed set of shrunk ranges (the `off` choice first), whose
+/// stored values give the least squared error of the block's decoded residual. Only
+/// the encoder's choice changes: the stored form and its decode are spec 1.5/1.3's,
+/// and spec 1.2's error bound (clipping included) holds. docs/quality.md.
+enum class ScaleSearch : uint8_t { Off, Mse };
+/// Which tensor of a layer's cache a setting applies to (per-role settings).
+enum class CacheRole : uint8_t { Key, Value };
 
 std::string_view name(ScaleDType v);  ///< "fp8_e4m3" | "bf16"
 std::string_view name(Scaling v);     ///< "two_level" | "compat"
 std::string_view name(Init v);        ///< "random" | "kmeans++" | "warm"
 std::string_view name(SinkSpan v);    ///< "chunk" | "full"
 std::string_view name(SpanMode v);    ///< "deferred" | "incremental"
+std::string_view name(ScaleSearch v);              ///< "off" | "mse"
+std::string_view name(CacheRole v);                ///< "k" | "v"
 ScaleDType parse_scale_dtype(std::string_view s);  ///< also accepts "fp8"
 Scaling parse_scaling(std::string_view s);
 Init parse_init(std::string_view s);
 SinkSpan parse_sink_span(std::string_view s);
 SpanMode parse_span_mode(std::string_view s);
+ScaleSearch parse_scale_search(std::string_view s);
 
 /// Parameters of one PRQ encoding (spec 1).
 struct CodecConfig {
@@ -64,6 +76,7 @@ struct CodecConfig {
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   Scaling scaling = Scaling::TwoLevel;
   Init init = Init::Random;     ///< Warm needs previous centroids passed to encode()
+  ScaleSearch scale_search = ScaleSearch::Off;  ///< the encoder's choice of stored scales (not stored)
   uint64_t seed = 1234;         ///< every random choice derives from it
   int threads = 0;              ///< worker threads for encode/decode: 0..max_threads(), 0 = all cores. Never changes bytes.
   /// Added to the head index of the PRNG streams only: group (b, h) draws from the
@@ -78,7 +91,30 @@ struct CodecConfig {
   /// Also checks that block_size divides head_dim (and head_dim > 0).
   void validate_for_head_dim(int64_t head_dim) const;
   std::string describe() const;
+  bool operator==(const CodecConfig&) const = default;
 };
+
+/// Per-role overrides of QuantArgs' codec fields (issue 16): a field set here replaces
+/// the shared value for that role's tensor (K or V); unset fields take the shared one.
+/// Flags `kv_cache_quant_k_<field>` / `kv_cache_quant_v_<field>` (QuantArgs::from_flags).
+/// `init` and `seed` stay shared (one warm-start chain per cache).
+struct RoleCodec {
+  std::optional<int> bits, centroids, block_size, stages, kmeans_iters;
+  std::optional<bool> asymmetric;
+  std::optional<ScaleDType> scale_dtype;
+  std::optional<Scaling> scaling;
+  std::optional<ScaleSearch> scale_search;
+
+  bool empty() const;
+  /// The fields set, as "k_bits=4 k_asymmetric=true" (prefix "k_" or "v_"); "" if empty.
+  std::string describe(std::string_view prefix) const;
+  bool operator==(const RoleCodec&) const = default;
+};
+
+/// Parses "bits=4,asymmetric=true,centroids=64" (fields as the flag suffixes: bits,
+/// centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling,
+/// scale_search); "" is empty. Throws InvalidArgument naming `what` (e.g. "--k-config").
+RoleCodec parse_role_codec(std::string_view spec, std::string_view what);
 
 /// The engine's QVGKVQuantArgs plus qvg's extensions (spec 2).
 struct QuantArgs {
@@ -102,22 +138,39 @@ struct QuantArgs {
   Scaling scaling = Scaling::TwoLevel;
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   Init init = Init::Random;     ///< Warm: seed each encoding from the previous one's centroids
+  ScaleSearch scale_search = ScaleSearch::Off;
   uint64_t seed = 1234;
   int threads = 0;              ///< 0..max_threads(), 0 = all cores
+  /// Per-role overrides (K, V) of the codec fields above; empty = both roles use them.
+  RoleCodec k, v;
 
   bool enabled() const { return bits.has_value(); }
+  /// True when K and V are encoded with different settings or any role override is set.
+  bool per_role() const { return !k.empty() || !v.empty(); }
   void validate() const;
   /// validate() plus block_size dividing head_dim (checked when a cache is built).
   void validate_for_head_dim(int64_t head_dim) const;
   std::string describe() const;
-  /// The codec parameters of one encoding (requires enabled()).
+  /// The shared codec parameters, without the per-role overrides (requires enabled()).
   CodecConfig codec() const;
+  /// The codec parameters of one role's encodings: the shared ones with that role's
+  /// overrides applied (requires enabled()).
+  CodecConfig codec(CacheRole role) const;
+  /// Applies a named profile (issue 16): "reference" (the engine's defaults: every
+  /// codec field as a default-constructed QuantArgs) or "hq" (docs/quality.md). Only
+  /// the codec fields (shared and per-role) are set; bits is set if unset. Throws
+  /// InvalidArgument for another name.
+  void apply_profile(std::string_view profile);
 
   /// Reads the engine's flat flags: `kv_cache_quant` in {off, none, bf16, int4, int2},
   /// `kv_cache_quant_centroids`, `_block_size`, `_stages`, `_iters`, `_keep_recent`,
   /// `_sink_keep`, `_asymmetric`, `_sink`, `_sink_span`, and qvg's `_span_chunks`,
   /// `_span_mode`, `_span_break_ratio`,
-  /// `_scaling`, `_scale_dtype`, `_init`, `_seed`. Values are strings as on a command
+  /// `_scaling`, `_scale_dtype`, `_init`, `_seed`, `_scale_search`, `_profile` (applied
+  /// first, whatever the order: explicit keys override it), and the per-role codec
+  /// keys `kv_cache_quant_k_<f>` / `kv_cache_quant_v_<f>` for f in bits (2 or 4, or
+  /// int2/int4), centroids, block_size, stages, iters, asymmetric, scale_dtype,
+  /// scaling, scale_search. Values are strings as on a command
   /// line ("true"/"false"/"1"/"0" for booleans). Without `kv_cache_quant` the
   /// result is the default (off) and no other flag is read (spec 2, as the engine).
   /// Unknown keys starting with `kv_cache_quant` are an error (the engine's

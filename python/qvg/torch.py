@@ -161,6 +161,9 @@ class QVGKVQuantArgs:
     seed: int = 1234
     span_mode: str = "deferred"  # "deferred" | "incremental" (docs/spans.md)
     span_break_ratio: float = 0.0  # incremental: start a new span above this residual-energy ratio; 0 = never
+    scale_search: str = "off"  # "off" | "mse": the encoder's choice of block scales (docs/quality.md)
+    k_config: str = ""  # K's own codec settings over the shared ones: "bits=4,asymmetric=true" ("" = none)
+    v_config: str = ""  # V's own codec settings (as k_config)
 
     @property
     def enabled(self) -> bool:
@@ -180,7 +183,10 @@ class QVGKVQuantArgs:
         ``kv_cache_quant_centroids``, ``_block_size``, ``_stages``, ``_iters``,
         ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
         and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``,
-        ``_scaling``, ``_scale_dtype``, ``_init``, ``_seed``). Values may be typed (ints, bools) or strings; ``None`` means
+        ``_scaling``, ``_scale_dtype``, ``_init``, ``_seed``, ``_scale_search``,
+        ``_profile`` ("reference" | "hq", applied first: explicit flags override it) and
+        the per-role ``_k_<f>`` / ``_v_<f>`` (f in bits, centroids, block_size, stages,
+        iters, asymmetric, scale_dtype, scaling, scale_search)). Values may be typed (ints, bools) or strings; ``None`` means
         "not given". Without ``kv_cache_quant`` everything is default (off), as in
         the engine. Other keys are ignored. Raises ValueError on bad values."""
         master = kwargs.get("kv_cache_quant")
@@ -191,6 +197,16 @@ class QVGKVQuantArgs:
             value = kwargs.get(flag)
             if value is not None:
                 flags[flag] = _flag_text(value)
+        # Issue 16: the profile (applied first; explicit flags override it), the scale
+        # search and the per-role keys kv_cache_quant_k_<f> / kv_cache_quant_v_<f>
+        # (an unknown <f> is a ValueError from the C++ parser).
+        for flag, value in kwargs.items():
+            if value is None or not isinstance(flag, str):
+                continue
+            if flag in ("kv_cache_quant_profile", "kv_cache_quant_scale_search") or flag.startswith(
+                ("kv_cache_quant_k_", "kv_cache_quant_v_")
+            ):
+                flags[flag] = _flag_text(value)
         return cls(**_C.quant_args_from_flags(flags))
 
 
@@ -198,7 +214,7 @@ _QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantA
 _INT_FIELDS = ("centroids", "block_size", "stages", "kmeans_iters", "keep_recent_chunks", "sink_keep_chunks",
                "span_chunks", "seed")
 _BOOL_FIELDS = ("asymmetric", "sink")
-_STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init", "span_mode")
+_STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init", "span_mode", "scale_search", "k_config", "v_config")
 _FLOAT_FIELDS = ("span_break_ratio",)
 
 

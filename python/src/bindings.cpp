@@ -91,25 +91,47 @@ qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block
                                bool asymmetric, int keep_recent_chunks, bool sink, const std::string& sink_span,
                                int sink_keep_chunks, int span_chunks, const std::string& scaling,
                                const std::string& scale_dtype, const std::string& init, uint64_t seed,
-                               const std::string& span_mode, double span_break_ratio, int threads) {
-  return {.bits = bits,
-          .centroids = centroids,
-          .block_size = block_size,
-          .stages = stages,
-          .kmeans_iters = kmeans_iters,
-          .asymmetric = asymmetric,
-          .keep_recent_chunks = keep_recent_chunks,
-          .sink = sink,
-          .sink_span = qvg::parse_sink_span(sink_span),
-          .sink_keep_chunks = sink_keep_chunks,
-          .span_chunks = span_chunks,
-          .span_mode = qvg::parse_span_mode(span_mode),
-          .span_break_ratio = span_break_ratio,
-          .scaling = qvg::parse_scaling(scaling),
-          .scale_dtype = qvg::parse_scale_dtype(scale_dtype),
-          .init = qvg::parse_init(init),
-          .seed = seed,
-          .threads = threads};
+                               const std::string& span_mode, double span_break_ratio, int threads,
+                               const std::string& scale_search, const std::string& k_config,
+                               const std::string& v_config) {
+  qvg::QuantArgs q{.bits = bits,
+                   .centroids = centroids,
+                   .block_size = block_size,
+                   .stages = stages,
+                   .kmeans_iters = kmeans_iters,
+                   .asymmetric = asymmetric,
+                   .keep_recent_chunks = keep_recent_chunks,
+                   .sink = sink,
+                   .sink_span = qvg::parse_sink_span(sink_span),
+                   .sink_keep_chunks = sink_keep_chunks,
+                   .span_chunks = span_chunks,
+                   .span_mode = qvg::parse_span_mode(span_mode),
+                   .span_break_ratio = span_break_ratio,
+                   .scaling = qvg::parse_scaling(scaling),
+                   .scale_dtype = qvg::parse_scale_dtype(scale_dtype),
+                   .init = qvg::parse_init(init),
+                   .seed = seed,
+                   .threads = threads};
+  q.scale_search = qvg::parse_scale_search(scale_search);
+  q.k = qvg::parse_role_codec(k_config, "k_config");
+  q.v = qvg::parse_role_codec(v_config, "v_config");
+  return q;
+}
+
+/// A RoleCodec as parse_role_codec's "field=value,..." text ("" when empty).
+std::string role_spec(const qvg::RoleCodec& r) {
+  std::string o;
+  auto add = [&](const char* f, const std::string& v) { o += (o.empty() ? "" : ",") + std::string(f) + "=" + v; };
+  if (r.bits) add("bits", std::to_string(*r.bits));
+  if (r.centroids) add("centroids", std::to_string(*r.centroids));
+  if (r.block_size) add("block_size", std::to_string(*r.block_size));
+  if (r.stages) add("stages", std::to_string(*r.stages));
+  if (r.kmeans_iters) add("iters", std::to_string(*r.kmeans_iters));
+  if (r.asymmetric) add("asymmetric", *r.asymmetric ? "true" : "false");
+  if (r.scale_dtype) add("scale_dtype", std::string(qvg::name(*r.scale_dtype)));
+  if (r.scaling) add("scaling", std::string(qvg::name(*r.scaling)));
+  if (r.scale_search) add("scale_search", std::string(qvg::name(*r.scale_search)));
+  return o;
 }
 
 py::dict quant_args_dict(const qvg::QuantArgs& q) {
@@ -131,6 +153,9 @@ py::dict quant_args_dict(const qvg::QuantArgs& q) {
   d["seed"] = q.seed;
   d["span_mode"] = std::string(qvg::name(q.span_mode));
   d["span_break_ratio"] = q.span_break_ratio;
+  d["scale_search"] = std::string(qvg::name(q.scale_search));
+  d["k_config"] = role_spec(q.k);
+  d["v_config"] = role_spec(q.v);
   return d;
 }
 
@@ -316,6 +341,9 @@ py::dict layout_dict(const qvg::EncodingLayout& l) {
 py::tuple encode_tensor(const at::Tensor& x, const qvg::QuantArgs& quant, int64_t head_offset) {
   if (!quant.enabled()) throw qvg::InvalidArgument("encode needs quantization settings with bits 2 or 4, got bits None");
   const Input in = as_input(x, "x", at::Device(at::kCPU));
+  if (quant.per_role())
+    throw qvg::InvalidArgument(
+        "encode encodes one tensor: per-role settings (k_config, v_config) do not apply; use the shared fields");
   qvg::CodecConfig cfg = quant.codec();
   cfg.head_offset = head_offset;
   qvg::EncodedTensor enc;
@@ -443,7 +471,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("kmeans_iters"), py::arg("asymmetric"), py::arg("keep_recent_chunks"), py::arg("sink"),
            py::arg("sink_span"), py::arg("sink_keep_chunks"), py::arg("span_chunks"), py::arg("scaling"),
            py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("span_mode") = "deferred",
-           py::arg("span_break_ratio") = 0.0, py::arg("threads") = 0)
+           py::arg("span_break_ratio") = 0.0, py::arg("threads") = 0, py::arg("scale_search") = "off",
+           py::arg("k_config") = "", py::arg("v_config") = "")
       .def("validate", &qvg::QuantArgs::validate)
       .def("validate_for_head_dim", &qvg::QuantArgs::validate_for_head_dim)
       .def("describe", &qvg::QuantArgs::describe)

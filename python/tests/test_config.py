@@ -18,7 +18,8 @@ def test_defaults_are_spec_2():
     assert dataclasses.asdict(q) == dict(
         bits=None, centroids=128, block_size=64, stages=1, kmeans_iters=2, asymmetric=False, keep_recent_chunks=1,
         sink=True, sink_span="chunk", sink_keep_chunks=0, span_chunks=1, scaling="two_level",
-        scale_dtype="fp8_e4m3", init="random", seed=1234, span_mode="deferred", span_break_ratio=0.0)
+        scale_dtype="fp8_e4m3", init="random", seed=1234, span_mode="deferred", span_break_ratio=0.0,
+        scale_search="off", k_config="", v_config="")
     assert q.validate() is q
     assert q.describe() == "kv_cache_quant=off"
     assert qt.QVGKVQuantArgs(bits=4).enabled
@@ -46,7 +47,8 @@ def test_from_dict_reads_every_flag():
     assert dataclasses.asdict(q) == dict(
         bits=2, centroids=64, block_size=32, stages=2, kmeans_iters=5, asymmetric=True, keep_recent_chunks=0,
         sink=False, sink_span="full", sink_keep_chunks=1, span_chunks=3, scaling="compat", scale_dtype="bf16",
-        init="warm", seed=7, span_mode="incremental", span_break_ratio=1.5)
+        init="warm", seed=7, span_mode="incremental", span_break_ratio=1.5, scale_search="off", k_config="",
+        v_config="")
 
 
 def test_from_dict_defaults_and_strings():
@@ -145,3 +147,22 @@ def test_one_version_from_cmake():
     cmake = (pathlib.Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
     declared = re.search(r"project\(qvg VERSION ([0-9.]+)", cmake).group(1)
     assert qvg.__version__ == declared
+
+
+def test_from_dict_profile_scale_search_and_per_role_keys():
+    """Issue 16: kv_cache_quant_profile (explicit flags override it), _scale_search, _k_*/_v_*."""
+    hq = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_profile": "hq"})
+    assert (hq.asymmetric, hq.scaling, hq.scale_search, hq.bits) == (True, "two_level", "mse", 2)
+    q = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant_profile": "hq", "kv_cache_quant": "int4",
+                                     "kv_cache_quant_asymmetric": False})
+    assert (q.bits, q.asymmetric, q.scale_search) == (4, False, "mse")
+    ref = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_profile": "reference"})
+    assert (ref.scaling, ref.scale_search, ref.asymmetric) == ("compat", "off", False)
+    r = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_v_asymmetric": True,
+                                     "kv_cache_quant_k_bits": 4})
+    assert r.k_config == "bits=4" and r.v_config == "asymmetric=true"
+    assert "k_bits=4" in r.validate().describe()
+    with pytest.raises(ValueError, match="profile"):
+        qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_profile": "best"})
+    with pytest.raises(ValueError, match="kv_cache_quant_k_seed"):
+        qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_k_seed": 3})

@@ -88,11 +88,14 @@ void check_input(BaselineMethod m, ConstTensorView x, const BaselineConfig& cfg)
 }  // namespace
 
 void BaselineConfig::validate() const {
-  if (bits != 2 && bits != 4 && bits != 8)
-    throw InvalidArgument(fmt::format("baseline bits must be 2, 4 or 8, got {}", bits));
+  if (bits != 2 && bits != 3 && bits != 4 && bits != 8)
+    throw InvalidArgument(fmt::format("baseline bits must be 2, 3, 4 or 8, got {}", bits));
+  // Codes fill whole bytes: block_size * bits a multiple of 8 (3 bits: blocks of 8).
+  const int per = bits == 3 ? 8 : 8 / bits;
   if (block_size < 1 || (block_size * bits) % 8 != 0)
     throw InvalidArgument(
-        fmt::format("baseline block_size must be a positive multiple of {} (8/bits), got {}", 8 / bits, block_size));
+        fmt::format("baseline block_size must be a positive multiple of {} (block_size * bits a multiple of 8), got {}",
+                    per, block_size));
   if (kivi_group_tokens < 1)
     throw InvalidArgument(fmt::format("baseline kivi_group_tokens must be >= 1, got {}", kivi_group_tokens));
 }

@@ -49,7 +49,7 @@ struct PackedCausalCache::Impl {
   const QuantArgs quant;
   const size_t esz;
   const int64_t capacity, window;
-  CodecConfig codec;  // valid when quant.enabled()
+  CodecConfig codec_k, codec_v;  // K's and V's codec settings (per role); valid when quant.enabled()
 
   Policy pol;  // the segments (global order; the last is the current chunk) and their policy
   std::optional<EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
@@ -66,8 +66,9 @@ struct PackedCausalCache::Impl {
       : opt(o), quant(q), esz(dtype_size(o.dtype)), capacity(o.cache_size), window(o.window()), pol(o, q) {
     scratch = o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>();
     if (q.enabled()) {
-      codec = q.codec();
-      codec.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
+      codec_k = q.codec(CacheRole::Key);
+      codec_v = q.codec(CacheRole::Value);
+      codec_k.head_offset = codec_v.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
     }
   }
 
@@ -106,6 +107,7 @@ struct PackedCausalCache::Impl {
       in.data = concat.data();
     }
     std::optional<EncodedTensor>& warm = is_k ? warm_k : warm_v;
+    const CodecConfig& codec = is_k ? codec_k : codec_v;
     const EncodedTensor* w = (codec.init == Init::Warm && warm) ? &*warm : nullptr;
     EncodedTensor enc = encode(in, codec, w, stats);
     meter.add(enc.nbytes());
@@ -123,9 +125,11 @@ struct PackedCausalCache::Impl {
   /// a later chunk adds centroids fitted to itself, so content that drifts within a
   /// span (motion, the time channels of rotary embedding) still finds its own
   /// centroids, while the span stores one codebook of K slots.
-  int first_chunk_slots() const { return quant.span_chunks > 1 ? (codec.centroids + 1) / 2 : codec.centroids; }
-  int later_chunk_slots() const {
-    return quant.span_chunks > 1 ? (codec.centroids - first_chunk_slots()) / (quant.span_chunks - 1) : 0;
+  int first_chunk_slots(const CodecConfig& c) const {
+    return quant.span_chunks > 1 ? (c.centroids + 1) / 2 : c.centroids;
+  }
+  int later_chunk_slots(const CodecConfig& c) const {
+    return quant.span_chunks > 1 ? (c.centroids - first_chunk_slots(c)) / (quant.span_chunks - 1) : 0;
   }
 
   /// An incremental chunk: into the open span when allowed and the chunk fits its
@@ -140,8 +144,8 @@ struct PackedCausalCache::Impl {
       const size_t trial = codebook_nbytes(tk.book) + codebook_nbytes(tv.book);
       meter.add(trial);
       EncodeStats sk, sv;
-      EncodedTensor k = encode_span_chunk(raw_view(raw, true), codec, tk, later_chunk_slots(), nullptr, &sk);
-      EncodedTensor v = encode_span_chunk(raw_view(raw, false), codec, tv, later_chunk_slots(), nullptr, &sv);
+      EncodedTensor k = encode_span_chunk(raw_view(raw, true), codec_k, tk, later_chunk_slots(codec_k), nullptr, &sk);
+      EncodedTensor v = encode_span_chunk(raw_view(raw, false), codec_v, tv, later_chunk_slots(codec_v), nullptr, &sv);
       const auto ratio = [](double e, double first) {
         return first > 0 ? e / first : (e > 0 ? std::numeric_limits<double>::infinity() : 1.0);
       };
@@ -168,13 +172,14 @@ struct PackedCausalCache::Impl {
     const Shape4 shape{opt.batch, raw.tokens(), opt.heads, opt.head_dim};
     const EncodedTensor* wk = open_k_book ? &open_k_book->book : (warm_k ? &*warm_k : nullptr);
     const EncodedTensor* wv = open_v_book ? &open_v_book->book : (warm_v ? &*warm_v : nullptr);
-    if (codec.init != Init::Warm) wk = wv = nullptr;
-    auto book_k = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec));
-    auto book_v = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec));
+    if (codec_k.init != Init::Warm) wk = nullptr;
+    if (codec_v.init != Init::Warm) wv = nullptr;
+    auto book_k = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec_k));
+    auto book_v = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec_v));
     meter.add(codebook_nbytes(book_k->book) + codebook_nbytes(book_v->book));
     EncodeStats fk, fv;
-    packed.data.k_enc = encode_span_chunk(raw_view(raw, true), codec, *book_k, first_chunk_slots(), wk, &fk);
-    packed.data.v_enc = encode_span_chunk(raw_view(raw, false), codec, *book_v, first_chunk_slots(), wv, &fv);
+    packed.data.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, first_chunk_slots(codec_k), wk, &fk);
+    packed.data.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, &fv);
     meter.add(detail::segment_bytes(packed));
     packed.data.k_book = open_k_book = std::move(book_k);
     packed.data.v_book = open_v_book = std::move(book_v);
@@ -191,10 +196,8 @@ struct PackedCausalCache::Impl {
       } else {
         packed.data.k_enc = encode_one(parts, true, meter);
         packed.data.v_enc = encode_one(parts, false, meter);
-        if (codec.init == Init::Warm) {
-          warm_k = packed.data.k_enc.codebooks_only();
-          warm_v = packed.data.v_enc.codebooks_only();
-        }
+        if (codec_k.init == Init::Warm) warm_k = packed.data.k_enc.codebooks_only();
+        if (codec_v.init == Init::Warm) warm_v = packed.data.v_enc.codebooks_only();
       }
       meter.sub(detail::segment_bytes(packed));  // resident from here on; the raw chunks are gone
     });

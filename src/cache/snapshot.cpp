@@ -329,6 +329,7 @@ void put_options(KvWriter& kv, const char* cache, const CacheOptions& o, uint16_
 // The lowest minor version that holds a cache of these settings (a 1.0 file is byte
 // for byte what a 1.0 writer wrote).
 uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
+  if (q && (q->scale_search != ScaleSearch::Off || q->per_role())) return 3;
   if (o.head_offset != 0) return 2;
   if (q && (q->span_mode == SpanMode::Incremental || q->span_break_ratio != 0)) return 1;
   return 0;
@@ -354,6 +355,23 @@ void put_quant(KvWriter& kv, const QuantArgs& q, uint16_t minor) {
   kv.str("scale_dtype", name(q.scale_dtype));
   kv.str("init", name(q.init));
   kv.u64("seed", q.seed);
+  if (minor >= 3) {  // format 1.3: the scale search and the per-role codec settings
+    kv.str("scale_search", name(q.scale_search));
+    for (const RoleCodec* r : {&q.k, &q.v}) {
+      const std::string p = r == &q.k ? "k_" : "v_";
+      auto opt = [](const std::optional<int>& x) { return x ? std::optional<int64_t>(*x) : std::nullopt; };
+      kv.opt_i64(p + "bits", opt(r->bits));
+      kv.opt_i64(p + "centroids", opt(r->centroids));
+      kv.opt_i64(p + "block_size", opt(r->block_size));
+      kv.opt_i64(p + "stages", opt(r->stages));
+      kv.opt_i64(p + "kmeans_iters", opt(r->kmeans_iters));
+      // Unset names are "" (the shared value applies).
+      kv.str(p + "asymmetric", r->asymmetric ? (*r->asymmetric ? "true" : "false") : "");
+      kv.str(p + "scale_dtype", r->scale_dtype ? name(*r->scale_dtype) : "");
+      kv.str(p + "scaling", r->scaling ? name(*r->scaling) : "");
+      kv.str(p + "scale_search", r->scale_search ? name(*r->scale_search) : "");
+    }
+  }
 }
 
 SectionOut kv_section(Kind kind, const KvWriter& kv) {
@@ -713,6 +731,35 @@ Config parse_config(std::span<const uint8_t> bytes, uint16_t minor) {
     });
     if (minor >= 1) q.span_break_ratio = kv.real("span_break_ratio");
     q.seed = kv.u64("seed");
+    if (minor >= 3) {  // format 1.3
+      in_section("config", [&] {
+        q.scale_search = parse_scale_search(kv.str("scale_search"));
+        for (RoleCodec* r : {&q.k, &q.v}) {
+          const std::string p = r == &q.k ? "k_" : "v_";
+          auto opt = [&](const std::string& key, std::optional<int>& out) {
+            const std::optional<int64_t> x = kv.opt_i64(key);
+            if (x && (*x < INT32_MIN || *x > INT32_MAX))
+              throw InvalidArgument(fmt::format("entry '{}' = {} does not fit in 32 bits", key, *x));
+            if (x) out = int(*x);
+          };
+          opt(p + "bits", r->bits);
+          opt(p + "centroids", r->centroids);
+          opt(p + "block_size", r->block_size);
+          opt(p + "stages", r->stages);
+          opt(p + "kmeans_iters", r->kmeans_iters);
+          const std::string asym = kv.str(p + "asymmetric");
+          if (asym == "true" || asym == "false")
+            r->asymmetric = asym == "true";
+          else if (!asym.empty())
+            throw InvalidArgument(
+                fmt::format("entry '{}asymmetric' must be true, false or empty, got '{}'", p, printable(asym)));
+          if (const std::string v = kv.str(p + "scale_dtype"); !v.empty()) r->scale_dtype = parse_scale_dtype(v);
+          if (const std::string v = kv.str(p + "scaling"); !v.empty()) r->scaling = parse_scaling(v);
+          if (const std::string v = kv.str(p + "scale_search"); !v.empty()) r->scale_search = parse_scale_search(v);
+        }
+        return 0;
+      });
+    }
     c.quant = q;
   }
   kv.expect_all_read();
@@ -936,9 +983,9 @@ EncodedTensor get_encoded(ByteReader& r, Arrays which) {
 }
 
 // The encodings of a packed segment or warm state must be what this cache would encode.
-void check_layout_fits(const EncodingLayout& l, const CacheOptions& o, const QuantArgs& q, bool check_tokens,
-                       int64_t tokens, const char* what) {
-  const CodecConfig c = q.codec();
+void check_layout_fits(const EncodingLayout& l, const CacheOptions& o, const QuantArgs& q, CacheRole role,
+                       bool check_tokens, int64_t tokens, const char* what) {
+  const CodecConfig c = q.codec(role);
   const bool ok = l.dtype == o.dtype && l.shape.b == o.batch && l.shape.h == o.heads && l.shape.d == o.head_dim &&
                   (!check_tokens || l.shape.s == tokens) && l.bits == c.bits && l.block_size == c.block_size &&
                   l.stages == c.stages && l.centroids == c.centroids && l.asymmetric == c.asymmetric &&
@@ -966,7 +1013,7 @@ detail::PackedSpanData get_span(std::span<const uint8_t> bytes, const std::strin
     const uint32_t filled = r.get<uint32_t>("filled");
     b->book = get_encoded(r, Arrays::CodebooksOnly);
     const EncodingLayout& l = b->book;
-    check_layout_fits(l, o, q, false, 0, what);
+    check_layout_fits(l, o, q, b == &sp.k ? CacheRole::Key : CacheRole::Value, false, 0, what);
     if (l.shape.s < 1 || l.shape.s > o.cache_size)
       r.fail(fmt::format("{} was made for a chunk of {} tokens, outside [1, cache_size = {}]", what, l.shape.s,
                          o.cache_size));
@@ -1060,8 +1107,8 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
     s.k_enc = get_encoded(r, Arrays::All);
     s.v_enc = get_encoded(r, Arrays::All);
     r.expect_end();
-    check_layout_fits(s.k_enc, o, q, true, n, "K");
-    check_layout_fits(s.v_enc, o, q, true, n, "V");
+    check_layout_fits(s.k_enc, o, q, CacheRole::Key, true, n, "K");
+    check_layout_fits(s.v_enc, o, q, CacheRole::Value, true, n, "V");
     return s;
   }
   const auto sp = std::lower_bound(spans.begin(), spans.end(), s.span,
@@ -1070,8 +1117,8 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
   s.k_enc = get_encoded(r, Arrays::WithoutCodebooks);
   s.v_enc = get_encoded(r, Arrays::WithoutCodebooks);
   r.expect_end();
-  check_layout_fits(s.k_enc, o, q, true, n, "K");
-  check_layout_fits(s.v_enc, o, q, true, n, "V");
+  check_layout_fits(s.k_enc, o, q, CacheRole::Key, true, n, "K");
+  check_layout_fits(s.v_enc, o, q, CacheRole::Value, true, n, "V");
   check_span_chunk(s.k_enc, sp->k, "K");
   check_span_chunk(s.v_enc, sp->v, "V");
   return s;
@@ -1260,7 +1307,8 @@ detail::PackedStateData read_packed(const Source& src, const SnapshotExpectation
         EncodedTensor w = get_encoded(r, Arrays::CodebooksOnly);
         r.expect_end();
         if (!d.quant.enabled()) throw InvalidArgument("warm-start codebooks in a cache with quantization off");
-        check_layout_fits(w, d.options, d.quant, false, 0, "the warm-start codebook");
+        check_layout_fits(w, d.options, d.quant, i == 0 ? CacheRole::Key : CacheRole::Value, false, 0,
+                          "the warm-start codebook");
         (i == 0 ? d.warm_k : d.warm_v) = std::move(w);
         return 0;
       });

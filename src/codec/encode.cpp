@@ -17,7 +17,7 @@
 namespace qvg {
 namespace detail {
 
-void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) {
+void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, ScaleSearch search) {
   namespace R = residual_impl;
   const int64_t S = enc.shape.s, D = enc.shape.d, bs = enc.block_size, nb = D / bs;
   const bool asym = enc.asymmetric;
@@ -29,6 +29,10 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
   // Pass 1: raw scales (and zeros) of every block; the group's largest ones.
   // (Block maxima and minima come from the SIMD kernels; the rest is per block.)
   std::vector<float> raw_s(static_cast<size_t>(S * nb)), raw_z(asym ? size_t(S * nb) : 0);
+  std::vector<float> hi(asym ? size_t(S * nb) : 0);  // block maxima (asymmetric)
+  // The scale search's candidates: stored bits, effective values, errors.
+  std::vector<uint32_t> cand_s(R::kScaleSearchSteps), cand_z(R::kScaleSearchSteps);
+  std::vector<float> cand_se(R::kScaleSearchSteps), cand_ze(R::kScaleSearchSteps), cand_err(R::kScaleSearchSteps);
   float max_s = 0, max_z = 0;
   if (!asym) {
     kernels::block_absmax(r, S * nb, bs, raw_s.data());
@@ -37,7 +41,6 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
       max_s = std::max(max_s, s);
     }
   } else {
-    std::vector<float> hi(static_cast<size_t>(S * nb));
     kernels::block_minmax(r, S * nb, bs, raw_z.data(), hi.data());
     for (size_t i = 0; i < raw_s.size(); ++i) {
       const float s = R::raw_scale_asym(raw_z[i], hi[i], qmax);
@@ -60,13 +63,47 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc) 
   std::vector<float> s_eff(raw_s.size()), z_eff(raw_z.size());
   for (size_t i = 0; i < raw_s.size(); ++i) {
     const int64_t si = sbase + int64_t(i);
-    const uint32_t s_bits = R::store_format(R::to_store(raw_s[i], divide, g), fp8);
+    uint32_t s_bits = R::store_format(R::to_store(raw_s[i], divide, g), fp8);
+    uint32_t z_bits = asym ? R::store_format(R::to_store(raw_z[i], divide, gz), fp8) : 0u;
+    float se = R::effective(R::format_value(s_bits, fp8), g);
+    float ze = asym ? R::effective(R::format_value(z_bits, fp8), gz) : 0.0f;
+    if (search == ScaleSearch::Mse) {
+      // Candidates shrink the block's range (symmetric: [-absmax, absmax]; asymmetric:
+      // [lo, hi] about its centre); the factors stay those of the `off` choice, so a
+      // candidate's stored values are what the decoder reads. Candidates whose stored
+      // bits equal the previous one's are skipped (same error). The errors come from
+      // the SIMD kernel (the same bits on every target); the first least one wins.
+      int m = 0;
+      for (int k = 0; k < R::kScaleSearchSteps; ++k) {
+        const float f = R::scale_search_factor(k);
+        const float cs = R::mul_rn(raw_s[i], f);
+        // z = lo + range * (1 - f) / 2: the shrunk range keeps the block's centre.
+        const float cz =
+            asym ? R::add_rn(raw_z[i], R::mul_rn(R::sub_rn(hi[i], raw_z[i]), R::mul_rn(R::sub_rn(1.0f, f), 0.5f)))
+                 : 0.0f;
+        const uint32_t cs_bits = R::store_format(R::to_store(cs, divide, g), fp8);
+        const uint32_t cz_bits = asym ? R::store_format(R::to_store(cz, divide, gz), fp8) : 0u;
+        if (m > 0 && cs_bits == cand_s[size_t(m - 1)] && cz_bits == cand_z[size_t(m - 1)]) continue;
+        cand_s[size_t(m)] = cs_bits;
+        cand_z[size_t(m)] = cz_bits;
+        cand_se[size_t(m)] = R::effective(R::format_value(cs_bits, fp8), g);
+        cand_ze[size_t(m)] = asym ? R::effective(R::format_value(cz_bits, fp8), gz) : 0.0f;
+        ++m;
+      }
+      kernels::block_errors(r + int64_t(i) * bs, bs, qmax, asym, cand_se.data(), cand_ze.data(), m, cand_err.data());
+      int best = 0;
+      for (int k = 1; k < m; ++k)
+        if (cand_err[size_t(k)] < cand_err[size_t(best)]) best = k;
+      s_bits = cand_s[size_t(best)];
+      z_bits = cand_z[size_t(best)];
+      se = cand_se[size_t(best)];
+      ze = cand_ze[size_t(best)];
+    }
     R::put_stored(enc.scales.data(), fp8, si, s_bits);
-    s_eff[i] = R::effective(R::format_value(s_bits, fp8), g);
+    s_eff[i] = se;
     if (asym) {
-      const uint32_t z_bits = R::store_format(R::to_store(raw_z[i], divide, gz), fp8);
       R::put_stored(enc.zeros.data(), fp8, si, z_bits);
-      z_eff[i] = R::effective(R::format_value(z_bits, fp8), gz);
+      z_eff[i] = ze;
     }
   }
   uint8_t* codes = enc.codes.data() + size_t(group * S * enc.code_bytes_per_token());
@@ -190,7 +227,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
         for (float v : r) e += double(v) * double(v);
         energy[size_t(g)] = e;
       }
-      quantize_residual_group(r.data(), g, enc);
+      quantize_residual_group(r.data(), g, enc, cfg.scale_search);
     } catch (...) {
 #pragma omp critical(qvg_encode_failure)
       if (!failure) failure = std::current_exception();

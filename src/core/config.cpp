@@ -22,6 +22,8 @@ constexpr EnumName<Init> kInits[] = {
     {Init::Random, "random"}, {Init::KMeansPlusPlus, "kmeans++"}, {Init::KMeansPlusPlus, "kmeanspp"}, {Init::Warm, "warm"}};
 constexpr EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
 constexpr EnumName<SpanMode> kSpanModes[] = {{SpanMode::Deferred, "deferred"}, {SpanMode::Incremental, "incremental"}};
+constexpr EnumName<ScaleSearch> kScaleSearches[] = {{ScaleSearch::Off, "off"}, {ScaleSearch::Mse, "mse"}};
+constexpr EnumName<CacheRole> kCacheRoles[] = {{CacheRole::Key, "k"}, {CacheRole::Value, "v"}};
 }  // namespace
 
 std::string_view name(ScaleDType v) { return detail::name_in(kScaleDTypes, v); }
@@ -29,6 +31,15 @@ std::string_view name(Scaling v) { return detail::name_in(kScalings, v); }
 std::string_view name(Init v) { return detail::name_in(kInits, v); }
 std::string_view name(SinkSpan v) { return detail::name_in(kSinkSpans, v); }
 std::string_view name(SpanMode v) { return detail::name_in(kSpanModes, v); }
+std::string_view name(ScaleSearch v) {
+  return detail::name_in(kScaleSearches, v);
+}
+std::string_view name(CacheRole v) {
+  return detail::name_in(kCacheRoles, v);
+}
+ScaleSearch parse_scale_search(std::string_view s) {
+  return detail::parse_in(kScaleSearches, s, "scale_search", "off, mse");
+}
 
 ScaleDType parse_scale_dtype(std::string_view s) {
   return detail::parse_in(kScaleDTypes, s, "scale_dtype", "fp8_e4m3 (or fp8), bf16");
@@ -103,10 +114,32 @@ void CodecConfig::validate_for_head_dim(int64_t head_dim) const {
 
 std::string CodecConfig::describe() const {
   return fmt::format(
-      "bits={} centroids={} stages={} kmeans_iters={} block_size={} asymmetric={} scale_dtype={} scaling={} "
-      "init={} seed={}",
-      bits, centroids, stages, kmeans_iters, block_size, asymmetric, name(scale_dtype), name(scaling), name(init),
-      seed);
+             "bits={} centroids={} stages={} kmeans_iters={} block_size={} asymmetric={} scale_dtype={} scaling={} "
+             "init={} seed={}",
+             bits, centroids, stages, kmeans_iters, block_size, asymmetric, name(scale_dtype), name(scaling),
+             name(init), seed) +
+         (scale_search == ScaleSearch::Off ? std::string() : fmt::format(" scale_search={}", name(scale_search)));
+}
+
+bool RoleCodec::empty() const {
+  return *this == RoleCodec{};
+}
+
+std::string RoleCodec::describe(std::string_view p) const {
+  std::string out;
+  auto add = [&](std::string_view field, const std::string& v) {
+    out += fmt::format("{}{}{}={}", out.empty() ? "" : " ", p, field, v);
+  };
+  if (bits) add("bits", std::to_string(*bits));
+  if (centroids) add("centroids", std::to_string(*centroids));
+  if (block_size) add("block_size", std::to_string(*block_size));
+  if (stages) add("stages", std::to_string(*stages));
+  if (kmeans_iters) add("kmeans_iters", std::to_string(*kmeans_iters));
+  if (asymmetric) add("asymmetric", *asymmetric ? "true" : "false");
+  if (scale_dtype) add("scale_dtype", std::string(name(*scale_dtype)));
+  if (scaling) add("scaling", std::string(name(*scaling)));
+  if (scale_search) add("scale_search", std::string(name(*scale_search)));
+  return out;
 }
 
 void QuantArgs::validate() const {
@@ -114,6 +147,24 @@ void QuantArgs::validate() const {
     check_codec_fields(*bits, centroids, block_size, stages, kmeans_iters);
   } else {
     check_sizes(centroids, block_size, stages, kmeans_iters);
+  }
+  // Per-role overrides: each role's merged fields, the message naming the role's key.
+  for (const CacheRole role : {CacheRole::Key, CacheRole::Value}) {
+    const RoleCodec& r = role == CacheRole::Key ? k : v;
+    if (r.empty()) continue;
+    try {
+      const int b = r.bits.value_or(bits.value_or(2));
+      if (r.bits || bits) {
+        check_codec_fields(b, r.centroids.value_or(centroids), r.block_size.value_or(block_size),
+                           r.stages.value_or(stages), r.kmeans_iters.value_or(kmeans_iters));
+      } else {
+        check_sizes(r.centroids.value_or(centroids), r.block_size.value_or(block_size), r.stages.value_or(stages),
+                    r.kmeans_iters.value_or(kmeans_iters));
+      }
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("{} settings ({}): {}", role == CacheRole::Key ? "K" : "V",
+                                        r.describe(role == CacheRole::Key ? "k_" : "v_"), e.what()));
+    }
   }
   if (keep_recent_chunks < 0)
     throw InvalidArgument(fmt::format("keep_recent_chunks must be >= 0, got {}", keep_recent_chunks));
@@ -128,27 +179,84 @@ void QuantArgs::validate() const {
 
 void QuantArgs::validate_for_head_dim(int64_t head_dim) const {
   validate();
-  if (bits) check_head_dim(block_size, head_dim);
+  if (bits) {
+    check_head_dim(block_size, head_dim);
+    for (const RoleCodec* r : {&k, &v})
+      if (r->block_size) check_head_dim(*r->block_size, head_dim);
+  }
 }
 
 std::string QuantArgs::describe() const {
   if (!bits) return "kv_cache_quant=off";
   return fmt::format(
-      "kv_cache_quant=int{} centroids={} block_size={} stages={} kmeans_iters={} asymmetric={} "
-      "keep_recent_chunks={} sink={} sink_span={} sink_keep_chunks={} span_chunks={} scaling={} scale_dtype={} "
-      "init={} seed={}",
-      *bits, centroids, block_size, stages, kmeans_iters, asymmetric, keep_recent_chunks, sink, name(sink_span),
-      sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed) +
+             "kv_cache_quant=int{} centroids={} block_size={} stages={} kmeans_iters={} asymmetric={} "
+             "keep_recent_chunks={} sink={} sink_span={} sink_keep_chunks={} span_chunks={} scaling={} scale_dtype={} "
+             "init={} seed={}",
+             *bits, centroids, block_size, stages, kmeans_iters, asymmetric, keep_recent_chunks, sink, name(sink_span),
+             sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed) +
          (span_mode == SpanMode::Deferred
               ? std::string()
-              : fmt::format(" span_mode={} span_break_ratio={}", name(span_mode), span_break_ratio));
+              : fmt::format(" span_mode={} span_break_ratio={}", name(span_mode), span_break_ratio)) +
+         (scale_search == ScaleSearch::Off ? std::string() : fmt::format(" scale_search={}", name(scale_search))) +
+         (k.empty() ? std::string() : " " + k.describe("k_")) + (v.empty() ? std::string() : " " + v.describe("v_"));
 }
 
 CodecConfig QuantArgs::codec() const {
   QVG_CHECK(bits.has_value());
-  return {.bits = *bits, .centroids = centroids, .stages = stages, .kmeans_iters = kmeans_iters,
-          .block_size = block_size, .asymmetric = asymmetric, .scale_dtype = scale_dtype, .scaling = scaling,
-          .init = init, .seed = seed, .threads = threads};
+  return {.bits = *bits,
+          .centroids = centroids,
+          .stages = stages,
+          .kmeans_iters = kmeans_iters,
+          .block_size = block_size,
+          .asymmetric = asymmetric,
+          .scale_dtype = scale_dtype,
+          .scaling = scaling,
+          .init = init,
+          .scale_search = scale_search,
+          .seed = seed,
+          .threads = threads};
+}
+
+CodecConfig QuantArgs::codec(CacheRole role) const {
+  CodecConfig c = codec();
+  const RoleCodec& r = role == CacheRole::Key ? k : v;
+  if (r.bits) c.bits = *r.bits;
+  if (r.centroids) c.centroids = *r.centroids;
+  if (r.block_size) c.block_size = *r.block_size;
+  if (r.stages) c.stages = *r.stages;
+  if (r.kmeans_iters) c.kmeans_iters = *r.kmeans_iters;
+  if (r.asymmetric) c.asymmetric = *r.asymmetric;
+  if (r.scale_dtype) c.scale_dtype = *r.scale_dtype;
+  if (r.scaling) c.scaling = *r.scaling;
+  if (r.scale_search) c.scale_search = *r.scale_search;
+  return c;
+}
+
+void QuantArgs::apply_profile(std::string_view profile) {
+  // Both profiles start from the engine's defaults of every codec field (spec 2),
+  // with the reference's `compat` scaling (the QVG Triton layout).
+  const QuantArgs d;
+  if (!bits) bits = 2;
+  centroids = d.centroids;
+  block_size = d.block_size;
+  stages = d.stages;
+  kmeans_iters = d.kmeans_iters;
+  asymmetric = d.asymmetric;
+  scale_dtype = d.scale_dtype;
+  init = d.init;
+  k = RoleCodec{};
+  v = RoleCodec{};
+  if (profile == "reference") {
+    scaling = Scaling::Compat;
+    scale_search = ScaleSearch::Off;
+  } else if (profile == "hq") {
+    // Chosen from the rate-distortion frontier of docs/quality.md.
+    scaling = Scaling::TwoLevel;
+    scale_search = ScaleSearch::Mse;
+    asymmetric = true;
+  } else {
+    throw InvalidArgument(fmt::format("profile must be one of reference, hq, got '{}'", profile));
+  }
 }
 
 namespace {
@@ -197,7 +305,60 @@ bool parse_bool_flag(const std::string& key, const std::string& v) {
   throw InvalidArgument(fmt::format("{} must be a boolean (true/false/1/0), got '{}'", key, v));
 }
 
+// One per-role codec field (f = "_bits", "_centroids", ...) of a RoleCodec; false if
+// f names none. `key` names the setting in messages.
+bool set_role_field(RoleCodec& r, const std::string& key, const std::string& f, const std::string& value) {
+  if (f == "_bits") {
+    if (value == "2" || value == "int2")
+      r.bits = 2;
+    else if (value == "4" || value == "int4")
+      r.bits = 4;
+    else
+      throw InvalidArgument(fmt::format("{} must be 2, 4, int2 or int4, got '{}'", key, value));
+  } else if (f == "_centroids")
+    r.centroids = parse_int32_flag(key, value);
+  else if (f == "_block_size")
+    r.block_size = parse_int32_flag(key, value);
+  else if (f == "_stages")
+    r.stages = parse_int32_flag(key, value);
+  else if (f == "_iters")
+    r.kmeans_iters = parse_int32_flag(key, value);
+  else if (f == "_asymmetric")
+    r.asymmetric = parse_bool_flag(key, value);
+  else if (f == "_scale_dtype")
+    r.scale_dtype = parse_scale_dtype(value);
+  else if (f == "_scaling")
+    r.scaling = parse_scaling(value);
+  else if (f == "_scale_search")
+    r.scale_search = parse_scale_search(value);
+  else
+    return false;
+  return true;
+}
+
 }  // namespace
+
+RoleCodec parse_role_codec(std::string_view spec, std::string_view what) {
+  RoleCodec r;
+  size_t i = 0;
+  const std::string sp(spec);
+  while (i < sp.size()) {
+    size_t j = sp.find(',', i);
+    if (j == std::string::npos) j = sp.size();
+    const std::string item = sp.substr(i, j - i);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw InvalidArgument(fmt::format("{} must be a list of field=value separated by commas, got '{}'", what, sp));
+    const std::string field = item.substr(0, eq), value = item.substr(eq + 1);
+    if (!set_role_field(r, fmt::format("{} field '{}'", what, field), "_" + field, value))
+      throw InvalidArgument(
+          fmt::format("{}: unknown field '{}'; accepted: bits, centroids, block_size, stages, iters, "
+                      "asymmetric, scale_dtype, scaling, scale_search",
+                      what, field));
+    i = j + 1;
+  }
+  return r;
+}
 
 QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags) {
   QuantArgs a;
@@ -218,8 +379,15 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
           fmt::format("kv_cache_quant must be one of off, none, bf16, int4, int2, got '{}'", m));
     }
   }
+  // The profile first, whatever the keys' order: explicit keys override it.
+  if (auto pf = flags.find("kv_cache_quant_profile"); pf != flags.end()) {
+    const std::optional<int> mode_bits = a.bits;
+    a.apply_profile(pf->second);
+    a.bits = mode_bits;  // kv_cache_quant decides whether (and at which width) quantization runs
+  }
   for (const auto& [key, value] : flags) {
     if (key == "kv_cache_quant") continue;
+    if (key == "kv_cache_quant_profile") continue;      // applied above
     if (key.rfind("kv_cache_quant", 0) != 0) continue;  // not ours
     if (key == "kv_cache_quant_config") continue;  // the engine's own key: no cache setting in it
     std::string f = key.substr(std::string("kv_cache_quant").size());
@@ -239,11 +407,18 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
     else if (f == "_init") a.init = parse_init(value);
     else if (f == "_seed") a.seed = parse_seed_flag(key, value);
+    else if (f == "_scale_search")
+      a.scale_search = parse_scale_search(value);
+    else if (f.rfind("_k_", 0) == 0 && set_role_field(a.k, key, f.substr(2), value))
+      continue;
+    else if (f.rfind("_v_", 0) == 0 && set_role_field(a.v, key, f.substr(2), value))
+      continue;
     else
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
           "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _span_mode, _span_break_ratio, "
-          "_scaling, _scale_dtype, _init, _seed",
+          "_scaling, _scale_dtype, _init, _seed, _scale_search, _profile, and per role _k_<f> / _v_<f> for f in "
+          "bits, centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling, scale_search",
           key));
   }
   a.validate();

@@ -97,6 +97,52 @@ QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_e
   return add_rn(mul_rn(int_to_float(code), s_eff), z_eff);
 }
 
+// ---- the encoder's scale search (issue 16, ScaleSearch::Mse) ------------------------
+// Only the encoder's choice of the stored scale (and zero) changes; decode is spec 1.3.
+// Scalar on purpose: every candidate is evaluated with the decode's own separately
+// rounded fp32 operations and its squared error summed in fp64 in channel order, so
+// the choice (and the bytes) are the same on every SIMD target, GPU or thread count.
+
+/// Candidates: the block's range shrunk by the factor 1 - k/20, k = 0..kScaleSearchSteps-1
+/// (1.0 down to 0.30); k = 0 is the `off` choice (spec 1.2) itself.
+inline constexpr int kScaleSearchSteps = 15;
+/// The shrink factor of candidate k (exact in fp32 for k = 0: 1.0f).
+QVG_HD float scale_search_factor(int k) {
+  return div_rn(int_to_float(20 - k), 20.0f);
+}
+
+/// The squared error the decoder gives on a block of n channels with effective scale
+/// s_eff (and zero z_eff): the sum over channels of (x - dequant(quantize_code(x)))^2.
+/// Pinned so that every target gives the same bits (the SIMD kernel
+/// kernels::block_errors evaluates candidates in lanes, each lane exactly this): codes
+/// as quantize_code gives them (the quotient clamped to [lo - 1, hi + 1] first, then
+/// rounded half away from zero through an exact truncation), each square a rounded
+/// fp32 multiply, summed in fp32 in channel order.
+QVG_HD float block_sq_error(const float* x, int64_t n, int qmax, bool asymmetric, float s_eff, float z_eff) {
+  float acc = 0.0f;
+  const float hi = int_to_float(qmax), lo = asymmetric ? 0.0f : -hi;
+  const float z = asymmetric ? z_eff : 0.0f;
+  const float vlo = sub_rn(lo, 1.0f), vhi = add_rn(hi, 1.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    float d;
+    if (s_eff == 0.0f) {  // every code decodes to the smallest magnitude: 0, or z (spec 1.2)
+      d = sub_rn(x[i], z);
+    } else {
+      float v = div_rn(sub_rn(x[i], z), s_eff);  // x - 0 is x: the symmetric quotient unchanged
+      v = v < vlo ? vlo : v;
+      v = v > vhi ? vhi : v;
+      const float t = int_to_float(int(v));  // trunc, exact: |v| <= 2^bits
+      const float fr = sub_rn(v, t);         // exact
+      float r = add_rn(t, fr >= 0.5f ? 1.0f : (fr <= -0.5f ? -1.0f : 0.0f));
+      r = r < lo ? lo : r;
+      r = r > hi ? hi : r;
+      d = sub_rn(x[i], add_rn(mul_rn(r, s_eff), z));
+    }
+    acc = add_rn(acc, mul_rn(d, d));
+  }
+  return acc;
+}
+
 /// Code of channel i of a packed row (spec 1.5 order: int4 byte j = code[2j] << 4 |
 /// code[2j+1]; int2 byte j = code[4j] << 6 | code[4j+1] << 4 | code[4j+2] << 2 | code[4j+3]).
 QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) {

@@ -75,6 +75,13 @@ void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float*
 void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
                    const float* s_eff, const float* z_eff, uint8_t* codes);
 
+/// err[c] = residual_impl::block_sq_error(x, n, qmax, asym, s_eff[c], z_eff[c]) for the
+/// ncand candidate scales (and zeros) of one block (the encoder's scale search): the
+/// candidates are evaluated in lanes, each lane the scalar definition, so the bits
+/// equal kernels::ref::block_errors on every target. REQUIRES z_eff non-null when asym.
+void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
+                  float* err);
+
 /// Native bf16 conversion (AVX512-BF16) in decode: available when the CPU has it
 /// and the dispatched target is AVX-512; used unless switched off. It flushes
 /// denormals, so decode keeps the integer rounding for any vector pair holding a

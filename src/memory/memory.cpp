@@ -100,18 +100,33 @@ PolicyReplay& PolicyReplay::operator=(PolicyReplay&&) noexcept = default;
 const std::vector<SegmentSize>& PolicyReplay::segments() const { return impl_->segs; }
 const std::vector<PolicyStep>& PolicyReplay::steps() const { return impl_->steps; }
 
+namespace {
+// One role's bytes (per-role settings: K and V may be encoded differently).
+size_t role_span_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role, int64_t tokens) {
+  const Shape4 s{1, tokens, m.heads, m.head_dim};
+  return EncodedTensor::predicted_nbytes(s, m.dtype, a.codec(role));
+}
+size_t role_codebook_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role) {
+  const Shape4 s{1, 1, m.heads, m.head_dim};
+  const EncodingLayout l = EncodingLayout::of(s, m.dtype, a.codec(role));
+  size_t n = 0;
+  for (const ArrayDesc& d : l.arrays())
+    if (d.kind == EncodedArray::Centroids) n += d.bytes();
+  return n;
+}
+size_t role_chunk_data_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role, int64_t tokens) {
+  return role_span_bytes(m, a, role, tokens) - role_codebook_bytes(m, a, role);
+}
+}  // namespace
+
 size_t PolicyReplay::span_bytes(int64_t tokens) const {
-  const Shape4 s{1, tokens, impl_->shape.heads, impl_->shape.head_dim};
-  return 2 * EncodedTensor::predicted_nbytes(s, impl_->shape.dtype, impl_->args.codec());
+  return role_span_bytes(impl_->shape, impl_->args, CacheRole::Key, tokens) +
+         role_span_bytes(impl_->shape, impl_->args, CacheRole::Value, tokens);
 }
 
 size_t PolicyReplay::codebook_bytes() const {
-  const Shape4 s{1, 1, impl_->shape.heads, impl_->shape.head_dim};
-  const EncodingLayout l = EncodingLayout::of(s, impl_->shape.dtype, impl_->args.codec());
-  size_t n = 0;
-  for (const ArrayDesc& a : l.arrays())
-    if (a.kind == EncodedArray::Centroids) n += a.bytes();
-  return 2 * n;
+  return role_codebook_bytes(impl_->shape, impl_->args, CacheRole::Key) +
+         role_codebook_bytes(impl_->shape, impl_->args, CacheRole::Value);
 }
 
 size_t PolicyReplay::chunk_data_bytes(int64_t tokens) const { return span_bytes(tokens) - codebook_bytes(); }
@@ -124,8 +139,11 @@ const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
   m.pol.evict();
   m.pol.pack([&](const std::vector<const detail::PlanSegment<Bytes>*>&, detail::PlanSegment<Bytes>& span,
                  detail::SpanChoice& choice) {
-    const size_t half = (choice.incremental ? chunk_data_bytes(span.tokens()) : span_bytes(span.tokens())) / 2;
-    span.data = Bytes{half, half};
+    auto role_bytes = [&](CacheRole r) {
+      return choice.incremental ? role_chunk_data_bytes(m.shape, m.args, r, span.tokens())
+                                : role_span_bytes(m.shape, m.args, r, span.tokens());
+    };
+    span.data = Bytes{role_bytes(CacheRole::Key), role_bytes(CacheRole::Value)};
     if (choice.incremental) {
       const bool answer = !join || join();  // consumed for every incremental chunk, in order
       choice.joined = choice.may_join && answer;
@@ -187,12 +205,15 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   auto span_seg = [&](int64_t g0, int64_t g1, bool sink, int64_t chunks) {
     SegmentSize s = raw_seg(g0, g1, sink, chunks);
     s.packed = true;
-    s.k_bytes = s.v_bytes = replay.span_bytes(g1 - g0) / 2;
+    s.k_bytes = role_span_bytes(shape, args, CacheRole::Key, g1 - g0);
+    s.v_bytes = role_span_bytes(shape, args, CacheRole::Value, g1 - g0);
     if (incremental && !sink) {  // one codebook, then each chunk's data arrays (own factors)
-      size_t bytes = replay.codebook_bytes();
-      for (int64_t t = g0; t < g1; t += shape.chunk_tokens)
-        bytes += replay.chunk_data_bytes(std::min(g1, t + shape.chunk_tokens) - t);
-      s.k_bytes = s.v_bytes = bytes / 2;
+      for (const CacheRole role : {CacheRole::Key, CacheRole::Value}) {
+        size_t bytes = role_codebook_bytes(shape, args, role);
+        for (int64_t t = g0; t < g1; t += shape.chunk_tokens)
+          bytes += role_chunk_data_bytes(shape, args, role, std::min(g1, t + shape.chunk_tokens) - t);
+        (role == CacheRole::Key ? s.k_bytes : s.v_bytes) = bytes;
+      }
     }
     return s;
   };

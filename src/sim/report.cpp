@@ -18,18 +18,21 @@
 namespace qvg {
 
 void write_simulation_report(const SimulationResult& r, const std::string& dir) {
+  write_report_files(dir, {
+                              {"report.json", simulation_json(r, 2) + "\n"},
+                              {"memory.svg", memory_chart_svg(r)},
+                              {"attention.svg", attention_chart_svg(r)},
+                              {"summary.txt", simulation_summary_text(r)},
+                          });
+}
+
+void write_report_files(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     throw InvalidArgument(fmt::format("--report directory '{}' cannot be created: {}", dir,
                                       ec ? ec.message() : std::string("not a directory")));
-  const std::vector<std::pair<std::string, std::string>> files = {
-      {"report.json", simulation_json(r, 2) + "\n"},
-      {"memory.svg", memory_chart_svg(r)},
-      {"attention.svg", attention_chart_svg(r)},
-      {"summary.txt", simulation_summary_text(r)},
-  };
   std::vector<fs::path> tmps;
   auto cleanup = [&] {
     for (const auto& t : tmps) fs::remove(t, ec);

@@ -29,6 +29,9 @@ std::string describe_quant(const QuantArgs& q) {
       q.bits.value_or(0), q.centroids, q.block_size, q.stages, q.stages == 1 ? "" : "s", q.kmeans_iters,
       q.kmeans_iters == 1 ? "" : "s", name(q.scale_dtype), name(q.scaling), q.asymmetric ? "asymmetric" : "symmetric");
   if (q.init != Init::Random) s += fmt::format(", init {}", name(q.init));
+  if (q.scale_search != ScaleSearch::Off) s += fmt::format(", scale search {}", name(q.scale_search));
+  if (!q.k.empty()) s += ", K: " + q.k.describe("");
+  if (!q.v.empty()) s += ", V: " + q.v.describe("");
   return s;
 }
 

@@ -8,6 +8,7 @@
 // is the fewest chunks holding at least 64 x centroids tokens, so QVG's codebooks
 // cost at most 0.25 bits per element.
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,8 +34,60 @@ struct CompareOptions {
   std::string codec_seed = "1234";
   std::string span_mode = "deferred";
   bool json = false;
+  bool frontier = false;
+  bool frontier_quick = false;
+  bool warm_start = false;
+  std::string bpe_slack = "0.15";
+  std::string rounds = "3";
+  std::string max_queries = "160";
+  std::optional<std::string> report;
   CodecConfig cfg;
 };
+
+void run_frontier(const CompareOptions& o, const CompareConfig& c) {
+  FrontierConfig f;
+  f.model = c.model;
+  f.scale = c.scale;
+  f.seed = c.seed;
+  f.context_chunks = c.context_chunks;
+  f.layers = c.layers;
+  f.query_stride = c.query_stride;
+  f.max_queries = int(parse_int_flag("--max-queries", o.max_queries, 0, 1'000'000));
+  f.codec_seed = c.codec.seed;
+  f.threads = c.threads;
+  f.quick = o.frontier_quick;
+  const std::optional<double> slack = parse_number(o.bpe_slack);
+  if (!slack || !(*slack >= 0 && *slack <= 16))
+    throw InvalidArgument(fmt::format("--bpe-slack must be a number in [0, 16], got '{}'", o.bpe_slack));
+  f.bpe_slack = *slack;
+  f.max_rounds = int(parse_int_flag("--rounds", o.rounds, 1, 10));
+  f.validate();
+  if (o.report && std::filesystem::exists(*o.report) && !std::filesystem::is_directory(*o.report))
+    throw InvalidArgument(fmt::format("--report '{}' exists and is not a directory", *o.report));
+  const FrontierResult r = frontier(f, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
+  if (o.report) write_frontier_report(r, *o.report);
+  if (o.json) {
+    fmt::print("{}\n", frontier_json(r, 2));
+    return;
+  }
+  fmt::print("{}", frontier_text(r));
+}
+
+void run_warm_start(const CompareConfig& c) {
+  const int64_t chunks = c.context_chunks.value_or(8);
+  const WarmStartFigures w =
+      warm_start_figures(c.model, c.scale, c.layers, c.codec.centroids, chunks, c.seed, c.threads);
+  fmt::print(
+      "warm start on {} (scale {}), {} centroids, one-chunk spans of {} chunks, {} k-means runs (K and V):\n"
+      "  random init, 2 iterations: {:.3f} s (the target inertia)\n"
+      "  warm init: reaches it in {} of {} runs ({} never within 8 iterations), in {:.2f} iterations on average, "
+      "{:.3f} s where random took {:.3f} s on those runs\n"
+      "  equal iterations (2, about equal time: warm {:.3f} s): inertia warm / random = {:.4f}; warm after 1 "
+      "iteration / random after 2 = {:.4f}\n",
+      c.model, c.scale, c.codec.centroids, chunks, w.groups, w.random_s, w.groups - w.warm_never, w.groups,
+      w.warm_never, w.warm_iters_to_target, w.warm_s_to_target, w.random_s_reached, w.warm_s_equal_iters,
+      w.inertia_ratio_equal_iters, w.inertia_ratio_one_iter);
+}
 
 void run_compare(const CompareOptions& o) {
   check_codec_flags(o.cfg);
@@ -55,6 +108,8 @@ void run_compare(const CompareOptions& o) {
   c.codec.seed = parse_seed_flag("--codec-seed", o.codec_seed);
   c.span_mode = named("--span-mode", [&] { return parse_span_mode(o.span_mode); });
   c.threads = o.cfg.threads;
+  if (o.frontier) return run_frontier(o, c);
+  if (o.warm_start) return run_warm_start(c);
   c.validate();
   const CompareResult r = compare(c);
   if (o.json) {
@@ -81,6 +136,20 @@ void register_compare(CLI::App& root) {
             "NAME");
   add_codec_seed_flag(*cmd, o->codec_seed);
   cmd->add_flag("--json", o->json, "print the table as JSON");
+  cmd->add_flag("--frontier", o->frontier,
+                "sweep qvg configurations (coordinate descent from the reference default) and the baselines at "
+                "2, 3 and 4 bits: the rate-distortion frontier (docs/quality.md); the codec flags are ignored");
+  cmd->add_flag("--frontier-quick", o->frontier_quick, "with --frontier: a reduced knob set (tests)");
+  add_value(*cmd, "--bpe-slack", o->bpe_slack,
+            "with --frontier: the descent's budget is the reference's bits per element + this", "X");
+  add_value(*cmd, "--max-queries", o->max_queries,
+            "with --frontier: at most this many queries per layer (the stride grows from --query-stride); 0 = no cap",
+            "N");
+  add_value(*cmd, "--rounds", o->rounds, "with --frontier: at most this many descent rounds (1..10)", "N");
+  add_value(*cmd, "--report", o->report, "with --frontier: write frontier.json, frontier.svg and summary.txt into DIR",
+            "DIR");
+  cmd->add_flag("--warm-start", o->warm_start,
+                "measure k-means warm start against random init on one-chunk spans of the context (docs/quality.md)");
   cmd->callback([o] { run_compare(*o); });
 }
 

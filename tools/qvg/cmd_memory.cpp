@@ -42,7 +42,11 @@ struct MemoryOptions {
   bool asymmetric = false;
   std::string scale_dtype = "fp8_e4m3";
   std::string scaling = "two_level";
+  std::string scale_search = "off";
+  std::optional<std::string> profile;
+  std::string k_config, v_config;  // per-role codec settings (field=value,...)
   bool json = false;
+  CLI::App* cmd = nullptr;  // to tell which flags were given (explicit flags override --profile)
 };
 
 using sim::grouped;
@@ -68,16 +72,33 @@ std::string describe_layout(const std::vector<SegmentSize>& segs) {
 
 QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
   QuantArgs a;
-  const int64_t bits = parse_int_flag("--bits", o.bits, 0, 64);
-  if (bits != 2 && bits != 4) throw InvalidArgument(fmt::format("--bits must be 2 or 4, got {}", bits));
-  a.bits = int(bits);
+  // The profile first; a flag given on the command line overrides it (any order).
+  if (o.profile)
+    named("--profile", [&] {
+      a.apply_profile(*o.profile);
+      return 0;
+    });
+  auto given = [&](const char* flag) {
+    if (!o.profile || o.cmd == nullptr) return true;
+    const CLI::Option* opt = o.cmd->get_option_no_throw(flag);
+    return opt != nullptr && opt->count() > 0;
+  };
+  if (given("--bits")) {
+    const int64_t bits = parse_int_flag("--bits", o.bits, 0, 64);
+    if (bits != 2 && bits != 4) throw InvalidArgument(fmt::format("--bits must be 2 or 4, got {}", bits));
+    a.bits = int(bits);
+  }
   apply_cache_flags(o.cache, p.sink_span, a);
-  a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
-  a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
-  a.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
-  a.asymmetric = o.asymmetric;
-  a.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(o.scale_dtype); });
-  a.scaling = named("--scaling", [&] { return parse_scaling(o.scaling); });
+  if (given("--centroids")) a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
+  if (given("--block-size")) a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
+  if (given("--stages")) a.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
+  if (given("--asymmetric")) a.asymmetric = o.asymmetric;
+  if (given("--scale-dtype")) a.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(o.scale_dtype); });
+  if (given("--scaling")) a.scaling = named("--scaling", [&] { return parse_scaling(o.scaling); });
+  if (given("--scale-search"))
+    a.scale_search = named("--scale-search", [&] { return parse_scale_search(o.scale_search); });
+  if (!o.k_config.empty()) a.k = parse_role_codec(o.k_config, "--k-config");
+  if (!o.v_config.empty()) a.v = parse_role_codec(o.v_config, "--v-config");
   a.validate_for_head_dim(p.head_dim);
   return a;
 }
@@ -102,9 +123,11 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   fmt::print("  context  {} frames = {} tokens{}, {}; window = context + 1 chunk = {} tokens\n", ctx_frames,
              grouped(s.context_tokens), frames_overridden ? " (--frames)" : assumed_mark(as.context), sink,
              grouped(s.cache_tokens()));
-  fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}\n", *a.bits, a.centroids,
-             a.block_size, a.stages, a.stages == 1 ? "" : "s", name(a.scale_dtype), name(a.scaling),
-             a.asymmetric ? "asymmetric" : "symmetric");
+  fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}{}\n", *a.bits,
+             a.centroids, a.block_size, a.stages, a.stages == 1 ? "" : "s", name(a.scale_dtype), name(a.scaling),
+             a.asymmetric ? "asymmetric" : "symmetric", a.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
+  if (a.per_role())
+    fmt::print("  per role {}{}{}\n", a.k.describe("k_"), !a.k.empty() && !a.v.empty() ? " " : "", a.v.describe("v_"));
   fmt::print("  cache    span_chunks {} ({}), keep_recent {}, sink {} (sink_span {}, sink_keep {})\n\n", a.span_chunks,
              name(a.span_mode), a.keep_recent_chunks, a.sink ? "quantized" : "kept raw", name(a.sink_span),
              a.sink_keep_chunks);
@@ -156,6 +179,7 @@ void register_memory(CLI::App& root) {
   auto o = std::make_shared<MemoryOptions>();
   CLI::App* cmd = root.add_subcommand(
       "memory", "Exact K/V cache memory of a model preset: bf16 vs packed (spec 1.5), and the packed cache's peak");
+  o->cmd = cmd;
   add_model_flag(*cmd, o->model)->required();
   add_value(*cmd, "--bits", o->bits, "residual code width: 2 or 4", "INT");
   add_value(*cmd, "--frames", o->frames, "context length in frames (default: the preset's)", "INT");
@@ -173,6 +197,14 @@ void register_memory(CLI::App& root) {
   cmd->add_flag("--asymmetric", o->asymmetric, "min/max + zero point per block");
   add_value(*cmd, "--scale-dtype", o->scale_dtype, "fp8_e4m3 | bf16", "NAME");
   add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");
+  add_value(*cmd, "--scale-search", o->scale_search, "off | mse (the encoder's choice; no change in bytes)", "NAME");
+  add_value(*cmd, "--profile", o->profile,
+            "codec settings by name: reference | hq (docs/quality.md); explicit flags override it", "NAME");
+  add_value(*cmd, "--k-config", o->k_config,
+            "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "
+            "iters, asymmetric, scale_dtype, scaling, scale_search)",
+            "LIST");
+  add_value(*cmd, "--v-config", o->v_config, "V's own codec settings (as --k-config)", "LIST");
   cmd->add_flag("--json", o->json, "print the figures as JSON");
   cmd->callback([o] { run_memory(*o); });
 }

@@ -48,6 +48,7 @@ struct SimulateOptions {
   bool attention_every_step = false;
   std::string bits = "2";
   std::string init = "random";
+  std::string k_config, v_config;  // per-role codec settings (field=value,...)
   std::string codec_seed = "1234";
   CacheFlags cache = {.span_chunks = "8"};
   std::optional<std::string> json;
@@ -101,6 +102,9 @@ SimulationConfig build_config(const SimulateOptions& o) {
   q.asymmetric = o.cfg.asymmetric;
   q.scale_dtype = o.cfg.scale_dtype;
   q.scaling = o.cfg.scaling;
+  q.scale_search = o.cfg.scale_search;
+  q.k = parse_role_codec(o.k_config, "--k-config");
+  q.v = parse_role_codec(o.v_config, "--v-config");
   q.init = named("--init", [&] { return parse_init(o.init); });
   q.seed = parse_seed_flag("--codec-seed", o.codec_seed);
   q.threads = o.cfg.threads;
@@ -234,6 +238,11 @@ void register_simulate(CLI::App& root) {
   add_value(*cmd, "--init", o->init, "k-means initialisation: random | kmeans++ | warm (previous span's codebook)",
             "NAME");
   add_codec_seed_flag(*cmd, o->codec_seed);
+  add_value(*cmd, "--k-config", o->k_config,
+            "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "
+            "iters, asymmetric, scale_dtype, scaling, scale_search)",
+            "LIST");
+  add_value(*cmd, "--v-config", o->v_config, "V's own codec settings (as --k-config)", "LIST");
 
   add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks encoded together (one codebook)", "N");
   add_value(*cmd, "--span-mode", o->cache.span_mode,

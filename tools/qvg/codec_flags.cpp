@@ -2,6 +2,7 @@
 #include "codec_flags.h"
 
 #include <charconv>
+#include <memory>
 #include <string>
 
 #include <fmt/core.h>
@@ -68,6 +69,15 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
       ->type_name("NAME")
       ->default_str("two_level");
   cmd.add_option_function<std::string>(
+         "--scale-search",
+         [&cfg](const std::string& v) {
+           cfg.scale_search = named("--scale-search", [&] { return parse_scale_search(v); });
+         },
+         "the encoder's choice of each block's stored scale: off (the block maximum, spec 1.2) | mse (the "
+         "least-squared-error candidate among shrunk ranges; same stored form, docs/quality.md)")
+      ->type_name("NAME")
+      ->default_str("off");
+  cmd.add_option_function<std::string>(
          "--init",
          [&cfg](const std::string& v) {
            if (v == "warm")
@@ -85,6 +95,39 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
       ->type_name("UINT")
       ->default_str(std::to_string(cfg.seed));
   add_int(cmd, "--threads", cfg.threads, "worker threads (0 = all cores); never changes bytes");
+  add_profile_flag(cmd, cfg);
+}
+
+void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
+  auto profile = std::make_shared<std::string>();
+  cmd.add_option("--profile", *profile,
+                 "codec settings by name: reference (the engine's defaults, compat scaling) | hq (docs/quality.md); "
+                 "explicit codec flags override it, whatever their order")
+      ->type_name("NAME");
+  // After parsing: the profile's value for every codec field whose flag was not given.
+  cmd.parse_complete_callback([&cmd, &cfg, profile] {
+    if (profile->empty()) return;
+    QuantArgs q;
+    named("--profile", [&] {
+      q.apply_profile(*profile);
+      return 0;
+    });
+    const CodecConfig p = q.codec(CacheRole::Key);
+    auto given = [&cmd](const char* flag) {
+      const CLI::Option* o = cmd.get_option_no_throw(flag);
+      return o != nullptr && o->count() > 0;
+    };
+    if (!given("--bits")) cfg.bits = p.bits;
+    if (!given("--centroids")) cfg.centroids = p.centroids;
+    if (!given("--block-size")) cfg.block_size = p.block_size;
+    if (!given("--stages")) cfg.stages = p.stages;
+    if (!given("--iters")) cfg.kmeans_iters = p.kmeans_iters;
+    if (!given("--asymmetric")) cfg.asymmetric = p.asymmetric;
+    if (!given("--scale-dtype")) cfg.scale_dtype = p.scale_dtype;
+    if (!given("--scaling")) cfg.scaling = p.scaling;
+    if (!given("--scale-search")) cfg.scale_search = p.scale_search;
+    if (!given("--init")) cfg.init = p.init;
+  });
 }
 
 void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg) {

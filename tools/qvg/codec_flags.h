@@ -22,6 +22,12 @@ namespace qvg::cli {
 /// Adds the codec flags to `cmd`, writing into `cfg` (reset to the defaults here).
 void add_codec_flags(CLI::App& cmd, CodecConfig& cfg);
 
+/// Adds `--profile NAME` (QuantArgs::apply_profile: reference | hq); once the command
+/// line is parsed, every codec field of cfg whose flag was not given takes the profile's
+/// value, so explicit flags override the profile whatever their order. add_codec_flags
+/// calls it.
+void add_profile_flag(CLI::App& cmd, CodecConfig& cfg);
+
 /// add_codec_flags for the commands that stream a workload (simulate, compare): the
 /// published QVG configuration's defaults (--bits 2, --centroids 256), and no --seed
 /// (theirs names the workload's video; add_codec_seed_flag adds the codec's).

@@ -240,6 +240,16 @@ PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArg
     throw Unsupported(fmt::format(
         "init must be random for the device packed cache (the CUDA encoder supports random init only), got {}",
         name(quant.init)));
+  if (quant.enabled() && quant.scale_search != ScaleSearch::Off)
+    throw Unsupported(fmt::format(
+        "scale_search must be off for the device packed cache (the CUDA encoder chooses scales from the block "
+        "maxima only), got {}",
+        name(quant.scale_search)));
+  if (quant.enabled() && quant.per_role())
+    throw Unsupported(
+        fmt::format("per-role settings are not supported by the device packed cache (it encodes K and V with one "
+                    "configuration), got {}",
+                    quant.describe()));
   impl_ = std::make_unique<Impl>(options, quant, alloc);
 }
 

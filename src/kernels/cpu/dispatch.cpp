@@ -41,6 +41,7 @@ HWY_EXPORT(AssignNearestImpl);
 HWY_EXPORT(AttentionHeadImpl);
 HWY_EXPORT(Bf16ToF32Impl);
 HWY_EXPORT(BlockAbsMaxImpl);
+HWY_EXPORT(BlockErrorsImpl);
 HWY_EXPORT(BlockMinMaxImpl);
 HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(F32ToBf16Impl);
@@ -62,6 +63,10 @@ void accumulate_clusters(const float* x, int64_t n, int64_t dim, const uint8_t* 
 }
 void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax) {
   HWY_DYNAMIC_DISPATCH(BlockAbsMaxImpl)(x, nblocks, bs, amax);
+}
+void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
+                  float* err) {
+  HWY_DYNAMIC_DISPATCH(BlockErrorsImpl)(x, n, qmax, asym, s_eff, z_eff, ncand, err);
 }
 void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float* hi) {
   HWY_DYNAMIC_DISPATCH(BlockMinMaxImpl)(x, nblocks, bs, lo, hi);

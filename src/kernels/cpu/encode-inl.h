@@ -147,4 +147,44 @@ void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block,
   }
 }
 
+// Candidates in lanes (lane j: candidate c0 + j), channels in order: every lane runs
+// residual_impl::block_sq_error's operations, so the bits do not depend on the width.
+void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
+                     float* err) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const int L = int(hn::Lanes(df));
+  const float hi = float(qmax), lo = asym ? 0.0f : -hi;
+  const auto vlo = hn::Set(df, lo - 1.0f), vhi = hn::Set(df, hi + 1.0f), rlo = hn::Set(df, lo), rhi = hn::Set(df, hi);
+  const auto zero = hn::Zero(df), one = hn::Set(df, 1.0f), neg_one = hn::Set(df, -1.0f);
+  const auto half = hn::Set(df, 0.5f), neg_half = hn::Set(df, -0.5f);
+  HWY_ALIGN float sb[hn::MaxLanes(df)], zb[hn::MaxLanes(df)], eb[hn::MaxLanes(df)];
+  for (int c0 = 0; c0 < ncand; c0 += L) {
+    const int m = std::min(L, ncand - c0);
+    for (int j = 0; j < L; ++j) {
+      const int c = c0 + std::min(j, m - 1);
+      sb[j] = s_eff[c];
+      zb[j] = asym ? z_eff[c] : 0.0f;
+    }
+    const auto sv = hn::Load(df, sb), zv = hn::Load(df, zb);
+    const auto s_zero = hn::Eq(sv, zero);
+    const auto sdiv = hn::IfThenElse(s_zero, one, sv);  // no 0/0 in the lanes that do not use it
+    auto acc = zero;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto xv = hn::Set(df, x[i]);
+      auto v = hn::Div(hn::Sub(xv, zv), sdiv);
+      v = hn::Min(hn::Max(v, vlo), vhi);
+      const auto t = hn::ConvertTo(df, hn::ConvertTo(di, v));
+      const auto fr = hn::Sub(v, t);
+      const auto adj = hn::IfThenElse(hn::Ge(fr, half), one, hn::IfThenElseZero(hn::Le(fr, neg_half), neg_one));
+      const auto r = hn::Min(hn::Max(hn::Add(t, adj), rlo), rhi);
+      const auto deq = hn::IfThenElse(s_zero, zv, hn::Add(hn::Mul(r, sv), zv));
+      const auto d = hn::Sub(xv, deq);
+      acc = hn::Add(acc, hn::Mul(d, d));
+    }
+    hn::Store(acc, df, eb);
+    for (int j = 0; j < m; ++j) err[c0 + j] = eb[j];
+  }
+}
+
 QVG_CPU_KERNELS_END

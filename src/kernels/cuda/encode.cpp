@@ -42,6 +42,9 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   if (x.data == nullptr) throw InvalidArgument("encode input is null");
   if (cfg.init != Init::Random)
     throw Unsupported(fmt::format("the CUDA encoder supports init random only, got init {}", name(cfg.init)));
+  if (cfg.scale_search != ScaleSearch::Off)
+    throw Unsupported(
+        fmt::format("the CUDA encoder supports scale_search off only, got scale_search {}", name(cfg.scale_search)));
   DeviceEncodedTensor enc = DeviceEncodedTensor::allocate(x.shape, x.dtype, cfg, stream, alloc);
   const int64_t B = x.shape.b, S = x.shape.s, H = x.shape.h, D = x.shape.d, G = B * H;
   const int K = cfg.centroids, iters = cfg.kmeans_iters;

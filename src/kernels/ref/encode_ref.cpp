@@ -24,6 +24,12 @@ void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, in
     }
 }
 
+void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
+                  float* err) {
+  for (int c = 0; c < ncand; ++c)
+    err[c] = residual_impl::block_sq_error(x, n, qmax, asym, s_eff[c], asym ? z_eff[c] : 0.0f);
+}
+
 void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax) {
   for (int64_t b = 0; b < nblocks; ++b) {
     const float* p = x + b * bs;

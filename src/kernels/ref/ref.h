@@ -24,6 +24,10 @@ void decode_rows(const DecodeRows& job);
 void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym, const float* s_eff,
                    const float* z_eff, uint8_t* codes);
 
+/// err[c] = residual_impl::block_sq_error of candidate c.
+void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
+                  float* err);
+
 /// amax[b] = std::max over the block of std::fabs, from 0.
 void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax);
 /// The sequential scan lo = std::min(lo, x[i]), hi = std::max(hi, x[i]) from x[0].

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# CLI (issue 16): `qvg compare --frontier` writes frontier.json, frontier.svg (labelled
+# axes, the Pareto set and the reference default marked) and summary.txt, with
+# progress on stderr; `--profile` with explicit flags overriding it in any order;
+# `--scale-search`; per-role settings in `qvg memory`.
+# Usage: bash quality.sh /path/to/qvg   (python3 standard library only)
+set -euo pipefail
+QVG=${1:?usage: quality.sh /path/to/qvg}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A tiny frontier: the reduced knob set, one round, one layer, two chunks.
+"$QVG" compare --frontier --frontier-quick --rounds 1 --scale 0.05 --layers 1 --context-chunks 2 \
+  --query-stride 16 --threads 2 --report "$T/rep" > "$T/out.txt" 2> "$T/err.txt" ||
+  fail "frontier failed: $(cat "$T/err.txt")"
+grep -q "coordinate descent" "$T/err.txt" || fail "no progress on stderr"
+grep -q "hq vs reference" "$T/out.txt" || fail "no summary: $(cat "$T/out.txt")"
+for f in frontier.json frontier.svg summary.txt; do [ -s "$T/rep/$f" ] || fail "missing $f"; done
+python3 - "$T/rep/frontier.svg" "$T/rep/frontier.json" <<'PY' || fail "bad frontier report"
+import json, sys
+import xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()   # well-formed XML
+ns = {"s": "http://www.w3.org/2000/svg"}
+ids = {e.get("id"): e for e in root.iter() if e.get("id")}
+assert "bits per element" in "".join(ids["x-label"].itertext())
+assert "attention relative L2 error" in "".join(ids["y-label"].itertext())
+pareto = ids["pareto"]
+assert len([c for c in pareto.iter() if c.get("class") == "pareto-point"]) >= 2
+assert "reference default" in "".join(ids["reference"].itertext())
+assert "hq profile" in "".join(ids["hq"].itertext())
+d = json.load(open(sys.argv[2]))
+assert d["format"] == "qvg.frontier/1"
+pts = d["points"]
+ref = d["summary"]["reference"]
+assert ref["label"] == "reference default" and ref["k"]["scaling"] == "compat" and ref["k"]["centroids"] == 128
+assert sum(p["pareto"] for p in pts) >= 2
+assert {p["method"] for p in pts} == {"qvg", "rtn", "kivi", "quarot"}
+assert {p.get("bits") for p in pts if p["method"] != "qvg"} == {2, 3, 4}
+for p in pts:
+    if p["pareto"]:
+        for o in pts:
+            assert not (o["bits_per_element"] < p["bits_per_element"] and o["attention_rel_l2"] < p["attention_rel_l2"])
+PY
+
+# --profile: explicit flags override it, whatever the order.
+python3 - "$T/x.npy" <<'PY'
+import struct, sys, random
+random.seed(3)
+n = 1 * 64 * 2 * 64
+hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 64, 2, 64), }"
+hdr += " " * (118 - len(hdr)) + "\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode())
+    f.write(struct.pack("<%df" % n, *[random.gauss(0, 100) for _ in range(n)]))
+PY
+"$QVG" encode -i "$T/x.npy" -o "$T/a.qvgt" --centroids 16 --profile hq --bits 4 || fail "encode --profile hq --bits 4"
+"$QVG" encode -i "$T/x.npy" -o "$T/b.qvgt" --bits 4 --centroids 16 --profile hq || fail "encode --bits 4 --profile hq"
+cmp -s "$T/a.qvgt" "$T/b.qvgt" || fail "the order of --profile and explicit flags changed the output"
+"$QVG" inspect "$T/a.qvgt" > "$T/i.txt" || fail "inspect"
+grep -q "asymmetric" "$T/i.txt" || fail "hq's asymmetric residual not in the file: $(cat "$T/i.txt")"
+"$QVG" encode -i "$T/x.npy" -o "$T/c.qvgt" --centroids 16 --bits 4 --asymmetric --scaling two_level \
+  --scale-search mse || fail "encode --scale-search mse"
+cmp -s "$T/a.qvgt" "$T/c.qvgt" || fail "--profile hq is not asymmetric + two_level + scale search mse"
+"$QVG" encode -i "$T/x.npy" -o "$T/d.qvgt" --profile best 2> "$T/e.txt" && fail "an unknown profile was accepted"
+grep -q "reference, hq" "$T/e.txt" || fail "the profile error does not list the profiles: $(cat "$T/e.txt")"
+
+# qvg memory: per-role settings counted (V at 4 bits costs more than both at 2).
+two=$("$QVG" memory --model self-forcing-1.3b --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["per_layer_packed_mib"])')
+mixed=$("$QVG" memory --model self-forcing-1.3b --v-config bits=4 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["per_layer_packed_mib"])')
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert b > a * 1.2, (a, b)" "$two" "$mixed" ||
+  fail "memory --v-config bits=4 ($mixed MiB) is not larger than int2 ($two MiB)"
+"$QVG" memory --model self-forcing-1.3b --k-config nope=1 2> "$T/e.txt" && fail "a bad --k-config was accepted"
+grep -q "unknown field 'nope'" "$T/e.txt" || fail "bad --k-config message: $(cat "$T/e.txt")"
+echo "quality.sh: ok"

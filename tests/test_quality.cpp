@@ -1,0 +1,315 @@
+// Issue 16: the MSE-optimal scale search (same stored form, spec 1.2's bound, never
+// worse than the block maximum), per-role codec settings (config, flags, packed
+// cache, memory model, snapshots 1.3), the profiles, and the frontier's report.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "codec/encode_impl.h"
+#include "core/residual_impl.h"
+#include "qvg/cache.h"
+#include "qvg/codec.h"
+#include "qvg/config.h"
+#include "qvg/error.h"
+#include "qvg/memory.h"
+#include "qvg/simulate.h"
+#include "support/data.h"
+
+namespace qvg {
+using testing::random_tensor;
+
+namespace {
+
+std::vector<float> as_f32(const Tensor& t) {
+  std::vector<float> v(size_t(t.shape().numel()));
+  convert_to_f32(t.data(), t.dtype(), v.data(), v.size());
+  return v;
+}
+
+struct Case {
+  int bits;
+  bool asym;
+  Scaling scaling;
+  ScaleDType sd;
+};
+
+std::vector<Case> all_cases() {
+  std::vector<Case> c;
+  for (int bits : {2, 4})
+    for (bool asym : {false, true})
+      for (Scaling sc : {Scaling::TwoLevel, Scaling::Compat})
+        for (ScaleDType sd : {ScaleDType::FP8_E4M3, ScaleDType::BF16}) c.push_back({bits, asym, sc, sd});
+  return c;
+}
+
+// V-like data: magnitudes in the hundreds (compat int2 scales saturate at 448).
+Tensor v_like(uint64_t seed) {
+  return random_tensor({1, 200, 2, 64}, DType::F32, seed, 300.0f, 20.0f);
+}
+
+TEST(ScaleSearch, OffIsTheDefaultAndChangesNoByte) {
+  const Tensor x = v_like(1);
+  for (const Case& k : all_cases()) {
+    CodecConfig a;
+    a.bits = k.bits;
+    a.asymmetric = k.asym;
+    a.scaling = k.scaling;
+    a.scale_dtype = k.sd;
+    a.centroids = 16;
+    CodecConfig b = a;
+    b.scale_search = ScaleSearch::Off;
+    EXPECT_EQ(encode(x.view(), a), encode(x.view(), b));
+  }
+}
+
+TEST(ScaleSearch, WithinTheBoundAndNeverWorseThanTheBlockMaximum) {
+  for (uint64_t seed : {1u, 2u, 3u})
+    for (const Case& k : all_cases()) {
+      SCOPED_TRACE(::testing::Message() << "bits " << k.bits << " asym " << k.asym << " scaling " << name(k.scaling)
+                                        << " scales " << name(k.sd) << " seed " << seed);
+      const Tensor x = v_like(seed);
+      CodecConfig off;
+      off.bits = k.bits;
+      off.asymmetric = k.asym;
+      off.scaling = k.scaling;
+      off.scale_dtype = k.sd;
+      off.centroids = 16;
+      CodecConfig mse = off;
+      mse.scale_search = ScaleSearch::Mse;
+      const EncodedTensor eo = encode(x.view(), off), em = encode(x.view(), mse);
+      // Same k-means (the search changes only the residual's scales and zeros).
+      EXPECT_EQ(eo.ids, em.ids);
+      EXPECT_EQ(eo.centroid, em.centroid);
+      const std::vector<float> xv = as_f32(x), dm = as_f32(decode(em)), dof = as_f32(decode(eo));
+      const int qmax = residual_impl::qmax_of(k.bits, k.asym);
+      double err_m = 0, err_o = 0;
+      const Shape4 sh = x.shape();
+      for (int64_t s = 0; s < sh.s; ++s)
+        for (int64_t h = 0; h < sh.h; ++h)
+          for (int64_t d = 0; d < sh.d; ++d) {
+            const size_t i = size_t((s * sh.h + h) * sh.d + d);
+            // The residual the codec quantized: x minus the (shared) stored centroid.
+            const float c = em.centroid_at(0, 0, h, em.ids[0][size_t(h * sh.s + s)], d);
+            const float r = xv[i] - c;
+            const float se = em.scale_eff(0, h, s, d / em.block_size);
+            const float lo = k.asym ? em.zero_eff(0, h, s, d / em.block_size) : -float(qmax) * se;
+            const float hi = k.asym ? lo + float(qmax) * se : float(qmax) * se;
+            const double dist = r < lo ? lo - r : (r > hi ? r - hi : 0.0);
+            const double bound = se / 2 + dist + 1e-4 * (std::fabs(xv[i]) + 1);
+            ASSERT_LE(std::fabs(double(dm[i]) - double(xv[i])), bound) << "element " << i;
+            err_m += (double(dm[i]) - xv[i]) * (double(dm[i]) - xv[i]);
+            err_o += (double(dof[i]) - xv[i]) * (double(dof[i]) - xv[i]);
+          }
+      EXPECT_LE(err_m, err_o * (1 + 1e-5));
+    }
+}
+
+TEST(ScaleSearch, HelpsInt2OnVLikeData) {
+  // The issue's hint: a block scale at the block maximum is far from MSE-optimal for
+  // the 3-level symmetric int2 quantizer.
+  const Tensor x = v_like(7);
+  CodecConfig off;
+  off.bits = 2;
+  off.centroids = 16;
+  CodecConfig mse = off;
+  mse.scale_search = ScaleSearch::Mse;
+  const std::vector<float> xv = as_f32(x), a = as_f32(decode(encode(x.view(), off))),
+                           b = as_f32(decode(encode(x.view(), mse)));
+  double ea = 0, eb = 0;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    ea += (a[i] - xv[i]) * (a[i] - xv[i]);
+    eb += (b[i] - xv[i]) * (b[i] - xv[i]);
+  }
+  EXPECT_LT(eb, 0.8 * ea);
+}
+
+TEST(ScaleSearch, SameBytesWhateverTheThreadCount) {
+  const Tensor x = random_tensor({2, 150, 3, 64}, DType::BF16, 11, 5.0f);
+  CodecConfig c;
+  c.bits = 2;
+  c.asymmetric = true;
+  c.centroids = 32;
+  c.scale_search = ScaleSearch::Mse;
+  c.threads = 1;
+  const EncodedTensor one = encode(x.view(), c);
+  c.threads = 3;
+  EXPECT_EQ(one, encode(x.view(), c));
+}
+
+TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
+  QuantArgs a = QuantArgs::from_flags({{"kv_cache_quant", "int2"},
+                                       {"kv_cache_quant_v_asymmetric", "true"},
+                                       {"kv_cache_quant_k_bits", "int4"},
+                                       {"kv_cache_quant_k_centroids", "64"},
+                                       {"kv_cache_quant_scale_search", "mse"}});
+  EXPECT_TRUE(a.per_role());
+  EXPECT_EQ(a.codec(CacheRole::Key).bits, 4);
+  EXPECT_EQ(a.codec(CacheRole::Key).centroids, 64);
+  EXPECT_FALSE(a.codec(CacheRole::Key).asymmetric);
+  EXPECT_EQ(a.codec(CacheRole::Value).bits, 2);
+  EXPECT_TRUE(a.codec(CacheRole::Value).asymmetric);
+  EXPECT_EQ(a.codec(CacheRole::Value).scale_search, ScaleSearch::Mse);
+  EXPECT_NE(a.describe().find("k_bits=4"), std::string::npos);
+  // Unknown per-role fields are still errors, naming the key.
+  try {
+    QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_k_seed", "3"}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_cache_quant_k_seed"), std::string::npos);
+  }
+  EXPECT_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_v_bits", "3"}}), InvalidArgument);
+  // A per-role value out of range names the role.
+  try {
+    QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_v_centroids", "300"}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("V settings"), std::string::npos) << e.what();
+  }
+  // The profile: applied first, explicit keys override it (std::map orders the keys,
+  // so "_asymmetric" precedes "_profile" and must still win).
+  const QuantArgs hq = QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "hq"}});
+  EXPECT_EQ(hq.scale_search, ScaleSearch::Mse);
+  EXPECT_TRUE(hq.asymmetric);
+  const QuantArgs o = QuantArgs::from_flags(
+      {{"kv_cache_quant", "int4"}, {"kv_cache_quant_asymmetric", "false"}, {"kv_cache_quant_profile", "hq"}});
+  EXPECT_FALSE(o.asymmetric);
+  EXPECT_EQ(o.bits, 4);
+  EXPECT_EQ(o.scale_search, ScaleSearch::Mse);
+  const QuantArgs ref = QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "reference"}});
+  EXPECT_EQ(ref.scaling, Scaling::Compat);
+  EXPECT_EQ(ref.scale_search, ScaleSearch::Off);
+  EXPECT_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "best"}}),
+               InvalidArgument);
+  // The engine's defaults are unchanged.
+  const QuantArgs d = QuantArgs::from_flags({{"kv_cache_quant", "int2"}});
+  EXPECT_EQ(d.scaling, Scaling::TwoLevel);
+  EXPECT_FALSE(d.per_role());
+  EXPECT_EQ(d.codec(CacheRole::Key), d.codec());
+  // parse_role_codec.
+  const RoleCodec r = parse_role_codec("bits=4,asymmetric=true", "--k-config");
+  EXPECT_EQ(r.bits, 4);
+  EXPECT_EQ(r.asymmetric, true);
+  EXPECT_THROW(parse_role_codec("nope=1", "--k-config"), InvalidArgument);
+  EXPECT_THROW(parse_role_codec("bits", "--k-config"), InvalidArgument);
+}
+
+TEST(QuantArgsPerRole, MemoryModelCountsEachRole) {
+  MemoryShape s;
+  s.heads = 4;
+  s.head_dim = 128;
+  s.chunk_tokens = 100;
+  s.context_tokens = 800;
+  s.dtype = DType::BF16;
+  QuantArgs a;
+  a.bits = 2;
+  const MemoryReport base = memory_report(s, a);
+  QuantArgs b = a;
+  b.v.bits = 4;
+  const MemoryReport r = memory_report(s, b);
+  // V's codes double: the difference is V's extra 2 bits per element.
+  EXPECT_EQ(r.packed_context_bytes - base.packed_context_bytes,
+            size_t(s.context_tokens * s.heads * s.head_dim) * 2 / 8);
+}
+
+TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem) {
+  CacheOptions o;
+  o.cache_size = 64;
+  o.heads = 2;
+  o.head_dim = 64;
+  o.dtype = DType::F32;
+  QuantArgs q;
+  q.bits = 2;
+  q.centroids = 8;
+  q.keep_recent_chunks = 0;
+  q.scale_search = ScaleSearch::Mse;
+  q.k.bits = 4;
+  q.v.asymmetric = true;
+  PackedCausalCache c(o, q);
+  for (int i = 0; i < 3; ++i) {
+    const Tensor k = random_tensor({1, 16, 2, 64}, DType::F32, uint64_t(10 + i));
+    const Tensor v = random_tensor({1, 16, 2, 64}, DType::F32, uint64_t(20 + i), 50.0f);
+    c.update(k.view(), v.view(), 16 * i);
+  }
+  ASSERT_GE(c.num_segments(), 2u);
+  const auto s = c.segment(0);
+  ASSERT_TRUE(s.packed);
+  EXPECT_EQ(s.k_enc->bits, 4);
+  EXPECT_FALSE(s.k_enc->asymmetric);
+  EXPECT_EQ(s.v_enc->bits, 2);
+  EXPECT_TRUE(s.v_enc->asymmetric);
+  // The encodings are the codec's with each role's settings.
+  // Snapshot format 1.3 holds the per-role settings and the scale search.
+  const std::vector<uint8_t> bytes = c.snapshot_bytes();
+  ASSERT_GE(bytes.size(), 12u);
+  EXPECT_EQ(bytes[10] | (bytes[11] << 8), 3);
+  PackedCausalCache l = PackedCausalCache::from_snapshot_bytes(bytes);
+  auto same = [](const PackedCausalCache& x, const PackedCausalCache& y) {
+    auto a = x.debug_state(), b = y.debug_state();
+    a.view_scratch.clear(), b.view_scratch.clear();
+    a.peak_transient_nbytes = b.peak_transient_nbytes = 0;
+    return a == b;
+  };
+  EXPECT_TRUE(same(l, c));
+  // Both encode the next chunk alike (K with K's settings, V with V's).
+  const Tensor k = random_tensor({1, 16, 2, 64}, DType::F32, 99);
+  const Tensor v = random_tensor({1, 16, 2, 64}, DType::F32, 98, 50.0f);
+  c.update(k.view(), v.view(), 48);
+  l.update(k.view(), v.view(), 48);
+  EXPECT_TRUE(same(l, c));
+  // Without the new settings a snapshot stays 1.0.
+  QuantArgs plain;
+  plain.bits = 2;
+  plain.centroids = 8;
+  PackedCausalCache p(o, plain);
+  const std::vector<uint8_t> pb = p.snapshot_bytes();
+  EXPECT_EQ(pb[10] | (pb[11] << 8), 0);
+}
+
+TEST(Frontier, QuickRunMarksParetoReferenceAndProfile) {
+  FrontierConfig f;
+  f.scale = 0.05;
+  f.layers = 1;
+  f.context_chunks = 2;
+  f.quick = true;
+  f.max_rounds = 1;
+  f.query_stride = 16;
+  const FrontierResult r = frontier(f);
+  ASSERT_GT(r.points.size(), 10u);
+  EXPECT_EQ(r.points[r.reference].label, "reference default");
+  EXPECT_EQ(r.points[r.reference].codec, [] {
+    FrontierCodec c = reference_codec();
+    c.k.seed = c.v.seed = 1234;
+    return c;
+  }());
+  EXPECT_EQ(r.points[r.profile].label, "hq profile");
+  bool any_pareto = false;
+  for (const FrontierPoint& p : r.points) any_pareto = any_pareto || p.pareto;
+  EXPECT_TRUE(any_pareto);
+  // No Pareto point is dominated.
+  for (const FrontierPoint& p : r.points) {
+    if (!p.pareto) continue;
+    for (const FrontierPoint& o : r.points)
+      EXPECT_FALSE(o.bits_per_element < p.bits_per_element && o.attention.rel_l2() < p.attention.rel_l2());
+  }
+  // Baselines at 2, 3 and 4 bits, two group sizes, three methods.
+  int baselines = 0;
+  for (const FrontierPoint& p : r.points) baselines += p.method != "qvg";
+  EXPECT_EQ(baselines, 18);
+  const std::string svg = frontier_svg(r);
+  EXPECT_NE(svg.find("id=\"x-label\""), std::string::npos);
+  EXPECT_NE(svg.find("bits per element"), std::string::npos);
+  EXPECT_NE(svg.find("id=\"y-label\""), std::string::npos);
+  EXPECT_NE(svg.find("attention relative L2 error"), std::string::npos);
+  EXPECT_NE(svg.find("id=\"pareto\""), std::string::npos);
+  EXPECT_NE(svg.find("class=\"pareto-point\""), std::string::npos);
+  EXPECT_NE(svg.find("id=\"reference\""), std::string::npos);
+  EXPECT_NE(svg.find("reference default ("), std::string::npos);
+  const std::string json = frontier_json(r);
+  EXPECT_NE(json.find("\"hq_vs_reference\""), std::string::npos);
+  EXPECT_NE(json.find("\"pareto\": true"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qvg
