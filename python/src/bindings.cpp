@@ -110,11 +110,11 @@ qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block
                    .scaling = qvg::parse_scaling(scaling),
                    .scale_dtype = qvg::parse_scale_dtype(scale_dtype),
                    .init = qvg::parse_init(init),
+                   .scale_search = qvg::parse_scale_search(scale_search),
                    .seed = seed,
-                   .threads = threads};
-  q.scale_search = qvg::parse_scale_search(scale_search);
-  q.k = qvg::parse_role_codec(k_config, "k_config");
-  q.v = qvg::parse_role_codec(v_config, "v_config");
+                   .threads = threads,
+                   .k = qvg::parse_role_codec(k_config, "k_config"),
+                   .v = qvg::parse_role_codec(v_config, "v_config")};
   return q;
 }
 

@@ -198,7 +198,8 @@ std::string QuantArgs::describe() const {
               ? std::string()
               : fmt::format(" span_mode={} span_break_ratio={}", name(span_mode), span_break_ratio)) +
          (scale_search == ScaleSearch::Off ? std::string() : fmt::format(" scale_search={}", name(scale_search))) +
-         (k.empty() ? std::string() : " " + k.describe("k_")) + (v.empty() ? std::string() : " " + v.describe("v_"));
+         (k.empty() ? std::string() : fmt::format(" {}", k.describe("k_"))) +
+         (v.empty() ? std::string() : fmt::format(" {}", v.describe("v_")));
 }
 
 CodecConfig QuantArgs::codec() const {
