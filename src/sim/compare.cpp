@@ -22,16 +22,7 @@ int64_t default_context_chunks(const ModelPreset& scaled, int centroids) {
 }
 
 void CompareConfig::validate() const {
-  const ModelPreset& base = find_model_preset(model);
-  if (!(scale > 0 && scale <= 1)) throw InvalidArgument(fmt::format("scale must be in (0, 1], got {}", scale));
-  const ModelPreset p = base.scaled(scale);
-  if (context_chunks && (*context_chunks < 1 || *context_chunks > 1000))
-    throw InvalidArgument(fmt::format("context_chunks must be in 1..1000, got {}", *context_chunks));
-  if (layers < 1 || layers > p.layers)
-    throw InvalidArgument(
-        fmt::format("layers must be in 1..{} (the layers of {} at scale {}), got {}", p.layers, p.name, scale, layers));
-  if (query_stride < 1) throw InvalidArgument(fmt::format("query_stride must be >= 1, got {}", query_stride));
-  check_threads("threads", threads);
+  const ModelPreset p = sim::validate_context_config(*this);
   codec.validate_for_head_dim(p.head_dim);
   BaselineConfig b;
   b.bits = codec.bits;
@@ -42,21 +33,7 @@ void CompareConfig::validate() const {
 
 namespace {
 
-ErrorSums tensor_error(ConstTensorView x, ConstTensorView y) {
-  QVG_CHECK(x.shape == y.shape);
-  const size_t n = size_t(x.shape.numel());
-  std::vector<float> a(n), b(n);
-  convert_to_f32(x.data, x.dtype, a.data(), n);
-  convert_to_f32(y.data, y.dtype, b.data(), n);
-  ErrorSums s;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = double(a[i]) - double(b[i]);
-    s.err += d * d;
-    s.ref += double(a[i]) * double(a[i]);
-  }
-  s.tokens = x.shape.b * x.shape.s;
-  return s;
-}
+using sim::tensor_error;
 
 /// x ([1, chunks * chunk_tokens, H, D]) encoded chunk by chunk into one incremental
 /// span (the packed cache's slot schedule: half of K for the first chunk, the rest
@@ -74,8 +51,8 @@ Tensor incremental_round_trip(const Tensor& x, int64_t chunk_tokens, int64_t chu
   Tensor out(x.dtype(), sh);
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t t0 = i * chunk_tokens;
-    const ConstTensorView part{static_cast<const std::byte*>(x.data()) + size_t(t0) * row, x.dtype(),
-                               {1, chunk_tokens, sh.h, sh.d}};
+    const ConstTensorView part{
+        static_cast<const std::byte*>(x.data()) + size_t(t0) * row, x.dtype(), {1, chunk_tokens, sh.h, sh.d}};
     const EncodedTensor e = encode_span_chunk(part, codec, span, i == 0 ? first : later);
     bytes += e.nbytes();
     const DecodeTarget dst{static_cast<std::byte*>(out.data()) + size_t(t0) * row, x.dtype(), sh.s * sh.h * sh.d,
@@ -92,20 +69,10 @@ CompareResult compare(const CompareConfig& cfg) {
   cfg.validate();
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
-  WorkloadOptions wo;
-  wo.scale = cfg.scale;
-  wo.seed = cfg.seed;
-  wo.threads = cfg.threads;
-  const Workload w(find_model_preset(cfg.model), wo);
-
   CompareResult res;
-  res.config = cfg;
-  res.preset = w.preset();
+  const Workload w = sim::open_context(cfg, res, cfg.codec.centroids);
   const ModelPreset& p = res.preset;
-  res.layers = select_layers(p.layers, cfg.layers);
-  res.context_chunks = cfg.context_chunks.value_or(default_context_chunks(p, cfg.codec.centroids));
   const int64_t ctx_frames = res.context_chunks * p.frames_per_chunk;
-  res.context_tokens = ctx_frames * p.tokens_per_frame();
 
   CodecConfig codec = cfg.codec;
   if (cfg.threads > 0 && codec.threads == 0) codec.threads = cfg.threads;
@@ -120,21 +87,12 @@ CompareResult compare(const CompareConfig& cfg) {
   double elements = 0;
   for (size_t m = 0; m < methods.size(); ++m) res.rows[m].method = methods[m];
 
-  GenerateParts ctx_parts;
-  ctx_parts.k_pre_rope = false;
-  ctx_parts.q = false;
-  GenerateParts cur_parts;
-  cur_parts.k_pre_rope = false;
-  for (int layer : res.layers) {
-    const LayerChunk ctx = w.generate_frames(layer, 0, ctx_frames, ctx_parts);
-    const LayerChunk cur = w.generate_frames(layer, ctx_frames, p.frames_per_chunk, cur_parts);
-    const Tensor q = sim::subsample_tokens(cur.q.view(), cfg.query_stride);
-    res.queries = q.shape().s;
-    const Tensor k_all = sim::concat_tokens(ctx.k.view(), cur.k.view());
-    const Tensor v_all = sim::concat_tokens(ctx.v.view(), cur.v.view());
-    const Tensor ref = attention(q.view(), StridedView::of(k_all.view()), StridedView::of(v_all.view()), cfg.threads);
-    elements += 2.0 * double(ctx.k.shape().numel());
-
+  const sim::ScoredContext sc = sim::scored_context(w, res.layers, ctx_frames, cfg.query_stride, cfg.threads);
+  res.queries = sc.queries;
+  elements = sc.elements;
+  for (const sim::ScoredLayer& ctx : sc.layers) {
+    const Tensor& q = ctx.q;
+    const Tensor& ref = ctx.ref;
     for (size_t m = 0; m < methods.size(); ++m) {
       CompareRow& row = res.rows[m];
       Tensor kq, vq;
@@ -159,8 +117,8 @@ CompareResult compare(const CompareConfig& cfg) {
       row.seconds += sim::seconds_since(t0);
       row.k.add(tensor_error(ctx.k.view(), kq.view()));
       row.v.add(tensor_error(ctx.v.view(), vq.view()));
-      const Tensor kq_all = sim::concat_tokens(kq.view(), cur.k.view());
-      const Tensor vq_all = sim::concat_tokens(vq.view(), cur.v.view());
+      const Tensor kq_all = sim::concat_tokens(kq.view(), ctx.k_cur.view());
+      const Tensor vq_all = sim::concat_tokens(vq.view(), ctx.v_cur.view());
       const Tensor out =
           attention(q.view(), StridedView::of(kq_all.view()), StridedView::of(vq_all.view()), cfg.threads);
       row.attention.add(attention_error(out, ref));

@@ -19,6 +19,7 @@
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/simulate.h"
+#include "sim/report_util.h"
 #include "sim/sim_common.h"
 
 namespace qvg {
@@ -78,49 +79,22 @@ std::string FrontierCodec::describe(bool short_form) const {
 }
 
 void FrontierConfig::validate() const {
-  const ModelPreset& base = find_model_preset(model);
-  if (!(scale > 0 && scale <= 1)) throw InvalidArgument(fmt::format("scale must be in (0, 1], got {}", scale));
-  const ModelPreset p = base.scaled(scale);
-  if (context_chunks && (*context_chunks < 1 || *context_chunks > 1000))
-    throw InvalidArgument(fmt::format("context_chunks must be in 1..1000, got {}", *context_chunks));
-  if (layers < 1 || layers > p.layers)
-    throw InvalidArgument(
-        fmt::format("layers must be in 1..{} (the layers of {} at scale {}), got {}", p.layers, p.name, scale, layers));
-  if (query_stride < 1) throw InvalidArgument(fmt::format("query_stride must be >= 1, got {}", query_stride));
+  const ModelPreset p = sim::validate_context_config(*this);
   if (max_queries < 0) throw InvalidArgument(fmt::format("max_queries must be >= 0 (0 = no cap), got {}", max_queries));
   if (!(bpe_slack >= 0 && bpe_slack <= 16))
     throw InvalidArgument(fmt::format("bpe_slack must be in [0, 16], got {}", bpe_slack));
   if (max_rounds < 1 || max_rounds > 10)
     throw InvalidArgument(fmt::format("max_rounds must be in 1..10, got {}", max_rounds));
-  check_threads("threads", threads);
   if (p.head_dim % 64 != 0)
     throw InvalidArgument(fmt::format("the frontier needs head_dim a multiple of 64, got {}", p.head_dim));
 }
 
 namespace {
 
+using sim::tensor_error;
 using clock_type = std::chrono::steady_clock;
 
-struct LayerData {
-  Tensor k, v;          // context [1, S, H, D]
-  Tensor k_cur, v_cur;  // the next chunk
-  Tensor q, ref;        // its (subsampled) queries and their exact attention output
-};
-
-ErrorSums tensor_error(ConstTensorView x, ConstTensorView y) {
-  const size_t n = size_t(x.shape.numel());
-  std::vector<float> a(n), b(n);
-  convert_to_f32(x.data, x.dtype, a.data(), n);
-  convert_to_f32(y.data, y.dtype, b.data(), n);
-  ErrorSums s;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = double(a[i]) - double(b[i]);
-    s.err += d * d;
-    s.ref += double(a[i]) * double(a[i]);
-  }
-  s.tokens = x.shape.b * x.shape.s;
-  return s;
-}
+using LayerData = sim::ScoredLayer;
 
 /// x encoded span by span (span_tokens each, the last maybe fewer; warm-started from
 /// the previous span with init = warm) and decoded; bytes and times added.
@@ -302,48 +276,20 @@ FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(cons
   auto say = [&](const std::string& s) {
     if (progress) progress(s);
   };
-  WorkloadOptions wo;
-  wo.scale = cfg.scale;
-  wo.seed = cfg.seed;
-  wo.threads = cfg.threads;
-  const Workload w(find_model_preset(cfg.model), wo);
   FrontierResult res;
-  res.config = cfg;
-  res.preset = w.preset();
+  const Workload w = sim::open_context(cfg, res, 256);
   const ModelPreset& p = res.preset;
-  res.layers = select_layers(p.layers, cfg.layers);
-  res.context_chunks = cfg.context_chunks.value_or(default_context_chunks(p, 256));
   const int64_t ctx_frames = res.context_chunks * p.frames_per_chunk;
-  res.context_tokens = ctx_frames * p.tokens_per_frame();
 
   res.query_stride = cfg.query_stride;
   if (cfg.max_queries > 0) {
     const int64_t ct = p.chunk_tokens();
     while ((ct + res.query_stride - 1) / res.query_stride > cfg.max_queries) ++res.query_stride;
   }
-  std::vector<LayerData> data;
-  GenerateParts ctx_parts;
-  ctx_parts.k_pre_rope = false;
-  ctx_parts.q = false;
-  GenerateParts cur_parts;
-  cur_parts.k_pre_rope = false;
-  double elements = 0;
-  for (int layer : res.layers) {
-    LayerChunk ctx = w.generate_frames(layer, 0, ctx_frames, ctx_parts);
-    LayerChunk cur = w.generate_frames(layer, ctx_frames, p.frames_per_chunk, cur_parts);
-    LayerData d;
-    d.q = sim::subsample_tokens(cur.q.view(), res.query_stride);
-    res.queries = d.q.shape().s;
-    const Tensor k_all = sim::concat_tokens(ctx.k.view(), cur.k.view());
-    const Tensor v_all = sim::concat_tokens(ctx.v.view(), cur.v.view());
-    d.ref = attention(d.q.view(), StridedView::of(k_all.view()), StridedView::of(v_all.view()), cfg.threads);
-    elements += 2.0 * double(ctx.k.shape().numel());
-    d.k = std::move(ctx.k);
-    d.v = std::move(ctx.v);
-    d.k_cur = std::move(cur.k);
-    d.v_cur = std::move(cur.v);
-    data.push_back(std::move(d));
-  }
+  sim::ScoredContext sc = sim::scored_context(w, res.layers, ctx_frames, res.query_stride, cfg.threads);
+  std::vector<LayerData>& data = sc.layers;
+  const double elements = sc.elements;
+  res.queries = sc.queries;
   say(fmt::format("frontier: {} at scale {}: {} layers, {} context tokens ({} chunks), {} queries (every {}-th)",
                   p.name, cfg.scale, res.layers.size(), res.context_tokens, res.context_chunks, res.queries,
                   res.query_stride));
@@ -512,18 +458,7 @@ nlohmann::ordered_json opt_json(std::optional<double> v) {
 std::string frontier_json(const FrontierResult& r, int indent) {
   nlohmann::ordered_json j;
   j["format"] = "qvg.frontier/1";
-  const ModelPreset& p = r.preset;
-  j["workload"] = {{"model", r.config.model},
-                   {"scale", r.config.scale},
-                   {"seed", r.config.seed},
-                   {"layers_scored", r.layers},
-                   {"heads", p.heads},
-                   {"head_dim", p.head_dim},
-                   {"chunk_tokens", p.chunk_tokens()},
-                   {"context_chunks", r.context_chunks},
-                   {"context_tokens", r.context_tokens},
-                   {"query_stride", r.query_stride},
-                   {"queries", r.queries}};
+  j["workload"] = sim::scored_context_json(r, r.config.model, r.query_stride);
   j["search"] = {{"strategy",
                   "coordinate descent from the reference default: per round, each knob's values with the others "
                   "fixed, keeping the least attention error within the budget; until a round changes nothing"},

@@ -278,18 +278,8 @@ std::string simulation_json(const SimulationResult& r, int indent) {
 std::string compare_json(const CompareResult& r, int indent) {
   const ModelPreset& p = r.preset;
   const CodecConfig& cc = r.config.codec;
-  const ojson workload = {{"model", p.name},
-                          {"scale", r.config.scale},
-                          {"seed", r.config.seed},
-                          {"layers_scored", r.layers},
-                          {"heads", p.heads},
-                          {"head_dim", p.head_dim},
-                          {"chunk_tokens", p.chunk_tokens()},
-                          {"context_chunks", r.context_chunks},
-                          {"context_tokens", r.context_tokens},
-                          {"query_stride", r.config.query_stride},
-                          {"queries", r.queries},
-                          {"assumed", assumed_fields(p.assumed)}};
+  ojson workload = sim::scored_context_json(r, p.name, r.config.query_stride);
+  workload["assumed"] = assumed_fields(p.assumed);
   ojson codec = {{"bits", cc.bits}, {"block_size", cc.block_size}, {"centroids", cc.centroids}};
   put_codec_settings(codec, cc);
   codec["kivi_group_tokens"] = cc.block_size;

@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "qvg/simulate.h"
 
@@ -17,5 +20,23 @@ PackedLayerRecord pooled(const ChunkRecord& c, size_t j);
 /// -10 log10 of the mean of a comparison row's K and V relative MSEs; nullopt when
 /// either is absent or the mean is 0.
 std::optional<double> kv_snr(const CompareRow& row);
+
+/// The "workload" object of a report on one scored context (CompareResult,
+/// FrontierResult): the preset's shape, the context and the queries scored.
+template <class Result>
+nlohmann::ordered_json scored_context_json(const Result& r, const std::string& model, int query_stride) {
+  const ModelPreset& p = r.preset;
+  return {{"model", model},
+          {"scale", r.config.scale},
+          {"seed", r.config.seed},
+          {"layers_scored", r.layers},
+          {"heads", p.heads},
+          {"head_dim", p.head_dim},
+          {"chunk_tokens", p.chunk_tokens()},
+          {"context_chunks", r.context_chunks},
+          {"context_tokens", r.context_tokens},
+          {"query_stride", query_stride},
+          {"queries", r.queries}};
+}
 
 }  // namespace qvg::sim

@@ -3,9 +3,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/core.h>
 
+#include "qvg/attention.h"
 #include "qvg/error.h"
 
 namespace qvg::sim {
@@ -27,6 +29,50 @@ Tensor concat_tokens(ConstTensorView a, ConstTensorView b) {
   auto* dst = static_cast<std::byte*>(out.data());
   std::memcpy(dst, a.data, a.nbytes());
   std::memcpy(dst + a.nbytes(), b.data, b.nbytes());
+  return out;
+}
+
+ErrorSums tensor_error(ConstTensorView x, ConstTensorView y) {
+  QVG_CHECK(x.shape == y.shape);
+  const size_t n = size_t(x.shape.numel());
+  std::vector<float> a(n), b(n);
+  convert_to_f32(x.data, x.dtype, a.data(), n);
+  convert_to_f32(y.data, y.dtype, b.data(), n);
+  ErrorSums s;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    s.err += d * d;
+    s.ref += double(a[i]) * double(a[i]);
+  }
+  s.tokens = x.shape.b * x.shape.s;
+  return s;
+}
+
+ScoredContext scored_context(const Workload& w, const std::vector<int>& layers, int64_t ctx_frames,
+                             int64_t query_stride, int threads) {
+  const ModelPreset& p = w.preset();
+  GenerateParts ctx_parts;
+  ctx_parts.k_pre_rope = false;
+  ctx_parts.q = false;
+  GenerateParts cur_parts;
+  cur_parts.k_pre_rope = false;
+  ScoredContext out;
+  for (int layer : layers) {
+    LayerChunk ctx = w.generate_frames(layer, 0, ctx_frames, ctx_parts);
+    LayerChunk cur = w.generate_frames(layer, ctx_frames, p.frames_per_chunk, cur_parts);
+    ScoredLayer d;
+    d.q = subsample_tokens(cur.q.view(), query_stride);
+    out.queries = d.q.shape().s;
+    const Tensor k_all = concat_tokens(ctx.k.view(), cur.k.view());
+    const Tensor v_all = concat_tokens(ctx.v.view(), cur.v.view());
+    d.ref = attention(d.q.view(), StridedView::of(k_all.view()), StridedView::of(v_all.view()), threads);
+    out.elements += 2.0 * double(ctx.k.shape().numel());
+    d.k = std::move(ctx.k);
+    d.v = std::move(ctx.v);
+    d.k_cur = std::move(cur.k);
+    d.v_cur = std::move(cur.v);
+    out.layers.push_back(std::move(d));
+  }
   return out;
 }
 

@@ -45,22 +45,22 @@ struct CompareOptions {
 };
 
 void run_frontier(const CompareOptions& o, const CompareConfig& c) {
-  FrontierConfig f;
-  f.model = c.model;
-  f.scale = c.scale;
-  f.seed = c.seed;
-  f.context_chunks = c.context_chunks;
-  f.layers = c.layers;
-  f.query_stride = c.query_stride;
-  f.max_queries = int(parse_int_flag("--max-queries", o.max_queries, 0, 1'000'000));
-  f.codec_seed = c.codec.seed;
-  f.threads = c.threads;
-  f.quick = o.frontier_quick;
+  const int max_queries = int(parse_int_flag("--max-queries", o.max_queries, 0, 1'000'000));
   const std::optional<double> slack = parse_number(o.bpe_slack);
   if (!slack || !(*slack >= 0 && *slack <= 16))
     throw InvalidArgument(fmt::format("--bpe-slack must be a number in [0, 16], got '{}'", o.bpe_slack));
-  f.bpe_slack = *slack;
-  f.max_rounds = int(parse_int_flag("--rounds", o.rounds, 1, 10));
+  const FrontierConfig f{.model = c.model,
+                         .scale = c.scale,
+                         .seed = c.seed,
+                         .context_chunks = c.context_chunks,
+                         .layers = c.layers,
+                         .query_stride = c.query_stride,
+                         .max_queries = max_queries,
+                         .codec_seed = c.codec.seed,
+                         .bpe_slack = *slack,
+                         .max_rounds = int(parse_int_flag("--rounds", o.rounds, 1, 10)),
+                         .quick = o.frontier_quick,
+                         .threads = c.threads};
   f.validate();
   if (o.report && std::filesystem::exists(*o.report) && !std::filesystem::is_directory(*o.report))
     throw InvalidArgument(fmt::format("--report '{}' exists and is not a directory", *o.report));

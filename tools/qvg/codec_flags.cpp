@@ -42,6 +42,16 @@ void add_int(CLI::App& cmd, const char* flag, int& target, const std::string& he
       ->default_str(std::to_string(target));
 }
 
+// A flag naming an enum value, bound to `target` and read with `parse` (the enum's own
+// parser: one list of names and one message); the default shown is the target's name.
+template <class E, class Parse>
+void add_named(CLI::App& cmd, const char* flag, E& target, Parse parse, const std::string& help) {
+  cmd.add_option_function<std::string>(
+         flag, [flag, &target, parse](const std::string& v) { target = named(flag, [&] { return parse(v); }); }, help)
+      ->type_name("NAME")
+      ->default_str(std::string(name(target)));
+}
+
 }  // namespace
 
 void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
@@ -54,29 +64,13 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
   add_int(cmd, "--stages", cfg.stages, "k-means (progressive residual) stages: >= 1");
   add_int(cmd, "--iters", cfg.kmeans_iters, "Lloyd iterations per stage: >= 1");
   cmd.add_flag("--asymmetric", cfg.asymmetric, "min/max + zero point per block instead of absmax");
-  cmd.add_option_function<std::string>(
-         "--scale-dtype",
-         [&cfg](const std::string& v) {
-           cfg.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(v); });
-         },
-         "storage of block scales and zeros: fp8_e4m3 (or fp8) | bf16")
-      ->type_name("NAME")
-      ->default_str("fp8_e4m3");
-  cmd.add_option_function<std::string>(
-         "--scaling",
-         [&cfg](const std::string& v) { cfg.scaling = named("--scaling", [&] { return parse_scaling(v); }); },
-         "two_level (fp32 factor per group) | compat (the QVG Triton layout)")
-      ->type_name("NAME")
-      ->default_str("two_level");
-  cmd.add_option_function<std::string>(
-         "--scale-search",
-         [&cfg](const std::string& v) {
-           cfg.scale_search = named("--scale-search", [&] { return parse_scale_search(v); });
-         },
-         "the encoder's choice of each block's stored scale: off (the block maximum, spec 1.2) | mse (the "
-         "least-squared-error candidate among shrunk ranges; same stored form, docs/quality.md)")
-      ->type_name("NAME")
-      ->default_str("off");
+  add_named(cmd, "--scale-dtype", cfg.scale_dtype, parse_scale_dtype,
+            "storage of block scales and zeros: fp8_e4m3 (or fp8) | bf16");
+  add_named(cmd, "--scaling", cfg.scaling, parse_scaling,
+            "two_level (fp32 factor per group) | compat (the QVG Triton layout)");
+  add_named(cmd, "--scale-search", cfg.scale_search, parse_scale_search,
+            "the encoder's choice of each block's stored scale: off (the block maximum, spec 1.2) | mse (the "
+            "least-squared-error candidate among shrunk ranges; same stored form, docs/quality.md)");
   cmd.add_option_function<std::string>(
          "--init",
          [&cfg](const std::string& v) {
