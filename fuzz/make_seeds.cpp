@@ -176,6 +176,18 @@ int main(int argc, char** argv) {
       shard.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 2)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 4)), c);
     snap("seed_packed_shard.snap", 0, shard.snapshot_bytes());
     snap("seed_packed_shard_fix.snap", 1, shard.snapshot_bytes());
+    // Per-role codec settings and the MSE scale search (format 1.3: the config entries
+    // scale_search and the k_/v_ overrides; each role's encodings with its own layout).
+    QuantArgs q4 = q2;
+    q4.scale_search = ScaleSearch::Mse;
+    q4.k.bits = 4;
+    q4.v.asymmetric = false;
+    q4.v.scale_dtype = ScaleDType::FP8_E4M3;
+    PackedCausalCache roles(o, q4);
+    for (int64_t c = 0; c < 40; c += 4)
+      roles.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 6)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 8)), c);
+    snap("seed_packed_roles.snap", 0, roles.snapshot_bytes());
+    snap("seed_packed_roles_fix.snap", 1, roles.snapshot_bytes());
   }
 
   // The cache API: random byte strings (the target reads them as calls).
