@@ -99,9 +99,10 @@ QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_e
 
 // ---- the encoder's scale search (issue 16, ScaleSearch::Mse) ------------------------
 // Only the encoder's choice of the stored scale (and zero) changes; decode is spec 1.3.
-// Scalar on purpose: every candidate is evaluated with the decode's own separately
-// rounded fp32 operations and its squared error summed in fp64 in channel order, so
-// the choice (and the bytes) are the same on every SIMD target, GPU or thread count.
+// The rule is written once here, as scalar code: every candidate is evaluated with the
+// decode's own separately rounded fp32 operations and its squared error summed in fp32
+// in channel order (block_sq_error), so the choice (and the bytes) are the same on every
+// SIMD target and thread count (kernels::block_errors runs this rule in lanes).
 
 /// Candidates: the block's range shrunk by the factor 1 - k/20, k = 0..kScaleSearchSteps-1
 /// (1.0 down to 0.30); k = 0 is the `off` choice (spec 1.2) itself.
