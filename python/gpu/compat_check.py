@@ -29,7 +29,7 @@ mended there). The interpreter computes bf16 arithmetic on raw bit patterns, so 
 CPU the reference quantizes the float32 copy of each bf16 K/V tensor, and the ratio
 compares it with qvg's encoding of that same float32 tensor (qvg's bf16 encodings are
 reported beside it); the dict checks compare float32 outputs bit for bit (``max_ulp``
-is then in float32 ulps). Takes about 2 minutes per (bits, seed) on a 2-core machine.
+is then in float32 ulps). About 150 s for 5 seeds on a 2-core machine.
 
 Usage: python3 python/gpu/compat_check.py [--device cuda|cpu] [--seeds 5] [--preset NAME]
        [--scale 0.25] [--chunk 2] [--layer 0] [--out FILE]
