@@ -39,14 +39,10 @@ Tensor data(DType dt, Shape4 s, uint64_t seed) {
 }
 
 CodecConfig cfg(int bits, int k, int block, int stages, bool asym, ScaleDType sd, Scaling sc) {
-  return {.bits = bits,
-          .centroids = k,
-          .stages = stages,
-          .block_size = block,
-          .asymmetric = asym,
-          .scale_dtype = sd,
-          .scaling = sc,
-          .threads = 1};
+  CodecConfig c;
+  c.bits = bits, c.centroids = k, c.block_size = block, c.stages = stages;
+  c.asymmetric = asym, c.scale_dtype = sd, c.scaling = sc, c.threads = 1;
+  return c;
 }
 
 }  // namespace

@@ -14,36 +14,23 @@ namespace qvg {
 
 namespace {
 using detail::EnumName;
-constexpr EnumName<ScaleDType> kScaleDTypes[] = {{ScaleDType::FP8_E4M3, "fp8_e4m3"},
-                                                 {ScaleDType::FP8_E4M3, "fp8"},
-                                                 {ScaleDType::FP8_E4M3, "f8_e4m3"},
-                                                 {ScaleDType::BF16, "bf16"}};
+constexpr EnumName<ScaleDType> kScaleDTypes[] = {
+    {ScaleDType::FP8_E4M3, "fp8_e4m3"}, {ScaleDType::FP8_E4M3, "fp8"}, {ScaleDType::FP8_E4M3, "f8_e4m3"},
+    {ScaleDType::BF16, "bf16"}};
 constexpr EnumName<Scaling> kScalings[] = {{Scaling::TwoLevel, "two_level"}, {Scaling::Compat, "compat"}};
-constexpr EnumName<Init> kInits[] = {{Init::Random, "random"},
-                                     {Init::KMeansPlusPlus, "kmeans++"},
-                                     {Init::KMeansPlusPlus, "kmeanspp"},
-                                     {Init::Warm, "warm"}};
+constexpr EnumName<Init> kInits[] = {
+    {Init::Random, "random"}, {Init::KMeansPlusPlus, "kmeans++"}, {Init::KMeansPlusPlus, "kmeanspp"}, {Init::Warm, "warm"}};
 constexpr EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
 constexpr EnumName<SpanMode> kSpanModes[] = {{SpanMode::Deferred, "deferred"}, {SpanMode::Incremental, "incremental"}};
 constexpr EnumName<ScaleSearch> kScaleSearches[] = {{ScaleSearch::Off, "off"}, {ScaleSearch::Mse, "mse"}};
 constexpr EnumName<CacheRole> kCacheRoles[] = {{CacheRole::Key, "k"}, {CacheRole::Value, "v"}};
 }  // namespace
 
-std::string_view name(ScaleDType v) {
-  return detail::name_in(kScaleDTypes, v);
-}
-std::string_view name(Scaling v) {
-  return detail::name_in(kScalings, v);
-}
-std::string_view name(Init v) {
-  return detail::name_in(kInits, v);
-}
-std::string_view name(SinkSpan v) {
-  return detail::name_in(kSinkSpans, v);
-}
-std::string_view name(SpanMode v) {
-  return detail::name_in(kSpanModes, v);
-}
+std::string_view name(ScaleDType v) { return detail::name_in(kScaleDTypes, v); }
+std::string_view name(Scaling v) { return detail::name_in(kScalings, v); }
+std::string_view name(Init v) { return detail::name_in(kInits, v); }
+std::string_view name(SinkSpan v) { return detail::name_in(kSinkSpans, v); }
+std::string_view name(SpanMode v) { return detail::name_in(kSpanModes, v); }
 std::string_view name(ScaleSearch v) {
   return detail::name_in(kScaleSearches, v);
 }
@@ -57,34 +44,23 @@ ScaleSearch parse_scale_search(std::string_view s) {
 ScaleDType parse_scale_dtype(std::string_view s) {
   return detail::parse_in(kScaleDTypes, s, "scale_dtype", "fp8_e4m3 (or fp8), bf16");
 }
-Scaling parse_scaling(std::string_view s) {
-  return detail::parse_in(kScalings, s, "scaling", "two_level, compat");
-}
-Init parse_init(std::string_view s) {
-  return detail::parse_in(kInits, s, "init", "random, kmeans++, warm");
-}
-SinkSpan parse_sink_span(std::string_view s) {
-  return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full");
-}
+Scaling parse_scaling(std::string_view s) { return detail::parse_in(kScalings, s, "scaling", "two_level, compat"); }
+Init parse_init(std::string_view s) { return detail::parse_in(kInits, s, "init", "random, kmeans++, warm"); }
+SinkSpan parse_sink_span(std::string_view s) { return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full"); }
 SpanMode parse_span_mode(std::string_view s) {
   return detail::parse_in(kSpanModes, s, "span_mode", "deferred, incremental");
 }
 
-int max_threads() {
-  return std::max(16, 4 * omp_get_num_procs());
-}
+int max_threads() { return std::max(16, 4 * omp_get_num_procs()); }
 
 void check_threads(std::string_view what, int64_t threads) {
   if (threads < 0 || threads > max_threads())
-    throw InvalidArgument(
-        fmt::format("{} must be in 0..{} (0 = all cores; at most 4 x the {} processors, and at "
-                    "least 16, are accepted), got {}",
-                    what, max_threads(), omp_get_num_procs(), threads));
+    throw InvalidArgument(fmt::format("{} must be in 0..{} (0 = all cores; at most 4 x the {} processors, and at "
+                                      "least 16, are accepted), got {}",
+                                      what, max_threads(), omp_get_num_procs(), threads));
 }
 
-int resolve_threads(int threads) {
-  return threads > 0 ? threads : std::min(omp_get_max_threads(), max_threads());
-}
+int resolve_threads(int threads) { return threads > 0 ? threads : std::min(omp_get_max_threads(), max_threads()); }
 
 namespace {
 
@@ -110,15 +86,16 @@ void check_codec_fields(int bits, int centroids, int block_size, int stages, int
   check_sizes(centroids, block_size, stages, iters);
   const int per_byte = 8 / bits;
   if (block_size % per_byte != 0)
-    throw InvalidArgument(
-        fmt::format("block_size must be a multiple of {} (8/bits, so codes fill whole bytes) at bits={}, got {}",
-                    per_byte, bits, block_size));
+    throw InvalidArgument(fmt::format(
+        "block_size must be a multiple of {} (8/bits, so codes fill whole bytes) at bits={}, got {}", per_byte,
+        bits, block_size));
 }
 
 void check_head_dim(int block_size, int64_t head_dim) {
   if (head_dim <= 0) throw InvalidArgument(fmt::format("head_dim must be > 0, got {}", head_dim));
   if (head_dim % block_size != 0)
-    throw InvalidArgument(fmt::format("block_size must divide head_dim ({}), got block_size={}", head_dim, block_size));
+    throw InvalidArgument(
+        fmt::format("block_size must divide head_dim ({}), got block_size={}", head_dim, block_size));
 }
 
 }  // namespace
@@ -307,7 +284,8 @@ uint64_t parse_seed_flag(const std::string& key, const std::string& v) {
 
 int parse_int32_flag(const std::string& key, const std::string& v) {
   int64_t x = parse_int_flag(key, v);
-  if (x < -2147483647 || x > 2147483647) throw InvalidArgument(fmt::format("{} must fit in 32 bits, got '{}'", key, v));
+  if (x < -2147483647 || x > 2147483647)
+    throw InvalidArgument(fmt::format("{} must fit in 32 bits, got '{}'", key, v));
   return int(x);
 }
 
@@ -397,7 +375,8 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     } else if (m == "int2") {
       a.bits = 2;
     } else {
-      throw InvalidArgument(fmt::format("kv_cache_quant must be one of off, none, bf16, int4, int2, got '{}'", m));
+      throw InvalidArgument(
+          fmt::format("kv_cache_quant must be one of off, none, bf16, int4, int2, got '{}'", m));
     }
   }
   // The profile first, whatever the keys' order: explicit keys override it.
@@ -410,40 +389,24 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     if (key == "kv_cache_quant") continue;
     if (key == "kv_cache_quant_profile") continue;      // applied above
     if (key.rfind("kv_cache_quant", 0) != 0) continue;  // not ours
-    if (key == "kv_cache_quant_config") continue;       // the engine's own key: no cache setting in it
+    if (key == "kv_cache_quant_config") continue;  // the engine's own key: no cache setting in it
     std::string f = key.substr(std::string("kv_cache_quant").size());
-    if (f == "_centroids")
-      a.centroids = parse_int32_flag(key, value);
-    else if (f == "_block_size")
-      a.block_size = parse_int32_flag(key, value);
-    else if (f == "_stages")
-      a.stages = parse_int32_flag(key, value);
-    else if (f == "_iters")
-      a.kmeans_iters = parse_int32_flag(key, value);
-    else if (f == "_keep_recent")
-      a.keep_recent_chunks = parse_int32_flag(key, value);
-    else if (f == "_sink_keep")
-      a.sink_keep_chunks = parse_int32_flag(key, value);
-    else if (f == "_asymmetric")
-      a.asymmetric = parse_bool_flag(key, value);
-    else if (f == "_sink")
-      a.sink = parse_bool_flag(key, value);
-    else if (f == "_sink_span")
-      a.sink_span = parse_sink_span(value);
-    else if (f == "_span_chunks")
-      a.span_chunks = parse_int32_flag(key, value);
-    else if (f == "_span_mode")
-      a.span_mode = parse_span_mode(value);
-    else if (f == "_span_break_ratio")
-      a.span_break_ratio = parse_double_flag(key, value);
-    else if (f == "_scaling")
-      a.scaling = parse_scaling(value);
-    else if (f == "_scale_dtype")
-      a.scale_dtype = parse_scale_dtype(value);
-    else if (f == "_init")
-      a.init = parse_init(value);
-    else if (f == "_seed")
-      a.seed = parse_seed_flag(key, value);
+    if (f == "_centroids") a.centroids = parse_int32_flag(key, value);
+    else if (f == "_block_size") a.block_size = parse_int32_flag(key, value);
+    else if (f == "_stages") a.stages = parse_int32_flag(key, value);
+    else if (f == "_iters") a.kmeans_iters = parse_int32_flag(key, value);
+    else if (f == "_keep_recent") a.keep_recent_chunks = parse_int32_flag(key, value);
+    else if (f == "_sink_keep") a.sink_keep_chunks = parse_int32_flag(key, value);
+    else if (f == "_asymmetric") a.asymmetric = parse_bool_flag(key, value);
+    else if (f == "_sink") a.sink = parse_bool_flag(key, value);
+    else if (f == "_sink_span") a.sink_span = parse_sink_span(value);
+    else if (f == "_span_chunks") a.span_chunks = parse_int32_flag(key, value);
+    else if (f == "_span_mode") a.span_mode = parse_span_mode(value);
+    else if (f == "_span_break_ratio") a.span_break_ratio = parse_double_flag(key, value);
+    else if (f == "_scaling") a.scaling = parse_scaling(value);
+    else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
+    else if (f == "_init") a.init = parse_init(value);
+    else if (f == "_seed") a.seed = parse_seed_flag(key, value);
     else if (f == "_scale_search")
       a.scale_search = parse_scale_search(value);
     else if (f.rfind("_k_", 0) == 0 && set_role_field(a.k, key, f.substr(2), value))
