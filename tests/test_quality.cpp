@@ -44,6 +44,13 @@ std::vector<Case> all_cases() {
   return c;
 }
 
+// The codec of a case (16 centroids, scale search off).
+CodecConfig config_of(const Case& k) {
+  CodecConfig c;
+  c.bits = k.bits, c.asymmetric = k.asym, c.scaling = k.scaling, c.scale_dtype = k.sd, c.centroids = 16;
+  return c;
+}
+
 // V-like data: magnitudes in the hundreds (compat int2 scales saturate at 448).
 Tensor v_like(uint64_t seed) {
   return random_tensor({1, 200, 2, 64}, DType::F32, seed, 300.0f, 20.0f);
@@ -52,12 +59,7 @@ Tensor v_like(uint64_t seed) {
 TEST(ScaleSearch, OffIsTheDefaultAndChangesNoByte) {
   const Tensor x = v_like(1);
   for (const Case& k : all_cases()) {
-    CodecConfig a;
-    a.bits = k.bits;
-    a.asymmetric = k.asym;
-    a.scaling = k.scaling;
-    a.scale_dtype = k.sd;
-    a.centroids = 16;
+    const CodecConfig a = config_of(k);
     CodecConfig b = a;
     b.scale_search = ScaleSearch::Off;
     EXPECT_EQ(encode(x.view(), a), encode(x.view(), b));
@@ -70,12 +72,7 @@ TEST(ScaleSearch, WithinTheBoundAndNeverWorseThanTheBlockMaximum) {
       SCOPED_TRACE(::testing::Message() << "bits " << k.bits << " asym " << k.asym << " scaling " << name(k.scaling)
                                         << " scales " << name(k.sd) << " seed " << seed);
       const Tensor x = v_like(seed);
-      CodecConfig off;
-      off.bits = k.bits;
-      off.asymmetric = k.asym;
-      off.scaling = k.scaling;
-      off.scale_dtype = k.sd;
-      off.centroids = 16;
+      const CodecConfig off = config_of(k);
       CodecConfig mse = off;
       mse.scale_search = ScaleSearch::Mse;
       const EncodedTensor eo = encode(x.view(), off), em = encode(x.view(), mse);
