@@ -194,8 +194,13 @@ struct BasicSegmentInfo {
   int64_t span = -1;
   const Encoded* k_codebook = nullptr;
   const Encoded* v_codebook = nullptr;
+  /// A refined chunk (QuantArgs::refine_recent): its refinement layers (f32
+  /// encodings of its decoding error, encode_refinement()); nullptr otherwise.
+  const Encoded* k_ref = nullptr;
+  const Encoded* v_ref = nullptr;
   /// Resident bytes of K and V (an incremental chunk's without its span's
-  /// codebooks, which resident_nbytes() counts once per span).
+  /// codebooks, which resident_nbytes() counts once per span; a refined chunk's
+  /// with its layers).
   size_t nbytes = 0;
 };
 
@@ -418,7 +423,8 @@ class DenseCausalCache final : public CausalCache {
 ///   * local_end == min(global_end, cache_size);
 ///   * resident_nbytes() == sum of raw segment bytes (2 * B * (g1-g0) * H * D *
 ///     dtype_size, the current one included) + sum over spans of
-///     k.nbytes() + v.nbytes(). Not counted: the warm-start codebooks
+///     k.nbytes() + v.nbytes() (+ once per incremental span its codebooks, + the
+///     refinement layers of refined chunks). Not counted: the warm-start codebooks
 ///     (warm_state_nbytes()) and the view scratch (transient).
 /// Calls (ce = c + n):
 ///   * c == current.g0: rewrite of the current chunk (a denoising step); n must
@@ -516,6 +522,7 @@ class PackedCausalCache final : public CausalCache {
     EncodedTensor k_enc, v_enc;
     int64_t span = -1;                           ///< incremental span id
     std::optional<SpanCodebook> k_book, v_book;  ///< its codebooks (copies)
+    std::optional<EncodedTensor> k_ref, v_ref;   ///< a refined chunk's layers
     bool operator==(const SegmentState&) const = default;
   };
   struct DebugState {

@@ -173,6 +173,26 @@ struct DecodeTask {
 /// parallel pass. REQUIRES each task as decode_range requires; targets disjoint.
 void decode_ranges(const std::vector<DecodeTask>& tasks, int threads = 0);
 
+/// Refinement layers (docs/spans.md, "Refinement of the newest chunks"). A layer is a
+/// PRQ encoding, in f32, of the error e = x - decoded of an encoding's decoded values:
+/// one stage of one centroid (the group's mean error) and a `bits`-bit symmetric block
+/// residual (block_size channels per fp8 scale, two-level factors). It is a complete
+/// encoding (validate() accepts it); its element error is spec 1.2's bound of that
+/// encoding, and x is then reproduced within it plus one rounding to x's dtype.
+/// The codec settings of a layer (centroids 1, stages 1, one Lloyd iteration).
+CodecConfig refinement_config(int bits, int block_size, uint64_t seed, int threads = 0);
+/// Encodes x - decoded (both [B, S, H, D] of one dtype; the difference is one fp32
+/// subtraction per element) with cfg (from refinement_config). Throws InvalidArgument
+/// for mismatched tensors or a config without one stage of one centroid, and as
+/// encode() does.
+EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg);
+/// Adds the decoded layer to a decoded range in place: each element of tokens [t0, t1)
+/// and heads [h0, h1) at dst (laid out as decode_range() writes) becomes
+/// round(dst + layer), once, in fp32 then to dst.dtype (nearest even).
+/// REQUIRES: `ref` from encode_refinement; the range inside it; dst as decode_range().
+void add_refinement(const EncodedTensor& ref, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
+                    const DecodeTarget& dst, int threads = 0);
+
 /// Inertia of points under centroids (spec 1.1): sum over points of the squared
 /// distance to the nearest centroid, in fp64. points: n * dim, centroids: k * dim.
 double inertia_fp64(const float* points, int64_t n, const float* centroids, int64_t k, int64_t dim);

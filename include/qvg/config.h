@@ -135,6 +135,13 @@ struct QuantArgs {
   /// open span's codebook exceeds this factor times the span's first chunk's (after
   /// training) starts a new span instead (adaptive boundary); 0 = never. >= 0.
   double span_break_ratio = 0.0;
+  /// Incremental spans only: the `refine_recent` newest encoded non-sink chunks also
+  /// hold a refinement layer, their decoding error block-quantized with `refine_bits`
+  /// (docs/spans.md, "Refinement of the newest chunks"); a chunk's layer is dropped
+  /// when refine_recent newer chunks are encoded, which leaves its base encoding
+  /// exactly as without refinement. 0 = none. 0..1000000.
+  int refine_recent = 0;
+  int refine_bits = 4;  ///< the refinement layer's code width: 2 or 4
   Scaling scaling = Scaling::TwoLevel;
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   Init init = Init::Random;     ///< Warm: seed each encoding from the previous one's centroids
@@ -165,7 +172,7 @@ struct QuantArgs {
   /// Reads the engine's flat flags: `kv_cache_quant` in {off, none, bf16, int4, int2},
   /// `kv_cache_quant_centroids`, `_block_size`, `_stages`, `_iters`, `_keep_recent`,
   /// `_sink_keep`, `_asymmetric`, `_sink`, `_sink_span`, and qvg's `_span_chunks`,
-  /// `_span_mode`, `_span_break_ratio`,
+  /// `_span_mode`, `_span_break_ratio`, `_refine_recent`, `_refine_bits`,
   /// `_scaling`, `_scale_dtype`, `_init`, `_seed`, `_scale_search`, `_profile` (applied
   /// first, whatever the order: explicit keys override it), and the per-role codec
   /// keys `kv_cache_quant_k_<f>` / `kv_cache_quant_v_<f>` for f in bits (2 or 4, or

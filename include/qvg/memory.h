@@ -71,8 +71,10 @@ struct SegmentSize {
   bool packed = false;  ///< an encoded span (else raw K and V)
   size_t k_bytes = 0, v_bytes = 0;
   int64_t span = -1;    ///< incremental span id
+  /// K + V refinement layers (refine_recent: the newest encoded chunks), else 0.
+  size_t refine_bytes = 0;
   int64_t tokens() const { return g1 - g0; }
-  size_t bytes() const { return k_bytes + v_bytes; }
+  size_t bytes() const { return k_bytes + v_bytes + refine_bytes; }
 };
 
 /// The state after one advance (a new chunk) of the replayed policy.
@@ -83,6 +85,7 @@ struct PolicyStep {
   size_t raw_bytes = 0;     ///< of which raw segments (current chunk included)
   size_t packed_bytes = 0;  ///< of which encoded spans (incremental spans' codebooks included)
   size_t codebook_bytes = 0;  ///< of which the codebooks of incremental spans (once per span)
+  size_t refine_bytes = 0;    ///< of which the refinement layers of the newest encoded chunks
   int64_t raw_tokens = 0, packed_tokens = 0;
   int64_t segments = 0;  ///< current included
 };
@@ -113,6 +116,8 @@ class PolicyReplay {
   /// of one span's codebooks (K + V).
   size_t chunk_data_bytes(int64_t tokens) const;
   size_t codebook_bytes() const;
+  /// refine_recent > 0: the K + V refinement layers of a chunk of `tokens` tokens.
+  size_t refine_bytes(int64_t tokens) const;
 
  private:
   struct Impl;

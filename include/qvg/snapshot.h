@@ -21,7 +21,7 @@ namespace qvg {
 /// head_offset other than 0, 1.1 for incremental spans or a span break ratio, else
 /// 1.0, byte for byte what a 1.0 writer wrote.
 inline constexpr uint16_t kSnapshotMajor = 1;
-inline constexpr uint16_t kSnapshotMinor = 3;
+inline constexpr uint16_t kSnapshotMinor = 4;
 
 /// One section of a snapshot, as its table lists it.
 struct SnapshotSectionInfo {

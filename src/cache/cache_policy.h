@@ -359,7 +359,10 @@ class CachePolicy {
 /// resident_bytes()).
 template <class P>
 size_t segment_bytes(const PlanSegment<P>& s) {
-  return s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
+  size_t n = s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
+  if constexpr (requires { s.data.k_ref; })  // a refined chunk's layers (the host packed cache)
+    if (s.data.k_ref) n += s.data.k_ref->nbytes() + s.data.v_ref->nbytes();
+  return n;
 }
 
 /// The resident bytes of spec 4: every segment's bytes (`seg_bytes(segment)`) plus,
@@ -399,6 +402,10 @@ BasicSegmentInfo<Encoded> describe_segment(const CachePolicy<P>& pol, size_t i, 
     if constexpr (requires { s.data.k_book->book; }) {  // a chunk of an incremental span
       info.k_codebook = s.data.k_book ? &s.data.k_book->book : nullptr;
       info.v_codebook = s.data.v_book ? &s.data.v_book->book : nullptr;
+    }
+    if constexpr (requires { s.data.k_ref; }) {  // a refined chunk
+      info.k_ref = s.data.k_ref ? &*s.data.k_ref : nullptr;
+      info.v_ref = s.data.v_ref ? &*s.data.v_ref : nullptr;
     }
   } else {
     info.k_raw = dense_view(rows_of(static_cast<const void*>(s.data.k_raw.data()), o, s.tokens()));

@@ -23,10 +23,13 @@ namespace {
 // of an incremental span holds its data arrays (k_enc, v_enc without centroids)
 // and shares its span's codebooks (k_book, v_book: all K slots allocated, filled
 // chunk by chunk) with the span's other chunks.
+// A chunk among the refine_recent newest encoded ones also holds its refinement
+// layers (k_ref, v_ref: encode_refinement of its decoded K and V).
 struct SegData {
   AlignedBuffer k_raw, v_raw;                    // raw
   EncodedTensor k_enc, v_enc;                    // packed
   std::shared_ptr<SpanCodebook> k_book, v_book;  // incremental span chunks only
+  std::optional<EncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
 };
 using Policy = detail::CachePolicy<SegData>;
 using Segment = Policy::Segment;
@@ -188,11 +191,48 @@ struct PackedCausalCache::Impl {
     choice.joined = false;
   }
 
+  /// The refinement layers of a just-encoded incremental chunk (refine_recent > 0):
+  /// its K and V decoded as the view decodes them, and the error encoded.
+  void refine(const Segment& raw, Segment& packed, detail::TransientMeter& meter) {
+    const int64_t S = raw.tokens(), H = opt.heads, D = opt.head_dim;
+    AlignedBuffer dec(raw_bytes(S));
+    const size_t f32_bytes = size_t(opt.batch * S * H * D) * 4;  // encode_refinement's two fp32 copies
+    meter.add(dec.size() + 2 * f32_bytes);
+    for (const bool is_k : {true, false}) {
+      const Segment& p = packed;
+      const EncodedTensor& enc = is_k ? p.data.k_enc : p.data.v_enc;
+      const EncodedTensor& book = (is_k ? p.data.k_book : p.data.v_book)->book;
+      decode_ranges({{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book}}, quant.threads);
+      const CodecConfig& c = is_k ? codec_k : codec_v;
+      CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.threads);
+      rc.head_offset = c.head_offset;
+      EncodedTensor r = encode_refinement(raw_view(raw, is_k), {dec.data(), opt.dtype, raw_view(raw, is_k).shape}, rc);
+      meter.add(r.nbytes());
+      (is_k ? packed.data.k_ref : packed.data.v_ref) = std::move(r);
+    }
+    meter.sub(dec.size() + 2 * f32_bytes);
+  }
+
+  /// Drops the refinement layers of every encoded chunk but the refine_recent newest
+  /// (their base encodings stay exactly as they are).
+  void age_refinements() {
+    int64_t newer = 0;
+    std::vector<Segment>& segs = pol.segments();
+    for (auto it = segs.rbegin(); it != segs.rend(); ++it) {
+      if (!it->data.k_ref) continue;
+      if (++newer > quant.refine_recent) {
+        it->data.k_ref.reset();
+        it->data.v_ref.reset();
+      }
+    }
+  }
+
   /// Encodes the spans and chunks the policy picks; each replaces its raw chunks.
   void pack(detail::TransientMeter& meter) {
     pol.pack([&](const std::vector<const Segment*>& parts, Segment& packed, detail::SpanChoice& choice) {
       if (choice.incremental) {
         encode_incremental(*parts.front(), packed, choice, meter);
+        if (quant.refine_recent > 0) refine(*parts.front(), packed, meter);
       } else {
         packed.data.k_enc = encode_one(parts, true, meter);
         packed.data.v_enc = encode_one(parts, false, meter);
@@ -201,6 +241,7 @@ struct PackedCausalCache::Impl {
       }
       meter.sub(detail::segment_bytes(packed));  // resident from here on; the raw chunks are gone
     });
+    if (quant.refine_recent > 0) age_refinements();
   }
 
   size_t resident() const {
@@ -287,6 +328,15 @@ struct PackedCausalCache::Impl {
         detail::write_rows_twice(value, {v_rows(c_seg), 0, head0}, {vv, chunk_at, 0});
       }
       decode_ranges(tasks, quant.threads);
+      // Refined chunks: their layers added to what was just decoded.
+      for (const detail::ViewPiece& pc : pol.view_pieces(p)) {
+        const Segment& s = segs[pc.seg];
+        if (!s.packed || !s.data.k_ref) continue;
+        add_refinement(*s.data.k_ref, pc.t0, pc.t1, head0, head0 + h_in,
+                       {vk.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D}, quant.threads);
+        add_refinement(*s.data.v_ref, pc.t0, pc.t1, head0, head0 + h_in,
+                       {vv.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D}, quant.threads);
+      }
       out.k = detail::dense_view(vk);
       out.v = detail::dense_view(vv);
     }
@@ -398,7 +448,7 @@ PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
     st.segments.push_back({s.g0, s.g1, s.is_sink, s.packed, s.chunks,
                            detail::bytes_copy(s.data.k_raw.data(), s.data.k_raw.size()),
                            detail::bytes_copy(s.data.v_raw.data(), s.data.v_raw.size()), s.data.k_enc, s.data.v_enc,
-                           s.span, copy_of(s.data.k_book), copy_of(s.data.v_book)});
+                           s.span, copy_of(s.data.k_book), copy_of(s.data.v_book), s.data.k_ref, s.data.v_ref});
   st.global_end = impl_->pol.global_end();
   st.local_end = local_end();
   st.chunk_tokens = impl_->pol.chunk_tokens();
@@ -427,10 +477,14 @@ detail::PackedStateRef detail::SnapshotAccess::state(const PackedCausalCache& c)
   r.global_end = m.pol.global_end();
   r.chunk_tokens = m.pol.chunk_tokens();
   for (const Segment& s : m.pol.segments()) {
-    PackedSegmentRef g{s.g0, s.g1, s.is_sink, s.packed, s.chunks, s.span, {}, {}, nullptr, nullptr};
+    PackedSegmentRef g{s.g0, s.g1, s.is_sink, s.packed, s.chunks, s.span, {}, {}, nullptr, nullptr, nullptr, nullptr};
     if (s.packed) {
       g.k_enc = &s.data.k_enc;
       g.v_enc = &s.data.v_enc;
+      if (s.data.k_ref) {
+        g.k_ref = &*s.data.k_ref;
+        g.v_ref = &*s.data.v_ref;
+      }
     } else {
       g.k_raw = {s.data.k_raw.data(), s.data.k_raw.size()};
       g.v_raw = {s.data.v_raw.data(), s.data.v_raw.size()};
@@ -475,7 +529,7 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
     g.packed = s.packed;
     g.chunks = s.chunks;
     g.span = s.span;
-    g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr};
+    g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr, std::move(s.k_ref), std::move(s.v_ref)};
     if (s.span >= 0) {
       const auto b = book_of(s.span);
       g.data.k_book = b[0];

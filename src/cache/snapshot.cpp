@@ -10,8 +10,10 @@
 // Sections: config, state, then buffer_k, buffer_v (dense) or span 0..m-1 (the
 // codebooks of incremental spans, format 1.1), segment 0..n-1, and warm_k, warm_v
 // when the cache holds warm-start codebooks (packed). A writer writes the lowest
-// format its cache needs: 1.2 for a head_offset other than 0, else 1.1 for a packed
-// cache with span_mode = incremental or a span_break_ratio other than 0, else 1.0.
+// format its cache needs: 1.4 for refinement layers (refine_recent > 0), else 1.3 for
+// the scale search or per-role settings, else 1.2 for a head_offset other than 0, else
+// 1.1 for a packed cache with span_mode = incremental or a span_break_ratio other than
+// 0, else 1.0.
 //
 // Reading validates everything before anything is built: the header and table
 // (magic, version, byte order, sizes, tiling, checksum), each section's checksum
@@ -67,8 +69,10 @@ enum class Kind : uint32_t {
   Span = 8,  // format 1.1
 };
 
-// Segment flags (format 1.1): the segment is a chunk of an incremental span.
+// Segment flags: the segment is a chunk of an incremental span (format 1.1); the chunk
+// holds refinement layers, K then V after its encodings (format 1.4).
 constexpr uint32_t kFlagSpanChunk = 1;
+constexpr uint32_t kFlagRefined = 2;
 
 std::string section_name(uint32_t kind, uint32_t index) {
   switch (Kind(kind)) {
@@ -329,6 +333,7 @@ void put_options(KvWriter& kv, const char* cache, const CacheOptions& o, uint16_
 // The lowest minor version that holds a cache of these settings (a 1.0 file is byte
 // for byte what a 1.0 writer wrote).
 uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
+  if (q && q->refine_recent > 0) return 4;
   if (q && (q->scale_search != ScaleSearch::Off || q->per_role())) return 3;
   if (o.head_offset != 0) return 2;
   if (q && (q->span_mode == SpanMode::Incremental || q->span_break_ratio != 0)) return 1;
@@ -355,6 +360,10 @@ void put_quant(KvWriter& kv, const QuantArgs& q, uint16_t minor) {
   kv.str("scale_dtype", name(q.scale_dtype));
   kv.str("init", name(q.init));
   kv.u64("seed", q.seed);
+  if (minor >= 4) {  // format 1.4: refinement layers of the newest chunks
+    kv.i64("refine_recent", q.refine_recent);
+    kv.i64("refine_bits", q.refine_bits);
+  }
   if (minor >= 3) {  // format 1.3: the scale search and the per-role codec settings
     kv.str("scale_search", name(q.scale_search));
     for (const RoleCodec* r : {&q.k, &q.v}) {
@@ -459,13 +468,17 @@ std::vector<SectionOut> sections_of(const detail::PackedStateRef& st) {
     w.put_bool(g.is_sink);
     w.put_bool(g.packed);
     w.put(static_cast<uint32_t>(g.chunks));
-    w.put(g.span >= 0 ? kFlagSpanChunk : uint32_t(0));  // flags
+    w.put((g.span >= 0 ? kFlagSpanChunk : uint32_t(0)) | (g.k_ref ? kFlagRefined : uint32_t(0)));  // flags
     if (g.span >= 0) w.put(g.span);
     s.own(std::move(w.bytes()));
     if (g.packed) {
       const Arrays which = g.span >= 0 ? Arrays::WithoutCodebooks : Arrays::All;
       put_encoded(s, *g.k_enc, which);
       put_encoded(s, *g.v_enc, which);
+      if (g.k_ref) {
+        put_encoded(s, *g.k_ref, Arrays::All);
+        put_encoded(s, *g.v_ref, Arrays::All);
+      }
     } else {
       s.ref(g.k_raw);
       s.ref(g.v_raw);
@@ -731,6 +744,10 @@ Config parse_config(std::span<const uint8_t> bytes, uint16_t minor) {
     });
     if (minor >= 1) q.span_break_ratio = kv.real("span_break_ratio");
     q.seed = kv.u64("seed");
+    if (minor >= 4) {  // format 1.4
+      q.refine_recent = kv.i32("refine_recent");
+      q.refine_bits = kv.i32("refine_bits");
+    }
     if (minor >= 3) {  // format 1.3
       in_section("config", [&] {
         q.scale_search = parse_scale_search(kv.str("scale_search"));
@@ -816,6 +833,8 @@ void check_expectation(const Config& c, const SnapshotExpectation& x) {
     expect_equal("span_chunks", g.span_chunks, w.span_chunks);
     expect_equal("span_mode", std::string(name(g.span_mode)), std::string(name(w.span_mode)));
     expect_equal("span_break_ratio", g.span_break_ratio, w.span_break_ratio);
+    expect_equal("refine_recent", g.refine_recent, w.refine_recent);
+    expect_equal("refine_bits", g.refine_bits, w.refine_bits);
     expect_equal("scaling", std::string(name(g.scaling)), std::string(name(w.scaling)));
     expect_equal("scale_dtype", std::string(name(g.scale_dtype)), std::string(name(w.scale_dtype)));
     expect_equal("init", std::string(name(g.init)), std::string(name(w.init)));
@@ -1063,10 +1082,14 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
   s.packed = r.get_bool("packed");
   const uint32_t chunks = r.get<uint32_t>("chunks");
   const uint32_t flags = r.get<uint32_t>("flags");
-  const uint32_t known = minor >= 1 ? kFlagSpanChunk : 0;
+  const uint32_t known = (minor >= 1 ? kFlagSpanChunk : 0) | (minor >= 4 ? kFlagRefined : 0);
   if (flags & ~known)
     r.fail(fmt::format("flags 0x{:x}: format {}.{} defines {} (a newer qvg may have written them)", flags,
-                       kSnapshotMajor, minor, known ? "0x1 only" : "none"));
+                       kSnapshotMajor, minor, known == 3 ? "0x1 and 0x2 only" : known ? "0x1 only" : "none"));
+  if ((flags & kFlagRefined) && (!(flags & kFlagSpanChunk) || q.refine_recent == 0))
+    r.fail(fmt::format("a refined segment (flag 0x2) must be a chunk of an incremental span (flag 0x1) of a cache "
+                       "with refine_recent > 0 (flags 0x{:x}, refine_recent = {})",
+                       flags, q.refine_recent));
   if (s.g0 < 0 || s.g1 <= s.g0 || s.g1 > detail::kMaxPosition)
     r.fail(fmt::format("token range [{}, {}) is empty or out of [0, 2^60]", s.g0, s.g1));
   if (chunks < 1 || chunks > uint32_t(INT32_MAX)) r.fail(fmt::format("chunks = {}, must be >= 1", chunks));
@@ -1116,11 +1139,25 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
   if (sp == spans.end() || sp->id != s.span) r.fail(fmt::format("span {} has no span section", s.span));
   s.k_enc = get_encoded(r, Arrays::WithoutCodebooks);
   s.v_enc = get_encoded(r, Arrays::WithoutCodebooks);
-  r.expect_end();
   check_layout_fits(s.k_enc, o, q, CacheRole::Key, true, n, "K");
   check_layout_fits(s.v_enc, o, q, CacheRole::Value, true, n, "V");
   check_span_chunk(s.k_enc, sp->k, "K");
   check_span_chunk(s.v_enc, sp->v, "V");
+  if (flags & kFlagRefined) {  // format 1.4: the refinement layers, whole f32 encodings
+    for (std::optional<EncodedTensor>* ref : {&s.k_ref, &s.v_ref}) {
+      const bool is_k = ref == &s.k_ref;
+      *ref = get_encoded(r, Arrays::All);
+      const CodecConfig want = refinement_config(q.refine_bits, q.codec(is_k ? CacheRole::Key : CacheRole::Value).block_size, q.seed);
+      const EncodingLayout expect = EncodingLayout::of({o.batch, n, o.heads, o.head_dim}, DType::F32, want);
+      if (!(static_cast<const EncodingLayout&>(**ref) == expect))
+        r.fail(fmt::format("the {} refinement layer is a {} {} encoding (bits={} centroids={} stages={}); this cache's "
+                           "layers are {} {} encodings with {}",
+                           is_k ? "K" : "V", (*ref)->shape.str(), dtype_name((*ref)->dtype), (*ref)->bits,
+                           (*ref)->centroids, (*ref)->stages, expect.shape.str(), dtype_name(expect.dtype),
+                           want.describe()));
+    }
+  }
+  r.expect_end();
   return s;
 }
 
@@ -1238,6 +1275,18 @@ void check_packed_state(const detail::PackedStateData& d) {
         bad(fmt::format("raw sink segment {} follows the packed sink span (sink_span = full)", i));
       packed_sink = packed_sink || s.packed;
     }
+  }
+  // Refinement layers (format 1.4): exactly the refine_recent newest packed chunks of
+  // incremental spans hold them (all of them when there are fewer).
+  int64_t newer = 0;
+  for (size_t i = segs.size(); i-- > 0;) {
+    const auto& s = segs[i];
+    if (s.span < 0) continue;
+    const bool want = newer++ < q.refine_recent;
+    if (s.k_ref.has_value() != want)
+      bad(fmt::format("segment {} {} refinement layers; with refine_recent = {} exactly the {} newest chunks of "
+                      "incremental spans hold them",
+                      i, s.k_ref ? "holds" : "lacks", q.refine_recent, q.refine_recent));
   }
   if (d.warm_k.has_value() != d.warm_v.has_value()) bad("warm-start codebooks for only one of K and V");
   if (d.warm_k && (!q.enabled() || q.init != Init::Warm)) bad("warm-start codebooks in a cache with init != warm");

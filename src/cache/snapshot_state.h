@@ -44,6 +44,8 @@ struct PackedSegmentRef {
   std::span<const std::byte> k_raw, v_raw;  ///< raw: [B, g1 - g0, H, D] each
   const EncodedTensor* k_enc = nullptr;     ///< packed (a span chunk's: without centroids)
   const EncodedTensor* v_enc = nullptr;
+  const EncodedTensor* k_ref = nullptr;     ///< a refined chunk's layers (both or neither)
+  const EncodedTensor* v_ref = nullptr;
 };
 /// An incremental span's codebooks, shared by its chunks (and the open span's).
 struct PackedSpanRef {
@@ -79,6 +81,7 @@ struct PackedSegmentData {
   int64_t span = -1;
   AlignedBuffer k_raw, v_raw;
   EncodedTensor k_enc, v_enc;
+  std::optional<EncodedTensor> k_ref, v_ref;  ///< a refined chunk's layers (format 1.4)
 };
 struct PackedSpanData {
   int64_t id = -1;

@@ -174,6 +174,15 @@ void QuantArgs::validate() const {
   if (!(span_break_ratio >= 0.0 && span_break_ratio <= 1e6))
     throw InvalidArgument(
         fmt::format("span_break_ratio must be in [0, 1e6] (0 = never break a span), got {}", span_break_ratio));
+  if (refine_recent < 0 || refine_recent > 1'000'000)
+    throw InvalidArgument(fmt::format("refine_recent must be in 0..1000000 (0 = no refinement), got {}", refine_recent));
+  if (refine_bits != 2 && refine_bits != 4)
+    throw InvalidArgument(fmt::format("refine_bits must be 2 or 4, got {}", refine_bits));
+  if (refine_recent > 0 && span_mode != SpanMode::Incremental)
+    throw InvalidArgument(fmt::format(
+        "refine_recent must be 0 unless span_mode is incremental (a refinement layer belongs to a chunk encoded on "
+        "its own), got refine_recent = {} with span_mode = {}",
+        refine_recent, name(span_mode)));
   check_threads("threads", threads);
 }
 
@@ -197,6 +206,8 @@ std::string QuantArgs::describe() const {
          (span_mode == SpanMode::Deferred
               ? std::string()
               : fmt::format(" span_mode={} span_break_ratio={}", name(span_mode), span_break_ratio)) +
+         (refine_recent == 0 ? std::string()
+                             : fmt::format(" refine_recent={} refine_bits={}", refine_recent, refine_bits)) +
          (scale_search == ScaleSearch::Off ? std::string() : fmt::format(" scale_search={}", name(scale_search))) +
          (k.empty() ? std::string() : fmt::format(" {}", k.describe("k_"))) +
          (v.empty() ? std::string() : fmt::format(" {}", v.describe("v_")));
@@ -403,6 +414,8 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     else if (f == "_span_chunks") a.span_chunks = parse_int32_flag(key, value);
     else if (f == "_span_mode") a.span_mode = parse_span_mode(value);
     else if (f == "_span_break_ratio") a.span_break_ratio = parse_double_flag(key, value);
+    else if (f == "_refine_recent") a.refine_recent = parse_int32_flag(key, value);
+    else if (f == "_refine_bits") a.refine_bits = parse_int32_flag(key, value);
     else if (f == "_scaling") a.scaling = parse_scaling(value);
     else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
     else if (f == "_init") a.init = parse_init(value);
@@ -417,7 +430,7 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
           "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _span_mode, _span_break_ratio, "
-          "_scaling, _scale_dtype, _init, _seed, _scale_search, _profile, and per role _k_<f> / _v_<f> for f in "
+          "_refine_recent, _refine_bits, _scaling, _scale_dtype, _init, _seed, _scale_search, _profile, and per role _k_<f> / _v_<f> for f in "
           "bits, centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling, scale_search",
           key));
   }

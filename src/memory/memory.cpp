@@ -61,6 +61,7 @@ namespace {
 /// The memory model's payload: the bytes a segment would hold.
 struct Bytes {
   size_t k = 0, v = 0;
+  size_t ref = 0;  ///< K + V refinement layers (a refined chunk)
 };
 }  // namespace
 
@@ -117,6 +118,12 @@ size_t role_codebook_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole r
 size_t role_chunk_data_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role, int64_t tokens) {
   return role_span_bytes(m, a, role, tokens) - role_codebook_bytes(m, a, role);
 }
+/// A refinement layer of one role's chunk: an f32 encoding (refinement_config).
+size_t role_refine_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role, int64_t tokens) {
+  const Shape4 s{1, tokens, m.heads, m.head_dim};
+  return EncodedTensor::predicted_nbytes(s, DType::F32,
+                                         refinement_config(a.refine_bits, a.codec(role).block_size, a.seed));
+}
 }  // namespace
 
 size_t PolicyReplay::span_bytes(int64_t tokens) const {
@@ -131,6 +138,12 @@ size_t PolicyReplay::codebook_bytes() const {
 
 size_t PolicyReplay::chunk_data_bytes(int64_t tokens) const { return span_bytes(tokens) - codebook_bytes(); }
 
+size_t PolicyReplay::refine_bytes(int64_t tokens) const {
+  if (!impl_->args.enabled() || impl_->args.refine_recent == 0) return 0;
+  return role_refine_bytes(impl_->shape, impl_->args, CacheRole::Key, tokens) +
+         role_refine_bytes(impl_->shape, impl_->args, CacheRole::Value, tokens);
+}
+
 const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
   Impl& m = *impl_;
   const int64_t n = m.shape.chunk_size(m.next_chunk);
@@ -143,12 +156,17 @@ const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
       return choice.incremental ? role_chunk_data_bytes(m.shape, m.args, r, span.tokens())
                                 : role_span_bytes(m.shape, m.args, r, span.tokens());
     };
-    span.data = Bytes{role_bytes(CacheRole::Key), role_bytes(CacheRole::Value)};
+    span.data = Bytes{role_bytes(CacheRole::Key), role_bytes(CacheRole::Value),
+                      choice.incremental ? refine_bytes(span.tokens()) : 0};
     if (choice.incremental) {
       const bool answer = !join || join();  // consumed for every incremental chunk, in order
       choice.joined = choice.may_join && answer;
     }
   });
+  // Only the refine_recent newest encoded chunks keep their refinement layers.
+  int64_t newer = 0;
+  for (auto it = m.pol.segments().rbegin(); it != m.pol.segments().rend(); ++it)
+    if (it->data.ref > 0 && ++newer > m.args.refine_recent) it->data.ref = 0;
 
   m.segs.clear();
   PolicyStep st;
@@ -156,13 +174,14 @@ const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
   st.global_end = m.pol.global_end();
   const size_t book = m.args.enabled() ? codebook_bytes() : 0;
   for (const auto& p : m.pol.segments()) {
-    const SegmentSize s{p.g0, p.g1, p.chunks, p.is_sink, p.packed, p.data.k, p.data.v, p.span};
+    const SegmentSize s{p.g0, p.g1, p.chunks, p.is_sink, p.packed, p.data.k, p.data.v, p.span, p.data.ref};
     m.segs.push_back(s);
     (s.packed ? st.packed_bytes : st.raw_bytes) += s.bytes();
+    st.refine_bytes += s.refine_bytes;
     (s.packed ? st.packed_tokens : st.raw_tokens) += s.tokens();
   }
   st.resident_bytes = detail::resident_bytes(
-      m.pol, [](const detail::PlanSegment<Bytes>& p) { return p.data.k + p.data.v; },
+      m.pol, [](const detail::PlanSegment<Bytes>& p) { return p.data.k + p.data.v + p.data.ref; },
       [&](const detail::PlanSegment<Bytes>&) { return book; });
   st.codebook_bytes = st.resident_bytes - st.raw_bytes - st.packed_bytes;
   st.packed_bytes += st.codebook_bytes;

@@ -340,6 +340,12 @@ std::vector<PackedModel::Seg> PackedModel::segments() const {
     }
     out.push_back(Seg{ch.g0, ch.g1, ch.sink, ch.st == St::Packed, 1, same_span});
   }
+  // QuantArgs::refine_recent: the newest incremental chunks keep refinement layers.
+  int newer = 0;
+  for (auto it = out.rbegin(); it != out.rend(); ++it) {
+    const bool incremental_chunk = it->packed && !it->sink && q_.span_mode == SpanMode::Incremental;
+    if (incremental_chunk && newer++ < q_.refine_recent) it->refined = true;
+  }
   return out;
 }
 
@@ -356,6 +362,10 @@ size_t PackedModel::expected_resident(DType dt) const {
     }
     total += 2 * EncodedTensor::predicted_nbytes(sh, dt, q_.codec());
     if (s.joins_prev) total -= 2 * codebooks;  // an incremental span's codebooks count once
+    // A refinement layer: an f32 encoding of one stage of one centroid (K and V).
+    if (s.refined)
+      total += 2 * EncodedTensor::predicted_nbytes(sh, DType::F32,
+                                                   refinement_config(q_.refine_bits, q_.block_size, q_.seed));
   }
   return total;
 }
@@ -461,10 +471,20 @@ std::string check_packed_view(const PackedCausalCache& cache, const KVView& view
   std::vector<float> x(size_t(s.d)), got(size_t(s.d));
   // Chunks of incremental spans: their data with the span's codebooks (K, V).
   std::vector<std::optional<std::pair<EncodedTensor, EncodedTensor>>> full(cache.num_segments());
+  // Refined chunks: the base decoding and the layer's f32 decoding (K, V), whole.
+  struct Refined {
+    Tensor base_k, base_v, ref_k, ref_v;
+  };
+  std::vector<std::optional<Refined>> refined(cache.num_segments());
   for (size_t i = 0; i < cache.num_segments(); ++i) {
     const auto seg = cache.segment(i);
     if (seg.packed && seg.k_codebook)
       full[i].emplace(with_codebook(*seg.k_enc, *seg.k_codebook), with_codebook(*seg.v_enc, *seg.v_codebook));
+    if (seg.packed && seg.k_ref) {
+      if (!full[i]) return fmt::format("segment {} holds refinement layers but is not a chunk of a span", i);
+      refined[i] = Refined{decode(full[i]->first, 1), decode(full[i]->second, 1), decode(*seg.k_ref, 1),
+                           decode(*seg.v_ref, 1)};
+    }
   }
   for (int64_t t = 0; t < s.s; ++t) {
     const int64_t g = positions[size_t(t)];
@@ -485,6 +505,29 @@ std::string check_packed_view(const PackedCausalCache& cache, const KVView& view
               if (bits_of(x[size_t(d)]) != bits_of(got[size_t(d)]))
                 return fmt::format("{} raw position {} [b={}, h={}, d={}]: {} != written {}", pass ? "v" : "k", g,
                                    b, hs + h, d, got[size_t(d)], x[size_t(d)]);
+          } else if (refined[si]) {
+            // A refined chunk: the view holds round(base + layer) exactly, and the layer
+            // decodes the base's error x - base within its own bound (spec 1.2).
+            const Refined& rf = *refined[si];
+            const Tensor& base = pass == 0 ? rf.base_k : rf.base_v;
+            const Tensor& lay = pass == 0 ? rf.ref_k : rf.ref_v;
+            const EncodedTensor& le = pass == 0 ? *seg.k_ref : *seg.v_ref;
+            const int64_t sg = g - seg.g0;
+            std::vector<float> err_x(size_t(s.d)), lay_got(size_t(s.d));
+            for (int64_t d = 0; d < s.d; ++d) {
+              const float bv = base.at(b, sg, hs + h, d), lv = lay.at(b, sg, hs + h, d);
+              float sum = bv + lv;
+              Tensor one(vw.dtype, {1, 1, 1, 1});
+              convert_from_f32(&sum, vw.dtype, one.data(), 1);
+              const float want = one.at(0, 0, 0, 0);
+              if (bits_of(want) != bits_of(got[size_t(d)]))
+                return fmt::format("{} refined position {} [b={}, h={}, d={}]: {} != round(base {} + layer {}) = {}",
+                                   pass ? "v" : "k", g, b, hs + h, d, got[size_t(d)], bv, lv, want);
+              err_x[size_t(d)] = x[size_t(d)] - bv;
+              lay_got[size_t(d)] = lv;
+            }
+            std::string err = check_bound(le, b, sg, hs + h, err_x.data(), lay_got.data(), DType::F32);
+            if (!err.empty()) return fmt::format("{} refinement layer at position {}: {}", pass ? "v" : "k", g, err);
           } else {
             const EncodedTensor& e = full[si] ? (pass == 0 ? full[si]->first : full[si]->second)
                                               : (pass == 0 ? *seg.k_enc : *seg.v_enc);
@@ -502,19 +545,20 @@ std::string compare_segments(const PackedCausalCache& cache, const std::vector<P
   bool same = cache.num_segments() == want.size();
   for (size_t i = 0; i < cache.num_segments(); ++i) {
     const auto s = cache.segment(i);
-    got_s += fmt::format("[{},{}){}{}x{}{} ", s.g0, s.g1, s.is_sink ? "s" : "", s.packed ? "P" : "R", s.chunks,
-                         s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span ? "+" : "");
+    got_s += fmt::format("[{},{}){}{}x{}{}{} ", s.g0, s.g1, s.is_sink ? "s" : "", s.packed ? "P" : "R", s.chunks,
+                         s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span ? "+" : "",
+                         s.k_ref ? "r" : "");
     if (i < want.size()) {
       const auto& w = want[i];
       const bool joins_prev = s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span;
       if (s.g0 != w.g0 || s.g1 != w.g1 || s.is_sink != w.sink || s.packed != w.packed || s.chunks != w.chunks ||
-          joins_prev != w.joins_prev)
+          joins_prev != w.joins_prev || (s.k_ref != nullptr) != w.refined || (s.v_ref != nullptr) != w.refined)
         same = false;
     }
   }
   for (const auto& w : want)
-    want_s += fmt::format("[{},{}){}{}x{}{} ", w.g0, w.g1, w.sink ? "s" : "", w.packed ? "P" : "R", w.chunks,
-                          w.joins_prev ? "+" : "");
+    want_s += fmt::format("[{},{}){}{}x{}{}{} ", w.g0, w.g1, w.sink ? "s" : "", w.packed ? "P" : "R", w.chunks,
+                          w.joins_prev ? "+" : "", w.refined ? "r" : "");
   return same ? "" : fmt::format("segments {}!= expected {}", got_s, want_s);
 }
 
@@ -548,6 +592,9 @@ QuantArgs random_quant(std::mt19937_64& rng, int bits, int64_t D) {
     q.span_mode = SpanMode::Incremental;
     const double ratios[] = {0.0, 0.0, 1.05, 1.5, 3.0};
     q.span_break_ratio = ratios[ri(0, 4)];
+    q.refine_recent = int(ri(0, 3)) - 1;  // refinement layers of the newest chunks: none (half the time), 1 or 2
+    if (q.refine_recent < 0) q.refine_recent = 0;
+    q.refine_bits = ri(0, 1) ? 4 : 2;
   }
   q.scaling = ri(0, 1) ? Scaling::Compat : Scaling::TwoLevel;
   q.scale_dtype = ri(0, 2) == 0 ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;

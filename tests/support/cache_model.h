@@ -117,6 +117,7 @@ class PackedModel {
     bool sink = false, packed = false;
     int chunks = 1;
     bool joins_prev = false;
+    bool refined = false;  ///< holds refinement layers: one of the refine_recent newest incremental chunks
     bool operator==(const Seg&) const = default;
   };
   /// Incremental spans: decides, for every incremental chunk in encoding order,

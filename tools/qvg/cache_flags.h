@@ -1,5 +1,5 @@
 // tools/qvg/cache_flags.h — the packed-cache policy flags of `simulate` and `memory`:
-// --span-chunks --span-mode --span-break-ratio --keep-recent --sink-keep --sink-span
+// --span-chunks --span-mode --span-break-ratio --refine-recent --refine-bits --keep-recent --sink-keep --sink-span
 // --no-sink. Each command
 // registers them with its own help text (add_value); this parses them, one rule for both.
 #pragma once
@@ -16,6 +16,8 @@ struct CacheFlags {
   std::string span_chunks = "1";
   std::string span_mode = "deferred";
   std::string span_break_ratio = "0";
+  std::string refine_recent = "0";
+  std::string refine_bits = "4";
   std::string keep_recent = "1";
   std::string sink_keep = "0";
   std::optional<std::string> sink_span = std::nullopt;  ///< nullopt: the preset's sink policy
@@ -23,6 +25,7 @@ struct CacheFlags {
 };
 
 /// Sets q's span_chunks (1..1000000), span_mode, span_break_ratio (0..1e6),
+/// refine_recent (0..1000000), refine_bits (2 or 4),
 /// keep_recent_chunks and sink_keep_chunks
 /// (0..1000000), sink (!no_sink) and sink_span (`preset_sink_span` unless --sink-span
 /// names one). Throws InvalidArgument naming the flag.

@@ -186,6 +186,11 @@ void register_memory(CLI::App& root) {
   add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks per encoded span (one codebook)", "INT");
   add_value(*cmd, "--span-mode", o->cache.span_mode,
             "deferred (a span is encoded once full) | incremental (each chunk at once; docs/spans.md)", "NAME");
+  add_value(*cmd, "--refine-recent", o->cache.refine_recent,
+            "incremental spans: the newest N encoded chunks also keep a refinement layer of their error (0 = none; "
+            "docs/spans.md)",
+            "N");
+  add_value(*cmd, "--refine-bits", o->cache.refine_bits, "the refinement layer's code width: 2 or 4", "INT");
 
   add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256", "INT");
   add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");

@@ -253,6 +253,11 @@ void register_simulate(CLI::App& root) {
             "incremental spans: start a new span when a chunk's residual energy exceeds this factor times the "
             "span's first chunk's (0 = never)",
             "X");
+  add_value(*cmd, "--refine-recent", o->cache.refine_recent,
+            "incremental spans: the newest N encoded chunks also keep a refinement layer of their error (0 = none; "
+            "docs/spans.md)",
+            "N");
+  add_value(*cmd, "--refine-bits", o->cache.refine_bits, "the refinement layer's code width: 2 or 4", "INT");
   add_value(*cmd, "--keep-recent", o->cache.keep_recent, "completed chunks kept bf16", "N");
   add_value(*cmd, "--sink-keep", o->cache.sink_keep, "leading sink chunks never packed", "N");
   add_value(*cmd, "--sink-span", o->cache.sink_span, "chunk | full (default: the preset's sink policy)", "NAME");

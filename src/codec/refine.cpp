@@ -1,0 +1,74 @@
+// Refinement layers (docs/spans.md, "Refinement of the newest chunks"): the error of
+// a decoded encoding, itself PRQ-encoded (one stage of one centroid and a narrow
+// block residual), and added back at decode time. Built from encode() and
+// decode_range(): no arithmetic of its own beyond the fp32 difference and sum.
+#include <omp.h>
+
+#include <fmt/core.h>
+
+#include "qvg/codec.h"
+#include "qvg/error.h"
+
+namespace qvg {
+
+CodecConfig refinement_config(int bits, int block_size, uint64_t seed, int threads) {
+  return {.bits = bits,
+          .centroids = 1,
+          .stages = 1,
+          .kmeans_iters = 1,
+          .block_size = block_size,
+          .asymmetric = false,
+          .scale_dtype = ScaleDType::FP8_E4M3,
+          .scaling = Scaling::TwoLevel,
+          .init = Init::Random,
+          .scale_search = ScaleSearch::Off,
+          .seed = seed,
+          .threads = threads};
+}
+
+EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg) {
+  if (x.dtype != decoded.dtype || x.shape != decoded.shape)
+    throw InvalidArgument(fmt::format("encode_refinement: decoded must have x's dtype and shape ({} {}), got {} {}",
+                                      dtype_name(x.dtype), x.shape.str(), dtype_name(decoded.dtype),
+                                      decoded.shape.str()));
+  if (cfg.centroids != 1 || cfg.stages != 1)
+    throw InvalidArgument(fmt::format(
+        "encode_refinement: the config must have one stage of one centroid (refinement_config), got {} x {}",
+        cfg.stages, cfg.centroids));
+  // e = x - decoded, one fp32 subtraction per element (exact for bf16 elements whose
+  // exponents differ by at most 16, as an element and its decoding's do).
+  const size_t n = size_t(x.shape.numel());
+  std::vector<float> a(n), e(n);
+  convert_to_f32(x.data, x.dtype, a.data(), n);
+  convert_to_f32(decoded.data, decoded.dtype, e.data(), n);
+  for (size_t i = 0; i < n; ++i) e[i] = a[i] - e[i];
+  return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg);
+}
+
+void add_refinement(const EncodedTensor& ref, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
+                    const DecodeTarget& dst, int threads) {
+  QVG_CHECK(ref.dtype == DType::F32 && ref.stages == 1 && ref.centroids == 1);
+  QVG_CHECK(0 <= t0 && t0 <= t1 && t1 <= ref.shape.s && 0 <= h0 && h0 < h1 && h1 <= ref.shape.h);
+  const int64_t B = ref.shape.b, T = t1 - t0, H = h1 - h0, D = ref.shape.d;
+  if (T == 0) return;
+  std::vector<float> r(size_t(B * T * H * D));
+  decode_range(ref, t0, t1, h0, h1, {r.data(), DType::F32, T * H * D, H * D}, threads);
+  // Row by row (one token's H x D elements): dst = round(dst + r), once, to dst's dtype.
+  const size_t esz = dtype_size(dst.dtype), row = size_t(H * D);
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> v(row);
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const int64_t b = bt / T, t = bt % T;
+      std::byte* p = static_cast<std::byte*>(dst.base) + size_t(b * dst.batch_stride + t * dst.token_stride) * esz;
+      convert_to_f32(p, dst.dtype, v.data(), row);
+      const float* q = r.data() + size_t(bt) * row;
+      for (size_t i = 0; i < row; ++i) v[i] += q[i];
+      convert_from_f32(v.data(), dst.dtype, p, row);
+    }
+  }
+}
+
+}  // namespace qvg
