@@ -142,6 +142,39 @@ TEST(Memory, PolicyReplayIncrementalSpansHandDerived) {
   EXPECT_EQ(r.packed_context_bytes, 2048u + 2 * 776u + 2048u + 776u);  // 6424 (deferred: 6408, one factor less)
 }
 
+TEST(Memory, PolicyReplayRefinementLayersHandDerived) {
+  // As PolicyReplayIncrementalSpansHandDerived with refine_recent 1: the newest
+  // encoded chunk also holds its K and V refinement layers, f32 encodings of [1, 10,
+  // 2, 64] with one centroid: centroids 2 * 64 * 4 = 512, ids 2 * 10 = 20, codes
+  // 2 * 10 * 64 * bits / 8 (320 at 2 bits, 640 at 4), scales 2 * 10 * 2 = 40,
+  // factors 2 * 4 = 8: 900 (2 bits) or 1220 (4 bits) per role.
+  for (const int bits : {2, 4}) {
+    QuantArgs a = small_args();
+    a.span_chunks = 2;
+    a.span_mode = SpanMode::Incremental;
+    a.refine_recent = 1;
+    a.refine_bits = bits;
+    const size_t ref = bits == 2 ? 1800 : 2440;
+    PolicyReplay rp(small_shape(30, 0), a);
+    EXPECT_EQ(rp.refine_bytes(10), ref);
+    const std::vector<size_t> want{5120, 10240, 13064 + ref, 13840 + ref, 15888 + ref, 13840 + ref, 15888 + ref};
+    for (size_t k = 0; k < want.size(); ++k) {
+      const PolicyStep& st = rp.advance();
+      EXPECT_EQ(st.resident_bytes, want[k]) << "bits " << bits << " chunk " << k;
+      EXPECT_EQ(st.refine_bytes, k >= 2 ? ref : 0u);
+    }
+    // Only the newest encoded chunk holds layers.
+    ASSERT_EQ(rp.segments().size(), 4u);
+    EXPECT_EQ(rp.segments()[0].refine_bytes, 0u);
+    EXPECT_EQ(rp.segments()[1].refine_bytes, ref);
+    EXPECT_EQ(memory_report(small_shape(30, 0), a).policy_peak_bytes, 15888u + ref);
+    a.refine_recent = 2;  // both encoded chunks of the window
+    PolicyReplay r2(small_shape(30, 0), a);
+    for (int k = 0; k < 4; ++k) (void)r2.advance();
+    EXPECT_EQ(r2.steps().back().resident_bytes, 13840 + 2 * ref);
+  }
+}
+
 TEST(Memory, PolicyReplayAdaptiveBreaksFollowTheDecisions) {
   // The same stream with a break at every chunk that could join: every chunk is its
   // own span (the span-1 sizes with separate codebooks).
@@ -289,6 +322,13 @@ TEST(Memory, ReplayMatchesThePackedCache) {
   cases.push_back({"incremental spans of 3, keep 0, sink full", 50, 20, 10, a});
   a.span_break_ratio = 1.02;  // adaptive breaks on noise: some chunks start spans
   cases.push_back({"incremental spans with adaptive breaks", 50, 0, 10, a});
+  a.refine_recent = 2;
+  cases.push_back({"incremental spans with adaptive breaks, 2 refined chunks", 50, 0, 10, a});
+  a.span_break_ratio = 0;
+  a.refine_recent = 1;
+  a.refine_bits = 4;
+  a.keep_recent_chunks = 1;
+  cases.push_back({"incremental spans, 1 refined chunk of 4 bits, keep 1", 50, 10, 10, a});
   std::mt19937_64 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int breaks_seen = 0;  // incremental chunks that started a span (first chunks and adaptive breaks)
@@ -364,6 +404,14 @@ TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
       d.span_mode = SpanMode::Deferred;
       EXPECT_GT(r.policy_ratio(), memory_report(MemoryShape::of(p), d).policy_ratio()) << w.model;
     }
+    // The setting that also holds the attention target (docs/spans.md): the four
+    // newest encoded chunks with 2-bit refinement layers, keep_recent 1.
+    a.keep_recent_chunks = 1;
+    a.refine_recent = 4;
+    a.refine_bits = 2;
+    const MemoryReport r = memory_report(MemoryShape::of(p), a);
+    EXPECT_GE(r.policy_ratio(), w.keep1) << w.model << " refine_recent 4";
+    EXPECT_GT(r.peak_step.refine_bytes, 0u);
   }
 }
 

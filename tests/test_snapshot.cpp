@@ -198,7 +198,7 @@ void spans_shared(const PackedCausalCache& c) {
 
 struct RoundTripStats {
   int sequences = 0, calls = 0, errors = 0, snapshots = 0, via_file = 0, packed_segments = 0, warm = 0, grown = 0;
-  int incremental = 0, mid_span = 0, spans_saved = 0, breaks = 0;
+  int incremental = 0, mid_span = 0, spans_saved = 0, breaks = 0, refined_saved = 0;
 };
 
 template <class Cache>
@@ -211,9 +211,12 @@ Cache load_twin(const Cache& a, int64_t head_offset, std::mt19937_64& rng, const
     st.mid_span += d.open_span >= 0 && d.open_span_chunks < a.quant_args().span_chunks;
     for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(bytes, false).sections)
       st.spans_saved += s.name.starts_with("span ");
-    // The lowest version the cache needs: 1.2 for a head_offset, 1.1 for spans, else 1.0.
+    // The lowest version the cache needs: 1.4 for refinement layers, 1.2 for a
+    // head_offset, 1.1 for spans, else 1.0.
     const bool v11 = a.quant_args().span_mode == SpanMode::Incremental || a.quant_args().span_break_ratio != 0;
-    EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), head_offset ? 2 : v11 ? 1 : 0);
+    const bool v14 = a.quant_args().refine_recent > 0;
+    EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), v14 ? 4 : head_offset ? 2 : v11 ? 1 : 0);
+    for (const auto& g : d.segments) st.refined_saved += g.k_ref.has_value();
   } else {
     EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), head_offset ? 2 : 0);
   }
@@ -332,13 +335,14 @@ TEST(SnapshotRoundTrip, IncrementalSpansContinueBitForBit) {
   }
   std::printf(
       "incremental round trips: %d sequences, %d snapshots (%d mid-span, %d span sections), %d later calls (%d "
-      "rejected alike), %d span breaks at the end, %.1f s\n",
-      st.sequences, st.snapshots, st.mid_span, st.spans_saved, st.calls, st.errors, st.breaks,
+      "rejected alike), %d span breaks at the end, %d refined chunks saved, %.1f s\n",
+      st.sequences, st.snapshots, st.mid_span, st.spans_saved, st.calls, st.errors, st.breaks, st.refined_saved,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   EXPECT_EQ(st.incremental, n);
   EXPECT_GT(st.mid_span, testing::scaled(20, 5));
   EXPECT_GT(st.spans_saved, testing::scaled(100, 20));
   EXPECT_GT(st.breaks, testing::scaled(50, 10));
+  EXPECT_GT(st.refined_saved, testing::scaled(20, 3));  // refinement layers (format 1.4) saved and continued
 }
 
 // ---- small fixed snapshots (tests/support/snapshot_fixtures) ------------------------------
@@ -735,6 +739,56 @@ TEST(SnapshotFormat, IncrementalSpansContinueAfterLoadAtEveryPoint) {
 // The checks behind the checksums for incremental spans (docs/snapshot.md, "What a
 // reader checks"), on small_incremental_cache(): span 0 is span 2 (one chunk,
 // segment 1, K and V filled 2), span 1 the open span 3 (segments 2 and 3, filled 3).
+// Format 1.4: refinement layers of the newest chunks (QuantArgs::refine_recent).
+TEST(SnapshotFormat, RefinementLayersAreFormat1_4AndRefusedWhereTheCacheWouldHoldNone) {
+  QuantArgs q = testing::small_incremental_quant(0.0);
+  q.refine_recent = 2;
+  q.refine_bits = 2;
+  PackedCausalCache c(testing::small_cache_options(), q);
+  for (int64_t i = 0; i < 7; ++i)
+    c.update(testing::lcg_kv(4, uint64_t(2 * i)), testing::lcg_kv(4, uint64_t(2 * i + 1)), 4 * i);
+  const Bytes good = c.snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(good);
+  EXPECT_EQ(info.minor, 4);
+  EXPECT_EQ(entry_text(info.config, "refine_recent"), "2");
+  EXPECT_EQ(entry_text(info.config, "refine_bits"), "2");
+  int refined = 0;
+  for (size_t i = 0; i < c.num_segments(); ++i) refined += c.segment(i).k_ref != nullptr;
+  ASSERT_EQ(refined, 2);
+  // Loaded: the same state (layers included), and the same bytes again.
+  const PackedCausalCache b = PackedCausalCache::from_snapshot_bytes(good);
+  EXPECT_TRUE(b.debug_state().segments == c.debug_state().segments);
+  EXPECT_EQ(b.resident_nbytes(), c.resident_nbytes());
+  EXPECT_EQ(b.snapshot_bytes(), good);
+  auto refused = [&](const Bytes& f, const std::string& where, const std::string& what) {
+    SCOPED_TRACE(what);
+    const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(f); }, ErrorKind::CorruptData);
+    EXPECT_NE(m.find("invalid snapshot: " + where + ": "), std::string::npos) << m;
+    EXPECT_NE(m.find(what), std::string::npos) << m;
+  };
+  // A configuration under which the cache would hold other layers than the file.
+  refused(with_entry(good, "config", i64_entry("refine_recent", 3)), "state",
+          "lacks refinement layers; with refine_recent = 3 exactly the 3 newest");
+  refused(with_entry(good, "config", i64_entry("refine_recent", 1)), "state",
+          "holds refinement layers; with refine_recent = 1 exactly the 1 newest");
+  // refine_recent = 0: the segment's flag 0x2 is refused where it is read.
+  const std::string m0 = error_of(
+      [&] { (void)PackedCausalCache::from_snapshot_bytes(with_entry(good, "config", i64_entry("refine_recent", 0))); },
+      ErrorKind::CorruptData);
+  EXPECT_NE(m0.find("a refined segment (flag 0x2) must be a chunk of an incremental span"), std::string::npos) << m0;
+  refused(with_entry(good, "config", i64_entry("refine_bits", 4)), "segment 2",
+          "the K refinement layer is a [1, 4, 2, 8] f32 encoding (bits=2 centroids=1 stages=1); this cache's layers");
+  // Another configuration than the caller's: refused naming the field.
+  SnapshotExpectation x;
+  x.options = testing::small_cache_options();
+  QuantArgs w = q;
+  w.refine_recent = 1;
+  x.quant = w;
+  const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(good, x); },
+                                 ErrorKind::InvalidArgument);
+  EXPECT_NE(m.find("refine_recent = 2, the caller expects 1"), std::string::npos) << m;
+}
+
 TEST(SnapshotFormat, ImpossibleIncrementalStatesAreRefused) {
   const Bytes good = testing::small_incremental_cache().snapshot_bytes();
   ASSERT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(good));

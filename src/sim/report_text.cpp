@@ -89,6 +89,15 @@ std::string simulation_summary_text(const SimulationResult& r) {
         q.span_chunks, q.span_chunks == 1 ? "" : "s", q.keep_recent_chunks, q.keep_recent_chunks == 1 ? "" : "s",
         p.sink_frames > 0 ? fmt::format("; sink {} (sink_span {})", q.sink ? "packed" : "kept raw", name(q.sink_span))
                           : std::string());
+    if (q.span_mode == SpanMode::Incremental)
+      o += fmt::format(
+          "           incremental spans: each chunk is encoded as it completes{}{}\n",
+          q.span_break_ratio > 0 ? fmt::format(", a new span above {:g}x the first chunk's residual energy",
+                                               q.span_break_ratio)
+                                 : std::string(),
+          q.refine_recent > 0 ? fmt::format("; the newest {} encoded chunk{} keep a {}-bit refinement layer",
+                                            q.refine_recent, q.refine_recent == 1 ? "" : "s", q.refine_bits)
+                              : std::string());
   }
 
   for (const PackedSummary& s : r.summary) {

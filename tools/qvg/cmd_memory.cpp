@@ -128,9 +128,12 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
              a.asymmetric ? "asymmetric" : "symmetric", a.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
   if (a.per_role())
     fmt::print("  per role {}{}{}\n", a.k.describe("k_"), !a.k.empty() && !a.v.empty() ? " " : "", a.v.describe("v_"));
-  fmt::print("  cache    span_chunks {} ({}), keep_recent {}, sink {} (sink_span {}, sink_keep {})\n\n", a.span_chunks,
+  fmt::print("  cache    span_chunks {} ({}), keep_recent {}, sink {} (sink_span {}, sink_keep {}){}\n\n", a.span_chunks,
              name(a.span_mode), a.keep_recent_chunks, a.sink ? "quantized" : "kept raw", name(a.sink_span),
-             a.sink_keep_chunks);
+             a.sink_keep_chunks,
+             a.refine_recent > 0 ? fmt::format(", refine_recent {} ({}-bit layers: {} at the peak)", a.refine_recent,
+                                               a.refine_bits, mib(r.peak_step.refine_bytes))
+                                 : std::string());
 
   const std::string all = fmt::format("all {} layers", s.layers);
   fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", "", "per layer", all, "ratio");
@@ -169,6 +172,9 @@ void run_memory(const MemoryOptions& o) {
     j["policy_ratio"] = r.policy_ratio();
     j["policy_ratio_vs_dense_window"] = r.policy_ratio_vs_dense_window();
     j["span_mode"] = std::string(name(r.args.span_mode));
+    j["refine_recent"] = r.args.refine_recent;
+    j["refine_bits"] = r.args.refine_bits;
+    j["per_layer_policy_refine_mib"] = to_mib(r.peak_step.refine_bytes);
     fmt::print("{}\n", j.dump(2));
     return;
   }
