@@ -88,6 +88,8 @@ Setup make_setup(FuzzedDataProvider& fdp) {
       q.span_mode = SpanMode::Incremental;
       const double ratios[] = {0.0, 1.05, 1.5, 3.0};
       q.span_break_ratio = ratios[fdp.ConsumeIntegralInRange<int>(0, 3)];
+      q.refine_recent = fdp.ConsumeIntegralInRange<int>(0, 2);  // refinement layers of the newest chunks
+      q.refine_bits = fdp.ConsumeBool() ? 4 : 2;
     }
     q.scaling = fdp.ConsumeBool() ? Scaling::Compat : Scaling::TwoLevel;
     q.scale_dtype = fdp.ConsumeBool() ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;

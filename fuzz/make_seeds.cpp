@@ -184,6 +184,16 @@ int main(int argc, char** argv) {
       roles.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 6)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 8)), c);
     snap("seed_packed_roles.snap", 0, roles.snapshot_bytes());
     snap("seed_packed_roles_fix.snap", 1, roles.snapshot_bytes());
+    // Refinement layers of the newest chunks (format 1.4: the config entries
+    // refine_recent and refine_bits, segment flag 0x2 and the layers' f32 encodings).
+    QuantArgs q5 = q3;
+    q5.refine_recent = 2;
+    q5.refine_bits = 2;
+    PackedCausalCache refined(o, q5);
+    for (int64_t c = 0; c < 32; c += 4)
+      refined.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 9)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 11)), c);
+    snap("seed_packed_refined.snap", 0, refined.snapshot_bytes());
+    snap("seed_packed_refined_fix.snap", 1, refined.snapshot_bytes());
   }
 
   // The cache API: random byte strings (the target reads them as calls).

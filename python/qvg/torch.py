@@ -121,6 +121,8 @@ _FLAG_TO_FIELD = {
     "kv_cache_quant_span_chunks": "span_chunks",
     "kv_cache_quant_span_mode": "span_mode",
     "kv_cache_quant_span_break_ratio": "span_break_ratio",
+    "kv_cache_quant_refine_recent": "refine_recent",
+    "kv_cache_quant_refine_bits": "refine_bits",
     "kv_cache_quant_scaling": "scaling",
     "kv_cache_quant_scale_dtype": "scale_dtype",
     "kv_cache_quant_init": "init",
@@ -161,6 +163,8 @@ class QVGKVQuantArgs:
     seed: int = 1234
     span_mode: str = "deferred"  # "deferred" | "incremental" (docs/spans.md)
     span_break_ratio: float = 0.0  # incremental: start a new span above this residual-energy ratio; 0 = never
+    refine_recent: int = 0  # incremental: the newest N encoded chunks keep a refinement layer (docs/spans.md); 0 = none
+    refine_bits: int = 4  # the refinement layer's code width: 2 or 4
     scale_search: str = "off"  # "off" | "mse": the encoder's choice of block scales (docs/quality.md)
     k_config: str = ""  # K's own codec settings over the shared ones: "bits=4,asymmetric=true" ("" = none)
     v_config: str = ""  # V's own codec settings (as k_config)
@@ -182,7 +186,7 @@ class QVGKVQuantArgs:
         """Builds the settings from the engine's flat flags (``kv_cache_quant``,
         ``kv_cache_quant_centroids``, ``_block_size``, ``_stages``, ``_iters``,
         ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
-        and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``,
+        and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``, ``_refine_recent``, ``_refine_bits``,
         ``_scaling``, ``_scale_dtype``, ``_init``, ``_seed``, ``_scale_search``,
         ``_profile`` ("reference" | "hq", applied first: explicit flags override it) and
         the per-role ``_k_<f>`` / ``_v_<f>`` (f in bits, centroids, block_size, stages,
@@ -212,7 +216,7 @@ class QVGKVQuantArgs:
 
 _QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantArgs)}
 _INT_FIELDS = ("centroids", "block_size", "stages", "kmeans_iters", "keep_recent_chunks", "sink_keep_chunks",
-               "span_chunks", "seed")
+               "span_chunks", "refine_recent", "refine_bits", "seed")  # seed last (not a 32-bit field)
 _BOOL_FIELDS = ("asymmetric", "sink")
 _STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init", "span_mode", "scale_search", "k_config", "v_config")
 _FLOAT_FIELDS = ("span_break_ratio",)

@@ -93,7 +93,7 @@ qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block
                                const std::string& scale_dtype, const std::string& init, uint64_t seed,
                                const std::string& span_mode, double span_break_ratio, int threads,
                                const std::string& scale_search, const std::string& k_config,
-                               const std::string& v_config) {
+                               const std::string& v_config, int refine_recent, int refine_bits) {
   qvg::QuantArgs q{.bits = bits,
                    .centroids = centroids,
                    .block_size = block_size,
@@ -107,6 +107,8 @@ qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block
                    .span_chunks = span_chunks,
                    .span_mode = qvg::parse_span_mode(span_mode),
                    .span_break_ratio = span_break_ratio,
+                   .refine_recent = refine_recent,
+                   .refine_bits = refine_bits,
                    .scaling = qvg::parse_scaling(scaling),
                    .scale_dtype = qvg::parse_scale_dtype(scale_dtype),
                    .init = qvg::parse_init(init),
@@ -153,6 +155,8 @@ py::dict quant_args_dict(const qvg::QuantArgs& q) {
   d["seed"] = q.seed;
   d["span_mode"] = std::string(qvg::name(q.span_mode));
   d["span_break_ratio"] = q.span_break_ratio;
+  d["refine_recent"] = q.refine_recent;
+  d["refine_bits"] = q.refine_bits;
   d["scale_search"] = std::string(qvg::name(q.scale_search));
   d["k_config"] = role_spec(q.k);
   d["v_config"] = role_spec(q.v);
@@ -472,7 +476,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("sink_span"), py::arg("sink_keep_chunks"), py::arg("span_chunks"), py::arg("scaling"),
            py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("span_mode") = "deferred",
            py::arg("span_break_ratio") = 0.0, py::arg("threads") = 0, py::arg("scale_search") = "off",
-           py::arg("k_config") = "", py::arg("v_config") = "")
+           py::arg("k_config") = "", py::arg("v_config") = "", py::arg("refine_recent") = 0,
+           py::arg("refine_bits") = 4)
       .def("validate", &qvg::QuantArgs::validate)
       .def("validate_for_head_dim", &qvg::QuantArgs::validate_for_head_dim)
       .def("describe", &qvg::QuantArgs::describe)

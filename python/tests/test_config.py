@@ -19,7 +19,7 @@ def test_defaults_are_spec_2():
         bits=None, centroids=128, block_size=64, stages=1, kmeans_iters=2, asymmetric=False, keep_recent_chunks=1,
         sink=True, sink_span="chunk", sink_keep_chunks=0, span_chunks=1, scaling="two_level",
         scale_dtype="fp8_e4m3", init="random", seed=1234, span_mode="deferred", span_break_ratio=0.0,
-        scale_search="off", k_config="", v_config="")
+        refine_recent=0, refine_bits=4, scale_search="off", k_config="", v_config="")
     assert q.validate() is q
     assert q.describe() == "kv_cache_quant=off"
     assert qt.QVGKVQuantArgs(bits=4).enabled
@@ -41,14 +41,15 @@ def test_from_dict_reads_every_flag():
         "kv_cache_quant_sink_span": "full", "kv_cache_quant_span_chunks": 3, "kv_cache_quant_scaling": "compat",
         "kv_cache_quant_scale_dtype": "bf16", "kv_cache_quant_init": "warm", "kv_cache_quant_seed": 7,
         "kv_cache_quant_span_mode": "incremental", "kv_cache_quant_span_break_ratio": 1.5,
+        "kv_cache_quant_refine_recent": 3, "kv_cache_quant_refine_bits": "2",
         # not ours: ignored, as by the engine (argparse dicts carry every server flag)
         "kv_cache_quant_config": object(), "model_path": "x", "kv_cache_quant_typo": None,
     })
     assert dataclasses.asdict(q) == dict(
         bits=2, centroids=64, block_size=32, stages=2, kmeans_iters=5, asymmetric=True, keep_recent_chunks=0,
         sink=False, sink_span="full", sink_keep_chunks=1, span_chunks=3, scaling="compat", scale_dtype="bf16",
-        init="warm", seed=7, span_mode="incremental", span_break_ratio=1.5, scale_search="off", k_config="",
-        v_config="")
+        init="warm", seed=7, span_mode="incremental", span_break_ratio=1.5, refine_recent=3, refine_bits=2,
+        scale_search="off", k_config="", v_config="")
 
 
 def test_from_dict_defaults_and_strings():
@@ -78,6 +79,12 @@ def test_from_dict_defaults_and_strings():
     ({"kv_cache_quant_asymmetric": "maybe"}, r"^kv_cache_quant_asymmetric must be a boolean"),
     ({"kv_cache_quant_span_mode": "lazy"}, r"^span_mode must be one of deferred, incremental, got 'lazy'$"),
     ({"kv_cache_quant_span_break_ratio": -1}, r"^span_break_ratio must be in \[0, 1e6\] .*got -1$"),
+    ({"kv_cache_quant_refine_recent": 2},
+     r"^refine_recent must be 0 unless span_mode is incremental .*got refine_recent = 2 with span_mode = deferred$"),
+    ({"kv_cache_quant_span_mode": "incremental", "kv_cache_quant_refine_recent": 1, "kv_cache_quant_refine_bits": 3},
+     r"^refine_bits must be 2 or 4, got 3$"),
+    ({"kv_cache_quant_span_mode": "incremental", "kv_cache_quant_refine_recent": -1},
+     r"^refine_recent must be in 0\.\.1000000 \(0 = no refinement\), got -1$"),
     # reliability finding 9: a negative seed is refused, not wrapped to 2^64 - 1
     ({"kv_cache_quant_seed": -1}, r"^kv_cache_quant_seed must be"),
 ])
@@ -107,6 +114,9 @@ def test_from_dict_errors(flags, message):
     (dict(span_mode="lazy"), r"^span_mode must be one of deferred, incremental, got 'lazy'$"),
     (dict(span_mode="incremental", span_break_ratio=-0.5), r"^span_break_ratio must be in \[0, 1e6\]"),
     (dict(span_break_ratio="2"), r"^span_break_ratio must be a number, got '2'$"),
+    (dict(refine_recent=1), r"^refine_recent must be 0 unless span_mode is incremental"),
+    (dict(span_mode="incremental", refine_recent=1, refine_bits=8), r"^refine_bits must be 2 or 4, got 8$"),
+    (dict(refine_recent="1"), r"^refine_recent must be an integer, got '1'$"),
     (dict(seed=-1), r"^seed must be in \[0, 2\^64\), got -1$"),
 ])
 def test_validate_errors(fields, message):

@@ -61,3 +61,32 @@ def test_int4_packed_cache_memory_and_reconstruction():
         assert rel_mse < 2e-3, rel_mse
         # int4 symmetric: half a step of at most (block absmax / 7), plus a bf16 rounding
         assert err.abs().max().item() < 0.2 * ref.abs().max().item()
+
+
+def test_refinement_layers_of_the_newest_chunks():
+    """Incremental spans with refine_recent (docs/spans.md): the two newest encoded
+    chunks hold refinement layers (counted in resident_nbytes), their rows are closer
+    to the input than without, and every other row is the same as without."""
+    gen = torch.Generator().manual_seed(17)
+    offsets = torch.randn(1, 1, H, D, generator=gen) * 4.0
+    base = dict(bits=2, centroids=64, span_chunks=4, span_mode="incremental")
+    plain = make_packed(B, CACHE, H, D, torch.bfloat16, quant=qt.QVGKVQuantArgs(**base))
+    refined = make_packed(B, CACHE, H, D, torch.bfloat16,
+                          quant=qt.QVGKVQuantArgs(**base, refine_recent=2, refine_bits=2))
+    ks = []
+    for i in range(6):
+        k, v = kv_chunk(gen, offsets), kv_chunk(gen, -offsets)
+        ks.append(k)
+        pa = plain.update_and_get_attention_kv(key=k, value=v, current_chunk_start=i * CHUNK)
+        pb = refined.update_and_get_attention_kv(key=k, value=v, current_chunk_start=i * CHUNK)
+    sa, sb = plain._segments(), refined._segments()
+    assert [s["packed"] for s in sb] == [True] * 4 + [False, False]
+    extra = [b["nbytes"] - a["nbytes"] for a, b in zip(sa, sb)]
+    assert extra[:2] == [0, 0] and extra[2] > 0 and extra[3] == extra[2] and extra[4:] == [0, 0]
+    assert refined.resident_nbytes() - plain.resident_nbytes() == 2 * extra[2]
+    ref = torch.cat(ks, dim=1).float()
+    old, new = slice(0, 2 * CHUNK), slice(2 * CHUNK, 4 * CHUNK)
+    assert torch.equal(pa.k[:, old], pb.k[:, old])
+    err_a = (pa.k[:, new].float() - ref[:, new]).pow(2).mean().item()
+    err_b = (pb.k[:, new].float() - ref[:, new]).pow(2).mean().item()
+    assert err_b < 0.5 * err_a, (err_a, err_b)
