@@ -61,6 +61,7 @@ Setup random_setup(std::mt19937_64& rng, bool packed, const Needs& need) {
     if (ri(0, 1)) {  // incremental spans (the error calls must not touch the open span either)
       s.q.span_mode = SpanMode::Incremental;
       s.q.span_break_ratio = ri(0, 1) ? 0.0 : 1.2;
+      s.q.refine_recent = int(ri(0, 2));  // refinement layers: error calls must leave them too
     }
     s.q.init = ri(0, 1) ? Init::Warm : Init::Random;
     s.q.threads = 1;
@@ -549,6 +550,24 @@ TEST(CacheErrors, PackedRejectsGrowthAndInvalidConfiguration) {
         << bad;
   }
   q.span_break_ratio = 0;
+  // Refinement layers: incremental spans only, a count in range, 2 or 4 bits.
+  q.refine_recent = 1;
+  EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument)
+                .find("refine_recent must be 0 unless span_mode is incremental"),
+            std::string::npos);
+  q.span_mode = SpanMode::Incremental;
+  EXPECT_NO_THROW(PackedCausalCache c(o, q));
+  q.refine_bits = 3;
+  EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument)
+                .find("refine_bits must be 2 or 4, got 3"),
+            std::string::npos);
+  q.refine_bits = 4;
+  q.refine_recent = -1;
+  EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument)
+                .find("refine_recent must be in 0..1000000"),
+            std::string::npos);
+  q.refine_recent = 0;
+  q.span_mode = SpanMode::Deferred;
   // Quantization off: the codec fields are not checked against head_dim.
   q = QuantArgs();
   o.head_dim = 8;

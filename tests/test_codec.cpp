@@ -123,6 +123,74 @@ RC_GTEST_PROP(CodecProperty, DecodedWithinBoundForRandomShapesAndConfigs, ()) {
 }
 
 // ---- extreme blocks ----------------------------------------------------------
+// Refinement layers (docs/spans.md): a layer is a valid f32 encoding of the base's
+// decoding error, within spec 1.2's bound of that error; adding it (one rounding to
+// the dtype) brings the tensor much closer; bad arguments are InvalidArgument.
+TEST(Codec, RefinementLayerEncodesTheDecodingErrorWithinItsBound) {
+  for (const DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    const Tensor x = clustered_tensor({2, 96, 3, 64}, dt, 5, 8, 3.0f, 2.0f, 0.3f);
+    CodecConfig c;
+    c.bits = 2;
+    c.centroids = 16;
+    const EncodedTensor base = encode(x, c);
+    const Tensor dec = decode(base);
+    for (const int bits : {2, 4}) {
+      const EncodedTensor layer = encode_refinement(x, dec, refinement_config(bits, 64, c.seed));
+      EXPECT_NO_THROW(layer.validate());
+      EXPECT_NO_THROW(layer.validate_values());
+      EXPECT_EQ(layer.dtype, DType::F32);
+      EXPECT_EQ(layer.bits, bits);
+      EXPECT_EQ(layer.nbytes(), EncodedTensor::predicted_nbytes(x.shape(), DType::F32, refinement_config(bits, 64, 1)));
+      // The layer against the error it encodes (x - dec in fp32).
+      Tensor err(DType::F32, x.shape());
+      for (int64_t i = 0; i < x.shape().numel(); ++i)
+        static_cast<float*>(err.data())[i] = load_f32(x.data(), dt, size_t(i)) - load_f32(dec.data(), dt, size_t(i));
+      const Tensor ld = decode(layer);
+      const auto rep = check_error_bound(err, layer, ld);
+      EXPECT_EQ(rep.violations, 0) << dtype_name(dt) << " bits " << bits << ": " << rep.first;
+      // Added to a range of the decoded tensor (tokens 10..50, heads 1..3): exactly
+      // round(dec + layer) there, the rest untouched.
+      Tensor out = dec;
+      const Shape4 sh = x.shape();
+      add_refinement(layer, 10, 50, 1, 3,
+                     {static_cast<std::byte*>(out.data()) + size_t((10 * sh.h + 1) * sh.d) * dtype_size(dt), dt,
+                      sh.s * sh.h * sh.d, sh.h * sh.d},
+                     1);
+      size_t changed = 0;
+      for (int64_t b = 0; b < sh.b; ++b)
+        for (int64_t t = 0; t < sh.s; ++t)
+          for (int64_t h = 0; h < sh.h; ++h)
+            for (int64_t d = 0; d < sh.d; ++d) {
+              const size_t i = size_t(((b * sh.s + t) * sh.h + h) * sh.d + d);
+              const bool inside = t >= 10 && t < 50 && h >= 1;
+              float want = load_f32(dec.data(), dt, i);
+              if (inside) {
+                const float sum = want + static_cast<const float*>(ld.data())[i];
+                Tensor one(dt, {1, 1, 1, 1});
+                convert_from_f32(&sum, dt, one.data(), 1);
+                want = load_f32(one.data(), dt, 0);
+              }
+              const float got = load_f32(out.data(), dt, i);
+              ASSERT_EQ(got, want) << dtype_name(dt) << " at " << b << "," << t << "," << h << "," << d;
+              changed += got != load_f32(dec.data(), dt, i);
+            }
+      EXPECT_GT(changed, 0u);
+      // The whole tensor refined: its error well below the base's.
+      Tensor full = dec;
+      add_refinement(layer, 0, sh.s, 0, sh.h, {full.data(), dt, sh.s * sh.h * sh.d, sh.h * sh.d});
+      const double e0 = rel_mse(x, dec), e1 = rel_mse(x, full);
+      EXPECT_LT(e1, e0 * (bits == 4 ? 0.02 : 0.4)) << dtype_name(dt) << " bits " << bits << ": " << e0 << " -> " << e1;
+    }
+    // Bad arguments.
+    const Tensor other = random_tensor({2, 95, 3, 64}, dt, 1);
+    EXPECT_THROW((void)encode_refinement(x, other, refinement_config(2, 64, 1)), InvalidArgument);
+    CodecConfig two = refinement_config(2, 64, 1);
+    two.centroids = 2;
+    EXPECT_THROW((void)encode_refinement(x, dec, two), InvalidArgument);
+    EXPECT_THROW((void)encode_refinement(x, dec, refinement_config(3, 64, 1)), InvalidArgument);
+  }
+}
+
 TEST(Codec, ZeroTinyAndHugeBlocksDecodeFiniteWithinBound) {
   const Shape4 shape{1, 24, 1, 32};
   Tensor x(DType::F32, shape);
@@ -615,6 +683,19 @@ TEST(Config, EngineFlags) {
   bad({{"kv_cache_quant", "int2"}, {"kv_cache_quant_block_size", "6"}}, "block_size must be a multiple of 4");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_span_chunks", "0"}}, "span_chunks must be >= 1, got 0");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_bogus", "1"}}, "unknown flag 'kv_cache_quant_bogus'");
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_refine_recent", "2"}},
+      "refine_recent must be 0 unless span_mode is incremental");
+  bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_span_mode", "incremental"}, {"kv_cache_quant_refine_bits", "8"}},
+      "refine_bits must be 2 or 4, got 8");
+  {
+    const QuantArgs r = QuantArgs::from_flags({{"kv_cache_quant", "int2"},
+                                               {"kv_cache_quant_span_mode", "incremental"},
+                                               {"kv_cache_quant_refine_recent", "4"},
+                                               {"kv_cache_quant_refine_bits", "2"}});
+    EXPECT_EQ(r.refine_recent, 4);
+    EXPECT_EQ(r.refine_bits, 2);
+    EXPECT_NE(r.describe().find(" refine_recent=4 refine_bits=2"), std::string::npos) << r.describe();
+  }
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "12x"}}, "must be an integer, got '12x'");
   // A negative seed is refused, not wrapped to 2^64 - 5 (issue 15, finding 9).
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "-5"}},
