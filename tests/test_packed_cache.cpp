@@ -483,7 +483,8 @@ TEST(PackedCachePolicy, RefinementLeavesTheBaseEncodingsAsWithout) {
     EXPECT_GT(refined_rows, 0);
     // Refined rows: the int2 base's squared error reduced by the layer (measured on
     // this data: to 0.18x with bits 2, 0.004x with bits 4; asserted with margin).
-    EXPECT_LT(err_refined, err_plain * (refine_bits == 4 ? 0.02 : 0.3)) << "refine_bits " << refine_bits << " plain " << err_plain;
+    EXPECT_LT(err_refined, err_plain * (refine_bits == 4 ? 0.02 : 0.3))
+        << "refine_bits " << refine_bits << " plain " << err_plain;
   }
 }
 

@@ -784,8 +784,8 @@ TEST(SnapshotFormat, RefinementLayersAreFormat1_4AndRefusedWhereTheCacheWouldHol
   QuantArgs w = q;
   w.refine_recent = 1;
   x.quant = w;
-  const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(good, x); },
-                                 ErrorKind::InvalidArgument);
+  const std::string m =
+      error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(good, x); }, ErrorKind::InvalidArgument);
   EXPECT_NE(m.find("refine_recent = 2, the caller expects 1"), std::string::npos) << m;
 }
 

@@ -190,8 +190,8 @@ EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, cons
 /// and heads [h0, h1) at dst (laid out as decode_range() writes) becomes
 /// round(dst + layer), once, in fp32 then to dst.dtype (nearest even).
 /// REQUIRES: `ref` from encode_refinement; the range inside it; dst as decode_range().
-void add_refinement(const EncodedTensor& ref, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
-                    const DecodeTarget& dst, int threads = 0);
+void add_refinement(const EncodedTensor& ref, int64_t t0, int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst,
+                    int threads = 0);
 
 /// Inertia of points under centroids (spec 1.1): sum over points of the squared
 /// distance to the nearest centroid, in fp64. points: n * dim, centroids: k * dim.

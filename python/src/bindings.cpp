@@ -476,8 +476,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("sink_span"), py::arg("sink_keep_chunks"), py::arg("span_chunks"), py::arg("scaling"),
            py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("span_mode") = "deferred",
            py::arg("span_break_ratio") = 0.0, py::arg("threads") = 0, py::arg("scale_search") = "off",
-           py::arg("k_config") = "", py::arg("v_config") = "", py::arg("refine_recent") = 0,
-           py::arg("refine_bits") = 4)
+           py::arg("k_config") = "", py::arg("v_config") = "", py::arg("refine_recent") = 0, py::arg("refine_bits") = 4)
       .def("validate", &qvg::QuantArgs::validate)
       .def("validate_for_head_dim", &qvg::QuantArgs::validate_for_head_dim)
       .def("describe", &qvg::QuantArgs::describe)

@@ -529,7 +529,8 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
     g.packed = s.packed;
     g.chunks = s.chunks;
     g.span = s.span;
-    g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr, std::move(s.k_ref), std::move(s.v_ref)};
+    g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr,
+              std::move(s.k_ref), std::move(s.v_ref)};
     if (s.span >= 0) {
       const auto b = book_of(s.span);
       g.data.k_book = b[0];

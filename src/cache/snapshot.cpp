@@ -1085,11 +1085,15 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
   const uint32_t known = (minor >= 1 ? kFlagSpanChunk : 0) | (minor >= 4 ? kFlagRefined : 0);
   if (flags & ~known)
     r.fail(fmt::format("flags 0x{:x}: format {}.{} defines {} (a newer qvg may have written them)", flags,
-                       kSnapshotMajor, minor, known == 3 ? "0x1 and 0x2 only" : known ? "0x1 only" : "none"));
+                       kSnapshotMajor, minor,
+                       known == 3 ? "0x1 and 0x2 only"
+                       : known    ? "0x1 only"
+                                  : "none"));
   if ((flags & kFlagRefined) && (!(flags & kFlagSpanChunk) || q.refine_recent == 0))
-    r.fail(fmt::format("a refined segment (flag 0x2) must be a chunk of an incremental span (flag 0x1) of a cache "
-                       "with refine_recent > 0 (flags 0x{:x}, refine_recent = {})",
-                       flags, q.refine_recent));
+    r.fail(
+        fmt::format("a refined segment (flag 0x2) must be a chunk of an incremental span (flag 0x1) of a cache "
+                    "with refine_recent > 0 (flags 0x{:x}, refine_recent = {})",
+                    flags, q.refine_recent));
   if (s.g0 < 0 || s.g1 <= s.g0 || s.g1 > detail::kMaxPosition)
     r.fail(fmt::format("token range [{}, {}) is empty or out of [0, 2^60]", s.g0, s.g1));
   if (chunks < 1 || chunks > uint32_t(INT32_MAX)) r.fail(fmt::format("chunks = {}, must be >= 1", chunks));
@@ -1147,14 +1151,15 @@ detail::PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std:
     for (std::optional<EncodedTensor>* ref : {&s.k_ref, &s.v_ref}) {
       const bool is_k = ref == &s.k_ref;
       *ref = get_encoded(r, Arrays::All);
-      const CodecConfig want = refinement_config(q.refine_bits, q.codec(is_k ? CacheRole::Key : CacheRole::Value).block_size, q.seed);
+      const CodecConfig want =
+          refinement_config(q.refine_bits, q.codec(is_k ? CacheRole::Key : CacheRole::Value).block_size, q.seed);
       const EncodingLayout expect = EncodingLayout::of({o.batch, n, o.heads, o.head_dim}, DType::F32, want);
       if (!(static_cast<const EncodingLayout&>(**ref) == expect))
-        r.fail(fmt::format("the {} refinement layer is a {} {} encoding (bits={} centroids={} stages={}); this cache's "
-                           "layers are {} {} encodings with {}",
-                           is_k ? "K" : "V", (*ref)->shape.str(), dtype_name((*ref)->dtype), (*ref)->bits,
-                           (*ref)->centroids, (*ref)->stages, expect.shape.str(), dtype_name(expect.dtype),
-                           want.describe()));
+        r.fail(fmt::format(
+            "the {} refinement layer is a {} {} encoding (bits={} centroids={} stages={}); this cache's "
+            "layers are {} {} encodings with {}",
+            is_k ? "K" : "V", (*ref)->shape.str(), dtype_name((*ref)->dtype), (*ref)->bits, (*ref)->centroids,
+            (*ref)->stages, expect.shape.str(), dtype_name(expect.dtype), want.describe()));
     }
   }
   r.expect_end();
@@ -1284,7 +1289,8 @@ void check_packed_state(const detail::PackedStateData& d) {
     if (s.span < 0) continue;
     const bool want = newer++ < q.refine_recent;
     if (s.k_ref.has_value() != want)
-      bad(fmt::format("segment {} {} refinement layers; with refine_recent = {} exactly the {} newest chunks of "
+      bad(
+          fmt::format("segment {} {} refinement layers; with refine_recent = {} exactly the {} newest chunks of "
                       "incremental spans hold them",
                       i, s.k_ref ? "holds" : "lacks", q.refine_recent, q.refine_recent));
   }

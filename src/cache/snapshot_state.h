@@ -44,7 +44,7 @@ struct PackedSegmentRef {
   std::span<const std::byte> k_raw, v_raw;  ///< raw: [B, g1 - g0, H, D] each
   const EncodedTensor* k_enc = nullptr;     ///< packed (a span chunk's: without centroids)
   const EncodedTensor* v_enc = nullptr;
-  const EncodedTensor* k_ref = nullptr;     ///< a refined chunk's layers (both or neither)
+  const EncodedTensor* k_ref = nullptr;  ///< a refined chunk's layers (both or neither)
   const EncodedTensor* v_ref = nullptr;
 };
 /// An incremental span's codebooks, shared by its chunks (and the open span's).

@@ -45,8 +45,8 @@ EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, cons
   return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg);
 }
 
-void add_refinement(const EncodedTensor& ref, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
-                    const DecodeTarget& dst, int threads) {
+void add_refinement(const EncodedTensor& ref, int64_t t0, int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst,
+                    int threads) {
   QVG_CHECK(ref.dtype == DType::F32 && ref.stages == 1 && ref.centroids == 1);
   QVG_CHECK(0 <= t0 && t0 <= t1 && t1 <= ref.shape.s && 0 <= h0 && h0 < h1 && h1 <= ref.shape.h);
   const int64_t B = ref.shape.b, T = t1 - t0, H = h1 - h0, D = ref.shape.d;

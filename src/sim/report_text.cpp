@@ -92,9 +92,9 @@ std::string simulation_summary_text(const SimulationResult& r) {
     if (q.span_mode == SpanMode::Incremental)
       o += fmt::format(
           "           incremental spans: each chunk is encoded as it completes{}{}\n",
-          q.span_break_ratio > 0 ? fmt::format(", a new span above {:g}x the first chunk's residual energy",
-                                               q.span_break_ratio)
-                                 : std::string(),
+          q.span_break_ratio > 0
+              ? fmt::format(", a new span above {:g}x the first chunk's residual energy", q.span_break_ratio)
+              : std::string(),
           q.refine_recent > 0 ? fmt::format("; the newest {} encoded chunk{} keep a {}-bit refinement layer",
                                             q.refine_recent, q.refine_recent == 1 ? "" : "s", q.refine_bits)
                               : std::string());

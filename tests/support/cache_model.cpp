@@ -482,8 +482,8 @@ std::string check_packed_view(const PackedCausalCache& cache, const KVView& view
       full[i].emplace(with_codebook(*seg.k_enc, *seg.k_codebook), with_codebook(*seg.v_enc, *seg.v_codebook));
     if (seg.packed && seg.k_ref) {
       if (!full[i]) return fmt::format("segment {} holds refinement layers but is not a chunk of a span", i);
-      refined[i] = Refined{decode(full[i]->first, 1), decode(full[i]->second, 1), decode(*seg.k_ref, 1),
-                           decode(*seg.v_ref, 1)};
+      refined[i] =
+          Refined{decode(full[i]->first, 1), decode(full[i]->second, 1), decode(*seg.k_ref, 1), decode(*seg.v_ref, 1)};
     }
   }
   for (int64_t t = 0; t < s.s; ++t) {
@@ -546,8 +546,7 @@ std::string compare_segments(const PackedCausalCache& cache, const std::vector<P
   for (size_t i = 0; i < cache.num_segments(); ++i) {
     const auto s = cache.segment(i);
     got_s += fmt::format("[{},{}){}{}x{}{}{} ", s.g0, s.g1, s.is_sink ? "s" : "", s.packed ? "P" : "R", s.chunks,
-                         s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span ? "+" : "",
-                         s.k_ref ? "r" : "");
+                         s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span ? "+" : "", s.k_ref ? "r" : "");
     if (i < want.size()) {
       const auto& w = want[i];
       const bool joins_prev = s.span >= 0 && i > 0 && cache.segment(i - 1).span == s.span;

@@ -128,9 +128,9 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
              a.asymmetric ? "asymmetric" : "symmetric", a.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
   if (a.per_role())
     fmt::print("  per role {}{}{}\n", a.k.describe("k_"), !a.k.empty() && !a.v.empty() ? " " : "", a.v.describe("v_"));
-  fmt::print("  cache    span_chunks {} ({}), keep_recent {}, sink {} (sink_span {}, sink_keep {}){}\n\n", a.span_chunks,
-             name(a.span_mode), a.keep_recent_chunks, a.sink ? "quantized" : "kept raw", name(a.sink_span),
-             a.sink_keep_chunks,
+  fmt::print("  cache    span_chunks {} ({}), keep_recent {}, sink {} (sink_span {}, sink_keep {}){}\n\n",
+             a.span_chunks, name(a.span_mode), a.keep_recent_chunks, a.sink ? "quantized" : "kept raw",
+             name(a.sink_span), a.sink_keep_chunks,
              a.refine_recent > 0 ? fmt::format(", refine_recent {} ({}-bit layers: {} at the peak)", a.refine_recent,
                                                a.refine_bits, mib(r.peak_step.refine_bytes))
                                  : std::string());
