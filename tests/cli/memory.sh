@@ -13,6 +13,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 "$QVG" memory --model self-forcing-1.3b --json --centroids 256 --span-chunks 8 > "$T/sf8.json"
 "$QVG" memory --model self-forcing-1.3b --json --centroids 256 --span-chunks 8 --span-mode incremental \
   --keep-recent 0 > "$T/sf8i.json"
+"$QVG" memory --model self-forcing-1.3b --json --centroids 256 --span-chunks 8 --span-mode incremental \
+  --keep-recent 0 --refine-recent 4 --refine-bits 2 > "$T/sf8r.json"
 "$QVG" memory --model hy-worldplay-8b --json --frames 10 > "$T/hy10.json"
 "$QVG" memory --model longcat-video-13.6b --json --bits 4 --no-sink > "$T/lc4.json"
 "$QVG" memory --model lingbot-world-14b --json --scale-dtype bf16 --asymmetric --block-size 32 > "$T/lb.json"
@@ -22,7 +24,8 @@ import json, sys, os
 T = sys.argv[1]
 MiB = 2.0 ** 20
 keys = ["per_layer_bf16_mib", "per_layer_packed_mib", "total_bf16_mib", "total_packed_mib", "ratio",
-        "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window", "span_mode"]
+        "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window", "span_mode", "refine_recent",
+        "refine_bits", "per_layer_policy_refine_mib"]
 
 def load(name):
     j = json.load(open(os.path.join(T, name)))
@@ -72,6 +75,16 @@ chunk = enc(4680, 12, 128, K=256) - book
 close(sf8i["per_layer_packed_mib"], 2 * (56 * chunk + 7 * book) / MiB, "sf8i packed")
 close(sf8i["per_layer_policy_mib"], (2 * (56 * chunk + 8 * book) + 2 * 4680 * 12 * 128 * 2) / MiB, "sf8i policy")
 assert sf8i["policy_ratio"] >= 5.0 and sf8i["policy_ratio"] > 1.7 * sf8["policy_ratio"], sf8i["policy_ratio"]
+assert (sf8i["refine_recent"], sf8i["refine_bits"], sf8i["per_layer_policy_refine_mib"]) == (0, 4, 0)
+
+# The same with refinement layers on the 4 newest chunks (2 bits): each layer an f32
+# encoding of one stage with one centroid (12 x 128 fp32), ids, 2-bit codes, one fp8
+# scale per 64 channels and the per-group fp32 factors, for K and V.
+sf8r = load("sf8r.json")
+layer = 12 * 128 * 4 + 12 * 4680 + 12 * 4680 * 128 * 2 // 8 + 12 * 4680 * 2 + 12 * 4
+close(sf8r["per_layer_policy_refine_mib"], 4 * 2 * layer / MiB, "sf8r layers")
+close(sf8r["per_layer_policy_mib"], sf8i["per_layer_policy_mib"] + 4 * 2 * layer / MiB, "sf8r policy")
+close(sf8r["per_layer_packed_mib"], sf8i["per_layer_packed_mib"], "sf8r: the encoded context has no layers")
 
 # HY-WorldPlay with --frames 10: 8,800 tokens = 2 spans of 3,520 + one of 1,760.
 hy = load("hy10.json")
@@ -99,7 +112,8 @@ grep -q "990.00 MiB" "$T/hy.txt" || fail "table: HY-WorldPlay bf16 context is no
 
 # Errors: non-zero exit, one line on stderr.
 bad=("--bits 3" "--bits x" "--frames 0" "--span-chunks 0" "--centroids 257" "--block-size 48"
-     "--keep-recent -1" "--sink-span half" "--scale-dtype fp16" "--scaling odd" "--stages 0")
+     "--keep-recent -1" "--sink-span half" "--scale-dtype fp16" "--scaling odd" "--stages 0"
+     "--refine-recent 2" "--span-mode incremental --refine-bits 3" "--span-mode incremental --refine-recent -1")
 for flags in "${bad[@]}"; do
   # shellcheck disable=SC2086
   if "$QVG" memory --model self-forcing-1.3b $flags > /dev/null 2> "$T/err.txt"; then fail "accepted $flags"; fi
