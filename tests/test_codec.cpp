@@ -181,6 +181,20 @@ TEST(Codec, RefinementLayerEncodesTheDecodingErrorWithinItsBound) {
       const double e0 = rel_mse(x, dec), e1 = rel_mse(x, full);
       EXPECT_LT(e1, e0 * (bits == 4 ? 0.02 : 0.4)) << dtype_name(dt) << " bits " << bits << ": " << e0 << " -> " << e1;
     }
+    // An error beyond the input limit (|x| near 1e16, decoded far off) is clamped, not
+    // refused: a cache encodes layers after its state has changed.
+    if (dt != DType::F16) {
+      Tensor big(dt, {1, 4, 1, 64}), neg(dt, {1, 4, 1, 64});
+      for (int64_t i = 0; i < 256; ++i) {
+        const float v = (i % 2 ? 1 : -1) * 9.9e15f;
+        convert_from_f32(&v, dt, static_cast<std::byte*>(big.data()) + size_t(i) * dtype_size(dt), 1);
+        const float w = -v;
+        convert_from_f32(&w, dt, static_cast<std::byte*>(neg.data()) + size_t(i) * dtype_size(dt), 1);
+      }
+      EncodedTensor l;
+      ASSERT_NO_THROW(l = encode_refinement(big, neg, refinement_config(2, 64, 1)));
+      EXPECT_NO_THROW(l.validate_values());
+    }
     // Bad arguments.
     const Tensor other = random_tensor({2, 95, 3, 64}, dt, 1);
     EXPECT_THROW((void)encode_refinement(x, other, refinement_config(2, 64, 1)), InvalidArgument);

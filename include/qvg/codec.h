@@ -182,7 +182,7 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads = 0);
 /// The codec settings of a layer (centroids 1, stages 1, one Lloyd iteration).
 CodecConfig refinement_config(int bits, int block_size, uint64_t seed, int threads = 0);
 /// Encodes x - decoded (both [B, S, H, D] of one dtype; the difference is one fp32
-/// subtraction per element) with cfg (from refinement_config). Throws InvalidArgument
+/// subtraction per element, clamped to +-kMaxAbsInput) with cfg (from refinement_config). Throws InvalidArgument
 /// for mismatched tensors or a config without one stage of one centroid, and as
 /// encode() does.
 EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg);

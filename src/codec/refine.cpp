@@ -4,6 +4,9 @@
 // decode_range(): no arithmetic of its own beyond the fp32 difference and sum.
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include <fmt/core.h>
 
 #include "qvg/codec.h"
@@ -36,12 +39,17 @@ EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, cons
         "encode_refinement: the config must have one stage of one centroid (refinement_config), got {} x {}",
         cfg.stages, cfg.centroids));
   // e = x - decoded, one fp32 subtraction per element (exact for bf16 elements whose
-  // exponents differ by at most 16, as an element and its decoding's do).
+  // exponents differ by at most 16, as an element and its decoding's do), clamped to
+  // the codec's input limit: a cache encodes layers after its state has changed, so
+  // the encode must not refuse the error of an input near |x| = 1e16 (whose decoding
+  // may be off by more than the limit); such an element is then refined only up to it.
   const size_t n = size_t(x.shape.numel());
   std::vector<float> a(n), e(n);
   convert_to_f32(x.data, x.dtype, a.data(), n);
   convert_to_f32(decoded.data, decoded.dtype, e.data(), n);
-  for (size_t i = 0; i < n; ++i) e[i] = a[i] - e[i];
+  float lim = float(kMaxAbsInput);  // the largest float not above the limit
+  if (double(lim) > kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
+  for (size_t i = 0; i < n; ++i) e[i] = std::clamp(a[i] - e[i], -lim, lim);
   return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg);
 }
 
