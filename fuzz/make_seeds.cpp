@@ -160,16 +160,18 @@ int main(int argc, char** argv) {
     q3.span_break_ratio = 1.5;
     q3.keep_recent_chunks = 1;
     q3.sink_span = SinkSpan::Chunk;
-    PackedCausalCache inc2(o, q3);
-    for (int64_t c = 0; c < 40; c += 4)
-      inc2.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 1)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 3)), c);
-    snap("seed_packed_incremental_bf16_fix.snap", 5, inc2.snapshot_bytes());
+    // A packed cache after chunks of 4 bf16 tokens up to `end`, K and V of seeds c + dk, c + dv.
+    auto streamed = [&](const CacheOptions& co, const QuantArgs& q, int64_t end, uint64_t dk, uint64_t dv) {
+      PackedCausalCache c(co, q);
+      for (int64_t g = 0; g < end; g += 4)
+        c.update(kvt(DType::BF16, 4, 2, 8, uint64_t(g) + dk), kvt(DType::BF16, 4, 2, 8, uint64_t(g) + dv), g);
+      return c;
+    };
+    snap("seed_packed_incremental_bf16_fix.snap", 5, streamed(o, q3, 40, 1, 3).snapshot_bytes());
     // A head shard (format 1.2: the config entry head_offset).
     CacheOptions os = o;
     os.head_offset = 7;
-    PackedCausalCache shard(os, q3);
-    for (int64_t c = 0; c < 24; c += 4)
-      shard.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 2)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 4)), c);
+    const PackedCausalCache shard = streamed(os, q3, 24, 2, 4);
     snap("seed_packed_shard.snap", 0, shard.snapshot_bytes());
     snap("seed_packed_shard_fix.snap", 1, shard.snapshot_bytes());
     // Per-role codec settings and the MSE scale search (format 1.3: the config entries
@@ -179,9 +181,7 @@ int main(int argc, char** argv) {
     q4.k.bits = 4;
     q4.v.asymmetric = false;
     q4.v.scale_dtype = ScaleDType::FP8_E4M3;
-    PackedCausalCache roles(o, q4);
-    for (int64_t c = 0; c < 40; c += 4)
-      roles.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 6)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 8)), c);
+    const PackedCausalCache roles = streamed(o, q4, 40, 6, 8);
     snap("seed_packed_roles.snap", 0, roles.snapshot_bytes());
     snap("seed_packed_roles_fix.snap", 1, roles.snapshot_bytes());
     // Refinement layers of the newest chunks (format 1.4: the config entries
@@ -189,9 +189,7 @@ int main(int argc, char** argv) {
     QuantArgs q5 = q3;
     q5.refine_recent = 2;
     q5.refine_bits = 2;
-    PackedCausalCache refined(o, q5);
-    for (int64_t c = 0; c < 32; c += 4)
-      refined.update(kvt(DType::BF16, 4, 2, 8, uint64_t(c + 9)), kvt(DType::BF16, 4, 2, 8, uint64_t(c + 11)), c);
+    const PackedCausalCache refined = streamed(o, q5, 32, 9, 11);
     snap("seed_packed_refined.snap", 0, refined.snapshot_bytes());
     snap("seed_packed_refined_fix.snap", 1, refined.snapshot_bytes());
   }

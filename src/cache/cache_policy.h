@@ -365,6 +365,17 @@ size_t segment_bytes(const PlanSegment<P>& s) {
   return n;
 }
 
+/// QuantArgs::refine_recent: only the `keep` newest segments that hold refinement
+/// layers (`has(segment)`) keep them; `drop(segment)` frees the older ones' (newest
+/// first, so a segment's layers go when `keep` newer chunks hold layers).
+template <class P, class Has, class Drop>
+void keep_newest_refinements(CachePolicy<P>& pol, int64_t keep, Has&& has, Drop&& drop) {
+  int64_t newer = 0;
+  auto& segs = pol.segments();
+  for (auto it = segs.rbegin(); it != segs.rend(); ++it)
+    if (has(*it) && ++newer > keep) drop(*it);
+}
+
 /// The resident bytes of spec 4: every segment's bytes (`seg_bytes(segment)`) plus,
 /// once per incremental span that still has a chunk, the span's codebooks
 /// (`book_bytes(segment)` of any of its chunks).

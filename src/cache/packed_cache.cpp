@@ -199,32 +199,18 @@ struct PackedCausalCache::Impl {
     const size_t f32_bytes = size_t(opt.batch * S * H * D) * 4;  // encode_refinement's two fp32 copies
     meter.add(dec.size() + 2 * f32_bytes);
     for (const bool is_k : {true, false}) {
-      const Segment& p = packed;
-      const EncodedTensor& enc = is_k ? p.data.k_enc : p.data.v_enc;
-      const EncodedTensor& book = (is_k ? p.data.k_book : p.data.v_book)->book;
+      const EncodedTensor& enc = is_k ? packed.data.k_enc : packed.data.v_enc;
+      const EncodedTensor& book = (is_k ? packed.data.k_book : packed.data.v_book)->book;
       decode_ranges({{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book}}, quant.threads);
       const CodecConfig& c = is_k ? codec_k : codec_v;
       CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.threads);
       rc.head_offset = c.head_offset;
-      EncodedTensor r = encode_refinement(raw_view(raw, is_k), {dec.data(), opt.dtype, raw_view(raw, is_k).shape}, rc);
+      const ConstTensorView x = raw_view(raw, is_k);
+      EncodedTensor r = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc);
       meter.add(r.nbytes());
       (is_k ? packed.data.k_ref : packed.data.v_ref) = std::move(r);
     }
     meter.sub(dec.size() + 2 * f32_bytes);
-  }
-
-  /// Drops the refinement layers of every encoded chunk but the refine_recent newest
-  /// (their base encodings stay exactly as they are).
-  void age_refinements() {
-    int64_t newer = 0;
-    std::vector<Segment>& segs = pol.segments();
-    for (auto it = segs.rbegin(); it != segs.rend(); ++it) {
-      if (!it->data.k_ref) continue;
-      if (++newer > quant.refine_recent) {
-        it->data.k_ref.reset();
-        it->data.v_ref.reset();
-      }
-    }
   }
 
   /// Encodes the spans and chunks the policy picks; each replaces its raw chunks.
@@ -241,7 +227,14 @@ struct PackedCausalCache::Impl {
       }
       meter.sub(detail::segment_bytes(packed));  // resident from here on; the raw chunks are gone
     });
-    if (quant.refine_recent > 0) age_refinements();
+    // Older chunks lose their layers; their base encodings stay exactly as they are.
+    if (quant.refine_recent > 0)
+      detail::keep_newest_refinements(
+          pol, quant.refine_recent, [](const Segment& s) { return s.data.k_ref.has_value(); },
+          [](Segment& s) {
+            s.data.k_ref.reset();
+            s.data.v_ref.reset();
+          });
   }
 
   size_t resident() const {
@@ -304,7 +297,8 @@ struct PackedCausalCache::Impl {
       // call's key/value rows — is copied from the input, not re-read from its
       // segment.
       std::vector<DecodeTask> tasks;
-      for (const detail::ViewPiece& pc : pol.view_pieces(p)) {
+      const std::vector<detail::ViewPiece> pieces = pol.view_pieces(p);
+      for (const detail::ViewPiece& pc : pieces) {
         Segment& s = segs[pc.seg];
         if (!s.packed) {
           detail::gather_rows(k_rows(s), pc.t0, pc.t1, head0, {vk, pc.out_t, 0});
@@ -329,7 +323,7 @@ struct PackedCausalCache::Impl {
       }
       decode_ranges(tasks, quant.threads);
       // Refined chunks: their layers added to what was just decoded.
-      for (const detail::ViewPiece& pc : pol.view_pieces(p)) {
+      for (const detail::ViewPiece& pc : pieces) {
         const Segment& s = segs[pc.seg];
         if (!s.packed || !s.data.k_ref) continue;
         add_refinement(*s.data.k_ref, pc.t0, pc.t1, head0, head0 + h_in,

@@ -164,9 +164,9 @@ const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
     }
   });
   // Only the refine_recent newest encoded chunks keep their refinement layers.
-  int64_t newer = 0;
-  for (auto it = m.pol.segments().rbegin(); it != m.pol.segments().rend(); ++it)
-    if (it->data.ref > 0 && ++newer > m.args.refine_recent) it->data.ref = 0;
+  detail::keep_newest_refinements(
+      m.pol, m.args.refine_recent, [](const detail::PlanSegment<Bytes>& p) { return p.data.ref > 0; },
+      [](detail::PlanSegment<Bytes>& p) { p.data.ref = 0; });
 
   m.segs.clear();
   PolicyStep st;

@@ -10,8 +10,7 @@ void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs
   q.span_mode = named("--span-mode", [&] { return parse_span_mode(f.span_mode); });
   q.span_break_ratio = parse_double_flag("--span-break-ratio", f.span_break_ratio, 0.0, 1e6, "in [0, 1e6] (0 = never)");
   q.refine_recent = int(parse_int_flag("--refine-recent", f.refine_recent, 0, 1'000'000));
-  q.refine_bits = int(parse_int_flag("--refine-bits", f.refine_bits, 2, 4));
-  if (q.refine_bits == 3) throw InvalidArgument("--refine-bits must be 2 or 4, got 3");
+  q.refine_bits = parse_width_flag("--refine-bits", f.refine_bits);
   q.keep_recent_chunks = int(parse_int_flag("--keep-recent", f.keep_recent, 0, 1'000'000));
   q.sink_keep_chunks = int(parse_int_flag("--sink-keep", f.sink_keep, 0, 1'000'000));
   q.sink = !f.no_sink;

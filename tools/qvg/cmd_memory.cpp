@@ -83,11 +83,7 @@ QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
     const CLI::Option* opt = o.cmd->get_option_no_throw(flag);
     return opt != nullptr && opt->count() > 0;
   };
-  if (given("--bits")) {
-    const int64_t bits = parse_int_flag("--bits", o.bits, 0, 64);
-    if (bits != 2 && bits != 4) throw InvalidArgument(fmt::format("--bits must be 2 or 4, got {}", bits));
-    a.bits = int(bits);
-  }
+  if (given("--bits")) a.bits = parse_width_flag("--bits", o.bits);
   apply_cache_flags(o.cache, p.sink_span, a);
   if (given("--centroids")) a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
   if (given("--block-size")) a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
