@@ -211,10 +211,11 @@ Cache load_twin(const Cache& a, int64_t head_offset, std::mt19937_64& rng, const
     st.mid_span += d.open_span >= 0 && d.open_span_chunks < a.quant_args().span_chunks;
     for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(bytes, false).sections)
       st.spans_saved += s.name.starts_with("span ");
-    // The lowest version the cache needs: 1.4 for refinement layers, 1.2 for a
+    // The lowest version the cache needs: 1.4 for refinement layers (or a refine_bits
+    // other than the default: every setting is stored, issue 27 item 3), 1.2 for a
     // head_offset, 1.1 for spans, else 1.0.
     const bool v11 = a.quant_args().span_mode == SpanMode::Incremental || a.quant_args().span_break_ratio != 0;
-    const bool v14 = a.quant_args().refine_recent > 0;
+    const bool v14 = a.quant_args().refine_recent > 0 || a.quant_args().refine_bits != 4;
     EXPECT_EQ(int(inspect_snapshot_bytes(bytes, false).minor), v14 ? 4 : head_offset ? 2 : v11 ? 1 : 0);
     for (const auto& g : d.segments) st.refined_saved += g.k_ref.has_value();
   } else {

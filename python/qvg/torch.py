@@ -107,27 +107,12 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f1
 # Configuration (spec 2)
 # ---------------------------------------------------------------------------
 
-# Engine flag name -> field; the last five are qvg's extensions, same style.
-_FLAG_TO_FIELD = {
-    "kv_cache_quant_centroids": "centroids",
-    "kv_cache_quant_block_size": "block_size",
-    "kv_cache_quant_stages": "stages",
-    "kv_cache_quant_iters": "kmeans_iters",
-    "kv_cache_quant_keep_recent": "keep_recent_chunks",
-    "kv_cache_quant_sink_keep": "sink_keep_chunks",
-    "kv_cache_quant_asymmetric": "asymmetric",
-    "kv_cache_quant_sink": "sink",
-    "kv_cache_quant_sink_span": "sink_span",
-    "kv_cache_quant_span_chunks": "span_chunks",
-    "kv_cache_quant_span_mode": "span_mode",
-    "kv_cache_quant_span_break_ratio": "span_break_ratio",
-    "kv_cache_quant_refine_recent": "refine_recent",
-    "kv_cache_quant_refine_bits": "refine_bits",
-    "kv_cache_quant_scaling": "scaling",
-    "kv_cache_quant_scale_dtype": "scale_dtype",
-    "kv_cache_quant_init": "init",
-    "kv_cache_quant_seed": "seed",
-}
+# The settings table (qvg/settings.h, issue 23): (name, flag suffix, kind, per_role,
+# default) per setting. The dataclass below lists the shared settings (a test checks
+# its fields and defaults against the table); per-role ones are k_config / v_config.
+_SETTINGS = [s for s in _C.quant_settings() if not s[3]]
+# Engine flag name -> field.
+_FLAG_TO_FIELD = {"kv_cache_quant" + flag: name for name, flag, _kind, _role, _d in _SETTINGS if flag}
 
 
 def _flag_text(value: Any) -> str:
@@ -193,6 +178,9 @@ class QVGKVQuantArgs:
         iters, asymmetric, scale_dtype, scaling, scale_search)). Values may be typed (ints, bools) or strings; ``None`` means
         "not given". Without ``kv_cache_quant`` everything is default (off), as in
         the engine. Other keys are ignored. Raises ValueError on bad values."""
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"kwargs must be a dict of the engine's flags (kv_cache_quant, ...), "
+                             f"got {type(kwargs).__name__}")
         master = kwargs.get("kv_cache_quant")
         if master is None:
             return cls()
@@ -215,20 +203,34 @@ class QVGKVQuantArgs:
 
 
 _QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantArgs)}
-_INT_FIELDS = ("centroids", "block_size", "stages", "kmeans_iters", "keep_recent_chunks", "sink_keep_chunks",
-               "span_chunks", "refine_recent", "refine_bits", "seed")  # seed last (not a 32-bit field)
-_BOOL_FIELDS = ("asymmetric", "sink")
-_STR_FIELDS = ("sink_span", "scaling", "scale_dtype", "init", "span_mode", "scale_search", "k_config", "v_config")
-_FLOAT_FIELDS = ("span_break_ratio",)
+_KIND = {name: kind for name, _flag, kind, _role, _d in _SETTINGS}
+_INT_FIELDS = tuple(n for n, k in _KIND.items() if k in ("int", "width"))
+_BOOL_FIELDS = tuple(n for n, k in _KIND.items() if k == "bool")
+_STR_FIELDS = tuple(n for n, k in _KIND.items() if k == "name") + ("k_config", "v_config")
+_FLOAT_FIELDS = tuple(n for n, k in _KIND.items() if k == "real")
 
 
-def _quant_to_c(q: Any) -> _C.QuantArgs:
-    """Any object with QVGKVQuantArgs' attributes (ours or the engine's; missing
-    qvg extensions take their defaults) -> the C++ QuantArgs (not yet validated)."""
+def _check_quant_args(q: Any, what: str = "quant_args") -> None:
+    """Issue 27, item 8: settings are a QVGKVQuantArgs, the engine's class of that name,
+    or None; anything else (a dict of flags, "int2", 2) would silently turn
+    quantization off, so it is refused naming the argument."""
+    if q is None or isinstance(q, QVGKVQuantArgs) or type(q).__name__ == "QVGKVQuantArgs":
+        return
+    hint = " (use QVGKVQuantArgs.from_dict for the engine's flat flags)" if isinstance(q, dict) else ""
+    raise ValueError(f"{what} must be a QVGKVQuantArgs (qvg's or the engine's) or None, got "
+                     f"{type(q).__name__} {q!r:.80}{hint}")
+
+
+def _quant_to_c(q: Any, what: str = "quant_args") -> _C.QuantArgs:
+    """A QVGKVQuantArgs (ours or the engine's; missing qvg extensions take their
+    defaults) -> the C++ QuantArgs (not yet validated)."""
+    _check_quant_args(q, what)
+    if q is None:
+        q = QVGKVQuantArgs()
     v = {name: getattr(q, name, default) for name, default in _QUANT_DEFAULTS.items()}
     if v["bits"] is not None and (isinstance(v["bits"], bool) or not isinstance(v["bits"], int)):
         raise ValueError(f"bits must be 2 or 4 (or none to disable quantization), got {v['bits']!r}")
-    for name in _INT_FIELDS:
+    for name in _INT_FIELDS + ("seed",):
         if isinstance(v[name], bool) or not isinstance(v[name], int):
             raise ValueError(f"{name} must be an integer, got {v[name]!r}")
     if v["seed"] < 0 or v["seed"] >= 2**64:
@@ -243,11 +245,11 @@ def _quant_to_c(q: Any) -> _C.QuantArgs:
         if isinstance(v[name], bool) or not isinstance(v[name], (int, float)):
             raise ValueError(f"{name} must be a number, got {v[name]!r}")
         v[name] = float(v[name])
-    for name in _INT_FIELDS[:-1] + ("bits",):
+    for name in _INT_FIELDS + ("bits",):
         x = v[name]
         if x is not None and not -(2**31) < x < 2**31:
             raise ValueError(f"{name} must fit in 32 bits, got {x}")
-    return _C.QuantArgs(**v)
+    return _C.QuantArgs(v)
 
 
 def _cache_device(device: torch.device | str) -> torch.device:
@@ -274,6 +276,88 @@ def _cache_device(device: torch.device | str) -> torch.device:
 
 
 # ---------------------------------------------------------------------------
+# Arguments at the Python boundary (spec 5.1; issue 27, items 4 and 11)
+# ---------------------------------------------------------------------------
+
+_I64_MAX = 2**63 - 1
+_I32_MAX = 2**31 - 1
+
+
+def _int_arg(what: str, x: Any, *, lo: int = -(2**63), hi: int = _I64_MAX, none: bool = False) -> int | None:
+    """``x`` as an int in [lo, hi] (None allowed when ``none``), else ValueError naming
+    ``what``, the value and what is allowed (never pybind's generic TypeError). The
+    default range is what the C++ side can take: its own checks (and messages, e.g.
+    ``recent_window_tokens must be >= 0 or None``) come after."""
+    if x is None and none:
+        return None
+    allowed = ("an integer" if lo == -(2**63) and hi == _I64_MAX else f"an integer in [{lo}, {hi}]") + (
+        " (64-bit)" if lo == -(2**63) else "") + (" or None" if none else "")
+    if isinstance(x, bool) or not isinstance(x, int):
+        try:
+            import numpy as np  # numpy integers are integers too
+            if isinstance(x, np.integer):
+                x = int(x)
+            else:
+                raise ValueError
+        except (ImportError, ValueError):
+            raise ValueError(f"{what} must be {allowed}, got {type(x).__name__} {x!r:.60}") from None
+    if not lo <= x <= hi:
+        raise ValueError(f"{what} must be {allowed}, got {x}")
+    return x
+
+
+def _tensor_arg(what: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{what} must be a torch.Tensor [B, n, h, D], got {type(t).__name__}")
+    return t
+
+
+def _index_tensor(what: str, t: Any, device: torch.device | None) -> torch.Tensor:
+    """An index tensor of the engine's interface: one int64 (or int32) element on the
+    CPU or the cache's device; anything else is ValueError naming ``what``."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{what} must be a torch.Tensor of one int64 (or int32) element, e.g. "
+                         f"torch.zeros(1, dtype=torch.long), got {type(t).__name__} {t!r:.60}")
+    if t.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{what} must have dtype torch.int64 (or torch.int32), got {t.dtype}")
+    if t.layout != torch.strided or t.numel() != 1:
+        raise ValueError(f"{what} must hold exactly one element, got shape {tuple(t.shape)}")
+    if t.device.type != "cpu" and (device is None or t.device != device):
+        raise ValueError(f"{what} must be on the CPU or the cache's device {device}, got {t.device}")
+    return t
+
+
+class _IndexTensors:
+    """The engine's index tensors, validated when set (at construction and after)."""
+
+    _device: torch.device | None = None
+
+    @property
+    def global_end_index(self) -> torch.Tensor:
+        return self._global_end_index
+
+    @global_end_index.setter
+    def global_end_index(self, t: torch.Tensor) -> None:
+        self._global_end_index = _index_tensor("global_end_index", t, self._device)
+
+    @property
+    def local_end_index(self) -> torch.Tensor:
+        return self._local_end_index
+
+    @local_end_index.setter
+    def local_end_index(self, t: torch.Tensor) -> None:
+        self._local_end_index = _index_tensor("local_end_index", t, self._device)
+
+    def _check_cursor_fits(self, end: int) -> None:
+        """Before the cache changes: a cursor up to ``end`` must fit the index tensors
+        (an int32 tensor holds at most 2^31 - 1), so cursors never change without the cache."""
+        for what, t in (("global_end_index", self._global_end_index), ("local_end_index", self._local_end_index)):
+            if t.dtype == torch.int32 and end > _I32_MAX:
+                raise ValueError(f"{what} is an int32 tensor and cannot hold the cursor {end} this call would "
+                                 f"set (at most 2^31 - 1); use torch.int64")
+
+
+# ---------------------------------------------------------------------------
 # The view
 # ---------------------------------------------------------------------------
 
@@ -297,15 +381,13 @@ class CausalAttentionKVView:
 # ---------------------------------------------------------------------------
 
 
-class _CacheInterface:
+class _CacheInterface(_IndexTensors):
     """The engine's cache interface on top of a ``qvg._C`` cache (``self._c``):
     byte counts, direct attention, cursor reset and the update call. Subclasses
     implement ``_update(key, value, c, hs, rw) -> (k, v, ls, le, vle, vge, zero_copy)``
     and ``_set_cursors(global_end, local_end)``."""
 
     _c: Any  # the qvg._C cache
-    global_end_index: torch.Tensor
-    local_end_index: torch.Tensor
     global_end_index_int: int | None
     local_end_index_int: int | None
 
@@ -367,7 +449,15 @@ class _CacheInterface:
     ) -> CausalAttentionKVView:
         """Writes the chunk ``[current_chunk_start, + n)`` of ``key``/``value``
         (``[B, n, h_in, D]``) and returns the tokens visible to it (dense: spec 3.2;
-        packed: the sink, then the recent tail, spec 4)."""
+        packed: the sink, then the recent tail, spec 4). Every argument is checked
+        before the cache changes (spec 5.1)."""
+        key = _tensor_arg("key", key)
+        value = _tensor_arg("value", value)
+        current_chunk_start = _int_arg("current_chunk_start", current_chunk_start)
+        cache_head_start = _int_arg("cache_head_start", cache_head_start, none=True)
+        recent_window_tokens = _int_arg("recent_window_tokens", recent_window_tokens, none=True)
+        if key.dim() == 4:
+            self._check_cursor_fits(current_chunk_start + key.shape[1])
         k, v, ls, lend, vle, vge, zero_copy = self._update(
             key, value, current_chunk_start, cache_head_start, recent_window_tokens
         )
@@ -414,6 +504,11 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         allow_growth: bool = False,
         global_sink_tokens: int = 0,
     ) -> None:
+        sink_tokens = _int_arg("sink_tokens", sink_tokens)
+        attention_window_size = _int_arg("attention_window_size", attention_window_size, none=True)
+        cache_size = _int_arg("cache_size", cache_size)
+        global_end_index_int = _int_arg("global_end_index_int", global_end_index_int, none=True)
+        local_end_index_int = _int_arg("local_end_index_int", local_end_index_int, none=True)
         if global_sink_tokens:
             raise NotImplementedError(
                 "CausalSelfAttentionKVCache: global_sink_tokens (the engine's pinned sink of longlive2) is not "
@@ -421,14 +516,16 @@ class CausalSelfAttentionKVCache(_CacheInterface):
             )
         window = None if not attention_window_size else attention_window_size
         on_cuda = HAS_CUDA and isinstance(k, torch.Tensor) and k.device.type == "cuda"
+        if on_cuda:
+            self._device = k.device
+        self.global_end_index = global_end_index  # validated (spec 5.1) before anything is built
+        self.local_end_index = local_end_index
         self._c = (_C.CudaDenseCache if on_cuda else _C.DenseCache)(k, v, sink_tokens, window, bool(allow_growth))
         if cache_size and cache_size != self._c.cache_size:
             raise ValueError(
                 f"cache_size must be 0 or k.shape[1] = {self._c.cache_size} (the buffers hold the cache), "
                 f"got {cache_size}"
             )
-        self.global_end_index = global_end_index
-        self.local_end_index = local_end_index
         self.global_end_index_int = global_end_index_int
         self.local_end_index_int = local_end_index_int
 
@@ -614,7 +711,15 @@ class QVGPackedCausalKVCache(_CacheInterface):
         allow_growth: bool = False,
         head_offset: int = 0,
     ) -> None:
+        for what, x in (("batch_size", batch_size), ("cache_size", cache_size), ("num_heads", num_heads),
+                        ("head_dim", head_dim), ("sink_tokens", sink_tokens)):
+            _int_arg(what, x)
+        _int_arg("attention_window_size", attention_window_size, none=True)
+        _check_quant_args(quant_args)
         dev = _cache_device(device)
+        self._device = dev
+        self.global_end_index = global_end_index  # validated (spec 5.1) before anything is built
+        self.local_end_index = local_end_index
         if dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {dtype}")
         if isinstance(head_offset, bool) or not isinstance(head_offset, int):
@@ -635,8 +740,6 @@ class QVGPackedCausalKVCache(_CacheInterface):
         self.sink_tokens = sink_tokens
         self.attention_window_size = attention_window_size or cache_size
         self.q = quant_args
-        self.global_end_index = global_end_index
-        self.local_end_index = local_end_index
         self.global_end_index_int = 0 if use_int_indices else None
         self.local_end_index_int = 0 if use_int_indices else None
 
@@ -757,7 +860,7 @@ def encode(x: torch.Tensor, quant: QVGKVQuantArgs) -> Encoding:
         raise ValueError(f"x must be a torch.Tensor [B, S, H, D], got {type(x).__name__}")
     if x.device.type != "cpu":
         raise ValueError(f"x must be a CPU tensor (the codec functions run on the CPU), got device '{x.device}'")
-    q = _quant_to_c(quant)
+    q = _quant_to_c(quant, "quant")
     q.validate()
     layout, arrays = _C.encode(x, q)
     return Encoding(dict(layout), dict(arrays))

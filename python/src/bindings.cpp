@@ -58,6 +58,7 @@
 #include "qvg/workload.h"
 #include "qvg/config.h"
 #include "qvg/error.h"
+#include "qvg/settings.h"
 #include "qvg/tensor.h"
 #include "qvg/version.h"
 
@@ -87,80 +88,104 @@ at::Tensor copy_out(const qvg::StridedView& v) {
 }
 
 // ---- configuration ------------------------------------------------------------------
-qvg::QuantArgs make_quant_args(std::optional<int> bits, int centroids, int block_size, int stages, int kmeans_iters,
-                               bool asymmetric, int keep_recent_chunks, bool sink, const std::string& sink_span,
-                               int sink_keep_chunks, int span_chunks, const std::string& scaling,
-                               const std::string& scale_dtype, const std::string& init, uint64_t seed,
-                               const std::string& span_mode, double span_break_ratio, int threads,
-                               const std::string& scale_search, const std::string& k_config,
-                               const std::string& v_config, int refine_recent, int refine_bits) {
-  qvg::QuantArgs q{.bits = bits,
-                   .centroids = centroids,
-                   .block_size = block_size,
-                   .stages = stages,
-                   .kmeans_iters = kmeans_iters,
-                   .asymmetric = asymmetric,
-                   .keep_recent_chunks = keep_recent_chunks,
-                   .sink = sink,
-                   .sink_span = qvg::parse_sink_span(sink_span),
-                   .sink_keep_chunks = sink_keep_chunks,
-                   .span_chunks = span_chunks,
-                   .span_mode = qvg::parse_span_mode(span_mode),
-                   .span_break_ratio = span_break_ratio,
-                   .refine_recent = refine_recent,
-                   .refine_bits = refine_bits,
-                   .scaling = qvg::parse_scaling(scaling),
-                   .scale_dtype = qvg::parse_scale_dtype(scale_dtype),
-                   .init = qvg::parse_init(init),
-                   .scale_search = qvg::parse_scale_search(scale_search),
-                   .seed = seed,
-                   .threads = threads,
-                   .k = qvg::parse_role_codec(k_config, "k_config"),
-                   .v = qvg::parse_role_codec(v_config, "v_config")};
+// QuantArgs <-> a dict of its fields, walking the settings table (qvg/settings.h): the
+// shared settings by name with Python values (None, int, bool, float, str), the
+// per-role ones as k_config / v_config text ("bits=4,asymmetric=true"), threads.
+
+/// A Python value as the setting's value (types are checked by qvg.torch first; a
+/// wrong one here is InvalidArgument naming the field).
+qvg::SettingValue value_of(const qvg::Setting& s, const py::handle& o) {
+  const std::string what(s.name);
+  try {
+    if (o.is_none()) {
+      qvg::check_setting(s, {}, what);
+      return {};
+    }
+    switch (s.kind) {
+      case qvg::SettingKind::Bits:
+      case qvg::SettingKind::Int:
+      case qvg::SettingKind::Width:
+        if (!py::isinstance<py::int_>(o) || py::isinstance<py::bool_>(o)) break;
+        return o.cast<int64_t>();
+      case qvg::SettingKind::Bool:
+        if (!py::isinstance<py::bool_>(o)) break;
+        return o.cast<bool>();
+      case qvg::SettingKind::Name:
+        if (!py::isinstance<py::str>(o)) break;
+        return qvg::parse_setting(s, o.cast<std::string>(), what);
+      case qvg::SettingKind::Real:
+        if (py::isinstance<py::bool_>(o) || !(py::isinstance<py::float_>(o) || py::isinstance<py::int_>(o))) break;
+        return o.cast<double>();
+      case qvg::SettingKind::Seed:
+        if (!py::isinstance<py::int_>(o) || py::isinstance<py::bool_>(o)) break;
+        return o.cast<uint64_t>();
+    }
+  } catch (const py::cast_error&) {
+  }
+  throw qvg::InvalidArgument(
+      fmt::format("{} must be {}, got {}", what, s.allowed, py::repr(o).cast<std::string>()));
+}
+
+qvg::QuantArgs quant_args_from_dict(const py::dict& d) {
+  qvg::QuantArgs q;
+  for (const auto& [key, value] : d) {
+    const std::string k = py::str(key);
+    if (k == "threads") {
+      q.threads = value.cast<int>();
+    } else if (k == "k_config" || k == "v_config") {
+      (k == "k_config" ? q.k : q.v) = qvg::parse_role_codec(value.cast<std::string>(), k);
+    } else if (const qvg::Setting* s = qvg::find_setting(k); s && !s->role) {
+      s->set(q, value_of(*s, value));
+    } else {
+      throw qvg::InvalidArgument(fmt::format("unknown quantization setting '{}'", k));
+    }
+  }
   return q;
 }
 
 /// A RoleCodec as parse_role_codec's "field=value,..." text ("" when empty).
-std::string role_spec(const qvg::RoleCodec& r) {
+std::string role_spec(const qvg::QuantArgs& q, std::string_view prefix) {
   std::string o;
-  auto add = [&](const char* f, const std::string& v) { o += (o.empty() ? "" : ",") + std::string(f) + "=" + v; };
-  if (r.bits) add("bits", std::to_string(*r.bits));
-  if (r.centroids) add("centroids", std::to_string(*r.centroids));
-  if (r.block_size) add("block_size", std::to_string(*r.block_size));
-  if (r.stages) add("stages", std::to_string(*r.stages));
-  if (r.kmeans_iters) add("iters", std::to_string(*r.kmeans_iters));
-  if (r.asymmetric) add("asymmetric", *r.asymmetric ? "true" : "false");
-  if (r.scale_dtype) add("scale_dtype", std::string(qvg::name(*r.scale_dtype)));
-  if (r.scaling) add("scaling", std::string(qvg::name(*r.scaling)));
-  if (r.scale_search) add("scale_search", std::string(qvg::name(*r.scale_search)));
+  for (const qvg::Setting& s : qvg::quant_settings()) {
+    if (!s.role || !s.name.starts_with(prefix)) continue;
+    const qvg::SettingValue v = s.get(q);
+    if (std::holds_alternative<std::monostate>(v)) continue;
+    // The field as k_config names it: the flag suffix without "_k_" / "_v_".
+    o += fmt::format("{}{}={}", o.empty() ? "" : ",", s.flag.substr(3), qvg::setting_text(v));
+  }
   return o;
+}
+
+py::object py_value(const qvg::SettingValue& v) {
+  struct Py {
+    py::object operator()(std::monostate) const { return py::none(); }
+    py::object operator()(int64_t x) const { return py::int_(x); }
+    py::object operator()(uint64_t x) const { return py::int_(x); }
+    py::object operator()(bool b) const { return py::bool_(b); }
+    py::object operator()(double x) const { return py::float_(x); }
+    py::object operator()(const std::string& x) const { return py::str(x); }
+  };
+  return std::visit(Py{}, v);
 }
 
 py::dict quant_args_dict(const qvg::QuantArgs& q) {
   py::dict d;
-  d["bits"] = q.bits ? py::object(py::int_(*q.bits)) : py::object(py::none());
-  d["centroids"] = q.centroids;
-  d["block_size"] = q.block_size;
-  d["stages"] = q.stages;
-  d["kmeans_iters"] = q.kmeans_iters;
-  d["asymmetric"] = q.asymmetric;
-  d["keep_recent_chunks"] = q.keep_recent_chunks;
-  d["sink"] = q.sink;
-  d["sink_span"] = std::string(qvg::name(q.sink_span));
-  d["sink_keep_chunks"] = q.sink_keep_chunks;
-  d["span_chunks"] = q.span_chunks;
-  d["scaling"] = std::string(qvg::name(q.scaling));
-  d["scale_dtype"] = std::string(qvg::name(q.scale_dtype));
-  d["init"] = std::string(qvg::name(q.init));
-  d["seed"] = q.seed;
-  d["span_mode"] = std::string(qvg::name(q.span_mode));
-  d["span_break_ratio"] = q.span_break_ratio;
-  d["refine_recent"] = q.refine_recent;
-  d["refine_bits"] = q.refine_bits;
-  d["scale_search"] = std::string(qvg::name(q.scale_search));
-  d["k_config"] = role_spec(q.k);
-  d["v_config"] = role_spec(q.v);
+  for (const qvg::Setting& s : qvg::quant_settings())
+    if (!s.role) d[py::str(std::string(s.name))] = py_value(s.get(q));
+  d["k_config"] = role_spec(q, "k_");
+  d["v_config"] = role_spec(q, "v_");
   return d;
+}
+
+/// The table for qvg.torch: (name, flag suffix, kind, per-role, default) per setting.
+py::list quant_settings_list() {
+  static const char* const kinds[] = {"bits", "int", "width", "bool", "name", "real", "seed"};
+  const qvg::QuantArgs d;
+  py::list out;
+  for (const qvg::Setting& s : qvg::quant_settings())
+    out.append(py::make_tuple(std::string(s.name), std::string(s.flag), kinds[int(s.kind)], s.role,
+                              py_value(s.get(d))));
+  return out;
 }
 
 // ---- the dense cache ----------------------------------------------------------------
@@ -204,6 +229,21 @@ std::mutex& shared_view_mutex() {
   return m;
 }
 
+/// The shared view mutex, taken in the one lock order of the module (issue 27, item 2):
+/// the mutex first, then the GIL. It is waited for with the GIL released (a thread
+/// holding the mutex may need the GIL to finish: update copies its view out into torch
+/// tensors), and the GIL is taken back once it is held. Constructed with the GIL held.
+class SharedViewLock {
+ public:
+  SharedViewLock() {
+    py::gil_scoped_release nogil;
+    lock_ = std::unique_lock<std::mutex>(shared_view_mutex());
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
 class PackedCache {
  public:
   PackedCache(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
@@ -218,11 +258,16 @@ class PackedCache {
   }
 
   // ---- snapshots (docs/snapshot.md) ----
-  void save(const std::string& path) const {
+  // save and snapshot_bytes hold the one-caller guard, as update does (issue 27, item
+  // 1): a second thread gets the documented RuntimeError instead of reading a cache
+  // that another thread changes.
+  void save(const std::string& path) {
+    BusyGuard busy(mu_);
     py::gil_scoped_release nogil;
     cache_->save(path);
   }
-  py::bytes snapshot_bytes() const {
+  py::bytes snapshot_bytes() {
+    BusyGuard busy(mu_);
     std::vector<uint8_t> b;
     {
       py::gil_scoped_release nogil;
@@ -252,7 +297,7 @@ class PackedCache {
       loaded = std::make_shared<qvg::PackedCausalCache>(qvg::PackedCausalCache::load(path, x));
     }
     detach_lent_views();
-    std::lock_guard<std::mutex> shared_lock(shared_view_mutex());  // the old cache's views share the scratch
+    const SharedViewLock shared_lock;  // the old cache's views share the scratch
     cache_ = std::move(loaded);
   }
 
@@ -262,10 +307,9 @@ class PackedCache {
     const Input ki = as_input(key, "key", kCpu), vi = as_input(value, "value", kCpu);
     detach_lent_views();
     qvg::KVView kv;
-    std::unique_lock<std::mutex> shared_lock;
+    const SharedViewLock shared_lock;  // held until the view is copied out
     {
       py::gil_scoped_release nogil;
-      shared_lock = std::unique_lock<std::mutex>(shared_view_mutex());
       kv = cache_->update(ki.view, vi.view, c, hs, rw);
     }
     at::Tensor ok, ov;
@@ -282,14 +326,18 @@ class PackedCache {
   void reset_indices() {
     BusyGuard busy(mu_);
     detach_lent_views();
-    std::lock_guard<std::mutex> shared_lock(shared_view_mutex());  // reset releases the shared scratch
+    const SharedViewLock shared_lock;  // reset releases the shared scratch
     cache_->reset_indices();
   }
 
   const qvg::PackedCausalCache& cache() const { return *cache_; }
-
-  /// segment_list (common.h).
-  py::list segments() const { return segment_list(*cache_); }
+  /// f(cache) under the one-caller guard: an accessor never reads a cache that another
+  /// thread is changing (spec 5.1; RuntimeError instead).
+  template <class F>
+  auto read(F&& f) {
+    BusyGuard busy(mu_);
+    return f(std::as_const(*cache_));
+  }
 
  private:
   /// Lent zero-copy views get a private copy before the current chunk may change.
@@ -388,18 +436,31 @@ at::Tensor decode_tensor(const py::dict& layout, const py::dict& arrays) {
     throw qvg::InvalidArgument(fmt::format("bad encoding layout: {}", e.what()));
   }
   l.check();
-  qvg::EncodedTensor enc = qvg::EncodedTensor::allocate(l);
+  // Every array's presence, type and size against the layout first, before anything
+  // of the claimed size is allocated (issue 27, item 7: a layout claiming a huge shape
+  // over small arrays is refused without growing the process).
+  std::vector<at::Tensor> given;
   for (const qvg::ArrayDesc& a : l.arrays()) {
     const std::string name = a.name();
     if (!arrays.contains(name)) throw qvg::InvalidArgument(fmt::format("encoding array '{}' is missing", name));
-    const at::Tensor t = arrays[py::str(name)].cast<at::Tensor>();
-    if (t.scalar_type() != at::kByte || t.dim() != 1 || t.device().type() != at::kCPU)
+    const py::object o = arrays[py::str(name)];
+    if (!THPVariable_Check(o.ptr()))
+      throw qvg::InvalidArgument(fmt::format("encoding array '{}' must be a 1-D uint8 CPU tensor of raw bytes, got {}",
+                                             name, py::str(o.get_type().attr("__name__")).cast<std::string>()));
+    const at::Tensor t = o.cast<at::Tensor>();
+    if (t.scalar_type() != at::kByte || t.dim() != 1 || t.device().type() != at::kCPU || t.layout() != at::kStrided)
       throw qvg::InvalidArgument(fmt::format("encoding array '{}' must be a 1-D uint8 CPU tensor of raw bytes", name));
-    const at::Tensor c = t.contiguous();
-    auto dst = enc.array(a);
-    if (static_cast<size_t>(c.numel()) != dst.size())
+    if (static_cast<size_t>(t.numel()) != a.bytes())
       throw qvg::InvalidArgument(
-          fmt::format("encoding array '{}' must hold {} bytes for this layout, got {}", name, dst.size(), c.numel()));
+          fmt::format("encoding array '{}' must hold {} bytes for this layout, got {}", name, a.bytes(), t.numel()));
+    given.push_back(t.contiguous());
+  }
+  qvg::EncodedTensor enc = qvg::EncodedTensor::allocate(l);
+  size_t i = 0;
+  for (const qvg::ArrayDesc& a : l.arrays()) {
+    auto dst = enc.array(a);
+    const at::Tensor& c = given[i++];
+    QVG_CHECK(static_cast<size_t>(c.numel()) == dst.size());
     if (!dst.empty()) std::memcpy(dst.data(), c.data_ptr(), dst.size());
   }
   enc.validate();
@@ -471,12 +532,8 @@ PYBIND11_MODULE(_C, m) {
   });
 
   py::class_<qvg::QuantArgs>(m, "QuantArgs")
-      .def(py::init(&make_quant_args), py::arg("bits"), py::arg("centroids"), py::arg("block_size"), py::arg("stages"),
-           py::arg("kmeans_iters"), py::arg("asymmetric"), py::arg("keep_recent_chunks"), py::arg("sink"),
-           py::arg("sink_span"), py::arg("sink_keep_chunks"), py::arg("span_chunks"), py::arg("scaling"),
-           py::arg("scale_dtype"), py::arg("init"), py::arg("seed"), py::arg("span_mode") = "deferred",
-           py::arg("span_break_ratio") = 0.0, py::arg("threads") = 0, py::arg("scale_search") = "off",
-           py::arg("k_config") = "", py::arg("v_config") = "", py::arg("refine_recent") = 0, py::arg("refine_bits") = 4)
+      .def(py::init(&quant_args_from_dict), py::arg("fields"),
+           "From a dict of fields (names of the settings table, k_config/v_config, threads); not yet validated.")
       .def("validate", &qvg::QuantArgs::validate)
       .def("validate_for_head_dim", &qvg::QuantArgs::validate_for_head_dim)
       .def("describe", &qvg::QuantArgs::describe)
@@ -489,6 +546,8 @@ PYBIND11_MODULE(_C, m) {
         return quant_args_dict(qvg::QuantArgs::from_flags(flags));
       },
       "The engine's flat kv_cache_quant* flags (strings) -> validated fields (spec 2).");
+  m.def("quant_settings", &quant_settings_list,
+        "The settings table (qvg/settings.h): (name, flag suffix, kind, per_role, default) per setting.");
 
   py::class_<qvg::DenseCausalCache::DebugState>(m, "DenseDebugState")
       .def("__eq__", [](const qvg::DenseCausalCache::DebugState& a, const qvg::DenseCausalCache::DebugState& b) {
@@ -501,9 +560,9 @@ PYBIND11_MODULE(_C, m) {
 
   def_dense<CpuDense>(m, "DenseCache", [](auto& c) {
     using D = DenseCache;
-    c.def("peak_transient_nbytes", [](const D& d) {
-       return d.cache().peak_transient_nbytes();
-     }).def("debug_state", [](const D& d) { return d.cache().debug_state(); });
+    c.def("peak_transient_nbytes",
+          [](D& d) { return d.read([](const D& x) { return x.cache().peak_transient_nbytes(); }); })
+        .def("debug_state", [](D& d) { return d.read([](const D& x) { return x.cache().debug_state(); }); });
   });
 
   py::class_<PackedCache>(m, "PackedCache")
@@ -517,16 +576,21 @@ PYBIND11_MODULE(_C, m) {
       .def("save", &PackedCache::save, py::arg("path"))
       .def("snapshot_bytes", &PackedCache::snapshot_bytes)
       .def("restore", &PackedCache::restore, py::arg("source"), py::arg("from_bytes"))
-      .def("segments", &PackedCache::segments)
-      .def_property_readonly("global_end", [](const PackedCache& p) { return p.cache().global_end(); })
-      .def_property_readonly("local_end", [](const PackedCache& p) { return p.cache().local_end(); })
-      .def_property_readonly("chunk_tokens", [](const PackedCache& p) { return p.cache().chunk_tokens(); })
+      .def("segments", [](PackedCache& p) { return p.read([](const auto& c) { return segment_list(c); }); })
+      .def_property_readonly("global_end", [](PackedCache& p) { return p.read([](const auto& c) { return c.global_end(); }); })
+      .def_property_readonly("local_end", [](PackedCache& p) { return p.read([](const auto& c) { return c.local_end(); }); })
+      .def_property_readonly("chunk_tokens",
+                             [](PackedCache& p) { return p.read([](const auto& c) { return c.chunk_tokens(); }); })
       .def("can_direct_current_attention",
-           [](const PackedCache& p, int64_t n) { return p.cache().can_direct_current_attention(n); })
-      .def("resident_nbytes", [](const PackedCache& p) { return p.cache().resident_nbytes(); })
-      .def("peak_transient_nbytes", [](const PackedCache& p) { return p.cache().peak_transient_nbytes(); })
-      .def("warm_state_nbytes", [](const PackedCache& p) { return p.cache().warm_state_nbytes(); })
-      .def("debug_state", [](const PackedCache& p) { return p.cache().debug_state(); });
+           [](PackedCache& p, int64_t n) {
+             return p.read([n](const auto& c) { return c.can_direct_current_attention(n); });
+           })
+      .def("resident_nbytes", [](PackedCache& p) { return p.read([](const auto& c) { return c.resident_nbytes(); }); })
+      .def("peak_transient_nbytes",
+           [](PackedCache& p) { return p.read([](const auto& c) { return c.peak_transient_nbytes(); }); })
+      .def("warm_state_nbytes",
+           [](PackedCache& p) { return p.read([](const auto& c) { return c.warm_state_nbytes(); }); })
+      .def("debug_state", [](PackedCache& p) { return p.read([](const auto& c) { return c.debug_state(); }); });
 
   m.def("encode", &encode_tensor, py::arg("x"), py::arg("quant"), py::arg("head_offset") = 0,
         "x [B, S, H, D] (CPU) -> (layout dict, {array name: raw bytes, 1-D uint8}) (spec 1.5).");

@@ -118,12 +118,18 @@ inline qvg::DType require_dtype(const at::Tensor& t, const char* what) {
 /// [B, n, h, D], else a contiguous copy (made by torch on the current stream).
 inline Input as_input(const at::Tensor& t, const char* what, const at::Device& device) {
   if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
+  if (t.layout() != at::kStrided)
+    throw qvg::InvalidArgument(fmt::format("{} must be a dense (strided) tensor, got layout {}", what,
+                                           c10::str(t.layout())));
   require_device(t, what, device);
   if (t.dim() != 4)
     throw qvg::InvalidArgument(fmt::format("{} must be a 4-D tensor [B, n, h, D], got shape {}", what, shape_str(t)));
   const qvg::DType dt = require_dtype(t, what);
   Input in;
-  in.owner = t.is_contiguous() ? t : t.contiguous();
+  // A tensor with torch's negative or conjugate bit is a lazy view: its values are
+  // not its raw storage (issue 27, item 12), so it is resolved first.
+  const at::Tensor r = (t.is_neg() || t.is_conj()) ? t.resolve_conj().resolve_neg() : t;
+  in.owner = r.is_contiguous() ? r : r.contiguous();
   in.view.data = in.owner.numel() > 0 ? in.owner.data_ptr() : nullptr;
   in.view.dtype = dt;
   in.view.shape = {in.owner.size(0), in.owner.size(1), in.owner.size(2), in.owner.size(3)};
@@ -134,10 +140,18 @@ inline Input as_input(const at::Tensor& t, const char* what, const at::Device& d
 /// supported device; returns its dtype.
 inline qvg::DType check_buffer(const at::Tensor& t, const char* what) {
   if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
+  if (t.layout() != at::kStrided)
+    throw qvg::InvalidArgument(fmt::format("{} must be a dense (strided) tensor, got layout {}", what,
+                                           c10::str(t.layout())));
   require_supported(t, what);
   if (t.dim() != 4)
     throw qvg::InvalidArgument(
         fmt::format("{} must be a 4-D tensor [B, cache_size, H, D], got shape {}", what, shape_str(t)));
+  if (t.is_neg() || t.is_conj())
+    throw qvg::InvalidArgument(fmt::format(
+        "{} must not carry torch's negative or conjugate bit (the cache writes its raw storage), call "
+        "resolve_neg()/resolve_conj() first",
+        what));
   const qvg::DType dt = require_dtype(t, what);
   if (!t.is_contiguous())
     throw qvg::InvalidArgument(fmt::format(

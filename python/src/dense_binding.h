@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/MemoryOverlap.h>
+
 #include "common.h"
 
 namespace qvg_py {
@@ -40,6 +42,11 @@ class DenseBinding {
     if (v.scalar_type() != k.scalar_type())
       throw qvg::InvalidArgument(fmt::format("v dtype must equal k dtype {}, got {}", torch_dtype_name(k.scalar_type()),
                                              torch_dtype_name(v.scalar_type())));
+    // Issue 27, item 9: the cache writes keys into k and values into v; buffers that
+    // share memory would overwrite one with the other.
+    if (k.numel() > 0 && at::get_overlap_status(k, v) != at::MemOverlapStatus::No)
+      throw qvg::InvalidArgument(
+          "k and v must not share memory (the cache writes keys into k and values into v), got overlapping buffers");
     opt_.batch = k.size(0);
     opt_.cache_size = k.size(1);
     opt_.heads = k.size(2);
@@ -105,12 +112,15 @@ class DenseBinding {
 
   // ---- snapshots (docs/snapshot.md; the CPU cache only) ----
   /// The snapshot's bytes, after the C++ cache adopted the cursors the Python side holds.
+  /// Both hold the one-caller guard for the whole call (issue 27, item 1).
   std::vector<uint8_t> snapshot_bytes(int64_t ge, int64_t le) {
+    BusyGuard busy(mu_);
     adopt_for_snapshot(ge, le);
     py::gil_scoped_release nogil;
     return cpu_cache().snapshot_bytes();
   }
   void save(const std::string& path, int64_t ge, int64_t le) {
+    BusyGuard busy(mu_);
     adopt_for_snapshot(ge, le);
     py::gil_scoped_release nogil;
     cpu_cache().save(path);
@@ -150,6 +160,13 @@ class DenseBinding {
     }
   }
 
+  /// f(binding) under the one-caller guard: accessors never read a cache another thread
+  /// is changing (spec 5.1: RuntimeError instead).
+  template <class F>
+  auto read(F&& f) {
+    BusyGuard busy(mu_);
+    return f(std::as_const(*this));
+  }
   const at::Tensor& k() const { return k_; }
   const at::Tensor& v() const { return v_; }
   const at::Device& device() const { return device_; }
@@ -168,8 +185,7 @@ class DenseBinding {
   void adopt_for_snapshot(int64_t ge, int64_t le) {
     if constexpr (!std::is_same_v<typename Backend::Cache, qvg::DenseCausalCache>)
       throw qvg::Unsupported("snapshots of a CUDA dense cache are not supported from Python yet; use a CPU cache");
-    BusyGuard busy(mu_);
-    check_buffers_unchanged();
+    check_buffers_unchanged();  // REQUIRES the caller's BusyGuard
     if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
   }
   qvg::DenseCausalCache& cpu_cache() {
@@ -213,18 +229,19 @@ void def_dense(py::module_& m, const char* name, Extra&& extra) {
           .def("update", &D::update)
           .def("reset_indices", &D::reset_indices)
           .def("set_indices", &D::set_indices)
-          .def_property_readonly("k", &D::k)
-          .def_property_readonly("v", &D::v)
+          .def_property_readonly("k", [](D& d) { return d.read([](const D& x) { return x.k(); }); })
+          .def_property_readonly("v", [](D& d) { return d.read([](const D& x) { return x.v(); }); })
           .def_property_readonly("device", [](const D& d) { return d.device().str(); })
-          .def_property_readonly("global_end", [](const D& d) { return d.cache().global_end(); })
-          .def_property_readonly("local_end", [](const D& d) { return d.cache().local_end(); })
-          .def_property_readonly("cache_size", [](const D& d) { return d.cache().cache_size(); })
-          .def_property_readonly("attention_window_size", [](const D& d) { return d.cache().attention_window_size(); })
-          .def_property_readonly("sink_tokens", [](const D& d) { return d.cache().sink_tokens(); })
-          .def_property_readonly("num_heads", [](const D& d) { return d.cache().num_heads(); })
-          .def_property_readonly("allow_growth", [](const D& d) { return d.cache().allow_growth(); })
-          .def("can_direct_current_attention", &D::can_direct_current_attention)
-          .def("resident_nbytes", [](const D& d) { return d.cache().resident_nbytes(); })
+          .def_property_readonly("global_end", [](D& d) { return d.read([](const D& x) { return x.cache().global_end(); }); })
+          .def_property_readonly("local_end", [](D& d) { return d.read([](const D& x) { return x.cache().local_end(); }); })
+          .def_property_readonly("cache_size", [](D& d) { return d.read([](const D& x) { return x.cache().cache_size(); }); })
+          .def_property_readonly("attention_window_size", [](D& d) { return d.read([](const D& x) { return x.cache().attention_window_size(); }); })
+          .def_property_readonly("sink_tokens", [](D& d) { return d.read([](const D& x) { return x.cache().sink_tokens(); }); })
+          .def_property_readonly("num_heads", [](D& d) { return d.read([](const D& x) { return x.cache().num_heads(); }); })
+          .def_property_readonly("allow_growth", [](D& d) { return d.read([](const D& x) { return x.cache().allow_growth(); }); })
+          .def("can_direct_current_attention",
+               [](D& d, int64_t n) { return d.read([n](const D& x) { return x.can_direct_current_attention(n); }); })
+          .def("resident_nbytes", [](D& d) { return d.read([](const D& x) { return x.cache().resident_nbytes(); }); })
           .def("save", &D::save, py::arg("path"), py::arg("global_end"), py::arg("local_end"))
           .def("snapshot_bytes",
                [](D& d, int64_t ge, int64_t le) {

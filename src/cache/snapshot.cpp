@@ -43,6 +43,7 @@
 #include "qvg/cache.h"
 #include "qvg/error.h"
 #include "qvg/file.h"
+#include "qvg/settings.h"
 
 namespace qvg {
 
@@ -333,54 +334,90 @@ void put_options(KvWriter& kv, const char* cache, const CacheOptions& o, uint16_
 // The lowest minor version that holds a cache of these settings (a 1.0 file is byte
 // for byte what a 1.0 writer wrote).
 uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
-  if (q && q->refine_recent > 0) return 4;
-  if (q && (q->scale_search != ScaleSearch::Off || q->per_role())) return 3;
-  if (o.head_offset != 0) return 2;
-  if (q && (q->span_mode == SpanMode::Incremental || q->span_break_ratio != 0)) return 1;
-  return 0;
+  uint16_t m = o.head_offset != 0 ? 2 : 0;  // format 1.2
+  // Every setting whose value is not the default needs the format that stores it
+  // (issue 27, item 3: refine_bits is stored whenever it is not 4, refine_recent 0 too).
+  if (q)
+    for (const Setting& s : quant_settings())
+      if (!is_default(s, *q)) m = std::max(m, s.snapshot_minor);
+  return m;
 }
 
+// The quant settings of the table, in its order, each from the minor that stores it.
+// Shared fields: bits as an optional integer, integers, booleans, names, the ratio as a
+// real, the seed unsigned; per-role overrides: integers as optional integers, booleans
+// and names as strings ("" = unset, the shared value applies).
 void put_quant(KvWriter& kv, const QuantArgs& q, uint16_t minor) {
-  kv.opt_i64("bits", q.bits ? std::optional<int64_t>(*q.bits) : std::nullopt);
-  kv.i64("centroids", q.centroids);
-  kv.i64("block_size", q.block_size);
-  kv.i64("stages", q.stages);
-  kv.i64("kmeans_iters", q.kmeans_iters);
-  kv.boolean("asymmetric", q.asymmetric);
-  kv.i64("keep_recent_chunks", q.keep_recent_chunks);
-  kv.boolean("sink", q.sink);
-  kv.str("sink_span", name(q.sink_span));
-  kv.i64("sink_keep_chunks", q.sink_keep_chunks);
-  kv.i64("span_chunks", q.span_chunks);
-  if (minor >= 1) {  // format 1.1
-    kv.str("span_mode", name(q.span_mode));
-    kv.real("span_break_ratio", q.span_break_ratio);
-  }
-  kv.str("scaling", name(q.scaling));
-  kv.str("scale_dtype", name(q.scale_dtype));
-  kv.str("init", name(q.init));
-  kv.u64("seed", q.seed);
-  if (minor >= 4) {  // format 1.4: refinement layers of the newest chunks
-    kv.i64("refine_recent", q.refine_recent);
-    kv.i64("refine_bits", q.refine_bits);
-  }
-  if (minor >= 3) {  // format 1.3: the scale search and the per-role codec settings
-    kv.str("scale_search", name(q.scale_search));
-    for (const RoleCodec* r : {&q.k, &q.v}) {
-      const std::string p = r == &q.k ? "k_" : "v_";
-      auto opt = [](const std::optional<int>& x) { return x ? std::optional<int64_t>(*x) : std::nullopt; };
-      kv.opt_i64(p + "bits", opt(r->bits));
-      kv.opt_i64(p + "centroids", opt(r->centroids));
-      kv.opt_i64(p + "block_size", opt(r->block_size));
-      kv.opt_i64(p + "stages", opt(r->stages));
-      kv.opt_i64(p + "kmeans_iters", opt(r->kmeans_iters));
-      // Unset names are "" (the shared value applies).
-      kv.str(p + "asymmetric", r->asymmetric ? (*r->asymmetric ? "true" : "false") : "");
-      kv.str(p + "scale_dtype", r->scale_dtype ? name(*r->scale_dtype) : "");
-      kv.str(p + "scaling", r->scaling ? name(*r->scaling) : "");
-      kv.str(p + "scale_search", r->scale_search ? name(*r->scale_search) : "");
+  for (const Setting& s : quant_settings()) {
+    if (s.snapshot_minor > minor) continue;
+    const SettingValue v = s.get(q);
+    const bool none = std::holds_alternative<std::monostate>(v);
+    switch (s.kind) {
+      case SettingKind::Bits: kv.opt_i64(s.name, none ? std::nullopt : std::optional(std::get<int64_t>(v))); break;
+      case SettingKind::Int:
+      case SettingKind::Width:
+        if (s.role)
+          kv.opt_i64(s.name, none ? std::nullopt : std::optional(std::get<int64_t>(v)));
+        else
+          kv.i64(s.name, std::get<int64_t>(v));
+        break;
+      case SettingKind::Bool:
+        if (s.role)
+          kv.str(s.name, none ? std::string() : setting_text(v));
+        else
+          kv.boolean(s.name, std::get<bool>(v));
+        break;
+      case SettingKind::Name: kv.str(s.name, none ? std::string() : std::get<std::string>(v)); break;
+      case SettingKind::Real: kv.real(s.name, std::get<double>(v)); break;
+      case SettingKind::Seed: kv.u64(s.name, std::get<uint64_t>(v)); break;
     }
   }
+}
+
+// The inverse of put_quant for a file of format 1.`minor` (settings it does not store
+// keep their defaults). Values are checked as the table's parser checks them.
+QuantArgs get_quant(KvReader& kv, uint16_t minor) {
+  QuantArgs q;
+  for (const Setting& s : quant_settings()) {
+    if (s.snapshot_minor > minor) continue;
+    const std::string what = fmt::format("entry '{}'", s.name);
+    SettingValue v;
+    switch (s.kind) {
+      case SettingKind::Bits:
+      case SettingKind::Int:
+      case SettingKind::Width: {
+        std::optional<int64_t> x;
+        if (s.kind == SettingKind::Bits || s.role)
+          x = kv.opt_i64(s.name);
+        else
+          x = kv.i64(s.name);
+        if (x && (*x < INT32_MIN || *x > INT32_MAX))
+          corrupt("config", fmt::format("{} = {} does not fit in 32 bits", what, *x));
+        if (x) v = *x;
+        break;
+      }
+      case SettingKind::Bool:
+        if (s.role) {
+          const std::string t = kv.str(s.name);
+          if (t == "true" || t == "false")
+            v = t == "true";
+          else if (!t.empty())
+            corrupt("config", fmt::format("{} must be true, false or empty, got '{}'", what, printable(t)));
+        } else {
+          v = kv.boolean(s.name);
+        }
+        break;
+      case SettingKind::Name: {
+        const std::string t = kv.str(s.name);
+        if (!(s.role && t.empty())) v = in_section("config", [&] { return parse_setting(s, t, what); });
+        break;
+      }
+      case SettingKind::Real: v = kv.real(s.name); break;
+      case SettingKind::Seed: v = kv.u64(s.name); break;
+    }
+    s.set(q, v);
+  }
+  return q;
 }
 
 SectionOut kv_section(Kind kind, const KvWriter& kv) {
@@ -721,62 +758,7 @@ Config parse_config(std::span<const uint8_t> bytes, uint16_t minor) {
   o.allow_growth = kv.boolean("allow_growth");
   if (minor >= 2) o.head_offset = kv.i64("head_offset");  // format 1.2
   if (c.cache == "packed") {
-    QuantArgs q;
-    const std::optional<int64_t> bits = kv.opt_i64("bits");
-    if (bits && (*bits < INT32_MIN || *bits > INT32_MAX)) corrupt("config", fmt::format("entry 'bits' = {}", *bits));
-    if (bits) q.bits = int(*bits);
-    q.centroids = kv.i32("centroids");
-    q.block_size = kv.i32("block_size");
-    q.stages = kv.i32("stages");
-    q.kmeans_iters = kv.i32("kmeans_iters");
-    q.asymmetric = kv.boolean("asymmetric");
-    q.keep_recent_chunks = kv.i32("keep_recent_chunks");
-    q.sink = kv.boolean("sink");
-    q.sink_keep_chunks = kv.i32("sink_keep_chunks");
-    q.span_chunks = kv.i32("span_chunks");
-    in_section("config", [&] {
-      q.sink_span = parse_sink_span(kv.str("sink_span"));
-      q.scaling = parse_scaling(kv.str("scaling"));
-      q.scale_dtype = parse_scale_dtype(kv.str("scale_dtype"));
-      q.init = parse_init(kv.str("init"));
-      if (minor >= 1) q.span_mode = parse_span_mode(kv.str("span_mode"));  // format 1.1
-      return 0;
-    });
-    if (minor >= 1) q.span_break_ratio = kv.real("span_break_ratio");
-    q.seed = kv.u64("seed");
-    if (minor >= 4) {  // format 1.4
-      q.refine_recent = kv.i32("refine_recent");
-      q.refine_bits = kv.i32("refine_bits");
-    }
-    if (minor >= 3) {  // format 1.3
-      in_section("config", [&] {
-        q.scale_search = parse_scale_search(kv.str("scale_search"));
-        for (RoleCodec* r : {&q.k, &q.v}) {
-          const std::string p = r == &q.k ? "k_" : "v_";
-          auto opt = [&](const std::string& key, std::optional<int>& out) {
-            const std::optional<int64_t> x = kv.opt_i64(key);
-            if (x && (*x < INT32_MIN || *x > INT32_MAX))
-              throw InvalidArgument(fmt::format("entry '{}' = {} does not fit in 32 bits", key, *x));
-            if (x) out = int(*x);
-          };
-          opt(p + "bits", r->bits);
-          opt(p + "centroids", r->centroids);
-          opt(p + "block_size", r->block_size);
-          opt(p + "stages", r->stages);
-          opt(p + "kmeans_iters", r->kmeans_iters);
-          const std::string asym = kv.str(p + "asymmetric");
-          if (asym == "true" || asym == "false")
-            r->asymmetric = asym == "true";
-          else if (!asym.empty())
-            throw InvalidArgument(
-                fmt::format("entry '{}asymmetric' must be true, false or empty, got '{}'", p, printable(asym)));
-          if (const std::string v = kv.str(p + "scale_dtype"); !v.empty()) r->scale_dtype = parse_scale_dtype(v);
-          if (const std::string v = kv.str(p + "scaling"); !v.empty()) r->scaling = parse_scaling(v);
-          if (const std::string v = kv.str(p + "scale_search"); !v.empty()) r->scale_search = parse_scale_search(v);
-        }
-        return 0;
-      });
-    }
+    QuantArgs q = get_quant(kv, minor);
     c.quant = q;
   }
   kv.expect_all_read();
@@ -801,10 +783,6 @@ void expect_equal(const char* field, const T& got, const T& want) {
     throw InvalidArgument(fmt::format("the snapshot's cache has {} = {}, the caller expects {}", field, got, want));
 }
 
-std::string bits_text(const std::optional<int>& b) {
-  return b ? std::to_string(*b) : std::string("none");
-}
-
 void check_expectation(const Config& c, const SnapshotExpectation& x) {
   if (x.options) {
     const CacheOptions &g = c.options, &w = *x.options;
@@ -819,26 +797,9 @@ void check_expectation(const Config& c, const SnapshotExpectation& x) {
     expect_equal("head_offset", g.head_offset, w.head_offset);
   }
   if (x.quant && c.quant) {
-    const QuantArgs &g = *c.quant, &w = *x.quant;
-    expect_equal("bits", bits_text(g.bits), bits_text(w.bits));
-    expect_equal("centroids", g.centroids, w.centroids);
-    expect_equal("block_size", g.block_size, w.block_size);
-    expect_equal("stages", g.stages, w.stages);
-    expect_equal("kmeans_iters", g.kmeans_iters, w.kmeans_iters);
-    expect_equal("asymmetric", g.asymmetric, w.asymmetric);
-    expect_equal("keep_recent_chunks", g.keep_recent_chunks, w.keep_recent_chunks);
-    expect_equal("sink", g.sink, w.sink);
-    expect_equal("sink_span", std::string(name(g.sink_span)), std::string(name(w.sink_span)));
-    expect_equal("sink_keep_chunks", g.sink_keep_chunks, w.sink_keep_chunks);
-    expect_equal("span_chunks", g.span_chunks, w.span_chunks);
-    expect_equal("span_mode", std::string(name(g.span_mode)), std::string(name(w.span_mode)));
-    expect_equal("span_break_ratio", g.span_break_ratio, w.span_break_ratio);
-    expect_equal("refine_recent", g.refine_recent, w.refine_recent);
-    expect_equal("refine_bits", g.refine_bits, w.refine_bits);
-    expect_equal("scaling", std::string(name(g.scaling)), std::string(name(w.scaling)));
-    expect_equal("scale_dtype", std::string(name(g.scale_dtype)), std::string(name(w.scale_dtype)));
-    expect_equal("init", std::string(name(g.init)), std::string(name(w.init)));
-    expect_equal("seed", g.seed, w.seed);
+    // Every setting of the table (all but threads, which is how a call runs).
+    for (const Setting& s : quant_settings())
+      expect_equal(std::string(s.name).c_str(), setting_text(s.get(*c.quant)), setting_text(s.get(*x.quant)));
   }
 }
 

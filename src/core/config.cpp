@@ -3,12 +3,14 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <charconv>
+#include <string>
+#include <vector>
 
 #include <fmt/core.h>
 
 #include "core/enum_names.h"
 #include "qvg/error.h"
+#include "qvg/settings.h"
 
 namespace qvg {
 
@@ -271,104 +273,38 @@ void QuantArgs::apply_profile(std::string_view profile) {
   }
 }
 
-namespace {
-
-// The whole of `v` as a decimal T, else InvalidArgument "<key> must be <what>, got '<v>'".
-template <class T>
-T parse_decimal(const std::string& key, const std::string& v, const char* what) {
-  T out = 0;
-  const char* e = v.data() + v.size();
-  auto [p, ec] = std::from_chars(v.data(), e, out);
-  if (ec != std::errc() || p != e || v.empty())
-    throw InvalidArgument(fmt::format("{} must be {}, got '{}'", key, what, v));
-  return out;
-}
-
-int64_t parse_int_flag(const std::string& key, const std::string& v) {
-  return parse_decimal<int64_t>(key, v, "an integer");
-}
-
-// A seed: an unsigned 64-bit decimal (a negative value is an error, not a wrap).
-uint64_t parse_seed_flag(const std::string& key, const std::string& v) {
-  return parse_decimal<uint64_t>(key, v, "an integer in 0..2^64-1");
-}
-
-int parse_int32_flag(const std::string& key, const std::string& v) {
-  int64_t x = parse_int_flag(key, v);
-  if (x < -2147483647 || x > 2147483647)
-    throw InvalidArgument(fmt::format("{} must fit in 32 bits, got '{}'", key, v));
-  return int(x);
-}
-
-double parse_double_flag(const std::string& key, const std::string& v) {
-  double out = 0;
-  const char* b = v.data();
-  const char* e = v.data() + v.size();
-  auto [p, ec] = std::from_chars(b, e, out);
-  if (ec != std::errc() || p != e || v.empty())
-    throw InvalidArgument(fmt::format("{} must be a number, got '{}'", key, v));
-  return out;
-}
-
-bool parse_bool_flag(const std::string& key, const std::string& v) {
-  if (v == "true" || v == "True" || v == "1" || v == "yes" || v == "on") return true;
-  if (v == "false" || v == "False" || v == "0" || v == "no" || v == "off") return false;
-  throw InvalidArgument(fmt::format("{} must be a boolean (true/false/1/0), got '{}'", key, v));
-}
-
-// One per-role codec field (f = "_bits", "_centroids", ...) of a RoleCodec; false if
-// f names none. `key` names the setting in messages.
-bool set_role_field(RoleCodec& r, const std::string& key, const std::string& f, const std::string& value) {
-  if (f == "_bits") {
-    if (value == "2" || value == "int2")
-      r.bits = 2;
-    else if (value == "4" || value == "int4")
-      r.bits = 4;
-    else
-      throw InvalidArgument(fmt::format("{} must be 2, 4, int2 or int4, got '{}'", key, value));
-  } else if (f == "_centroids")
-    r.centroids = parse_int32_flag(key, value);
-  else if (f == "_block_size")
-    r.block_size = parse_int32_flag(key, value);
-  else if (f == "_stages")
-    r.stages = parse_int32_flag(key, value);
-  else if (f == "_iters")
-    r.kmeans_iters = parse_int32_flag(key, value);
-  else if (f == "_asymmetric")
-    r.asymmetric = parse_bool_flag(key, value);
-  else if (f == "_scale_dtype")
-    r.scale_dtype = parse_scale_dtype(value);
-  else if (f == "_scaling")
-    r.scaling = parse_scaling(value);
-  else if (f == "_scale_search")
-    r.scale_search = parse_scale_search(value);
-  else
-    return false;
-  return true;
-}
-
-}  // namespace
-
 RoleCodec parse_role_codec(std::string_view spec, std::string_view what) {
-  RoleCodec r;
-  size_t i = 0;
+  // "field=value,..." with the fields as the per-role flag suffixes; each value read
+  // by the settings table's one parser. Empty items (a leading, trailing or double
+  // comma) and a field given twice are refused (issue 27, item 13).
+  QuantArgs q;
+  std::vector<std::string> seen;
   const std::string sp(spec);
-  while (i < sp.size()) {
+  if (sp.empty()) return {};
+  size_t i = 0;
+  while (true) {
     size_t j = sp.find(',', i);
     if (j == std::string::npos) j = sp.size();
     const std::string item = sp.substr(i, j - i);
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw InvalidArgument(fmt::format("{} must be a list of field=value separated by commas, got '{}'", what, sp));
+      throw InvalidArgument(fmt::format(
+          "{} must be a list of field=value separated by commas (no empty items), got '{}'", what, sp));
     const std::string field = item.substr(0, eq), value = item.substr(eq + 1);
-    if (!set_role_field(r, fmt::format("{} field '{}'", what, field), "_" + field, value))
+    const Setting* s = find_setting_by_flag("_k_" + field);
+    if (!s)
       throw InvalidArgument(
           fmt::format("{}: unknown field '{}'; accepted: bits, centroids, block_size, stages, iters, "
                       "asymmetric, scale_dtype, scaling, scale_search",
                       what, field));
+    if (std::find(seen.begin(), seen.end(), field) != seen.end())
+      throw InvalidArgument(fmt::format("{}: field '{}' is given twice, got '{}'", what, field, sp));
+    seen.push_back(field);
+    s->set(q, parse_setting(*s, value, fmt::format("{} field '{}'", what, field)));
+    if (j == sp.size()) break;
     i = j + 1;
   }
-  return r;
+  return q.k;
 }
 
 QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags) {
@@ -396,43 +332,21 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     a.apply_profile(pf->second);
     a.bits = mode_bits;  // kv_cache_quant decides whether (and at which width) quantization runs
   }
+  constexpr std::string_view kPrefix = "kv_cache_quant";
   for (const auto& [key, value] : flags) {
     if (key == "kv_cache_quant") continue;
     if (key == "kv_cache_quant_profile") continue;      // applied above
-    if (key.rfind("kv_cache_quant", 0) != 0) continue;  // not ours
+    if (key.rfind(kPrefix, 0) != 0) continue;  // not ours
     if (key == "kv_cache_quant_config") continue;  // the engine's own key: no cache setting in it
-    std::string f = key.substr(std::string("kv_cache_quant").size());
-    if (f == "_centroids") a.centroids = parse_int32_flag(key, value);
-    else if (f == "_block_size") a.block_size = parse_int32_flag(key, value);
-    else if (f == "_stages") a.stages = parse_int32_flag(key, value);
-    else if (f == "_iters") a.kmeans_iters = parse_int32_flag(key, value);
-    else if (f == "_keep_recent") a.keep_recent_chunks = parse_int32_flag(key, value);
-    else if (f == "_sink_keep") a.sink_keep_chunks = parse_int32_flag(key, value);
-    else if (f == "_asymmetric") a.asymmetric = parse_bool_flag(key, value);
-    else if (f == "_sink") a.sink = parse_bool_flag(key, value);
-    else if (f == "_sink_span") a.sink_span = parse_sink_span(value);
-    else if (f == "_span_chunks") a.span_chunks = parse_int32_flag(key, value);
-    else if (f == "_span_mode") a.span_mode = parse_span_mode(value);
-    else if (f == "_span_break_ratio") a.span_break_ratio = parse_double_flag(key, value);
-    else if (f == "_refine_recent") a.refine_recent = parse_int32_flag(key, value);
-    else if (f == "_refine_bits") a.refine_bits = parse_int32_flag(key, value);
-    else if (f == "_scaling") a.scaling = parse_scaling(value);
-    else if (f == "_scale_dtype") a.scale_dtype = parse_scale_dtype(value);
-    else if (f == "_init") a.init = parse_init(value);
-    else if (f == "_seed") a.seed = parse_seed_flag(key, value);
-    else if (f == "_scale_search")
-      a.scale_search = parse_scale_search(value);
-    else if (f.rfind("_k_", 0) == 0 && set_role_field(a.k, key, f.substr(2), value))
-      continue;
-    else if (f.rfind("_v_", 0) == 0 && set_role_field(a.v, key, f.substr(2), value))
-      continue;
-    else
+    const Setting* s = find_setting_by_flag(std::string_view(key).substr(kPrefix.size()));
+    if (!s)
       throw InvalidArgument(fmt::format(
           "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
           "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _span_mode, _span_break_ratio, "
           "_refine_recent, _refine_bits, _scaling, _scale_dtype, _init, _seed, _scale_search, _profile, and per role _k_<f> / _v_<f> for f in "
           "bits, centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling, scale_search",
           key));
+    s->set(a, parse_setting(*s, value, key));
   }
   a.validate();
   return a;

@@ -2,19 +2,37 @@
 #include "cache_flags.h"
 
 #include "cli_util.h"
+#include "qvg/settings.h"
 
 namespace qvg::cli {
 
+namespace {
+
+// The flag's text as the setting `name`'s value: the settings table's one parser and
+// its range (qvg/settings.h), the message naming the flag.
+SettingValue setting_flag(QuantArgs& q, const char* name, const char* flag, const std::string& text) {
+  const Setting& s = *find_setting(name);
+  const SettingValue v = parse_setting(s, text, flag);
+  check_setting(s, v, flag);
+  s.set(q, v);
+  return v;
+}
+
+}  // namespace
+
 void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q) {
-  q.span_chunks = int(parse_int_flag("--span-chunks", f.span_chunks, 1, 1'000'000));
-  q.span_mode = named("--span-mode", [&] { return parse_span_mode(f.span_mode); });
-  q.span_break_ratio = parse_double_flag("--span-break-ratio", f.span_break_ratio, 0.0, 1e6, "in [0, 1e6] (0 = never)");
-  q.refine_recent = int(parse_int_flag("--refine-recent", f.refine_recent, 0, 1'000'000));
-  q.refine_bits = parse_width_flag("--refine-bits", f.refine_bits);
-  q.keep_recent_chunks = int(parse_int_flag("--keep-recent", f.keep_recent, 0, 1'000'000));
-  q.sink_keep_chunks = int(parse_int_flag("--sink-keep", f.sink_keep, 0, 1'000'000));
+  setting_flag(q, "span_chunks", "--span-chunks", f.span_chunks);
+  setting_flag(q, "span_mode", "--span-mode", f.span_mode);
+  setting_flag(q, "span_break_ratio", "--span-break-ratio", f.span_break_ratio);
+  setting_flag(q, "refine_recent", "--refine-recent", f.refine_recent);
+  setting_flag(q, "refine_bits", "--refine-bits", f.refine_bits);
+  setting_flag(q, "keep_recent_chunks", "--keep-recent", f.keep_recent);
+  setting_flag(q, "sink_keep_chunks", "--sink-keep", f.sink_keep);
   q.sink = !f.no_sink;
-  q.sink_span = f.sink_span ? named("--sink-span", [&] { return parse_sink_span(*f.sink_span); }) : preset_sink_span;
+  if (f.sink_span)
+    setting_flag(q, "sink_span", "--sink-span", *f.sink_span);
+  else
+    q.sink_span = preset_sink_span;
 }
 
 }  // namespace qvg::cli

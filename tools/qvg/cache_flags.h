@@ -23,12 +23,11 @@ struct CacheFlags {
   std::optional<std::string> sink_span = std::nullopt;  ///< nullopt: the preset's sink policy
   bool no_sink = false;
 };
-
-/// Sets q's span_chunks (1..1000000), span_mode, span_break_ratio (0..1e6),
-/// refine_recent (0..1000000), refine_bits (2 or 4),
-/// keep_recent_chunks and sink_keep_chunks
-/// (0..1000000), sink (!no_sink) and sink_span (`preset_sink_span` unless --sink-span
-/// names one). Throws InvalidArgument naming the flag.
+/// Sets q's span_chunks, span_mode, span_break_ratio, refine_recent, refine_bits,
+/// keep_recent_chunks, sink_keep_chunks (each read and range-checked by the settings
+/// table, qvg/settings.h: the same rule as the engine's flags), sink (!no_sink) and
+/// sink_span (`preset_sink_span` unless --sink-span names one). Throws InvalidArgument
+/// naming the flag.
 void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q);
 
 }  // namespace qvg::cli

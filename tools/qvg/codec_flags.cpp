@@ -100,7 +100,9 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
       ->type_name("NAME");
   // After parsing: the profile's value for every codec field whose flag was not given.
   cmd.parse_complete_callback([&cmd, &cfg, profile] {
-    if (profile->empty()) return;
+    // Not given: nothing to apply. Given, even as '' (issue 27, item 13): a name that
+    // apply_profile accepts, or its error, as from the engine's flags.
+    if (cmd.get_option("--profile")->count() == 0) return;
     QuantArgs q;
     named("--profile", [&] {
       q.apply_profile(*profile);

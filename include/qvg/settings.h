@@ -1,0 +1,78 @@
+// qvg/settings.h — the one table of QuantArgs' settings (issue 23).
+//
+// Every setting of QuantArgs (and of its per-role overrides RoleCodec k/v) is one row:
+// its name (the member, the snapshot key, the Python field and the binding's dict key),
+// its flag suffix (after "kv_cache_quant"), its kind and range, the first snapshot
+// format minor that stores it, and how to read and write it. The places that list the
+// settings walk this table instead of naming fields: QuantArgs::from_flags, the
+// snapshot's config record (write, read, minor_needed, the caller's expectation), the
+// binding's dict <-> struct and the Python dataclass (checked against the table by a
+// test). `threads` is not a row: it is how a call runs, never a property of the data.
+//
+// Values are plain: SettingValue holds none (an unset override, or quantization off
+// for `bits`), an integer, an unsigned integer (seed), a boolean, a real or a name.
+// parse_setting() is the one text parser of every surface (engine flags, the CLI,
+// k_config/v_config): decimal integers only, booleans true/false/1/0 (also True/False,
+// as Python prints them), reals in plain decimal or exponent form (no hex, no inf/nan).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "qvg/config.h"
+
+namespace qvg {
+
+/// What a setting's value is.
+enum class SettingKind : uint8_t {
+  Bits,  ///< optional 2 or 4 (none = quantization off); text also "int2"/"int4"
+  Int,   ///< a 32-bit integer in [lo, hi]
+  Width, ///< 2 or 4
+  Bool,
+  Name,  ///< an enumeration, by name
+  Real,  ///< a finite double in [lo, hi]
+  Seed,  ///< an unsigned 64-bit integer
+};
+
+/// none, integer, unsigned (seed), boolean, real, name.
+using SettingValue = std::variant<std::monostate, int64_t, uint64_t, bool, double, std::string>;
+
+struct Setting {
+  std::string_view name;    ///< "centroids", "k_bits"; the member, snapshot key, Python field
+  std::string_view flag;    ///< suffix of the engine flag: "_centroids" -> kv_cache_quant_centroids
+  SettingKind kind;
+  bool role = false;        ///< a per-role override (k_* / v_*): optional, none = the shared value
+  int64_t lo = 0, hi = 0;   ///< Int, Real: the allowed range (QuantArgs::validate checks the same)
+  uint16_t snapshot_minor = 0;  ///< the first snapshot format 1.x that stores it
+  std::string_view allowed; ///< what is allowed, for messages ("1..256", "off, mse")
+  SettingValue (*get)(const QuantArgs&) = nullptr;
+  /// Sets the value (REQUIRES a value of the setting's kind; none only for Bits and roles).
+  void (*set)(QuantArgs&, const SettingValue&) = nullptr;
+  /// Names accepted for a Name setting, canonical first per value (parse); empty otherwise.
+  SettingValue (*parse_name)(std::string_view) = nullptr;
+};
+
+/// Every setting, in the snapshot's config order (the order of the stored entries):
+/// the shared ones, then k_*, then v_*.
+std::span<const Setting> quant_settings();
+/// The row named `name` ("centroids", "k_bits"), or nullptr.
+const Setting* find_setting(std::string_view name);
+/// The row whose flag suffix is `suffix` ("_iters", "_k_bits"), or nullptr.
+const Setting* find_setting_by_flag(std::string_view suffix);
+
+/// The one text parser: `text` as s's value. Throws InvalidArgument "<what> must be
+/// <allowed>, got '<text>'" (what: the flag or key as the caller names it).
+SettingValue parse_setting(const Setting& s, std::string_view text, std::string_view what);
+/// A value as text: "none", decimal integers, "true"/"false", shortest round-trip reals, names.
+std::string setting_text(const SettingValue& v);
+/// Throws InvalidArgument naming s unless `v` is of s's kind and inside its range
+/// (a single-field check; cross-field rules stay in QuantArgs::validate).
+void check_setting(const Setting& s, const SettingValue& v, std::string_view what);
+
+/// True when q's value of s is the default QuantArgs' value.
+bool is_default(const Setting& s, const QuantArgs& q);
+
+}  // namespace qvg
