@@ -210,14 +210,23 @@ _STR_FIELDS = tuple(n for n, k in _KIND.items() if k == "name") + ("k_config", "
 _FLOAT_FIELDS = tuple(n for n, k in _KIND.items() if k == "real")
 
 
+# The fields of the engine's own QVGKVQuantArgs (SGLang): an object with all of them
+# is accepted as the engine's settings (qvg's extensions take their defaults).
+_ENGINE_FIELDS = ("bits", "centroids", "block_size", "stages", "kmeans_iters", "asymmetric", "keep_recent_chunks",
+                  "sink", "sink_keep_chunks")
+
+
 def _check_quant_args(q: Any, what: str = "quant_args") -> None:
-    """Issue 27, item 8: settings are a QVGKVQuantArgs, the engine's class of that name,
-    or None; anything else (a dict of flags, "int2", 2) would silently turn
-    quantization off, so it is refused naming the argument."""
-    if q is None or isinstance(q, QVGKVQuantArgs) or type(q).__name__ == "QVGKVQuantArgs":
+    """Issue 27, item 8: settings are a QVGKVQuantArgs, the engine's class (an object
+    with its fields), or None; anything else (a dict of flags, "int2", 2) would
+    silently turn quantization off, so it is refused naming the argument."""
+    if q is None or isinstance(q, QVGKVQuantArgs):
+        return
+    if not isinstance(q, (dict, str, bytes, int, float)) and all(hasattr(q, f) for f in _ENGINE_FIELDS):
         return
     hint = " (use QVGKVQuantArgs.from_dict for the engine's flat flags)" if isinstance(q, dict) else ""
-    raise ValueError(f"{what} must be a QVGKVQuantArgs (qvg's or the engine's) or None, got "
+    raise ValueError(f"{what} must be a QVGKVQuantArgs (qvg's, or the engine's with its fields "
+                     f"{', '.join(_ENGINE_FIELDS)}) or None, got "
                      f"{type(q).__name__} {q!r:.80}{hint}")
 
 

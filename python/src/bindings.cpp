@@ -443,11 +443,12 @@ at::Tensor decode_tensor(const py::dict& layout, const py::dict& arrays) {
   for (const qvg::ArrayDesc& a : l.arrays()) {
     const std::string name = a.name();
     if (!arrays.contains(name)) throw qvg::InvalidArgument(fmt::format("encoding array '{}' is missing", name));
-    const py::object o = arrays[py::str(name)];
-    if (!THPVariable_Check(o.ptr()))
-      throw qvg::InvalidArgument(fmt::format("encoding array '{}' must be a 1-D uint8 CPU tensor of raw bytes, got {}",
-                                             name, py::str(o.get_type().attr("__name__")).cast<std::string>()));
-    const at::Tensor t = o.cast<at::Tensor>();
+    at::Tensor t;
+    try {
+      t = arrays[py::str(name)].cast<at::Tensor>();
+    } catch (const py::cast_error&) {
+      throw qvg::InvalidArgument(fmt::format("encoding array '{}' must be a 1-D uint8 CPU tensor of raw bytes", name));
+    }
     if (t.scalar_type() != at::kByte || t.dim() != 1 || t.device().type() != at::kCPU || t.layout() != at::kStrided)
       throw qvg::InvalidArgument(fmt::format("encoding array '{}' must be a 1-D uint8 CPU tensor of raw bytes", name));
     if (static_cast<size_t>(t.numel()) != a.bytes())
