@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One option parser on every surface (issue 27, item 13; docs/reliability.md finding
+# 27): the CLI reads the cache flags and the per-role --k-config/--v-config through the
+# settings table's parser, as the engine's flags are read: no hex reals, booleans
+# true/false/1/0 only, no duplicate or empty --k-config items, and --profile '' is an
+# error, not "no profile". Each refusal is exit status 1 with one "qvg: error:" line.
+# Usage: bash options.sh /path/to/qvg
+set -euo pipefail
+QVG=${1:?usage: options.sh /path/to/qvg}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# refused PATTERN -- command...: exit status 1 and one stderr line matching PATTERN.
+refused() {
+  local pattern=$1
+  shift 2
+  local rc=0
+  timeout 60 "$@" > /dev/null 2> "$T/err.txt" || rc=$?
+  [[ $rc -eq 1 ]] || fail "exit status $rc, not 1: $*"
+  [[ $(wc -l < "$T/err.txt") -eq 1 ]] || fail "not one stderr line: $* -> $(cat "$T/err.txt")"
+  grep -Eq "^qvg: error: .*$pattern" "$T/err.txt" || fail "message of $*: $(cat "$T/err.txt")"
+}
+
+M=(memory --model self-forcing-1.3b --bits 2)
+S=(simulate --model self-forcing-1.3b --span-mode incremental --report "$T/never")
+for r in 0x10 0X1p3 inf nan +1 " 1"; do
+  refused "--span-break-ratio must be a number, got '" -- "$QVG" "${S[@]}" --span-break-ratio "$r"
+done
+refused "--span-break-ratio must be in \[0, 1e6\]" -- "$QVG" "${S[@]}" --span-break-ratio 2e6
+[[ ! -e "$T/never" ]] || fail "a refused simulate wrote its report"
+refused "--span-chunks must be an integer" -- "$QVG" "${M[@]}" --span-chunks 0x8
+refused "--refine-bits must be 2 or 4" -- "$QVG" "${M[@]}" --span-mode incremental --refine-recent 2 --refine-bits 3
+for spec in "bits=4,bits=2" "bits=4," ",bits=4" "bits=4,,stages=2"; do
+  refused "--k-config" -- "$QVG" "${M[@]}" --k-config "$spec"
+done
+refused "--k-config field 'asymmetric' must be a boolean \(true/false/1/0\), got 'yes'" -- \
+  "$QVG" "${M[@]}" --k-config asymmetric=yes
+refused "profile must be one of reference, hq, got ''" -- "$QVG" "${M[@]}" --profile ''
+refused "profile must be one of reference, hq, got ''" -- "$QVG" simulate --model self-forcing-1.3b --profile ''
+
+# The accepted forms still work (and read the same values as the engine's flags).
+"$QVG" "${M[@]}" --span-mode incremental --refine-recent 2 --refine-bits 2 --k-config asymmetric=1,bits=int4 \
+  --json > "$T/ok.json" || fail "accepted forms refused"
+python3 - "$T/ok.json" <<'PY' || fail "values of the accepted forms"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d.get("refine_recent") == 2 and d.get("refine_bits") == 2, {k: d.get(k) for k in ("refine_recent", "refine_bits")}
+PY
+echo "options: ok"
