@@ -1,9 +1,9 @@
 // qvg._C — the binding layer of the PyTorch extension (FlashInfer style: it only
-// exports). The engine-compatible classes live in qvg/torch.py; this file turns
+// exports). The engine-compatible classes live in qvg/torch/; this file turns
 // torch tensors into qvg views, calls the C++ caches (include/qvg/cache.h) and
 // turns their views back into torch tensors. No cache logic lives here.
 //
-// Memory and lifetime rules (what qvg/torch.py documents to its users):
+// Memory and lifetime rules (what qvg/torch/ documents to its users):
 //   * Inputs (key, value) are read in place when they are CPU tensors that are
 //     contiguous in [B, n, h, D] order; anything else is made contiguous first.
 //   * DenseCache keeps the caller's k/v tensors as its buffers (ExternalStorage),

@@ -2,7 +2,7 @@
 // python/cmake/QvgTorch.cmake): CudaDenseCache and CudaPackedCache over the
 // device-resident caches of qvg/cuda_cache.h. Binding code only.
 //
-// Rules (qvg/torch.py and docs/python.md document them for users):
+// Rules (qvg/torch/ and docs/python.md document them for users):
 //   * A cache lives on one CUDA device. Every call runs under a device guard for
 //     it and enqueues its work on torch.cuda.current_stream() of that device; the
 //     one synchronisation per update is the input-value check (spec 1 limits).

@@ -9,7 +9,7 @@
 //   at::Tensor copied_view(view, call, keep);   a two-range view as a torch tensor
 //   void before_mutation(call);     what must happen before the cache may change (lent views)
 //
-// Memory rules (qvg/torch.py documents them): the buffers are the caller's tensors
+// Memory rules (qvg/torch/ documents them): the buffers are the caller's tensors
 // (no copy); a one-range view is a torch view (as_strided) of them; growth asks the
 // growth hook for new torch buffers, which become .k/.v only if the call succeeds.
 #pragma once

@@ -1,0 +1,511 @@
+"""The engine's cache classes over qvg's C++ caches: the view, the dense cache
+(spec 3.2) and the packed cache (spec 4)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import _C
+from ._args import _IndexTensors, _int_arg, _tensor_arg
+from ._config import QVGKVQuantArgs, _check_quant_args, _quant_to_c
+
+#: True when the extension was built with its CUDA path (CUDA tensors supported).
+HAS_CUDA: bool = bool(_C.HAS_CUDA)
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _cache_device(device: torch.device | str) -> torch.device:
+    """The packed cache's device: the CPU, or a CUDA device with the CUDA path (spec 5:
+    NotImplementedError for a device this build does not support)."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda" or not HAS_CUDA:
+        if not HAS_CUDA:
+            raise NotImplementedError(
+                f"QVGPackedCausalKVCache: qvg.torch runs on the CPU in this build, device must be 'cpu', got '{dev}'"
+            )
+        raise NotImplementedError(f"QVGPackedCausalKVCache: device must be 'cpu' or a CUDA device, got '{dev}'")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"QVGPackedCausalKVCache: device '{dev}' is not available (torch.cuda.is_available() is False)")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"QVGPackedCausalKVCache: device '{dev}' does not exist: {torch.cuda.device_count()} CUDA device(s) visible"
+        )
+    return dev
+
+
+# ---------------------------------------------------------------------------
+# The view
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CausalAttentionKVView:
+    """What ``update_and_get_attention_kv`` returns (spec 3.1); the engine's class
+    of the same name plus ``zero_copy`` (True: k/v alias cache memory)."""
+
+    k: torch.Tensor  # [B, T, h_in, D], the visible tokens in global order
+    v: torch.Tensor
+    local_start_index: int
+    local_end_index: int
+    visible_local_end: int  # min(global_end, cache_size)
+    visible_global_end: int  # global_end after the call
+    zero_copy: bool = False
+
+
+# ---------------------------------------------------------------------------
+# What both caches share (spec 3.1)
+# ---------------------------------------------------------------------------
+
+
+class _CacheInterface(_IndexTensors):
+    """The engine's cache interface on top of a ``qvg._C`` cache (``self._c``):
+    byte counts, direct attention, cursor reset and the update call. Subclasses
+    implement ``_update(key, value, c, hs, rw) -> (k, v, ls, le, vle, vge, zero_copy)``
+    and ``_set_cursors(global_end, local_end)``."""
+
+    _c: Any  # the qvg._C cache
+    global_end_index_int: int | None
+    local_end_index_int: int | None
+
+    def _update(self, key: torch.Tensor, value: torch.Tensor, c: int, hs: int | None,
+                rw: int | None) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int, bool]:
+        raise NotImplementedError
+
+    def _set_cursors(self, global_end: int, local_end: int) -> None:
+        raise NotImplementedError
+
+    def can_direct_current_attention(self, num_new_tokens: int) -> bool:
+        return self._c.can_direct_current_attention(num_new_tokens)
+
+    def resident_nbytes(self) -> int:
+        """Bytes of the cache state: the dense cache's buffers (2 * B * cache_size * H * D
+        * itemsize), or the packed cache's raw segments and encoded spans."""
+        return self._c.resident_nbytes()
+
+    def peak_transient_nbytes(self) -> int:
+        """Most bytes the last successful call held beyond the resident state (spec 3.1).
+        CPU caches only: the CUDA caches do not track it (NotImplementedError; see
+        :meth:`view_buffer_nbytes`)."""
+        if not hasattr(self._c, "peak_transient_nbytes"):
+            raise NotImplementedError(
+                f"peak_transient_nbytes is not tracked by the CUDA caches (device {self._c.device}); "
+                "view_buffer_nbytes() gives the view buffer they hold now"
+            )
+        return self._c.peak_transient_nbytes()
+
+    def view_buffer_nbytes(self) -> int:
+        """CUDA caches: bytes of the device view buffer held now (the last copied view),
+        which ``torch.cuda.memory_allocated()`` counts besides :meth:`resident_nbytes`.
+        CPU caches return their copied views as fresh tensors: NotImplementedError."""
+        if not hasattr(self._c, "view_buffer_nbytes"):
+            raise NotImplementedError("view_buffer_nbytes is reported by the CUDA caches only (CPU caches return copied "
+                                      "views as fresh tensors; see peak_transient_nbytes)")
+        return self._c.view_buffer_nbytes()
+
+    def reset_indices(self) -> None:
+        """Dense: cursors to 0 (buffer content is kept). Packed: drops every segment
+        (an empty cache). Both zero the index tensors and the int cursors in use."""
+        self._c.reset_indices()
+        self.global_end_index.zero_()
+        self.local_end_index.zero_()
+        if self.global_end_index_int is not None:
+            self.global_end_index_int = 0
+        if self.local_end_index_int is not None:
+            self.local_end_index_int = 0
+
+    def update_and_get_attention_kv(
+        self,
+        *,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        current_chunk_start: int,
+        cache_head_start: int | None = None,
+        recent_window_tokens: int | None = None,
+        debug_name: str = "causal KV cache",
+    ) -> CausalAttentionKVView:
+        """Writes the chunk ``[current_chunk_start, + n)`` of ``key``/``value``
+        (``[B, n, h_in, D]``) and returns the tokens visible to it (dense: spec 3.2;
+        packed: the sink, then the recent tail, spec 4). Every argument is checked
+        before the cache changes (spec 5.1)."""
+        key = _tensor_arg("key", key)
+        value = _tensor_arg("value", value)
+        current_chunk_start = _int_arg("current_chunk_start", current_chunk_start)
+        cache_head_start = _int_arg("cache_head_start", cache_head_start, none=True)
+        recent_window_tokens = _int_arg("recent_window_tokens", recent_window_tokens, none=True)
+        if key.dim() == 4:
+            self._check_cursor_fits(current_chunk_start + key.shape[1])
+        k, v, ls, lend, vle, vge, zero_copy = self._update(
+            key, value, current_chunk_start, cache_head_start, recent_window_tokens
+        )
+        self._set_cursors(vge, vle)
+        return CausalAttentionKVView(k, v, ls, lend, vle, vge, zero_copy)
+
+
+# ---------------------------------------------------------------------------
+# The dense cache (spec 3.2)
+# ---------------------------------------------------------------------------
+
+
+class CausalSelfAttentionKVCache(_CacheInterface):
+    """One transformer block's dense causal self-attention K/V cache and cursors.
+
+    ``k``, ``v``: the buffers, tensors ``[B, cache_size, H, D]``, contiguous, on the CPU
+    or (CUDA path) one CUDA device, which is then the cache's device; the cache
+    writes into them in place (they are its storage). With ``allow_growth`` a
+    growth replaces them by new, larger tensors, read back through ``cache.k`` /
+    ``cache.v`` as in the engine.
+
+    ``global_end_index``, ``local_end_index``: index tensors (e.g. ``torch.zeros(1,
+    dtype=torch.long)``). As in the engine, the cursors are read from them on the
+    first call unless both ``*_int`` cursors are given, are kept in
+    ``global_end_index_int`` / ``local_end_index_int`` from then on (the source of
+    truth), and the tensors are written only when a call changes the cursors.
+
+    ``cache_size``: 0 or ``k.shape[1]``. ``attention_window_size``: 0 (= cache_size)
+    or 1..cache_size tokens shown by a view. ``sink_tokens``: leading tokens never
+    evicted.
+    """
+
+    def __init__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        global_end_index: torch.Tensor,
+        local_end_index: torch.Tensor,
+        global_end_index_int: int | None = None,
+        local_end_index_int: int | None = None,
+        cache_size: int = 0,
+        sink_tokens: int = 0,
+        attention_window_size: int = 0,
+        allow_growth: bool = False,
+        global_sink_tokens: int = 0,
+    ) -> None:
+        sink_tokens = _int_arg("sink_tokens", sink_tokens)
+        attention_window_size = _int_arg("attention_window_size", attention_window_size, none=True)
+        cache_size = _int_arg("cache_size", cache_size)
+        global_end_index_int = _int_arg("global_end_index_int", global_end_index_int, none=True)
+        local_end_index_int = _int_arg("local_end_index_int", local_end_index_int, none=True)
+        if global_sink_tokens:
+            raise NotImplementedError(
+                "CausalSelfAttentionKVCache: global_sink_tokens (the engine's pinned sink of longlive2) is not "
+                f"supported by qvg, it must be 0, got {global_sink_tokens!r}"
+            )
+        window = None if not attention_window_size else attention_window_size
+        on_cuda = HAS_CUDA and isinstance(k, torch.Tensor) and k.device.type == "cuda"
+        if on_cuda:
+            self._device = k.device
+        self.global_end_index = global_end_index  # validated (spec 5.1) before anything is built
+        self.local_end_index = local_end_index
+        self._c = (_C.CudaDenseCache if on_cuda else _C.DenseCache)(k, v, sink_tokens, window, bool(allow_growth))
+        if cache_size and cache_size != self._c.cache_size:
+            raise ValueError(
+                f"cache_size must be 0 or k.shape[1] = {self._c.cache_size} (the buffers hold the cache), "
+                f"got {cache_size}"
+            )
+        self.global_end_index_int = global_end_index_int
+        self.local_end_index_int = local_end_index_int
+
+    # -- the engine's fields ---------------------------------------------------------
+    @property
+    def k(self) -> torch.Tensor:
+        return self._c.k
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._c.v
+
+    @property
+    def cache_size(self) -> int:
+        return self._c.cache_size
+
+    @property
+    def sink_tokens(self) -> int:
+        return self._c.sink_tokens
+
+    @property
+    def attention_window_size(self) -> int:
+        return self._c.attention_window_size
+
+    @property
+    def allow_growth(self) -> bool:
+        return self._c.allow_growth
+
+    @property
+    def num_cache_heads(self) -> int:
+        return self._c.num_heads
+
+    @property
+    def global_sink_tokens(self) -> int:
+        """Always 0: qvg has no pinned global sink (docs/compat.md)."""
+        return 0
+
+    def reset_pinned_sink(self) -> None:
+        """The engine's reset of a pinned sink: nothing is ever pinned in qvg, a no-op."""
+
+    def pin_current_chunk(self, current_num_tokens: int) -> None:
+        """The engine pins the current chunk as a sink (longlive2); qvg does not support
+        it. As in the engine, a cache without sink tokens (or an empty chunk) only resets
+        the pin: a no-op here. Otherwise NotImplementedError."""
+        if self.sink_tokens <= 0 or current_num_tokens <= 0:
+            return
+        raise NotImplementedError(
+            "CausalSelfAttentionKVCache does not support pinning the current chunk as a sink "
+            f"(sink_tokens = {self.sink_tokens}, got current_num_tokens={current_num_tokens})"
+        )
+
+    # The newer engine also lets callers treat the cache as a mapping of its fields.
+    _FIELD_NAMES = frozenset(
+        {"k", "v", "global_end_index", "local_end_index", "global_end_index_int", "local_end_index_int"}
+    )
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._FIELD_NAMES:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self._FIELD_NAMES:
+            raise KeyError(key)
+        if key in ("k", "v"):
+            raise NotImplementedError(f"the buffers of a qvg cache cannot be replaced; build a new cache, got key {key!r}")
+        setattr(self, key, value)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._FIELD_NAMES and getattr(self, key) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self._FIELD_NAMES:
+            return default
+        value = getattr(self, key)
+        return default if value is None else value
+
+    # -- snapshots (docs/snapshot.md) ---------------------------------------------------
+    def _cursors(self) -> tuple[int, int]:
+        ge, le = self.global_end_index_int, self.local_end_index_int
+        if ge is None or le is None:
+            return int(self.global_end_index.item()), int(self.local_end_index.item())
+        return ge, le
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the cache (configuration, cursors, the buffers, checksums) to ``path``
+        atomically: a crash leaves the previous file. ValueError naming the path on an
+        I/O error. CPU caches only (NotImplementedError for a CUDA one)."""
+        self._c.save(os.fspath(path), *self._cursors())
+
+    def snapshot_bytes(self) -> bytes:
+        """The bytes :meth:`save` writes."""
+        return self._c.snapshot_bytes(*self._cursors())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> CausalSelfAttentionKVCache:
+        """A cache restored from a snapshot written by :meth:`save`. ``kwargs`` are the
+        constructor's: ``k``/``v`` of the size the saved cache was built with (they give
+        the expected configuration; the loaded cache's buffers are new tensors, read
+        through ``cache.k`` / ``cache.v`` as after a growth), the cursor tensors and
+        options. A snapshot of another configuration is ValueError naming the field; a
+        truncated or altered file is ValueError naming the section. The cursors (int and
+        tensors) are set from the snapshot. CPU caches only."""
+        cache = cls(**kwargs)
+        cache._c.restore(os.fspath(path), False)
+        cache._adopt_loaded_cursors()
+        return cache
+
+    @classmethod
+    def from_snapshot_bytes(cls, data: bytes, **kwargs: Any) -> CausalSelfAttentionKVCache:
+        """:meth:`load` from the bytes of a snapshot."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"data must be bytes, got {type(data).__name__}")
+        cache = cls(**kwargs)
+        cache._c.restore(bytes(data), True)
+        cache._adopt_loaded_cursors()
+        return cache
+
+    def _adopt_loaded_cursors(self) -> None:
+        ge, le = self._c.global_end, self._c.local_end
+        self.global_end_index.fill_(ge)
+        self.local_end_index.fill_(le)
+        self.global_end_index_int = ge
+        self.local_end_index_int = le
+
+    # -- the interface (_CacheInterface) -----------------------------------------------
+    def _update(self, key, value, c, hs, rw):
+        ge = self.global_end_index_int
+        le = self.local_end_index_int
+        if ge is None or le is None:
+            ge = int(self.global_end_index.item())
+            le = int(self.local_end_index.item())
+        out = self._c.update(key, value, c, hs, rw, ge, le)
+        self._cursors_before = (ge, le)
+        return out
+
+    def _set_cursors(self, global_end: int, local_end: int) -> None:
+        # The index tensors are written only when the call changed the cursors.
+        if (global_end, local_end) != self._cursors_before:
+            self.global_end_index.fill_(global_end)
+            self.local_end_index.fill_(local_end)
+        self.global_end_index_int = global_end
+        self.local_end_index_int = local_end
+
+
+# ---------------------------------------------------------------------------
+# The packed cache (spec 4)
+# ---------------------------------------------------------------------------
+
+
+class QVGPackedCausalKVCache(_CacheInterface):
+    """Chunk-segmented causal K/V cache whose completed chunks are PRQ-packed (spec 4).
+
+    Same call contract as :class:`CausalSelfAttentionKVCache`; writes must be a
+    rewrite of the current chunk (same size) or an advance at ``global_end``.
+    ``global_end_index`` / ``local_end_index`` are written after every call, unless
+    ``use_int_indices``: then only ``global_end_index_int`` / ``local_end_index_int``
+    are (the tensors are zeroed by :meth:`reset_indices` only), as in the engine.
+    ``device``: the CPU, or (CUDA path) a CUDA device (``"cuda"`` means the current
+    one); the CUDA cache encodes with ``init`` random only. ``quant_args``:
+    :class:`QVGKVQuantArgs` or any object with its attributes (the engine's); ``None``
+    means off. ``allow_growth`` (qvg only) must stay False. ``head_offset`` (qvg
+    only): the global index of this cache's first head when it holds a head shard
+    of a wider cache (:mod:`qvg.distributed`); the shard's encodings then equal the
+    wide cache's for those heads bit for bit.
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        cache_size: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        global_end_index: torch.Tensor,
+        local_end_index: torch.Tensor,
+        use_int_indices: bool = False,
+        sink_tokens: int = 0,
+        attention_window_size: int | None = None,
+        quant_args: QVGKVQuantArgs | None,
+        allow_growth: bool = False,
+        head_offset: int = 0,
+    ) -> None:
+        for what, x in (("batch_size", batch_size), ("cache_size", cache_size), ("num_heads", num_heads),
+                        ("head_dim", head_dim), ("sink_tokens", sink_tokens)):
+            _int_arg(what, x)
+        _int_arg("attention_window_size", attention_window_size, none=True)
+        _check_quant_args(quant_args)
+        dev = _cache_device(device)
+        self._device = dev
+        self.global_end_index = global_end_index  # validated (spec 5.1) before anything is built
+        self.local_end_index = local_end_index
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {dtype}")
+        if isinstance(head_offset, bool) or not isinstance(head_offset, int):
+            raise ValueError(f"head_offset must be an integer in [0, 2^40], got {head_offset!r}")
+        if quant_args is None:
+            quant_args = QVGKVQuantArgs()
+        window = attention_window_size or None
+        args = (batch_size, cache_size, num_heads, head_dim, _DTYPE_NAMES[dtype], sink_tokens, window,
+                bool(allow_growth), _quant_to_c(quant_args), head_offset)
+        self._c = _C.CudaPackedCache(*args, str(dev)) if dev.type == "cuda" else _C.PackedCache(*args)
+        self.head_offset = head_offset
+        self.batch_size = batch_size
+        self.cache_size = cache_size
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = dev
+        self.sink_tokens = sink_tokens
+        self.attention_window_size = attention_window_size or cache_size
+        self.q = quant_args
+        self.global_end_index_int = 0 if use_int_indices else None
+        self.local_end_index_int = 0 if use_int_indices else None
+
+    @property
+    def quant_args(self) -> Any:
+        return self.q
+
+    @property
+    def num_cache_heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def chunk_tokens(self) -> int | None:
+        """Size of the first advance's chunk; None while the cache is empty."""
+        return self._c.chunk_tokens
+
+    def pin_current_chunk(self, current_num_tokens: int) -> None:
+        raise NotImplementedError(
+            "QVGPackedCausalKVCache does not support pinning the current chunk as a sink "
+            f"(got current_num_tokens={current_num_tokens})"
+        )
+
+    # -- snapshots (docs/snapshot.md) ---------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the cache (configuration, cursors, every segment as held in memory,
+        warm-start codebooks, checksums) to ``path`` atomically: a crash leaves the
+        previous file. ValueError naming the path on an I/O error; the cache is unchanged."""
+        self._cpu_only("save")
+        self._c.save(os.fspath(path))
+
+    def snapshot_bytes(self) -> bytes:
+        """The bytes :meth:`save` writes."""
+        self._cpu_only("snapshot_bytes")
+        return self._c.snapshot_bytes()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> QVGPackedCausalKVCache:
+        """A cache restored from a snapshot written by :meth:`save`. ``kwargs`` are the
+        constructor's (the model's configuration, cursor tensors included): the snapshot
+        must hold a cache of exactly these options and quant args, else ValueError naming
+        the first differing field. A truncated or altered file is ValueError naming the
+        section (spec 5: corrupt data). The cursors are set from the snapshot. Every later
+        call returns what the saved cache would have returned, bit for bit. CPU only."""
+        cache = cls(**kwargs)
+        cache._cpu_only("load")
+        cache._c.restore(os.fspath(path), False)
+        cache._set_cursors(cache._c.global_end, cache._c.local_end)
+        return cache
+
+    @classmethod
+    def from_snapshot_bytes(cls, data: bytes, **kwargs: Any) -> QVGPackedCausalKVCache:
+        """:meth:`load` from the bytes of a snapshot."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"data must be bytes, got {type(data).__name__}")
+        cache = cls(**kwargs)
+        cache._cpu_only("from_snapshot_bytes")
+        cache._c.restore(bytes(data), True)
+        cache._set_cursors(cache._c.global_end, cache._c.local_end)
+        return cache
+
+    def _cpu_only(self, what: str) -> None:
+        if self.device.type != "cpu":
+            raise NotImplementedError(f"QVGPackedCausalKVCache.{what}: snapshots of a CUDA cache are not supported "
+                                      f"from Python yet (device {self.device}); use a CPU cache")
+
+    # -- the interface (_CacheInterface) -----------------------------------------------
+    def _update(self, key, value, c, hs, rw):
+        return self._c.update(key, value, c, hs, rw)
+
+    def _set_cursors(self, global_end: int, local_end: int) -> None:
+        # With int cursors only those are written (as in the engine).
+        if self.global_end_index_int is not None:
+            self.global_end_index_int = global_end
+            self.local_end_index_int = local_end
+        else:
+            self.global_end_index.fill_(global_end)
+            self.local_end_index.fill_(local_end)
+
+    # -- for tests and diagnostics ------------------------------------------------------
+    def _segments(self) -> list[dict]:
+        """One dict per segment: g0, g1, is_sink, packed, current, chunks, k_ptr,
+        v_ptr (raw buffers' addresses, 0 when packed), nbytes."""
+        keys = ("g0", "g1", "is_sink", "packed", "current", "chunks", "k_ptr", "v_ptr", "nbytes")
+        return [dict(zip(keys, s)) for s in self._c.segments()]

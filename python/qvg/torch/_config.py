@@ -1,0 +1,166 @@
+"""qvg.torch's quantization settings: :class:`QVGKVQuantArgs` over the C++ settings
+table (qvg/settings.h) and its conversion to ``qvg._C.QuantArgs``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .. import _C
+
+# ---------------------------------------------------------------------------
+# Configuration (spec 2)
+# ---------------------------------------------------------------------------
+
+# The settings table (qvg/settings.h, issue 23): (name, flag suffix, kind, per_role,
+# default) per setting. The dataclass below lists the shared settings (a test checks
+# its fields and defaults against the table); per-role ones are k_config / v_config.
+_SETTINGS = [s for s in _C.quant_settings() if not s[3]]
+# Engine flag name -> field.
+_FLAG_TO_FIELD = {"kv_cache_quant" + flag: name for name, flag, _kind, _role, _d in _SETTINGS if flag}
+
+
+def _flag_text(value: Any) -> str:
+    """A typed flag value (as argparse produces it) in the C++ parser's text form."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass
+class QVGKVQuantArgs:
+    """PRQ K/V-cache quantization settings (spec 2); the engine's ``QVGKVQuantArgs``.
+
+    ``bits is None`` (the default) means quantization is off: every segment stays raw.
+    Validation is qvg's C++ ``QuantArgs::validate`` so messages match the CLI's.
+    """
+
+    bits: int | None = None  # None = off; 2 or 4
+    centroids: int = 128  # k-means centroids per stage and group, 1..256
+    block_size: int = 64  # channels per residual scale; divides head_dim, multiple of 8/bits
+    stages: int = 1  # k-means stages
+    kmeans_iters: int = 2  # Lloyd iterations per stage
+    asymmetric: bool = False  # min/max + zero point instead of absmax
+    keep_recent_chunks: int = 1  # completed non-sink chunks kept raw
+    sink: bool = True  # quantize the sink chunks too
+    sink_span: str = "chunk"  # "chunk" (each sink chunk its own span) | "full"
+    sink_keep_chunks: int = 0  # leading sink chunks never packed
+    # qvg extensions
+    span_chunks: int = 1  # consecutive chunks sharing one codebook
+    scaling: str = "two_level"  # "two_level" | "compat"
+    scale_dtype: str = "fp8_e4m3"  # "fp8_e4m3" | "bf16"
+    init: str = "random"  # "random" | "kmeans++" | "warm"
+    seed: int = 1234
+    span_mode: str = "deferred"  # "deferred" | "incremental" (docs/spans.md)
+    span_break_ratio: float = 0.0  # incremental: start a new span above this residual-energy ratio; 0 = never
+    refine_recent: int = 0  # incremental: the newest N encoded chunks keep a refinement layer (docs/spans.md); 0 = none
+    refine_bits: int = 4  # the refinement layer's code width: 2 or 4
+    scale_search: str = "off"  # "off" | "mse": the encoder's choice of block scales (docs/quality.md)
+    k_config: str = ""  # K's own codec settings over the shared ones: "bits=4,asymmetric=true" ("" = none)
+    v_config: str = ""  # V's own codec settings (as k_config)
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits is not None
+
+    def validate(self) -> QVGKVQuantArgs:
+        """Raises ValueError naming the field, the value and what is allowed; returns self."""
+        _quant_to_c(self).validate()
+        return self
+
+    def describe(self) -> str:
+        return _quant_to_c(self).describe()
+
+    @classmethod
+    def from_dict(cls, kwargs: dict) -> QVGKVQuantArgs:
+        """Builds the settings from the engine's flat flags (``kv_cache_quant``,
+        ``kv_cache_quant_centroids``, ``_block_size``, ``_stages``, ``_iters``,
+        ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
+        and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``, ``_refine_recent``, ``_refine_bits``,
+        ``_scaling``, ``_scale_dtype``, ``_init``, ``_seed``, ``_scale_search``,
+        ``_profile`` ("reference" | "hq", applied first: explicit flags override it) and
+        the per-role ``_k_<f>`` / ``_v_<f>`` (f in bits, centroids, block_size, stages,
+        iters, asymmetric, scale_dtype, scaling, scale_search)). Values may be typed (ints, bools) or strings; ``None`` means
+        "not given". Without ``kv_cache_quant`` everything is default (off), as in
+        the engine. Other keys are ignored. Raises ValueError on bad values."""
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"kwargs must be a dict of the engine's flags (kv_cache_quant, ...), "
+                             f"got {type(kwargs).__name__}")
+        master = kwargs.get("kv_cache_quant")
+        if master is None:
+            return cls()
+        flags = {"kv_cache_quant": str(master).strip().lower()}
+        for flag in _FLAG_TO_FIELD:
+            value = kwargs.get(flag)
+            if value is not None:
+                flags[flag] = _flag_text(value)
+        # Issue 16: the profile (applied first; explicit flags override it), the scale
+        # search and the per-role keys kv_cache_quant_k_<f> / kv_cache_quant_v_<f>
+        # (an unknown <f> is a ValueError from the C++ parser).
+        for flag, value in kwargs.items():
+            if value is None or not isinstance(flag, str):
+                continue
+            if flag in ("kv_cache_quant_profile", "kv_cache_quant_scale_search") or flag.startswith(
+                ("kv_cache_quant_k_", "kv_cache_quant_v_")
+            ):
+                flags[flag] = _flag_text(value)
+        return cls(**_C.quant_args_from_flags(flags))
+
+
+_QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantArgs)}
+_KIND = {name: kind for name, _flag, kind, _role, _d in _SETTINGS}
+_INT_FIELDS = tuple(n for n, k in _KIND.items() if k in ("int", "width"))
+_BOOL_FIELDS = tuple(n for n, k in _KIND.items() if k == "bool")
+_STR_FIELDS = tuple(n for n, k in _KIND.items() if k == "name") + ("k_config", "v_config")
+_FLOAT_FIELDS = tuple(n for n, k in _KIND.items() if k == "real")
+
+
+# The fields of the engine's own QVGKVQuantArgs (SGLang): an object with all of them
+# is accepted as the engine's settings (qvg's extensions take their defaults).
+_ENGINE_FIELDS = ("bits", "centroids", "block_size", "stages", "kmeans_iters", "asymmetric", "keep_recent_chunks",
+                  "sink", "sink_keep_chunks")
+
+
+def _check_quant_args(q: Any, what: str = "quant_args") -> None:
+    """Issue 27, item 8: settings are a QVGKVQuantArgs, the engine's class (an object
+    with its fields), or None; anything else (a dict of flags, "int2", 2) would
+    silently turn quantization off, so it is refused naming the argument."""
+    if q is None or isinstance(q, QVGKVQuantArgs):
+        return
+    if not isinstance(q, (dict, str, bytes, int, float)) and all(hasattr(q, f) for f in _ENGINE_FIELDS):
+        return
+    hint = " (use QVGKVQuantArgs.from_dict for the engine's flat flags)" if isinstance(q, dict) else ""
+    raise ValueError(f"{what} must be a QVGKVQuantArgs (qvg's, or the engine's with its fields "
+                     f"{', '.join(_ENGINE_FIELDS)}) or None, got "
+                     f"{type(q).__name__} {q!r:.80}{hint}")
+
+
+def _quant_to_c(q: Any, what: str = "quant_args") -> _C.QuantArgs:
+    """A QVGKVQuantArgs (ours or the engine's; missing qvg extensions take their
+    defaults) -> the C++ QuantArgs (not yet validated)."""
+    _check_quant_args(q, what)
+    if q is None:
+        q = QVGKVQuantArgs()
+    v = {name: getattr(q, name, default) for name, default in _QUANT_DEFAULTS.items()}
+    if v["bits"] is not None and (isinstance(v["bits"], bool) or not isinstance(v["bits"], int)):
+        raise ValueError(f"bits must be 2 or 4 (or none to disable quantization), got {v['bits']!r}")
+    for name in _INT_FIELDS + ("seed",):
+        if isinstance(v[name], bool) or not isinstance(v[name], int):
+            raise ValueError(f"{name} must be an integer, got {v[name]!r}")
+    if v["seed"] < 0 or v["seed"] >= 2**64:
+        raise ValueError(f"seed must be in [0, 2^64), got {v['seed']}")
+    for name in _BOOL_FIELDS:
+        if not isinstance(v[name], bool):
+            raise ValueError(f"{name} must be a boolean (True/False), got {v[name]!r}")
+    for name in _STR_FIELDS:
+        if not isinstance(v[name], str):
+            raise ValueError(f"{name} must be a string, got {v[name]!r}")
+    for name in _FLOAT_FIELDS:
+        if isinstance(v[name], bool) or not isinstance(v[name], (int, float)):
+            raise ValueError(f"{name} must be a number, got {v[name]!r}")
+        v[name] = float(v[name])
+    for name in _INT_FIELDS + ("bits",):
+        x = v[name]
+        if x is not None and not -(2**31) < x < 2**31:
+            raise ValueError(f"{name} must fit in 32 bits, got {x}")
+    return _C.QuantArgs(v)
