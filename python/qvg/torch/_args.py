@@ -59,26 +59,25 @@ def _index_tensor(what: str, t: Any, device: torch.device | None) -> torch.Tenso
     return t
 
 
+class _IndexTensor:
+    """A validated attribute: each assignment goes through :func:`_index_tensor`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj: Any, t: Any) -> None:
+        setattr(obj, self.slot, _index_tensor(self.name, t, obj._device))
+
+
 class _IndexTensors:
     """The engine's index tensors, validated when set (at construction and after)."""
 
     _device: torch.device | None = None
-
-    @property
-    def global_end_index(self) -> torch.Tensor:
-        return self._global_end_index
-
-    @global_end_index.setter
-    def global_end_index(self, t: torch.Tensor) -> None:
-        self._global_end_index = _index_tensor("global_end_index", t, self._device)
-
-    @property
-    def local_end_index(self) -> torch.Tensor:
-        return self._local_end_index
-
-    @local_end_index.setter
-    def local_end_index(self, t: torch.Tensor) -> None:
-        self._local_end_index = _index_tensor("local_end_index", t, self._device)
+    global_end_index = _IndexTensor()
+    local_end_index = _IndexTensor()
 
     def _check_cursor_fits(self, end: int) -> None:
         """Before the cache changes: a cursor up to ``end`` must fit the index tensors

@@ -155,6 +155,11 @@ class _CacheInterface(_IndexTensors):
 # ---------------------------------------------------------------------------
 
 
+def _from_c(name: str, doc: str) -> property:
+    """A read-only attribute forwarded to the C++ cache's ``name``."""
+    return property(lambda self: getattr(self._c, name), doc=doc)
+
+
 class CausalSelfAttentionKVCache(_CacheInterface):
     """One transformer block's dense causal self-attention K/V cache and cursors.
 
@@ -214,34 +219,14 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         self.global_end_index_int = global_end_index_int
         self.local_end_index_int = local_end_index_int
 
-    # -- the engine's fields ---------------------------------------------------------
-    @property
-    def k(self) -> torch.Tensor:
-        return self._c.k
-
-    @property
-    def v(self) -> torch.Tensor:
-        return self._c.v
-
-    @property
-    def cache_size(self) -> int:
-        return self._c.cache_size
-
-    @property
-    def sink_tokens(self) -> int:
-        return self._c.sink_tokens
-
-    @property
-    def attention_window_size(self) -> int:
-        return self._c.attention_window_size
-
-    @property
-    def allow_growth(self) -> bool:
-        return self._c.allow_growth
-
-    @property
-    def num_cache_heads(self) -> int:
-        return self._c.num_heads
+    # -- the engine's fields (read from the C++ cache: .k/.v change on growth) ---------
+    k = _from_c("k", "the key buffer [B, cache_size, H, D] (a new tensor after a growth)")
+    v = _from_c("v", "the value buffer [B, cache_size, H, D]")
+    cache_size = _from_c("cache_size", "tokens the buffers hold")
+    sink_tokens = _from_c("sink_tokens", "leading tokens never evicted")
+    attention_window_size = _from_c("attention_window_size", "tokens a view shows at most")
+    allow_growth = _from_c("allow_growth", "whether the buffers grow")
+    num_cache_heads = _from_c("num_heads", "heads the cache holds")
 
     @property
     def global_sink_tokens(self) -> int:
