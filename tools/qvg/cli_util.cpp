@@ -1,9 +1,16 @@
 // Helpers shared by the subcommands (see cli_util.h).
 #include "cli_util.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <span>
+#include <system_error>
 
 #include <fmt/core.h>
 
@@ -91,9 +98,29 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void write_output_file(const std::string& path, const std::string& text, const char* flag) {
   try {
     write_file_atomic(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-  } catch (const InvalidArgument&) {
-    throw InvalidArgument(fmt::format("{} file '{}' cannot be written", flag, path));
+  } catch (const InvalidArgument& e) {  // e names the path and why (not a regular file, the size limit, ...)
+    throw InvalidArgument(fmt::format("{}: {}", flag, e.what()));
   }
+}
+
+void prepare_report_dir(const std::string& dir, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);  // follows a symlink to a directory
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw InvalidArgument(fmt::format("{} '{}' exists and is not a directory", flag, dir));
+  if (!fs::exists(st)) {
+    fs::create_directories(dir, ec);
+    if (ec || !fs::is_directory(dir))
+      throw InvalidArgument(fmt::format("{} directory '{}' cannot be created: {}", flag, dir,
+                                        ec ? ec.message() : std::string("not a directory")));
+  }
+  const fs::path probe = fs::path(dir) / fmt::format(".qvg-report-probe.{}", static_cast<long>(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw InvalidArgument(fmt::format("{} directory '{}' cannot be written: {}", flag, dir, std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace qvg::cli

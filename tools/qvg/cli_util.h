@@ -54,9 +54,17 @@ auto named(const char* flag, F&& parse) {
 /// Seconds of wall time since t0.
 double seconds_since(std::chrono::steady_clock::time_point t0);
 
-/// Writes `text` to `path` through a temporary that is renamed into place; throws
-/// InvalidArgument "<flag> file '<path>' cannot be written" on any I/O error (the
-/// temporary is removed, `path` untouched).
+/// Writes `text` to `path` through a temporary that is renamed into place
+/// (write_file_atomic); throws InvalidArgument "<flag>: cannot write '<path>': <why>"
+/// on any I/O error or a destination that is not a regular file (the temporary is
+/// removed, `path` untouched).
 void write_output_file(const std::string& path, const std::string& text, const char* flag);
+
+/// A --report DIR checked before any work (issue 27, finding 17): created (with its
+/// parents) if missing, then written to — a probe file created and removed. Throws
+/// InvalidArgument "<flag> ..." naming the directory and why when it exists and is
+/// not a directory, cannot be created, or cannot be written. A directory it creates
+/// stays (empty) if the run fails later.
+void prepare_report_dir(const std::string& dir, const char* flag);
 
 }  // namespace qvg::cli
