@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <span>
 #include <system_error>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -103,13 +104,27 @@ void write_output_file(const std::string& path, const std::string& text, const c
   }
 }
 
-void prepare_report_dir(const std::string& dir, const char* flag) {
+void check_report_dir(const std::string& dir, const char* flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);  // follows a symlink to a directory
   if (fs::exists(st) && !fs::is_directory(st))
     throw InvalidArgument(fmt::format("{} '{}' exists and is not a directory", flag, dir));
+  // The directories this check creates, deepest first: removed again at the end
+  // (the report writer creates them when it writes).
+  std::vector<fs::path> created;
+  struct Undo {
+    std::vector<fs::path>& dirs;
+    ~Undo() {
+      std::error_code e;
+      for (const fs::path& d : dirs) fs::remove(d, e);  // only if still empty
+    }
+  } undo{created};
   if (!fs::exists(st)) {
+    for (fs::path p = dir; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+      created.push_back(p);
+      if (p == p.parent_path()) break;
+    }
     fs::create_directories(dir, ec);
     if (ec || !fs::is_directory(dir))
       throw InvalidArgument(fmt::format("{} directory '{}' cannot be created: {}", flag, dir,

@@ -61,7 +61,7 @@ void run_frontier(const CompareOptions& o, const CompareConfig& c) {
                          .quick = o.frontier_quick,
                          .threads = c.threads};
   f.validate();
-  if (o.report) prepare_report_dir(*o.report, "--report");  // before the sweep (minutes), not after it
+  if (o.report) check_report_dir(*o.report, "--report");  // before the sweep (minutes), not after it
   const FrontierResult r = frontier(f, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
   if (o.report) write_frontier_report(r, *o.report);
   if (o.json) {

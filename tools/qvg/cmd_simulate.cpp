@@ -188,7 +188,7 @@ void run_simulate(const SimulateOptions& o) {
     if (!std::filesystem::is_directory(parent))
       throw InvalidArgument(fmt::format("--json file '{}': directory '{}' does not exist", *o.json, parent.string()));
   }
-  if (o.report) prepare_report_dir(*o.report, "--report");  // created and probed now, written at the end
+  if (o.report) check_report_dir(*o.report, "--report");  // checked now (nothing left), written at the end
 
   Progress progress(o.quiet);
   SimulationResult r;
