@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,12 +101,20 @@ TEST(Finding14, WriterRefusesADirectoryAndADanglingSymlink) {
 }
 
 TEST(Finding14, CharDeviceIsRefusedWithoutTouchingIt) {
-  // /dev/null is never written (as root the old writer replaced it): only a
-  // refusal is possible, and it must come before anything is created next to it.
-  if (::access("/dev", W_OK) == 0) GTEST_SKIP() << "/dev is writable (root): not risking /dev/null";
-  if (!fs::is_character_file("/dev/null")) GTEST_SKIP() << "no /dev/null";
-  expect_refused("/dev/null", "device");
-  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  // As root the old writer replaced /dev/null with a regular file. /dev/null itself
+  // is never risked: as root (mknod allowed) a device node with /dev/null's numbers
+  // is made in a temp dir; otherwise /dev/null is used only where /dev is not
+  // writable (the refusal comes before anything is created next to it).
+  TempDir d("qvg_f14");
+  fs::path dev = d / "null";
+  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) {
+    if (::access("/dev", W_OK) == 0) GTEST_SKIP() << "mknod refused and /dev is writable: not risking /dev/null";
+    if (!fs::is_character_file("/dev/null")) GTEST_SKIP() << "no /dev/null";
+    dev = "/dev/null";
+  }
+  expect_refused(dev, "character device");
+  EXPECT_TRUE(fs::is_character_file(fs::symlink_status(dev)));
+  EXPECT_EQ(other_entries(d.path(), {"null"}), std::vector<std::string>{});
 }
 
 TEST(Finding14, SymlinkToARegularFileIsFollowed) {
