@@ -457,6 +457,19 @@ class DenseCausalCache final : public CausalCache {
 ///     merge). A view inside the current chunk is returned without a copy;
 ///     otherwise raw rows are copied and packed spans are decoded one at a time
 ///     (qvg::decode_range) straight into a scratch buffer the cache owns.
+///   * Stored data written through a lent view (issue 27, finding 16): a
+///     zero-copy view aliases the stored raw chunk, as the engine's views do, so
+///     the caller may change stored data through it; the cache uses what it finds.
+///     Values the codec cannot encode (NaN, Inf, |x| > 1e16) are refused by the
+///     advance that would encode that chunk: InvalidArgument naming the stored
+///     chunk's token range and the element, saying it was written through a lent
+///     zero-copy view, thrown while planning — nothing changes (global_end,
+///     segments, resident bytes). Such values are never encoded as they are (an
+///     encoding must decode finite) nor silently replaced. The caller repairs the
+///     chunk (a rewrite while it is the current chunk, or finite values written
+///     through the view while it is raw) or calls reset_indices(). A cache that
+///     encodes nothing (quantization off; the dense cache) stores and shows what
+///     was written.
 ///   With quantization off and window == cache_size every view equals the
 ///   dense cache's bit for bit. With window < cache_size this cache shows the
 ///   sink plus the newest window - sink_end tokens, the dense one the last

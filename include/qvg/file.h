@@ -8,6 +8,23 @@
 // any point leaves either the old file or the new one at `path` (a crash before the
 // rename may leave the temporary behind); an error removes the temporary and leaves
 // `path` untouched.
+//
+// Destinations (issue 27, finding 14): `path` must not exist, or be a regular file,
+// or be a symlink whose final target is a regular file — such a symlink is
+// *followed*: the target is replaced atomically (the temporary goes next to the
+// target) and the link stays a link. Anything else is refused with InvalidArgument
+// naming the path, before anything is created: a FIFO, a device node (as root the
+// old writer replaced /dev/null with a regular file), a socket, a directory, a
+// symlink to any of these, a symlink whose target does not exist. The check is made
+// just before the temporary is created; a destination swapped for a non-regular
+// file between the check and the rename is not detected (no portable way to rename
+// "only over a regular file").
+//
+// File-size limits (finding 15): a write beyond RLIMIT_FSIZE fails with EFBIG only
+// if SIGXFSZ is ignored — the library never changes signal dispositions; the `qvg`
+// CLI ignores SIGXFSZ, and so does the Python interpreter — and is then reported as
+// InvalidArgument "file too large: it exceeds the file-size limit ..." with the
+// temporary removed. With the default disposition the kernel ends the process.
 #pragma once
 
 #include <cstddef>

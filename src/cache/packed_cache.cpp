@@ -77,12 +77,70 @@ struct PackedCausalCache::Impl {
 
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
 
-  /// Validation of the call (no state change): the policy's, then the values.
+  /// Validation of the call (no state change): the policy's, then the values, then
+  /// (an advance that encodes) the stored chunks it will encode.
   detail::CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
                         std::optional<int64_t> head_start, std::optional<int64_t> recent_window) const {
     detail::CallPlan p = pol.plan(key, value, chunk_start, head_start, recent_window);
     detail::check_values(key, value);
+    if (p.advance && quant.enabled()) check_chunks_to_encode(p);
     return p;
+  }
+
+  /// The raw chunks advance `p` will encode must be encodable (finite, |x| <= 1e16,
+  /// as every input was when it was written). They can only have become otherwise
+  /// through a zero-copy view this cache lent (KVView::zero_copy aliases the stored
+  /// chunk): issue 27, finding 16. Which chunks: the policy run on the segments'
+  /// geometry alone (push_current, evict, spans_to_encode on a copy without
+  /// payload), so the check matches what apply() encodes. Throws InvalidArgument
+  /// naming the stored chunk; no state changes.
+  void check_chunks_to_encode(const detail::CallPlan& p) const {
+    struct Ref {
+      size_t index = std::numeric_limits<size_t>::max();  // in pol.segments(); max: the call's new chunk
+    };
+    const std::vector<Segment>& segs = pol.segments();
+    std::vector<detail::PlanSegment<Ref>> geometry;
+    geometry.reserve(segs.size() + 1);
+    for (size_t i = 0; i < segs.size(); ++i) {
+      detail::PlanSegment<Ref> g;
+      g.g0 = segs[i].g0;
+      g.g1 = segs[i].g1;
+      g.is_sink = segs[i].is_sink;
+      g.chunks = segs[i].chunks;
+      g.packed = segs[i].packed;
+      g.span = segs[i].span;
+      g.data.index = i;
+      geometry.push_back(g);
+    }
+    detail::CachePolicy<Ref> shadow(opt, quant);
+    shadow.restore(std::move(geometry), pol.global_end(), pol.chunk_tokens(),
+                   {pol.open_span().id, pol.open_span().chunks}, pol.next_span_id());
+    shadow.push_current(p, Ref{});
+    shadow.evict();
+    const auto& after = shadow.segments();
+    for (const detail::SpanRef& sr : shadow.spans_to_encode())
+      for (size_t i = sr.first; i < sr.first + sr.count; ++i) {
+        const size_t index = after[i].data.index;
+        QVG_CHECK(index < segs.size() && !segs[index].packed);  // the new chunk is current: never encoded now
+        check_stored_chunk(segs[index], index + 1 == segs.size());
+      }
+  }
+
+  void check_stored_chunk(const Segment& s, bool current) const {
+    for (const bool is_k : {true, false}) {
+      try {
+        check_finite_and_bounded(raw_view(s, is_k),
+                                 fmt::format("the stored {} of chunk [{}, {})", is_k ? "key" : "value", s.g0, s.g1));
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(fmt::format(
+            "{} (index within the chunk): it was written through a zero-copy view this cache lent (update() "
+            "returned k/v aliasing the stored chunk), and this advance would encode it; nothing was changed. Write "
+            "finite values into the chunk ({}) or call reset_indices()",
+            e.what(),
+            current ? fmt::format("a rewrite at current_chunk_start = {}, or through the view", s.g0)
+                    : std::string("through the view")));
+      }
+    }
   }
 
   // --- pack ------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <system_error>
 
 #include <fmt/core.h>
 
@@ -47,6 +48,50 @@ int write_all(int fd, std::span<const uint8_t> bytes) {
     done += static_cast<size_t>(n);
   }
   return 0;
+}
+
+[[noreturn]] void cannot_write(const std::filesystem::path& path, const std::string& why) {
+  throw InvalidArgument(fmt::format("cannot write '{}': {}", path.string(), why));
+}
+
+const char* file_kind(mode_t m) {
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO (named pipe)"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+                       : "not a regular file";
+}
+
+constexpr const char* kAllowed = "a destination must be a regular file, a symlink to one, or a new name";
+
+// The file write_file_atomic replaces for `path`: `path` itself when it does not
+// exist or is a regular file; the final target of a symlink whose target is a
+// regular file (followed: the target is replaced, the link stays). Anything else —
+// a FIFO, device, socket or directory, directly or behind a symlink, or a symlink
+// whose target does not exist — is refused before anything is created. A path
+// that cannot be examined (a missing parent, a denied search) is returned as it is:
+// creating the temporary file reports the error.
+std::filesystem::path destination_of(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return path;
+  if (S_ISREG(st.st_mode)) return path;
+  if (S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::read_symlink(path, ec);
+    if (::stat(path.c_str(), &st) != 0) {
+      const int e = errno;
+      cannot_write(path, e == ENOENT
+                             ? fmt::format("a symlink to '{}', which does not exist ({})", target.string(), kAllowed)
+                             : fmt::format("a symlink that cannot be followed: {}", errno_text(e)));
+    }
+    if (!S_ISREG(st.st_mode))
+      cannot_write(path, fmt::format("a symlink to {}, not a regular file ({})", file_kind(st.st_mode), kAllowed));
+    std::filesystem::path resolved = std::filesystem::canonical(path, ec);
+    if (ec) cannot_write(path, fmt::format("a symlink that cannot be resolved: {}", ec.message()));
+    return resolved;
+  }
+  cannot_write(path, fmt::format("{}, not a regular file ({})", file_kind(st.st_mode), kAllowed));
 }
 
 }  // namespace
@@ -118,15 +163,20 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const uint8_
 
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const uint8_t>> pieces) {
   static std::atomic<unsigned> counter{0};
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", path.string(), static_cast<long>(::getpid()), counter++);
+  const std::filesystem::path dest = destination_of(path);  // refuses what is not a regular file
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", dest.string(), static_cast<long>(::getpid()), counter++);
   auto fail = [&](const char* what, int e) {
     ::unlink(tmp.c_str());
-    throw InvalidArgument(fmt::format("cannot write '{}': {} ({})", path.string(), errno_text(e), what));
+    if (e == EFBIG)  // RLIMIT_FSIZE (with SIGXFSZ ignored) or the file system's maximum
+      cannot_write(path, fmt::format("file too large: it exceeds the file-size limit (ulimit -f) or the file "
+                                     "system's maximum file size ({})",
+                                     what));
+    cannot_write(path, fmt::format("{} ({})", errno_text(e), what));
   };
   {
     Fd f;
     f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (f.fd < 0) throw InvalidArgument(fmt::format("cannot write '{}': {}", path.string(), errno_text(errno)));
+    if (f.fd < 0) cannot_write(path, errno_text(errno));
     for (std::span<const uint8_t> p : pieces)
       if (const int e = write_all(f.fd, p)) fail("write", e);
     if (::fsync(f.fd) != 0) fail("fsync", errno);
@@ -134,10 +184,10 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::s
     f.fd = -1;
     if (::close(fd) != 0) fail("close", errno);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
+  if (::rename(tmp.c_str(), dest.c_str()) != 0) fail("rename", errno);
   // Make the rename itself durable (best effort: some filesystems refuse fsync on a
   // directory; the file is in place either way).
-  std::filesystem::path dir = path.parent_path();
+  std::filesystem::path dir = dest.parent_path();
   if (dir.empty()) dir = ".";
   Fd d;
   d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -1,9 +1,17 @@
 // Helpers shared by the subcommands (see cli_util.h).
 #include "cli_util.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <span>
+#include <system_error>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -91,9 +99,43 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void write_output_file(const std::string& path, const std::string& text, const char* flag) {
   try {
     write_file_atomic(path, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-  } catch (const InvalidArgument&) {
-    throw InvalidArgument(fmt::format("{} file '{}' cannot be written", flag, path));
+  } catch (const InvalidArgument& e) {  // e names the path and why (not a regular file, the size limit, ...)
+    throw InvalidArgument(fmt::format("{}: {}", flag, e.what()));
   }
+}
+
+void check_report_dir(const std::string& dir, const char* flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);  // follows a symlink to a directory
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw InvalidArgument(fmt::format("{} '{}' exists and is not a directory", flag, dir));
+  // The directories this check creates, deepest first: removed again at the end
+  // (the report writer creates them when it writes).
+  std::vector<fs::path> created;
+  struct Undo {
+    std::vector<fs::path>& dirs;
+    ~Undo() {
+      std::error_code e;
+      for (const fs::path& d : dirs) fs::remove(d, e);  // only if still empty
+    }
+  } undo{created};
+  if (!fs::exists(st)) {
+    for (fs::path p = dir; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+      created.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    fs::create_directories(dir, ec);
+    if (ec || !fs::is_directory(dir))
+      throw InvalidArgument(fmt::format("{} directory '{}' cannot be created: {}", flag, dir,
+                                        ec ? ec.message() : std::string("not a directory")));
+  }
+  const fs::path probe = fs::path(dir) / fmt::format(".qvg-report-probe.{}", static_cast<long>(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw InvalidArgument(fmt::format("{} directory '{}' cannot be written: {}", flag, dir, std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace qvg::cli

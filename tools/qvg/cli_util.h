@@ -54,9 +54,19 @@ auto named(const char* flag, F&& parse) {
 /// Seconds of wall time since t0.
 double seconds_since(std::chrono::steady_clock::time_point t0);
 
-/// Writes `text` to `path` through a temporary that is renamed into place; throws
-/// InvalidArgument "<flag> file '<path>' cannot be written" on any I/O error (the
-/// temporary is removed, `path` untouched).
+/// Writes `text` to `path` through a temporary that is renamed into place
+/// (write_file_atomic); throws InvalidArgument "<flag>: cannot write '<path>': <why>"
+/// on any I/O error or a destination that is not a regular file (the temporary is
+/// removed, `path` untouched).
 void write_output_file(const std::string& path, const std::string& text, const char* flag);
+
+/// A --report DIR checked before any work (issue 27, finding 17): it must be a
+/// directory or creatable, and writable — the missing directories are created and
+/// a probe file is created in the directory, then all of it is removed again, so
+/// that a run that fails later leaves nothing (the report writer creates the
+/// directories when it writes). Throws InvalidArgument "<flag> ..." naming the
+/// directory and why: it exists and is not a directory, cannot be created, or
+/// cannot be written.
+void check_report_dir(const std::string& dir, const char* flag);
 
 }  // namespace qvg::cli

@@ -8,7 +8,6 @@
 // is the fewest chunks holding at least 64 x centroids tokens, so QVG's codebooks
 // cost at most 0.25 bits per element.
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,8 +61,7 @@ void run_frontier(const CompareOptions& o, const CompareConfig& c) {
                          .quick = o.frontier_quick,
                          .threads = c.threads};
   f.validate();
-  if (o.report && std::filesystem::exists(*o.report) && !std::filesystem::is_directory(*o.report))
-    throw InvalidArgument(fmt::format("--report '{}' exists and is not a directory", *o.report));
+  if (o.report) check_report_dir(*o.report, "--report");  // before the sweep (minutes), not after it
   const FrontierResult r = frontier(f, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
   if (o.report) write_frontier_report(r, *o.report);
   if (o.json) {
@@ -87,6 +85,21 @@ void run_warm_start(const CompareConfig& c) {
       c.model, c.scale, c.codec.centroids, chunks, w.groups, w.random_s, w.groups - w.warm_never, w.groups,
       w.warm_never, w.warm_iters_to_target, w.warm_s_to_target, w.random_s_reached, w.warm_s_equal_iters,
       w.inertia_ratio_equal_iters, w.inertia_ratio_one_iter);
+}
+
+// Flag combinations, checked before anything else (issue 27, finding 17): a flag
+// that only means something with --frontier, given without it, is an error naming
+// both; --frontier and --warm-start are two different runs.
+void check_flag_combinations(const CompareOptions& o, const CLI::App& cmd) {
+  if (o.frontier && o.warm_start)
+    throw InvalidArgument("--warm-start and --frontier are two different runs: give one of them, not both");
+  if (o.frontier) return;
+  for (const char* flag : {"--frontier-quick", "--bpe-slack", "--max-queries", "--rounds", "--report"})
+    if (cmd.count(flag) > 0)
+      throw InvalidArgument(
+          fmt::format("{} applies only with --frontier (the frontier sweep), which was not given; "
+                      "add --frontier or drop {}",
+                      flag, flag));
 }
 
 void run_compare(const CompareOptions& o) {
@@ -150,7 +163,10 @@ void register_compare(CLI::App& root) {
             "DIR");
   cmd->add_flag("--warm-start", o->warm_start,
                 "measure k-means warm start against random init on one-chunk spans of the context (docs/quality.md)");
-  cmd->callback([o] { run_compare(*o); });
+  cmd->callback([o, cmd] {
+    check_flag_combinations(*o, *cmd);
+    run_compare(*o);
+  });
 }
 
 }  // namespace

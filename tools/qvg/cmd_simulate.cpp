@@ -188,8 +188,7 @@ void run_simulate(const SimulateOptions& o) {
     if (!std::filesystem::is_directory(parent))
       throw InvalidArgument(fmt::format("--json file '{}': directory '{}' does not exist", *o.json, parent.string()));
   }
-  if (o.report && std::filesystem::exists(*o.report) && !std::filesystem::is_directory(*o.report))
-    throw InvalidArgument(fmt::format("--report '{}' exists and is not a directory", *o.report));
+  if (o.report) check_report_dir(*o.report, "--report");  // checked now (nothing left), written at the end
 
   Progress progress(o.quiet);
   SimulationResult r;

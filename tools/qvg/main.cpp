@@ -2,6 +2,10 @@
 //
 // Exit status: 0 on success (and for --help / --version), 1 for every error — a bad
 // command line included — with exactly one line "qvg: error: ..." on stderr.
+// SIGXFSZ is ignored: a write beyond a file-size limit (ulimit -f) fails with EFBIG,
+// which the writer reports as that one line and cleans up after (issue 27, finding
+// 15), instead of the process dying with status 153 and a temporary file left.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -37,6 +41,7 @@ int error_exit(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"qvg — compressed K/V caches for long video generation (Quant VideoGen / PRQ)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("qvg ") + qvg::kVersion);
