@@ -128,28 +128,25 @@ bool RoleCodec::empty() const {
 }
 
 std::string RoleCodec::describe(std::string_view p) const {
+  // The role's rows of the settings table ("k_bits=4 k_asymmetric=true").
+  QuantArgs q;
+  (p == "v_" ? q.v : q.k) = *this;
   std::string out;
-  auto add = [&](std::string_view field, const std::string& v) {
-    out += fmt::format("{}{}{}={}", out.empty() ? "" : " ", p, field, v);
-  };
-  if (bits) add("bits", std::to_string(*bits));
-  if (centroids) add("centroids", std::to_string(*centroids));
-  if (block_size) add("block_size", std::to_string(*block_size));
-  if (stages) add("stages", std::to_string(*stages));
-  if (kmeans_iters) add("kmeans_iters", std::to_string(*kmeans_iters));
-  if (asymmetric) add("asymmetric", *asymmetric ? "true" : "false");
-  if (scale_dtype) add("scale_dtype", std::string(name(*scale_dtype)));
-  if (scaling) add("scaling", std::string(name(*scaling)));
-  if (scale_search) add("scale_search", std::string(name(*scale_search)));
+  for (const Setting& s : quant_settings()) {
+    if (!s.role || !s.name.starts_with(p == "v_" ? "v_" : "k_")) continue;
+    const SettingValue v = s.get(q);
+    if (std::holds_alternative<std::monostate>(v)) continue;
+    out += fmt::format("{}{}{}={}", out.empty() ? "" : " ", p, s.name.substr(2), setting_text(v));
+  }
   return out;
 }
 
 void QuantArgs::validate() const {
-  if (bits) {
-    check_codec_fields(*bits, centroids, block_size, stages, kmeans_iters);
-  } else {
-    check_sizes(centroids, block_size, stages, kmeans_iters);
-  }
+  // Each shared setting's own range: the settings table (one rule, one message per
+  // field, the same the CLI and the binding use); then the rules across fields.
+  for (const Setting& s : quant_settings())
+    if (!s.role) check_setting(s, s.get(*this), s.name);
+  if (bits) check_codec_fields(*bits, centroids, block_size, stages, kmeans_iters);  // codes fill whole bytes
   // Per-role overrides: each role's merged fields, the message naming the role's key.
   for (const CacheRole role : {CacheRole::Key, CacheRole::Value}) {
     const RoleCodec& r = role == CacheRole::Key ? k : v;
@@ -168,18 +165,6 @@ void QuantArgs::validate() const {
                                         r.describe(role == CacheRole::Key ? "k_" : "v_"), e.what()));
     }
   }
-  if (keep_recent_chunks < 0)
-    throw InvalidArgument(fmt::format("keep_recent_chunks must be >= 0, got {}", keep_recent_chunks));
-  if (sink_keep_chunks < 0)
-    throw InvalidArgument(fmt::format("sink_keep_chunks must be >= 0, got {}", sink_keep_chunks));
-  if (span_chunks < 1) throw InvalidArgument(fmt::format("span_chunks must be >= 1, got {}", span_chunks));
-  if (!(span_break_ratio >= 0.0 && span_break_ratio <= 1e6))
-    throw InvalidArgument(
-        fmt::format("span_break_ratio must be in [0, 1e6] (0 = never break a span), got {}", span_break_ratio));
-  if (refine_recent < 0 || refine_recent > 1'000'000)
-    throw InvalidArgument(fmt::format("refine_recent must be in 0..1000000 (0 = no refinement), got {}", refine_recent));
-  if (refine_bits != 2 && refine_bits != 4)
-    throw InvalidArgument(fmt::format("refine_bits must be 2 or 4, got {}", refine_bits));
   if (refine_recent > 0 && span_mode != SpanMode::Incremental)
     throw InvalidArgument(fmt::format(
         "refine_recent must be 0 unless span_mode is incremental (a refinement layer belongs to a chunk encoded on "
@@ -199,20 +184,15 @@ void QuantArgs::validate_for_head_dim(int64_t head_dim) const {
 
 std::string QuantArgs::describe() const {
   if (!bits) return "kv_cache_quant=off";
-  return fmt::format(
-             "kv_cache_quant=int{} centroids={} block_size={} stages={} kmeans_iters={} asymmetric={} "
-             "keep_recent_chunks={} sink={} sink_span={} sink_keep_chunks={} span_chunks={} scaling={} scale_dtype={} "
-             "init={} seed={}",
-             *bits, centroids, block_size, stages, kmeans_iters, asymmetric, keep_recent_chunks, sink, name(sink_span),
-             sink_keep_chunks, span_chunks, name(scaling), name(scale_dtype), name(init), seed) +
-         (span_mode == SpanMode::Deferred
-              ? std::string()
-              : fmt::format(" span_mode={} span_break_ratio={}", name(span_mode), span_break_ratio)) +
-         (refine_recent == 0 ? std::string()
-                             : fmt::format(" refine_recent={} refine_bits={}", refine_recent, refine_bits)) +
-         (scale_search == ScaleSearch::Off ? std::string() : fmt::format(" scale_search={}", name(scale_search))) +
-         (k.empty() ? std::string() : fmt::format(" {}", k.describe("k_"))) +
-         (v.empty() ? std::string() : fmt::format(" {}", v.describe("v_")));
+  // The settings of format 1.0 always, later ones and per-role overrides when set.
+  std::string out = fmt::format("kv_cache_quant=int{}", *bits);
+  for (const Setting& s : quant_settings()) {
+    if (s.kind == SettingKind::Bits) continue;
+    const SettingValue x = s.get(*this);
+    if (s.role ? std::holds_alternative<std::monostate>(x) : s.snapshot_minor > 0 && is_default(s, *this)) continue;
+    out += fmt::format(" {}={}", s.name, setting_text(x));
+  }
+  return out;
 }
 
 CodecConfig QuantArgs::codec() const {

@@ -103,11 +103,11 @@ constexpr std::string_view kScaleSearches = "off, mse";
 #define QVG_ROLE_ROWS(P, R)                                                                                          \
   Setting{P "bits", "_" P "bits", SettingKind::Width, true, 2, 4, 3, "2, 4, int2 or int4",                             \
           get_role<R, &RoleCodec::bits>, set_role<R, &RoleCodec::bits>},                                              \
-      Setting{P "centroids", "_" P "centroids", SettingKind::Int, true, 1, 256, 3, "1..256",                          \
+      Setting{P "centroids", "_" P "centroids", SettingKind::Int, true, 1, 256, 3, "in 1..256",                          \
               get_role<R, &RoleCodec::centroids>, set_role<R, &RoleCodec::centroids>},                                \
       Setting{P "block_size", "_" P "block_size", SettingKind::Int, true, 1, kI32, 3, "> 0",                          \
               get_role<R, &RoleCodec::block_size>, set_role<R, &RoleCodec::block_size>},                              \
-      Setting{P "stages", "_" P "stages", SettingKind::Int, true, 1, kMaxStages, 3, "1..64",                          \
+      Setting{P "stages", "_" P "stages", SettingKind::Int, true, 1, kMaxStages, 3, "in 1..64",                          \
               get_role<R, &RoleCodec::stages>, set_role<R, &RoleCodec::stages>},                                      \
       Setting{P "kmeans_iters", "_" P "iters", SettingKind::Int, true, 1, kI32, 3, "> 0",                             \
               get_role<R, &RoleCodec::kmeans_iters>, set_role<R, &RoleCodec::kmeans_iters>},                          \
@@ -129,11 +129,11 @@ constexpr std::string_view kScaleSearches = "off, mse";
 // The rows, in the snapshot's config order (a 1.x file is written in this order).
 const Setting kSettings[] = {
     {"bits", "", SettingKind::Bits, false, 2, 4, 0, "2 or 4 (or none to disable quantization)", get_bits, set_bits},
-    {"centroids", "_centroids", SettingKind::Int, false, 1, 256, 0, "1..256", get_int<&QuantArgs::centroids>,
+    {"centroids", "_centroids", SettingKind::Int, false, 1, 256, 0, "in 1..256", get_int<&QuantArgs::centroids>,
      set_int<&QuantArgs::centroids>},
     {"block_size", "_block_size", SettingKind::Int, false, 1, kI32, 0, "> 0", get_int<&QuantArgs::block_size>,
      set_int<&QuantArgs::block_size>},
-    {"stages", "_stages", SettingKind::Int, false, 1, kMaxStages, 0, "1..64", get_int<&QuantArgs::stages>,
+    {"stages", "_stages", SettingKind::Int, false, 1, kMaxStages, 0, "in 1..64", get_int<&QuantArgs::stages>,
      set_int<&QuantArgs::stages>},
     {"kmeans_iters", "_iters", SettingKind::Int, false, 1, kI32, 0, "> 0", get_int<&QuantArgs::kmeans_iters>,
      set_int<&QuantArgs::kmeans_iters>},
