@@ -53,6 +53,10 @@ struct Setting {
   void (*set)(QuantArgs&, const SettingValue&) = nullptr;
   /// Names accepted for a Name setting, canonical first per value (parse); empty otherwise.
   SettingValue (*parse_name)(std::string_view) = nullptr;
+  /// The cache-policy settings of the CLI (`qvg simulate`, `qvg memory`): the flag
+  /// ("--span-chunks") and its help; "" for settings the CLI sets otherwise.
+  std::string_view cli = {};
+  std::string_view cli_help = {};
 };
 
 /// Every setting, in the snapshot's config order (the order of the stored entries):

@@ -66,15 +66,7 @@ ojson quant_json(const std::string& label, const QuantArgs& q) {
              {"centroids", q.centroids},
              {"block_size", q.block_size}};
   put_codec_settings(j, q);
-  j.update(ojson{{"span_chunks", q.span_chunks},
-                 {"span_mode", std::string(name(q.span_mode))},
-                 {"span_break_ratio", q.span_break_ratio},
-                 {"refine_recent", q.refine_recent},
-                 {"refine_bits", q.refine_bits},
-                 {"keep_recent_chunks", q.keep_recent_chunks},
-                 {"sink", q.sink},
-                 {"sink_span", std::string(name(q.sink_span))},
-                 {"sink_keep_chunks", q.sink_keep_chunks}});
+  j.update(sim::policy_json(q));
   return j;
 }
 

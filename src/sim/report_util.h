@@ -2,15 +2,40 @@
 // (report_json.cpp, report_text.cpp, report_svg.cpp); internal, not part of the API.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <initializer_list>
+#include <string_view>
+#include <type_traits>
+#include <variant>
 #include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "qvg/settings.h"
 #include "qvg/simulate.h"
 
 namespace qvg::sim {
+
+/// The cache-policy settings of q (the settings table's rows with a CLI flag, and
+/// `sink`), each under its name, as JSON values, for reports; `skip` leaves some out.
+inline nlohmann::ordered_json policy_json(const QuantArgs& q, std::initializer_list<std::string_view> skip = {}) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const Setting& s : quant_settings()) {
+    if ((s.cli.empty() && s.name != "sink") || std::find(skip.begin(), skip.end(), s.name) != skip.end()) continue;
+    const SettingValue v = s.get(q);
+    std::visit(
+        [&](const auto& x) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::monostate>)
+            j[std::string(s.name)] = nullptr;
+          else
+            j[std::string(s.name)] = x;
+        },
+        v);
+  }
+  return j;
+}
 
 /// Configuration j of chunk c over its layers: resident, encoded and predicted bytes
 /// and token counts are means (rounded), the transient peak and spans encoded the

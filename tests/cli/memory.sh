@@ -24,8 +24,9 @@ import json, sys, os
 T = sys.argv[1]
 MiB = 2.0 ** 20
 keys = ["per_layer_bf16_mib", "per_layer_packed_mib", "total_bf16_mib", "total_packed_mib", "ratio",
-        "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window", "span_mode", "refine_recent",
-        "refine_bits", "per_layer_policy_refine_mib"]
+        "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window", "keep_recent_chunks", "sink",
+        "sink_span", "sink_keep_chunks", "span_chunks", "span_mode", "refine_recent", "refine_bits",
+        "per_layer_policy_refine_mib"]
 
 def load(name):
     j = json.load(open(os.path.join(T, name)))

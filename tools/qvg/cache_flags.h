@@ -1,11 +1,17 @@
 // tools/qvg/cache_flags.h — the packed-cache policy flags of `simulate` and `memory`:
-// --span-chunks --span-mode --span-break-ratio --refine-recent --refine-bits --keep-recent --sink-keep --sink-span
-// --no-sink. Each command
-// registers them with its own help text (add_value); this parses them, one rule for both.
+// every row of the settings table (qvg/settings.h) with a CLI flag (--span-chunks,
+// --span-mode, --span-break-ratio, --refine-recent, --refine-bits, --keep-recent,
+// --sink-keep, --sink-span), plus --no-sink. Registered and read from the table: one
+// rule (the engine flags' parser and ranges) for every command; a new policy setting
+// is a row of the table.
 #pragma once
 
-#include <optional>
+#include <initializer_list>
+#include <map>
 #include <string>
+#include <string_view>
+
+#include <CLI/CLI.hpp>
 
 #include "qvg/config.h"
 
@@ -13,21 +19,19 @@ namespace qvg::cli {
 
 /// The policy flags as given on the command line.
 struct CacheFlags {
-  std::string span_chunks = "1";
-  std::string span_mode = "deferred";
-  std::string span_break_ratio = "0";
-  std::string refine_recent = "0";
-  std::string refine_bits = "4";
-  std::string keep_recent = "1";
-  std::string sink_keep = "0";
-  std::optional<std::string> sink_span = std::nullopt;  ///< nullopt: the preset's sink policy
+  QuantArgs defaults;                                   ///< the command's defaults (shown in --help)
+  std::map<std::string, std::string, std::less<>> given;  ///< setting name -> the flag's text
   bool no_sink = false;
 };
-/// Sets q's span_chunks, span_mode, span_break_ratio, refine_recent, refine_bits,
-/// keep_recent_chunks, sink_keep_chunks (each read and range-checked by the settings
-/// table, qvg/settings.h: the same rule as the engine's flags), sink (!no_sink) and
-/// sink_span (`preset_sink_span` unless --sink-span names one). Throws InvalidArgument
-/// naming the flag.
+
+/// Registers the table's policy flags on `cmd` (all but the settings named in `skip`)
+/// and --no-sink (`no_sink_help`).
+void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help,
+                     std::initializer_list<std::string_view> skip = {});
+
+/// Sets q's policy settings: f.defaults', then each flag given (read and range-checked
+/// by the settings table, the message naming the flag); sink = !no_sink; sink_span is
+/// `preset_sink_span` unless --sink-span names one. Throws InvalidArgument.
 void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q);
 
 }  // namespace qvg::cli

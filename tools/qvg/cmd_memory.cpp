@@ -25,6 +25,7 @@
 #include "qvg/error.h"
 #include "qvg/memory.h"
 #include "qvg/workload.h"
+#include "sim/report_util.h"
 #include "sim/sim_common.h"
 #include "workload_flags.h"
 
@@ -167,9 +168,7 @@ void run_memory(const MemoryOptions& o) {
     j["per_layer_policy_mib"] = to_mib(r.policy_peak_bytes);
     j["policy_ratio"] = r.policy_ratio();
     j["policy_ratio_vs_dense_window"] = r.policy_ratio_vs_dense_window();
-    j["span_mode"] = std::string(name(r.args.span_mode));
-    j["refine_recent"] = r.args.refine_recent;
-    j["refine_bits"] = r.args.refine_bits;
+    j.update(sim::policy_json(r.args, {"span_break_ratio"}));  // the policy settings memory takes
     j["per_layer_policy_refine_mib"] = to_mib(r.peak_step.refine_bytes);
     fmt::print("{}\n", j.dump(2));
     return;
@@ -185,22 +184,12 @@ void register_memory(CLI::App& root) {
   add_model_flag(*cmd, o->model)->required();
   add_value(*cmd, "--bits", o->bits, "residual code width: 2 or 4", "INT");
   add_value(*cmd, "--frames", o->frames, "context length in frames (default: the preset's)", "INT");
-  add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks per encoded span (one codebook)", "INT");
-  add_value(*cmd, "--span-mode", o->cache.span_mode,
-            "deferred (a span is encoded once full) | incremental (each chunk at once; docs/spans.md)", "NAME");
-  add_value(*cmd, "--refine-recent", o->cache.refine_recent,
-            "incremental spans: the newest N encoded chunks also keep a refinement layer of their error (0 = none; "
-            "docs/spans.md)",
-            "N");
-  add_value(*cmd, "--refine-bits", o->cache.refine_bits, "the refinement layer's code width: 2 or 4", "INT");
-
   add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256", "INT");
   add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");
   add_value(*cmd, "--stages", o->stages, "k-means stages", "INT");
-  add_value(*cmd, "--keep-recent", o->cache.keep_recent, "completed non-sink chunks kept raw", "INT");
-  add_value(*cmd, "--sink-keep", o->cache.sink_keep, "leading sink chunks never packed", "INT");
-  add_value(*cmd, "--sink-span", o->cache.sink_span, "chunk | full (default: the preset's sink policy)", "NAME");
-  cmd->add_flag("--no-sink", o->cache.no_sink, "keep the sink chunks raw (sink = false)");
+  // The policy flags of the settings table (memory needs no --span-break-ratio: the
+  // model assumes no adaptive break, which depends on the data).
+  add_cache_flags(*cmd, o->cache, "keep the sink chunks raw (sink = false)", {"span_break_ratio"});
   cmd->add_flag("--asymmetric", o->asymmetric, "min/max + zero point per block");
   add_value(*cmd, "--scale-dtype", o->scale_dtype, "fp8_e4m3 | bf16", "NAME");
   add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");

@@ -50,7 +50,11 @@ struct SimulateOptions {
   std::string init = "random";
   std::string k_config, v_config;  // per-role codec settings (field=value,...)
   std::string codec_seed = "1234";
-  CacheFlags cache = {.span_chunks = "8"};
+  CacheFlags cache = [] {
+    CacheFlags f;
+    f.defaults.span_chunks = 8;  // spans of 8 chunks (docs/spans.md)
+    return f;
+  }();
   std::optional<std::string> json;
   std::optional<std::string> report;
   bool quiet = false;
@@ -243,24 +247,7 @@ void register_simulate(CLI::App& root) {
             "LIST");
   add_value(*cmd, "--v-config", o->v_config, "V's own codec settings (as --k-config)", "LIST");
 
-  add_value(*cmd, "--span-chunks", o->cache.span_chunks, "chunks encoded together (one codebook)", "N");
-  add_value(*cmd, "--span-mode", o->cache.span_mode,
-            "deferred (a span is encoded once full) | incremental (each chunk at once, against the span's codebook; "
-            "docs/spans.md)",
-            "NAME");
-  add_value(*cmd, "--span-break-ratio", o->cache.span_break_ratio,
-            "incremental spans: start a new span when a chunk's residual energy exceeds this factor times the "
-            "span's first chunk's (0 = never)",
-            "X");
-  add_value(*cmd, "--refine-recent", o->cache.refine_recent,
-            "incremental spans: the newest N encoded chunks also keep a refinement layer of their error (0 = none; "
-            "docs/spans.md)",
-            "N");
-  add_value(*cmd, "--refine-bits", o->cache.refine_bits, "the refinement layer's code width: 2 or 4", "INT");
-  add_value(*cmd, "--keep-recent", o->cache.keep_recent, "completed chunks kept bf16", "N");
-  add_value(*cmd, "--sink-keep", o->cache.sink_keep, "leading sink chunks never packed", "N");
-  add_value(*cmd, "--sink-span", o->cache.sink_span, "chunk | full (default: the preset's sink policy)", "NAME");
-  cmd->add_flag("--no-sink", o->cache.no_sink, "keep the sink chunks bf16 (sink = false)");
+  add_cache_flags(*cmd, o->cache, "keep the sink chunks bf16 (sink = false)");
   add_value(*cmd, "--json", o->json, "write the report JSON (docs/simulate.schema.json) to FILE", "FILE");
   add_value(*cmd, "--report", o->report, "write report.json, memory.svg, attention.svg and summary.txt into DIR",
             "DIR");
