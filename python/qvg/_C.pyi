@@ -27,8 +27,8 @@ class QuantArgs:
     def enabled(self) -> bool: ...
 
 def quant_args_from_flags(flags: dict[str, str], /) -> dict[str, Any]: ...
-def quant_settings() -> list[tuple[str, str, str, bool, Any]]:
-    """The settings table: (name, flag suffix, kind, per_role, default) per setting."""
+def quant_settings() -> list[tuple[str, str, str, bool, Any, str]]:
+    """The settings table: (name, flag suffix, kind, per_role, default, allowed) per setting."""
 
 class DenseDebugState:
     def __eq__(self, other: object, /) -> bool: ...

@@ -177,14 +177,14 @@ py::dict quant_args_dict(const qvg::QuantArgs& q) {
   return d;
 }
 
-/// The table for qvg.torch: (name, flag suffix, kind, per-role, default) per setting.
+/// The table for qvg.torch: (name, flag suffix, kind, per-role, default, allowed) per setting.
 py::list quant_settings_list() {
   static const char* const kinds[] = {"bits", "int", "width", "bool", "name", "real", "seed"};
   const qvg::QuantArgs d;
   py::list out;
   for (const qvg::Setting& s : qvg::quant_settings())
     out.append(py::make_tuple(std::string(s.name), std::string(s.flag), kinds[int(s.kind)], s.role,
-                              py_value(s.get(d))));
+                              py_value(s.get(d)), std::string(s.allowed)));
   return out;
 }
 
@@ -548,7 +548,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "The engine's flat kv_cache_quant* flags (strings) -> validated fields (spec 2).");
   m.def("quant_settings", &quant_settings_list,
-        "The settings table (qvg/settings.h): (name, flag suffix, kind, per_role, default) per setting.");
+        "The settings table (qvg/settings.h): (name, flag suffix, kind, per_role, default, allowed) per setting.");
 
   py::class_<qvg::DenseCausalCache::DebugState>(m, "DenseDebugState")
       .def("__eq__", [](const qvg::DenseCausalCache::DebugState& a, const qvg::DenseCausalCache::DebugState& b) {

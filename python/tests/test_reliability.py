@@ -96,7 +96,7 @@ def setting_cases():
     """(field name, quant A, quant B) differing only in that setting, for every row of
     the C++ settings table (qvg.torch reads the same table)."""
     out = []
-    for name, flag, _kind, role, _default in _C.quant_settings():
+    for name, flag, _kind, role, _default, _allowed in _C.quant_settings():
         a = dict(BASE)
         b = dict(BASE)
         if role:
@@ -112,11 +112,15 @@ def setting_cases():
 
 
 def test_the_python_dataclass_is_the_settings_table():
-    table = {name: default for name, _f, _k, role, default in _C.quant_settings() if not role}
+    table = {name: default for name, _f, _k, role, default, _a in _C.quant_settings() if not role}
     fields = {f.name: f.default for f in dataclasses.fields(qt.QVGKVQuantArgs)}
     assert fields.pop("k_config") == "" and fields.pop("v_config") == ""
     assert fields == table
     assert set(OTHER) | {"bits"} >= set(table)
+    # Each default is what the C++ side takes as the default: a default object is the
+    # default QuantArgs, field for field.
+    assert qt._quant_to_c(qt.QVGKVQuantArgs()).as_dict() == {**table, "k_config": "", "v_config": ""}
+    assert "refine_bits" in qt.QVGKVQuantArgs.__doc__ and qt.QVGKVQuantArgs.__module__ == "qvg.torch"
 
 
 @pytest.mark.parametrize("name,a,b", setting_cases(), ids=lambda x: x if isinstance(x, str) else "")

@@ -3,7 +3,7 @@ table (qvg/settings.h) and its conversion to ``qvg._C.QuantArgs``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import field, fields, make_dataclass
 from typing import Any
 
 from .. import _C
@@ -13,11 +13,15 @@ from .. import _C
 # ---------------------------------------------------------------------------
 
 # The settings table (qvg/settings.h, issue 23): (name, flag suffix, kind, per_role,
-# default) per setting. The dataclass below lists the shared settings (a test checks
-# its fields and defaults against the table); per-role ones are k_config / v_config.
+# default, allowed) per setting. QVGKVQuantArgs' fields are its shared settings, in its
+# order, made from it below (a setting is a row of the C++ table, nothing here);
+# per-role ones are the k_config / v_config texts.
 _SETTINGS = [s for s in _C.quant_settings() if not s[3]]
 # Engine flag name -> field.
-_FLAG_TO_FIELD = {"kv_cache_quant" + flag: name for name, flag, _kind, _role, _d in _SETTINGS if flag}
+_FLAG_TO_FIELD = {"kv_cache_quant" + flag: name for name, flag, _kind, _role, _d, _a in _SETTINGS if flag}
+_PY_TYPES = {"bits": "int | None", "int": "int", "width": "int", "bool": "bool", "name": "str", "real": "float",
+             "seed": "int"}
+_ROLE_FIELDS = "bits, centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling, scale_search"
 
 
 def _flag_text(value: Any) -> str:
@@ -27,43 +31,14 @@ def _flag_text(value: Any) -> str:
     return str(value)
 
 
-@dataclass
-class QVGKVQuantArgs:
-    """PRQ K/V-cache quantization settings (spec 2); the engine's ``QVGKVQuantArgs``.
-
-    ``bits is None`` (the default) means quantization is off: every segment stays raw.
-    Validation is qvg's C++ ``QuantArgs::validate`` so messages match the CLI's.
-    """
-
-    bits: int | None = None  # None = off; 2 or 4
-    centroids: int = 128  # k-means centroids per stage and group, 1..256
-    block_size: int = 64  # channels per residual scale; divides head_dim, multiple of 8/bits
-    stages: int = 1  # k-means stages
-    kmeans_iters: int = 2  # Lloyd iterations per stage
-    asymmetric: bool = False  # min/max + zero point instead of absmax
-    keep_recent_chunks: int = 1  # completed non-sink chunks kept raw
-    sink: bool = True  # quantize the sink chunks too
-    sink_span: str = "chunk"  # "chunk" (each sink chunk its own span) | "full"
-    sink_keep_chunks: int = 0  # leading sink chunks never packed
-    # qvg extensions
-    span_chunks: int = 1  # consecutive chunks sharing one codebook
-    scaling: str = "two_level"  # "two_level" | "compat"
-    scale_dtype: str = "fp8_e4m3"  # "fp8_e4m3" | "bf16"
-    init: str = "random"  # "random" | "kmeans++" | "warm"
-    seed: int = 1234
-    span_mode: str = "deferred"  # "deferred" | "incremental" (docs/spans.md)
-    span_break_ratio: float = 0.0  # incremental: start a new span above this residual-energy ratio; 0 = never
-    refine_recent: int = 0  # incremental: the newest N encoded chunks keep a refinement layer (docs/spans.md); 0 = none
-    refine_bits: int = 4  # the refinement layer's code width: 2 or 4
-    scale_search: str = "off"  # "off" | "mse": the encoder's choice of block scales (docs/quality.md)
-    k_config: str = ""  # K's own codec settings over the shared ones: "bits=4,asymmetric=true" ("" = none)
-    v_config: str = ""  # V's own codec settings (as k_config)
+class _QuantArgsMethods:
+    """The methods of :class:`QVGKVQuantArgs` (its fields come from the settings table)."""
 
     @property
     def enabled(self) -> bool:
         return self.bits is not None
 
-    def validate(self) -> QVGKVQuantArgs:
+    def validate(self) -> Any:
         """Raises ValueError naming the field, the value and what is allowed; returns self."""
         _quant_to_c(self).validate()
         return self
@@ -72,7 +47,7 @@ class QVGKVQuantArgs:
         return _quant_to_c(self).describe()
 
     @classmethod
-    def from_dict(cls, kwargs: dict) -> QVGKVQuantArgs:
+    def from_dict(cls, kwargs: dict) -> Any:
         """Builds the settings from the engine's flat flags (``kv_cache_quant``,
         ``kv_cache_quant_centroids``, ``_block_size``, ``_stages``, ``_iters``,
         ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
@@ -107,8 +82,26 @@ class QVGKVQuantArgs:
         return cls(**_C.quant_args_from_flags(flags))
 
 
+def _make_quant_args() -> type:
+    rows = [(name, _PY_TYPES[kind], field(default=default)) for name, _f, kind, _r, default, _a in _SETTINGS]
+    rows += [("k_config", "str", field(default="")), ("v_config", "str", field(default=""))]
+    doc = ["PRQ K/V-cache quantization settings (spec 2); the engine's ``QVGKVQuantArgs``.", "",
+           "``bits is None`` (the default) means quantization is off: every segment stays raw. Validation is",
+           "qvg's C++ ``QuantArgs::validate``, so messages match the CLI's. Fields (the settings table,",
+           "qvg/settings.h; docs/python.md), each with its default and what is allowed:", ""]
+    doc += [f"* ``{name}`` = {default!r}: {allowed}" for name, _f, _k, _r, default, allowed in _SETTINGS]
+    doc += [f"* ``k_config`` = '': K's own codec settings over the shared ones, \"field=value,...\" ({_ROLE_FIELDS})",
+            "* ``v_config`` = '': V's own codec settings (as k_config)"]
+    cls = make_dataclass("QVGKVQuantArgs", rows, bases=(_QuantArgsMethods,), namespace={"__doc__": "\n".join(doc)})
+    cls.__module__ = "qvg.torch"
+    return cls
+
+
+QVGKVQuantArgs = _make_quant_args()
+
+
 _QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantArgs)}
-_KIND = {name: kind for name, _flag, kind, _role, _d in _SETTINGS}
+_KIND = {name: kind for name, _flag, kind, _role, _d, _a in _SETTINGS}
 _INT_FIELDS = tuple(n for n, k in _KIND.items() if k in ("int", "width"))
 _BOOL_FIELDS = tuple(n for n, k in _KIND.items() if k == "bool")
 _STR_FIELDS = tuple(n for n, k in _KIND.items() if k == "name") + ("k_config", "v_config")
