@@ -214,12 +214,22 @@ QVG_HD void run_add(RunStats& s, float v, bool asym) {
   }
 }
 /// Appends the run `later` (the channels right after s's): min_f / max_f keep
-/// their first operand on ties, so any tree of merges that keeps the channel
-/// order gives the sequential scan's value.
+/// their first operand on ties, so a tree of merges gives the sequential scan's
+/// value only if every merge appends the run that directly follows (a -0 and a +0
+/// tie: the earlier channel's sign must win). segment_merge_offset gives such a tree.
 QVG_HD void run_merge(RunStats& s, const RunStats& later, bool asym) {
   namespace A = qvg::cuda_arith;
   if (asym) s.lo = A::min_f(s.lo, later.lo);
   s.hi = A::max_f(s.hi, later.hi);
+}
+/// The shuffle offset of step `step` of the vectorised statistics' segment merge
+/// (quantize_stats_vec_kernel, and its host emulation in tests/gpu/host_arith_test):
+/// 1, 2, 4, ... while below the segment's width. Lane l takes the run of lane l + o
+/// (shfl_down), so after the step of o, lane l with l % 2o == 0 holds lanes
+/// l .. l + 2o - 1 merged in channel order. (Halving offsets, width/2 first, merge
+/// lanes 0, 4, 2, 6, 1, 5, 3, 7: a -0/+0 tie then keeps the wrong sign; issue 24.)
+QVG_HD constexpr int segment_merge_offset(int step) {
+  return 1 << step;
 }
 /// The statistics of 8 consecutive channels.
 QVG_HD RunStats run_stats8(const float (&v)[8], bool asym) {
