@@ -112,8 +112,8 @@ std::set<int>& modes_run() {
 /// Runs what decode_tasks launches, on the host: plan_decode's launches, every
 /// block of each grid and every thread of each block, through the same dispatch
 /// (with_decode_mode) and bodies as the kernels. Returns the number of launches.
-size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks) {
-  const std::vector<K::DecodeLaunch> plan = K::plan_decode(tasks.data(), int(tasks.size()));
+size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks, int32_t min_blocks = 0) {
+  const std::vector<K::DecodeLaunch> plan = K::plan_decode(tasks.data(), int(tasks.size()), min_blocks);
   for (const K::DecodeLaunch& L : plan)
     for (int32_t blk = 0; blk < L.blocks(); ++blk) {
       const int ti = K::task_of_block(L, blk);
@@ -296,11 +296,16 @@ QVG_TEST(decode_launches_match_cpu_decode) {
             QVG_EXPECT(same) << describe(m, in) << "out" << qvg::dtype_name(out) << "D" << D << "misalign" << misalign;
             ++checked;
           }
-          // A strided sub-range (tokens [5, S-2), heads [1, H)) as a window view writes it.
+          // A strided sub-range (tokens [5, S-2), heads [1, H)) as a window view writes it,
+          // with the smallest tiles (one token per thread, as for a grid under two waves).
           const int t0 = 5, t1 = int(S) - 2, h0 = 1, h1 = int(H);
           const int64_t stride = (h1 - h0) * D + 8;
           Target tg(size_t(sc.sh.b * (t1 - t0) * stride) * osz);
-          run_decode_launches({range_task(e, c, out, t0, t1, h0, h1, stride, tg.p)});
+          const std::vector<K::DecodeArgs> sub = {range_task(e, c, out, t0, t1, h0, h1, stride, tg.p)};
+          const std::vector<K::DecodeLaunch> small = K::plan_decode(sub.data(), 1, 1 << 30);
+          QVG_EXPECT(small.size() == 1 && (!small[0].vec || small[0].p[0].tile == small[0].p[0].rows))
+              << "min_blocks did not shrink the tiles";
+          run_decode_launches(sub, 1 << 30);
           bool same = true, pad = true;
           for (int64_t b = 0; b < sc.sh.b; ++b)
             for (int64_t t = t0; t < t1; ++t) {
@@ -448,6 +453,41 @@ QVG_TEST(fixed_point_update_rules) {
     if (std::fabs(double(got) - want) > std::fabs(want) * 0x1p-24 + 1e-300) ++bad;
   }
   QVG_EXPECT(bad == 0) << bad;
+}
+
+// The update kernel's block sums in three 32-bit words (fixed_split, summed per word
+// modulo 2^32 as its 32-bit shared atomics do, then fixed_join) equal the 64-bit sum
+// of the values, for blocks of up to kFixedSplitMaxTerms values whose total is within
+// the fixed-point range (|sum| < 2^61: the largest values fixed_exponent allows,
+// all of one sign, mixed, tiny, -1).
+QVG_TEST(fixed_point_split_sums_equal_the_64_bit_sums) {
+  std::mt19937_64 rng(11);
+  int checked = 0;
+  for (int64_t S : {1ll, 7ll, 4096ll, 29640ll, 65536ll})
+    for (int kind = 0; kind < 5; ++kind) {
+      const int64_t n = std::min<int64_t>(S, 4096 * (kind == 4 ? 16 : 1));  // a block: at most 4096 (or 65536)
+      const long long vmax = (long long)((1ull << 61) / uint64_t(S));       // |x| * 2^e for |x| = maxabs
+      uint32_t lo = 0, mid = 0, hi = 0;
+      unsigned long long want = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        long long v = 0;
+        switch (kind) {
+          case 0: v = vmax; break;
+          case 1: v = -vmax; break;
+          case 2: v = (long long)(rng() % uint64_t(2 * vmax + 1)) - vmax; break;
+          case 3: v = i % 2 ? -1 : (long long)(rng() % 65536); break;
+          default: v = (long long)(rng() % uint64_t(2 * vmax + 1)) - vmax; break;
+        }
+        const K::FixedWords w = K::fixed_split(v);
+        lo += w.lo;
+        mid += w.mid;
+        hi += w.hi;
+        want += (unsigned long long)v;
+      }
+      QVG_EXPECT(K::fixed_join(lo, mid, hi) == want) << "S" << S << "kind" << kind;
+      ++checked;
+    }
+  QVG_EXPECT(checked == 25);
 }
 
 namespace {

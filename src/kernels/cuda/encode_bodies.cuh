@@ -114,6 +114,28 @@ QVG_HD float centroid_from_fixed(long long sum, int cnt, int e) {
   return float(s * inv);
 }
 
+/// The device's block accumulation of fixed-point values (update_accumulate_kernel)
+/// in three 32-bit words, which take native 32-bit shared atomics: v = hi * 2^32 +
+/// mid * 2^16 + lo, lo and mid its two low 16-bit pieces, hi = v >> 32. Each word is
+/// summed modulo 2^32 (wrapping); fixed_join gives the exact 64-bit total (modulo
+/// 2^64, as the global sums are kept) when at most kFixedSplitMaxTerms values were
+/// added: the lo and mid sums stay below 2^32, and the hi sum's true value is
+/// within 32 bits whenever the total is below 2^61 in magnitude (fixed_exponent).
+inline constexpr int kFixedSplitMaxTerms = 65536;
+struct FixedWords {
+  uint32_t lo = 0, mid = 0, hi = 0;
+};
+QVG_HD FixedWords fixed_split(long long v) {
+  FixedWords w;
+  w.lo = uint32_t(v & 0xFFFF);
+  w.mid = uint32_t((v >> 16) & 0xFFFF);
+  w.hi = uint32_t((unsigned long long)(v >> 32) & 0xFFFFFFFFull);
+  return w;
+}
+QVG_HD unsigned long long fixed_join(uint32_t lo_sum, uint32_t mid_sum, uint32_t hi_sum) {
+  return ((unsigned long long)hi_sum << 32) + ((unsigned long long)mid_sum << 16) + (unsigned long long)lo_sum;
+}
+
 /// The stored value of centroid element c (centred) of a group with mean mu: c + mu
 /// (one rounded add) rounded to the storage dtype t; its bits in *out_bits.
 QVG_HD float stored_centroid(float c, float mu, int t, uint32_t* out_bits) {
