@@ -10,6 +10,8 @@
 #                         layer), linked to qvg_cuda and CUDA::cublas
 #   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
 #                         (runs without a GPU; registered with ctest)
+#   qvg_cuda_replay_test  host-only test of the GPU tests' encode check: the device
+#                         encoder's rules replayed from given assignments (ctest)
 #   qvg_cuda_cache_plan_test  host-only test of the packed-cache policy the device
 #                         cache runs against the independent model of
 #                         tests/support/cache_model (runs without a GPU; ctest)
@@ -87,6 +89,13 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_host_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
+  # Host-side test of the GPU tests' encode check (issue 24): the device encoder's
+  # rules replayed on the host from given assignments (tests/gpu/encode_replay.h).
+  add_executable(qvg_cuda_replay_test ${PROJECT_SOURCE_DIR}/tests/gpu/encode_replay_test.cpp)
+  target_include_directories(qvg_cuda_replay_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_replay_test PRIVATE qvg_core)
+  target_compile_options(qvg_cuda_replay_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
+
   # Host-side test of the device packed cache's policy against the CPU cache, and of
   # its argument errors (raised before any CUDA call): no GPU needed.
   # It compiles the independent cache model of tests/support itself (the CUDA
@@ -117,4 +126,5 @@ if(QVG_HAVE_CUDA)
   enable_testing()
   add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
   add_test(NAME cuda.host_cache_plan COMMAND qvg_cuda_cache_plan_test)
+  add_test(NAME cuda.host_encode_replay COMMAND qvg_cuda_replay_test)
 endif()

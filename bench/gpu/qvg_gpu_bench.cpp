@@ -1,6 +1,6 @@
 // qvg_gpu_bench — the GPU benchmarks of the CUDA backend (qvg::perf::run_gpu_benchmarks)
 // as a standalone executable that needs nothing but the library and CUDA, for
-// scripts/gpu-check. Usage: qvg_gpu_bench [--quick] [--json FILE]
+// scripts/gpu-check. Usage: qvg_gpu_bench [--quick] [--verdict] [--json FILE]
 // Prints the table; writes the JSON to FILE. Exit status 2 without a CUDA device.
 #include <cstdio>
 #include <cstring>
@@ -17,10 +17,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       opt.quick = true;
+    } else if (std::strcmp(argv[i], "--verdict") == 0) {
+      opt.verdict = true;
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: qvg_gpu_bench [--quick] [--json FILE]\n");
+      std::fprintf(stderr, "usage: qvg_gpu_bench [--quick] [--verdict] [--json FILE]\n");
       return 1;
     }
   }

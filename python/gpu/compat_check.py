@@ -18,10 +18,12 @@ Pass: for each bits, qvg's mean relative MSE <= 1.02 x the reference's, and both
 ulp figures 0. Writes a JSON summary (``--out``, default ``$OUT/compat-check.json``)
 and exits 1 on a failed check, 2 when it cannot run (no CUDA, no quant-videogen).
 
-Needs qvg importable (PYTHONPATH with the built extension, e.g. build/cuda-py/python
-as scripts/gpu-check --python builds it) and quant-videogen: the installed package, or
-the wheel shipped in python/gpu/wheels/ (with termcolor), extracted to a temporary
-directory and imported without the package's ``__init__`` (which needs loguru).
+Needs qvg importable (PYTHONPATH with the built extension, e.g. build/gpu/python as
+scripts/gpu-check builds it) and the reference: always the wheels shipped in
+python/gpu/wheels/ (quant-videogen and its pure-Python dependencies, pinned),
+imported as scripts/gpu-check does (python/gpu/refload.py: the package's
+``__init__`` skipped). The JSON is rewritten after each bit width
+(``"complete": false`` until the last), so a run cut short leaves what it finished.
 
 With ``--device cpu`` the same comparison runs without a GPU: the reference's own
 Triton kernels under Triton's interpreter (python/tests/reference_cpu.py says what is
@@ -38,14 +40,10 @@ Usage: python3 python/gpu/compat_check.py [--device cuda|cpu] [--seeds 5] [--pre
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
-import tempfile
 import time
-import types
-import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,24 +53,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def load_reference() -> tuple[Callable, Callable, str]:
-    """(triton_prq_quantize_tensor, triton_prq_dequantize_tensor, how)."""
-    try:
-        from quant_videogen.functions import triton_prq_dequantize_tensor, triton_prq_quantize_tensor
-        return triton_prq_quantize_tensor, triton_prq_dequantize_tensor, "installed quant_videogen"
-    except ImportError:
-        for name in [m for m in sys.modules if m == "quant_videogen" or m.startswith("quant_videogen.")]:
-            del sys.modules[name]
-    target = Path(tempfile.mkdtemp(prefix="qvg-compat-"))
-    for wheel in sorted((HERE / "wheels").glob("*.whl")):
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(target)
-    sys.path.insert(0, str(target))
-    pkg = types.ModuleType("quant_videogen")  # without its __init__ (loguru, einops)
-    pkg.__path__ = [str(target / "quant_videogen")]
-    sys.modules["quant_videogen"] = pkg
-    functions = importlib.import_module("quant_videogen.functions")
-    return (functions.triton_prq_quantize_tensor, functions.triton_prq_dequantize_tensor,
-            f"wheels of python/gpu/wheels extracted to {target}, package __init__ skipped")
+    """(triton_prq_quantize_tensor, triton_prq_dequantize_tensor, how): the shipped
+    wheels of python/gpu/wheels, imported as scripts/gpu-check does (refload.py)."""
+    sys.path.insert(0, str(HERE))
+    import refload  # type: ignore[import-not-found]
+
+    return refload.load_reference()
 
 
 def rel_mse(dec: torch.Tensor, x: torch.Tensor) -> float:
@@ -105,7 +91,7 @@ def main() -> int:
     a = ap.parse_args()
     out = Path(a.out) if a.out else Path(os.environ.get("OUT", "gpu-results")) / "compat-check.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"ok": False}
+    summary: dict[str, Any] = {"ok": False, "complete": False}
 
     def finish(rc: int) -> int:
         out.write_text(json.dumps(summary, indent=2) + "\n")
@@ -192,7 +178,9 @@ def main() -> int:
             "max_ulp_qvg_dict_decoded_by_ref": max(per["ulp_qvg_dict_by_ref"]),
             "per_tensor": per, "passed": passed,
         }
-    summary.update(results=results, ok=ok, wall_s=round(time.time() - t0, 1))
+        summary.update(results=results, ok=False, complete=False, wall_s=round(time.time() - t0, 1))
+        out.write_text(json.dumps(summary, indent=2) + "\n")  # what is done so far
+    summary.update(results=results, ok=ok, complete=True, wall_s=round(time.time() - t0, 1))
     return finish(0 if ok else 1)
 
 

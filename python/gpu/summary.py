@@ -1,21 +1,43 @@
-"""gpu-check.json: every figure of a scripts/gpu-check run, each acceptance of issue 14
-(and the reference-codec checks of issue 13) with its limit and whether it is met, and
-all_met. Reads what the steps left in the output folder; a step that did not run makes
-its acceptances "not run" (met: null), and all_met is true only when every acceptance
-ran and was met.
+"""gpu-check.json: the verdict of a scripts/gpu-check run (issues 14, 13, 24).
 
-Usage: python3 python/gpu/summary.py OUT_DIR STEPS_JSON
-  STEPS_JSON: {"step": {"rc": int | null, "seconds": float}, ...} written by gpu-check.
+Every figure the steps left in the output folder, each acceptance with its limit and
+whether it is met, and all_met. An acceptance whose inputs are missing is "not run"
+(met: null); all_met is true only when every acceptance ran and was met. Every step
+of the verdict is an acceptance of its own (exit status 0): a step that failed, ran
+past its limit or never ran makes all_met false even when the figures it left look
+good. The conformance checks (compat-check.json, written by compat_check.py: "ok",
+"complete" and per bit width "results") give one acceptance per bit width.
+
+Standard library only (gpu-check calls it from an exit trap, also after a timeout).
+
+Usage: python3 python/gpu/summary.py OUT_DIR STEPS [--budget-s 240] [--build-budget-s 120]
+  STEPS: a JSON file {"step": {"rc": int | null, "seconds": float}, ...}, or a folder
+  of such records, one file NAME.json per step (gpu-check writes one per step, also
+  from parallel steps).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+from typing import Any
+
+# The steps of the verdict run, each required to exit 0 (scripts/gpu-check).
+VERDICT_STEPS = {
+    "build": "one build of the CUDA library, the GPU tests and benchmarks and the PyTorch extension",
+    "ref_warm": "the reference's Triton warm-up (compile and autotune, during the build)",
+    "host_tests": "the host-side tests of the CUDA kernels' bodies (ctest ^cuda.host)",
+    "gpu_tests": "every GPU test passes (decode bit-identical to the CPU; encode equal to its host replay)",
+    "pytest_cuda": "the PyTorch CUDA tests pass (python/tests/test_cuda.py)",
+    "compat_check": "the reference-codec conformance checks on the GPU (python/gpu/compat_check.py)",
+    "gpu_bench": "the C++ GPU benchmarks (qvg_gpu_bench --verdict)",
+    "ref_bench": "the reference codec timed beside qvg (python/gpu/ref_bench.py)",
+}
 
 
-def load(path: str):
+def load(path: str) -> Any:
     try:
         with open(path) as f:
             return json.load(f)
@@ -23,27 +45,40 @@ def load(path: str):
         return None
 
 
-def main() -> int:
-    out_dir, steps_path = sys.argv[1], sys.argv[2]
-    steps = load(steps_path) or {}
+def load_steps(path: str) -> dict:
+    if os.path.isdir(path):
+        steps = {}
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".json"):
+                rec = load(os.path.join(path, name))
+                if isinstance(rec, dict):
+                    steps[name[:-5]] = rec
+        return steps
+    d = load(path)
+    return d if isinstance(d, dict) else {}
+
+
+def summarize(out_dir: str, steps: dict, budget_s: float = 240, build_budget_s: float = 120) -> dict:
     cpp = load(os.path.join(out_dir, "gpu-bench.json"))
     ref = load(os.path.join(out_dir, "ref-bench.json"))
     compat = load(os.path.join(out_dir, "compat-check.json"))
-    acc = []
+    cpp = cpp if isinstance(cpp, dict) else None
+    ref = ref if isinstance(ref, dict) else None
+    compat = compat if isinstance(compat, dict) else None
+    acc: list[dict] = []
 
     def add(name, value, limit, met, note=""):
         acc.append({"acceptance": name, "value": value, "limit": limit, "met": met, **({"note": note} if note else {})})
 
-    def step_ok(step, name):
+    for step, what in VERDICT_STEPS.items():
         s = steps.get(step)
-        rc = None if s is None else s.get("rc")
-        add(name, rc, "exit status 0", None if rc is None else rc == 0)
+        rc = s.get("rc") if isinstance(s, dict) else None
+        note = "" if s is None else (s.get("note") or "")
+        if rc == 124 or rc == 137:
+            note = (note + "; " if note else "") + "ran past its time limit"
+        add(f"step {step} exits 0: {what}", rc, "exit status 0", None if rc is None else rc == 0, note)
 
-    step_ok("host_test", "host-side test of the shared kernel arithmetic passes")
-    step_ok("gpu_tests", "every GPU test passes (decode bit-identical to the CPU among them)")
-    step_ok("pytest_cuda", "the PyTorch CUDA tests pass (python/tests/test_cuda.py)")
-
-    rows = (cpp or {}).get("results", [])
+    rows = [r for r in (cpp or {}).get("results", []) if isinstance(r, dict) and "name" in r]
 
     def cpp_rows(prefix):
         return [r for r in rows if r["name"].startswith(prefix)]
@@ -60,47 +95,76 @@ def main() -> int:
         """qvg's time: from the reference benchmark's process when it timed qvg there,
         else from the C++ benchmark of this run."""
         for r in (ref or {}).get("results", []):
-            if r["shape"] == shape and r["bits"] == bits and r.get(f"ours_{what}_ms") is not None:
+            if r.get("shape") == shape and r.get("bits") == bits and r.get(f"ours_{what}_ms") is not None:
                 return r[f"ours_{what}_ms"], "same process (python/gpu/ref_bench.py)"
         for r in rows:
             if r["name"].startswith(f"{what} {shape} int{bits}"):
-                return r["ms"], "qvg_gpu_bench, same run, another process"
+                return r.get("ms"), "qvg_gpu_bench, same run, another process"
         return None, ""
 
     def theirs(shape, bits, what):
         for r in (ref or {}).get("results", []):
-            if r["shape"] == shape and r["bits"] == bits:
-                return r[f"reference_{what}_ms"]
+            if r.get("shape") == shape and r.get("bits") == bits:
+                return r.get(f"reference_{what}_ms")
         return None
 
     for what, verb in (("encode", "encoder"), ("decode", "dequantizer")):
         o, src = ours("longcat tensor", 2, what)
         t = theirs("longcat tensor", 2, what)
-        ratio = None if o is None or t is None else o / t
+        ratio = None if not o or not t else o / t
         add(f"{what} of the LongCat tensor at int2: qvg faster than the reference's Triton {verb} (time ratio < 1)",
             ratio, 1.0, None if ratio is None else ratio < 1.0, f"qvg {o} ms ({src}), reference {t} ms")
 
-    if compat is not None:
-        for a in compat.get("acceptances", []):
-            acc.append(a)
-    else:
-        add("reference-codec checks on the GPU (issue 13)", None, None, None, "not run")
+    # The conformance checks: one acceptance per bit width, from compat_check's results.
+    results = (compat or {}).get("results") or {}
+    for bits in (2, 4):
+        r = results.get(f"int{bits}")
+        name = (f"reference-codec checks at int{bits} (issue 13): qvg's relative MSE <= 1.02 x the reference's, "
+                "both packed-dict decodes exact (0 ulp)")
+        if not isinstance(r, dict):
+            note = "not run" if compat is None else f"no int{bits} result in compat-check.json"
+            if compat is not None and compat.get("error"):
+                note += f" ({compat['error']})"
+            add(name, None, 1.02, None, note)
+            continue
+        limit = r.get("ratio_limit", 1.02)
+        ratio = r.get("ratio")
+        met = (ratio is not None and ratio <= limit and r.get("max_ulp_ref_dict_decoded_by_qvg") == 0
+               and r.get("max_ulp_qvg_dict_decoded_by_ref") == 0 and r.get("passed") is True)
+        add(name, ratio, limit, met, f"ulps {r.get('max_ulp_ref_dict_decoded_by_qvg')} / "
+            f"{r.get('max_ulp_qvg_dict_decoded_by_ref')}")
+    add("compat-check.json complete and ok", None if compat is None else compat.get("ok"), True,
+        None if compat is None else (compat.get("ok") is True and compat.get("complete", True) is True))
 
-    total = sum((s.get("seconds") or 0) for s in steps.values())
-    build = sum((s.get("seconds") or 0) for k, s in steps.items() if k.startswith("build"))
-    add("the builds take at most 180 s", build, 180, build <= 180 if steps else None)
-    add("the whole check takes at most 300 s", total, 300, total <= 300 if steps else None)
+    total = steps.get("_total", {}).get("seconds") if isinstance(steps.get("_total"), dict) else None
+    if total is None:
+        total = sum((s.get("seconds") or 0) for k, s in steps.items() if isinstance(s, dict) and k != "ref_warm")
+    build = sum((s.get("seconds") or 0) for k, s in steps.items() if isinstance(s, dict) and k.startswith("build"))
+    add(f"the build takes at most {build_budget_s:g} s", build, build_budget_s,
+        build <= build_budget_s if "build" in steps else None)
+    add(f"the whole verdict run takes at most {budget_s:g} s", total, budget_s, total <= budget_s if steps else None)
 
-    summary = {"steps": steps, "cpp_bench": cpp, "reference_bench": ref, "compat_check": compat,
-               "acceptances": acc, "all_met": all(a["met"] is True for a in acc)}
-    with open(os.path.join(out_dir, "gpu-check.json"), "w") as f:
+    return {"steps": {k: v for k, v in steps.items() if k != "_total"}, "total_s": total, "cpp_bench": cpp,
+            "reference_bench": ref, "compat_check": compat, "acceptances": acc,
+            "all_met": bool(acc) and all(a["met"] is True for a in acc)}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description="writes OUT_DIR/gpu-check.json")
+    ap.add_argument("out_dir")
+    ap.add_argument("steps")
+    ap.add_argument("--budget-s", type=float, default=240)
+    ap.add_argument("--build-budget-s", type=float, default=120)
+    a = ap.parse_args(argv)
+    summary = summarize(a.out_dir, load_steps(a.steps), a.budget_s, a.build_budget_s)
+    with open(os.path.join(a.out_dir, "gpu-check.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    for a in acc:
-        mark = {True: "met", False: "NOT MET", None: "not run"}[a["met"]]
-        print(f"gpu-check: [{mark:>7}] {a['acceptance']}: {a['value']} (limit {a['limit']})")
+    for x in summary["acceptances"]:
+        mark = {True: "met", False: "NOT MET", None: "not run"}[x["met"]]
+        print(f"gpu-check: [{mark:>7}] {x['acceptance']}: {x['value']} (limit {x['limit']})")
     print(f"gpu-check: all_met = {summary['all_met']}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

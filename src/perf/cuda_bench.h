@@ -10,6 +10,7 @@ namespace qvg::perf {
 struct GpuBenchOptions {
   bool quick = false;  ///< smaller shapes, fewer repetitions (smoke run)
   int repeats = 20;    ///< timed repetitions per measurement (median reported)
+  bool verdict = false;  ///< what scripts/gpu-check's verdict needs only: encode of the LongCat tensor at int2
 };
 /// Runs the GPU benchmarks on the current device and returns a JSON document
 /// (object) as text; `table` receives a human-readable table. Synchronizes.

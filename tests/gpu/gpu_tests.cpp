@@ -5,9 +5,9 @@
 // - decode on the GPU == decode on the CPU, bit for bit, in every mode (bits 2/4,
 //   sym/asym, fp8/bf16 scales, two_level/compat, 1/2 stages, bf16/f16/f32 input,
 //   bf16/f16/f32 output), whole tensors and strided multi-task windows;
-// - GPU encode: a valid EncodedTensor the CPU decodes, relative MSE within 1 % of
-//   the CPU encoder's on the same data; deterministic; its residual quantization
-//   equals the CPU quantizer's bytes for the residual its centroids leave;
+// - GPU encode: a valid EncodedTensor, deterministic, and byte for byte the host
+//   replay of the device encoder's rules fed the GPU's own k-means assignments
+//   (tests/gpu/encode_replay.h), D = 48/64/128/256;
 // - check_input_limits finds the first bad element;
 // - the device packed cache (qvg/cuda_cache.h): with quantization off, random call
 //   sequences (advances, denoising rewrites, head slices, recent windows, rejected
@@ -15,7 +15,8 @@
 //   and, when window == cache_size, to the CPU dense cache's, and rejected calls
 //   leave the device state unchanged; with int2, the same segments as the CPU packed
 //   cache, raw view tokens equal to the CPU's, packed ones equal to the CPU decode of
-//   the device's own encodings, and their error within 10 % of the CPU cache's.
+//   the device's own encodings, and each encoding the device encoder's of the
+//   segment's values, equal to the host replay of its assignments.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -23,12 +24,16 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "codec/encode_impl.h"
+#include "gpu/encode_replay.h"
 #include "gpu/harness.h"
 #include "gpu/modes.h"
+#include "kernels/cuda/host.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/cuda.h"
@@ -196,7 +201,16 @@ QVG_TEST(window_decode_tasks_match_cpu) {
   }
 }
 
-QVG_TEST(gpu_encode_quality_within_1pct_of_cpu) {
+// The device encoder against its own rules replayed on the host (issue 24, item 5):
+// the replay (tests/gpu/encode_replay.h) is fed the GPU's assignments of every
+// k-means iteration and must give the same bytes in every array (group means,
+// initial indices, fixed-point centroid updates, early stops, stored centroids,
+// next residuals, the residual quantizer). The assignments themselves may differ
+// from the CPU encoder's in near-ties (spec 1.1: bf16 operands, tensor-core sums);
+// the relative MSE beside the CPU encoder's is printed, not asserted. Cases: the
+// tensor-core paths D = 64, 128 and 256 (hy-worldplay-8b's head dim), the generic
+// one (D = 48), S < K, two stages, every scale mode family.
+QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
   StreamHolder st;
   struct Case {
     qvg::Shape4 sh;
@@ -210,20 +224,25 @@ QVG_TEST(gpu_encode_quality_within_1pct_of_cpu) {
       {{1, 4096, 4, 128}, {4, true, qvg::ScaleDType::BF16, qvg::Scaling::Compat, 1}, 128},
       {{1, 4096, 4, 128}, {2, false, qvg::ScaleDType::BF16, qvg::Scaling::TwoLevel, 2}, 128},
       {{2, 2000, 2, 64}, {4, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::Compat, 2}, 64},
-      {{1, 1000, 2, 48}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 32},  // generic assign
-      {{1, 100, 2, 64}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 256},  // S < K
+      {{1, 1000, 2, 48}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 32},    // generic assign
+      {{1, 100, 2, 64}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 256},    // S < K
+      {{1, 2048, 2, 256}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 256},  // D = 256 MMA
+      {{1, 1500, 3, 256}, {4, true, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 2}, 128},   // D = 256 MMA
   };
   uint32_t seed = 500;
+  int compared = 0;
   for (const Case& c : cases)
     for (qvg::DType in : {qvg::DType::BF16, qvg::DType::F32}) {
       const qvg::CodecConfig cfg = config_of(c.m, c.K, 64 <= c.sh.d ? 64 : 16);
       const qvg::Tensor x = make_data(in, c.sh, seed++);
-      const qvg::EncodedTensor cpu = qvg::encode(x, cfg);
-      const double cpu_mse = rel_mse(x, qvg::decode(cpu));
       DeviceBuffer dx = to_device(x.data(), x.nbytes(), st.s);
       const qvg::ConstTensorView xv{dx.data(), in, c.sh};
       qvg::cuda::check_input_limits(xv, "input", st.s);
-      const qvg::EncodedTensor gpu = qvg::cuda::encode(xv, cfg, st.s).download(st.s);
+      const size_t trace_bytes = size_t(cfg.stages * cfg.kmeans_iters) * size_t(c.sh.b * c.sh.h * c.sh.s);
+      DeviceBuffer dtrace(trace_bytes, st.s);
+      const qvg::EncodedTensor gpu =
+          qvg::cuda::detail::encode_traced(xv, cfg, st.s, qvg::cuda::default_allocator(), dtrace.data()).download(st.s);
+      const std::vector<uint8_t> trace = to_host(dtrace.data(), trace_bytes, st.s);
       const qvg::EncodedTensor gpu2 = qvg::cuda::encode(xv, cfg, st.s).download(st.s);
       bool valid = true;
       try {
@@ -233,38 +252,18 @@ QVG_TEST(gpu_encode_quality_within_1pct_of_cpu) {
         QVG_EXPECT(false) << "invalid GPU encoding:" << err.what();
       }
       if (!valid) continue;
-      QVG_EXPECT(gpu == gpu2) << describe(c.m) << "GPU encode is not deterministic";
-      QVG_EXPECT(gpu.nbytes() == cpu.nbytes());
+      QVG_EXPECT(gpu == gpu2) << describe(c.m) << "GPU encode is not deterministic (or the trace changed it)";
+      const std::string diff = qvg::testing::check_against_replay(x, cfg, gpu, trace);
+      QVG_EXPECT(diff.empty()) << describe(c.m) << "in" << qvg::dtype_name(in) << "shape" << c.sh.str()
+                               << "differs from the host replay of its assignments in:" << diff;
+      ++compared;
+      const double cpu_mse = rel_mse(x, qvg::decode(qvg::encode(x, cfg)));
       const double gpu_mse = rel_mse(x, qvg::decode(gpu));
-      std::printf("  %s in=%s shape=%s K=%d: rel MSE cpu %.4e gpu %.4e (ratio %.4f)\n", describe(c.m).c_str(),
-                  std::string(qvg::dtype_name(in)).c_str(), c.sh.str().c_str(), c.K, cpu_mse, gpu_mse,
-                  gpu_mse / cpu_mse);
-      QVG_EXPECT(gpu_mse <= 1.01 * cpu_mse) << describe(c.m) << "gpu" << gpu_mse << "cpu" << cpu_mse;
-
-      // The residual quantizer is bit-exact: re-quantize on the CPU the residual the
-      // GPU's stored centroids and ids leave, and compare the bytes.
-      const int64_t S = c.sh.s, H = c.sh.h, D = c.sh.d, Kc = cfg.centroids;
-      qvg::EncodedTensor requant = gpu;
-      const std::vector<float> xf = x.to_f32();
-      std::vector<float> r(size_t(S * D));
-      for (int64_t g = 0; g < gpu.groups(); ++g) {
-        const int64_t b = g / H, h = g % H;
-        for (int64_t t = 0; t < S; ++t)
-          for (int64_t d = 0; d < D; ++d) {
-            float v = xf[size_t(((b * S + t) * H + h) * D + d)];
-            for (int s = 0; s < gpu.stages; ++s) {
-              const int id = gpu.ids[size_t(s)][size_t(g * S + t)];
-              v = v - gpu.centroid_at(s, b, h, id, d);
-            }
-            r[size_t(t * D + d)] = v;
-          }
-        (void)Kc;
-        qvg::detail::quantize_residual_group(r.data(), g, requant);
-      }
-      QVG_EXPECT(requant.codes == gpu.codes && requant.scales == gpu.scales && requant.zeros == gpu.zeros &&
-                 requant.scale_factor == gpu.scale_factor && requant.zero_factor == gpu.zero_factor)
-          << describe(c.m) << "GPU residual quantization differs from the CPU quantizer";
+      std::printf("  %s in=%s shape=%s K=%d: replay %s; rel MSE cpu %.4e gpu %.4e (ratio %.4f, not asserted)\n",
+                  describe(c.m).c_str(), std::string(qvg::dtype_name(in)).c_str(), c.sh.str().c_str(), c.K,
+                  diff.empty() ? "equal" : "DIFFERS", cpu_mse, gpu_mse, gpu_mse / cpu_mse);
     }
+  QVG_EXPECT(compared == 20) << compared;
 }
 
 QVG_TEST(check_input_limits_reports_first_bad_element) {
@@ -554,15 +553,26 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
   qvg::PackedCausalCache cpu(o, q);
   qvg::PackedCausalCache truth(o);  // quantization off: the values written
   std::mt19937 rng(77);
-  const int64_t chunk = 16;
+  const int64_t chunk = 16, max_tokens = 36 * chunk;
   double dev_err = 0, cpu_err = 0, energy = 0;
-  int packed_rows = 0, raw_rows = 0;
+  int packed_rows = 0, raw_rows = 0, replayed = 0;
+  // The values last written at each global token ([kv][b][token][h][d]): a packed
+  // segment's input, re-encoded directly on the device and replayed on the host.
+  const size_t tok_bytes = size_t(o.heads * o.head_dim) * 2;
+  std::vector<uint8_t> written(size_t(2 * o.batch * max_tokens) * tok_bytes);
+  std::set<std::tuple<int, int64_t, int64_t>> encodings_checked;
+  const qvg::CodecConfig codec = q.codec();
   for (int step = 0; step < 36; ++step) {
     const bool rewrite = step % 3 == 2;
     const int64_t c = rewrite ? cpu.segment(cpu.num_segments() - 1).g0 : cpu.global_end();
     const qvg::Shape4 sh{o.batch, chunk, o.heads, o.head_dim};
     const qvg::Tensor k = make_data(o.dtype, sh, 1000u + uint32_t(step), 30.0f);
     const qvg::Tensor v = make_data(o.dtype, sh, 2000u + uint32_t(step), 30.0f);
+    for (int kv = 0; kv < 2; ++kv)
+      for (int64_t b = 0; b < o.batch; ++b)
+        std::memcpy(written.data() + size_t((kv * o.batch + b) * max_tokens + c) * tok_bytes,
+                    static_cast<const uint8_t*>((kv ? v : k).data()) + size_t(b * chunk) * tok_bytes,
+                    size_t(chunk) * tok_bytes);
     DeviceBuffer dk = to_device(k.data(), k.nbytes(), st.s), dv = to_device(v.data(), v.nbytes(), st.s);
     const qvg::KVView dview = dev.update({dk.data(), o.dtype, sh}, {dv.data(), o.dtype, sh}, c, st.s);
     const qvg::KVView cview = cpu.update(k.view(), v.view(), c);
@@ -588,6 +598,29 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
           const qvg::EncodedTensor e = (kv ? sg.v_enc : sg.k_enc)->download(st.s);
           dec.emplace(o.dtype, e.shape);
           qvg::decode(e, dec->view());
+          if (encodings_checked.insert({kv, sg.g0, sg.g1}).second) {
+            // The encoding is the device encoder's of the segment's values, and that is
+            // the host replay of its own assignments (no error margin: issue 24, item 5).
+            const qvg::Shape4 ssh{o.batch, sg.g1 - sg.g0, o.heads, o.head_dim};
+            qvg::Tensor in(o.dtype, ssh);
+            for (int64_t b = 0; b < o.batch; ++b)
+              std::memcpy(static_cast<uint8_t*>(in.data()) + size_t(b * ssh.s) * tok_bytes,
+                          written.data() + size_t((kv * o.batch + b) * max_tokens + sg.g0) * tok_bytes,
+                          size_t(ssh.s) * tok_bytes);
+            DeviceBuffer din = to_device(in.data(), in.nbytes(), st.s);
+            const size_t trace_bytes = size_t(codec.stages * codec.kmeans_iters) * size_t(ssh.b * ssh.h * ssh.s);
+            DeviceBuffer dtrace(trace_bytes, st.s);
+            const qvg::EncodedTensor direct =
+                qvg::cuda::detail::encode_traced({din.data(), o.dtype, ssh}, codec, st.s,
+                                                 qvg::cuda::default_allocator(), dtrace.data())
+                    .download(st.s);
+            QVG_EXPECT(direct == e) << "step" << step << "segment" << sg.g0 << sg.g1
+                                    << "the cache's encoding != the device encoder's of its values";
+            const std::string diff =
+                qvg::testing::check_against_replay(in, codec, direct, to_host(dtrace.data(), trace_bytes, st.s));
+            QVG_EXPECT(diff.empty()) << "step" << step << "segment" << sg.g0 << sg.g1 << "replay differs:" << diff;
+            ++replayed;
+          }
         }
         for (int64_t t = 0; t < T; ++t) {
           const int64_t g = t < se ? t : lo + (t - se);
@@ -619,11 +652,11 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
       }
     }
   }
-  std::printf("  %d packed and %d raw view rows checked; relative MSE on packed rows: device %.4g, CPU %.4g\n",
-              packed_rows, raw_rows, dev_err / energy, cpu_err / energy);
-  QVG_EXPECT(packed_rows > 1000 && raw_rows > 500);
-  QVG_EXPECT(dev_err <= 1.10 * cpu_err) << "device encodings' error" << dev_err / energy << "vs CPU"
-                                        << cpu_err / energy;
+  std::printf(
+      "  %d packed and %d raw view rows checked, %d encodings replayed; relative MSE on packed rows: device %.4g, "
+      "CPU %.4g (not asserted)\n",
+      packed_rows, raw_rows, replayed, dev_err / energy, cpu_err / energy);
+  QVG_EXPECT(packed_rows > 1000 && raw_rows > 500 && replayed > 10) << packed_rows << raw_rows << replayed;
 }
 
 int main(int argc, char** argv) {

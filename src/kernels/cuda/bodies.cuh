@@ -128,11 +128,26 @@ QVG_HD int task_of_block(const DecodeLaunch& L, int32_t blk) {
   return ti;
 }
 
+/// Sets the vectorised tasks' tiles of L to `tokens_per_thread` tokens per thread
+/// (the tile is rows x that) and recomputes the block ranges.
+inline void set_decode_tiles(DecodeLaunch& L, int tokens_per_thread) {
+  for (int k = 0; k < L.n; ++k) {
+    DecodePlan& P = L.p[k];
+    const DecodeArgs& t = L.t[k];
+    if (L.vec) P.tile = P.rows * tokens_per_thread;
+    P.ntile = (t.t1 - t.t0 + P.tile - 1) / P.tile;
+    L.first_block[k + 1] = L.first_block[k] + P.ntile * P.hs * t.B;
+  }
+}
+
 /// The launches that decode tasks[0..n): non-empty tasks grouped by mode (bits,
 /// fp8, centroid dtype, output dtype; every non-vectorisable task in generic
 /// launches), in task order within a group, kDecodeTasksPerLaunch per launch.
+/// A vectorised launch whose grid would be under `min_blocks` blocks (the launcher
+/// passes two waves of the device) gets smaller tiles: 2, then 1 token per thread,
+/// so that a small decode still spreads over every multiprocessor (issue 24).
 /// Host only. REQUIRES the tasks valid (ranges inside the tensor, B >= 1).
-inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n) {
+inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int32_t min_blocks = 0) {
   std::vector<DecodeLaunch> out;
   std::vector<int> open;  // index in `out` of the open launch of each key (-1: none)
   std::vector<int> keys;
@@ -180,6 +195,9 @@ inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n) {
     L.t[k] = t;
     L.first_block[k + 1] = L.first_block[k] + P.ntile * P.hs * t.B;
   }
+  for (DecodeLaunch& L : out)
+    for (int tpt = kDecodeTokensPerThread / 2; L.vec && tpt >= 1 && L.blocks() < min_blocks; tpt /= 2)
+      set_decode_tiles(L, tpt);
   return out;
 }
 
@@ -269,61 +287,93 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
       (int64_t(tl.b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(tl.h - T.h0) * T.D + c * 8) * OSZ;
   const int64_t ostep = int64_t(step) * T.token_stride * OSZ;
   const bool vstore = P.vstore != 0;
-  for (; t < tl.t_end; t += step, cp += cstep, si += sstep, idp += step, op += ostep) {
-    const uint32_t word = BITS == 4 ? load_u32(cp) : load_u16(cp);
-    const float s_eff = A::effective(A::stored_value(T.scales, FP8, si), gf);
-    const float z_eff = asym ? A::effective(A::stored_value(T.zeros, FP8, si), gz) : 0.0f;
-    float acc[8];
+  // Batches of up to NB of the thread's tokens (one batch for a full tile): every load
+  // of the batch (codes, scales, zeros, ids, then the stage-0 centroid rows) is issued
+  // before the batch's arithmetic and stores, so that NB rows of loads are in flight
+  // (the target may alias nothing the loads read, but the compiler cannot know that).
+  constexpr int NB = kDecodeTokensPerThread;
+  for (; t < tl.t_end; t += NB * step, cp += NB * cstep, si += NB * sstep, idp += NB * step, op += NB * ostep) {
+    uint32_t word[NB] = {};
+    float s_eff[NB] = {}, z_eff[NB] = {};
+    int id0[NB];
+    Word4 c0[NB] = {}, c1[NB] = {};
     QVG_UNROLL
-    for (int i = 0; i < 8; ++i) acc[i] = A::dequant(A::code_of_word(word, BITS, i), qmax, asym, s_eff, z_eff);
-    for (int st = 0; st < T.stages; ++st) {
-      const int id = idp[st * T.ids_stage_stride];
-      const uint8_t* q = cent + st * T.centroid_stage_stride + id * crow;
-      if (CDT == A::kF32) {
-        const Word4 w0 = load_word4(q), w1 = load_word4(q + 16);
-        QVG_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          acc[i] = A::add_rn(acc[i], A::from_bits(w0.v[i]));
-          acc[4 + i] = A::add_rn(acc[4 + i], A::from_bits(w1.v[i]));
-        }
-      } else {
-        const Word4 w = load_word4(q);
-        QVG_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          const uint16_t lo = uint16_t(w.v[i] & 0xFFFFu), hi = uint16_t(w.v[i] >> 16);
-          acc[2 * i] = A::add_rn(acc[2 * i], CDT == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo));
-          acc[2 * i + 1] = A::add_rn(acc[2 * i + 1], CDT == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi));
-        }
-      }
+    for (int k = 0; k < NB; ++k) {
+      id0[k] = -1;
+      if (t + k * step >= tl.t_end) continue;
+      const uint8_t* cpk = cp + k * cstep;
+      word[k] = BITS == 4 ? load_u32(cpk) : load_u16(cpk);
+      s_eff[k] = A::effective(A::stored_value(T.scales, FP8, si + k * sstep), gf);
+      z_eff[k] = asym ? A::effective(A::stored_value(T.zeros, FP8, si + k * sstep), gz) : 0.0f;
+      id0[k] = idp[k * step];
     }
-    if (ODT == A::kF32) {
-      float* p = reinterpret_cast<float*>(op);
-      if (vstore) {
-        Word4 w0, w1;
-        QVG_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          w0.v[i] = A::bits_of(acc[i]);
-          w1.v[i] = A::bits_of(acc[4 + i]);
-        }
-        store_word4(p, w0);
-        store_word4(p + 4, w1);
-      } else {
-        QVG_UNROLL
-        for (int i = 0; i < 8; ++i) store_as<float>(p + i, acc[i]);
-      }
-    } else {
-      uint16_t* p = reinterpret_cast<uint16_t*>(op);
-      uint32_t hv[8];
+    QVG_UNROLL
+    for (int k = 0; k < NB; ++k) {
+      if (id0[k] < 0) continue;
+      const uint8_t* q = cent + id0[k] * crow;
+      c0[k] = load_word4(q);
+      if (CDT == A::kF32) c1[k] = load_word4(q + 16);
+    }
+    QVG_UNROLL
+    for (int k = 0; k < NB; ++k) {
+      if (id0[k] < 0) continue;
+      float acc[8];
       QVG_UNROLL
-      for (int i = 0; i < 8; ++i) hv[i] = A::encode_elem(acc[i], ODT);
-      if (vstore) {
-        Word4 w;
-        QVG_UNROLL
-        for (int i = 0; i < 4; ++i) w.v[i] = hv[2 * i] | (hv[2 * i + 1] << 16);
-        store_word4(p, w);
+      for (int i = 0; i < 8; ++i)
+        acc[i] = A::dequant(A::code_of_word(word[k], BITS, i), qmax, asym, s_eff[k], z_eff[k]);
+      for (int st = 0; st < T.stages; ++st) {
+        Word4 w0 = c0[k], w1 = c1[k];
+        if (st > 0) {  // later stages (rare): loaded here
+          const int id = idp[k * step + st * T.ids_stage_stride];
+          const uint8_t* q = cent + st * T.centroid_stage_stride + id * crow;
+          w0 = load_word4(q);
+          if (CDT == A::kF32) w1 = load_word4(q + 16);
+        }
+        if (CDT == A::kF32) {
+          QVG_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            acc[i] = A::add_rn(acc[i], A::from_bits(w0.v[i]));
+            acc[4 + i] = A::add_rn(acc[4 + i], A::from_bits(w1.v[i]));
+          }
+        } else {
+          QVG_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            const uint16_t lo = uint16_t(w0.v[i] & 0xFFFFu), hi = uint16_t(w0.v[i] >> 16);
+            acc[2 * i] = A::add_rn(acc[2 * i], CDT == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo));
+            acc[2 * i + 1] = A::add_rn(acc[2 * i + 1], CDT == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi));
+          }
+        }
+      }
+      uint8_t* opk = op + k * ostep;
+      if (ODT == A::kF32) {
+        float* p = reinterpret_cast<float*>(opk);
+        if (vstore) {
+          Word4 w0, w1;
+          QVG_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            w0.v[i] = A::bits_of(acc[i]);
+            w1.v[i] = A::bits_of(acc[4 + i]);
+          }
+          store_word4(p, w0);
+          store_word4(p + 4, w1);
+        } else {
+          QVG_UNROLL
+          for (int i = 0; i < 8; ++i) store_as<float>(p + i, acc[i]);
+        }
       } else {
+        uint16_t* p = reinterpret_cast<uint16_t*>(opk);
+        uint32_t hv[8];
         QVG_UNROLL
-        for (int i = 0; i < 8; ++i) store_as<uint16_t>(p + i, uint16_t(hv[i]));
+        for (int i = 0; i < 8; ++i) hv[i] = A::encode_elem(acc[i], ODT);
+        if (vstore) {
+          Word4 w;
+          QVG_UNROLL
+          for (int i = 0; i < 4; ++i) w.v[i] = hv[2 * i] | (hv[2 * i + 1] << 16);
+          store_word4(p, w);
+        } else {
+          QVG_UNROLL
+          for (int i = 0; i < 8; ++i) store_as<uint16_t>(p + i, uint16_t(hv[i]));
+        }
       }
     }
   }

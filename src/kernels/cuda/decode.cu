@@ -15,9 +15,12 @@
 // conversions; the file is compiled with --fmad=false), in the order of
 // decode_rows_reference: residual first, then stage 0, 1, ... centroids, each a
 // separately rounded fp32 operation.
+#include <atomic>
+
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/per_device.h"
 
 namespace qvg::cuda::kernels {
 namespace {
@@ -35,10 +38,26 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_generic_kernel(const __
   decode_block_generic(L, ti, blk - L.first_block[ti], int(threadIdx.x));
 }
 
+/// Blocks in two waves of the current device (kDecodeThreads-thread blocks, 2048
+/// resident threads per multiprocessor): a smaller grid gets smaller tiles.
+int32_t two_waves() {
+  static std::atomic<int32_t> cache[detail::kMaxDevices];
+  const int dev = detail::current_device();
+  if (dev >= 0 && dev < detail::kMaxDevices) {
+    const int32_t c = cache[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int sms = 0;
+  QVG_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int32_t blocks = 2 * sms * (2048 / kDecodeThreads);
+  if (dev >= 0 && dev < detail::kMaxDevices) cache[dev].store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
 }  // namespace
 
 void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream) {
-  for (const DecodeLaunch& L : plan_decode(tasks, n)) {
+  for (const DecodeLaunch& L : plan_decode(tasks, n, two_waves())) {
     const dim3 grid(unsigned(L.blocks())), block(kDecodeThreads);
     if (!L.vec) {
       decode_generic_kernel<<<grid, block, 0, stream>>>(L);

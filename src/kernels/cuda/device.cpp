@@ -3,8 +3,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <span>
+#include <unordered_set>
 #include <utility>
 
 #include <fmt/core.h>
@@ -47,31 +49,44 @@ namespace {
 // ---- the default allocator ---------------------------------------------------------
 //
 // Per device, decided once (thread-safe, lazily, at the first allocation there):
-// - stream-ordered pools supported (cudaDevAttrMemoryPoolsSupported): a pool qvg
-//   owns (cudaMemPoolCreate), with release threshold UINT64_MAX so that freed
-//   memory stays in the pool across synchronizations instead of going back to the
-//   OS at every sync; allocations are cudaMallocFromPoolAsync / cudaFreeAsync. The
-//   device's default pool (process-wide state other libraries share) is left alone.
-// - not supported (some virtualised GPUs, gVisor/Firecracker sandboxes, where every
-//   cudaMallocAsync fails): cudaMalloc, and cudaFree after synchronizing the
-//   buffer's stream (so the free is stream-ordered; it blocks the host).
+// - stream-ordered pools supported (cudaDevAttrMemoryPoolsSupported) and a pool
+//   qvg owns created (cudaMemPoolCreate), with release threshold UINT64_MAX so that
+//   freed memory stays in the pool across synchronizations instead of going back to
+//   the OS at every sync; allocations are cudaMallocFromPoolAsync / cudaFreeAsync.
+//   The device's default pool (process-wide state other libraries share) is left
+//   alone.
+// - otherwise (some virtualised GPUs, gVisor/Firecracker sandboxes, where every
+//   cudaMallocAsync fails; or the attribute says yes but the pool cannot be made):
+//   cudaMalloc, and cudaFree after synchronizing the buffer's stream (so the free
+//   is stream-ordered; it blocks the host).
+// A device whose pool allocation fails at run time with anything but out-of-memory
+// (issue 24, item 6: an attribute that promises pools is not proof that they work)
+// is switched to cudaMalloc from then on; the pointers cudaMalloc gave on such a
+// device are remembered, so that each is freed the way it was allocated.
 // The pools are never destroyed: they live as long as the process (destroying them
 // in a static destructor could run after the CUDA runtime has shut down).
 struct DevicePool {
   std::once_flag once;
   bool pools = false;
   cudaMemPool_t pool = nullptr;
+  std::atomic<bool> broken{false};  ///< a pool allocation failed: cudaMalloc from now on
 };
 DevicePool g_pools[detail::kMaxDevices];
+std::mutex g_fallback_mutex;
+std::unordered_set<void*> g_fallback_ptrs;  ///< cudaMalloc'd on a device with a broken pool
 
-/// The pool of `device` (nullptr when the device does not support pools or has no
-/// slot in the table); created at the first call for that device.
+/// The pool of `device` (nullptr when the device does not support pools, its pool
+/// could not be created, or it has no slot in the table); decided at the first call
+/// for that device.
 cudaMemPool_t device_pool(int device) {
   if (device < 0 || device >= detail::kMaxDevices) return nullptr;
   DevicePool& d = g_pools[device];
   std::call_once(d.once, [&] {
     int supported = 0;
-    QVG_CUDA(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+    if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
     if (supported == 0) return;
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
@@ -79,12 +94,15 @@ cudaMemPool_t device_pool(int device) {
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
     cudaMemPool_t pool = nullptr;
-    QVG_CUDA(cudaMemPoolCreate(&pool, &props));
+    if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {  // cudaMalloc instead
+      (void)cudaGetLastError();
+      return;
+    }
     uint64_t threshold = ~uint64_t(0);  // cuuint64_t
-    const cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-    if (e != cudaSuccess) {
+    if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold) != cudaSuccess) {
+      (void)cudaGetLastError();
       (void)cudaMemPoolDestroy(pool);
-      detail::throw_cuda(e, "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)", __FILE__, __LINE__);
+      return;
     }
     d.pool = pool;
     d.pools = true;
@@ -96,11 +114,26 @@ class DefaultAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes, Stream stream) override {
     const size_t n = std::max<size_t>(bytes, 1);
+    const int device = detail::current_device();
     void* p = nullptr;
-    if (cudaMemPool_t pool = device_pool(detail::current_device()))
-      QVG_CUDA(cudaMallocFromPoolAsync(&p, n, pool, stream));
-    else
-      QVG_CUDA(cudaMalloc(&p, n));
+    cudaMemPool_t pool = device_pool(device);
+    if (pool != nullptr && !g_pools[device].broken.load(std::memory_order_acquire)) {
+      const cudaError_t e = cudaMallocFromPoolAsync(&p, n, pool, stream);
+      if (e == cudaSuccess) return p;
+      (void)cudaGetLastError();
+      if (e == cudaErrorMemoryAllocation) detail::throw_cuda(e, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
+      g_pools[device].broken.store(true, std::memory_order_release);
+    }
+    QVG_CUDA(cudaMalloc(&p, n));
+    if (pool != nullptr) {  // a broken pool's device: remember how p was allocated
+      try {
+        const std::lock_guard<std::mutex> lock(g_fallback_mutex);
+        g_fallback_ptrs.insert(p);
+      } catch (...) {
+        (void)cudaFree(p);
+        throw;
+      }
+    }
     return p;
   }
   void deallocate(void* p, size_t, Stream stream) noexcept override {
@@ -115,6 +148,10 @@ class DefaultAllocator final : public Allocator {
     bool pooled = false;
     try {
       pooled = device >= 0 && device_pool(device) != nullptr;  // already decided when it was allocated
+      if (pooled && g_pools[device].broken.load(std::memory_order_acquire)) {
+        const std::lock_guard<std::mutex> lock(g_fallback_mutex);
+        pooled = g_fallback_ptrs.erase(p) == 0;
+      }
     } catch (...) {
       pooled = false;
     }

@@ -38,7 +38,8 @@ class Carver {
 
 }  // namespace
 
-DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc) {
+DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
+                                          void* ids_trace) {
   if (x.data == nullptr) throw InvalidArgument("encode input is null");
   if (cfg.init != Init::Random)
     throw Unsupported(fmt::format("the CUDA encoder supports init random only, got init {}", name(cfg.init)));
@@ -105,6 +106,9 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
     for (int it = 0; it < iters; ++it) {
       kernels::prepare_centroids(c, G, D, K, k_eff, cb, cnorm, stream);
       kernels::assign(xb, cb, cnorm, G, S, D, K, ids, changed, it, stop, stream);
+      if (ids_trace != nullptr)  // the GPU tests' replay (tests/gpu/encode_replay.h)
+        QVG_CUDA(cudaMemcpyAsync(static_cast<uint8_t*>(ids_trace) + (size_t(st) * iters + size_t(it)) * size_t(G * S),
+                                 ids, size_t(G * S), cudaMemcpyDeviceToDevice, stream));
       kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K, sums, counts, c, changed, it, stop, stream);
     }
     kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, arith_dtype(x.dtype), out_c, stored, st + 1 == cfg.stages,
@@ -134,6 +138,10 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
   q.group_max = F(o_gmax);
   kernels::quantize_residual(q, stream);
   return enc;  // `scratch` is freed on `stream`, after the kernels above
+}
+
+DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc) {
+  return detail::encode_traced(x, cfg, stream, alloc, nullptr);
 }
 
 namespace {

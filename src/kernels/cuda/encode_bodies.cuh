@@ -114,6 +114,28 @@ QVG_HD float centroid_from_fixed(long long sum, int cnt, int e) {
   return float(s * inv);
 }
 
+/// The device's block accumulation of fixed-point values (update_accumulate_kernel)
+/// in three 32-bit words, which take native 32-bit shared atomics: v = hi * 2^32 +
+/// mid * 2^16 + lo, lo and mid its two low 16-bit pieces, hi = v >> 32. Each word is
+/// summed modulo 2^32 (wrapping); fixed_join gives the exact 64-bit total (modulo
+/// 2^64, as the global sums are kept) when at most kFixedSplitMaxTerms values were
+/// added: the lo and mid sums stay below 2^32, and the hi sum's true value is
+/// within 32 bits whenever the total is below 2^61 in magnitude (fixed_exponent).
+inline constexpr int kFixedSplitMaxTerms = 65536;
+struct FixedWords {
+  uint32_t lo = 0, mid = 0, hi = 0;
+};
+QVG_HD FixedWords fixed_split(long long v) {
+  FixedWords w;
+  w.lo = uint32_t(v & 0xFFFF);
+  w.mid = uint32_t((v >> 16) & 0xFFFF);
+  w.hi = uint32_t((unsigned long long)(v >> 32) & 0xFFFFFFFFull);
+  return w;
+}
+QVG_HD unsigned long long fixed_join(uint32_t lo_sum, uint32_t mid_sum, uint32_t hi_sum) {
+  return ((unsigned long long)hi_sum << 32) + ((unsigned long long)mid_sum << 16) + (unsigned long long)lo_sum;
+}
+
 /// The stored value of centroid element c (centred) of a group with mean mu: c + mu
 /// (one rounded add) rounded to the storage dtype t; its bits in *out_bits.
 QVG_HD float stored_centroid(float c, float mu, int t, uint32_t* out_bits) {
@@ -214,12 +236,22 @@ QVG_HD void run_add(RunStats& s, float v, bool asym) {
   }
 }
 /// Appends the run `later` (the channels right after s's): min_f / max_f keep
-/// their first operand on ties, so any tree of merges that keeps the channel
-/// order gives the sequential scan's value.
+/// their first operand on ties, so a tree of merges gives the sequential scan's
+/// value only if every merge appends the run that directly follows (a -0 and a +0
+/// tie: the earlier channel's sign must win). segment_merge_offset gives such a tree.
 QVG_HD void run_merge(RunStats& s, const RunStats& later, bool asym) {
   namespace A = qvg::cuda_arith;
   if (asym) s.lo = A::min_f(s.lo, later.lo);
   s.hi = A::max_f(s.hi, later.hi);
+}
+/// The shuffle offset of step `step` of the vectorised statistics' segment merge
+/// (quantize_stats_vec_kernel, and its host emulation in tests/gpu/host_arith_test):
+/// 1, 2, 4, ... while below the segment's width. Lane l takes the run of lane l + o
+/// (shfl_down), so after the step of o, lane l with l % 2o == 0 holds lanes
+/// l .. l + 2o - 1 merged in channel order. (Halving offsets, width/2 first, merge
+/// lanes 0, 4, 2, 6, 1, 5, 3, 7: a -0/+0 tie then keeps the wrong sign; issue 24.)
+QVG_HD constexpr int segment_merge_offset(int step) {
+  return 1 << step;
 }
 /// The statistics of 8 consecutive channels.
 QVG_HD RunStats run_stats8(const float (&v)[8], bool asym) {

@@ -75,39 +75,62 @@ constexpr int kMeanThreads = 128;
 
 // One block per (group, chunk of kMeanChunk points), threads over channels:
 // r[g, t, :] = x[b, t, h, :] as fp32 (coalesced rows of D elements), and the chunk's
-// fp64 sum of each channel in point order.
-__global__ void gather_mean_kernel(const void* x, int dtype, int64_t S, int64_t H, int64_t D, int64_t nchunk, float* r,
-                                   double* partial) {
+// fp64 sum of each channel in point order. Each thread loads kMeanBatch rows before
+// it stores them (x and r never alias: __restrict__), so several loads are in flight.
+constexpr int kMeanBatch = 8;
+
+__global__ void gather_mean_kernel(const void* __restrict__ x, int dtype, int64_t S, int64_t H, int64_t D,
+                                   int64_t nchunk, float* __restrict__ r, double* __restrict__ partial) {
   const int64_t g = blockIdx.x / nchunk, ch = blockIdx.x % nchunk;
   const int64_t b = g / H, h = g % H;
   const int64_t t0 = ch * kMeanChunk, t1 = min(S, t0 + kMeanChunk);
+  const int64_t xstride = H * D;  // elements between two tokens of x
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     double s = 0;
-#pragma unroll 4
-    for (int64_t t = t0; t < t1; ++t) {
-      const float v = A::load_elem(x, dtype, ((b * S + t) * H + h) * D + d);
-      r[(g * S + t) * D + d] = v;
-      s += double(v);
+    const int64_t xbase = (b * S * H + h) * D + d;
+    float* rg = r + g * S * D + d;
+    for (int64_t t = t0; t < t1; t += kMeanBatch) {
+      float v[kMeanBatch];
+#pragma unroll
+      for (int k = 0; k < kMeanBatch; ++k) v[k] = t + k < t1 ? A::load_elem(x, dtype, xbase + (t + k) * xstride) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMeanBatch; ++k)
+        if (t + k < t1) {
+          rg[(t + k) * D] = v[k];
+          s += double(v[k]);  // point order
+        }
     }
     partial[(g * nchunk + ch) * D + d] = s;
   }
 }
 
 // As gather_mean_kernel for the next stage: r[g, t, :] -= stored[g, ids[g, t], :]
-// (fp32), and the chunk sums of the new residual.
-__global__ void subtract_mean_kernel(float* r, const float* stored, const uint8_t* ids, int64_t S, int64_t D, int K,
-                                     int64_t nchunk, double* partial) {
+// (fp32), and the chunk sums of the new residual; kMeanBatch rows loaded first.
+__global__ void subtract_mean_kernel(float* __restrict__ r, const float* __restrict__ stored,
+                                     const uint8_t* __restrict__ ids, int64_t S, int64_t D, int K, int64_t nchunk,
+                                     double* __restrict__ partial) {
   const int64_t g = blockIdx.x / nchunk, ch = blockIdx.x % nchunk;
   const int64_t t0 = ch * kMeanChunk, t1 = min(S, t0 + kMeanChunk);
   const float* sg = stored + g * K * D;
+  const uint8_t* ig = ids + g * S;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     double s = 0;
-#pragma unroll 4
-    for (int64_t t = t0; t < t1; ++t) {
-      float* p = r + (g * S + t) * D + d;
-      const float v = A::sub_rn(*p, sg[int64_t(ids[g * S + t]) * D + d]);
-      *p = v;
-      s += double(v);
+    float* rg = r + g * S * D + d;
+    for (int64_t t = t0; t < t1; t += kMeanBatch) {
+      float v[kMeanBatch], c[kMeanBatch];
+#pragma unroll
+      for (int k = 0; k < kMeanBatch; ++k) {
+        const bool in = t + k < t1;
+        v[k] = in ? rg[(t + k) * D] : 0.0f;
+        c[k] = in ? sg[int64_t(ig[t + k]) * D + d] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kMeanBatch; ++k)
+        if (t + k < t1) {
+          const float w = A::sub_rn(v[k], c[k]);
+          rg[(t + k) * D] = w;
+          s += double(w);  // point order
+        }
     }
     partial[(g * nchunk + ch) * D + d] = s;
   }
@@ -121,16 +144,25 @@ __global__ void mean_final_kernel(const double* partial, int64_t S, int64_t D, i
 
 constexpr int kCenterChunk = 8192;  // elements per block (one group per block)
 
-__global__ void center_kernel(const float* r, const float* mu, int64_t S, int64_t D, int64_t bpg, uint16_t* xb,
-                              float* maxabs) {
+__global__ void center_kernel(const float* __restrict__ r, const float* __restrict__ mu, int64_t S, int64_t D,
+                              int64_t bpg, uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
   __shared__ float red[32];
   const int64_t g = blockIdx.x / bpg, ch = blockIdx.x % bpg;
   const int64_t n = S * D, e0 = ch * kCenterChunk, e1 = min(n, e0 + kCenterChunk);
+  const float* rg = r + g * n;
+  const float* mg = mu + g * D;
+  uint16_t* xg = xb + g * n;
+  // the channel of element e, advanced with e (one division per thread, not per element)
+  const int Dn = int(D), dstep = int(blockDim.x % D);
+  int64_t e = e0 + threadIdx.x;
+  int d = int(e % D);
   float m = 0.0f;
-  for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-    const float v = A::sub_rn(r[g * n + e], mu[g * D + e % D]);
-    xb[g * n + e] = A::f32_to_bf16(v);
+  for (; e < e1; e += blockDim.x) {
+    const float v = A::sub_rn(rg[e], mg[d]);
+    xg[e] = A::f32_to_bf16(v);
     m = fmaxf(m, fabsf(v));
+    d += dstep;
+    if (d >= Dn) d -= Dn;
   }
   m = block_max(m, red);
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + g, m);
@@ -408,37 +440,71 @@ __global__ void __launch_bounds__(kGenericThreads)
 
 // ---- centroid update (exact fixed point) -------------------------------------
 
-constexpr int kUpdPoints = 4096;
-constexpr int kUpdDims = 32;
+constexpr int kUpdPoints = 4096;  // points per block (<= kFixedSplitMaxTerms)
+static_assert(kUpdPoints <= kFixedSplitMaxTerms, "the block's 16-bit word sums must fit in 32 bits");
+constexpr int kUpdDims = 32;  // channels per block: one per lane
+constexpr int kUpdRows = 4;   // rows a thread loads before its atomics
 
-__global__ void update_accumulate_kernel(const float* r, const float* mu, const float* maxabs, const uint8_t* ids,
-                                         int64_t G, int64_t S, int64_t D, int K, int64_t nchunk, int64_t nslice,
-                                         unsigned long long* sums, int* counts, const int* changed, int it,
-                                         double stop) {
-  extern __shared__ unsigned long long acc[];  // [K][kUpdDims]
+// The exact fixed-point sums of one block (kUpdPoints points x kUpdDims channels of
+// one group) per (cluster, channel), in shared memory as three 32-bit words
+// (fixed_split / fixed_join, encode_bodies.cuh), so that every shared atomic is a
+// native 32-bit one (a 64-bit shared atomicAdd compiles to a CAS loop). The
+// reassembled 64-bit total is exact: the same bits as one 64-bit sum in any order.
+// Each thread loads kUpdRows rows (ids, r) before its atomics: several loads in
+// flight instead of one.
+__global__ void update_accumulate_kernel(const float* __restrict__ r, const float* __restrict__ mu,
+                                         const float* __restrict__ maxabs, const uint8_t* __restrict__ ids, int64_t G,
+                                         int64_t S, int64_t D, int K, int64_t nchunk, int64_t nslice,
+                                         unsigned long long* __restrict__ sums, int* __restrict__ counts,
+                                         const int* __restrict__ changed, int it, double stop) {
+  extern __shared__ uint32_t accw[];  // lo [K][kUpdDims], mid [K][kUpdDims], hi [K][kUpdDims]
   __shared__ int cnt[256];
   const int64_t g = blockIdx.x / (nchunk * nslice), rest = blockIdx.x % (nchunk * nslice);
   const int64_t slice = rest / nchunk, ch = rest % nchunk;
   if (!group_active(changed, G, g, it, stop)) return;
-  for (int i = threadIdx.x; i < K * kUpdDims; i += blockDim.x) acc[i] = 0ull;
+  const int nw = K * kUpdDims;
+  uint32_t* lo = accw;
+  uint32_t* mid = accw + nw;
+  uint32_t* hi = accw + 2 * nw;
+  for (int i = threadIdx.x; i < 3 * nw; i += blockDim.x) accw[i] = 0u;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) cnt[i] = 0;
   __syncthreads();
   const double scale = ldexp(1.0, fixed_exponent(maxabs[g], S));
   const int lane = threadIdx.x % kUpdDims, pg = threadIdx.x / kUpdDims, npg = blockDim.x / kUpdDims;
   const int64_t d = slice * kUpdDims + lane;
+  const bool in_d = d < D;
+  const float m = in_d ? mu[g * D + d] : 0.0f;
+  const bool counter = slice == 0 && lane == 0;
+  const uint8_t* ig = ids + g * S;
+  const float* rg = r + g * S * D + (in_d ? d : 0);
   const int64_t t0 = ch * kUpdPoints, t1 = min(S, t0 + kUpdPoints);
-  for (int64_t t = t0 + pg; t < t1; t += npg) {
-    const int id = ids[g * S + t];
-    if (d < D) {
-      const float x = A::sub_rn(r[(g * S + t) * D + d], mu[g * D + d]);
-      atomicAdd(&acc[id * kUpdDims + lane], (unsigned long long)to_fixed(x, scale));
+  for (int64_t tb = t0 + pg; tb < t1; tb += int64_t(npg) * kUpdRows) {
+    int id[kUpdRows];
+    float x[kUpdRows];
+#pragma unroll
+    for (int k = 0; k < kUpdRows; ++k) {  // the loads first
+      const int64_t t = tb + int64_t(k) * npg;
+      id[k] = t < t1 ? int(ig[t]) : -1;
+      x[k] = t < t1 && in_d ? rg[t * D] : 0.0f;
     }
-    if (slice == 0 && lane == 0) atomicAdd(&cnt[id], 1);
+#pragma unroll
+    for (int k = 0; k < kUpdRows; ++k) {
+      if (id[k] < 0) continue;
+      if (in_d) {
+        const FixedWords f = fixed_split(to_fixed(A::sub_rn(x[k], m), scale));
+        const int w = id[k] * kUpdDims + lane;
+        atomicAdd(&lo[w], f.lo);
+        atomicAdd(&mid[w], f.mid);
+        atomicAdd(&hi[w], f.hi);
+      }
+      if (counter) atomicAdd(&cnt[id[k]], 1);
+    }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < K * kUpdDims; i += blockDim.x) {
+  for (int i = threadIdx.x; i < nw; i += blockDim.x) {
     const int64_t dd = slice * kUpdDims + i % kUpdDims;
-    if (acc[i] != 0ull && dd < D) atomicAdd(sums + (g * K + i / kUpdDims) * D + dd, acc[i]);
+    const unsigned long long total = fixed_join(lo[i], mid[i], hi[i]);  // the block's exact sum
+    if (total != 0ull && dd < D) atomicAdd(sums + (g * K + i / kUpdDims) * D + dd, total);
   }
   if (slice == 0)
     for (int i = threadIdx.x; i < K; i += blockDim.x)
@@ -479,14 +545,16 @@ __global__ void store_centroids_kernel(const float* c, const float* mu, int64_t 
 // g), the final residual computed in registers (residual8: r minus the stored
 // centroid, never written). A block of bs channels is a segment of bs/8 lanes;
 // the segment's run statistics merge down to its first lane in channel order
-// (shfl_down: lane l takes l + o), which writes the block's raw scale (and zero).
-// The group's maxima: block reduction, then one atomic per block.
+// (segment_merge_offset: o = 1, 2, 4, ...; shfl_down: lane l takes l + o, so after
+// the step of o lane l, l % 2o == 0, holds lanes l .. l + 2o - 1 merged in order),
+// and the first lane writes the block's raw scale (and zero). The group's maxima:
+// block reduction, then one atomic per block.
 __global__ void quantize_stats_vec_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg, int width) {
   __shared__ float red[32];
   const int64_t g = blockIdx.x / bpg, w = (blockIdx.x % bpg) * blockDim.x + threadIdx.x;
   const bool asym = a.asymmetric;
   RunStats s = stats_lane(a, g, w);  // lanes past the group take part in the shuffles too
-  for (int o = width >> 1; o > 0; o >>= 1) {
+  for (int step = 0, o = segment_merge_offset(0); o < width; o = segment_merge_offset(++step)) {
     RunStats later;
     later.lo = __shfl_down_sync(0xFFFFFFFFu, s.lo, o, width);
     later.hi = __shfl_down_sync(0xFFFFFFFFu, s.hi, o, width);
@@ -668,11 +736,11 @@ void update_centroids(const float* r, const float* mu, const float* maxabs, cons
   QVG_CUDA(cudaMemsetAsync(sums, 0, size_t(G * K * D) * sizeof(long long), stream));
   QVG_CUDA(cudaMemsetAsync(counts, 0, size_t(G * K) * sizeof(int), stream));
   const int64_t nchunk = (S + kUpdPoints - 1) / kUpdPoints, nslice = (D + kUpdDims - 1) / kUpdDims;
-  const size_t smem = size_t(K) * kUpdDims * sizeof(unsigned long long);
-  static detail::PerDeviceOnce configured;  // per device and function (64 KB at K = 256)
+  const size_t smem = size_t(3) * size_t(K) * kUpdDims * sizeof(uint32_t);
+  static detail::PerDeviceOnce configured;  // per device and function (96 KB at K = 256)
   configured.run(detail::current_device(), [] {
     QVG_CUDA(cudaFuncSetAttribute(update_accumulate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(256 * kUpdDims * sizeof(unsigned long long))));
+                                  int(3 * 256 * kUpdDims * sizeof(uint32_t))));
   });
   auto* usums = reinterpret_cast<unsigned long long*>(sums);
   update_accumulate_kernel<<<unsigned(G * nchunk * nslice), kThreads, smem, stream>>>(

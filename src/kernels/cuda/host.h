@@ -6,10 +6,21 @@
 
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
+#include "qvg/cuda.h"
 #include "qvg/encoding_layout.h"
 #include "qvg/tensor.h"
 
 namespace qvg::cuda {
+
+namespace detail {
+/// encode() that also copies the ids of every k-means iteration, as the assignment
+/// left them, into `ids_trace` (device memory of stages * kmeans_iters * G * S bytes,
+/// [stage][iteration][group][token]; a group stopped early keeps its ids there). For
+/// the GPU tests, which replay the encoding on the host from these assignments
+/// (tests/gpu/encode_replay.h). ids_trace == nullptr: encode() itself.
+DeviceEncodedTensor encode_traced(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
+                                  void* ids_trace);
+}  // namespace detail
 
 /// qvg::DType as the kernels' small integer (cuda_arith::kBF16 / kF16 / kF32).
 inline int arith_dtype(DType t) {
