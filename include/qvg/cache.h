@@ -224,6 +224,14 @@ class CacheDims {
   int64_t sink_tokens_;
 };
 
+/// Spec 3.1's rule for any cache (host or device): sink_tokens == 0 and cache_size == n
+/// and window == n, so the current chunk of n tokens is the whole view and attention
+/// can use the chunk's own K/V directly.
+template <class Cache>
+bool can_direct_current_attention(const Cache& c, int64_t n) {
+  return c.sink_tokens() == 0 && c.cache_size() == n && c.attention_window_size() == n;
+}
+
 /// The interface both caches share (spec 3.1).
 class CausalCache : public CacheDims {
  public:
@@ -247,11 +255,8 @@ class CausalCache : public CacheDims {
 
   /// Dense: cursors to 0 (buffer content is kept). Packed: an empty cache.
   virtual void reset_indices() = 0;
-  /// sink_tokens == 0 and cache_size == n and window == n: the current chunk is
-  /// the whole view, so attention can use the chunk's own K/V directly.
-  bool can_direct_current_attention(int64_t n) const {
-    return sink_tokens() == 0 && cache_size() == n && attention_window_size() == n;
-  }
+  /// qvg::can_direct_current_attention(*this, n).
+  bool can_direct_current_attention(int64_t n) const { return qvg::can_direct_current_attention(*this, n); }
 
   /// Bytes of the cache's state (see each class).
   virtual size_t resident_nbytes() const = 0;

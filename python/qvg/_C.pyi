@@ -1,6 +1,5 @@
 # Type stubs of qvg._C, the compiled binding layer of qvg.torch (python/src). Use
-# qvg.torch instead: these classes take positional arguments in the binding's order
-# and return raw tuples. Import qvg.torch (which imports torch) before qvg._C.
+# qvg.torch instead: these classes take positional arguments in the binding's order. Import qvg.torch (which imports torch) before qvg._C.
 # _DenseBase and _PackedBase exist in the stub only (the members the classes share).
 from typing import Any
 
@@ -10,11 +9,31 @@ __version__: str
 #: The CUDA path is compiled in: CudaDenseCache, CudaPackedCache and cuda_device_count exist.
 HAS_CUDA: bool
 
-# update() returns (k, v, local_start_index, local_end_index, visible_local_end,
-# visible_global_end, zero_copy).
-_View = tuple[torch.Tensor, torch.Tensor, int, int, int, int, bool]
-# segments(): (g0, g1, is_sink, packed, current, chunks, k_ptr, v_ptr, nbytes) per segment.
-_Segment = tuple[int, int, bool, bool, bool, int, int, int, int]
+class View:
+    """What update() returns: the view's tensors and cursors (spec 3.1)."""
+    k: torch.Tensor
+    v: torch.Tensor
+    local_start_index: int
+    local_end_index: int
+    visible_local_end: int
+    visible_global_end: int
+    zero_copy: bool
+
+class Segment:
+    """One segment of a packed cache (segments()); k_ptr/v_ptr 0 when packed."""
+    g0: int
+    g1: int
+    is_sink: bool
+    packed: bool
+    current: bool
+    chunks: int
+    k_ptr: int
+    v_ptr: int
+    nbytes: int
+    def __eq__(self, other: object, /) -> bool: ...
+
+_View = View
+_Segment = Segment
 
 class QuantArgs:
     def __init__(self, fields: dict[str, Any]) -> None:

@@ -301,7 +301,7 @@ class PackedCache {
     cache_ = std::move(loaded);
   }
 
-  py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
+  ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
                    std::optional<int64_t> rw) {
     BusyGuard busy(mu_);
     const Input ki = as_input(key, "key", kCpu), vi = as_input(value, "value", kCpu);
@@ -320,7 +320,7 @@ class PackedCache {
       ok = copy_out(kv.k);
       ov = copy_out(kv.v);
     }
-    return view_tuple(std::move(ok), std::move(ov), kv);
+    return view_out(std::move(ok), std::move(ov), kv);
   }
 
   void reset_indices() {
@@ -532,6 +532,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  register_view_types(m);
   py::class_<qvg::QuantArgs>(m, "QuantArgs")
       .def(py::init(&quant_args_from_dict), py::arg("fields"),
            "From a dict of fields (names of the settings table, k_config/v_config, threads); not yet validated.")

@@ -11,6 +11,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <map>
@@ -176,10 +177,28 @@ inline at::Tensor alias_of(const at::Tensor& buffer, const qvg::StridedView& v) 
   return buffer.as_strided(sizes_of(v), strides_of(v), buffer.storage_offset() + off);
 }
 
-inline py::tuple view_tuple(at::Tensor k, at::Tensor v, const qvg::KVView& kv) {
-  return py::make_tuple(std::move(k), std::move(v), kv.local_start_index, kv.local_end_index, kv.visible_local_end,
-                        kv.visible_global_end, kv.zero_copy);
+/// What an update returns to qvg.torch (qvg._C.View): the view's tensors and cursors
+/// by name, as spec 3.1's CausalAttentionKVView holds them.
+struct ViewOut {
+  at::Tensor k, v;
+  int64_t local_start_index = 0, local_end_index = 0, visible_local_end = 0, visible_global_end = 0;
+  bool zero_copy = false;
+};
+
+inline ViewOut view_out(at::Tensor k, at::Tensor v, const qvg::KVView& kv) {
+  return {std::move(k), std::move(v), kv.local_start_index, kv.local_end_index, kv.visible_local_end,
+          kv.visible_global_end, kv.zero_copy};
 }
+
+/// One segment of a packed cache (qvg._C.Segment), for tests and diagnostics.
+struct SegmentOut {
+  int64_t g0 = 0, g1 = 0;
+  bool is_sink = false, packed = false, current = false;
+  int64_t chunks = 0;
+  uintptr_t k_ptr = 0, v_ptr = 0;  ///< raw buffers' addresses (device addresses for CUDA); 0 when packed
+  size_t nbytes = 0;
+  bool operator==(const SegmentOut&) const = default;
+};
 
 /// Fails fast when two Python threads use one cache at the same time (the C++
 /// caches are not thread-safe and the GIL is released during update()).
@@ -224,19 +243,40 @@ class Lender {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> lent_;
 };
 
-/// (g0, g1, is_sink, packed, current, chunks, k_ptr, v_ptr, nbytes) per segment of a
-/// packed cache (CPU or CUDA); k_ptr/v_ptr are the raw buffers' addresses (0 for
-/// packed segments).
+/// The segments of a packed cache (CPU or CUDA), in global order.
 template <class PackedCache>
-py::list segment_list(const PackedCache& c) {
-  py::list out;
+std::vector<SegmentOut> segment_list(const PackedCache& c) {
+  std::vector<SegmentOut> out;
   for (size_t i = 0; i < c.num_segments(); ++i) {
     const auto s = c.segment(i);
-    out.append(py::make_tuple(s.g0, s.g1, s.is_sink, s.packed, s.current, s.chunks,
-                              reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
-                              reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data), s.nbytes));
+    out.push_back({s.g0, s.g1, s.is_sink, s.packed, s.current, int64_t(s.chunks),
+                   reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
+                   reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data), s.nbytes});
   }
   return out;
+}
+
+/// Registers qvg._C.View and qvg._C.Segment (read-only fields).
+inline void register_view_types(py::module_& m) {
+  py::class_<ViewOut>(m, "View")
+      .def_readonly("k", &ViewOut::k)
+      .def_readonly("v", &ViewOut::v)
+      .def_readonly("local_start_index", &ViewOut::local_start_index)
+      .def_readonly("local_end_index", &ViewOut::local_end_index)
+      .def_readonly("visible_local_end", &ViewOut::visible_local_end)
+      .def_readonly("visible_global_end", &ViewOut::visible_global_end)
+      .def_readonly("zero_copy", &ViewOut::zero_copy);
+  py::class_<SegmentOut>(m, "Segment")
+      .def_readonly("g0", &SegmentOut::g0)
+      .def_readonly("g1", &SegmentOut::g1)
+      .def_readonly("is_sink", &SegmentOut::is_sink)
+      .def_readonly("packed", &SegmentOut::packed)
+      .def_readonly("current", &SegmentOut::current)
+      .def_readonly("chunks", &SegmentOut::chunks)
+      .def_readonly("k_ptr", &SegmentOut::k_ptr)
+      .def_readonly("v_ptr", &SegmentOut::v_ptr)
+      .def_readonly("nbytes", &SegmentOut::nbytes)
+      .def("__eq__", [](const SegmentOut& a, const SegmentOut& b) { return a == b; });
 }
 
 /// The options every cache is built from (the packed caches' constructor arguments).

@@ -153,7 +153,7 @@ class CudaPackedCache {
     cache_ = std::make_shared<qvg::cuda::PackedCausalCache>(o, quant, torch_allocator());
   }
 
-  py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
+  ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
                    std::optional<int64_t> rw) {
     BusyGuard busy(mu_);
     const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
@@ -166,7 +166,7 @@ class CudaPackedCache {
     }
     at::Tensor ok = lender_.lend(kv.k, device_options(kv.k, device_), cache_);
     at::Tensor ov = lender_.lend(kv.v, device_options(kv.v, device_), cache_);
-    return view_tuple(std::move(ok), std::move(ov), kv);
+    return view_out(std::move(ok), std::move(ov), kv);
   }
 
   void reset_indices() {
@@ -180,7 +180,7 @@ class CudaPackedCache {
   const at::Device& device() const { return device_; }
 
   /// segment_list (common.h); raw buffers' addresses are device addresses for CUDA.
-  py::list segments() const { return segment_list(*cache_); }
+  std::vector<SegmentOut> segments() const { return segment_list(*cache_); }
 
   /// Segment i's K and V as the CPU sees them: raw segments copied to the host,
   /// packed ones downloaded and decoded by the CPU decoder (spec 1.3), as CPU
@@ -251,10 +251,7 @@ void register_cuda(py::module_& m) {
       .def_property_readonly("local_end", [](const CudaPackedCache& p) { return p.cache().local_end(); })
       .def_property_readonly("chunk_tokens", [](const CudaPackedCache& p) { return p.cache().chunk_tokens(); })
       .def("can_direct_current_attention",
-           [](const CudaPackedCache& p, int64_t n) {
-             const auto& c = p.cache();
-             return c.sink_tokens() == 0 && c.cache_size() == n && c.attention_window_size() == n;
-           })
+           [](const CudaPackedCache& p, int64_t n) { return qvg::can_direct_current_attention(p.cache(), n); })
       .def("resident_nbytes", [](const CudaPackedCache& p) { return p.cache().resident_nbytes(); })
       .def("allocated_nbytes", [](const CudaPackedCache& p) { return p.cache().allocated_nbytes(); })
       .def("view_buffer_nbytes", [](const CudaPackedCache& p) { return p.cache().view_buffer_nbytes(); });

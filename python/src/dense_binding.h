@@ -67,7 +67,7 @@ class DenseBinding {
 
   /// One update_and_get_attention_kv call. `ge`, `le` are the cursors the
   /// Python side holds (its source of truth); the C++ cache adopts them first.
-  py::tuple update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
+  ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
                    std::optional<int64_t> rw, int64_t ge, int64_t le) {
     BusyGuard busy(mu_);
     check_buffers_unchanged();
@@ -94,7 +94,7 @@ class DenseBinding {
     }
     at::Tensor ok = kv.zero_copy ? alias_of(k_, kv.k) : backend_.copied_view(kv.k, call, cache_);
     at::Tensor ov = kv.zero_copy ? alias_of(v_, kv.v) : backend_.copied_view(kv.v, call, cache_);
-    return view_tuple(std::move(ok), std::move(ov), kv);
+    return view_out(std::move(ok), std::move(ov), kv);
   }
 
   void reset_indices() {
@@ -171,9 +171,7 @@ class DenseBinding {
   const at::Tensor& v() const { return v_; }
   const at::Device& device() const { return device_; }
   const typename Backend::Cache& cache() const { return *cache_; }
-  bool can_direct_current_attention(int64_t n) const {  // spec 3.1
-    return cache_->sink_tokens() == 0 && cache_->cache_size() == n && cache_->attention_window_size() == n;
-  }
+  bool can_direct_current_attention(int64_t n) const { return qvg::can_direct_current_attention(*cache_, n); }
 
  private:
   typename Backend::Cache::ExternalStorage grow_buffers(int64_t new_cache_size) {

@@ -69,15 +69,15 @@ class CausalAttentionKVView:
 class _CacheInterface(_IndexTensors):
     """The engine's cache interface on top of a ``qvg._C`` cache (``self._c``):
     byte counts, direct attention, cursor reset and the update call. Subclasses
-    implement ``_update(key, value, c, hs, rw) -> (k, v, ls, le, vle, vge, zero_copy)``
+    implement ``_update(key, value, chunk_start, head_start, recent_window) -> qvg._C.View``
     and ``_set_cursors(global_end, local_end)``."""
 
     _c: Any  # the qvg._C cache
     global_end_index_int: int | None
     local_end_index_int: int | None
 
-    def _update(self, key: torch.Tensor, value: torch.Tensor, c: int, hs: int | None,
-                rw: int | None) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int, bool]:
+    def _update(self, key: torch.Tensor, value: torch.Tensor, chunk_start: int, head_start: int | None,
+                recent_window: int | None) -> Any:
         raise NotImplementedError
 
     def _set_cursors(self, global_end: int, local_end: int) -> None:
@@ -143,11 +143,10 @@ class _CacheInterface(_IndexTensors):
         recent_window_tokens = _int_arg("recent_window_tokens", recent_window_tokens, none=True)
         if key.dim() == 4:
             self._check_cursor_fits(current_chunk_start + key.shape[1])
-        k, v, ls, lend, vle, vge, zero_copy = self._update(
-            key, value, current_chunk_start, cache_head_start, recent_window_tokens
-        )
-        self._set_cursors(vge, vle)
-        return CausalAttentionKVView(k, v, ls, lend, vle, vge, zero_copy)
+        out = self._update(key, value, current_chunk_start, cache_head_start, recent_window_tokens)
+        self._set_cursors(out.visible_global_end, out.visible_local_end)
+        return CausalAttentionKVView(out.k, out.v, out.local_start_index, out.local_end_index, out.visible_local_end,
+                                     out.visible_global_end, out.zero_copy)
 
 
 # ---------------------------------------------------------------------------
@@ -275,10 +274,11 @@ class CausalSelfAttentionKVCache(_CacheInterface):
 
     # -- snapshots (docs/snapshot.md) ---------------------------------------------------
     def _cursors(self) -> tuple[int, int]:
-        ge, le = self.global_end_index_int, self.local_end_index_int
-        if ge is None or le is None:
+        """(global_end, local_end): the int cursors when set, else the index tensors'."""
+        global_end, local_end = self.global_end_index_int, self.local_end_index_int
+        if global_end is None or local_end is None:
             return int(self.global_end_index.item()), int(self.local_end_index.item())
-        return ge, le
+        return global_end, local_end
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the cache (configuration, cursors, the buffers, checksums) to ``path``
@@ -315,21 +315,17 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         return cache
 
     def _adopt_loaded_cursors(self) -> None:
-        ge, le = self._c.global_end, self._c.local_end
-        self.global_end_index.fill_(ge)
-        self.local_end_index.fill_(le)
-        self.global_end_index_int = ge
-        self.local_end_index_int = le
+        global_end, local_end = self._c.global_end, self._c.local_end
+        self.global_end_index.fill_(global_end)
+        self.local_end_index.fill_(local_end)
+        self.global_end_index_int = global_end
+        self.local_end_index_int = local_end
 
     # -- the interface (_CacheInterface) -----------------------------------------------
-    def _update(self, key, value, c, hs, rw):
-        ge = self.global_end_index_int
-        le = self.local_end_index_int
-        if ge is None or le is None:
-            ge = int(self.global_end_index.item())
-            le = int(self.local_end_index.item())
-        out = self._c.update(key, value, c, hs, rw, ge, le)
-        self._cursors_before = (ge, le)
+    def _update(self, key, value, chunk_start, head_start, recent_window):
+        cursors = self._cursors()  # the Python side's cursors are the source of truth
+        out = self._c.update(key, value, chunk_start, head_start, recent_window, *cursors)
+        self._cursors_before = cursors
         return out
 
     def _set_cursors(self, global_end: int, local_end: int) -> None:
@@ -476,8 +472,8 @@ class QVGPackedCausalKVCache(_CacheInterface):
                                       f"from Python yet (device {self.device}); use a CPU cache")
 
     # -- the interface (_CacheInterface) -----------------------------------------------
-    def _update(self, key, value, c, hs, rw):
-        return self._c.update(key, value, c, hs, rw)
+    def _update(self, key, value, chunk_start, head_start, recent_window):
+        return self._c.update(key, value, chunk_start, head_start, recent_window)
 
     def _set_cursors(self, global_end: int, local_end: int) -> None:
         # With int cursors only those are written (as in the engine).
@@ -493,4 +489,4 @@ class QVGPackedCausalKVCache(_CacheInterface):
         """One dict per segment: g0, g1, is_sink, packed, current, chunks, k_ptr,
         v_ptr (raw buffers' addresses, 0 when packed), nbytes."""
         keys = ("g0", "g1", "is_sink", "packed", "current", "chunks", "k_ptr", "v_ptr", "nbytes")
-        return [dict(zip(keys, s)) for s in self._c.segments()]
+        return [{k: getattr(s, k) for k in keys} for s in self._c.segments()]
