@@ -183,6 +183,7 @@ struct Knob {
   std::vector<KnobValue> values;
 };
 
+/// A value's label in the trace: an int in decimal, a bool as true/false, an enum by name().
 std::string value_label(int v) {
   return fmt::format("{}", v);
 }
