@@ -25,6 +25,7 @@
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
+#include "support/files.h"
 #include "support/snapshot_fixtures.h"
 
 namespace {
@@ -104,6 +105,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
+using testing::st_bytes;
 
 constexpr int64_t kMultiple = 16, kSlack = int64_t(1) << 20;
 
@@ -143,14 +145,6 @@ void expect_bounded(const Bytes& b, const std::string& what) {
     EXPECT_LE(m.peak, bound) << name << " on " << what << " (" << b.size() << " bytes)";
     EXPECT_LE(m.max_request, bound) << name << " on " << what << " asked for " << m.max_request << " bytes at once";
   }
-}
-
-Bytes st_bytes(const std::string& header, size_t data_bytes) {
-  Bytes out(8 + header.size() + data_bytes, 0);
-  const uint64_t n = header.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, header.data(), header.size());
-  return out;
 }
 
 // Replaces the i64 value of config/state entry `key` (first occurrence) in place.

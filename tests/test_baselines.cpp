@@ -10,17 +10,16 @@
 #include "qvg/baselines.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
+#include "support/data.h"
 
 namespace qvg {
 namespace {
 
-Tensor random_tensor(Shape4 s, DType dt, uint64_t seed, float scale = 1.0f, float offset = 0.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  Tensor t(DType::F32, s);
+/// testing::random_tensor (normal(0, scale) + offset) in f32 with channel d/3 of every
+/// row scaled 6x (an outlier channel, as in real K/V), then rounded to dt.
+Tensor outlier_tensor(Shape4 s, DType dt, uint64_t seed, float scale = 1.0f, float offset = 0.0f) {
+  Tensor t = testing::random_tensor(s, DType::F32, seed, scale, offset);
   float* p = static_cast<float*>(t.data());
-  for (int64_t i = 0; i < s.numel(); ++i) p[i] = offset + scale * n(rng);
-  // A few channel outliers and a heavy token, as in real K/V.
   for (int64_t r = 0; r < s.b * s.s * s.h; ++r) p[r * s.d + (s.d / 3)] *= 6.0f;
   return dt == DType::F32 ? t : t.to(dt);
 }
@@ -91,7 +90,7 @@ TEST(Baselines, ExactByteCounts) {
   // 1280 * 4 / 8 = 640 codes; 20 blocks * 2 = 40.
   EXPECT_EQ(baseline_nbytes(BaselineMethod::RTN, s, TensorRole::Value, cfg), 680u);
 
-  Tensor x = random_tensor(s, DType::BF16, 3);
+  Tensor x = outlier_tensor(s, DType::BF16, 3);
   for (BaselineMethod m : all_baseline_methods())
     for (TensorRole r : {TensorRole::Key, TensorRole::Value}) {
       RoundTrip rt = baseline_roundtrip(m, x, r, cfg);
@@ -101,7 +100,7 @@ TEST(Baselines, ExactByteCounts) {
   // The usual operating point: int2, block 64, head_dim 128 costs 2 + 16/64 bits per element.
   cfg.bits = 2;
   RoundTrip rt =
-      baseline_roundtrip(BaselineMethod::RTN, random_tensor({1, 8, 1, 128}, DType::F32, 4), TensorRole::Key, cfg);
+      baseline_roundtrip(BaselineMethod::RTN, outlier_tensor({1, 8, 1, 128}, DType::F32, 4), TensorRole::Key, cfg);
   EXPECT_DOUBLE_EQ(rt.bits_per_element, 2.25);
 }
 
@@ -112,8 +111,8 @@ TEST(Baselines, RtnAndKiviMeetTheirBounds) {
       cfg.bits = bits;
       cfg.block_size = 32;
       cfg.kivi_group_tokens = 7;  // 23 tokens: groups of 7, 7, 7, 2
-      Tensor x = random_tensor({2, 23, 3, 64}, dt, uint64_t(bits * 10) + uint64_t(dt), 3.0f, 0.5f);
-      SCOPED_TRACE(testing::Message() << "bits " << bits << " dtype " << dtype_name(dt));
+      Tensor x = outlier_tensor({2, 23, 3, 64}, dt, uint64_t(bits * 10) + uint64_t(dt), 3.0f, 0.5f);
+      SCOPED_TRACE(::testing::Message() << "bits " << bits << " dtype " << dtype_name(dt));
       check_elementwise_bound(BaselineMethod::RTN, TensorRole::Key, x, cfg);
       check_elementwise_bound(BaselineMethod::KIVI, TensorRole::Key, x, cfg);
       check_elementwise_bound(BaselineMethod::KIVI, TensorRole::Value, x, cfg);
@@ -123,7 +122,7 @@ TEST(Baselines, RtnAndKiviMeetTheirBounds) {
 TEST(Baselines, LargeOffsetsStayWithinTheGrid) {
   // V entries in the hundreds with a small spread: a nearest-rounded bf16 zero could
   // sit above the minimum by more than s/2; the rounded-down zero may not.
-  Tensor x = random_tensor({1, 40, 2, 64}, DType::F32, 9, 0.05f, 301.3f);
+  Tensor x = outlier_tensor({1, 40, 2, 64}, DType::F32, 9, 0.05f, 301.3f);
   BaselineConfig cfg;
   cfg.bits = 4;
   cfg.kivi_group_tokens = 16;
@@ -169,7 +168,7 @@ TEST(Baselines, QuaRotMeetsItsBoundInTheRotatedBasis) {
     cfg.bits = bits;
     cfg.block_size = 32;
     const Shape4 s{1, 17, 2, 128};
-    Tensor x = random_tensor(s, DType::F32, 77, 2.0f, -1.0f);
+    Tensor x = outlier_tensor(s, DType::F32, 77, 2.0f, -1.0f);
     RoundTrip rt = baseline_roundtrip(BaselineMethod::QuaRot, x, TensorRole::Value, cfg);
     EXPECT_TRUE(rt.zero.empty());
     const int64_t nblk = s.d / cfg.block_size;
@@ -193,7 +192,7 @@ TEST(Baselines, QuaRotMeetsItsBoundInTheRotatedBasis) {
 TEST(Baselines, QuaRotAtHighBitsIsNearlyIdentity) {
   BaselineConfig cfg;
   cfg.bits = 8;
-  Tensor x = random_tensor({1, 32, 2, 128}, DType::F32, 5);
+  Tensor x = outlier_tensor({1, 32, 2, 128}, DType::F32, 5);
   RoundTrip rt = baseline_roundtrip(BaselineMethod::QuaRot, x, TensorRole::Key, cfg);
   double e = 0, n = 0;
   for (int64_t t = 0; t < 32; ++t)
@@ -211,7 +210,7 @@ TEST(Baselines, RotationHelpsAgainstChannelOutliers) {
   // One huge channel per head: RTN's block absmax is ruled by it, the rotation spreads it.
   BaselineConfig cfg;
   cfg.bits = 4;
-  Tensor x = random_tensor({1, 64, 2, 128}, DType::F32, 8);
+  Tensor x = outlier_tensor({1, 64, 2, 128}, DType::F32, 8);
   for (int64_t t = 0; t < 64; ++t)
     for (int64_t h = 0; h < 2; ++h) x.set(0, t, h, 5, 80.0f + x.at(0, t, h, 5));
   auto mse = [&](BaselineMethod m) {
@@ -240,7 +239,7 @@ TEST(Baselines, NamesRoundTrip) {
 }
 
 TEST(Baselines, TypedErrors) {
-  Tensor x = random_tensor({1, 4, 1, 96}, DType::F32, 1);
+  Tensor x = outlier_tensor({1, 4, 1, 96}, DType::F32, 1);
   BaselineConfig cfg;
   cfg.block_size = 32;
   EXPECT_NO_THROW(baseline_roundtrip(BaselineMethod::RTN, x, TensorRole::Key, cfg));
@@ -282,8 +281,8 @@ RC_GTEST_PROP(Baselines, BoundsHoldForRandomShapes, ()) {
   cfg.bits = bits;
   cfg.block_size = bs;
   cfg.kivi_group_tokens = *rc::gen::inRange(1, 9);
-  Tensor x = random_tensor({1, s, h, d}, *rc::gen::element(DType::F32, DType::BF16), *rc::gen::arbitrary<uint32_t>(),
-                           scale, scale * *rc::gen::inRange(-3, 4));
+  Tensor x = outlier_tensor({1, s, h, d}, *rc::gen::element(DType::F32, DType::BF16), *rc::gen::arbitrary<uint32_t>(),
+                            scale, scale * *rc::gen::inRange(-3, 4));
   check_elementwise_bound(BaselineMethod::RTN, TensorRole::Value, x, cfg);
   check_elementwise_bound(BaselineMethod::KIVI, TensorRole::Key, x, cfg);
   check_elementwise_bound(BaselineMethod::KIVI, TensorRole::Value, x, cfg);

@@ -17,6 +17,7 @@
 #include "qvg/error.h"
 #include "qvg/numeric.h"
 #include "support/cache_model.h"
+#include "support/errors.h"
 
 using namespace qvg;
 using namespace qvg::testing;
@@ -152,17 +153,6 @@ struct Case {
   Needs needs;
   std::function<std::optional<BadCall>(Ctx&)> make;
 };
-
-std::string kind_name(ErrorKind k) {
-  switch (k) {
-    case ErrorKind::InvalidArgument: return "InvalidArgument";
-    case ErrorKind::Unsupported: return "Unsupported";
-    case ErrorKind::OutOfRange: return "OutOfRange";
-    case ErrorKind::CorruptData: return "CorruptData";
-    case ErrorKind::Device: return "Device";
-  }
-  return "?";
-}
 
 std::vector<Case> cases() {
   using K = ErrorKind;
@@ -439,18 +429,6 @@ TEST(CacheErrors, PackedStateUnchangedAfterEveryError) {
 // Construction errors (no state to keep).
 
 namespace {
-
-template <class F>
-std::string error_of(F&& f, ErrorKind want) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(kind_name(e.kind()), kind_name(want)) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
 
 CacheOptions ok_opts() {
   CacheOptions o;

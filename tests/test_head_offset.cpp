@@ -17,6 +17,7 @@ namespace qvg {
 namespace {
 
 using testing::clustered_tensor;
+using testing::same_bytes;
 
 /// Heads [h0, h0 + n) of x, dense.
 Tensor heads_of(const Tensor& x, int64_t h0, int64_t n) {
@@ -100,11 +101,6 @@ Tensor view_heads(const StridedView& v, int64_t h0, int64_t n) {
         std::memcpy(static_cast<uint8_t*>(out.data()) + size_t(((b * v.shape.s + t) * n + j)) * row,
                     v.row(b, t, h0 + j), row);
   return out;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
-         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
 TEST(HeadOffsetCache, ShardsOfAPackedCacheEqualTheWideCache) {

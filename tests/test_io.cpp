@@ -25,6 +25,7 @@
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/numeric.h"
+#include "support/data.h"
 #include "support/files.h"
 
 namespace qvg {
@@ -34,6 +35,8 @@ namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 using testing::file_bytes;
 using testing::put_file;
+using testing::random_tensor;
+using testing::same_bytes;
 using testing::TempDir;
 
 Bytes bytes_of(std::string_view s) {
@@ -54,24 +57,6 @@ Bytes f32_bytes(std::initializer_list<float> v) {
   return b;
 }
 
-
-// A [B, S, H, D] tensor of normal values with per-channel offsets (K-like outliers).
-Tensor random_tensor(DType dtype, Shape4 shape, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  Tensor t(dtype, shape);
-  for (int64_t b = 0; b < shape.b; ++b)
-    for (int64_t s = 0; s < shape.s; ++s)
-      for (int64_t h = 0; h < shape.h; ++h)
-        for (int64_t d = 0; d < shape.d; ++d)
-          t.set(b, s, h, d, nd(rng) * 2.0f + (d % 7 == 3 ? 20.0f : 0.0f) + static_cast<float>(h));
-  return t;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
-}
 
 // Calls f(bytes) on an exact-size heap copy; success or one of the allowed error types.
 template <class Parse>
@@ -527,7 +512,7 @@ TEST(Qvgt, EncodedTensorsRoundTripBitExact) {
   TempDir dir;
   for (const auto& c : encode_cases()) {
     SCOPED_TRACE(c.name);
-    const Tensor x = random_tensor(c.dtype, c.shape, 7);
+    const Tensor x = random_tensor(c.shape, c.dtype, 7, 2.0f);
     const EncodedTensor enc = encode(x, c.cfg);
     const Bytes b = serialize_qvgt(enc);
     const EncodedTensor back = parse_qvgt(b);
@@ -583,13 +568,13 @@ std::vector<Bytes> qvgt_bases() {
   c.threads = 1;
   c.asymmetric = true;
   c.stages = 2;
-  r.push_back(serialize_qvgt(encode(random_tensor(DType::BF16, {1, 6, 2, 16}, 3), c)));
+  r.push_back(serialize_qvgt(encode(random_tensor({1, 6, 2, 16}, DType::BF16, 3, 2.0f), c)));
   c.scale_dtype = ScaleDType::BF16;
   c.stages = 1;
-  r.push_back(serialize_qvgt(encode(random_tensor(DType::F16, {2, 5, 1, 16}, 4), c)));
+  r.push_back(serialize_qvgt(encode(random_tensor({2, 5, 1, 16}, DType::F16, 4, 2.0f), c)));
   c.scaling = Scaling::Compat;
   c.bits = 2;
-  r.push_back(serialize_qvgt(encode(random_tensor(DType::F32, {1, 9, 1, 16}, 5), c)));
+  r.push_back(serialize_qvgt(encode(random_tensor({1, 9, 1, 16}, DType::F32, 5, 2.0f), c)));
   return r;
 }
 
@@ -903,7 +888,7 @@ TEST(Qvgt, WriteIsAtomicAndValidates) {
 TEST(TensorFile, RoundTripsEveryDtypeThroughNpyAndSafetensors) {
   TempDir dir;
   for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
-    const Tensor x = random_tensor(dt, {2, 3, 2, 8}, 11);
+    const Tensor x = random_tensor({2, 3, 2, 8}, dt, 11, 2.0f);
     write_tensor_file(dir / "x.safetensors", x, "k");
     EXPECT_TRUE(same_bytes(read_tensor_file(dir / "x.safetensors"), x));
     EXPECT_TRUE(same_bytes(read_tensor_file(dir / "x.safetensors", std::string("k")), x));
@@ -960,7 +945,7 @@ TEST(TensorFile, RanksAndNames) {
 
 TEST(TensorFile, PathAndFormatErrors) {
   TempDir dir;
-  const Tensor x = random_tensor(DType::F32, {1, 2, 1, 4}, 1);
+  const Tensor x = random_tensor({1, 2, 1, 4}, DType::F32, 1, 2.0f);
   EXPECT_THROW(read_tensor_file(dir / "x.pt"), InvalidArgument);
   EXPECT_THROW(write_tensor_file(dir / "x.pt", x), InvalidArgument);
   EXPECT_THROW(write_tensor_file(dir / "x.safetensors", x, ""), InvalidArgument);

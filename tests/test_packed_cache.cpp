@@ -22,6 +22,7 @@
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "support/cache_model.h"
+#include "support/snapshot_fixtures.h"
 
 using namespace qvg;
 using namespace qvg::testing;
@@ -258,13 +259,15 @@ CacheOptions small_opts(int64_t cs, int64_t sink = 0, std::optional<int64_t> win
   return o;
 }
 
-QuantArgs small_quant() {
-  QuantArgs q;
-  q.bits = 4;
-  q.centroids = 4;
-  q.block_size = 8;
+/// qvg::testing::small_quant() with one stage of one k-means iteration, random init and
+/// the default recent chunks kept raw.
+QuantArgs one_stage_quant() {
+  const QuantArgs d;
+  QuantArgs q = qvg::testing::small_quant();
+  q.stages = d.stages;
   q.kmeans_iters = 1;
-  q.threads = 1;
+  q.init = d.init;
+  q.keep_recent_chunks = d.keep_recent_chunks;
   return q;
 }
 
@@ -287,7 +290,7 @@ KVView advance(PackedCausalCache& c, std::mt19937_64& rng, int64_t n, std::optio
 }  // namespace
 
 TEST(PackedCachePolicy, SpansFillOldestFirstAndKeepRecentStaysRaw) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.span_chunks = 2;
   q.keep_recent_chunks = 1;
   PackedCausalCache c(small_opts(100), q);
@@ -305,7 +308,7 @@ TEST(PackedCachePolicy, SpansFillOldestFirstAndKeepRecentStaysRaw) {
 }
 
 TEST(PackedCachePolicy, SinkChunkSpansAndSinkKeep) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.sink_keep_chunks = 1;
   q.keep_recent_chunks = 0;
   PackedCausalCache c(small_opts(100, 6), q);
@@ -322,7 +325,7 @@ TEST(PackedCachePolicy, SinkChunkSpansAndSinkKeep) {
 }
 
 TEST(PackedCachePolicy, SinkSpanFullPacksAllSinkChunksAtTheFirstNonSinkAdvance) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.sink_span = SinkSpan::Full;
   q.span_chunks = 3;  // ignored for sinks
   PackedCausalCache c(small_opts(100, 5), q);  // sink inside the third chunk
@@ -336,7 +339,7 @@ TEST(PackedCachePolicy, SinkSpanFullPacksAllSinkChunksAtTheFirstNonSinkAdvance) 
 }
 
 TEST(PackedCachePolicy, SinkOffKeepsSinkRaw) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.sink = false;
   q.keep_recent_chunks = 0;
   PackedCausalCache c(small_opts(100, 2), q);
@@ -346,7 +349,7 @@ TEST(PackedCachePolicy, SinkOffKeepsSinkRaw) {
 }
 
 TEST(PackedCachePolicy, EvictionDropsWholeSegmentsOnly) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.span_chunks = 2;
   q.keep_recent_chunks = 0;
   // window 7 = sink 1 + 6 tail tokens.
@@ -363,7 +366,7 @@ TEST(PackedCachePolicy, EvictionDropsWholeSegmentsOnly) {
 }
 
 TEST(PackedCachePolicy, WindowTooSmallForAFullSpanPacksNothing) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.span_chunks = 4;
   q.keep_recent_chunks = 1;
   PackedCausalCache c(small_opts(8), q);  // 4 chunks of 2 visible: never 4 eligible at once
@@ -375,7 +378,7 @@ TEST(PackedCachePolicy, WindowTooSmallForAFullSpanPacksNothing) {
 }
 
 TEST(PackedCachePolicy, WarmInitChainsCodebooksPerTensor) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.init = Init::Warm;
   q.keep_recent_chunks = 0;
   q.kmeans_iters = 2;
@@ -413,7 +416,7 @@ TEST(PackedCachePolicy, WarmInitChainsCodebooksPerTensor) {
 // same rows for every chunk that holds no layer, and lower error on those that do.
 TEST(PackedCachePolicy, RefinementLeavesTheBaseEncodingsAsWithout) {
   for (const int refine_bits : {2, 4}) {
-    QuantArgs q = small_quant();
+    QuantArgs q = one_stage_quant();
     q.bits = 2;
     q.span_chunks = 3;
     q.span_mode = SpanMode::Incremental;
@@ -489,7 +492,7 @@ TEST(PackedCachePolicy, RefinementLeavesTheBaseEncodingsAsWithout) {
 }
 
 TEST(PackedCachePolicy, ZeroCopyInsideTheCurrentChunkAndTransientBytes) {
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   q.span_chunks = 2;
   q.keep_recent_chunks = 0;
   PackedCausalCache c(small_opts(100), q);
@@ -640,7 +643,7 @@ TEST(PackedCacheScratch, SharedViewScratchAcrossLayers) {
   auto shared = std::make_shared<ViewScratch>();
   CacheOptions os = o;
   os.view_scratch = shared;
-  QuantArgs q = small_quant();
+  QuantArgs q = one_stage_quant();
   PackedCausalCache a(o, q), b(o, q), as(os, q), bs(os, q);
   for (int64_t c = 0; c < 48; c += 4) {
     Tensor ka = random_tensor(rng, o.dtype, {o.batch, 4, o.heads, o.head_dim});

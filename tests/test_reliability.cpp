@@ -40,22 +40,14 @@
 #include "qvg/numeric.h"
 #include "qvg/workload.h"
 #include "support/cache_model.h"
+#include "support/files.h"
 
 namespace qvg {
 namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
-
-// A safetensors file of the given header text and no data (filled by memcpy into a
-// presized buffer: GCC 12 warns falsely on chained inserts).
-Bytes st_bytes(const std::string& header) {
-  Bytes out(8 + header.size());
-  const uint64_t n = header.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, header.data(), header.size());
-  return out;
-}
+using testing::st_bytes;
 
 std::string error_text(auto&& f) {
   try {

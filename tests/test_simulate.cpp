@@ -359,6 +359,38 @@ TEST(SimulateSvg, RendererEscapesAndRejectsBadInput) {
   EXPECT_NO_THROW(render_line_chart(c));  // empty charts render axes only
 }
 
+TEST(SimulateSvg, LogAxisScatterAndCallouts) {
+  LineChart c;
+  c.log_y = true;
+  c.x_to_ticks = true;
+  // y <= 0 is not drawn on a log axis.
+  c.series.push_back({.name = "points",
+                      .x = {1, 2, 3},
+                      .y = {0.001, 0.05, -1},
+                      .markers = true,
+                      .line = false,
+                      .marker_fill = "none",
+                      .point_titles = {"a", "b", "c"},
+                      .id = "points",
+                      .point_class = "pt"});
+  c.callouts.push_back({"ref", "the reference", 3, 0.5, "#ff0000", 10});
+  const std::string svg = render_line_chart(c);
+  check_xml(svg);
+  for (const char* t : {">0.001<", ">0.01<", ">0.1<", ">1<"}) EXPECT_NE(svg.find(t), std::string::npos) << t;
+  EXPECT_EQ(svg.find("class=\"series\""), std::string::npos) << "a scatter has no line";
+  size_t n = 0;
+  for (size_t i = 0; (i = svg.find("class=\"pt\"", i)) != std::string::npos; ++i) ++n;
+  EXPECT_EQ(n, 2u);
+  EXPECT_NE(svg.find("<title>b</title></circle>"), std::string::npos);
+  EXPECT_NE(svg.find("<g id=\"points\">"), std::string::npos);
+  // The callout sits at the right edge: its text turns left.
+  EXPECT_NE(svg.find("<g id=\"ref\">"), std::string::npos);
+  EXPECT_NE(svg.find("text-anchor=\"end\">the reference</text>"), std::string::npos);
+  EXPECT_NE(svg.find("id=\"x-label\""), std::string::npos);
+  c.series[0].point_titles = {"a"};
+  EXPECT_THROW(render_line_chart(c), InvalidArgument);
+}
+
 TEST(SimulateSvg, NiceTicks) {
   auto t = nice_ticks(0, 43.2, 6);
   ASSERT_GE(t.size(), 4u);

@@ -38,6 +38,7 @@
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
 #include "support/cache_model.h"
+#include "support/errors.h"
 #include "support/files.h"
 #include "support/snapshot_fixtures.h"
 
@@ -47,21 +48,11 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 using testing::Call;
+using testing::error_of;
 using testing::file_bytes;
 using testing::Outcome;
 using testing::put_file;
 using testing::TempDir;
-
-std::string error_of(auto&& f, ErrorKind want) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(int(e.kind()), int(want)) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
 
 // ---- random scenarios ---------------------------------------------------------------
 

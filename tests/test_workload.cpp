@@ -11,15 +11,14 @@
 
 #include "qvg/error.h"
 #include "qvg/workload.h"
+#include "support/data.h"
 
 namespace qvg {
 namespace {
 
-constexpr double kScale = 0.25;
+using testing::same_bytes;
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
+constexpr double kScale = 0.25;
 
 TEST(WorkloadPresets, TableOfWorkloadMd) {
   ASSERT_EQ(model_presets().size(), 4u);
@@ -109,7 +108,7 @@ TEST(WorkloadPresets, ChunkSchedule) {
   EXPECT_THROW(chunk_info(lc, -1), InvalidArgument);
 }
 
-class WorkloadStats : public testing::TestWithParam<const char*> {};
+class WorkloadStats : public ::testing::TestWithParam<const char*> {};
 
 // The estimators of workload.md on a middle layer, 3 frames after the start, at scale 0.25.
 TEST_P(WorkloadStats, MatchTheTargets) {
@@ -150,9 +149,9 @@ TEST_P(WorkloadStats, MatchTheTargets) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, WorkloadStats,
-                         testing::Values("self-forcing-1.3b", "lingbot-world-14b", "longcat-video-13.6b",
-                                         "hy-worldplay-8b"),
-                         [](const testing::TestParamInfo<const char*>& i) {
+                         ::testing::Values("self-forcing-1.3b", "lingbot-world-14b", "longcat-video-13.6b",
+                                           "hy-worldplay-8b"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string s = i.param;
                            for (char& ch : s)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';

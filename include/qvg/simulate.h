@@ -263,7 +263,24 @@ struct ChartSeries {
   bool steps = false;    ///< a staircase: y[i] holds from x[i] to x[i+1]
   bool markers = false;  ///< a dot at every point
   double opacity = 1.0;
-  bool legend = true;  ///< listed in the legend
+  bool legend = true;          ///< listed in the legend
+  bool line = true;            ///< the points joined (false, with `markers`: a scatter)
+  double marker_radius = 2.6;  ///< px
+  /// Empty: markers filled with `color`; else filled with this ("none": a ring) and
+  /// outlined in `color`.
+  std::string marker_fill;
+  std::vector<std::string> point_titles;  ///< empty, or one tooltip per point (its marker's <title>)
+  std::string id;                         ///< set: the series is drawn inside <g id="...">
+  std::string point_class;                ///< set: the class attribute of every marker
+};
+
+/// A labelled point drawn over the series (e.g. "reference default"): a dot, a leader
+/// line and bold text `dy` px below it (negative: above), in <g id="id">.
+struct ChartCallout {
+  std::string id, text;
+  double x = 0, y = 0;
+  std::string fill = "#f1c40f";
+  double dy = 0;
 };
 
 /// A vertical marker line with a label (e.g. "window full").
@@ -278,13 +295,19 @@ struct LineChart {
   std::string x_label, y_label;
   std::vector<ChartSeries> series;
   std::vector<ChartMarker> markers;
-  bool y_from_zero = true;        ///< the y axis starts at 0
+  std::vector<ChartCallout> callouts;
+  bool y_from_zero = true;  ///< the y axis starts at 0 (not with log_y)
+  /// A log10 y axis over whole decades, a tick at each; y values <= 0 are not drawn.
+  bool log_y = false;
+  bool x_to_ticks = false;        ///< the x axis extends to the ticks either side of the data
   int width = 900, height = 460;  ///< px
 };
 
 /// Renders the chart as SVG text: axes with "nice" ticks (1, 2, 5 x 10^k), grid
-/// lines, tick labels, axis labels, title, subtitle and a legend.
-/// Throws InvalidArgument when a series' x and y differ in length or width/height < 200.
+/// lines, tick labels, axis labels (ids x-label and y-label), title, subtitle, a
+/// legend, the series and the callouts.
+/// Throws InvalidArgument when a series' x and y (or a non-empty point_titles) differ
+/// in length or width/height < 200.
 std::string render_line_chart(const LineChart& chart);
 
 /// Tick positions from lo to hi with a 1/2/5 x 10^k step, about `target` of them.
@@ -433,8 +456,9 @@ struct FrontierResult {
 
 FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(const std::string&)>& progress = {});
 std::string frontier_json(const FrontierResult& r, int indent = 2);
-/// Scatter chart: x bits per element, y attention relative error (log scale); the
-/// Pareto set joined and marked, the reference default and the hq profile labelled.
+/// Scatter chart drawn by render_line_chart: x bits per element, y attention relative
+/// error (log scale); the baselines' curves, the Pareto set joined and ringed, the
+/// reference default and the hq profile labelled.
 std::string frontier_svg(const FrontierResult& r);
 std::string frontier_text(const FrontierResult& r);
 /// Writes (name, content) files into dir (created if needed), each to a temporary

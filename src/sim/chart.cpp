@@ -90,6 +90,15 @@ std::string render_line_chart(const LineChart& c) {
     if (s.x.size() != s.y.size())
       throw InvalidArgument(fmt::format("chart series '{}': x has {} values, y has {}; they must be equal", s.name,
                                         s.x.size(), s.y.size()));
+  for (const ChartSeries& s : c.series)
+    if (!s.point_titles.empty() && s.point_titles.size() != s.x.size())
+      throw InvalidArgument(
+          fmt::format("chart series '{}': {} point titles for {} points", s.name, s.point_titles.size(), s.x.size()));
+  // The plotted y value: log10 on a log axis (non-finite where y <= 0: not drawn).
+  auto plotted = [&](double y) {
+    if (!c.log_y) return y;
+    return y > 0 ? std::log10(y) : std::numeric_limits<double>::quiet_NaN();
+  };
 
   // Data ranges (a staircase's last step extends one spacing to the right).
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
@@ -99,9 +108,9 @@ std::string render_line_chart(const LineChart& c) {
       xmin = std::min(xmin, s.x[i]);
       xmax = std::max(xmax, s.x[i]);
       if (s.steps && i + 1 == s.x.size() && i > 0) xmax = std::max(xmax, 2 * s.x[i] - s.x[i - 1]);
-      if (std::isfinite(s.y[i])) {
-        ymin = std::min(ymin, s.y[i]);
-        ymax = std::max(ymax, s.y[i]);
+      if (const double y = plotted(s.y[i]); std::isfinite(y)) {
+        ymin = std::min(ymin, y);
+        ymax = std::max(ymax, y);
       }
     }
   }
@@ -109,20 +118,40 @@ std::string render_line_chart(const LineChart& c) {
     xmin = std::min(xmin, m.x);
     xmax = std::max(xmax, m.x);
   }
+  for (const ChartCallout& m : c.callouts) {
+    xmin = std::min(xmin, m.x);
+    xmax = std::max(xmax, m.x);
+    if (const double y = plotted(m.y); std::isfinite(y)) ymin = std::min(ymin, y), ymax = std::max(ymax, y);
+  }
   if (!std::isfinite(xmin)) xmin = 0, xmax = 1;
   if (!std::isfinite(ymin)) ymin = 0, ymax = 1;
-  if (c.y_from_zero) ymin = std::min(0.0, ymin);
+  if (c.y_from_zero && !c.log_y) ymin = std::min(0.0, ymin);
   if (xmax == xmin) xmax = xmin + 1;
-  if (ymax == ymin) ymax = ymin + (ymin == 0 ? 1 : std::abs(ymin) * 0.1);
-  // Headroom above the data, then round the axis to the ticks.
-  ymax += (ymax - ymin) * 0.06;
-  std::vector<double> yt = nice_ticks(ymin, ymax, 6);
-  const double ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
-  if (!yt.empty() && yt.back() < ymax) yt.push_back(yt.back() + ystep);
-  if (!yt.empty() && yt.front() > ymin) yt.insert(yt.begin(), yt.front() - ystep);
-  if (!yt.empty()) ymin = yt.front(), ymax = yt.back();
-  const std::vector<double> xt = nice_ticks(xmin, xmax, 10);
+  std::vector<double> yt;
+  double ystep = 1;
+  if (c.log_y) {
+    // Whole decades, a tick at each.
+    ymin = std::floor(ymin);
+    ymax = std::max(std::ceil(ymax), ymin + 1);
+    for (double e = ymin; e <= ymax; ++e) yt.push_back(e);
+  } else {
+    if (ymax == ymin) ymax = ymin + (ymin == 0 ? 1 : std::abs(ymin) * 0.1);
+    // Headroom above the data, then round the axis to the ticks.
+    ymax += (ymax - ymin) * 0.06;
+    yt = nice_ticks(ymin, ymax, 6);
+    ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
+    if (!yt.empty() && yt.back() < ymax) yt.push_back(yt.back() + ystep);
+    if (!yt.empty() && yt.front() > ymin) yt.insert(yt.begin(), yt.front() - ystep);
+    if (!yt.empty()) ymin = yt.front(), ymax = yt.back();
+  }
+  auto y_tick_label = [&](double v) { return c.log_y ? fmt::format("{:g}", std::pow(10.0, v)) : tick_label(v, ystep); };
+  std::vector<double> xt = nice_ticks(xmin, xmax, 10);
   const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1;
+  if (c.x_to_ticks && !xt.empty()) {
+    if (xt.front() > xmin) xt.insert(xt.begin(), xt.front() - xstep);
+    if (xt.back() < xmax) xt.push_back(xt.back() + xstep);
+    xmin = xt.front(), xmax = xt.back();
+  }
 
   // Layout.
   std::vector<const ChartSeries*> leg;
@@ -130,7 +159,7 @@ std::string render_line_chart(const LineChart& c) {
     if (s.legend && !s.name.empty()) leg.push_back(&s);
   const double W = c.width, H = c.height;
   double ylab_w = 0;
-  for (double v : yt) ylab_w = std::max(ylab_w, text_width(tick_label(v, ystep), 12));
+  for (double v : yt) ylab_w = std::max(ylab_w, text_width(y_tick_label(v), 12));
   const double left = std::max(64.0, ylab_w + 40);
   const double right = 28;
   // Legend rows: entries flow left to right under the subtitle.
@@ -169,6 +198,11 @@ std::string render_line_chart(const LineChart& c) {
   const double px0 = left, px1 = W - right, py0 = top, py1 = H - bottom;
   auto X = [&](double x) { return px0 + (x - xmin) / (xmax - xmin) * (px1 - px0); };
   auto Y = [&](double y) { return py1 - (y - ymin) / (ymax - ymin) * (py1 - py0); };
+  // A marker's fill and outline (see ChartSeries::marker_fill).
+  auto marker_paint = [](const ChartSeries& s) {
+    return s.marker_fill.empty() ? fmt::format("fill=\"{}\"", s.color)
+                                 : fmt::format("fill=\"{}\" stroke=\"{}\"", s.marker_fill, s.color);
+  };
 
   std::string o;
   o += fmt::format(
@@ -193,14 +227,16 @@ std::string render_line_chart(const LineChart& c) {
     double lx = px0;
     const double ly = title_h + 12 + double(r) * 20;
     for (const ChartSeries* s : rows[r]) {
-      o += fmt::format(
-          "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"{:.1f}\"{}{}/>\n",
-          lx, ly - 4, lx + swatch, ly - 4, s->color, std::max(2.0, s->width),
-          s->dashed ? " stroke-dasharray=\"6,4\"" : "",
-          s->opacity < 1 ? fmt::format(" stroke-opacity=\"{:.2f}\"", s->opacity) : "");
+      if (s->line)
+        o += fmt::format(
+            "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
+            "stroke-width=\"{:.1f}\"{}{}/>\n",
+            lx, ly - 4, lx + swatch, ly - 4, s->color, std::max(2.0, s->width),
+            s->dashed ? " stroke-dasharray=\"6,4\"" : "",
+            s->opacity < 1 ? fmt::format(" stroke-opacity=\"{:.2f}\"", s->opacity) : "");
       if (s->markers)
-        o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", lx + swatch / 2, ly - 4,
-                         s->color);
+        o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" {}/>\n", lx + swatch / 2, ly - 4,
+                         marker_paint(*s));
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" fill=\"#333333\">{}</text>\n", lx + swatch + 6,
                        ly, leg_px, esc(s->name));
       lx += swatch + 6 + text_width(s->name, leg_px) + gap;
@@ -222,7 +258,7 @@ std::string render_line_chart(const LineChart& c) {
   o += "<g class=\"ticks\" font-size=\"12\" fill=\"#444444\">\n";
   for (double v : yt)
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", px0 - 8, Y(v) + 4,
-                     tick_label(v, ystep));
+                     y_tick_label(v));
   for (double v : xt)
     if (v >= xmin && v <= xmax)
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", X(v), py1 + 18,
@@ -234,10 +270,11 @@ std::string render_line_chart(const LineChart& c) {
       "<line x1=\"{0:.1f}\" y1=\"{2:.1f}\" x2=\"{3:.1f}\" y2=\"{2:.1f}\"/></g>\n",
       px0, py0, py1, px1);
   o += fmt::format(
-      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\">{}</text>\n",
+      "<text id=\"x-label\" x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" text-anchor=\"middle\" "
+      "fill=\"#222222\">{}</text>\n",
       (px0 + px1) / 2, H - 16, esc(c.x_label));
   o += fmt::format(
-      "<text x=\"{0:.1f}\" y=\"{1:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\" "
+      "<text id=\"y-label\" x=\"{0:.1f}\" y=\"{1:.1f}\" font-size=\"13\" text-anchor=\"middle\" fill=\"#222222\" "
       "transform=\"rotate(-90 {0:.1f} {1:.1f})\">{2}</text>\n",
       18.0, (py0 + py1) / 2, esc(c.y_label));
 
@@ -259,14 +296,15 @@ std::string render_line_chart(const LineChart& c) {
       px0 - 4, py0 - 4, px1 - px0 + 8, py1 - py0 + 8);
   o += "<g clip-path=\"url(#plot)\">\n";
   for (const ChartSeries& s : c.series) {
+    if (!s.id.empty()) o += fmt::format("<g id=\"{}\">\n", esc(s.id));
     std::string d;
     bool open = false;
-    for (size_t i = 0; i < s.x.size(); ++i) {
-      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
+    for (size_t i = 0; i < s.x.size() && s.line; ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(plotted(s.y[i]))) {
         open = false;
         continue;
       }
-      const double x = X(s.x[i]), y = Y(s.y[i]);
+      const double x = X(s.x[i]), y = Y(plotted(s.y[i]));
       if (s.steps) {
         double xn;
         if (i + 1 < s.x.size() && std::isfinite(s.x[i + 1]))
@@ -286,12 +324,37 @@ std::string render_line_chart(const LineChart& c) {
           d.substr(1), s.color, s.width, s.dashed ? " stroke-dasharray=\"6,4\"" : "",
           s.opacity < 1 ? fmt::format(" stroke-opacity=\"{:.2f}\"", s.opacity) : "", esc(s.name));
     if (s.markers)
-      for (size_t i = 0; i < s.x.size(); ++i)
-        if (std::isfinite(s.x[i]) && std::isfinite(s.y[i]))
-          o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.6\" fill=\"{}\"{}/>\n", X(s.x[i]), Y(s.y[i]),
-                           s.color, s.opacity < 1 ? fmt::format(" fill-opacity=\"{:.2f}\"", s.opacity) : "");
+      for (size_t i = 0; i < s.x.size(); ++i) {
+        const double y = plotted(s.y[i]);
+        if (!std::isfinite(s.x[i]) || !std::isfinite(y)) continue;
+        o += fmt::format("<circle{} cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{:g}\" {}{}",
+                         s.point_class.empty() ? "" : fmt::format(" class=\"{}\"", esc(s.point_class)), X(s.x[i]), Y(y),
+                         s.marker_radius, marker_paint(s),
+                         s.opacity < 1 ? fmt::format(" fill-opacity=\"{:.2f}\"", s.opacity) : "");
+        o += s.point_titles.empty() ? "/>\n" : fmt::format("><title>{}</title></circle>\n", esc(s.point_titles[i]));
+      }
+    if (!s.id.empty()) o += "</g>\n";
   }
-  o += "</g>\n</svg>\n";
+  o += "</g>\n";
+
+  // Callouts, over everything; the leader and text go left where the text would pass
+  // the plot's right edge.
+  for (const ChartCallout& m : c.callouts) {
+    const double y = plotted(m.y);
+    if (!std::isfinite(m.x) || !std::isfinite(y)) continue;
+    const double cx = X(m.x), cy = Y(y);
+    const bool flip = cx + 33 + text_width(m.text, 12) > px1;
+    const double lead = flip ? -30 : 30, tx = flip ? cx - 33 : cx + 33;
+    o += fmt::format("<g id=\"{}\">\n<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"7\" fill=\"{}\" stroke=\"#000000\"/>\n",
+                     esc(m.id), cx, cy, m.fill);
+    o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\"/>\n", cx, cy,
+                     cx + lead, cy + m.dy);
+    o += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" font-weight=\"bold\" fill=\"#222222\" "
+        "text-anchor=\"{}\">{}</text>\n</g>\n",
+        tx, cy + m.dy + 4, flip ? "end" : "start", esc(m.text));
+  }
+  o += "</svg>\n";
   return o;
 }
 

@@ -16,16 +16,6 @@ bool small_scale() {
 }
 int scaled(int full, int small) { return small_scale() ? small : full; }
 
-Tensor random_tensor(std::mt19937_64& rng, DType dt, Shape4 shape, float amp) {
-  Tensor t(dt, shape);
-  std::uniform_real_distribution<float> u(-amp, amp);
-  for (int64_t b = 0; b < shape.b; ++b)
-    for (int64_t s = 0; s < shape.s; ++s)
-      for (int64_t h = 0; h < shape.h; ++h)
-        for (int64_t d = 0; d < shape.d; ++d) t.set(b, s, h, d, u(rng));
-  return t;
-}
-
 namespace {
 
 bool values_ok(const Tensor& t) {

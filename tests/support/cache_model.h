@@ -23,6 +23,7 @@
 #include "qvg/config.h"
 #include "qvg/error.h"
 #include "qvg/tensor.h"
+#include "support/data.h"
 
 namespace qvg::testing {
 
@@ -41,9 +42,6 @@ struct Call {
   int64_t h_in() const { return k.shape().h; }
   int64_t head0() const { return hs.value_or(0); }
 };
-
-/// A random tensor [B, n, h, D] of dtype with values in [-amp, amp] (rounded to dtype).
-Tensor random_tensor(std::mt19937_64& rng, DType dt, Shape4 shape, float amp = 2.0f);
 
 /// What a model predicts for one call's view: [B, T, h_in, D] as fp32.
 struct ModelView {

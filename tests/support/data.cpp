@@ -1,5 +1,6 @@
 #include "support/data.h"
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -12,6 +13,11 @@ Tensor random_tensor(Shape4 shape, DType dtype, uint64_t seed, float sigma, floa
   const size_t N = size_t(shape.numel());
   for (size_t i = 0; i < N; ++i) store_f32(t.data(), dtype, i, n(rng) + offset);
   return t;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
 }
 
 Tensor clustered_tensor(Shape4 shape, DType dtype, uint64_t seed, int clusters, float scale, float offset,

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -33,6 +34,15 @@ std::vector<uint8_t> file_bytes(const fs::path& p) {
 void put_file(const fs::path& p, const std::vector<uint8_t>& b) {
   std::ofstream f(p, std::ios::binary);
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+std::vector<uint8_t> st_bytes(const std::string& header, size_t data_bytes) {
+  // Filled by memcpy into a presized buffer (GCC 12 warns falsely on chained inserts).
+  std::vector<uint8_t> out(8 + header.size() + data_bytes, 0);
+  const uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  return out;
 }
 
 }  // namespace qvg::testing

@@ -30,4 +30,8 @@ std::vector<uint8_t> file_bytes(const std::filesystem::path& p);
 /// Writes `b` to `p` (plainly, not atomically: tests use it to plant files).
 void put_file(const std::filesystem::path& p, const std::vector<uint8_t>& b);
 
+/// A safetensors file: the 8-byte little-endian length of `header`, the header text,
+/// then `data_bytes` zero bytes.
+std::vector<uint8_t> st_bytes(const std::string& header, size_t data_bytes = 0);
+
 }  // namespace qvg::testing
