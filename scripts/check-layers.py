@@ -57,6 +57,7 @@ PUBLIC = {
     "cache.h": "cache", "attention.h": "cache", "cuda_cache.h": "cache", "snapshot.h": "cache",
     "io.h": "io",
     "workload.h": "workload", "baselines.h": "baselines", "memory.h": "memory", "simulate.h": "sim",
+    "compare.h": "sim", "frontier.h": "sim", "chart.h": "sim", "error_sums.h": "sim",
 }
 # Public headers a layer may include although they belong to a higher layer:
 # the kernels may use the plain value type EncodedTensor (qvg/codec.h) to move

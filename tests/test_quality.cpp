@@ -14,7 +14,7 @@
 #include "qvg/config.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
-#include "qvg/simulate.h"
+#include "qvg/frontier.h"
 #include "support/data.h"
 
 namespace qvg {

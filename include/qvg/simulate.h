@@ -1,5 +1,7 @@
-// qvg/simulate.h — the streaming simulation behind `qvg simulate`, the quantizer
-// comparison behind `qvg compare`, and their reports (JSON, text, SVG charts).
+// qvg/simulate.h — the streaming simulation behind `qvg simulate` and its report
+// (JSON, text, SVG charts). The other experiments have their own headers:
+// qvg/compare.h (`qvg compare`), qvg/frontier.h (`qvg compare --frontier`); the
+// error measures are in qvg/error_sums.h, the SVG charts in qvg/chart.h.
 //
 // simulate(): a synthetic video stream (qvg/workload.h) is fed chunk by chunk,
 // layer by layer, through a DenseCausalCache and one PackedCausalCache per packed
@@ -29,13 +31,6 @@
 // Everything except the wall times is deterministic: the same configuration gives
 // the same records, bytes and errors whatever the thread count.
 //
-// compare(): one context of `context_chunks` chunks is quantized by each method
-// (the PRQ codec as one span; RTN, KIVI-style, QuaRot-style round trips at the same
-// bits and block size) and scored: bits per element (everything stored, codebooks
-// included), K and V SNR over the context, and the attention of the next chunk's
-// (subsampled) queries over [quantized context ++ raw next chunk] versus over the
-// original tensors.
-//
 // Errors: every entry point validates its configuration first and throws
 // InvalidArgument naming the field, its value and what is allowed.
 #pragma once
@@ -48,42 +43,11 @@
 #include <utility>
 #include <vector>
 
-#include "qvg/baselines.h"
 #include "qvg/config.h"
+#include "qvg/error_sums.h"
 #include "qvg/workload.h"
 
 namespace qvg {
-
-// ---------------------------------------------------------------------------
-// Error sums: kept as sums so that layers and chunks pool exactly.
-
-/// Reconstruction error of one tensor over a set of elements.
-struct ErrorSums {
-  double err = 0;      ///< sum of (x - x')^2
-  double ref = 0;      ///< sum of x^2
-  int64_t tokens = 0;  ///< tokens (rows of all heads) the sums cover
-  void add(const ErrorSums& o) { err += o.err, ref += o.ref, tokens += o.tokens; }
-  /// err / ref; nullopt when no tokens were compared or ref == 0.
-  std::optional<double> rel_mse() const;
-  /// -10 log10(rel_mse); nullopt when rel_mse is absent or 0 (identical).
-  std::optional<double> snr_db() const;
-};
-
-/// Attention output error of one view against the reference output.
-struct AttentionSums {
-  double err = 0;       ///< sum over outputs of ||o - o_ref||^2
-  double ref = 0;       ///< sum over outputs of ||o_ref||^2
-  double cos_sum = 0;   ///< sum over (query, head) vectors of cos(o, o_ref)
-  double cos_min = 1;   ///< smallest cosine of any (query, head) vector
-  int64_t vectors = 0;  ///< (query, head) vectors compared
-  void add(const AttentionSums& o);
-  double rel_l2() const;  ///< sqrt(err / ref); 0 when ref == 0
-  double cosine() const;  ///< cos_sum / vectors (mean cosine); 1 when empty
-};
-
-/// Accumulates the error of `out` against `ref` (both fp32 [B, n, H, D], same shape).
-/// A zero vector has cosine 1 against a zero vector and 0 against anything else.
-AttentionSums attention_error(const Tensor& out, const Tensor& ref);
 
 // ---------------------------------------------------------------------------
 // simulate()
@@ -249,239 +213,5 @@ std::string attention_chart_svg(const SimulationResult& result);
 /// to temporaries in `dir` and then renamed, so a write error leaves none of them
 /// (the temporaries are removed); only a failing rename could leave some.
 void write_simulation_report(const SimulationResult& result, const std::string& dir);
-
-// ---------------------------------------------------------------------------
-// Charts (a small hand-written SVG renderer; no dependencies)
-
-/// One line of a chart.
-struct ChartSeries {
-  std::string name;          ///< legend text (XML-escaped when rendered)
-  std::vector<double> x, y;  ///< same length; non-finite y values break the line
-  std::string color = "#1f77b4";
-  double width = 2.0;  ///< stroke width in px
-  bool dashed = false;
-  bool steps = false;    ///< a staircase: y[i] holds from x[i] to x[i+1]
-  bool markers = false;  ///< a dot at every point
-  double opacity = 1.0;
-  bool legend = true;          ///< listed in the legend
-  bool line = true;            ///< the points joined (false, with `markers`: a scatter)
-  double marker_radius = 2.6;  ///< px
-  /// Empty: markers filled with `color`; else filled with this ("none": a ring) and
-  /// outlined in `color`.
-  std::string marker_fill;
-  std::vector<std::string> point_titles;  ///< empty, or one tooltip per point (its marker's <title>)
-  std::string id;                         ///< set: the series is drawn inside <g id="...">
-  std::string point_class;                ///< set: the class attribute of every marker
-};
-
-/// A labelled point drawn over the series (e.g. "reference default"): a dot, a leader
-/// line and bold text `dy` px below it (negative: above), in <g id="id">.
-struct ChartCallout {
-  std::string id, text;
-  double x = 0, y = 0;
-  std::string fill = "#f1c40f";
-  double dy = 0;
-};
-
-/// A vertical marker line with a label (e.g. "window full").
-struct ChartMarker {
-  double x = 0;
-  std::string label;
-};
-
-struct LineChart {
-  std::string title, subtitle;  ///< the subtitle wraps onto a second line when too long
-  std::string note;             ///< optional headline under the subtitle (e.g. the ratio)
-  std::string x_label, y_label;
-  std::vector<ChartSeries> series;
-  std::vector<ChartMarker> markers;
-  std::vector<ChartCallout> callouts;
-  bool y_from_zero = true;  ///< the y axis starts at 0 (not with log_y)
-  /// A log10 y axis over whole decades, a tick at each; y values <= 0 are not drawn.
-  bool log_y = false;
-  bool x_to_ticks = false;        ///< the x axis extends to the ticks either side of the data
-  int width = 900, height = 460;  ///< px
-};
-
-/// Renders the chart as SVG text: axes with "nice" ticks (1, 2, 5 x 10^k), grid
-/// lines, tick labels, axis labels (ids x-label and y-label), title, subtitle, a
-/// legend, the series and the callouts.
-/// Throws InvalidArgument when a series' x and y (or a non-empty point_titles) differ
-/// in length or width/height < 200.
-std::string render_line_chart(const LineChart& chart);
-
-/// Tick positions from lo to hi with a 1/2/5 x 10^k step, about `target` of them.
-std::vector<double> nice_ticks(double lo, double hi, int target = 6);
-
-// ---------------------------------------------------------------------------
-// compare()
-
-struct CompareConfig {
-  std::string model = "self-forcing-1.3b";
-  double scale = 0.25;
-  uint64_t seed = 0;
-  /// Chunks of context quantized together (one PRQ span). nullopt: the fewest chunks
-  /// holding at least 64 x centroids tokens, so codebooks cost at most 0.25 bits per
-  /// element (see default_context_chunks). 1..1000.
-  std::optional<int64_t> context_chunks;
-  int layers = 2;        ///< layers scored, spread by select_layers: 1..model layers
-  int query_stride = 8;  ///< every query_stride-th query of the next chunk: >= 1
-  CodecConfig codec;     ///< bits, block size etc. shared by every method
-  /// How the qvg codec encodes the context's chunks: deferred = one span trained on
-  /// all of them; incremental = chunk by chunk into one growing span codebook, as
-  /// the packed cache's incremental spans do (docs/spans.md).
-  SpanMode span_mode = SpanMode::Deferred;
-  int threads = 0;
-
-  void validate() const;  ///< InvalidArgument naming the field
-};
-
-/// ceil(64 * centroids / chunk_tokens) (at least 1).
-int64_t default_context_chunks(const ModelPreset& scaled, int centroids);
-
-/// One method's figures (pooled over the scored layers).
-struct CompareRow {
-  std::string method;           ///< "qvg" | "rtn" | "kivi" | "quarot"
-  double bits_per_element = 0;  ///< everything stored (codebooks, ids, scales, zeros), K and V
-  double ratio = 0;             ///< 16 / bits_per_element (vs bf16)
-  ErrorSums k, v;               ///< over the context tokens
-  AttentionSums attention;      ///< vs attention over the original tensors
-  double seconds = 0;           ///< quantize + dequantize time
-};
-
-struct CompareResult {
-  CompareConfig config;
-  ModelPreset preset;  ///< scaled
-  std::vector<int> layers;
-  int64_t context_chunks = 0, context_tokens = 0, queries = 0;
-  std::vector<CompareRow> rows;  ///< qvg, rtn, kivi, quarot
-  double wall_s = 0;
-};
-
-CompareResult compare(const CompareConfig& cfg);
-std::string compare_json(const CompareResult& result, int indent = 2);
-std::string compare_table_text(const CompareResult& result);
-
-// ---------------------------------------------------------------------------
-// frontier(): the rate-distortion frontier (issue 16, docs/quality.md). qvg
-// configurations (per-role codec settings and span length) and the baselines at
-// several rates, scored on the same context as compare(): bits per element (every
-// stored byte), attention relative L2 error of the next chunk's queries, K/V SNR.
-//
-// Search strategy (stated, deterministic): coordinate descent from the reference
-// default (reference_codec()). A round visits the knobs in a fixed order; for each,
-// every value is evaluated with the other knobs at the current configuration, and the
-// one of least attention error within the budget (the reference's bits per element
-// + bpe_slack) is kept. Rounds repeat until one changes nothing (at most max_rounds).
-// Then a ladder of rates around the result (bits 2/4 x centroids 64/256), the hq
-// profile and the baselines (RTN, KIVI-style, QuaRot-style at 2, 3 and 4 bits, groups
-// of 32 and 64) are evaluated. Every evaluated point is reported; the Pareto set
-// (no other point has both fewer bits and less error) is marked.
-
-/// One qvg configuration: K's and V's codec settings and the span length.
-struct FrontierCodec {
-  CodecConfig k, v;
-  int span_chunks = 0;  ///< chunks per span (each its own codebook), oldest first; 0 = the whole context
-  /// "k: bits=2 ... | v: ... | span=all" (only what differs from the reference when `short_form`).
-  std::string describe(bool short_form = false) const;
-  bool operator==(const FrontierCodec&) const = default;
-};
-
-/// The reference default: the engine's QVGKVQuantArgs defaults (int2, 128 centroids,
-/// block 64, one stage, 2 iterations, symmetric, fp8 scales) with `compat` scaling.
-FrontierCodec reference_codec();
-/// The codec settings of a QuantArgs (per role; span = the whole context).
-FrontierCodec frontier_codec_of(const QuantArgs& q);
-
-struct FrontierConfig {
-  std::string model = "self-forcing-1.3b";
-  double scale = 0.25;
-  uint64_t seed = 0;
-  /// Chunks of context; nullopt: default_context_chunks(preset, 256) (the largest
-  /// codebook swept costs at most 0.25 bits per element). 1..1000.
-  std::optional<int64_t> context_chunks;
-  int layers = 2;
-  int query_stride = 8;  ///< every query_stride-th query of the next chunk: >= 1
-  /// Queries scored per layer at most: the stride grows (from query_stride) until the
-  /// next chunk gives at most this many (attention over the whole window is the costly
-  /// part of an evaluation: LongCat's 24-frame chunks hold 9,360 queries at scale
-  /// 0.25). 0 = no cap.
-  int max_queries = 160;
-  uint64_t codec_seed = 1234;
-  double bpe_slack = 0.15;  ///< the descent's budget: reference bits per element + this (>= 0)
-  int max_rounds = 3;       ///< 1..10
-  bool quick = false;       ///< a reduced knob set and baseline set (tests)
-  int threads = 0;
-  void validate() const;
-};
-
-struct FrontierPoint {
-  std::string method;       ///< "qvg" | "rtn" | "kivi" | "quarot"
-  std::string label;        ///< "reference", "hq", the descent's move, or "rtn 3b g32"
-  std::string stage;        ///< "reference" | "descent" | "ladder" | "profile" | "baseline"
-  FrontierCodec codec;      ///< qvg points
-  BaselineConfig baseline;  ///< baseline points
-  double bits_per_element = 0;
-  ErrorSums k, v;
-  AttentionSums attention;
-  double encode_s = 0, decode_s = 0;  ///< qvg: summed over layers and spans
-  bool pareto = false;
-};
-
-/// A baseline's curve (one method and group size over bits 2, 3, 4) at the hq
-/// profile's bits per element (linear interpolation of log error between measured
-/// rates; outside them the nearest measured rate, `clamped`).
-struct FrontierCurveAt {
-  std::string method;
-  int group = 0;
-  double error = 0;
-  bool clamped = false;
-};
-
-struct FrontierResult {
-  FrontierConfig config;
-  ModelPreset preset;  ///< scaled
-  std::vector<int> layers;
-  int64_t context_chunks = 0, context_tokens = 0, queries = 0;
-  int query_stride = 0;  ///< the stride used (FrontierConfig::max_queries)
-  std::vector<FrontierPoint> points;
-  size_t reference = 0, best = 0, profile = 0;  ///< indices: reference default, descent result, hq profile
-  double budget_bpe = 0;
-  std::vector<std::string> trace;       ///< the descent's accepted moves, in order
-  std::vector<FrontierCurveAt> curves;  ///< every baseline curve at the profile's bits per element
-  /// Throughput (elements per second, K and V, best of 3) of the reference and the profile.
-  double ref_encode_eps = 0, ref_decode_eps = 0, hq_encode_eps = 0, hq_decode_eps = 0;
-  double wall_s = 0;
-};
-
-FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(const std::string&)>& progress = {});
-std::string frontier_json(const FrontierResult& r, int indent = 2);
-/// Scatter chart drawn by render_line_chart: x bits per element, y attention relative
-/// error (log scale); the baselines' curves, the Pareto set joined and ringed, the
-/// reference default and the hq profile labelled.
-std::string frontier_svg(const FrontierResult& r);
-std::string frontier_text(const FrontierResult& r);
-/// Writes (name, content) files into dir (created if needed), each to a temporary
-/// first and renamed once all are written; throws InvalidArgument naming the file.
-void write_report_files(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files);
-/// Writes frontier.json, frontier.svg and summary.txt into dir (created if needed).
-void write_frontier_report(const FrontierResult& r, const std::string& dir);
-
-/// Warm start measured (issue 16): the context cut into one-chunk spans (the packed
-/// cache's default), each span's first k-means stage on K and V, seeded at random and
-/// from the previous span's centroids (init warm).
-struct WarmStartFigures {
-  int64_t groups = 0;                    ///< (span, tensor, head) k-means runs compared
-  double random_s = 0;                   ///< time of random init, 2 iterations (the target)
-  double warm_s_to_target = 0;           ///< time of warm init, the iterations it needed (runs that reached it)
-  double random_s_reached = 0;           ///< random's time over the runs warm reached the target in
-  double warm_s_equal_iters = 0;         ///< time of warm init with 2 iterations (all runs)
-  double warm_iters_to_target = 0;       ///< mean iterations warm needs to reach random's 2-iteration inertia
-  int64_t warm_never = 0;                ///< runs where warm did not reach it within 8 iterations
-  double inertia_ratio_equal_iters = 0;  ///< warm / random inertia after 2 iterations each (sums)
-  double inertia_ratio_one_iter = 0;     ///< warm after 1 iteration / random after 2
-};
-WarmStartFigures warm_start_figures(const std::string& model, double scale, int layers, int centroids, int64_t chunks,
-                                    uint64_t seed, int threads);
 
 }  // namespace qvg

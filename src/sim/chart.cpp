@@ -8,7 +8,7 @@
 #include <fmt/core.h>
 
 #include "qvg/error.h"
-#include "qvg/simulate.h"
+#include "qvg/chart.h"
 
 namespace qvg {
 

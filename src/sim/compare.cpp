@@ -10,7 +10,8 @@
 #include "qvg/baselines.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
-#include "qvg/simulate.h"
+#include "qvg/compare.h"
+#include "qvg/error_sums.h"
 #include "sim/sim_common.h"
 
 namespace qvg {

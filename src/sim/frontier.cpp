@@ -18,7 +18,8 @@
 #include "qvg/baselines.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
-#include "qvg/simulate.h"
+#include "qvg/error_sums.h"
+#include "qvg/frontier.h"
 #include "sim/sim_common.h"
 
 namespace qvg {

@@ -10,7 +10,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "qvg/simulate.h"
+#include "qvg/chart.h"
+#include "qvg/frontier.h"
 #include "sim/report_util.h"
 
 namespace qvg {

@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 
 #include "qvg/error.h"
+#include "qvg/frontier.h"
 #include "qvg/simulate.h"
 
 namespace qvg {

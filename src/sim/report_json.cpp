@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qvg/compare.h"
+#include "qvg/error_sums.h"
 #include "qvg/simulate.h"
 #include "qvg/version.h"
 #include "sim/report_util.h"

@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include "qvg/chart.h"
 #include "qvg/simulate.h"
 #include "sim/report_util.h"
 #include "sim/sim_common.h"

@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "qvg/compare.h"
 #include "qvg/simulate.h"
 #include "sim/report_util.h"
 #include "sim/sim_common.h"

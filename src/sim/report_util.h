@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "qvg/settings.h"
+#include "qvg/compare.h"
+#include "qvg/frontier.h"
 #include "qvg/simulate.h"
 
 namespace qvg::sim {

@@ -11,6 +11,9 @@
 
 #include "qvg/cache.h"
 #include "qvg/error.h"
+#include "qvg/compare.h"
+#include "qvg/error_sums.h"
+#include "qvg/frontier.h"
 #include "qvg/simulate.h"
 #include "qvg/tensor.h"
 #include "qvg/workload.h"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "codec/kmeans.h"
+#include "qvg/frontier.h"
 #include "qvg/simulate.h"
 #include "qvg/tensor.h"
 #include "qvg/workload.h"

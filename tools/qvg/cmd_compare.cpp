@@ -18,7 +18,8 @@
 #include "codec_flags.h"
 #include "command.h"
 #include "qvg/error.h"
-#include "qvg/simulate.h"
+#include "qvg/compare.h"
+#include "qvg/frontier.h"
 #include "qvg/workload.h"
 #include "workload_flags.h"
 

@@ -28,6 +28,7 @@
 #include "codec_flags.h"
 #include "command.h"
 #include "qvg/error.h"
+#include "qvg/error_sums.h"
 #include "qvg/simulate.h"
 #include "qvg/workload.h"
 #include "workload_flags.h"
