@@ -234,7 +234,7 @@ Opened open_snapshot(const Source& src, const char* want_kind, const SnapshotExp
   check_threads("threads", x.threads);
   Opened o;
   o.table = read_table(src);
-  const TableEntry& first = o.table.entries[0];
+  const TableEntry& first = o.table.entries[kConfigSection];
   if (first.kind != uint32_t(Kind::Config))
     corrupt("section table", fmt::format("the first section is '{}', expected 'config'", first.name()));
   o.config = parse_config(read_section(src, first).bytes, o.table.minor);

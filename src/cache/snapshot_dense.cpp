@@ -2,6 +2,7 @@
 // side by side: config, state (the cursors, current size and window), buffer_k,
 // buffer_v (the buffers as they are in memory, every slot).
 #include <utility>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -55,15 +56,17 @@ DenseStateData read_dense(const Source& src, const SnapshotExpectation& x) {
   DenseStateData d;
   d.options = o.config.options;
   const CacheOptions& opt = d.options;
-  get_state(KvReader(read_entries(read_section(src, o.table.entries[1]).bytes, "state"), "state"), d);
+  const std::vector<TableEntry>& t = o.table.entries;
+  get_state(KvReader(read_entries(read_section(src, t[kStateSection]).bytes, "state"), "state"), d);
   check_dense_state(d);
   const uint64_t buf = uint64_t(opt.batch * d.cache_size * opt.heads * opt.head_dim) * dtype_size(opt.dtype);
-  for (size_t i : {size_t(2), size_t(3)}) {
-    const TableEntry& e = o.table.entries[i];
+  size_t next = kPayloadSection;
+  for (AlignedBuffer* dst : {&d.k, &d.v}) {
+    const TableEntry& e = t[next++];
     if (e.length != buf)
       corrupt(e.name(), fmt::format("{} bytes, a [{}, {}, {}, {}] {} buffer has {}", e.length, opt.batch, d.cache_size,
                                     opt.heads, opt.head_dim, dtype_name(opt.dtype), buf));
-    (i == 2 ? d.k : d.v) = read_raw_section(src, e);
+    *dst = read_raw_section(src, e);
   }
   return d;
 }

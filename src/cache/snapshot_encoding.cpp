@@ -86,8 +86,8 @@ EncodedTensor get_encoded(ByteReader& r, Arrays which) {
       case EncodedArray::Codes: v = &e.codes; break;
       case EncodedArray::Scales: v = &e.scales; break;
       case EncodedArray::Zeros: v = &e.zeros; break;
-      case EncodedArray::ScaleFactor: e.scale_factor.resize(b.size() / 4); break;
-      case EncodedArray::ZeroFactor: e.zero_factor.resize(b.size() / 4); break;
+      case EncodedArray::ScaleFactor: e.scale_factor.resize(b.size() / sizeof(float)); break;
+      case EncodedArray::ZeroFactor: e.zero_factor.resize(b.size() / sizeof(float)); break;
     }
     if (v && which != Arrays::All) v->resize(b.size());
     std::span<uint8_t> dst = e.array(a);

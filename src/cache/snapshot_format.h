@@ -27,7 +27,7 @@ namespace qvg::detail::snap {
 // QuantArgs carry their own first minor in their table (qvg/settings.h).
 inline constexpr uint16_t kMinorSpans = 1;       ///< incremental spans: span sections, flag 0x1, span state
 inline constexpr uint16_t kMinorHeadOffset = 2;  ///< config entry head_offset
-inline constexpr uint16_t kMinorRoleCodec = 3;   ///< scale_search and the per-role settings (settings table)
+// 3: scale_search and the per-role settings (their rows in the settings table).
 inline constexpr uint16_t kMinorRefinement = 4;  ///< refinement layers: flag 0x2 (refine_* in the settings table)
 static_assert(kMinorRefinement == kSnapshotMinor, "a new minor version is described here");
 
@@ -52,7 +52,9 @@ static_assert(kMajorOffset == kMagic.size() && kMinorOffset == kMajorOffset + 2 
 // ---- section table (from kHeaderBytes; the sections follow it, tiling the file) --
 /// One entry: u32 kind, u32 index, u64 offset, u64 length, u64 XXH64 of the section.
 inline constexpr size_t kTableEntryBytes = 32;
-inline constexpr uint32_t kMinSections = 2;  ///< config and state
+/// Every file starts with the config and the state section; its payload follows.
+inline constexpr size_t kConfigSection = 0, kStateSection = 1, kPayloadSection = 2;
+inline constexpr uint32_t kMinSections = kPayloadSection;
 
 enum class Kind : uint32_t {
   Config = 1,

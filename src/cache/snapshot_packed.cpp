@@ -307,9 +307,10 @@ PackedStateData read_packed(const Source& src, const SnapshotExpectation& x) {
   d.quant = *o.config.quant;
   const uint16_t minor = o.table.minor;
   const std::vector<TableEntry>& t = o.table.entries;
-  if (t[1].kind != uint32_t(Kind::State))
-    corrupt("section table", fmt::format("section 1 is '{}', expected 'state'", t[1].name()));
-  const Counts n = get_state(KvReader(read_entries(read_section(src, t[1]).bytes, "state"), "state"), d);
+  const TableEntry& state = t[kStateSection];
+  if (state.kind != uint32_t(Kind::State))
+    corrupt("section table", fmt::format("section {} is '{}', expected 'state'", kStateSection, state.name()));
+  const Counts n = get_state(KvReader(read_entries(read_section(src, state).bytes, "state"), "state"), d);
   if (n.segments < 0 || uint64_t(n.segments) > t.size())
     corrupt("state", fmt::format("segments = {} but the file has {} sections", n.segments, t.size()));
   if (n.spans < 0 || uint64_t(n.spans) > t.size())
@@ -319,7 +320,7 @@ PackedStateData read_packed(const Source& src, const SnapshotExpectation& x) {
   for (int64_t i = 0; i < n.segments; ++i) want.emplace_back(Kind::Segment, uint32_t(i));
   if (n.warm) want.insert(want.end(), {{Kind::WarmK, 0}, {Kind::WarmV, 0}});
   expect_sections(o.table, want);
-  size_t next = 2;
+  size_t next = kPayloadSection;
   d.spans.reserve(size_t(n.spans));
   for (int64_t i = 0; i < n.spans; ++i) {
     const TableEntry& e = t[next++];
