@@ -13,8 +13,9 @@
 
 #include "cache/snapshot_entries.h"
 #include "cache/snapshot_io.h"
-#include "qvg/cache.h"
+#include "qvg/cache_options.h"
 #include "qvg/config.h"
+#include "qvg/snapshot.h"
 
 namespace qvg::detail::snap {
 

@@ -9,7 +9,7 @@
 
 #include "cache/snapshot_io.h"
 #include "core/bytes_impl.h"
-#include "qvg/cache.h"
+#include "qvg/cache_options.h"
 #include "qvg/codec.h"
 #include "qvg/config.h"
 

@@ -10,6 +10,7 @@
 
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
+#include "cache/dense_plan.h"
 #include "cache/snapshot_io.h"
 
 namespace qvg::detail::snap {
@@ -29,10 +30,7 @@ void check_dense_state(const DenseStateData& d) {
     const int64_t want_window = opt.window() == opt.cache_size ? d.cache_size : opt.window();
     if (d.window != want_window)
       throw InvalidArgument(fmt::format("attention_window_size {} must be {}", d.window, want_window));
-    if (d.local_end < 0 || d.local_end > d.cache_size || d.global_end < d.local_end || d.global_end > kMaxPosition ||
-        (d.global_end != d.local_end && d.local_end != d.cache_size))
-      throw InvalidArgument(fmt::format("cursors global_end = {}, local_end = {} are impossible for cache_size {}",
-                                        d.global_end, d.local_end, d.cache_size));
+    check_dense_indices(d.cache_size, d.global_end, d.local_end);  // as set_indices() takes them
     return 0;
   });
 }

@@ -1,8 +1,9 @@
 // src/cache/snapshot_validate.h — private: the invariants of a state read from a
 // snapshot (docs/snapshot.md, "What a reader checks", 4 and 5), checked before a
-// cache is built from it. Where an invariant is a rule of the packed cache's policy
-// (the window's tail, the aging of refinement layers) the check calls the policy's
-// own function (cache_policy.h) rather than restating it.
+// cache is built from it. Where an invariant is a rule of a cache — the dense
+// cursors set_indices() takes (dense_plan.h), the packed window's tail and the aging
+// of refinement layers (cache_policy.h) — the check calls the cache's own function
+// rather than restating it.
 #pragma once
 
 #include "cache/snapshot_state.h"
