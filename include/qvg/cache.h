@@ -38,8 +38,10 @@
 #include <span>
 #include <vector>
 
+#include "qvg/cache_options.h"
 #include "qvg/codec.h"
 #include "qvg/config.h"
+#include "qvg/snapshot.h"
 #include "qvg/tensor.h"
 
 namespace qvg {
@@ -106,51 +108,6 @@ class ViewScratch {
 
  private:
   AlignedBuffer buf_;
-};
-
-/// The constructor arguments shared by both caches (spec 3.1). Validated once,
-/// at construction; the cache trusts them afterwards.
-struct CacheOptions {
-  int64_t batch = 1;       ///< B >= 1
-  int64_t cache_size = 0;  ///< tokens the cache holds, >= 1
-  int64_t heads = 1;       ///< H >= 1
-  int64_t head_dim = 0;    ///< D >= 1
-  DType dtype = DType::BF16;  ///< of every key/value passed in and of the views
-  int64_t sink_tokens = 0;    ///< 0 <= sink_tokens <= cache_size: leading tokens never evicted
-  /// Tokens a view shows (1..cache_size); nullopt = cache_size.
-  std::optional<int64_t> attention_window_size;
-  /// Dense only: grow the buffer instead of evicting (the packed cache rejects it).
-  bool allow_growth = false;
-  /// Backing memory of copied views; nullptr: the cache owns its own. See ViewScratch.
-  std::shared_ptr<ViewScratch> view_scratch;
-  /// The global index of this cache's head 0 when the cache holds a shard of a
-  /// wider cache's heads (sequence parallelism: rank r holds heads [r * H, r * H + H)).
-  /// Packed spans are encoded with CodecConfig::head_offset = head_offset, so a
-  /// shard's encodings equal the wide cache's for the same heads. 0..2^40; 0 = a
-  /// whole cache. The dense cache ignores it (it encodes nothing).
-  int64_t head_offset = 0;
-
-  /// The window in tokens (attention_window_size or cache_size).
-  int64_t window() const { return attention_window_size.value_or(cache_size); }
-  /// Throws InvalidArgument naming the field for any value outside its range.
-  void validate() const;
-};
-
-/// What a caller of load() expects of a snapshot, and the runtime settings of the
-/// loaded cache (which a snapshot does not hold). See docs/snapshot.md.
-struct SnapshotExpectation {
-  /// When set, the snapshot's constructor options must equal these: batch,
-  /// cache_size, num_heads, head_dim, dtype, sink_tokens, attention_window_size (an
-  /// absent window equals one of cache_size), allow_growth. Else InvalidArgument
-  /// naming the first differing field. (view_scratch is not compared.)
-  std::optional<CacheOptions> options;
-  /// Packed caches: when set, the snapshot's QuantArgs must equal these, every field
-  /// but threads (InvalidArgument naming the first differing field).
-  std::optional<QuantArgs> quant;
-  /// The loaded cache's view memory (CacheOptions::view_scratch); nullptr: its own.
-  std::shared_ptr<ViewScratch> view_scratch;
-  /// Packed caches: QuantArgs::threads of the loaded cache (0..max_threads()).
-  int threads = 0;
 };
 
 namespace detail {
@@ -366,24 +323,14 @@ class DenseCausalCache final : public CausalCache {
 
 
   // ---- snapshots (docs/snapshot.md) -------------------------------------------
-  /// Writes the cache — configuration, cursors, both buffers as they are in memory, format version, XXH64
-  /// checksums — to `path` atomically (qvg/file.h: a crash leaves the previous file
-  /// intact). Throws InvalidArgument naming the path on an I/O error; the cache is
-  /// unchanged either way.
+  // The contract of all four is in qvg/snapshot.h; the file holds both buffers as
+  // they are in memory. `storage` (load): when given, the buffers are caller storage
+  // it supplies (called once with the snapshot's cache_size, as GrowStorage is on
+  // growth) and it serves later growth too; else the cache owns its buffers.
   void save(const std::filesystem::path& path) const;
-  /// The bytes save() writes.
   std::vector<uint8_t> snapshot_bytes() const;
-  /// A cache restored from a snapshot of a dense cache, equal to the saved one: every
-  /// later call returns the same views and resident_nbytes(). Throws CorruptData
-  /// naming the section for a truncated, corrupted or foreign file (nothing is
-  /// built; allocation is bounded by the file's size), InvalidArgument for an
-  /// unreadable path, a packed-cache snapshot, or one that differs from `expect`
-  /// (naming the field). `storage`: when given, the buffers are caller storage it
-  /// supplies (called once with the snapshot's cache_size, as GrowStorage is on
-  /// growth) and it serves later growth too; else the cache owns its buffers.
   static DenseCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect = {},
                                GrowStorage storage = nullptr);
-  /// load() from the bytes of a snapshot.
   static DenseCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {},
                                               GrowStorage storage = nullptr);
 
@@ -516,19 +463,11 @@ class PackedCausalCache final : public CausalCache {
 
 
   // ---- snapshots (docs/snapshot.md) -------------------------------------------
-  /// Writes the cache — configuration, cursors, every segment (raw bytes or encodings) as in memory, the warm-start codebooks, format version, XXH64
-  /// checksums — to `path` atomically (qvg/file.h: a crash leaves the previous file
-  /// intact). Throws InvalidArgument naming the path on an I/O error; the cache is
-  /// unchanged either way.
+  // The contract of all four is in qvg/snapshot.h; the file holds every segment (raw
+  // bytes or encodings) as in memory and the warm-start codebooks.
   void save(const std::filesystem::path& path) const;
-  /// The bytes save() writes.
   std::vector<uint8_t> snapshot_bytes() const;
-  /// A cache restored from a snapshot of a packed cache, equal to the saved one:
-  /// every later call returns the same views, segments and resident_nbytes(). Errors
-  /// as DenseCausalCache::load (CorruptData naming the section; InvalidArgument for
-  /// a dense-cache snapshot or one that differs from `expect`, naming the field).
   static PackedCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect = {});
-  /// load() from the bytes of a snapshot.
   static PackedCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {});
 
   /// A full snapshot for tests: equal snapshots mean equal caches.

@@ -1,6 +1,21 @@
-// qvg/snapshot.h — cache snapshot files (docs/snapshot.md): what `qvg inspect`
-// shows of one without loading its payload. Saving and loading are members of the
-// caches (qvg/cache.h: save(), load(), snapshot_bytes(), from_snapshot_bytes()).
+// qvg/snapshot.h — cache snapshot files (docs/snapshot.md): what a caller of load()
+// expects of one, and what `qvg inspect` shows of one without loading its payload.
+//
+// Saving and loading are members of the two caches (qvg/cache.h, which includes this
+// header), with one contract:
+//   save(path)             writes the cache — configuration, cursors, its buffers or
+//                          segments as in memory, format version, XXH64 checksums —
+//                          atomically (qvg/file.h: a crash leaves the previous file);
+//                          InvalidArgument naming the path on an I/O error; the cache
+//                          is unchanged either way.
+//   snapshot_bytes()       the bytes save() writes.
+//   load(path, expect)     a cache equal to the saved one: every later call returns the
+//   from_snapshot_bytes()  same views, cursors and resident_nbytes(). CorruptData
+//                          naming the section for a truncated, corrupted or foreign
+//                          file (nothing is built; allocation is bounded by the file's
+//                          size); InvalidArgument for an unreadable path, a snapshot of
+//                          the other cache kind, or one that differs from `expect`
+//                          (naming the field).
 //
 // A snapshot is little-endian and says so (a byte-order mark in its header); it
 // holds a format version major.minor, and readers refuse a newer major version.
@@ -8,20 +23,47 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "qvg/cache_options.h"
+#include "qvg/config.h"
+
 namespace qvg {
 
 /// The newest snapshot format this build reads and writes (docs/snapshot.md,
-/// "Versions"). A writer writes the lowest version its cache needs: 1.2 for a
-/// head_offset other than 0, 1.1 for incremental spans or a span break ratio, else
-/// 1.0, byte for byte what a 1.0 writer wrote.
+/// "Versions"): 1.0 both caches; 1.1 incremental spans (span_mode, span_break_ratio,
+/// the span state and sections, segment flag 0x1); 1.2 head shards (head_offset);
+/// 1.3 the scale search and per-role codec settings (scale_search, k_*, v_*); 1.4
+/// refinement layers (refine_recent, refine_bits, segment flag 0x2). A writer writes
+/// the lowest version its cache needs — the latest that introduced a setting whose
+/// value is not the default: 1.4 for refine_recent > 0, else 1.3 for a scale search or
+/// a per-role setting, else 1.2 for a head_offset other than 0, else 1.1 for
+/// incremental spans or a span break ratio, else 1.0, byte for byte what a 1.0 writer
+/// wrote.
 inline constexpr uint16_t kSnapshotMajor = 1;
 inline constexpr uint16_t kSnapshotMinor = 4;
+
+/// What a caller of load() expects of a snapshot, and the runtime settings of the
+/// loaded cache (which a snapshot does not hold).
+struct SnapshotExpectation {
+  /// When set, the snapshot's constructor options must equal these: batch,
+  /// cache_size, num_heads, head_dim, dtype, sink_tokens, attention_window_size (an
+  /// absent window equals one of cache_size), allow_growth, head_offset. Else
+  /// InvalidArgument naming the first differing field. (view_scratch is not compared.)
+  std::optional<CacheOptions> options;
+  /// Packed caches: when set, the snapshot's QuantArgs must equal these, every field
+  /// but threads (InvalidArgument naming the first differing field).
+  std::optional<QuantArgs> quant;
+  /// The loaded cache's view memory (CacheOptions::view_scratch); nullptr: its own.
+  std::shared_ptr<ViewScratch> view_scratch;
+  /// Packed caches: QuantArgs::threads of the loaded cache (0..max_threads()).
+  int threads = 0;
+};
 
 /// One section of a snapshot, as its table lists it.
 struct SnapshotSectionInfo {

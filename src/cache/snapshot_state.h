@@ -1,10 +1,11 @@
 // src/cache/snapshot_state.h — private: the narrow interface between the caches and
-// their snapshots (src/cache/snapshot.cpp, format in docs/snapshot.md). A cache hands
-// out its state as plain references (saving copies nothing) and is rebuilt from
-// plain owned data that the snapshot reader has fully validated. Each cache file
-// implements its two SnapshotAccess functions next to its Impl; the format code
-// never sees an Impl. A new piece of cache state (e.g. a new kind of segment) is a
-// new field here, written and read by snapshot.cpp.
+// their snapshots (src/cache/snapshot_*: the records in snapshot_dense.cpp and
+// snapshot_packed.cpp, format in docs/snapshot.md). A cache hands out its state as
+// plain references (saving copies nothing) and is rebuilt from plain owned data that
+// the snapshot reader has fully validated. Each cache file implements its two
+// SnapshotAccess functions next to its Impl; the format code never sees an Impl. A
+// new piece of cache state (e.g. a new kind of segment) is a new field here, written
+// and read by the cache's record file.
 #pragma once
 
 #include <cstddef>
