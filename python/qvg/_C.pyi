@@ -19,21 +19,11 @@ class View:
     visible_global_end: int
     zero_copy: bool
 
-class Segment:
-    """One segment of a packed cache (segments()); k_ptr/v_ptr 0 when packed."""
-    g0: int
-    g1: int
-    is_sink: bool
-    packed: bool
-    current: bool
-    chunks: int
-    k_ptr: int
-    v_ptr: int
-    nbytes: int
-    def __eq__(self, other: object, /) -> bool: ...
+# segments(): a dict per segment: g0, g1, is_sink, packed, current, chunks, k_ptr,
+# v_ptr (0 when packed), nbytes.
+_Segment = dict[str, Any]
 
 _View = View
-_Segment = Segment
 
 class QuantArgs:
     def __init__(self, fields: dict[str, Any]) -> None:

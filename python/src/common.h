@@ -190,16 +190,6 @@ inline ViewOut view_out(at::Tensor k, at::Tensor v, const qvg::KVView& kv) {
           kv.visible_global_end, kv.zero_copy};
 }
 
-/// One segment of a packed cache (qvg._C.Segment), for tests and diagnostics.
-struct SegmentOut {
-  int64_t g0 = 0, g1 = 0;
-  bool is_sink = false, packed = false, current = false;
-  int64_t chunks = 0;
-  uintptr_t k_ptr = 0, v_ptr = 0;  ///< raw buffers' addresses (device addresses for CUDA); 0 when packed
-  size_t nbytes = 0;
-  bool operator==(const SegmentOut&) const = default;
-};
-
 /// Fails fast when two Python threads use one cache at the same time (the C++
 /// caches are not thread-safe and the GIL is released during update()).
 class BusyGuard {
@@ -243,20 +233,24 @@ class Lender {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> lent_;
 };
 
-/// The segments of a packed cache (CPU or CUDA), in global order.
+/// The segments of a packed cache (CPU or CUDA), in global order, for tests and
+/// diagnostics: a dict per segment (g0, g1, is_sink, packed, current, chunks, k_ptr,
+/// v_ptr: the raw buffers' addresses, device addresses for CUDA, 0 when packed; nbytes).
 template <class PackedCache>
-std::vector<SegmentOut> segment_list(const PackedCache& c) {
-  std::vector<SegmentOut> out;
+py::list segment_list(const PackedCache& c) {
+  py::list out;
   for (size_t i = 0; i < c.num_segments(); ++i) {
     const auto s = c.segment(i);
-    out.push_back({s.g0, s.g1, s.is_sink, s.packed, s.current, int64_t(s.chunks),
-                   reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
-                   reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data), s.nbytes});
+    out.append(py::dict(py::arg("g0") = s.g0, py::arg("g1") = s.g1, py::arg("is_sink") = s.is_sink,
+                        py::arg("packed") = s.packed, py::arg("current") = s.current, py::arg("chunks") = s.chunks,
+                        py::arg("k_ptr") = reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.k_raw.data),
+                        py::arg("v_ptr") = reinterpret_cast<uintptr_t>(s.packed ? nullptr : s.v_raw.data),
+                        py::arg("nbytes") = s.nbytes));
   }
   return out;
 }
 
-/// Registers qvg._C.View and qvg._C.Segment (read-only fields).
+/// Registers qvg._C.View (read-only fields).
 inline void register_view_types(py::module_& m) {
   py::class_<ViewOut>(m, "View")
       .def_readonly("k", &ViewOut::k)
@@ -266,18 +260,8 @@ inline void register_view_types(py::module_& m) {
       .def_readonly("visible_local_end", &ViewOut::visible_local_end)
       .def_readonly("visible_global_end", &ViewOut::visible_global_end)
       .def_readonly("zero_copy", &ViewOut::zero_copy);
-  py::class_<SegmentOut>(m, "Segment")
-      .def_readonly("g0", &SegmentOut::g0)
-      .def_readonly("g1", &SegmentOut::g1)
-      .def_readonly("is_sink", &SegmentOut::is_sink)
-      .def_readonly("packed", &SegmentOut::packed)
-      .def_readonly("current", &SegmentOut::current)
-      .def_readonly("chunks", &SegmentOut::chunks)
-      .def_readonly("k_ptr", &SegmentOut::k_ptr)
-      .def_readonly("v_ptr", &SegmentOut::v_ptr)
-      .def_readonly("nbytes", &SegmentOut::nbytes)
-      .def("__eq__", [](const SegmentOut& a, const SegmentOut& b) { return a == b; });
 }
+
 
 /// The options every cache is built from (the packed caches' constructor arguments).
 inline qvg::CacheOptions cache_options(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim,

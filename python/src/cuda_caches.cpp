@@ -180,7 +180,7 @@ class CudaPackedCache {
   const at::Device& device() const { return device_; }
 
   /// segment_list (common.h); raw buffers' addresses are device addresses for CUDA.
-  std::vector<SegmentOut> segments() const { return segment_list(*cache_); }
+  py::list segments() const { return segment_list(*cache_); }
 
   /// Segment i's K and V as the CPU sees them: raw segments copied to the host,
   /// packed ones downloaded and decoded by the CPU decoder (spec 1.3), as CPU

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,24 @@ class CausalAttentionKVView:
 # ---------------------------------------------------------------------------
 
 
+def _one_caller(method: Any) -> Any:
+    """Spec 5.1: one caller per cache. The Python side holds the dense cache's cursors
+    and the index tensors, so a call that reads or writes them takes the cache's call
+    lock without waiting: a second thread gets RuntimeError at once and changes nothing
+    (the C++ caches guard their own state the same way)."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._call_lock.acquire(blocking=False):
+            raise RuntimeError("qvg cache is being used by another thread; a cache takes one caller at a time")
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._call_lock.release()
+
+    return call
+
+
 class _CacheInterface(_IndexTensors):
     """The engine's cache interface on top of a ``qvg._C`` cache (``self._c``):
     byte counts, direct attention, cursor reset and the update call. Subclasses
@@ -81,6 +101,30 @@ class _CacheInterface(_IndexTensors):
         raise NotImplementedError
 
     def _set_cursors(self, global_end: int, local_end: int) -> None:
+        raise NotImplementedError
+
+    # -- snapshots (docs/snapshot.md): load is each cache's, with its contract ----------
+    @classmethod
+    def _restored(cls, source: str | bytes, from_bytes: bool, what: str, kwargs: dict) -> Any:
+        """A cache built from ``kwargs`` whose state is then replaced by the snapshot's
+        (on any error nothing is left: the new cache is dropped)."""
+        cache = cls(**kwargs)
+        cache._before_restore(what)
+        cache._c.restore(source, from_bytes)
+        cache._adopt_loaded_cursors()
+        return cache
+
+    @classmethod
+    def from_snapshot_bytes(cls, data: bytes, **kwargs: Any) -> Any:
+        """:meth:`load` from the bytes of a snapshot."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"data must be bytes, got {type(data).__name__}")
+        return cls._restored(bytes(data), True, "from_snapshot_bytes", kwargs)
+
+    def _before_restore(self, what: str) -> None:
+        """What must hold before a restore (packed: a CPU cache)."""
+
+    def _adopt_loaded_cursors(self) -> None:
         raise NotImplementedError
 
     def can_direct_current_attention(self, num_new_tokens: int) -> bool:
@@ -111,6 +155,7 @@ class _CacheInterface(_IndexTensors):
                                       "views as fresh tensors; see peak_transient_nbytes)")
         return self._c.view_buffer_nbytes()
 
+    @_one_caller
     def reset_indices(self) -> None:
         """Dense: cursors to 0 (buffer content is kept). Packed: drops every segment
         (an empty cache). Both zero the index tensors and the int cursors in use."""
@@ -122,6 +167,7 @@ class _CacheInterface(_IndexTensors):
         if self.local_end_index_int is not None:
             self.local_end_index_int = 0
 
+    @_one_caller
     def update_and_get_attention_kv(
         self,
         *,
@@ -193,6 +239,7 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         allow_growth: bool = False,
         global_sink_tokens: int = 0,
     ) -> None:
+        self._call_lock = threading.Lock()
         sink_tokens = _int_arg("sink_tokens", sink_tokens)
         attention_window_size = _int_arg("attention_window_size", attention_window_size, none=True)
         cache_size = _int_arg("cache_size", cache_size)
@@ -280,12 +327,14 @@ class CausalSelfAttentionKVCache(_CacheInterface):
             return int(self.global_end_index.item()), int(self.local_end_index.item())
         return global_end, local_end
 
+    @_one_caller
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the cache (configuration, cursors, the buffers, checksums) to ``path``
         atomically: a crash leaves the previous file. ValueError naming the path on an
         I/O error. CPU caches only (NotImplementedError for a CUDA one)."""
         self._c.save(os.fspath(path), *self._cursors())
 
+    @_one_caller
     def snapshot_bytes(self) -> bytes:
         """The bytes :meth:`save` writes."""
         return self._c.snapshot_bytes(*self._cursors())
@@ -299,20 +348,7 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         options. A snapshot of another configuration is ValueError naming the field; a
         truncated or altered file is ValueError naming the section. The cursors (int and
         tensors) are set from the snapshot. CPU caches only."""
-        cache = cls(**kwargs)
-        cache._c.restore(os.fspath(path), False)
-        cache._adopt_loaded_cursors()
-        return cache
-
-    @classmethod
-    def from_snapshot_bytes(cls, data: bytes, **kwargs: Any) -> CausalSelfAttentionKVCache:
-        """:meth:`load` from the bytes of a snapshot."""
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ValueError(f"data must be bytes, got {type(data).__name__}")
-        cache = cls(**kwargs)
-        cache._c.restore(bytes(data), True)
-        cache._adopt_loaded_cursors()
-        return cache
+        return cls._restored(os.fspath(path), False, "load", kwargs)
 
     def _adopt_loaded_cursors(self) -> None:
         global_end, local_end = self._c.global_end, self._c.local_end
@@ -377,6 +413,7 @@ class QVGPackedCausalKVCache(_CacheInterface):
         allow_growth: bool = False,
         head_offset: int = 0,
     ) -> None:
+        self._call_lock = threading.Lock()
         for what, x in (("batch_size", batch_size), ("cache_size", cache_size), ("num_heads", num_heads),
                         ("head_dim", head_dim), ("sink_tokens", sink_tokens)):
             _int_arg(what, x)
@@ -429,6 +466,7 @@ class QVGPackedCausalKVCache(_CacheInterface):
         )
 
     # -- snapshots (docs/snapshot.md) ---------------------------------------------------
+    @_one_caller
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the cache (configuration, cursors, every segment as held in memory,
         warm-start codebooks, checksums) to ``path`` atomically: a crash leaves the
@@ -436,6 +474,7 @@ class QVGPackedCausalKVCache(_CacheInterface):
         self._cpu_only("save")
         self._c.save(os.fspath(path))
 
+    @_one_caller
     def snapshot_bytes(self) -> bytes:
         """The bytes :meth:`save` writes."""
         self._cpu_only("snapshot_bytes")
@@ -449,22 +488,13 @@ class QVGPackedCausalKVCache(_CacheInterface):
         the first differing field. A truncated or altered file is ValueError naming the
         section (spec 5: corrupt data). The cursors are set from the snapshot. Every later
         call returns what the saved cache would have returned, bit for bit. CPU only."""
-        cache = cls(**kwargs)
-        cache._cpu_only("load")
-        cache._c.restore(os.fspath(path), False)
-        cache._set_cursors(cache._c.global_end, cache._c.local_end)
-        return cache
+        return cls._restored(os.fspath(path), False, "load", kwargs)
 
-    @classmethod
-    def from_snapshot_bytes(cls, data: bytes, **kwargs: Any) -> QVGPackedCausalKVCache:
-        """:meth:`load` from the bytes of a snapshot."""
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ValueError(f"data must be bytes, got {type(data).__name__}")
-        cache = cls(**kwargs)
-        cache._cpu_only("from_snapshot_bytes")
-        cache._c.restore(bytes(data), True)
-        cache._set_cursors(cache._c.global_end, cache._c.local_end)
-        return cache
+    def _before_restore(self, what: str) -> None:
+        self._cpu_only(what)
+
+    def _adopt_loaded_cursors(self) -> None:
+        self._set_cursors(self._c.global_end, self._c.local_end)
 
     def _cpu_only(self, what: str) -> None:
         if self.device.type != "cpu":
@@ -488,5 +518,4 @@ class QVGPackedCausalKVCache(_CacheInterface):
     def _segments(self) -> list[dict]:
         """One dict per segment: g0, g1, is_sink, packed, current, chunks, k_ptr,
         v_ptr (raw buffers' addresses, 0 when packed), nbytes."""
-        keys = ("g0", "g1", "is_sink", "packed", "current", "chunks", "k_ptr", "v_ptr", "nbytes")
-        return [{k: getattr(s, k) for k in keys} for s in self._c.segments()]
+        return self._c.segments()
