@@ -322,6 +322,7 @@ class CachePolicy {
       if (quant_.sink_span == SinkSpan::Chunk) {
         for (size_t k : elig) add(k, 1, false);
       } else if (!elig.empty() && !current_sink) {
+        for (size_t j = 1; j < elig.size(); ++j) QVG_CHECK(elig[j] == elig[0] + j);
         add(elig[0], elig.size(), false);
       }
     }
