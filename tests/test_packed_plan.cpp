@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "cache/cache_policy.h"
@@ -63,7 +64,8 @@ void execute(Policy& pol, const PackPlan& pp, int span_chunks, const std::vector
 }
 
 /// The policy's segments after apply() are the plan's `after` list.
-void expect_after(const Policy& pol, const PackPlan& pp) {
+template <class Books>
+void expect_after(const detail::CachePolicy<Tag, Books>& pol, const PackPlan& pp) {
   ASSERT_EQ(pol.segments().size(), pp.after.size());
   for (size_t i = 0; i < pp.after.size(); ++i) {
     const auto& s = pol.segments()[i];
@@ -201,6 +203,42 @@ TEST(PackedPlan, IncrementalChunksJoinTheOpenSpanBreakWhenTheyDoNotFitAndStartOn
   EXPECT_EQ(pol.spans().cursor.open_chunks, 2);
   EXPECT_EQ(pol.spans().cursor.next, 4);
   EXPECT_EQ(pol.spans().breaks, 1);
+}
+
+TEST(PackedPlan, SeveralIncrementalChunksOfOneAdvanceAreDecidedInOrder) {
+  // A restored state (as a snapshot may hold) of four raw chunks and keep_recent 0:
+  // the next advance encodes all four (the current one among them), each decided
+  // after the one before it. Spans of 2 chunks, every chunk fits: a new span, a
+  // join, a new span (the first is full), a join. The books (here an int) become
+  // the last new span's.
+  const QuantArgs q = quant(2, 0, SpanMode::Incremental);
+  detail::CachePolicy<Tag, int> pol(options(128), q);
+  std::vector<detail::PlanSegment<Tag>> segs;
+  for (int64_t k = 0; k < 4; ++k) {
+    detail::PlanSegment<Tag> s;
+    s.g0 = 4 * k;
+    s.g1 = 4 * k + 4;
+    s.data = {s.g0};
+    segs.push_back(s);
+  }
+  pol.restore(std::move(segs), 16, int64_t(4), {});
+  const PackPlan pp = pol.plan_pack(16, 4);
+  ASSERT_EQ(pp.incremental_chunks(), 4u);
+  EXPECT_FALSE(pp.follows_open);
+  detail::SpanDecisions d(pp, q.span_chunks);
+  const std::vector<std::pair<bool, int64_t>> want = {{false, 0}, {true, 0}, {false, 1}, {true, 1}};
+  std::vector<Tag> encoded;
+  for (size_t j = 0; j < 4; ++j) {  // want[j]: may_join, span
+    EXPECT_EQ(d.may_join(), want[j].first) << "chunk " << j;
+    EXPECT_EQ(d.decide(true, double(j), 0).span, want[j].second) << "chunk " << j;
+    encoded.push_back({pp.encodes[j].g0});
+  }
+  pol.apply(pp, Tag{16}, std::move(encoded), d, 7);
+  expect_after(pol, pp);
+  EXPECT_EQ(pol.spans().cursor, (detail::SpanCursor{1, 2, 2}));
+  EXPECT_EQ(pol.spans().books, 7);
+  EXPECT_EQ(pol.spans().k_energy, 2.0);  // the reference of the span chunk 2 started
+  EXPECT_EQ(pol.spans().breaks, 0);
 }
 
 TEST(PackedPlan, OnlyTheRefineRecentNewestChunksKeepTheirLayers) {
