@@ -112,6 +112,7 @@ class ViewScratch {
 
 namespace detail {
 struct SnapshotAccess;  // src/cache/snapshot_state.h: the caches' state, out and in
+struct PlanAccess;      // src/cache/plan_access.h: what a packed cache's last advance did
 }
 
 /// The global token ranges a packed-cache view shows when recent_window_tokens is
@@ -504,6 +505,7 @@ class PackedCausalCache final : public CausalCache {
 
  private:
   friend struct detail::SnapshotAccess;
+  friend struct detail::PlanAccess;
   struct Impl;
   explicit PackedCausalCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -1,12 +1,18 @@
-// src/cache/cache_policy.h — the segment policy of the packed cache (spec 4):
-// validation of a call, eviction, which spans to encode, packing, and where every
-// token of a view comes from. Plain C++ with the data abstracted into a payload P
-// carried by every segment, so that one policy serves everything that needs it:
-// the CPU qvg::PackedCausalCache (host buffers and EncodedTensors), the
-// device-resident qvg::cuda::PackedCausalCache (device buffers and
-// DeviceEncodedTensors) and the memory model qvg::PolicyReplay (byte counts). The
-// host test tests/gpu/cache_plan_test.cpp drives it with an empty payload against
-// the independent model of tests/support/cache_model.
+// src/cache/cache_policy.h — the segment policy of the packed cache (spec 4): the
+// segment list and cursors, validation of a call, the view's layout and pieces, and
+// the plan of an advance (PackPlan, src/cache/packed_plan.h) and its application.
+// Plain C++ with the data abstracted into a payload P carried by every segment, so
+// that one policy serves everything that needs it: the CPU qvg::PackedCausalCache
+// (host buffers and EncodedTensors), the device-resident
+// qvg::cuda::PackedCausalCache (device buffers and DeviceEncodedTensors) and the
+// memory model qvg::PolicyReplay (byte counts). The host test
+// tests/gpu/cache_plan_test.cpp drives it with an empty payload against the
+// independent model of tests/support/cache_model.
+//
+// An update() is plan, execute, apply: plan() (const: validation, the view, the
+// advance's PackPlan) throws or decides; the backend executes the plan without
+// changing the policy (writes the new chunk, encodes each step, decides the
+// incremental chunks' spans with SpanDecisions); apply() installs the outcome.
 //
 // Names: positions are global token indices unless called "local"; a call writes
 // the chunk [start, end) (CallArgs); the view of a call shows the global ranges
@@ -23,6 +29,7 @@
 #include <fmt/core.h>
 
 #include "cache/cache_common.h"
+#include "cache/packed_plan.h"
 #include "qvg/cache.h"
 #include "qvg/config.h"
 #include "qvg/error.h"
@@ -39,19 +46,11 @@ struct PlanSegment {
   /// by every chunk encoded with the span's codebook; -1 for raw segments and for
   /// spans encoded whole (deferred and sink spans).
   int64_t span = -1;
+  /// Holds refinement layers (refine_recent; the payload holds them exactly then).
+  bool refined = false;
   P data;  // raw chunk, encoded span or encoded chunk (the user's payload)
 
   int64_t tokens() const { return g1 - g0; }
-};
-
-/// The global ranges one call's view shows: [0, sink_end) ++ [tail_start, end),
-/// `tokens` tokens. When the two ranges touch they are merged into one
-/// (sink_end = tail_start = 0).
-struct ViewLayout {
-  int64_t sink_end = 0;    ///< the view's sink part is [0, sink_end)
-  int64_t tail_start = 0;  ///< its recent part is [tail_start, end)
-  int64_t end = 0;         ///< global_end after the call
-  int64_t tokens = 0;
 };
 
 /// The outcome of validating one update() (no state change), with the view's layout.
@@ -67,36 +66,32 @@ struct CallPlan {
   bool copies = false;
 };
 
-/// Global tokens [t0, t1) of segment `seg` (segment-local indices) go to view token out_t.
-struct ViewPiece {
-  size_t seg = 0;
-  int64_t t0 = 0, t1 = 0;  ///< segment-local tokens
-  int64_t out_t = 0;
+/// Everything one update() does, decided before any change.
+struct PackedPlan {
+  CallPlan call;
+  std::optional<PackPlan> pack;  ///< an advance's pack-and-evict (none for a rewrite)
+  /// A copied view: where its tokens before the call's chunk come from, in the
+  /// segment list after the call — [0, sink_end) at 0 and [tail_start, start) after
+  /// it; the chunk's n tokens, view [tokens - n, tokens), come from the input.
+  std::vector<ViewPiece> pieces;
 };
 
-/// Segments [first, first + count) of the current list, encoded as one span; or,
-/// `incremental`, one raw chunk (count 1) to encode into an incremental span.
-struct SpanRef {
-  size_t first = 0, count = 0;
-  bool incremental = false;
-};
+/// The aging rule of refinement layers (one home: plan_pack and the snapshot reader):
+/// over segments 0..n-1, newest first, a segment's layers go once `refine_recent`
+/// newer segments hold layers. `holds(i)`: segment i holds layers; `drop(i)` is called
+/// for each whose layers go, newest first.
+template <class Holds, class Drop>
+void age_refinements(size_t n, int64_t refine_recent, Holds&& holds, Drop&& drop) {
+  int64_t newer = 0;
+  for (size_t i = n; i-- > 0;)
+    if (holds(i) && ++newer > refine_recent) drop(i);
+}
 
-/// What pack() tells its encoder about one span or chunk, and what the encoder
-/// answers for an incremental chunk.
-struct SpanChoice {
-  bool incremental = false;  ///< a chunk of an incremental span (else a whole span)
-  /// The open incremental span has room and its newest chunk is this chunk's
-  /// predecessor: the chunk may be encoded against the span's codebook.
-  bool may_join = false;
-  /// Set by the encoder: it encoded the chunk into the open span (only if may_join);
-  /// false: it trained a new codebook on the chunk, which starts a new span.
-  bool joined = false;
-};
-
-template <class P>
+template <class P, class Books = NoBooks>
 class CachePolicy {
  public:
   using Segment = PlanSegment<P>;
+  using Spans = OpenSpan<Books>;
 
   /// REQUIRES options and quant already validated (the owner does it).
   CachePolicy(const CacheOptions& o, const QuantArgs& q)
@@ -107,34 +102,24 @@ class CachePolicy {
   int64_t global_end() const { return global_end_; }
   int64_t local_end() const { return std::min(global_end_, capacity_); }
   std::optional<int64_t> chunk_tokens() const { return chunk_tokens_; }
+  /// The open incremental span (its codebooks and reference energies) and the breaks.
+  const Spans& spans() const { return spans_; }
   void reset() {
     segs_.clear();
     global_end_ = 0;
     chunk_tokens_.reset();
-    open_ = OpenSpan{};
-    next_span_ = 0;
+    spans_ = Spans{};
   }
-  /// The incremental span chunks may still join (id -1: none), and its chunk count.
-  struct OpenSpan {
-    int64_t id = -1;
-    int chunks = 0;
-    bool operator==(const OpenSpan&) const = default;
-  };
 
-  /// Takes over a saved state (snapshots): the segments (with their span ids), the
-  /// cursors, the open incremental span and the next span id. REQUIRES it valid for
-  /// this policy (src/cache/snapshot.cpp checks the invariants before).
-  void restore(std::vector<Segment> segs, int64_t global_end, std::optional<int64_t> chunk_tokens, OpenSpan open = {},
-               int64_t next_span = 0) {
+  /// Takes over a saved state (snapshots): the segments (with their span ids and
+  /// refined flags), the cursors and the span state. REQUIRES it valid for this
+  /// policy (src/cache/snapshot.cpp checks the invariants before).
+  void restore(std::vector<Segment> segs, int64_t global_end, std::optional<int64_t> chunk_tokens, Spans spans) {
     segs_ = std::move(segs);
     global_end_ = global_end;
     chunk_tokens_ = chunk_tokens;
-    open_ = open;
-    next_span_ = next_span;
+    spans_ = std::move(spans);
   }
-  const OpenSpan& open_span() const { return open_; }
-  /// The id the next incremental span will get (ids are never reused until reset()).
-  int64_t next_span_id() const { return next_span_; }
 
   int64_t sink_end_at(int64_t g) const { return std::min(opt_.sink_tokens, g); }
   int64_t tail_start_at(int64_t g) const {
@@ -144,11 +129,122 @@ class CachePolicy {
   /// The full-window view geometry (no recent_window_tokens) at global_end g.
   WindowRanges window_ranges_at(int64_t g) const { return {sink_end_at(g), tail_start_at(g), g}; }
 
-  /// Everything update() validates except the element values (the caller checks
-  /// them after this, before any state change).
-  /// Reads only key/value's shape, dtype and whether data is null.
-  CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
-                std::optional<int64_t> recent_window) const {
+  /// Validates one update() — everything but the element values, which the caller
+  /// checks after this, before any state change — and decides what it does: the
+  /// view, an advance's PackPlan and the copied view's pieces. Reads only key/value's
+  /// shape, dtype and whether data is null; changes nothing.
+  PackedPlan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
+                  std::optional<int64_t> recent_window) const {
+    PackedPlan pl;
+    pl.call = plan_call(key, value, chunk_start, head_start, recent_window);
+    const CallPlan& p = pl.call;
+    if (p.advance) pl.pack = plan_pack(p.call.start, p.call.n);
+    if (p.copies) {
+      if (pl.pack)
+        pl.pieces = view_pieces(pl.pack->after, p);
+      else
+        pl.pieces = view_pieces(segs_, p);
+    }
+    return pl;
+  }
+
+  /// The pack-and-evict of an advance by the chunk [start, start + n) (spec 4):
+  /// step 1 drops finalized non-sink segments left of the new tail; step 2 encodes
+  /// the eligible spans (sink spans, then deferred spans of span_chunks chunks or
+  /// every eligible chunk into incremental spans, keep_recent_chunks left raw);
+  /// then only the refine_recent newest chunks holding refinement layers keep them.
+  /// REQUIRES start == global_end(), n >= 1 (plan() checked it, or the caller
+  /// replays sizes). Pure: changes nothing.
+  PackPlan plan_pack(int64_t start, int64_t n) const {
+    PackPlan pp;
+    pp.start = start;
+    pp.n = n;
+    pp.spans = spans_.cursor;
+    const int64_t tail = tail_start_at(start + n);
+    std::vector<size_t> kept;  // the list after eviction, the call's chunk aside (it is never encoded here)
+    for (size_t i = 0; i < segs_.size(); ++i)
+      (!segs_[i].is_sink && segs_[i].g1 <= tail ? pp.evicted : kept).push_back(i);
+    if (quant_.enabled()) plan_encodes(kept, start < opt_.sink_tokens, pp);
+    // The list after the advance: each step's segments become its encoding (steps
+    // are in global order, as `kept`), the rest stay; the call's chunk comes last.
+    size_t step = 0;
+    for (size_t k = 0; k < kept.size();) {
+      PlannedSegment a;
+      if (step < pp.encodes.size() && pp.encodes[step].first == kept[k]) {
+        const EncodeStep& e = pp.encodes[step];
+        a = {PlannedSegment::Source::Encoded, step, e.g0, e.g1, e.is_sink, true, e.refine, e.chunks};
+        ++step;
+        k += e.count;
+      } else {
+        const Segment& s = segs_[kept[k]];
+        a = {PlannedSegment::Source::Kept, kept[k], s.g0, s.g1, s.is_sink, s.packed, s.refined, s.chunks};
+        ++k;
+      }
+      pp.after.push_back(a);
+    }
+    QVG_CHECK(step == pp.encodes.size());
+    pp.after.push_back(
+        {PlannedSegment::Source::Current, 0, start, start + n, start < opt_.sink_tokens, false, false, 1});
+    age_refinements(
+        pp.after.size(), quant_.refine_recent, [&](size_t i) { return pp.after[i].refined; },
+        [&](size_t i) {
+          pp.after[i].refined = false;
+          pp.drop_refinement.push_back(i);
+        });
+    return pp;
+  }
+
+  /// Installs an executed advance (phase 1 `p` of plan_pack on this state, phase 2
+  /// `d` complete): the segment list becomes p.after with the call's chunk `current`
+  /// and step j's encoding `encoded[j]`; incremental chunks get their spans from `d`,
+  /// and the open span becomes d's, with `books` its codebooks when one of the
+  /// call's chunks started it (else `books` is ignored and they stay). The payloads of
+  /// p.drop_refinement still hold their layers: the backend frees them after this.
+  /// Strong guarantee: only std::bad_alloc can occur, before anything changes.
+  void apply(const PackPlan& p, P current, std::vector<P> encoded, const SpanDecisions& d, Books books = {}) {
+    QVG_CHECK(encoded.size() == p.encodes.size() && d.complete() && p.start == global_end_);
+    std::vector<Segment> next;
+    next.reserve(p.after.size());
+    // --- from here on nothing throws ---
+    size_t inc = 0;  // decisions are in encoding order, as the Encoded entries of `after`
+    for (const PlannedSegment& a : p.after) {
+      Segment s;
+      if (a.source == PlannedSegment::Source::Kept) {
+        s = std::move(segs_[a.index]);
+      } else if (a.source == PlannedSegment::Source::Encoded) {
+        s.data = std::move(encoded[a.index]);
+        if (p.encodes[a.index].incremental) s.span = d.decisions()[inc++].span;
+      } else {
+        s.data = std::move(current);
+      }
+      s.g0 = a.g0;
+      s.g1 = a.g1;
+      s.is_sink = a.is_sink;
+      s.packed = a.packed;
+      s.refined = a.refined;
+      s.chunks = a.chunks;
+      next.push_back(std::move(s));
+    }
+    segs_ = std::move(next);
+    if (!chunk_tokens_) chunk_tokens_ = p.n;
+    global_end_ = p.start + p.n;
+    const ChunkDecision* started = nullptr;  // the last chunk that started a span
+    for (const ChunkDecision& c : d.decisions()) {
+      if (!c.joined) started = &c;
+      spans_.breaks += c.may_join && !c.joined;
+    }
+    spans_.cursor = d.cursor();
+    if (started) {
+      spans_.books = std::move(books);
+      spans_.k_energy = started->k_energy;
+      spans_.v_energy = started->v_energy;
+    }
+  }
+
+ private:
+  /// Validation and the view's layout (plan()).
+  CallPlan plan_call(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
+                     std::optional<int64_t> recent_window) const {
     CallPlan p;
     p.call = validate_call(opt_, key, value, chunk_start, head_start, recent_window);
     const int64_t n = p.call.n, start = p.call.start, end = p.call.end, sink = opt_.sink_tokens;
@@ -204,153 +300,93 @@ class CachePolicy {
     return p;
   }
 
-  /// An advance's bookkeeping before pack-and-evict: the new raw chunk [start,
-  /// start + n) (payload `cur`) becomes current; chunk_tokens and global_end are set.
-  /// REQUIRES start == global_end(), n >= 1 (plan() checked it, or the caller replays sizes).
-  void push_current(int64_t start, int64_t n, P cur) {
-    Segment s;
-    s.g0 = start;
-    s.g1 = start + n;
-    s.is_sink = start < opt_.sink_tokens;
-    s.data = std::move(cur);
-    segs_.push_back(std::move(s));
-    if (!chunk_tokens_) chunk_tokens_ = n;
-    global_end_ = start + n;
-  }
-  void push_current(const CallPlan& p, P cur) { push_current(p.call.start, p.call.n, std::move(cur)); }
-
-  /// Step 1 of pack-and-evict: drop finalized non-sink segments left of the tail.
-  void evict() {
-    const int64_t tail = tail_start_at(global_end_);
-    const size_t last = segs_.size() - 1;
-    size_t w = 0;
-    for (size_t i = 0; i < segs_.size(); ++i) {
-      const bool drop = i < last && !segs_[i].is_sink && segs_[i].g1 <= tail;
-      if (!drop) {
-        if (w != i) segs_[w] = std::move(segs_[i]);
-        ++w;
+  /// Step 2 of plan_pack: the spans to encode, in encoding order, over `kept` (the
+  /// list after eviction, indices of the list before the call; the call's chunk,
+  /// sink or not as `current_sink`, follows it). Sets pp.encodes and pp.follows_open.
+  void plan_encodes(const std::vector<size_t>& kept, bool current_sink, PackPlan& pp) const {
+    const auto add = [&](size_t k, size_t count, bool incremental) {  // kept[k, k + count)
+      EncodeStep e;
+      e.first = kept[k];
+      e.count = count;
+      e.g0 = segs_[kept[k]].g0;
+      e.g1 = segs_[kept[k + count - 1]].g1;
+      e.is_sink = segs_[kept[k]].is_sink;
+      for (size_t j = k; j < k + count; ++j) {  // adjacent raw segments of one kind
+        QVG_CHECK(kept[j] == e.first + (j - k) && !segs_[kept[j]].packed && segs_[kept[j]].is_sink == e.is_sink);
+        e.chunks += segs_[kept[j]].chunks;
       }
-    }
-    segs_.resize(w);
-  }
-
-  /// Step 2: the spans to encode now, in encoding order (sink spans, then
-  /// non-sink spans, oldest first). Indices refer to the current segments.
-  std::vector<SpanRef> spans_to_encode() const {
-    std::vector<SpanRef> spans;
-    if (!quant_.enabled()) return spans;
-    const size_t last = segs_.size() - 1;  // the current chunk: never encoded here
+      e.incremental = incremental;
+      e.refine = incremental && quant_.refine_recent > 0;
+      pp.encodes.push_back(e);
+    };
     if (quant_.sink) {
-      std::vector<size_t> elig;
+      std::vector<size_t> elig;  // positions in `kept`
       int64_t chunk_index = 0;
-      for (size_t i = 0; i < last; ++i) {
-        if (!segs_[i].is_sink) continue;
-        if (!segs_[i].packed && chunk_index >= quant_.sink_keep_chunks) elig.push_back(i);
-        chunk_index += segs_[i].chunks;
+      for (size_t k = 0; k < kept.size(); ++k) {
+        const Segment& s = segs_[kept[k]];
+        if (!s.is_sink) continue;
+        if (!s.packed && chunk_index >= quant_.sink_keep_chunks) elig.push_back(k);
+        chunk_index += s.chunks;
       }
       if (quant_.sink_span == SinkSpan::Chunk) {
-        for (size_t i : elig) spans.push_back({i, 1});
-      } else if (!elig.empty() && !segs_[last].is_sink) {
+        for (size_t k : elig) add(k, 1, false);
+      } else if (!elig.empty() && !current_sink) {
         for (size_t j = 1; j < elig.size(); ++j) QVG_CHECK(elig[j] == elig[0] + j);
-        spans.push_back({elig[0], elig.size()});
+        add(elig[0], elig.size(), false);
       }
     }
-    std::vector<size_t> raw;
-    for (size_t i = 0; i < last; ++i)
-      if (!segs_[i].is_sink && !segs_[i].packed) raw.push_back(i);
+    std::vector<size_t> raw;  // positions in `kept`
+    for (size_t k = 0; k < kept.size(); ++k)
+      if (!segs_[kept[k]].is_sink && !segs_[kept[k]].packed) raw.push_back(k);
     const size_t keep = size_t(quant_.keep_recent_chunks);
     const size_t eligible = raw.size() > keep ? raw.size() - keep : 0;
     if (quant_.span_mode == SpanMode::Incremental) {  // every eligible chunk now, one at a time
-      for (size_t j = 0; j < eligible; ++j) spans.push_back({raw[j], 1, true});
-      return spans;
+      if (eligible > 0 && raw[0] > 0) {
+        const Segment& pred = segs_[kept[raw[0] - 1]];
+        pp.follows_open = spans_.cursor.open >= 0 && pred.packed && pred.span == spans_.cursor.open;
+      }
+      for (size_t j = 0; j < eligible; ++j) add(raw[j], 1, true);
+      return;
     }
     const size_t span = size_t(quant_.span_chunks);
-    for (size_t j = 0; j + span <= eligible; j += span) spans.push_back({raw[j], span});
-    return spans;
+    for (size_t j = 0; j + span <= eligible; j += span) add(raw[j], span, false);
   }
 
-  /// Step 2 applied: for every span, `encode(parts, packed, choice)` fills
-  /// packed.data from the raw parts (in global order); the span then replaces its
-  /// raw chunks. For an incremental chunk (choice.incremental, one part) the encoder
-  /// sets choice.joined to say whether it joined the open span (allowed only when
-  /// choice.may_join) or started a new one; the policy numbers the spans. An
-  /// exception from `encode` leaves the spans encoded so far in place and the rest raw.
-  template <class Encode>
-  void pack(Encode&& encode) {
-    const std::vector<SpanRef> spans = spans_to_encode();
-    size_t removed = 0;  // segments merged away by earlier spans of this call
-    for (const SpanRef& sr : spans) {
-      const size_t first = sr.first - removed;
-      std::vector<const Segment*> parts;
-      int chunks = 0;
-      for (size_t i = first; i < first + sr.count; ++i) {
-        QVG_CHECK(!segs_[i].packed && segs_[i].is_sink == segs_[first].is_sink);
-        parts.push_back(&segs_[i]);
-        chunks += segs_[i].chunks;
-      }
-      Segment packed;
-      packed.g0 = parts.front()->g0;
-      packed.g1 = parts.back()->g1;
-      packed.is_sink = parts.front()->is_sink;
-      packed.chunks = chunks;
-      packed.packed = true;
-      SpanChoice choice;
-      choice.incremental = sr.incremental;
-      choice.may_join = sr.incremental && open_.id >= 0 && open_.chunks < quant_.span_chunks && first > 0 &&
-                        segs_[first - 1].packed && segs_[first - 1].span == open_.id;
-      encode(parts, packed, choice);
-      if (sr.incremental) {
-        QVG_CHECK(!choice.joined || choice.may_join);
-        if (choice.joined) {
-          packed.span = open_.id;
-          ++open_.chunks;
-        } else {
-          packed.span = next_span_++;
-          open_ = OpenSpan{packed.span, 1};
-        }
-      }
-      segs_[first] = std::move(packed);
-      segs_.erase(segs_.begin() + std::ptrdiff_t(first + 1), segs_.begin() + std::ptrdiff_t(first + sr.count));
-      removed += sr.count - 1;
-    }
-  }
-
-  /// Where global tokens [x0, x1) of the view come from, placed from view token
-  /// out_t on. Every token is in exactly one piece.
-  void fill(int64_t x0, int64_t x1, int64_t out_t, std::vector<ViewPiece>& pieces) const {
+  /// Where global tokens [x0, x1) of the view come from in `segs` (anything with
+  /// g0, g1 in global order), placed from view token out_t on. Every token is in
+  /// exactly one piece.
+  template <class S>
+  static void fill(const std::vector<S>& segs, int64_t x0, int64_t x1, int64_t out_t, std::vector<ViewPiece>& pieces) {
     if (x0 >= x1) return;
     int64_t covered = 0;
-    for (size_t i = 0; i < segs_.size(); ++i) {
-      const Segment& s = segs_[i];
-      const int64_t o0 = std::max(x0, s.g0), o1 = std::min(x1, s.g1);
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const int64_t o0 = std::max(x0, segs[i].g0), o1 = std::min(x1, segs[i].g1);
       if (o0 >= o1) continue;
-      pieces.push_back({i, o0 - s.g0, o1 - s.g0, out_t + (o0 - x0)});
+      pieces.push_back({i, o0 - segs[i].g0, o1 - segs[i].g0, out_t + (o0 - x0)});
       covered += o1 - o0;
     }
     QVG_CHECK(covered == x1 - x0);  // every visible token is held by exactly one segment
   }
 
-  /// The pieces of a copied view before the call's own chunk: [0, sink_end) at 0
-  /// and [tail_start, start) after it (the chunk's n tokens, view [tokens - n,
-  /// tokens), come from the input).
-  std::vector<ViewPiece> view_pieces(const CallPlan& p) const {
+  /// The pieces of a copied view before the call's own chunk, in `segs` (the list
+  /// after the call).
+  template <class S>
+  static std::vector<ViewPiece> view_pieces(const std::vector<S>& segs, const CallPlan& p) {
     std::vector<ViewPiece> pieces;
-    fill(0, p.view.sink_end, 0, pieces);
-    fill(p.view.tail_start, p.call.start, p.view.sink_end, pieces);
+    fill(segs, 0, p.view.sink_end, 0, pieces);
+    fill(segs, p.view.tail_start, p.call.start, p.view.sink_end, pieces);
     QVG_CHECK(p.view.end == p.call.end &&
               p.view.sink_end + (p.call.start - p.view.tail_start) == p.view.tokens - p.call.n);
     return pieces;
   }
 
- private:
   CacheOptions opt_;
   QuantArgs quant_;
   int64_t capacity_ = 0, window_ = 0;
   std::vector<Segment> segs_;  // global order; segs_.back() is the current chunk
   int64_t global_end_ = 0;
   std::optional<int64_t> chunk_tokens_;
-  OpenSpan open_;          // the incremental span chunks may join
-  int64_t next_span_ = 0;  // id of the next incremental span
+  Spans spans_;  // the open incremental span and the breaks
 };
 
 /// Raw K+V bytes or encoded K+V bytes of a segment whose payload has the members
@@ -365,22 +401,11 @@ size_t segment_bytes(const PlanSegment<P>& s) {
   return n;
 }
 
-/// QuantArgs::refine_recent: only the `keep` newest segments that hold refinement
-/// layers (`has(segment)`) keep them; `drop(segment)` frees the older ones' (newest
-/// first, so a segment's layers go when `keep` newer chunks hold layers).
-template <class P, class Has, class Drop>
-void keep_newest_refinements(CachePolicy<P>& pol, int64_t keep, Has&& has, Drop&& drop) {
-  int64_t newer = 0;
-  auto& segs = pol.segments();
-  for (auto it = segs.rbegin(); it != segs.rend(); ++it)
-    if (has(*it) && ++newer > keep) drop(*it);
-}
-
 /// The resident bytes of spec 4: every segment's bytes (`seg_bytes(segment)`) plus,
 /// once per incremental span that still has a chunk, the span's codebooks
 /// (`book_bytes(segment)` of any of its chunks).
-template <class P, class SegBytes, class BookBytes>
-size_t resident_bytes(const CachePolicy<P>& pol, SegBytes&& seg_bytes, BookBytes&& book_bytes) {
+template <class P, class B, class SegBytes, class BookBytes>
+size_t resident_bytes(const CachePolicy<P, B>& pol, SegBytes&& seg_bytes, BookBytes&& book_bytes) {
   size_t n = 0;
   int64_t last_span = -1;
   for (const PlanSegment<P>& s : pol.segments()) {
@@ -393,8 +418,8 @@ size_t resident_bytes(const CachePolicy<P>& pol, SegBytes&& seg_bytes, BookBytes
 
 /// The public description of segment i (BasicSegmentInfo, qvg/cache.h) for a payload
 /// as segment_bytes() requires; raw views over its buffers' data().
-template <class Encoded, class P>
-BasicSegmentInfo<Encoded> describe_segment(const CachePolicy<P>& pol, size_t i, const CacheOptions& o) {
+template <class Encoded, class P, class B>
+BasicSegmentInfo<Encoded> describe_segment(const CachePolicy<P, B>& pol, size_t i, const CacheOptions& o) {
   const auto& segs = pol.segments();
   QVG_CHECK(i < segs.size());
   const PlanSegment<P>& s = segs[i];

@@ -1,9 +1,9 @@
-// PackedCausalCache (spec 4). update() = plan (validation, throws, no state
-// change) + apply (write the chunk, pack-and-evict, build the view).
+// PackedCausalCache (spec 4). update() = plan (validation and the PackedPlan of
+// src/cache/cache_policy.h: throws, no state change) + apply (write the chunk,
+// execute the plan's encodings, install them, build the view).
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <utility>
 
@@ -11,6 +11,7 @@
 
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
+#include "cache/plan_access.h"
 #include "cache/snapshot_state.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
@@ -31,7 +32,12 @@ struct SegData {
   std::shared_ptr<SpanCodebook> k_book, v_book;  // incremental span chunks only
   std::optional<EncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
 };
-using Policy = detail::CachePolicy<SegData>;
+/// An incremental span's codebooks (K, V), shared by the span's chunks and, while
+/// it is open, by the policy's span state.
+struct Books {
+  std::shared_ptr<SpanCodebook> k, v;
+};
+using Policy = detail::CachePolicy<SegData, Books>;
 using Segment = Policy::Segment;
 
 size_t codebook_nbytes(const EncodedTensor& e) {
@@ -45,6 +51,34 @@ double energy_per_element(const EncodeStats& s) {
   return s.residual_elements > 0 ? s.residual_energy / double(s.residual_elements) : 0.0;
 }
 
+/// An encoded step's bytes: its encodings and refinement layers (not its span's
+/// codebooks).
+size_t data_bytes(const SegData& d) {
+  size_t n = d.k_enc.nbytes() + d.v_enc.nbytes();
+  if (d.k_ref) n += d.k_ref->nbytes() + d.v_ref->nbytes();
+  return n;
+}
+
+/// What executing an advance's PackPlan made; the cache is unchanged until it is
+/// installed (Impl::install).
+struct Executed {
+  std::vector<SegData> encoded;     // one per step of the plan, in order
+  detail::SpanDecisions decisions;  // the incremental chunks' spans
+  Books books;                      // the open span's codebooks, when one of the call's chunks started it
+  /// New contents of the cache's open span's codebooks (chunks of the call joined it).
+  std::optional<SpanCodebook> open_k, open_v;
+  std::optional<EncodedTensor> warm_k, warm_v;  // the warm-start codebooks the call's whole spans left
+};
+
+/// The open span as the steps executed so far left it.
+struct OpenRun {
+  Books books;          // its codebooks' handles
+  bool staged = false;  // they are the cache's and their new contents are Executed::open_k, open_v
+  double k_energy = 0, v_energy = 0;
+  const SpanCodebook* k(const Executed& x) const { return staged ? &*x.open_k : books.k.get(); }
+  const SpanCodebook* v(const Executed& x) const { return staged ? &*x.open_v : books.v.get(); }
+};
+
 }  // namespace
 
 struct PackedCausalCache::Impl {
@@ -54,14 +88,11 @@ struct PackedCausalCache::Impl {
   const int64_t capacity, window;
   CodecConfig codec_k, codec_v;  // K's and V's codec settings (per role); valid when quant.enabled()
 
-  Policy pol;  // the segments (global order; the last is the current chunk) and their policy
+  // The segments (global order; the last is the current chunk), their policy and
+  // the open incremental span (codebooks, reference energies) with the breaks.
+  Policy pol;
   std::optional<EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
-  // Incremental spans: the open span's codebooks and its first chunk's residual
-  // energy per element (the reference of the adaptive boundary), and how many spans
-  // were started because a chunk did not fit the open span's codebook.
-  std::shared_ptr<SpanCodebook> open_k_book, open_v_book;
-  double open_k_energy = 0, open_v_energy = 0;
-  int64_t span_breaks = 0;
+  detail::PackOutcome last_advance;             // what the last advance encoded (the simulator reads it)
   std::shared_ptr<ViewScratch> scratch;  // K then V of the last copied view (maybe shared)
   size_t peak_transient = 0;
 
@@ -77,52 +108,29 @@ struct PackedCausalCache::Impl {
 
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
 
-  /// Validation of the call (no state change): the policy's, then the values, then
-  /// (an advance that encodes) the stored chunks it will encode.
-  detail::CallPlan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
-                        std::optional<int64_t> head_start, std::optional<int64_t> recent_window) const {
-    detail::CallPlan p = pol.plan(key, value, chunk_start, head_start, recent_window);
+  /// Validation of the call and what it does (no state change): the policy's
+  /// plan, then the values, then (an advance that encodes) the stored chunks it will
+  /// encode.
+  detail::PackedPlan plan(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
+                          std::optional<int64_t> head_start, std::optional<int64_t> recent_window) const {
+    detail::PackedPlan p = pol.plan(key, value, chunk_start, head_start, recent_window);
     detail::check_values(key, value);
-    if (p.advance && quant.enabled()) check_chunks_to_encode(p);
+    if (p.pack) check_chunks_to_encode(*p.pack);
     return p;
   }
 
-  /// The raw chunks advance `p` will encode must be encodable (finite, |x| <= 1e16,
-  /// as every input was when it was written). They can only have become otherwise
-  /// through a zero-copy view this cache lent (KVView::zero_copy aliases the stored
-  /// chunk): issue 27, finding 16. Which chunks: the policy run on the segments'
-  /// geometry alone (push_current, evict, spans_to_encode on a copy without
-  /// payload), so the check matches what apply() encodes. Throws InvalidArgument
-  /// naming the stored chunk; no state changes.
-  void check_chunks_to_encode(const detail::CallPlan& p) const {
-    struct Ref {
-      size_t index = std::numeric_limits<size_t>::max();  // in pol.segments(); max: the call's new chunk
-    };
+  /// The raw chunks an advance's plan encodes must be encodable (finite, |x| <=
+  /// 1e16, as every input was when it was written). They can only have become
+  /// otherwise through a zero-copy view this cache lent (KVView::zero_copy aliases the
+  /// stored chunk): issue 27, finding 16. The plan's steps name exactly the segments
+  /// execute() will encode. Throws InvalidArgument naming the stored chunk; no state
+  /// changes.
+  void check_chunks_to_encode(const detail::PackPlan& pack) const {
     const std::vector<Segment>& segs = pol.segments();
-    std::vector<detail::PlanSegment<Ref>> geometry;
-    geometry.reserve(segs.size() + 1);
-    for (size_t i = 0; i < segs.size(); ++i) {
-      detail::PlanSegment<Ref> g;
-      g.g0 = segs[i].g0;
-      g.g1 = segs[i].g1;
-      g.is_sink = segs[i].is_sink;
-      g.chunks = segs[i].chunks;
-      g.packed = segs[i].packed;
-      g.span = segs[i].span;
-      g.data.index = i;
-      geometry.push_back(g);
-    }
-    detail::CachePolicy<Ref> shadow(opt, quant);
-    shadow.restore(std::move(geometry), pol.global_end(), pol.chunk_tokens(),
-                   {pol.open_span().id, pol.open_span().chunks}, pol.next_span_id());
-    shadow.push_current(p, Ref{});
-    shadow.evict();
-    const auto& after = shadow.segments();
-    for (const detail::SpanRef& sr : shadow.spans_to_encode())
-      for (size_t i = sr.first; i < sr.first + sr.count; ++i) {
-        const size_t index = after[i].data.index;
-        QVG_CHECK(index < segs.size() && !segs[index].packed);  // the new chunk is current: never encoded now
-        check_stored_chunk(segs[index], index + 1 == segs.size());
+    for (const detail::EncodeStep& step : pack.encodes)
+      for (size_t i = step.first; i < step.first + step.count; ++i) {
+        QVG_CHECK(i < segs.size() && !segs[i].packed);  // the call's new chunk is current: never encoded now
+        check_stored_chunk(segs[i], i + 1 == segs.size());
       }
   }
 
@@ -144,8 +152,10 @@ struct PackedCausalCache::Impl {
   }
 
   // --- pack ------------------------------------------------------------------
-  EncodedTensor encode_one(const std::vector<const Segment*>& parts, bool is_k, detail::TransientMeter& meter,
-                           EncodeStats* stats = nullptr) {
+  /// One role of a whole span (`parts`, concatenated when several), warm started
+  /// from `warm` with init = warm.
+  EncodedTensor encode_one(const std::vector<const Segment*>& parts, bool is_k, const EncodedTensor* warm,
+                           detail::TransientMeter& meter) const {
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
     const int64_t S = parts.back()->g1 - parts.front()->g0;
     ConstTensorView in{nullptr, opt.dtype, {B, S, H, D}};
@@ -167,10 +177,8 @@ struct PackedCausalCache::Impl {
       }
       in.data = concat.data();
     }
-    std::optional<EncodedTensor>& warm = is_k ? warm_k : warm_v;
     const CodecConfig& codec = is_k ? codec_k : codec_v;
-    const EncodedTensor* w = (codec.init == Init::Warm && warm) ? &*warm : nullptr;
-    EncodedTensor enc = encode(in, codec, w, stats);
+    EncodedTensor enc = encode(in, codec, codec.init == Init::Warm ? warm : nullptr);
     meter.add(enc.nbytes());
     if (concat.size()) meter.sub(concat.size());
     return enc;
@@ -193,72 +201,76 @@ struct PackedCausalCache::Impl {
     return quant.span_chunks > 1 ? (c.centroids - first_chunk_slots(c)) / (quant.span_chunks - 1) : 0;
   }
 
-  /// An incremental chunk: into the open span when allowed and the chunk fits its
-  /// codebook (residual energy per element within span_break_ratio of the span's
-  /// first chunk, or any with ratio 0), else as the first chunk of a new span.
-  void encode_incremental(const Segment& raw, Segment& packed, detail::SpanChoice& choice,
-                          detail::TransientMeter& meter) {
-    if (choice.may_join) {
-      // Encoded against copies of the span's codebooks: the span changes only if
-      // the chunk joins it.
-      SpanCodebook tk = *open_k_book, tv = *open_v_book;
+  /// An incremental chunk (phase 2 of its step): encoded against the open span's
+  /// codebooks when it may join, joining when it fits them (fits_open_span); else
+  /// the first chunk of a new span. Fills `d`, records the decision in x.decisions
+  /// and moves `run` on; changes nothing of the cache.
+  void encode_incremental(const Segment& raw, SegData& d, Executed& x, OpenRun& run, const EncodedTensor* warm_k_now,
+                          const EncodedTensor* warm_v_now, detail::TransientMeter& meter) const {
+    if (x.decisions.may_join()) {
+      // Encoded against copies of the span's codebooks: they change only if the
+      // chunk joins the span.
+      SpanCodebook tk = *run.k(x), tv = *run.v(x);
       const size_t trial = codebook_nbytes(tk.book) + codebook_nbytes(tv.book);
       meter.add(trial);
       EncodeStats sk, sv;
       EncodedTensor k = encode_span_chunk(raw_view(raw, true), codec_k, tk, later_chunk_slots(codec_k), nullptr, &sk);
       EncodedTensor v = encode_span_chunk(raw_view(raw, false), codec_v, tv, later_chunk_slots(codec_v), nullptr, &sv);
-      const auto ratio = [](double e, double first) {
-        return first > 0 ? e / first : (e > 0 ? std::numeric_limits<double>::infinity() : 1.0);
-      };
-      const double r =
-          std::max(ratio(energy_per_element(sk), open_k_energy), ratio(energy_per_element(sv), open_v_energy));
-      if (quant.span_break_ratio == 0 || r <= quant.span_break_ratio) {
-        *open_k_book = std::move(tk);
-        *open_v_book = std::move(tv);
-        packed.data.k_enc = std::move(k);
-        packed.data.v_enc = std::move(v);
-        packed.data.k_book = open_k_book;
-        packed.data.v_book = open_v_book;
-        meter.add(detail::segment_bytes(packed));
+      if (detail::fits_open_span(quant.span_break_ratio, energy_per_element(sk), energy_per_element(sv), run.k_energy,
+                                 run.v_energy)) {
+        d.k_enc = std::move(k);
+        d.v_enc = std::move(v);
+        d.k_book = run.books.k;
+        d.v_book = run.books.v;
+        if (run.books.k == pol.spans().books.k) {  // the cache's codebooks: changed when installed
+          x.open_k = std::move(tk);
+          x.open_v = std::move(tv);
+          run.staged = true;
+        } else {  // a span this call started: not the cache's yet
+          *run.books.k = std::move(tk);
+          *run.books.v = std::move(tv);
+        }
+        meter.add(data_bytes(d));
         meter.sub(trial);
-        choice.joined = true;
+        x.decisions.decide(true);
         return;
       }
-      meter.sub(trial);
-      ++span_breaks;  // the chunk does not fit the open span's codebook: a new span
+      meter.sub(trial);  // the chunk does not fit the open span's codebook: a new span
     }
     // A new span: its first chunk trains the first slots of fresh codebooks (warm
     // started, with init = warm, from the previous span's or encoding's codebooks);
     // its residual energy is the reference later chunks are compared with.
     const Shape4 shape{opt.batch, raw.tokens(), opt.heads, opt.head_dim};
-    const EncodedTensor* wk = open_k_book ? &open_k_book->book : (warm_k ? &*warm_k : nullptr);
-    const EncodedTensor* wv = open_v_book ? &open_v_book->book : (warm_v ? &*warm_v : nullptr);
+    const EncodedTensor* wk = run.books.k ? &run.k(x)->book : warm_k_now;
+    const EncodedTensor* wv = run.books.v ? &run.v(x)->book : warm_v_now;
     if (codec_k.init != Init::Warm) wk = nullptr;
     if (codec_v.init != Init::Warm) wv = nullptr;
     auto book_k = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec_k));
     auto book_v = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec_v));
     meter.add(codebook_nbytes(book_k->book) + codebook_nbytes(book_v->book));
     EncodeStats fk, fv;
-    packed.data.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, first_chunk_slots(codec_k), wk, &fk);
-    packed.data.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, &fv);
-    meter.add(detail::segment_bytes(packed));
-    packed.data.k_book = open_k_book = std::move(book_k);
-    packed.data.v_book = open_v_book = std::move(book_v);
-    open_k_energy = energy_per_element(fk);
-    open_v_energy = energy_per_element(fv);
-    choice.joined = false;
+    d.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, first_chunk_slots(codec_k), wk, &fk);
+    d.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, &fv);
+    meter.add(data_bytes(d));
+    d.k_book = book_k;
+    d.v_book = book_v;
+    run = {{std::move(book_k), std::move(book_v)}, false, energy_per_element(fk), energy_per_element(fv)};
+    x.books = run.books;
+    x.decisions.decide(false, run.k_energy, run.v_energy);
   }
 
-  /// The refinement layers of a just-encoded incremental chunk (refine_recent > 0):
-  /// its K and V decoded as the view decodes them, and the error encoded.
-  void refine(const Segment& raw, Segment& packed, detail::TransientMeter& meter) {
+  /// The refinement layers of a just-encoded incremental chunk `d` (refine_recent >
+  /// 0): its K and V decoded as the view decodes them (with its span's codebooks
+  /// `book_k`, `book_v` as the chunk left them), and the error encoded.
+  void refine(const Segment& raw, SegData& d, const SpanCodebook& book_k, const SpanCodebook& book_v,
+              detail::TransientMeter& meter) const {
     const int64_t S = raw.tokens(), H = opt.heads, D = opt.head_dim;
     AlignedBuffer dec(raw_bytes(S));
     const size_t f32_bytes = size_t(opt.batch * S * H * D) * 4;  // encode_refinement's two fp32 copies
     meter.add(dec.size() + 2 * f32_bytes);
     for (const bool is_k : {true, false}) {
-      const EncodedTensor& enc = is_k ? packed.data.k_enc : packed.data.v_enc;
-      const EncodedTensor& book = (is_k ? packed.data.k_book : packed.data.v_book)->book;
+      const EncodedTensor& enc = is_k ? d.k_enc : d.v_enc;
+      const EncodedTensor& book = (is_k ? book_k : book_v).book;
       decode_ranges({{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book}}, quant.threads);
       const CodecConfig& c = is_k ? codec_k : codec_v;
       CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.threads);
@@ -266,33 +278,58 @@ struct PackedCausalCache::Impl {
       const ConstTensorView x = raw_view(raw, is_k);
       EncodedTensor r = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc);
       meter.add(r.nbytes());
-      (is_k ? packed.data.k_ref : packed.data.v_ref) = std::move(r);
+      (is_k ? d.k_ref : d.v_ref) = std::move(r);
     }
     meter.sub(dec.size() + 2 * f32_bytes);
   }
 
-  /// Encodes the spans and chunks the policy picks; each replaces its raw chunks.
-  void pack(detail::TransientMeter& meter) {
-    pol.pack([&](const std::vector<const Segment*>& parts, Segment& packed, detail::SpanChoice& choice) {
-      if (choice.incremental) {
-        encode_incremental(*parts.front(), packed, choice, meter);
-        if (quant.refine_recent > 0) refine(*parts.front(), packed, meter);
+  /// Executes the encodings of an advance's plan, in order, from the raw segments
+  /// (they exist already: the call's own chunk is never encoded by its own call).
+  /// Changes nothing of the cache: an exception leaves it as it was.
+  Executed execute(const detail::PackPlan& pp, detail::TransientMeter& meter) const {
+    Executed x{{}, detail::SpanDecisions(pp, quant.span_chunks), {}, {}, {}, {}, {}};
+    const std::vector<Segment>& segs = pol.segments();
+    const detail::OpenSpan<Books>& spans = pol.spans();
+    OpenRun run{spans.books, false, spans.k_energy, spans.v_energy};
+    const EncodedTensor* wk = warm_k ? &*warm_k : nullptr;  // the warm-start codebooks so far
+    const EncodedTensor* wv = warm_v ? &*warm_v : nullptr;
+    x.encoded.reserve(pp.encodes.size());
+    for (const detail::EncodeStep& e : pp.encodes) {
+      std::vector<const Segment*> parts;
+      for (size_t i = e.first; i < e.first + e.count; ++i) parts.push_back(&segs[i]);
+      SegData d;
+      if (e.incremental) {
+        encode_incremental(*parts.front(), d, x, run, wk, wv, meter);
+        if (e.refine) refine(*parts.front(), d, *run.k(x), *run.v(x), meter);
       } else {
-        packed.data.k_enc = encode_one(parts, true, meter);
-        packed.data.v_enc = encode_one(parts, false, meter);
-        if (codec_k.init == Init::Warm) warm_k = packed.data.k_enc.codebooks_only();
-        if (codec_v.init == Init::Warm) warm_v = packed.data.v_enc.codebooks_only();
+        d.k_enc = encode_one(parts, true, wk, meter);
+        d.v_enc = encode_one(parts, false, wv, meter);
+        if (codec_k.init == Init::Warm) wk = &*(x.warm_k = d.k_enc.codebooks_only());
+        if (codec_v.init == Init::Warm) wv = &*(x.warm_v = d.v_enc.codebooks_only());
       }
-      meter.sub(detail::segment_bytes(packed));  // resident from here on; the raw chunks are gone
-    });
+      meter.sub(data_bytes(d));  // resident from here on; the raw chunks are gone
+      x.encoded.push_back(std::move(d));
+    }
+    return x;
+  }
+
+  /// Installs an advance: the new chunk `cur` and the executed plan `x`. Only
+  /// std::bad_alloc can occur, inside pol.apply() before anything changes.
+  void install(const detail::PackPlan& pp, SegData cur, Executed&& x) {
+    const Books before = pol.spans().books;  // the open span's codebooks before the call
+    pol.apply(pp, std::move(cur), std::move(x.encoded), x.decisions, std::move(x.books));
+    // --- from here on nothing throws ---
+    if (x.open_k) {  // chunks of the call joined the span that was open before it
+      *before.k = std::move(*x.open_k);
+      *before.v = std::move(*x.open_v);
+    }
+    if (x.warm_k) warm_k = std::move(x.warm_k);
+    if (x.warm_v) warm_v = std::move(x.warm_v);
     // Older chunks lose their layers; their base encodings stay exactly as they are.
-    if (quant.refine_recent > 0)
-      detail::keep_newest_refinements(
-          pol, quant.refine_recent, [](const Segment& s) { return s.data.k_ref.has_value(); },
-          [](Segment& s) {
-            s.data.k_ref.reset();
-            s.data.v_ref.reset();
-          });
+    for (const size_t i : pp.drop_refinement) {
+      pol.segments()[i].data.k_ref.reset();
+      pol.segments()[i].data.v_ref.reset();
+    }
   }
 
   size_t resident() const {
@@ -303,7 +340,8 @@ struct PackedCausalCache::Impl {
 
   // --- apply -----------------------------------------------------------------
   /// `held`: bytes the call already holds (copies of an aliased input).
-  KVView apply(const detail::CallPlan& p, ConstTensorView key, ConstTensorView value, size_t held) {
+  KVView apply(const detail::PackedPlan& plan, ConstTensorView key, ConstTensorView value, size_t held) {
+    const detail::CallPlan& p = plan.call;
     detail::TransientMeter meter;
     meter.add(held);
     const int64_t B = opt.batch, D = opt.head_dim, h_in = p.call.heads, head0 = p.call.head_start;
@@ -325,11 +363,11 @@ struct PackedCausalCache::Impl {
       cur.v_raw = AlignedBuffer(raw_bytes(p.call.n));
       detail::write_rows(key, {detail::rows_of(cur.k_raw.data(), opt, p.call.n), 0, head0});
       detail::write_rows(value, {detail::rows_of(cur.v_raw.data(), opt, p.call.n), 0, head0});
-      segs.reserve(segs.size() + 1);
-      // --- from here on state changes; only std::bad_alloc can still occur ---
-      pol.push_current(p, std::move(cur));
-      pol.evict();
-      pack(meter);
+      Executed x = execute(*plan.pack, meter);
+      detail::PackOutcome done{plan.pack->encodes, x.decisions.decisions()};
+      // --- from here on state changes; only std::bad_alloc can still occur, first ---
+      install(*plan.pack, std::move(cur), std::move(x));
+      last_advance = std::move(done);
     } else if (!p.copies) {
       Segment& cur = segs.back();
       detail::write_rows(key, {k_rows(cur), 0, head0});
@@ -355,8 +393,7 @@ struct PackedCausalCache::Impl {
       // call's key/value rows — is copied from the input, not re-read from its
       // segment.
       std::vector<DecodeTask> tasks;
-      const std::vector<detail::ViewPiece> pieces = pol.view_pieces(p);
-      for (const detail::ViewPiece& pc : pieces) {
+      for (const detail::ViewPiece& pc : plan.pieces) {
         Segment& s = segs[pc.seg];
         if (!s.packed) {
           detail::gather_rows(k_rows(s), pc.t0, pc.t1, head0, {vk, pc.out_t, 0});
@@ -381,7 +418,7 @@ struct PackedCausalCache::Impl {
       }
       decode_ranges(tasks, quant.threads);
       // Refined chunks: their layers added to what was just decoded.
-      for (const detail::ViewPiece& pc : pieces) {
+      for (const detail::ViewPiece& pc : plan.pieces) {
         const Segment& s = segs[pc.seg];
         if (!s.packed || !s.data.k_ref) continue;
         add_refinement(*s.data.k_ref, pc.t0, pc.t1, head0, head0 + h_in,
@@ -422,7 +459,7 @@ PackedCausalCache& PackedCausalCache::operator=(PackedCausalCache&&) noexcept = 
 KVView PackedCausalCache::do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start,
                                     std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
   Impl& m = *impl_;
-  const detail::CallPlan p = m.plan(key, value, chunk_start, head_start, recent_window);
+  const detail::PackedPlan p = m.plan(key, value, chunk_start, head_start, recent_window);
   std::vector<detail::ByteRange> owned = {{m.scratch->data(), m.scratch->size()}};
   for (const Segment& s : m.pol.segments()) {
     owned.push_back({s.data.k_raw.data(), s.data.k_raw.size()});
@@ -436,10 +473,7 @@ void PackedCausalCache::reset_indices() {
   impl_->pol.reset();
   impl_->warm_k.reset();
   impl_->warm_v.reset();
-  impl_->open_k_book.reset();
-  impl_->open_v_book.reset();
-  impl_->open_k_energy = impl_->open_v_energy = 0;
-  impl_->span_breaks = 0;
+  impl_->last_advance = {};
   impl_->scratch->release();
   impl_->peak_transient = 0;
 }
@@ -448,7 +482,7 @@ size_t PackedCausalCache::resident_nbytes() const {
   return impl_->resident();
 }
 int64_t PackedCausalCache::span_breaks() const {
-  return impl_->span_breaks;
+  return impl_->pol.spans().breaks;
 }
 size_t PackedCausalCache::peak_transient_nbytes() const {
   return impl_->peak_transient;
@@ -509,15 +543,20 @@ PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
   st.resident_nbytes = resident_nbytes();
   st.peak_transient_nbytes = impl_->peak_transient;
   st.view_scratch = detail::bytes_copy(impl_->scratch->data(), impl_->scratch->size());
-  st.open_span = impl_->pol.open_span().id;
-  st.open_span_chunks = impl_->pol.open_span().chunks;
-  st.next_span = impl_->pol.next_span_id();
-  st.span_breaks = impl_->span_breaks;
-  st.open_k_book = copy_of(impl_->open_k_book);
-  st.open_v_book = copy_of(impl_->open_v_book);
-  st.open_k_energy = impl_->open_k_energy;
-  st.open_v_energy = impl_->open_v_energy;
+  const detail::OpenSpan<Books>& spans = impl_->pol.spans();
+  st.open_span = spans.cursor.open;
+  st.open_span_chunks = spans.cursor.open_chunks;
+  st.next_span = spans.cursor.next;
+  st.span_breaks = spans.breaks;
+  st.open_k_book = copy_of(spans.books.k);
+  st.open_v_book = copy_of(spans.books.v);
+  st.open_k_energy = spans.k_energy;
+  st.open_v_energy = spans.v_energy;
   return st;
+}
+
+const detail::PackOutcome& detail::PlanAccess::last_advance(const PackedCausalCache& c) {
+  return c.impl_->last_advance;
 }
 
 // ---- snapshots (src/cache/snapshot.cpp): the state out and in ------------------
@@ -548,12 +587,13 @@ detail::PackedStateRef detail::SnapshotAccess::state(const PackedCausalCache& c)
   }
   r.warm_k = m.warm_k ? &*m.warm_k : nullptr;
   r.warm_v = m.warm_v ? &*m.warm_v : nullptr;
-  const auto& open = m.pol.open_span();
+  const detail::OpenSpan<Books>& spans = m.pol.spans();
+  const detail::SpanCursor& open = spans.cursor;
   // The open span's codebooks, also when none of its chunks is left (they seed the
   // next span's with init = warm).
-  if (open.id >= 0 && (r.spans.empty() || r.spans.back().id != open.id))
-    r.spans.push_back({open.id, m.open_k_book.get(), m.open_v_book.get()});
-  r.span_state = {open.id, open.chunks, m.pol.next_span_id(), m.span_breaks, m.open_k_energy, m.open_v_energy};
+  if (open.open >= 0 && (r.spans.empty() || r.spans.back().id != open.open))
+    r.spans.push_back({open.open, spans.books.k.get(), spans.books.v.get()});
+  r.span_state = {open.open, open.open_chunks, open.next, spans.breaks, spans.k_energy, spans.v_energy};
   return r;
 }
 
@@ -581,6 +621,7 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
     g.packed = s.packed;
     g.chunks = s.chunks;
     g.span = s.span;
+    g.refined = s.k_ref.has_value();
     g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr,
               std::move(s.k_ref), std::move(s.v_ref)};
     if (s.span >= 0) {
@@ -591,17 +632,18 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
     segs.push_back(std::move(g));
   }
   const detail::SpanState& ss = d.span_state;
-  m->pol.restore(std::move(segs), d.global_end, d.chunk_tokens, {ss.open_span, ss.open_span_chunks}, ss.next_span);
-  m->warm_k = std::move(d.warm_k);
-  m->warm_v = std::move(d.warm_v);
+  detail::OpenSpan<Books> spans;
+  spans.cursor = {ss.open_span, ss.open_span_chunks, ss.next_span};
   if (ss.open_span >= 0) {
     const auto b = book_of(ss.open_span);
-    m->open_k_book = b[0];
-    m->open_v_book = b[1];
+    spans.books = {b[0], b[1]};
   }
-  m->open_k_energy = ss.open_k_energy;
-  m->open_v_energy = ss.open_v_energy;
-  m->span_breaks = ss.span_breaks;
+  spans.k_energy = ss.open_k_energy;
+  spans.v_energy = ss.open_v_energy;
+  spans.breaks = ss.span_breaks;
+  m->pol.restore(std::move(segs), d.global_end, d.chunk_tokens, std::move(spans));
+  m->warm_k = std::move(d.warm_k);
+  m->warm_v = std::move(d.warm_v);
   return PackedCausalCache(std::move(m));
 }
 

@@ -42,22 +42,9 @@ namespace {
   corrupt("state", m);
 }
 
-// The loaded segments as the packed cache's policy holds them (the payload: the
-// segment's index), so that the checks ask the policy's own rules.
+// The window's geometry is the policy's own rule (sink end and tail start at a
+// global end depend on the options only).
 using PolicyOfState = CachePolicy<size_t>;
-
-PolicyOfState policy_of(const PackedStateData& d) {
-  std::vector<PlanSegment<size_t>> segs;
-  segs.reserve(d.segments.size());
-  for (size_t i = 0; i < d.segments.size(); ++i) {
-    const PackedSegmentData& s = d.segments[i];
-    segs.push_back({s.g0, s.g1, s.is_sink, s.chunks, s.packed, s.span, i});
-  }
-  PolicyOfState pol(d.options, d.quant);
-  pol.restore(std::move(segs), d.global_end, d.chunk_tokens, {d.span_state.open_span, d.span_state.open_span_chunks},
-              d.span_state.next_span);
-  return pol;
-}
 
 // Sorted; adjacent segments touch, except for the evicted tokens between the sink
 // segments and the first non-sink segment, which must all lie before the window's
@@ -101,16 +88,15 @@ void check_encoding_order(const PackedStateData& d) {
 }
 
 // Refinement layers (format 1.4): every chunk of an incremental span gets layers when
-// it is encoded (refine_recent > 0), and the policy's aging rule
-// (keep_newest_refinements) frees the older ones': exactly the chunks it keeps hold
-// them.
-void check_refinements(const PackedStateData& d, PolicyOfState& pol) {
+// it is encoded (refine_recent > 0), and the policy's aging rule (age_refinements)
+// frees the older ones': exactly the chunks it keeps hold them.
+void check_refinements(const PackedStateData& d) {
   const auto& segs = d.segments;
   std::vector<bool> kept(segs.size());
   for (size_t i = 0; i < segs.size(); ++i) kept[i] = segs[i].span >= 0;
-  keep_newest_refinements(
-      pol, d.quant.refine_recent, [](const PlanSegment<size_t>& s) { return s.span >= 0; },
-      [&](PlanSegment<size_t>& s) { kept[s.data] = false; });
+  age_refinements(
+      segs.size(), d.quant.refine_recent, [&](size_t i) { return segs[i].span >= 0; },
+      [&](size_t i) { kept[i] = false; });
   const int64_t keep = d.quant.refine_recent;
   for (size_t i = segs.size(); i-- > 0;)
     if (segs[i].span >= 0 && segs[i].k_ref.has_value() != kept[i])
@@ -198,10 +184,10 @@ void check_packed_state(const PackedStateData& d) {
   if (segs.empty()) {
     if (d.warm_k) bad("warm-start codebooks in an empty cache");
   } else {
-    PolicyOfState pol = policy_of(d);
+    const PolicyOfState pol(d.options, d.quant);
     check_coverage(d, pol.window_ranges_at(d.global_end));
     check_encoding_order(d);
-    check_refinements(d, pol);
+    check_refinements(d);
     if (d.warm_k.has_value() != d.warm_v.has_value()) bad("warm-start codebooks for only one of K and V");
     if (d.warm_k && (!d.quant.enabled() || d.quant.init != Init::Warm))
       bad("warm-start codebooks in a cache with init != warm");

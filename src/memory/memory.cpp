@@ -148,25 +148,23 @@ const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
   Impl& m = *impl_;
   const int64_t n = m.shape.chunk_size(m.next_chunk);
   const size_t raw_half = m.shape.raw_bytes(n) / 2;
-  m.pol.push_current(m.pol.global_end(), n, Bytes{raw_half, raw_half});
-  m.pol.evict();
-  m.pol.pack([&](const std::vector<const detail::PlanSegment<Bytes>*>&, detail::PlanSegment<Bytes>& span,
-                 detail::SpanChoice& choice) {
+  // The policy's plan of the advance, executed on sizes: each step's encoded bytes,
+  // and for an incremental chunk the decision `join` gives (consumed for every
+  // incremental chunk, in order; it counts only when the chunk may join).
+  const detail::PackPlan plan = m.pol.plan_pack(m.pol.global_end(), n);
+  detail::SpanDecisions decisions(plan, m.args.span_chunks);
+  std::vector<Bytes> encoded;
+  for (const detail::EncodeStep& e : plan.encodes) {
     auto role_bytes = [&](CacheRole r) {
-      return choice.incremental ? role_chunk_data_bytes(m.shape, m.args, r, span.tokens())
-                                : role_span_bytes(m.shape, m.args, r, span.tokens());
+      return e.incremental ? role_chunk_data_bytes(m.shape, m.args, r, e.tokens())
+                           : role_span_bytes(m.shape, m.args, r, e.tokens());
     };
-    span.data = Bytes{role_bytes(CacheRole::Key), role_bytes(CacheRole::Value),
-                      choice.incremental ? refine_bytes(span.tokens()) : 0};
-    if (choice.incremental) {
-      const bool answer = !join || join();  // consumed for every incremental chunk, in order
-      choice.joined = choice.may_join && answer;
-    }
-  });
-  // Only the refine_recent newest encoded chunks keep their refinement layers.
-  detail::keep_newest_refinements(
-      m.pol, m.args.refine_recent, [](const detail::PlanSegment<Bytes>& p) { return p.data.ref > 0; },
-      [](detail::PlanSegment<Bytes>& p) { p.data.ref = 0; });
+    encoded.push_back(
+        {role_bytes(CacheRole::Key), role_bytes(CacheRole::Value), e.refine ? refine_bytes(e.tokens()) : 0});
+    if (e.incremental) decisions.decide(!join || join());
+  }
+  m.pol.apply(plan, Bytes{raw_half, raw_half}, std::move(encoded), decisions);
+  for (const size_t i : plan.drop_refinement) m.pol.segments()[i].data.ref = 0;  // aged out
 
   m.segs.clear();
   PolicyStep st;

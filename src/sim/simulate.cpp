@@ -15,6 +15,7 @@
 
 #include <fmt/core.h>
 
+#include "cache/plan_access.h"
 #include "core/rng_impl.h"
 #include "qvg/attention.h"
 #include "qvg/cache.h"
@@ -360,21 +361,20 @@ WindowRanges advance(LayerState& st, const StepTensors& step0, int64_t c, LayerR
   lr.dense_transient_peak_bytes = st.dense->peak_transient_nbytes();
   for (size_t j = 0; j < st.packed.size(); ++j) {
     PackedCausalCache& pk = *st.packed[j];
-    std::set<int64_t> packed_before;  // spans already encoded (by first token)
-    for (size_t i = 0; i < pk.num_segments(); ++i)
-      if (pk.segment(i).packed) packed_before.insert(pk.segment(i).g0);
     t0 = Clock::now();
     pk.update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
     lr.packed[j].encode_s = sim::seconds_since(t0);
     lr.packed[j].transient_peak_bytes = pk.peak_transient_nbytes();
-    for (size_t i = 0; i < pk.num_segments(); ++i) {
-      const auto sg = pk.segment(i);
-      if (!sg.packed || packed_before.count(sg.g0)) continue;
-      // Newly encoded: a whole span, or a chunk that joined its predecessor's span or started one.
-      const bool joined = sg.span >= 0 && i > 0 && pk.segment(i - 1).span == sg.span;
-      if (sg.span >= 0) st.joins[j].push_back(joined);
-      if (!joined) ++lr.packed[j].spans_encoded;
-      lr.packed[j].chunks_encoded += sg.chunks;
+    // What the advance's plan encoded: whole spans, and incremental chunks that
+    // joined the open span or started one (their decisions go to the memory model).
+    const detail::PackOutcome& done = detail::PlanAccess::last_advance(pk);
+    for (const detail::EncodeStep& e : done.encodes) {
+      lr.packed[j].spans_encoded += !e.incremental;
+      lr.packed[j].chunks_encoded += e.chunks;
+    }
+    for (const detail::ChunkDecision& d : done.decisions) {
+      st.joins[j].push_back(d.joined);
+      lr.packed[j].spans_encoded += !d.joined;
     }
     lr.packed[j].span_breaks = pk.span_breaks();
   }

@@ -1,7 +1,7 @@
 // Host-side test of the packed caches' bookkeeping (no GPU needed):
 // CachePolicy (src/cache/cache_policy.h) — the policy qvg::PackedCausalCache,
 // qvg::cuda::PackedCausalCache and the memory model all run — driven with an empty
-// payload (as the device cache drives it: view pieces, no bytes) against the
+// payload (as the device cache drives it: plan, apply, view pieces, no bytes) against the
 // independent model of spec 4 in tests/support/cache_model (PackedModel, which
 // restates the spec per chunk with none of the library's code) over random call
 // sequences:
@@ -11,7 +11,7 @@
 // - after every call the same segment list (g0, g1, is_sink, packed, chunks) and
 //   global_end;
 // - the view: the global token at every view position, as the device cache places
-//   it (raw and packed pieces of view_pieces(), then the call's chunk), equals the
+//   it (raw and packed pieces of the plan's view pieces, then the call's chunk), equals the
 //   model's list of visible positions, and the indices are the model's;
 // - qvg::cuda::PackedCausalCache's constructor and its update()'s argument errors
 //   (which are raised before any CUDA call) on this GPU-less machine.
@@ -170,9 +170,9 @@ int run_sequence(uint32_t seed) {
     cl.k = qvg::testing::random_tensor(rng, qvg::DType::F32, {B, n, h_in, D});
     cl.v = qvg::testing::random_tensor(rng, qvg::DType::F32, {B, n, h_in, D});
 
-    std::optional<qvg::detail::CallPlan> p;
+    std::optional<qvg::detail::PackedPlan> plan;
     std::string msg;
-    const Kind got = kind_of([&] { p = pol.plan(cl.k.view(), cl.v.view(), c, cl.hs, cl.rw); }, &msg);
+    const Kind got = kind_of([&] { plan = pol.plan(cl.k.view(), cl.v.view(), c, cl.hs, cl.rw); }, &msg);
     const Kind want = bad_args ? Kind::InvalidArgument : kind_of(model.check(cl));
     QVG_EXPECT(got == want) << what << "call" << call << "c =" << c << "n =" << n << ": policy" << kind_name(got)
                             << msg << "vs model" << kind_name(want);
@@ -182,15 +182,15 @@ int run_sequence(uint32_t seed) {
       continue;
     }
     ++accepted;
+    const qvg::detail::CallPlan* p = &plan->call;
     (p->copies ? coverage.copied_views : coverage.zero_copy_views)++;
     if (h_in != H) ++coverage.head_slices;
-    if (p->advance) {
-      pol.push_current(*p, Empty{});
-      pol.evict();
-      pol.pack([](const std::vector<const Policy::Segment*>& parts, Policy::Segment&, qvg::detail::SpanChoice& ch) {
-        QVG_CHECK(!parts.empty());
-        ch.joined = ch.may_join;  // incremental spans without adaptive breaks
-      });
+    if (plan->pack) {  // executed as the device cache does, with incremental spans without adaptive breaks
+      const qvg::detail::PackPlan& pp = *plan->pack;
+      qvg::detail::SpanDecisions decisions(pp, q.span_chunks);
+      for (const auto& e : pp.encodes)
+        if (e.incremental) decisions.decide(true);
+      pol.apply(pp, Empty{}, std::vector<Empty>(pp.encodes.size()), decisions);
     }
     const PackedModel::Result r = model.apply(cl);
 
@@ -218,7 +218,7 @@ int run_sequence(uint32_t seed) {
     if (!p->copies) {
       for (int64_t t = 0; t < T; ++t) g_at[size_t(t)] = p->view.tail_start + t;
     } else {
-      for (const auto& pc : pol.view_pieces(*p)) {
+      for (const auto& pc : plan->pieces) {
         const auto& sg = pol.segments()[pc.seg];
         for (int64_t t = pc.t0; t < pc.t1; ++t) {
           int64_t& slot = g_at[size_t(pc.out_t + t - pc.t0)];

@@ -1,10 +1,11 @@
 // qvg::cuda::PackedCausalCache: the device-resident packed cache, built into the
 // CUDA library. The policy (validation, eviction, spans, view ranges) is
 // CachePolicy (src/cache/cache_policy.h), the one the CPU cache runs too; this file
-// moves the bytes with the CUDA backend (src/kernels/cuda): raw chunks by
-// cudaMemcpy2DAsync, spans by the device encoder, windows by one decode_ranges.
-// Every allocation of an update() happens before the policy changes: the spans an
-// advance packs are encoded first (encode_spans_of_advance), then installed.
+// executes its plans with the CUDA backend (src/kernels/cuda): raw chunks by
+// cudaMemcpy2DAsync, the plan's spans by the device encoder, windows by one
+// decode_ranges. Every allocation of an update() happens before the policy changes:
+// the spans of an advance's PackPlan are encoded first (encode_steps), then the
+// policy installs them (CachePolicy::apply).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -88,34 +89,20 @@ struct PackedCausalCache::Impl {
     return encode(in, codec, s, *alloc);
   }
 
-  /// The K and V encodings of every span the pack step of the advance `p` will make,
-  /// in encoding order, made from the raw segments before anything changes (they
-  /// exist already: the call's own chunk is never part of a span). An allocation
-  /// failure here leaves the cache as it was. The spans are those of a shadow
-  /// policy whose payload is the index of the real segment.
-  std::vector<std::pair<DeviceEncodedTensor, DeviceEncodedTensor>> encode_spans_of_advance(
-      const qvg::detail::CallPlan& p, Stream s) const {
-    std::vector<std::pair<DeviceEncodedTensor, DeviceEncodedTensor>> out;
-    if (!quant.enabled()) return out;
-    constexpr size_t kNew = ~size_t(0);
-    qvg::detail::CachePolicy<size_t> shadow(opt, quant);
-    const auto& segs = pol.segments();
-    for (size_t i = 0; i < segs.size(); ++i) {
-      shadow.push_current(segs[i].g0, segs[i].tokens(), i);
-      shadow.segments().back().chunks = segs[i].chunks;
-      shadow.segments().back().packed = segs[i].packed;
-    }
-    shadow.push_current(p, kNew);
-    shadow.evict();
-    for (const qvg::detail::SpanRef& sr : shadow.spans_to_encode()) {
+  /// The encodings of the steps of an advance's plan, in order, made from the raw
+  /// segments before anything changes (they exist already: the call's own chunk is
+  /// never part of a span). An allocation failure here leaves the cache as it was.
+  std::vector<SegData> encode_steps(const qvg::detail::PackPlan& pp, Stream s) const {
+    std::vector<SegData> out;
+    out.reserve(pp.encodes.size());
+    for (const qvg::detail::EncodeStep& e : pp.encodes) {
+      QVG_CHECK(!e.incremental);  // rejected at construction
       std::vector<const Seg*> parts;
-      for (size_t i = sr.first; i < sr.first + sr.count; ++i) {
-        const size_t real = shadow.segments()[i].data;
-        QVG_CHECK(real != kNew && !segs[real].packed);
-        parts.push_back(&segs[real]);
-      }
-      DeviceEncodedTensor k_enc = encode_one(parts, true, s);
-      out.emplace_back(std::move(k_enc), encode_one(parts, false, s));
+      for (size_t i = e.first; i < e.first + e.count; ++i) parts.push_back(&pol.segments()[i]);
+      SegData d;
+      d.k_enc = encode_one(parts, true, s);
+      d.v_enc = encode_one(parts, false, s);
+      out.push_back(std::move(d));
     }
     return out;
   }
@@ -123,7 +110,8 @@ struct PackedCausalCache::Impl {
   KVView update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
-    const qvg::detail::CallPlan p = pol.plan(key, value, chunk_start, head_start, recent_window);
+    const qvg::detail::PackedPlan plan = pol.plan(key, value, chunk_start, head_start, recent_window);
+    const qvg::detail::CallPlan& p = plan.call;
     check_input_limits(key, "key", value, "value", s, *alloc);  // one flag buffer, one synchronization
 
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
@@ -132,11 +120,11 @@ struct PackedCausalCache::Impl {
     // New buffers and the spans' encodings first (an allocation failure here still
     // changes nothing).
     SegData cur;
-    std::vector<std::pair<DeviceEncodedTensor, DeviceEncodedTensor>> encoded;
+    std::vector<SegData> encoded;
     if (p.advance) {
       cur.k_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
       cur.v_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
-      encoded = encode_spans_of_advance(p, s);
+      encoded = encode_steps(*plan.pack, s);
     }
     DeviceBuffer new_view;
     if (view_bytes && view.size() != view_bytes) new_view = DeviceBuffer(view_bytes, s, *alloc);
@@ -150,17 +138,9 @@ struct PackedCausalCache::Impl {
       }
       write_chunk(key, cur.k_raw.data(), head0, s);
       write_chunk(value, cur.v_raw.data(), head0, s);
-      pol.push_current(p, std::move(cur));
-      pol.evict();
-      size_t next = 0;  // the spans were encoded in the order pack() makes them
-      pol.pack([&](const std::vector<const Seg*>&, Seg& packed, qvg::detail::SpanChoice& choice) {
-        QVG_CHECK(!choice.incremental);  // rejected at construction
-        QVG_CHECK(next < encoded.size());
-        packed.data.k_enc = std::move(encoded[next].first);
-        packed.data.v_enc = std::move(encoded[next].second);
-        ++next;
-      });
-      QVG_CHECK(next == encoded.size());
+      // No incremental chunks, hence no decisions to make, and no refinement layers.
+      pol.apply(*plan.pack, std::move(cur), std::move(encoded),
+                qvg::detail::SpanDecisions(*plan.pack, quant.span_chunks));
     } else {
       Seg& c_seg = pol.segments().back();
       write_chunk(key, c_seg.data.k_raw.data(), head0, s);
@@ -181,7 +161,7 @@ struct PackedCausalCache::Impl {
       const size_t out_row = size_t(h_in * D) * esz;   // one token of the view
       const size_t view_batch = size_t(T) * out_row;    // one batch of the view
       std::vector<DeviceDecodeTask> tasks;
-      for (const qvg::detail::ViewPiece& pc : pol.view_pieces(p)) {
+      for (const qvg::detail::ViewPiece& pc : plan.pieces) {
         const Seg& sg = pol.segments()[pc.seg];
         const size_t off = size_t(pc.out_t) * out_row;
         if (!sg.packed) {
