@@ -57,7 +57,6 @@ Bytes f32_bytes(std::initializer_list<float> v) {
   return b;
 }
 
-
 // Calls f(bytes) on an exact-size heap copy; success or one of the allowed error types.
 template <class Parse>
 void parse_or_error(const Bytes& bytes, Parse parse, bool invalid_argument_allowed) {

@@ -13,8 +13,8 @@
 #include "qvg/codec.h"
 #include "qvg/config.h"
 #include "qvg/error.h"
-#include "qvg/memory.h"
 #include "qvg/frontier.h"
+#include "qvg/memory.h"
 #include "support/data.h"
 
 namespace qvg {

@@ -25,8 +25,8 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 
 // Every name of every enumeration of the table (canonical names).
-const char* const kNames[] = {"chunk",    "full",   "deferred", "incremental", "two_level", "compat", "fp8_e4m3",
-                              "bf16",     "random", "kmeans++", "warm",        "off",       "mse"};
+const char* const kNames[] = {"chunk", "full",   "deferred", "incremental", "two_level", "compat", "fp8_e4m3",
+                              "bf16",  "random", "kmeans++", "warm",        "off",       "mse"};
 
 // A base where every setting matters: int4, incremental spans with refinement layers,
 // block 8 of head_dim 8, per-role settings unset.
@@ -110,7 +110,7 @@ TEST(Settings, EverySettingOfTheSnapshotIsComparedWithTheCallersExpectation) {
       s.set(other, v);
       const std::string want = "the snapshot's cache has " + std::string(s.name) + " = ";
       const Bytes a = saved_with(base), b = saved_with(other);
-      EXPECT_EQ(load_error(a, base), "") << s.name;    // a cache's own snapshot loads
+      EXPECT_EQ(load_error(a, base), "") << s.name;  // a cache's own snapshot loads
       EXPECT_EQ(load_error(b, other), "") << s.name;
       const std::string e1 = load_error(a, other), e2 = load_error(b, base);
       EXPECT_NE(e1.find(want), std::string::npos) << s.name << " = " << setting_text(v) << ": '" << e1 << "'";

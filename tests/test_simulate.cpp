@@ -18,9 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "qvg/error.h"
 #include "qvg/chart.h"
 #include "qvg/compare.h"
+#include "qvg/error.h"
 #include "qvg/error_sums.h"
 #include "qvg/simulate.h"
 #include "qvg/version.h"

@@ -322,7 +322,6 @@ class DenseCausalCache final : public CausalCache {
   ConstTensorView v_buffer() const;
   bool owns_storage() const;
 
-
   // ---- snapshots (docs/snapshot.md) -------------------------------------------
   // The contract of all four is in qvg/snapshot.h; the file holds both buffers as
   // they are in memory. `storage` (load): when given, the buffers are caller storage
@@ -461,7 +460,6 @@ class PackedCausalCache final : public CausalCache {
   using SegmentInfo = BasicSegmentInfo<EncodedTensor>;
   size_t num_segments() const;
   SegmentInfo segment(size_t i) const;  ///< REQUIRES i < num_segments()
-
 
   // ---- snapshots (docs/snapshot.md) -------------------------------------------
   // The contract of all four is in qvg/snapshot.h; the file holds every segment (raw

@@ -28,9 +28,9 @@ namespace qvg {
 
 /// What a setting's value is.
 enum class SettingKind : uint8_t {
-  Bits,  ///< optional 2 or 4 (none = quantization off); text also "int2"/"int4"
-  Int,   ///< a 32-bit integer in [lo, hi]
-  Width, ///< 2 or 4
+  Bits,   ///< optional 2 or 4 (none = quantization off); text also "int2"/"int4"
+  Int,    ///< a 32-bit integer in [lo, hi]
+  Width,  ///< 2 or 4
   Bool,
   Name,  ///< an enumeration, by name
   Real,  ///< a finite double in [lo, hi]
@@ -41,13 +41,13 @@ enum class SettingKind : uint8_t {
 using SettingValue = std::variant<std::monostate, int64_t, uint64_t, bool, double, std::string>;
 
 struct Setting {
-  std::string_view name;    ///< "centroids", "k_bits"; the member, snapshot key, Python field
-  std::string_view flag;    ///< suffix of the engine flag: "_centroids" -> kv_cache_quant_centroids
+  std::string_view name;  ///< "centroids", "k_bits"; the member, snapshot key, Python field
+  std::string_view flag;  ///< suffix of the engine flag: "_centroids" -> kv_cache_quant_centroids
   SettingKind kind;
-  bool role = false;        ///< a per-role override (k_* / v_*): optional, none = the shared value
-  int64_t lo = 0, hi = 0;   ///< Int, Real: the allowed range (QuantArgs::validate checks the same)
+  bool role = false;            ///< a per-role override (k_* / v_*): optional, none = the shared value
+  int64_t lo = 0, hi = 0;       ///< Int, Real: the allowed range (QuantArgs::validate checks the same)
   uint16_t snapshot_minor = 0;  ///< the first snapshot format 1.x that stores it
-  std::string_view allowed; ///< what is allowed, for messages ("1..256", "off, mse")
+  std::string_view allowed;     ///< what is allowed, for messages ("1..256", "off, mse")
   SettingValue (*get)(const QuantArgs&) = nullptr;
   /// Sets the value (REQUIRES a value of the setting's kind; none only for Bits and roles).
   void (*set)(QuantArgs&, const SettingValue&) = nullptr;

@@ -54,13 +54,13 @@
 #include "dense_binding.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
-#include "qvg/encoding_layout.h"
-#include "qvg/workload.h"
 #include "qvg/config.h"
+#include "qvg/encoding_layout.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
 #include "qvg/tensor.h"
 #include "qvg/version.h"
+#include "qvg/workload.h"
 
 namespace py = pybind11;
 using namespace qvg_py;
@@ -122,8 +122,7 @@ qvg::SettingValue value_of(const qvg::Setting& s, const py::handle& o) {
     }
   } catch (const py::cast_error&) {
   }
-  throw qvg::InvalidArgument(
-      fmt::format("{} must be {}, got {}", what, s.allowed, py::repr(o).cast<std::string>()));
+  throw qvg::InvalidArgument(fmt::format("{} must be {}, got {}", what, s.allowed, py::repr(o).cast<std::string>()));
 }
 
 qvg::QuantArgs quant_args_from_dict(const py::dict& d) {
@@ -183,8 +182,8 @@ py::list quant_settings_list() {
   const qvg::QuantArgs d;
   py::list out;
   for (const qvg::Setting& s : qvg::quant_settings())
-    out.append(py::make_tuple(std::string(s.name), std::string(s.flag), kinds[int(s.kind)], s.role,
-                              py_value(s.get(d)), std::string(s.allowed)));
+    out.append(py::make_tuple(std::string(s.name), std::string(s.flag), kinds[int(s.kind)], s.role, py_value(s.get(d)),
+                              std::string(s.allowed)));
   return out;
 }
 
@@ -302,7 +301,7 @@ class PackedCache {
   }
 
   ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
-                   std::optional<int64_t> rw) {
+                 std::optional<int64_t> rw) {
     BusyGuard busy(mu_);
     const Input ki = as_input(key, "key", kCpu), vi = as_input(value, "value", kCpu);
     detach_lent_views();
@@ -562,9 +561,9 @@ PYBIND11_MODULE(_C, m) {
 
   def_dense<CpuDense>(m, "DenseCache", [](auto& c) {
     using D = DenseCache;
-    c.def("peak_transient_nbytes",
-          [](D& d) { return d.read([](const D& x) { return x.cache().peak_transient_nbytes(); }); })
-        .def("debug_state", [](D& d) { return d.read([](const D& x) { return x.cache().debug_state(); }); });
+    c.def("peak_transient_nbytes", [](D& d) {
+       return d.read([](const D& x) { return x.cache().peak_transient_nbytes(); });
+     }).def("debug_state", [](D& d) { return d.read([](const D& x) { return x.cache().debug_state(); }); });
   });
 
   py::class_<PackedCache>(m, "PackedCache")
@@ -579,8 +578,10 @@ PYBIND11_MODULE(_C, m) {
       .def("snapshot_bytes", &PackedCache::snapshot_bytes)
       .def("restore", &PackedCache::restore, py::arg("source"), py::arg("from_bytes"))
       .def("segments", [](PackedCache& p) { return p.read([](const auto& c) { return segment_list(c); }); })
-      .def_property_readonly("global_end", [](PackedCache& p) { return p.read([](const auto& c) { return c.global_end(); }); })
-      .def_property_readonly("local_end", [](PackedCache& p) { return p.read([](const auto& c) { return c.local_end(); }); })
+      .def_property_readonly("global_end",
+                             [](PackedCache& p) { return p.read([](const auto& c) { return c.global_end(); }); })
+      .def_property_readonly("local_end",
+                             [](PackedCache& p) { return p.read([](const auto& c) { return c.local_end(); }); })
       .def_property_readonly("chunk_tokens",
                              [](PackedCache& p) { return p.read([](const auto& c) { return c.chunk_tokens(); }); })
       .def("can_direct_current_attention",

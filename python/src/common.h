@@ -120,8 +120,8 @@ inline qvg::DType require_dtype(const at::Tensor& t, const char* what) {
 inline Input as_input(const at::Tensor& t, const char* what, const at::Device& device) {
   if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
   if (t.layout() != at::kStrided)
-    throw qvg::InvalidArgument(fmt::format("{} must be a dense (strided) tensor, got layout {}", what,
-                                           c10::str(t.layout())));
+    throw qvg::InvalidArgument(
+        fmt::format("{} must be a dense (strided) tensor, got layout {}", what, c10::str(t.layout())));
   require_device(t, what, device);
   if (t.dim() != 4)
     throw qvg::InvalidArgument(fmt::format("{} must be a 4-D tensor [B, n, h, D], got shape {}", what, shape_str(t)));
@@ -142,17 +142,17 @@ inline Input as_input(const at::Tensor& t, const char* what, const at::Device& d
 inline qvg::DType check_buffer(const at::Tensor& t, const char* what) {
   if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
   if (t.layout() != at::kStrided)
-    throw qvg::InvalidArgument(fmt::format("{} must be a dense (strided) tensor, got layout {}", what,
-                                           c10::str(t.layout())));
+    throw qvg::InvalidArgument(
+        fmt::format("{} must be a dense (strided) tensor, got layout {}", what, c10::str(t.layout())));
   require_supported(t, what);
   if (t.dim() != 4)
     throw qvg::InvalidArgument(
         fmt::format("{} must be a 4-D tensor [B, cache_size, H, D], got shape {}", what, shape_str(t)));
   if (t.is_neg() || t.is_conj())
-    throw qvg::InvalidArgument(fmt::format(
-        "{} must not carry torch's negative or conjugate bit (the cache writes its raw storage), call "
-        "resolve_neg()/resolve_conj() first",
-        what));
+    throw qvg::InvalidArgument(
+        fmt::format("{} must not carry torch's negative or conjugate bit (the cache writes its raw storage), call "
+                    "resolve_neg()/resolve_conj() first",
+                    what));
   const qvg::DType dt = require_dtype(t, what);
   if (!t.is_contiguous())
     throw qvg::InvalidArgument(fmt::format(
@@ -186,8 +186,8 @@ struct ViewOut {
 };
 
 inline ViewOut view_out(at::Tensor k, at::Tensor v, const qvg::KVView& kv) {
-  return {std::move(k), std::move(v), kv.local_start_index, kv.local_end_index, kv.visible_local_end,
-          kv.visible_global_end, kv.zero_copy};
+  return {std::move(k),         std::move(v),          kv.local_start_index, kv.local_end_index,
+          kv.visible_local_end, kv.visible_global_end, kv.zero_copy};
 }
 
 /// Fails fast when two Python threads use one cache at the same time (the C++
@@ -261,7 +261,6 @@ inline void register_view_types(py::module_& m) {
       .def_readonly("visible_global_end", &ViewOut::visible_global_end)
       .def_readonly("zero_copy", &ViewOut::zero_copy);
 }
-
 
 /// The options every cache is built from (the packed caches' constructor arguments).
 inline qvg::CacheOptions cache_options(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim,

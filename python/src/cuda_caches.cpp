@@ -154,7 +154,7 @@ class CudaPackedCache {
   }
 
   ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
-                   std::optional<int64_t> rw) {
+                 std::optional<int64_t> rw) {
     BusyGuard busy(mu_);
     const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
     DeviceCall call(device_);

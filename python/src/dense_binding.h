@@ -68,7 +68,7 @@ class DenseBinding {
   /// One update_and_get_attention_kv call. `ge`, `le` are the cursors the
   /// Python side holds (its source of truth); the C++ cache adopts them first.
   ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
-                   std::optional<int64_t> rw, int64_t ge, int64_t le) {
+                 std::optional<int64_t> rw, int64_t ge, int64_t le) {
     BusyGuard busy(mu_);
     check_buffers_unchanged();
     const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
@@ -230,13 +230,21 @@ void def_dense(py::module_& m, const char* name, Extra&& extra) {
           .def_property_readonly("k", [](D& d) { return d.read([](const D& x) { return x.k(); }); })
           .def_property_readonly("v", [](D& d) { return d.read([](const D& x) { return x.v(); }); })
           .def_property_readonly("device", [](const D& d) { return d.device().str(); })
-          .def_property_readonly("global_end", [](D& d) { return d.read([](const D& x) { return x.cache().global_end(); }); })
-          .def_property_readonly("local_end", [](D& d) { return d.read([](const D& x) { return x.cache().local_end(); }); })
-          .def_property_readonly("cache_size", [](D& d) { return d.read([](const D& x) { return x.cache().cache_size(); }); })
-          .def_property_readonly("attention_window_size", [](D& d) { return d.read([](const D& x) { return x.cache().attention_window_size(); }); })
-          .def_property_readonly("sink_tokens", [](D& d) { return d.read([](const D& x) { return x.cache().sink_tokens(); }); })
-          .def_property_readonly("num_heads", [](D& d) { return d.read([](const D& x) { return x.cache().num_heads(); }); })
-          .def_property_readonly("allow_growth", [](D& d) { return d.read([](const D& x) { return x.cache().allow_growth(); }); })
+          .def_property_readonly("global_end",
+                                 [](D& d) { return d.read([](const D& x) { return x.cache().global_end(); }); })
+          .def_property_readonly("local_end",
+                                 [](D& d) { return d.read([](const D& x) { return x.cache().local_end(); }); })
+          .def_property_readonly("cache_size",
+                                 [](D& d) { return d.read([](const D& x) { return x.cache().cache_size(); }); })
+          .def_property_readonly(
+              "attention_window_size",
+              [](D& d) { return d.read([](const D& x) { return x.cache().attention_window_size(); }); })
+          .def_property_readonly("sink_tokens",
+                                 [](D& d) { return d.read([](const D& x) { return x.cache().sink_tokens(); }); })
+          .def_property_readonly("num_heads",
+                                 [](D& d) { return d.read([](const D& x) { return x.cache().num_heads(); }); })
+          .def_property_readonly("allow_growth",
+                                 [](D& d) { return d.read([](const D& x) { return x.cache().allow_growth(); }); })
           .def("can_direct_current_attention",
                [](D& d, int64_t n) { return d.read([n](const D& x) { return x.can_direct_current_attention(n); }); })
           .def("resident_nbytes", [](D& d) { return d.read([](const D& x) { return x.cache().resident_nbytes(); }); })

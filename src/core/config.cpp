@@ -268,8 +268,8 @@ RoleCodec parse_role_codec(std::string_view spec, std::string_view what) {
     const std::string item = sp.substr(i, j - i);
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw InvalidArgument(fmt::format(
-          "{} must be a list of field=value separated by commas (no empty items), got '{}'", what, sp));
+      throw InvalidArgument(
+          fmt::format("{} must be a list of field=value separated by commas (no empty items), got '{}'", what, sp));
     const std::string field = item.substr(0, eq), value = item.substr(eq + 1);
     const Setting* s = find_setting_by_flag("_k_" + field);
     if (!s)
@@ -316,7 +316,7 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
   for (const auto& [key, value] : flags) {
     if (key == "kv_cache_quant") continue;
     if (key == "kv_cache_quant_profile") continue;      // applied above
-    if (key.rfind(kPrefix, 0) != 0) continue;  // not ours
+    if (key.rfind(kPrefix, 0) != 0) continue;           // not ours
     if (key == "kv_cache_quant_config") continue;  // the engine's own key: no cache setting in it
     const Setting* s = find_setting_by_flag(std::string_view(key).substr(kPrefix.size()));
     if (!s)

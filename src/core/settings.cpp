@@ -100,29 +100,93 @@ constexpr std::string_view kScalings = "two_level, compat";
 constexpr std::string_view kScaleSearches = "off, mse";
 
 // The per-role rows of one role (prefix "k_"/"v_", flag "_k_"/"_v_"), R = &QuantArgs::k or ::v.
-#define QVG_ROLE_ROWS(P, R)                                                                                          \
-  Setting{P "bits", "_" P "bits", SettingKind::Width, true, 2, 4, 3, "2, 4, int2 or int4",                             \
-          get_role<R, &RoleCodec::bits>, set_role<R, &RoleCodec::bits>},                                              \
-      Setting{P "centroids", "_" P "centroids", SettingKind::Int, true, 1, 256, 3, "in 1..256",                          \
-              get_role<R, &RoleCodec::centroids>, set_role<R, &RoleCodec::centroids>},                                \
-      Setting{P "block_size", "_" P "block_size", SettingKind::Int, true, 1, kI32, 3, "> 0",                          \
-              get_role<R, &RoleCodec::block_size>, set_role<R, &RoleCodec::block_size>},                              \
-      Setting{P "stages", "_" P "stages", SettingKind::Int, true, 1, kMaxStages, 3, "in 1..64",                          \
-              get_role<R, &RoleCodec::stages>, set_role<R, &RoleCodec::stages>},                                      \
-      Setting{P "kmeans_iters", "_" P "iters", SettingKind::Int, true, 1, kI32, 3, "> 0",                             \
-              get_role<R, &RoleCodec::kmeans_iters>, set_role<R, &RoleCodec::kmeans_iters>},                          \
-      Setting{P "asymmetric", "_" P "asymmetric", SettingKind::Bool, true, 0, 0, 3, "true, false, 1 or 0",            \
-              get_role<R, &RoleCodec::asymmetric>, set_role<R, &RoleCodec::asymmetric>},                              \
-      Setting{P "scale_dtype", "_" P "scale_dtype", SettingKind::Name, true, 0, 0, 3, kScaleDTypes,                   \
-              get_role<R, &RoleCodec::scale_dtype>, set_role<R, &RoleCodec::scale_dtype, parse_scale_dtype>,           \
-              parse_name<parse_scale_dtype>},                                                                          \
-      Setting{P "scaling", "_" P "scaling", SettingKind::Name, true, 0, 0, 3, kScalings,                              \
-              get_role<R, &RoleCodec::scaling>, set_role<R, &RoleCodec::scaling, parse_scaling>,                      \
-              parse_name<parse_scaling>},                                                                              \
-      Setting {                                                                                                        \
-    P "scale_search", "_" P "scale_search", SettingKind::Name, true, 0, 0, 3, kScaleSearches,                         \
-        get_role<R, &RoleCodec::scale_search>, set_role<R, &RoleCodec::scale_search, parse_scale_search>,             \
-        parse_name<parse_scale_search>                                                                                 \
+#define QVG_ROLE_ROWS(P, R)                                                                               \
+  Setting{P "bits",                                                                                       \
+          "_" P "bits",                                                                                   \
+          SettingKind::Width,                                                                             \
+          true,                                                                                           \
+          2,                                                                                              \
+          4,                                                                                              \
+          3,                                                                                              \
+          "2, 4, int2 or int4",                                                                           \
+          get_role<R, &RoleCodec::bits>,                                                                  \
+          set_role<R, &RoleCodec::bits>},                                                                 \
+      Setting{P "centroids",                                                                              \
+              "_" P "centroids",                                                                          \
+              SettingKind::Int,                                                                           \
+              true,                                                                                       \
+              1,                                                                                          \
+              256,                                                                                        \
+              3,                                                                                          \
+              "in 1..256",                                                                                \
+              get_role<R, &RoleCodec::centroids>,                                                         \
+              set_role<R, &RoleCodec::centroids>},                                                        \
+      Setting{P "block_size",                                                                             \
+              "_" P "block_size",                                                                         \
+              SettingKind::Int,                                                                           \
+              true,                                                                                       \
+              1,                                                                                          \
+              kI32,                                                                                       \
+              3,                                                                                          \
+              "> 0",                                                                                      \
+              get_role<R, &RoleCodec::block_size>,                                                        \
+              set_role<R, &RoleCodec::block_size>},                                                       \
+      Setting{P "stages",                                                                                 \
+              "_" P "stages",                                                                             \
+              SettingKind::Int,                                                                           \
+              true,                                                                                       \
+              1,                                                                                          \
+              kMaxStages,                                                                                 \
+              3,                                                                                          \
+              "in 1..64",                                                                                 \
+              get_role<R, &RoleCodec::stages>,                                                            \
+              set_role<R, &RoleCodec::stages>},                                                           \
+      Setting{P "kmeans_iters",                                                                           \
+              "_" P "iters",                                                                              \
+              SettingKind::Int,                                                                           \
+              true,                                                                                       \
+              1,                                                                                          \
+              kI32,                                                                                       \
+              3,                                                                                          \
+              "> 0",                                                                                      \
+              get_role<R, &RoleCodec::kmeans_iters>,                                                      \
+              set_role<R, &RoleCodec::kmeans_iters>},                                                     \
+      Setting{P "asymmetric",                                                                             \
+              "_" P "asymmetric",                                                                         \
+              SettingKind::Bool,                                                                          \
+              true,                                                                                       \
+              0,                                                                                          \
+              0,                                                                                          \
+              3,                                                                                          \
+              "true, false, 1 or 0",                                                                      \
+              get_role<R, &RoleCodec::asymmetric>,                                                        \
+              set_role<R, &RoleCodec::asymmetric>},                                                       \
+      Setting{P "scale_dtype",                                                                            \
+              "_" P "scale_dtype",                                                                        \
+              SettingKind::Name,                                                                          \
+              true,                                                                                       \
+              0,                                                                                          \
+              0,                                                                                          \
+              3,                                                                                          \
+              kScaleDTypes,                                                                               \
+              get_role<R, &RoleCodec::scale_dtype>,                                                       \
+              set_role<R, &RoleCodec::scale_dtype, parse_scale_dtype>,                                    \
+              parse_name<parse_scale_dtype>},                                                             \
+      Setting{P "scaling",                                                                                \
+              "_" P "scaling",                                                                            \
+              SettingKind::Name,                                                                          \
+              true,                                                                                       \
+              0,                                                                                          \
+              0,                                                                                          \
+              3,                                                                                          \
+              kScalings,                                                                                  \
+              get_role<R, &RoleCodec::scaling>,                                                           \
+              set_role<R, &RoleCodec::scaling, parse_scaling>,                                            \
+              parse_name<parse_scaling>},                                                                 \
+      Setting {                                                                                           \
+    P "scale_search", "_" P "scale_search", SettingKind::Name, true, 0, 0, 3, kScaleSearches,             \
+        get_role<R, &RoleCodec::scale_search>, set_role<R, &RoleCodec::scale_search, parse_scale_search>, \
+        parse_name<parse_scale_search>                                                                    \
   }
 
 // clang-format off
@@ -241,8 +305,7 @@ SettingValue parse_setting(const Setting& s, std::string_view t, std::string_vie
       if (t == "true" || t == "True" || t == "1") return true;
       if (t == "false" || t == "False" || t == "0") return false;
       bad(what, "a boolean (true/false/1/0)", t);
-    case SettingKind::Name:
-      return s.parse_name(t);  // the enum's own message, naming the field
+    case SettingKind::Name: return s.parse_name(t);  // the enum's own message, naming the field
     case SettingKind::Real: {
       // Plain decimal or exponent form only (std::from_chars' general format: no
       // hex, no inf or nan, no leading '+' or spaces).

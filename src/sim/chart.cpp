@@ -7,8 +7,8 @@
 
 #include <fmt/core.h>
 
-#include "qvg/error.h"
 #include "qvg/chart.h"
+#include "qvg/error.h"
 
 namespace qvg {
 

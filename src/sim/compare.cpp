@@ -9,8 +9,8 @@
 #include "qvg/attention.h"
 #include "qvg/baselines.h"
 #include "qvg/codec.h"
-#include "qvg/error.h"
 #include "qvg/compare.h"
+#include "qvg/error.h"
 #include "qvg/error_sums.h"
 #include "sim/sim_common.h"
 

@@ -5,17 +5,17 @@
 #include <algorithm>
 #include <cstddef>
 #include <initializer_list>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <variant>
-#include <optional>
-#include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "qvg/settings.h"
 #include "qvg/compare.h"
 #include "qvg/frontier.h"
+#include "qvg/settings.h"
 #include "qvg/simulate.h"
 
 namespace qvg::sim {

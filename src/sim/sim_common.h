@@ -10,8 +10,8 @@
 #include <fmt/core.h>
 
 #include "qvg/cache.h"
-#include "qvg/error.h"
 #include "qvg/compare.h"
+#include "qvg/error.h"
 #include "qvg/error_sums.h"
 #include "qvg/frontier.h"
 #include "qvg/simulate.h"

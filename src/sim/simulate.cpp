@@ -1,7 +1,7 @@
 // The streaming simulation (qvg/simulate.h): a dense cache and packed caches fed
 // the same workload, chunk by chunk and layer by layer, scored against each other.
-#include "qvg/error_sums.h"
 #include "qvg/simulate.h"
+#include "qvg/error_sums.h"
 
 #include <omp.h>
 

@@ -19,7 +19,7 @@ namespace qvg::cli {
 
 /// The policy flags as given on the command line.
 struct CacheFlags {
-  QuantArgs defaults;                                   ///< the command's defaults (shown in --help)
+  QuantArgs defaults;                                     ///< the command's defaults (shown in --help)
   std::map<std::string, std::string, std::less<>> given;  ///< setting name -> the flag's text
   bool no_sink = false;
 };
