@@ -51,6 +51,16 @@ struct PlanSegment {
   P data;  // raw chunk, encoded span or encoded chunk (the user's payload)
 
   int64_t tokens() const { return g1 - g0; }
+  /// Takes the geometry (g0, g1, is_sink, packed, chunks) of a description of the
+  /// segment: a plan's PlannedSegment, a loaded snapshot's segment.
+  template <class From>
+  void set_geometry(const From& a) {
+    g0 = a.g0;
+    g1 = a.g1;
+    is_sink = a.is_sink;
+    packed = a.packed;
+    chunks = a.chunks;
+  }
 };
 
 /// The outcome of validating one update() (no state change), with the view's layout.
@@ -217,12 +227,8 @@ class CachePolicy {
       } else {
         s.data = std::move(current);
       }
-      s.g0 = a.g0;
-      s.g1 = a.g1;
-      s.is_sink = a.is_sink;
-      s.packed = a.packed;
+      s.set_geometry(a);
       s.refined = a.refined;
-      s.chunks = a.chunks;
       next.push_back(std::move(s));
     }
     segs_ = std::move(next);

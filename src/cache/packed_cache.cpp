@@ -615,11 +615,7 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
   segs.reserve(d.segments.size());
   for (PackedSegmentData& s : d.segments) {
     Segment g;
-    g.g0 = s.g0;
-    g.g1 = s.g1;
-    g.is_sink = s.is_sink;
-    g.packed = s.packed;
-    g.chunks = s.chunks;
+    g.set_geometry(s);
     g.span = s.span;
     g.refined = s.k_ref.has_value();
     g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr,

@@ -284,11 +284,10 @@ SettingValue parse_setting(const Setting& s, std::string_view t, std::string_vie
   // QuantArgs::validate with the field's name), so a flag and a field give one message.
   switch (s.kind) {
     case SettingKind::Bits:
-      if (t == "2" || t == "int2") return int64_t(2);
-      if (t == "4" || t == "int4") return int64_t(4);
-      bad(what, s.allowed, t);
     case SettingKind::Width:
-      if (s.role) {
+      // bits and a role's bits take int2/int4 too; refine_bits is an integer whose
+      // range QuantArgs::validate checks (its message names the field).
+      if (s.kind == SettingKind::Bits || s.role) {
         if (t == "2" || t == "int2") return int64_t(2);
         if (t == "4" || t == "int4") return int64_t(4);
         bad(what, s.allowed, t);
