@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "core/numeric_impl.h"
+#include "core/residual_impl.h"
 #include "qvg/numeric.h"
 
 namespace qvg {
@@ -78,6 +80,38 @@ TEST(Fp8, AllCodesDecode) {
   }
   EXPECT_EQ(fp8e4m3_to_f32(0x7E), 448.0f);
   EXPECT_EQ(fp8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));
+}
+
+// The CUDA decode's branch-free fp8 form (fp8e4m3_to_f32_scaled) gives the same bits as
+// the reference conversion on every byte, NaN included.
+TEST(Fp8, ScaledFormEqualsReferenceOnAllBytes) {
+  for (int c = 0; c < 256; ++c) {
+    const uint32_t a = numeric_impl::bits_of(numeric_impl::fp8e4m3_to_f32(uint8_t(c)));
+    const uint32_t b = numeric_impl::bits_of(numeric_impl::fp8e4m3_to_f32_scaled(uint8_t(c)));
+    EXPECT_EQ(a, b) << "byte " << c;
+  }
+}
+
+// The CUDA decode's dequant (no int-to-float conversion) equals spec 1.3's on every code
+// of both widths, symmetric and asymmetric, for scales and zeros of every magnitude
+// (subnormal, normal, near the fp32 limit) and both signs.
+TEST(Dequant, BiasedFormEqualsReference) {
+  std::mt19937 rng(7);
+  std::vector<float> vals = {0.0f, -0.0f, 1e-45f, -3e-40f, 1e-10f, 0.37f, -1.5f, 448.0f, 3e38f, -3e38f};
+  for (int i = 0; i < 200; ++i) vals.push_back(numeric_impl::from_bits(uint32_t(rng()) & 0xFF7FFFFFu));  // finite
+  for (int bits : {2, 4})
+    for (bool asym : {false, true}) {
+      const int qmax = residual_impl::qmax_of(bits, asym);
+      const float bias = residual_impl::dequant_bias(qmax, asym);
+      for (int code = 0; code < (1 << bits); ++code)
+        for (float s : vals)
+          for (float z : {0.0f, -0.0f, 0.25f, -7e-39f, 1e30f}) {
+            const float want = residual_impl::dequant(code, qmax, asym, s, z);
+            const float got = residual_impl::dequant_biased(uint32_t(code), bias, asym, s, z);
+            ASSERT_EQ(numeric_impl::bits_of(want), numeric_impl::bits_of(got))
+                << "bits " << bits << " asym " << asym << " code " << code << " s " << s << " z " << z;
+          }
+    }
 }
 
 TEST(Fp8, AllCodesRoundTripAndMidpoints) {

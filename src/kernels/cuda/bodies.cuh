@@ -93,7 +93,18 @@ QVG_HD bool task_vectorizable(const DecodeArgs& t) { return t.D % 8 == 0 && t.bl
 
 inline constexpr int kDecodeTasksPerLaunch = 16;  ///< tasks one launch serves
 inline constexpr int kDecodeThreads = 256;        ///< threads per block
-inline constexpr int kDecodeTokensPerThread = 4;  ///< tokens each thread of a vectorised tile decodes
+inline constexpr int kDecodeTokensPerThread = 8;  ///< tokens each thread of a vectorised tile decodes
+inline constexpr int kDecodeBatch = 4;            ///< of which decoded together (their loads in flight at once)
+/// Resident blocks per multiprocessor the vectorised kernel is compiled for (4: at most
+/// 64 registers, 32 warps; measured on the H200 faster than 3 blocks without the cap:
+/// 0.107 against 0.115 ms for the LongCat tensor); 2 for fp32 centroids, which would
+/// spill below 85 registers.
+inline constexpr int kDecodeMinBlocks = 4;
+/// Blocks per multiprocessor in the "two waves" below which plan_decode shrinks the
+/// tiles (the launcher passes 2 x multiprocessors x this). 2 measured best on the H200
+/// for the Self-Forcing chunk (9.9 us; 4: 13.2 us, 8: 19.9 us): a larger tile amortizes
+/// each thread's setup better than a fuller last wave.
+inline constexpr int kDecodeWaveBlocks = 2;
 inline constexpr int kDecodeGenericTile = 64;     ///< tokens per block on the per-element path
 
 /// Per-task invariants, computed once on the host (no division on the device
@@ -144,7 +155,7 @@ inline void set_decode_tiles(DecodeLaunch& L, int tokens_per_thread) {
 /// fp8, centroid dtype, output dtype; every non-vectorisable task in generic
 /// launches), in task order within a group, kDecodeTasksPerLaunch per launch.
 /// A vectorised launch whose grid would be under `min_blocks` blocks (the launcher
-/// passes two waves of the device) gets smaller tiles: 2, then 1 token per thread,
+/// passes two waves of the device) gets smaller tiles: 4, 2, then 1 token per thread,
 /// so that a small decode still spreads over every multiprocessor (issue 24).
 /// Host only. REQUIRES the tasks valid (ranges inside the tensor, B >= 1).
 inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int32_t min_blocks = 0) {
@@ -199,6 +210,33 @@ inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int
     for (int tpt = kDecodeTokensPerThread / 2; L.vec && tpt >= 1 && L.blocks() < min_blocks; tpt /= 2)
       set_decode_tiles(L, tpt);
   return out;
+}
+
+/// Eight decoded values as bf16 pairs (element 2i in the low half of w[i]), nearest
+/// even as f32_to_bf16. On the device one cvt.rn.bf16x2.f32 per pair (a NaN would get
+/// the hardware's canonical NaN, so a row holding one takes f32_to_bf16's bits instead).
+QVG_HD void pack_bf16_row(const float (&acc)[8], uint32_t (&w)[4]) {
+#if defined(__CUDA_ARCH__)
+  bool nan = false;
+  QVG_UNROLL
+  for (int i = 0; i < 8; ++i) nan |= acc[i] != acc[i];
+  if (!nan) {
+    QVG_UNROLL
+    for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(acc[2 * i + 1]), "f"(acc[2 * i]));
+    return;
+  }
+#endif
+  for (int i = 0; i < 4; ++i)
+    w[i] = uint32_t(qvg::cuda_arith::f32_to_bf16(acc[2 * i])) |
+           (uint32_t(qvg::cuda_arith::f32_to_bf16(acc[2 * i + 1])) << 16);
+}
+
+/// A stored scale or zero as fp32 (spec 1.4) from its raw bits (the fp8 byte or the
+/// bf16 word), fp8 without branches (fp8e4m3_to_f32_scaled).
+template <bool FP8>
+QVG_HD float stored_scale(uint32_t raw) {
+  namespace A = qvg::cuda_arith;
+  return FP8 ? A::fp8e4m3_to_f32_scaled(uint8_t(raw)) : A::bf16_to_f32(uint16_t(raw));
 }
 
 /// Calls f(bits, fp8, centroid dtype, output dtype) with each argument as a
@@ -270,7 +308,7 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
   if (t >= tl.t_end) return;
   const int64_t g = int64_t(tl.b) * T.H + tl.h;
   const bool asym = T.asymmetric != 0;
-  const int qmax = A::qmax_of(BITS, asym);
+  const float qbias = A::dequant_bias(A::qmax_of(BITS, asym), asym);
   const float gf = T.scale_factor ? T.scale_factor[g] : 1.0f;
   const float gz = asym && T.zero_factor ? T.zero_factor[g] : 1.0f;
   const int64_t row = g * T.S + t;
@@ -287,40 +325,47 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
       (int64_t(tl.b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(tl.h - T.h0) * T.D + c * 8) * OSZ;
   const int64_t ostep = int64_t(step) * T.token_stride * OSZ;
   const bool vstore = P.vstore != 0;
-  // Batches of up to NB of the thread's tokens (one batch for a full tile): every load
+  // Batches of up to NB of the thread's tokens (two batches for a full tile): every load
   // of the batch (codes, scales, zeros, ids, then the stage-0 centroid rows) is issued
   // before the batch's arithmetic and stores, so that NB rows of loads are in flight
   // (the target may alias nothing the loads read, but the compiler cannot know that).
-  constexpr int NB = kDecodeTokensPerThread;
+  constexpr int NB = kDecodeBatch;
   for (; t < tl.t_end; t += NB * step, cp += NB * cstep, si += NB * sstep, idp += NB * step, op += NB * ostep) {
-    uint32_t word[NB] = {};
-    float s_eff[NB] = {}, z_eff[NB] = {};
+    // Phase 1, every raw load of the batch, unconditional: a token past the tile's end
+    // reads token 0's words again (never used), so no branch separates the loads and all
+    // of them are in flight together; nothing loaded is converted before phase 3.
+    bool live[NB];
+    uint32_t word[NB], sraw[NB], zraw[NB];
     int id0[NB];
-    Word4 c0[NB] = {}, c1[NB] = {};
     QVG_UNROLL
     for (int k = 0; k < NB; ++k) {
-      id0[k] = -1;
-      if (t + k * step >= tl.t_end) continue;
-      const uint8_t* cpk = cp + k * cstep;
+      live[k] = t + k * step < tl.t_end;
+      const int kk = live[k] ? k : 0;
+      const uint8_t* cpk = cp + kk * cstep;
       word[k] = BITS == 4 ? load_u32(cpk) : load_u16(cpk);
-      s_eff[k] = A::effective(A::stored_value(T.scales, FP8, si + k * sstep), gf);
-      z_eff[k] = asym ? A::effective(A::stored_value(T.zeros, FP8, si + k * sstep), gz) : 0.0f;
-      id0[k] = idp[k * step];
+      const int64_t sk = si + kk * sstep;
+      sraw[k] = FP8 ? uint32_t(T.scales[sk]) : load_u16(T.scales + 2 * sk);
+      zraw[k] = asym ? (FP8 ? uint32_t(T.zeros[sk]) : load_u16(T.zeros + 2 * sk)) : 0u;
+      id0[k] = idp[kk * step];
     }
+    // Phase 2, the stage-0 centroid rows (their addresses needed the ids).
+    Word4 c0[NB], c1[NB];
     QVG_UNROLL
     for (int k = 0; k < NB; ++k) {
-      if (id0[k] < 0) continue;
       const uint8_t* q = cent + id0[k] * crow;
       c0[k] = load_word4(q);
       if (CDT == A::kF32) c1[k] = load_word4(q + 16);
     }
+    // Phase 3, the arithmetic and the stores of the live tokens.
     QVG_UNROLL
     for (int k = 0; k < NB; ++k) {
-      if (id0[k] < 0) continue;
+      if (!live[k]) continue;
+      const float s_eff = A::effective(stored_scale<FP8>(sraw[k]), gf);
+      const float z_eff = asym ? A::effective(stored_scale<FP8>(zraw[k]), gz) : 0.0f;
       float acc[8];
       QVG_UNROLL
       for (int i = 0; i < 8; ++i)
-        acc[i] = A::dequant(A::code_of_word(word[k], BITS, i), qmax, asym, s_eff[k], z_eff[k]);
+        acc[i] = A::dequant_biased(uint32_t(A::code_of_word(word[k], BITS, i)), qbias, asym, s_eff, z_eff);
       for (int st = 0; st < T.stages; ++st) {
         Word4 w0 = c0[k], w1 = c1[k];
         if (st > 0) {  // later stages (rare): loaded here
@@ -362,17 +407,18 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
         }
       } else {
         uint16_t* p = reinterpret_cast<uint16_t*>(opk);
-        uint32_t hv[8];
-        QVG_UNROLL
-        for (int i = 0; i < 8; ++i) hv[i] = A::encode_elem(acc[i], ODT);
-        if (vstore) {
-          Word4 w;
+        Word4 w;
+        if (ODT == A::kBF16) {
+          pack_bf16_row(acc, w.v);
+        } else {
           QVG_UNROLL
-          for (int i = 0; i < 4; ++i) w.v[i] = hv[2 * i] | (hv[2 * i + 1] << 16);
+          for (int i = 0; i < 4; ++i) w.v[i] = A::encode_elem(acc[2 * i], ODT) | (A::encode_elem(acc[2 * i + 1], ODT) << 16);
+        }
+        if (vstore) {
           store_word4(p, w);
         } else {
           QVG_UNROLL
-          for (int i = 0; i < 8; ++i) store_as<uint16_t>(p + i, uint16_t(hv[i]));
+          for (int i = 0; i < 8; ++i) store_as<uint16_t>(p + i, uint16_t(w.v[i / 2] >> (16 * (i % 2))));
         }
       }
     }

@@ -26,7 +26,7 @@ namespace qvg::cuda::kernels {
 namespace {
 
 template <int BITS, bool FP8, int CDT, int ODT>
-__global__ void __launch_bounds__(kDecodeThreads) decode_vec_kernel(const __grid_constant__ DecodeLaunch L) {
+__global__ void __launch_bounds__(kDecodeThreads, CDT == qvg::cuda_arith::kF32 ? 2 : kDecodeMinBlocks) decode_vec_kernel(const __grid_constant__ DecodeLaunch L) {
   const int32_t blk = int32_t(blockIdx.x);
   const int ti = task_of_block(L, blk);
   decode_block_vec<BITS, FP8, CDT, ODT>(L, ti, blk - L.first_block[ti], int(threadIdx.x));
@@ -38,8 +38,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_generic_kernel(const __
   decode_block_generic(L, ti, blk - L.first_block[ti], int(threadIdx.x));
 }
 
-/// Blocks in two waves of the current device (kDecodeThreads-thread blocks, 2048
-/// resident threads per multiprocessor): a smaller grid gets smaller tiles.
+/// Blocks in two waves of the current device at kDecodeWaveBlocks blocks per
+/// multiprocessor: a smaller grid gets smaller tiles.
 int32_t two_waves() {
   static std::atomic<int32_t> cache[detail::kMaxDevices];
   const int dev = detail::current_device();
@@ -49,7 +49,7 @@ int32_t two_waves() {
   }
   int sms = 0;
   QVG_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int32_t blocks = 2 * sms * (2048 / kDecodeThreads);
+  const int32_t blocks = 2 * sms * kDecodeWaveBlocks;
   if (dev >= 0 && dev < detail::kMaxDevices) cache[dev].store(blocks, std::memory_order_relaxed);
   return blocks;
 }

@@ -170,9 +170,18 @@ void check_limits(std::initializer_list<std::pair<ConstTensorView, const char*>>
   QVG_CUDA(cudaStreamSynchronize(stream));
   i = 0;
   for (const auto& [x, what] : xs) {
-    if (first[i] < init[i])
-      throw InvalidArgument(
-          fmt::format("{}: element {} is not finite or exceeds the input limit |x| <= 1e16", what, first[i]));
+    if (first[i] < init[i]) {
+      // The CPU's message (check_finite_and_bounded): the value and its [b, t, h, d] index.
+      const size_t es = dtype_size(x.dtype);
+      unsigned char elem[8] = {};
+      QVG_CUDA(cudaMemcpy(elem, static_cast<const unsigned char*>(x.data) + first[i] * es, es,
+                          cudaMemcpyDeviceToHost));
+      const float v = load_f32(elem, x.dtype, 0);
+      const auto& s = x.shape;
+      const int64_t k = int64_t(first[i]);
+      throw InvalidArgument(fmt::format("{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}]", what,
+                                        v, k / (s.d * s.h * s.s), (k / (s.d * s.h)) % s.s, (k / s.d) % s.h, k % s.d));
+    }
     ++i;
   }
 }
