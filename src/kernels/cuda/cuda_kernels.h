@@ -31,8 +31,18 @@ void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
 /// r[g, t, :] = x[b, t, h, :] as fp32 (x dense [B, S, H, D] of dtype `dtype`), and
 /// mu[g, :] = the group mean (mean_of_partials: fp64 sums of kMeanChunk points in
 /// point order, added in chunk order). `partial`: G * ceil(S / kMeanChunk) * D doubles.
+/// With init.idx set, the same launch also draws stage 0's initial point indices
+/// (as init_indices(B * H, H, S, init.K, init.k_eff, init.seed, 0, init.head_offset,
+/// init.idx)), beside the gather: they do not depend on the data.
+struct InitDraw {
+  uint32_t* idx = nullptr;
+  int64_t G = 0;  ///< set by gather_points (the groups whose indices its first blocks draw)
+  int K = 0, k_eff = 0;
+  uint64_t seed = 0;
+  int64_t head_offset = 0;
+};
 void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r, double* partial,
-                   float* mu, cudaStream_t stream);
+                   float* mu, cudaStream_t stream, const InitDraw& init = {});
 /// xb[g, t, :] = bf16(r[g, t, :] - mu[g, :]) and maxabs[g] = max |r - mu| (fp32).
 /// REQUIRES maxabs zeroed.
 void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_t D, uint16_t* xb, float* maxabs,

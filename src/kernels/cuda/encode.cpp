@@ -93,7 +93,14 @@ DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& 
   // Stage 0's points and mean; each later stage's come from the previous stage's
   // subtraction (finish_stage). The last stage's residual is never written: the
   // quantizer subtracts its stored centroids itself.
-  kernels::gather_points(x.data, arith_dtype(x.dtype), B, S, H, D, r, partial, mu, stream);
+  // stage 0's initial indices are drawn by the gather's launch, beside it
+  kernels::InitDraw draw;
+  draw.idx = idx;
+  draw.K = K;
+  draw.k_eff = k_eff;
+  draw.seed = cfg.seed;
+  draw.head_offset = cfg.head_offset;
+  kernels::gather_points(x.data, arith_dtype(x.dtype), B, S, H, D, r, partial, mu, stream, draw);
   const uint8_t* last_ids = nullptr;
   for (int st = 0; st < cfg.stages; ++st) {
     uint8_t* ids = enc.mutable_data(EncodedArray::Ids) + size_t(st) * size_t(G * S);
@@ -101,7 +108,7 @@ DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& 
     QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(iters) * size_t(G) * 4, stream));
     QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
     kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
-    kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
+    if (st > 0) kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
     kernels::init_centroids(r, mu, idx, G, S, D, K, k_eff, c, stream);
     for (int it = 0; it < iters; ++it) {
       kernels::prepare_centroids(c, G, D, K, k_eff, cb, cnorm, stream);

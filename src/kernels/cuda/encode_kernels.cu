@@ -79,9 +79,24 @@ constexpr int kMeanThreads = 128;
 // it stores them (x and r never alias: __restrict__), so several loads are in flight.
 constexpr int kMeanBatch = 8;
 
-__global__ void gather_mean_kernel(const void* __restrict__ x, int dtype, int64_t S, int64_t H, int64_t D,
-                                   int64_t nchunk, float* __restrict__ r, double* __restrict__ partial) {
-  const int64_t g = blockIdx.x / nchunk, ch = blockIdx.x % nchunk;
+__device__ __forceinline__ void init_indices_block(int64_t g, int64_t H, int64_t S, int K, int k_eff, uint64_t seed,
+                                                   int stage, int64_t head_offset, uint32_t* idx);
+
+// With init.idx set, the grid's first G blocks draw stage 0's initial indices instead
+// (init_indices; they do not depend on the data), so that the serial draw of each
+// group runs beside the gather rather than after it.
+template <int DT>
+__global__ void gather_mean_kernel(const void* __restrict__ x, int64_t S, int64_t H, int64_t D, int64_t nchunk,
+                                   float* __restrict__ r, double* __restrict__ partial, const InitDraw init) {
+  int64_t blk = blockIdx.x;
+  if (init.idx != nullptr) {
+    if (blk < init.G) {
+      init_indices_block(blk, H, S, init.K, init.k_eff, init.seed, 0, init.head_offset, init.idx);
+      return;
+    }
+    blk -= init.G;
+  }
+  const int64_t g = blk / nchunk, ch = blk % nchunk;
   const int64_t b = g / H, h = g % H;
   const int64_t t0 = ch * kMeanChunk, t1 = min(S, t0 + kMeanChunk);
   const int64_t xstride = H * D;  // elements between two tokens of x
@@ -92,7 +107,7 @@ __global__ void gather_mean_kernel(const void* __restrict__ x, int dtype, int64_
     for (int64_t t = t0; t < t1; t += kMeanBatch) {
       float v[kMeanBatch];
 #pragma unroll
-      for (int k = 0; k < kMeanBatch; ++k) v[k] = t + k < t1 ? A::load_elem(x, dtype, xbase + (t + k) * xstride) : 0.0f;
+      for (int k = 0; k < kMeanBatch; ++k) v[k] = t + k < t1 ? A::load_elem(x, DT, xbase + (t + k) * xstride) : 0.0f;
 #pragma unroll
       for (int k = 0; k < kMeanBatch; ++k)
         if (t + k < t1) {
@@ -171,10 +186,10 @@ __global__ void center_kernel(const float* __restrict__ r, const float* __restri
 // One block per group. k_eff < S: thread 0 draws the CPU's initial indices
 // (random_init_indices) with its table in shared memory (O(K) work, nothing of size
 // S); k_eff == S: every point in order.
-__global__ void init_indices_kernel(int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage,
-                                    int64_t head_offset, uint32_t* idx) {
+// The block's part of init_indices for group g (every thread of the block calls it).
+__device__ __forceinline__ void init_indices_block(int64_t g, int64_t H, int64_t S, int K, int k_eff, uint64_t seed,
+                                                   int stage, int64_t head_offset, uint32_t* idx) {
   __shared__ uint32_t keys[kInitTableSlots], vals[kInitTableSlots];
-  const int64_t g = blockIdx.x;
   if (k_eff == S) {
     for (int j = threadIdx.x; j < k_eff; j += blockDim.x) idx[g * K + j] = uint32_t(j);
     return;
@@ -182,6 +197,11 @@ __global__ void init_indices_kernel(int64_t H, int64_t S, int K, int k_eff, uint
   for (int i = threadIdx.x; i < kInitTableSlots; i += blockDim.x) keys[i] = kInitEmpty;
   __syncthreads();
   if (threadIdx.x == 0) random_init_indices(seed, stage, g / H, g % H + head_offset, S, k_eff, keys, vals, idx + g * K);
+}
+
+__global__ void init_indices_kernel(int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage,
+                                    int64_t head_offset, uint32_t* idx) {
+  init_indices_block(blockIdx.x, H, S, K, k_eff, seed, stage, head_offset, idx);
 }
 
 __global__ void init_kernel(const float* r, const float* mu, const uint32_t* idx, int64_t S, int64_t D, int K,
@@ -447,7 +467,12 @@ __global__ void __launch_bounds__(kGenericThreads)
 
 constexpr int kUpdPoints = 4096;  // points per block (<= kFixedSplitMaxTerms)
 static_assert(kUpdPoints <= kFixedSplitMaxTerms, "the block's 16-bit word sums must fit in 32 bits");
-constexpr int kUpdDims = 32;  // channels per block: one per lane
+// Channels per block: 16 (two points per warp, one channel per lane). Measured on the
+// H200 (LongCat tensor): encode 2.54-2.66 ms against 2.97 ms with 32 channels, whose
+// 96 KB of shared words allowed 2 blocks (16 warps) per multiprocessor, against 4 now;
+// the two half-warps' atomics meet in a bank only when their clusters' ids have the
+// same parity.
+constexpr int kUpdDims = 16;
 constexpr int kUpdRows = 4;   // rows a thread loads before its atomics (8 measured no faster on the H200)
 
 // The exact fixed-point sums of one block (kUpdPoints points x kUpdDims channels of
@@ -692,9 +717,20 @@ void launch_assign_generic(const uint16_t* xb, const uint16_t* cb, const float* 
 }  // namespace
 
 void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r, double* partial,
-                   float* mu, cudaStream_t stream) {
+                   float* mu, cudaStream_t stream, const InitDraw& init) {
   const int64_t G = B * H, nchunk = (S + kMeanChunk - 1) / kMeanChunk;
-  gather_mean_kernel<<<unsigned(G * nchunk), kMeanThreads, 0, stream>>>(x, dtype, S, H, D, nchunk, r, partial);
+  // the element type a template argument: no per-load branch on it (the loads of a batch stay in flight together)
+  InitDraw d = init;
+  d.G = init.idx != nullptr ? G : 0;  // the grid's first d.G blocks draw the indices
+  const auto launch = [&](auto kernel) {
+    kernel<<<unsigned(d.G + G * nchunk), kMeanThreads, 0, stream>>>(x, S, H, D, nchunk, r, partial, d);
+  };
+  if (dtype == A::kBF16)
+    launch(gather_mean_kernel<A::kBF16>);
+  else if (dtype == A::kF16)
+    launch(gather_mean_kernel<A::kF16>);
+  else
+    launch(gather_mean_kernel<A::kF32>);
   detail::check_launch("gather_mean_kernel");
   mean_final_kernel<<<unsigned(G), kMeanThreads, 0, stream>>>(partial, S, D, nchunk, mu);
   detail::check_launch("mean_final_kernel");
@@ -742,7 +778,7 @@ void update_centroids(const float* r, const float* mu, const float* maxabs, cons
   QVG_CUDA(cudaMemsetAsync(counts, 0, size_t(G * K) * sizeof(int), stream));
   const int64_t nchunk = (S + kUpdPoints - 1) / kUpdPoints, nslice = (D + kUpdDims - 1) / kUpdDims;
   const size_t smem = size_t(3) * size_t(K) * kUpdDims * sizeof(uint32_t);
-  static detail::PerDeviceOnce configured;  // per device and function (96 KB at K = 256)
+  static detail::PerDeviceOnce configured;  // per device and function (48 KB at K = 256)
   configured.run(detail::current_device(), [] {
     QVG_CUDA(cudaFuncSetAttribute(update_accumulate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   int(3 * 256 * kUpdDims * sizeof(uint32_t))));
