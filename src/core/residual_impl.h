@@ -101,7 +101,9 @@ QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_e
 /// conversion (a quarter-rate instruction on the device), as from_bits(2^23 bits | code)
 /// minus `bias` = 2^23 + qmax (symmetric) or 2^23 (asymmetric), both exact for codes and
 /// qmax below 2^23, so the result is dequant's bit for bit (tests/test_numeric.cpp).
-QVG_HD float dequant_bias(int qmax, bool asymmetric) { return int_to_float(0x800000 + (asymmetric ? 0 : qmax)); }
+QVG_HD float dequant_bias(int qmax, bool asymmetric) {
+  return int_to_float(0x800000 + (asymmetric ? 0 : qmax));
+}
 QVG_HD float dequant_biased(uint32_t code, float bias, bool asymmetric, float s_eff, float z_eff) {
   const float c = sub_rn(from_bits(0x4B000000u | code), bias);
   return asymmetric ? add_rn(mul_rn(c, s_eff), z_eff) : mul_rn(c, s_eff);

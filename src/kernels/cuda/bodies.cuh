@@ -222,7 +222,8 @@ QVG_HD void pack_bf16_row(const float (&acc)[8], uint32_t (&w)[4]) {
   for (int i = 0; i < 8; ++i) nan |= acc[i] != acc[i];
   if (!nan) {
     QVG_UNROLL
-    for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(acc[2 * i + 1]), "f"(acc[2 * i]));
+    for (int i = 0; i < 4; ++i)
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(acc[2 * i + 1]), "f"(acc[2 * i]));
     return;
   }
 #endif
@@ -412,7 +413,8 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
           pack_bf16_row(acc, w.v);
         } else {
           QVG_UNROLL
-          for (int i = 0; i < 4; ++i) w.v[i] = A::encode_elem(acc[2 * i], ODT) | (A::encode_elem(acc[2 * i + 1], ODT) << 16);
+          for (int i = 0; i < 4; ++i)
+            w.v[i] = A::encode_elem(acc[2 * i], ODT) | (A::encode_elem(acc[2 * i + 1], ODT) << 16);
         }
         if (vstore) {
           store_word4(p, w);

@@ -26,7 +26,8 @@ namespace qvg::cuda::kernels {
 namespace {
 
 template <int BITS, bool FP8, int CDT, int ODT>
-__global__ void __launch_bounds__(kDecodeThreads, CDT == qvg::cuda_arith::kF32 ? 2 : kDecodeMinBlocks) decode_vec_kernel(const __grid_constant__ DecodeLaunch L) {
+__global__ void __launch_bounds__(kDecodeThreads, CDT == qvg::cuda_arith::kF32 ? 2 : kDecodeMinBlocks)
+    decode_vec_kernel(const __grid_constant__ DecodeLaunch L) {
   const int32_t blk = int32_t(blockIdx.x);
   const int ti = task_of_block(L, blk);
   decode_block_vec<BITS, FP8, CDT, ODT>(L, ti, blk - L.first_block[ti], int(threadIdx.x));

@@ -181,8 +181,7 @@ void check_limits(std::initializer_list<std::pair<ConstTensorView, const char*>>
       // The CPU's message (check_finite_and_bounded): the value and its [b, t, h, d] index.
       const size_t es = dtype_size(x.dtype);
       unsigned char elem[8] = {};
-      QVG_CUDA(cudaMemcpy(elem, static_cast<const unsigned char*>(x.data) + first[i] * es, es,
-                          cudaMemcpyDeviceToHost));
+      QVG_CUDA(cudaMemcpy(elem, static_cast<const unsigned char*>(x.data) + first[i] * es, es, cudaMemcpyDeviceToHost));
       const float v = load_f32(elem, x.dtype, 0);
       const auto& s = x.shape;
       const int64_t k = int64_t(first[i]);

@@ -473,7 +473,7 @@ static_assert(kUpdPoints <= kFixedSplitMaxTerms, "the block's 16-bit word sums m
 // the two half-warps' atomics meet in a bank only when their clusters' ids have the
 // same parity.
 constexpr int kUpdDims = 16;
-constexpr int kUpdRows = 4;   // rows a thread loads before its atomics (8 measured no faster on the H200)
+constexpr int kUpdRows = 4;  // rows a thread loads before its atomics (8 measured no faster on the H200)
 
 // The exact fixed-point sums of one block (kUpdPoints points x kUpdDims channels of
 // one group) per (cluster, channel), in shared memory as three 32-bit words
@@ -669,7 +669,7 @@ unsigned grid_for(int64_t n) {
 /// memory for k_eff centroids; false (nothing launched) otherwise.
 template <int DIM>
 bool launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int K,
-                         int k_eff, uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream) {
+                       int k_eff, uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream) {
   const size_t smem = mma_smem_bytes<DIM>(k_eff);
   const int optin = detail::max_shared_optin();
   if (smem > size_t(optin)) return false;
