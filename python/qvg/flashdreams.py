@@ -42,7 +42,8 @@ silent change; docs/engines.md):
   calls. flashdreams' runners default to ``use_cuda_graph=True``: set it False.
 * ``cached_k()`` / ``cached_v()`` of a new chunk before its ``update()`` raise
   RuntimeError (flashdreams returns the rolled buffer whose last chunk is stale); of a
-  repeated chunk before ``update()`` they return the visible tokens as cached.
+  repeated chunk before ``update()`` they return the visible tokens as cached. Closing
+  a new chunk never written (``after_update`` without ``update``) is RuntimeError.
 * Errors are typed (ValueError for bad arguments, RuntimeError for calls out of
   protocol order) where flashdreams asserts; a call that raises changes nothing.
 * Keys and values must have the same last dimension, and ``window_size >=
@@ -68,6 +69,9 @@ __all__ = ["BlockKVCache", "install", "uninstall", "installed", "is_installed", 
 
 #: flashdreams' module defining the replaced class.
 ENGINE_MODULE = "flashdreams.core.attention.kvcache"
+
+
+_DEFAULT = object()  # quant_args not given: the class's (install(quant_args=...) sets it)
 
 
 def _capturing() -> bool:
@@ -116,7 +120,7 @@ class BlockKVCache:
         device: torch.device | str = torch.device("cuda"),
         dtype: torch.dtype = torch.float16,
         *,
-        quant_args: Any = "default",
+        quant_args: Any = _DEFAULT,
     ) -> None:
         k_shape, v_shape = tuple(k_shape), tuple(v_shape)
         for name, shape in (("k_shape", k_shape), ("v_shape", v_shape)):
@@ -148,7 +152,7 @@ class BlockKVCache:
                 "window_size tokens of each chunk, qvg always keeps the whole current chunk visible")
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {dtype}")
-        if isinstance(quant_args, str) and quant_args == "default":
+        if quant_args is _DEFAULT:
             quant_args = type(self)._default_quant_args
         quant_args = _quant_args(quant_args)
 
@@ -280,6 +284,9 @@ class BlockKVCache:
         self._need_open(f"after_update({chunk_idx!r})")
         if chunk_idx != self._curr_chunk_idx:
             raise ValueError(f"chunk_idx must be the open chunk {self._curr_chunk_idx}, got {chunk_idx!r}")
+        if self._kind(chunk_idx) == "new" and not self._written:
+            raise RuntimeError(f"BlockKVCache.after_update({chunk_idx}): the new chunk was never written (call "
+                               "update(k, v) first); flashdreams would count its stale buffer tokens as cached")
         if self._kind(chunk_idx) == "new":
             if not self._steady():
                 self._n_cached += self.chunk_size
@@ -316,6 +323,7 @@ class BlockKVCache:
         self._prev_chunk_idx = -1
         self._n_cached = 0
         self._view = None
+        self._written = False
 
     # -- qvg's additions ----------------------------------------------------------------
     def resident_nbytes(self) -> int:

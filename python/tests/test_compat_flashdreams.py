@@ -188,6 +188,8 @@ def test_errors_are_typed_and_change_nothing():
         cache.update(torch.zeros(1, 3, 2, 8), torch.zeros(1, 3, 2, 8))
     with pytest.raises(ValueError):
         cache.update(torch.full((1, 2, 2, 8), float("nan")), torch.zeros(1, 2, 2, 8))
+    with pytest.raises(RuntimeError, match="never written"):
+        cache.after_update(0)
     assert cache.size == 2 and cache._n_cached == 0
     k = torch.randn(1, 2, 2, 8)
     cache.update(k, k)
