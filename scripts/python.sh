@@ -62,6 +62,7 @@ compat=python/requirements-compat.txt
 cpip=("$venv/bin/python" -m pip --disable-pip-version-check)
 # (quant_videogen is only looked up: it does not import under Triton 3.9, docs/compat.md.)
 if ! "$venv/bin/python" -W ignore -c 'import importlib.util as u, termcolor, sglang.multimodal_gen.runtime.layers.kvcache.qvg_packed_cache
+import flashdreams.core.attention.kvcache, importlib.metadata as md; md.distribution("vllm-omni")
 assert u.find_spec("quant_videogen")' 2>/dev/null; then
   if ! "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$compat" 2>/dev/null; then
     echo "qvg: downloading the wheels of $compat into $wheels (first run: about 55 MB)"
