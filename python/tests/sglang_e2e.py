@@ -53,7 +53,7 @@ SHIMS = (
 
 H, D, LAYERS = 2, 64, 2  # heads, head_dim, transformer blocks
 TEXT_DIM, TEXT_LEN = 32, 8
-LATENT_HW = 8  # latent height and width: 4 x 4 patches of (1, 2, 2), 16 tokens a frame
+LATENT_HW = 16  # latent height and width: 8 x 8 patches of (1, 2, 2), 64 tokens a frame
 TOKENS_PER_FRAME = (LATENT_HW // 2) ** 2
 
 
@@ -266,6 +266,7 @@ class Case:
     pipeline_config: Callable[[], Any]
     run: Callable[[Any, Any, Any], list[torch.Tensor]]  # (stage, args, latents) -> chunk latents
     stage_cls: Callable[[], type]
+    scheduler: Callable[[], Any]
     frames: int
     chunk_frames: int
     cache_frames: int
@@ -312,10 +313,16 @@ def _text_pipeline_config(steps: list[int]) -> Any:
         text_encoder_configs=[SimpleNamespace(arch_config=SimpleNamespace(text_len=TEXT_LEN))])
 
 
-def _scheduler() -> Any:
+def _self_forcing_scheduler() -> Any:
     sched = _import("sglang.multimodal_gen.runtime.models.schedulers.scheduling_self_forcing_flow_match")
     return sched.SelfForcingFlowMatchScheduler(num_inference_steps=1000, shift=5.0, sigma_min=0.0,
                                                extra_one_step=True)
+
+
+def _longlive2_scheduler() -> Any:
+    """LongLive2Pipeline.initialize_pipeline's scheduler."""
+    sched = _import("sglang.multimodal_gen.runtime.models.schedulers.scheduling_flow_unipc_multistep")
+    return sched.FlowUniPCMultistepScheduler(num_train_timesteps=1000, shift=1, use_dynamic_shifting=False)
 
 
 def _request(**kw: Any) -> Any:
@@ -330,7 +337,8 @@ def _request(**kw: Any) -> Any:
 def _run_text_to_video(stage: Any, args: Any, latents: torch.Tensor, chunk_frames: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     req = _request(latents=latents.clone(), prompt_embeds=[torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g).to(
-        torch.bfloat16)], generator=torch.Generator().manual_seed(11), negative_prompt_embeds=[])
+        torch.bfloat16)], generator=torch.Generator().manual_seed(11), negative_prompt_embeds=[],
+                   num_inference_steps=4)
     out = stage.forward(req, args).latents
     return [c.clone() for c in out.split(chunk_frames, dim=2)]
 
@@ -340,7 +348,7 @@ def self_forcing() -> Case:
     model_mod = _import("sglang.multimodal_gen.runtime.models.dits.causal_wanvideo")
 
     def build() -> torch.nn.Module:
-        arch = _wan_arch(wan.WanVideoArchConfig, in_channels=16, num_frames_per_block=3, sliding_window_num_frames=6,
+        arch = _wan_arch(wan.WanVideoArchConfig, in_channels=16, num_frames_per_block=3, sliding_window_num_frames=9,
                          local_attn_size=-1, sink_size=0)
         return model_mod.CausalWanTransformer3DModel(wan.WanVideoConfig(arch_config=arch), hf_config={})
 
@@ -349,7 +357,8 @@ def self_forcing() -> Case:
 
     return Case("self_forcing", build, lambda: _text_pipeline_config([1000, 750, 500, 250]),
                 lambda stage, args, latents: _run_text_to_video(stage, args, latents, 3), stage_cls,
-                frames=12, chunk_frames=3, cache_frames=6, sink_frames=0,
+                _self_forcing_scheduler,
+                frames=12, chunk_frames=3, cache_frames=9, sink_frames=0,
                 notes="CausalWanTransformer3DModel through CausalDMDDenoisingStage (Self-Forcing's)")
 
 
@@ -368,6 +377,7 @@ def longlive2() -> Case:
 
     return Case("longlive2", build, lambda: _text_pipeline_config([1000, 750, 500, 250]),
                 lambda stage, args, latents: _run_text_to_video(stage, args, latents, 2), stage_cls,
+                _longlive2_scheduler,
                 frames=10, chunk_frames=2, cache_frames=6, sink_frames=2,
                 notes="LongLive2Transformer3DModel through LongLive2CausalDenoisingStage (single shot: no pinned sink)")
 
@@ -387,7 +397,7 @@ def rollout(case: Case, quant: Any, pipeline_config: Any = None) -> Rollout:
     g = torch.Generator().manual_seed(3)
     latents = torch.randn(1, 16, case.frames, LATENT_HW, LATENT_HW, generator=g)
     with cpu_paths(), server_args(pipeline_config or case.pipeline_config(), quant) as args:
-        stage = case.stage_cls()(model, _scheduler())
+        stage = case.stage_cls()(model, case.scheduler())
         undo_caches = _record_caches(stage, out)
         undo_outputs = _record_outputs(model, out)
         try:
@@ -441,3 +451,15 @@ def relative_l2_per_chunk(a: Rollout, reference: Rollout) -> list[float]:
         x, r = x.double(), r.double()
         out.append(float((x - r).norm() / r.norm()))
     return out
+
+
+def view_error(a: Rollout, reference: Rollout) -> float:
+    """Relative L2 error of all of ``a``'s views (K and V together) against the
+    reference rollout's views of the same calls, where their shapes agree."""
+    num = den = 0.0
+    for x, r in zip(a.views, reference.views):
+        for i in (1, 2):
+            if x[i].shape == r[i].shape:
+                num += float((x[i].double() - r[i].double()).pow(2).sum())
+                den += float(r[i].double().pow(2).sum())
+    return (num / den) ** 0.5 if den else 0.0
