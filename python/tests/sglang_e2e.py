@@ -367,8 +367,8 @@ def longlive2() -> Case:
     model_mod = _import("sglang.multimodal_gen.runtime.models.dits.longlive2")
 
     def build() -> torch.nn.Module:
-        arch = _wan_arch(ll2.LongLive2ArchConfig, in_channels=16, num_frames_per_block=2, sliding_window_num_frames=6,
-                         local_attn_size=6, sink_size=2)
+        arch = _wan_arch(ll2.LongLive2ArchConfig, in_channels=16, num_frames_per_block=3, sliding_window_num_frames=9,
+                         local_attn_size=9, sink_size=3)
         return model_mod.LongLive2Transformer3DModel(ll2.LongLive2VideoConfig(arch_config=arch), hf_config={})
 
     def stage_cls() -> type:
@@ -376,9 +376,9 @@ def longlive2() -> Case:
                        ).LongLive2CausalDenoisingStage
 
     return Case("longlive2", build, lambda: _text_pipeline_config([1000, 750, 500, 250]),
-                lambda stage, args, latents: _run_text_to_video(stage, args, latents, 2), stage_cls,
+                lambda stage, args, latents: _run_text_to_video(stage, args, latents, 3), stage_cls,
                 _longlive2_scheduler,
-                frames=10, chunk_frames=2, cache_frames=6, sink_frames=2,
+                frames=12, chunk_frames=3, cache_frames=9, sink_frames=3,
                 notes="LongLive2Transformer3DModel through LongLive2CausalDenoisingStage (single shot: no pinned sink)")
 
 
@@ -463,3 +463,88 @@ def view_error(a: Rollout, reference: Rollout) -> float:
                 num += float((x[i].double() - r[i].double()).pow(2).sum())
                 den += float(r[i].double().pow(2).sum())
     return (num / den) ** 0.5 if den else 0.0
+
+
+# ---------------------------------------------------------------------------
+# LingBot-World: realtime chunks with the interactive K/V window
+# ---------------------------------------------------------------------------
+
+#: Camera actions per chunk (a chunk with any action moves the camera): two moving
+#: chunks, then still ones; after ``interactive_kv_still_chunks`` still chunks the stage
+#: narrows recent_window_tokens from the moving window to the still window.
+LINGBOT_ACTIONS = ([["w"], ["w"], []], [["a"], [], []], [[], [], []], [[], [], []])
+LINGBOT_WINDOWS = dict(sink=3, cache=6, moving=3, still=1, still_chunks=1)  # frames
+
+
+def _lingbot_pipeline_config() -> Any:
+    """The engine's LingBotWorldCausalDMDConfig with the interactive K/V window on, at
+    the tiny model's size."""
+    pc_mod = _import("sglang.multimodal_gen.configs.pipeline_configs.lingbot_world")
+    dit = _import("sglang.multimodal_gen.configs.models.dits.lingbot_world")
+    w = LINGBOT_WINDOWS
+    pc = pc_mod.LingBotWorldCausalDMDConfig()
+    pc.dit_config = dit.LingBotWorldVideoConfig(arch_config=_lingbot_arch())
+    pc.interactive_kv_window_enable = True
+    pc.interactive_kv_moving_window = w["moving"]
+    pc.interactive_kv_still_window = w["still"]
+    pc.interactive_kv_still_chunks = w["still_chunks"]
+    pc.text_encoder_configs[0].arch_config.text_len = TEXT_LEN
+    return pc
+
+
+def _lingbot_arch() -> Any:
+    dit = _import("sglang.multimodal_gen.configs.models.dits.lingbot_world")
+    w = LINGBOT_WINDOWS
+    return _wan_arch(dit.LingBotWorldArchConfig, in_channels=36, num_frames_per_block=3,
+                     sliding_window_num_frames=w["cache"], local_attn_size=-1, sink_size=w["sink"])
+
+
+def _lingbot_run(stage: Any, args: Any, latents: torch.Tensor) -> list[torch.Tensor]:
+    """The realtime path: one stage call per chunk in one session, each chunk's
+    timesteps prepared by the engine's DMDTimestepPreparationStage."""
+    ts_mod = _import("sglang.multimodal_gen.runtime.pipelines_core.stages.timestep_preparation")
+    session_mod = _import("sglang.multimodal_gen.runtime.realtime.session")
+    session = session_mod.RealtimeSession()
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g).to(torch.bfloat16)
+    condition = torch.randn(1, 20, latents.shape[2], LATENT_HW, LATENT_HW, generator=g)
+    noise = torch.Generator().manual_seed(11)
+    timesteps = ts_mod.DMDTimestepPreparationStage(_lingbot_scheduler(args))
+    out = []
+    for i, chunk in enumerate(latents.split(3, dim=2)):
+        req = _request(latents=chunk.clone(), image_latent=condition, prompt_embeds=[prompt], image_embeds=[],
+                       session=session, block_idx=i, condition_inputs={"camera_actions": LINGBOT_ACTIONS[i]},
+                       generator=noise, negative_prompt_embeds=[])
+        req = timesteps.forward(req, args)
+        out.append(stage.forward(req, args).latents.clone())
+    session.dispose()
+    return out
+
+
+def _lingbot_scheduler(args: Any = None) -> Any:
+    """LingBotWorldCausalDMDPipeline.initialize_pipeline's scheduler."""
+    sched = _import("sglang.multimodal_gen.runtime.models.schedulers.scheduling_self_forcing_flow_match")
+    shift = args.pipeline_config.flow_shift if args is not None else 10.0
+    return sched.SelfForcingFlowMatchScheduler(num_inference_steps=1000, shift=shift, sigma_min=0.0,
+                                               extra_one_step=True)
+
+
+def lingbot_world() -> Case:
+    dit = _import("sglang.multimodal_gen.configs.models.dits.lingbot_world")
+    model_mod = _import("sglang.multimodal_gen.runtime.models.dits.lingbot_world")
+
+    def build() -> torch.nn.Module:
+        model = model_mod.CausalLingBotWorldTransformer3DModel(dit.LingBotWorldVideoConfig(arch_config=_lingbot_arch()),
+                                                               hf_config={})
+        return model
+
+    def stage_cls() -> type:
+        return _import("sglang.multimodal_gen.runtime.pipelines_core.stages.model_specific_stages.lingbot_world."
+                       "lingbot_world_causal_denoising").LingBotWorldCausalDMDDenoisingStage
+
+    w = LINGBOT_WINDOWS
+    cache = max(w["cache"], w["sink"] + max(w["moving"], w["still"]) + 3)  # the stage's effective window
+    return Case("lingbot_world", build, _lingbot_pipeline_config, _lingbot_run, stage_cls, _lingbot_scheduler,
+                frames=12, chunk_frames=3, cache_frames=cache, sink_frames=w["sink"],
+                notes="CausalLingBotWorldTransformer3DModel through LingBotWorldCausalDMDDenoisingStage's realtime path "
+                      "with the interactive K/V window")

@@ -8,10 +8,12 @@ after qvg.sglang.install().
   with eviction happening; a one-ulp change of one view makes the check fail.
 * Packed: install() lets the Self-Forcing and LongLive2 stages (which the engine
   refuses) allocate qvg's packed cache; LongLive2's pinned multi-shot sink is
-  refused. Self-Forcing's final latents deviate from the dense rollout, per chunk,
+  refused. Each model's final latents deviate from the dense rollout, per chunk,
   beside the engine's own packed cache run through the same stage (its codec:
   quant-videogen under Triton's interpreter), at the engine's default flags int2
-  and int4, and with qvg's ``hq`` profile.
+  and int4, and with qvg's ``hq`` profile: qvg's mean deviation over the chunks
+  that saw an encoded chunk, and its views' K/V error, are at most 1.1x the
+  engine's; hq's views' error at most 0.7x.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ ENGINE_DENSE = import_engine("sglang.multimodal_gen.runtime.layers.kvcache.causa
                              ).CausalSelfAttentionKVCache
 ENGINE_PACKED = import_engine("sglang.multimodal_gen.runtime.layers.kvcache.qvg_packed_cache").QVGPackedCausalKVCache
 
-CASES = {"self_forcing": e2e.self_forcing, "longlive2": e2e.longlive2}
+CASES = {"self_forcing": e2e.self_forcing, "longlive2": e2e.longlive2, "lingbot_world": e2e.lingbot_world}
+REFUSED = ("self_forcing", "longlive2")  # the stages the engine refuses quantization in
 _CASES: dict = {}
 _DENSE: dict = {}
 #: Figures of the packed comparison (printed by the last test; docs/compat.md).
@@ -102,7 +105,7 @@ def test_one_ulp_in_one_view_is_detected():
     assert e2e.first_difference(engine, engine) is None
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", REFUSED)
 def test_install_enables_the_packed_cache_where_the_engine_refuses_it(name):
     stage_cls = case(name).stage_cls()
     stage = stage_cls.__new__(stage_cls)
@@ -147,8 +150,8 @@ def _engine_packed(name: str, bits: int) -> e2e.Rollout:
 
 
 @pytest.mark.parametrize("bits", [2, 4])
-def test_packed_deviation_beside_the_engines_packed_cache(bits):
-    name = "self_forcing"
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_packed_deviation_beside_the_engines_packed_cache(name, bits):
     dense = engine_dense(name)
     engine = _engine_packed(name, bits)
     with qvg.sglang.installed():
@@ -157,16 +160,22 @@ def test_packed_deviation_beside_the_engines_packed_cache(bits):
                                                                   "kv_cache_quant_profile": "hq"}))
     dev = {k: e2e.relative_l2_per_chunk(r, dense) for k, r in (("engine", engine), ("qvg", ours), ("hq", hq))}
     views = {k: e2e.view_error(r, dense) for k, r in (("engine", engine), ("qvg", ours), ("hq", hq))}
-    FIGURES[bits] = dict(latents=dev, views=views)
+    FIGURES[name, bits] = dict(latents=dev, views=views)
     # chunks whose attention saw an encoded chunk deviate; the first ones do not
     seen = [i for i, d in enumerate(dev["engine"]) if d > 0]
     assert seen and seen == [i for i, d in enumerate(dev["qvg"]) if d > 0], dev
     mean = {k: sum(d[i] for i in seen) / len(seen) for k, d in dev.items()}
+    FIGURES[name, bits]["mean"] = mean
     assert mean["qvg"] <= 1.1 * mean["engine"], (mean, dev)
     assert views["qvg"] <= 1.1 * views["engine"], views
+    # hq: its K/V views are within 0.7x of the engine's error; its latents' deviation is
+    # recorded, not asserted (docs/compat.md: below ~0.005 the bf16 floor dominates)
+    assert views["hq"] <= 0.7 * views["engine"], views
 
 
 def test_zz_figures():
     """Prints the packed comparison's figures (pytest -s; docs/compat.md)."""
-    for bits, f in sorted(FIGURES.items()):
-        print(f"\nint{bits}: latents' relative L2 per chunk {f['latents']}; views' relative L2 {f['views']}")
+    for (name, bits), f in sorted(FIGURES.items()):
+        lat = {k: [round(x, 5) for x in v] for k, v in f["latents"].items()}
+        views = {k: round(v, 4) for k, v in f["views"].items()}
+        print(f"\n{name} int{bits}: latents' relative L2 per chunk {lat}; views' relative L2 {views}")
