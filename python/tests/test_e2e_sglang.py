@@ -88,12 +88,16 @@ def test_dense_bit_identical_inside_the_engine(name):
     end = cache.global_end_index_int if cache.global_end_index_int is not None else int(cache.global_end_index.item())
     assert end == c.frames * e2e.TOKENS_PER_FRAME > cache_tokens
     assert all(torch.isfinite(o).all() for o in engine.outputs)
+    if name == "lingbot_world":  # the stage set the interactive window: moving, then still
+        w, tpf = e2e.LINGBOT_WINDOWS, e2e.TOKENS_PER_FRAME
+        assert {w["moving"] * tpf, w["still"] * tpf} <= {call["recent"] for call in engine.calls}
     assert e2e.first_difference(engine, ours) is None
 
 
-def test_one_ulp_in_one_view_is_detected():
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_one_ulp_in_one_view_is_detected(name):
     """A test of the test: the comparison fails on one bf16 ulp in one view."""
-    engine = engine_dense("self_forcing")
+    engine = engine_dense(name)
     changed = copy.copy(engine)
     changed.views = list(engine.views)
     layer, k, v, idx = changed.views[7]
