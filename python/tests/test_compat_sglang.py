@@ -1,6 +1,7 @@
 """qvg.sglang.install() / uninstall() / installed() against the installed engine.
 
-The engine's stage modules are the shim's (sglang_shim.py: the engine's own
+The engine's stage modules are its own where its serving stack is installed
+(python/requirements-e2e.txt), else the shim's (sglang_shim.py: the engine's own
 allocation methods, with the real modules' imports); the cache modules are the
 engine's own.
 """
