@@ -70,6 +70,24 @@ assert u.find_spec("quant_videogen")' 2>/dev/null; then
     "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$compat"
   fi
 fi
+# The end-to-end suite's extra wheels (docs/compat.md section 5), the same way; the
+# check reads the installed versions (importing the stages would take 15 s).
+e2e=python/requirements-e2e.txt
+if ! "$venv/bin/python" - "$e2e" 2>/dev/null <<'PY'
+import importlib.metadata as m, re, sys
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, version = line.split("==")
+        assert m.version(name) == version, line
+PY
+then
+  if ! "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$e2e" 2>/dev/null; then
+    echo "qvg: downloading the wheels of $e2e into $wheels (first run: about 39 MB)"
+    "$base/bin/python" -m pip --disable-pip-version-check download -q --no-deps -d "$wheels" -r "$e2e"
+    "${cpip[@]}" install -q --no-deps --no-index --find-links "$wheels" -r "$e2e"
+  fi
+fi
 t1=$(date +%s)
 
 # The extension: CUDA path when nvcc is found (then a version mismatch with torch is

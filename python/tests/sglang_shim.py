@@ -5,8 +5,10 @@ test_qvg_packed_kv.py) and qvg.sglang's tests need
 ``sglang.multimodal_gen.runtime.pipelines_core.stages.causal_denoising`` and
 ``...model_specific_stages.lingbot_world.lingbot_world_causal_denoising``. Importing
 those for real needs the whole serving stack (safetensors, tvm_ffi, transformers'
-configs through sglang.srt, ...), far beyond the compat requirements. This shim
-registers, under the real module names, modules holding:
+configs through sglang.srt, ...), far beyond the compat requirements (the e2e
+requirements, python/requirements-e2e.txt, bring it: then the real modules are used
+and nothing here is). Otherwise this shim registers, under the real module names,
+modules holding:
 
 * the cache names the real modules import (``torch``, ``CausalSelfAttentionKVCache``,
   ``QVGPackedCausalKVCache``, ``QVGKVQuantArgs``, ``CausalKVCache``), imported from the
@@ -105,10 +107,16 @@ def _ensure_package(name: str) -> None:
 
 
 def load_stage_modules() -> tuple[types.ModuleType, types.ModuleType]:
-    """Registers (once) and returns the reduced causal_denoising and LingBot stage modules."""
+    """The causal_denoising and LingBot stage modules: the engine's own where they import
+    (with python/requirements-e2e.txt installed), else the reduced ones, registered once."""
     out = []
     for module_name in (CAUSAL, LINGBOT):
         existing = sys.modules.get(module_name)
+        if existing is None:
+            try:  # the real module where the serving stack is installed (python/requirements-e2e.txt)
+                existing = importlib.import_module(module_name)
+            except Exception:  # noqa: BLE001 - any failure: the reduced module below
+                existing = None
         if existing is not None:
             out.append(existing)
             continue

@@ -1,6 +1,7 @@
 """qvg.sglang.install() / uninstall() / installed() against the installed engine.
 
-The engine's stage modules are the shim's (sglang_shim.py: the engine's own
+The engine's stage modules are its own where its serving stack is installed
+(python/requirements-e2e.txt), else the shim's (sglang_shim.py: the engine's own
 allocation methods, with the real modules' imports); the cache modules are the
 engine's own.
 """
@@ -122,3 +123,34 @@ def test_context_manager_restores_on_error_and_install_is_idempotent():
     with qvg.sglang.installed():  # nested: stays installed on exit
         pass
     assert qvg.sglang.is_installed()
+
+
+@pytest.mark.parametrize("bits", [None, 2])
+def test_install_lets_the_base_causal_stage_allocate_the_packed_cache(bits):
+    """Issue 26: the engine's base causal stage (Self-Forcing's, LongLive2's) refuses
+    quantization and always allocates dense caches; installed, it allocates qvg's
+    packed cache when its settings are enabled, its dense path otherwise."""
+    from types import SimpleNamespace
+
+    stage_cls = causal_stage.CausalDMDDenoisingStage
+    stage = stage_cls.__new__(stage_cls)
+    stage.num_transformer_blocks = 2
+    stage.server_args = SimpleNamespace(kv_cache_quant_config=eng_quant_mod.QVGKVQuantArgs(bits=bits))
+    kw = dict(batch_size=1, kv_cache_size=16, num_attention_heads=2, attention_head_dim=64, dtype=torch.bfloat16,
+              device=torch.device("cpu"), sink_tokens=4)
+    assert not stage._supports_qvg_kv_cache_quantization()
+    assert all(type(c) is ENGINE_DENSE for c in stage._allocate_causal_kv_cache(**kw))
+    with qvg.sglang.installed():
+        assert qvg.sglang.stage_patched() and stage._supports_qvg_kv_cache_quantization()
+        caches = stage._allocate_causal_kv_cache(**kw)
+        expected = qt.QVGPackedCausalKVCache if bits else qt.CausalSelfAttentionKVCache
+        assert len(caches) == 2 and all(type(c) is expected for c in caches)
+        if bits:
+            assert caches[0].quant_args.bits == 2 and caches[0].sink_tokens == 4
+            with pytest.raises(NotImplementedError, match="global_sink_tokens=4"):
+                stage._allocate_causal_kv_cache(**kw, global_sink_tokens=4)
+        # the LingBot stage keeps its own methods
+        assert lingbot_stage.LingBotWorldCausalDMDDenoisingStage._allocate_causal_kv_cache is not (
+            stage_cls._allocate_causal_kv_cache)
+    assert not qvg.sglang.stage_patched() and not stage._supports_qvg_kv_cache_quantization()
+    assert all(type(c) is ENGINE_DENSE for c in stage._allocate_causal_kv_cache(**kw))
