@@ -52,6 +52,7 @@ namespace qvg {
 namespace detail {
 struct SnapshotAccess;  // src/cache/snapshot_state.h: the caches' state, out and in
 struct PlanAccess;      // src/cache/plan_access.h: what a packed cache's last advance did
+struct TestAccess;      // qvg/test_access.h: a cache's whole state, for tests
 }
 
 /// The global token ranges a packed-cache view shows when recent_window_tokens is
@@ -273,23 +274,13 @@ class DenseCausalCache final : public CausalCache {
   static DenseCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {},
                                               GrowStorage storage = nullptr);
 
-  /// A full snapshot for tests: equal snapshots mean equal caches.
-  struct DebugState {
-    std::vector<uint8_t> k, v;  ///< buffer bytes
-    int64_t cache_size = 0, window = 0, global_end = 0, local_end = 0;
-    size_t resident_nbytes = 0, peak_transient_nbytes = 0;
-    std::vector<uint8_t> view_scratch;  ///< bytes behind the last copied view
-    bool owns_storage = true;
-    bool operator==(const DebugState&) const = default;
-  };
-  DebugState debug_state() const;
-
  protected:
   KVView do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
                    std::optional<int64_t> recent_window) override;
 
  private:
   friend struct detail::SnapshotAccess;
+  friend struct detail::TestAccess;
   struct Impl;
   explicit DenseCausalCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
@@ -408,34 +399,6 @@ class PackedCausalCache final : public CausalCache {
   static PackedCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect = {});
   static PackedCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {});
 
-  /// A full snapshot for tests: equal snapshots mean equal caches.
-  struct SegmentState {
-    int64_t g0 = 0, g1 = 0;
-    bool is_sink = false, packed = false;
-    int chunks = 1;
-    std::vector<uint8_t> k_raw, v_raw;
-    EncodedTensor k_enc, v_enc;
-    int64_t span = -1;                           ///< incremental span id
-    std::optional<SpanCodebook> k_book, v_book;  ///< its codebooks (copies)
-    std::optional<EncodedTensor> k_ref, v_ref;   ///< a refined chunk's layers
-    bool operator==(const SegmentState&) const = default;
-  };
-  struct DebugState {
-    std::vector<SegmentState> segments;
-    int64_t global_end = 0, local_end = 0;
-    std::optional<int64_t> chunk_tokens;
-    std::optional<EncodedTensor> warm_k, warm_v;
-    size_t resident_nbytes = 0, peak_transient_nbytes = 0;
-    std::vector<uint8_t> view_scratch;
-    // Incremental spans: the open span (id, chunks, codebooks, reference energies),
-    // the next span id and the adaptive breaks so far.
-    int64_t open_span = -1, open_span_chunks = 0, next_span = 0, span_breaks = 0;
-    std::optional<SpanCodebook> open_k_book, open_v_book;
-    double open_k_energy = 0, open_v_energy = 0;
-    bool operator==(const DebugState&) const = default;
-  };
-  DebugState debug_state() const;
-
  protected:
   KVView do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
                    std::optional<int64_t> recent_window) override;
@@ -443,6 +406,7 @@ class PackedCausalCache final : public CausalCache {
  private:
   friend struct detail::SnapshotAccess;
   friend struct detail::PlanAccess;
+  friend struct detail::TestAccess;
   struct Impl;
   explicit PackedCausalCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
