@@ -92,7 +92,7 @@ struct BasicSegmentInfo {
   int64_t span = -1;
   const Encoded* k_codebook = nullptr;
   const Encoded* v_codebook = nullptr;
-  /// A refined chunk (QuantArgs::refine_recent): its refinement layers (f32
+  /// A refined chunk (QuantArgs' refinement settings): its refinement layers (f32
   /// encodings of its decoding error, encode_refinement()); nullptr otherwise.
   const Encoded* k_ref = nullptr;
   const Encoded* v_ref = nullptr;
@@ -317,13 +317,14 @@ class DenseCausalCache final : public CausalCache {
 ///       sink_end = min(sink, global_end),
 ///       tail_start = max(sink_end, global_end - max(0, window - sink_end));
 ///       1. finalized non-sink segments with g1 <= tail_start are dropped;
-///       2. with quantization on, eligible chunks are encoded: non-sink
-///          finalized raw chunks older than the newest keep_recent_chunks, in
-///          spans of span_chunks chunks, oldest first, as soon as a span is
-///          full; with `sink` on, finalized sink chunks after the first
-///          sink_keep_chunks — one span per chunk (sink_span = chunk) or all
-///          together at the first advance with c >= sink_tokens (sink_span =
-///          full). Sink spans are encoded first, then non-sink spans.
+///       2. with quantization on, eligible chunks are encoded (the policy's
+///          settings are QuantArgs', qvg/config.h): non-sink finalized raw
+///          chunks older than the newest ones kept raw, in spans of the
+///          configured number of chunks, oldest first, as soon as a span is
+///          full; with `sink` on, finalized sink chunks after the leading ones
+///          kept raw — one span per chunk (sink span policy `chunk`) or all
+///          together at the first advance with c >= sink_tokens (`full`). Sink
+///          spans are encoded first, then non-sink spans.
 ///          NOTE: chunks that leave the window before their span fills are
 ///          dropped raw, so a window too small to hold a full span of eligible
 ///          chunks packs nothing.
@@ -379,8 +380,8 @@ class PackedCausalCache final : public CausalCache {
   /// Bytes of the warm-start codebooks kept for init = warm (not resident).
   size_t warm_state_nbytes() const;
   /// Incremental spans: how many spans were started because a chunk's residual
-  /// energy against the open span's codebook exceeded span_break_ratio times the
-  /// span's first chunk's (adaptive boundaries) since construction or reset.
+  /// energy against the open span's codebook exceeded the break ratio (QuantArgs)
+  /// times the span's first chunk's (adaptive boundaries) since construction or reset.
   int64_t span_breaks() const;
   /// The ranges a view without recent_window_tokens shows at the current
   /// global_end (what the last advance's full-window view showed). Empty cache: all 0.

@@ -25,7 +25,7 @@ namespace {
 // of an incremental span holds its data arrays (k_enc, v_enc without centroids)
 // and shares its span's codebooks (k_book, v_book: all K slots allocated, filled
 // chunk by chunk) with the span's other chunks.
-// A chunk among the refine_recent newest encoded ones also holds its refinement
+// A chunk among the newest encoded ones (QuantArgs' refinement count) also holds its refinement
 // layers (k_ref, v_ref: encode_refinement of its decoded K and V).
 struct SegData {
   AlignedBuffer k_raw, v_raw;                    // raw
@@ -260,8 +260,8 @@ struct PackedCausalCache::Impl {
     x.decisions.decide(false, run.k_energy, run.v_energy);
   }
 
-  /// The refinement layers of a just-encoded incremental chunk `d` (refine_recent >
-  /// 0): its K and V decoded as the view decodes them (with its span's codebooks
+  /// The refinement layers of a just-encoded incremental chunk `d` (refinement
+  /// on): its K and V decoded as the view decodes them (with its span's codebooks
   /// `book_k`, `book_v` as the chunk left them), and the error encoded.
   void refine(const Segment& raw, SegData& d, const SpanCodebook& book_k, const SpanCodebook& book_v,
               detail::TransientMeter& meter) const {
@@ -274,8 +274,7 @@ struct PackedCausalCache::Impl {
       const EncodedTensor& book = (is_k ? book_k : book_v).book;
       decode_ranges({{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book}}, quant.threads);
       const CodecConfig& c = is_k ? codec_k : codec_v;
-      CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.threads);
-      rc.head_offset = c.head_offset;
+      const CodecConfig rc = refinement_config(quant, c);
       const ConstTensorView x = raw_view(raw, is_k);
       EncodedTensor r = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc);
       meter.add(r.nbytes());

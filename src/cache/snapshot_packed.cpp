@@ -182,14 +182,13 @@ void get_raw(ByteReader& r, PackedSegmentData& s, const CacheOptions& o) {
 }
 
 // A refined chunk's K and V layers: whole f32 encodings of the layout the
-// configuration implies (refinement_config of refine_bits, the role's block size).
+// configuration implies (refinement_config of the settings and the role).
 void get_refinement(ByteReader& r, PackedSegmentData& s, const CacheOptions& o, const QuantArgs& q) {
   const int64_t n = s.g1 - s.g0;
   for (std::optional<EncodedTensor>* ref : {&s.k_ref, &s.v_ref}) {
     const bool is_k = ref == &s.k_ref;
     *ref = get_encoded(r, Arrays::All);
-    const CodecConfig want =
-        refinement_config(q.refine_bits, q.codec(is_k ? CacheRole::Key : CacheRole::Value).block_size, q.seed);
+    const CodecConfig want = refinement_config(q, q.codec(is_k ? CacheRole::Key : CacheRole::Value));
     const EncodingLayout expect = EncodingLayout::of({o.batch, n, o.heads, o.head_dim}, DType::F32, want);
     if (!(static_cast<const EncodingLayout&>(**ref) == expect))
       r.fail(

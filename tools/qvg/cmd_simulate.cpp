@@ -51,11 +51,7 @@ struct SimulateOptions {
   std::string init = "random";
   std::string k_config, v_config;  // per-role codec settings (field=value,...)
   std::string codec_seed = "1234";
-  CacheFlags cache = [] {
-    CacheFlags f;
-    f.defaults.span_chunks = 8;  // spans of 8 chunks (docs/spans.md)
-    return f;
-  }();
+  CacheFlags cache{default_packed_config().quant, {}, false};  // the library's policy defaults (docs/spans.md)
   std::optional<std::string> json;
   std::optional<std::string> report;
   bool quiet = false;
