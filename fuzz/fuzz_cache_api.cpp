@@ -186,6 +186,20 @@ void twin_snapshot(Cache& cache, Cache& twin, const char* which, const SnapshotE
   FUZZ_CHECK(cache.snapshot_bytes() == a, "{} snapshot round trip differs", which);
 }
 
+// The cache and its twin hold the same state after a valid call.
+template <class Cache>
+void check_twin_state(const Cache& cache, const Cache& twin, const char* which) {
+  FUZZ_CHECK(state_of(cache) == state_of(twin), "{} cache and twin differ after a valid call", which);
+}
+
+// A side (cache, twin, model) back to empty.
+template <class Side>
+void reset_side(Side& side) {
+  side.cache.reset_indices();
+  side.twin.reset_indices();
+  side.model.reset();
+}
+
 // The model of the dense cache and its twin.
 struct DenseSide {
   DenseCausalCache cache, twin;
@@ -200,15 +214,11 @@ struct DenseSide {
     const testing::ModelView mv = model.apply(c);
     const std::string diff = testing::compare_exact(out.view, mv);
     FUZZ_CHECK(diff.empty(), "dense view differs from the model: {}", diff);
-    FUZZ_CHECK(state_of(cache) == state_of(twin), "dense cache and twin differ after a valid call");
+    check_twin_state(cache, twin, "dense");
     FUZZ_CHECK(cache.resident_nbytes() == model.resident_nbytes(), "dense resident_nbytes");
   }
   void invalid(const Call& c) { checked_call(cache, c, ErrorKind::InvalidArgument, "dense (invalid argument)"); }
-  void reset() {
-    cache.reset_indices();
-    twin.reset_indices();
-    model.reset();
-  }
+  void reset() { reset_side(*this); }
   void snapshot() { twin_snapshot(cache, twin, "dense", {}); }
 };
 
@@ -265,13 +275,11 @@ struct PackedSide {
     const std::string segs = testing::compare_segments(cache, model.segments());
     FUZZ_CHECK(segs.empty(), "packed segments differ from the model: {}", segs);
     FUZZ_CHECK(cache.resident_nbytes() == model.expected_resident(o.dtype), "packed resident_nbytes");
-    FUZZ_CHECK(state_of(cache) == state_of(twin), "packed cache and twin differ after a valid call");
+    check_twin_state(cache, twin, "packed");
   }
   void invalid(const Call& c) { checked_call(cache, c, ErrorKind::InvalidArgument, "packed (invalid argument)"); }
   void reset() {
-    cache.reset_indices();
-    twin.reset_indices();
-    model.reset();
+    reset_side(*this);
     hist.clear();
   }
   void snapshot() {

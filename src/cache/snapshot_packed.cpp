@@ -71,9 +71,7 @@ Counts get_state(KvReader kv, PackedStateData& d) {
 // ---- span i: i64 id, then per K and V the slots in use (u32 filled) and the codebook
 // (layout and centroid arrays, all K slots) ---------------------------------------------
 SectionOut put_span(const PackedSpanRef& sp, uint32_t index) {
-  SectionOut s;
-  s.kind = Kind::Span;
-  s.index = index;
+  SectionOut s{Kind::Span, index, {}, {}};
   for (const SpanCodebook* b : {sp.k, sp.v}) {
     ByteWriter w;
     if (b == sp.k) w.put(sp.id);
@@ -120,9 +118,7 @@ PackedSpanData get_span(std::span<const uint8_t> bytes, const std::string& where
 // ---- segment i: i64 g0, g1, u8 is_sink, packed, u32 chunks, flags, [i64 span], then
 // raw K and V, or K and V encodings [and K and V refinement layers] ------------------
 SectionOut put_segment(const PackedSegmentRef& g, uint32_t index) {
-  SectionOut s;
-  s.kind = Kind::Segment;
-  s.index = index;
+  SectionOut s{Kind::Segment, index, {}, {}};
   ByteWriter w;
   w.put(g.g0);
   w.put(g.g1);
