@@ -22,10 +22,10 @@ namespace qvg {
 struct StridedView {
   const void* data = nullptr;
   DType dtype = DType::F32;
-  Shape4 shape;              ///< [B, T, H, D]
-  int64_t stride_b = 0;      ///< elements between batches
-  int64_t stride_t = 0;      ///< elements between tokens
-  int64_t stride_h = 0;      ///< elements between heads
+  Shape4 shape;          ///< [B, T, H, D]
+  int64_t stride_b = 0;  ///< elements between batches
+  int64_t stride_t = 0;  ///< elements between tokens
+  int64_t stride_h = 0;  ///< elements between heads
 
   /// Pointer to element (b, t, h, 0). REQUIRES: indices inside shape.
   const void* row(int64_t b, int64_t t, int64_t h) const;
