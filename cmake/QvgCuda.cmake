@@ -12,9 +12,10 @@
 #                         (runs without a GPU; registered with ctest)
 #   qvg_cuda_replay_test  host-only test of the GPU tests' encode check: the device
 #                         encoder's rules replayed from given assignments (ctest)
-#   qvg_cuda_cache_plan_test  host-only test of the packed-cache policy the device
-#                         cache runs against the independent model of
-#                         tests/support/cache_model (runs without a GPU; ctest)
+#   qvg_cuda_device_errors_test  host-only test of the device packed cache's
+#                         argument errors, raised before any CUDA call (ctest;
+#                         the policy it runs is checked by the ci preset's
+#                         tests/gpu/cache_plan_test.cpp, GoogleTest)
 #   qvg_gpu_tests         GPU tests (tiny in-repo harness, no gtest)
 #   qvg_gpu_bench         GPU benchmarks (JSON + table)
 # QVG_HAVE_CUDA is set to ON or OFF for the rest of the build.
@@ -96,15 +97,12 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_replay_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_replay_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
-  # Host-side test of the device packed cache's policy against the CPU cache, and of
-  # its argument errors (raised before any CUDA call): no GPU needed.
-  # It compiles the independent cache model of tests/support itself (the CUDA
-  # compile preset builds no other test code).
-  add_executable(qvg_cuda_cache_plan_test ${PROJECT_SOURCE_DIR}/tests/gpu/cache_plan_test.cpp
-                                          ${PROJECT_SOURCE_DIR}/tests/support/cache_model.cpp)
-  target_include_directories(qvg_cuda_cache_plan_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
-  target_link_libraries(qvg_cuda_cache_plan_test PRIVATE qvg_cuda fmt::fmt)
-  target_compile_options(qvg_cuda_cache_plan_test PRIVATE ${QVG_WARNINGS})
+  # Host-side test of the device packed cache's argument errors (raised before any
+  # CUDA call): no GPU needed. The in-repo harness: the device machine has no GoogleTest.
+  add_executable(qvg_cuda_device_errors_test ${PROJECT_SOURCE_DIR}/tests/gpu/device_errors_test.cpp)
+  target_include_directories(qvg_cuda_device_errors_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_device_errors_test PRIVATE qvg_cuda)
+  target_compile_options(qvg_cuda_device_errors_test PRIVATE ${QVG_WARNINGS})
 
   add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp)
   target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
@@ -125,6 +123,6 @@ if(QVG_HAVE_CUDA)
 
   enable_testing()
   add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
-  add_test(NAME cuda.host_cache_plan COMMAND qvg_cuda_cache_plan_test)
+  add_test(NAME cuda.host_device_errors COMMAND qvg_cuda_device_errors_test)
   add_test(NAME cuda.host_encode_replay COMMAND qvg_cuda_replay_test)
 endif()

@@ -26,6 +26,7 @@
 #include "fuzz_support.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
+#include "qvg/test_access.h"
 #include "support/cache_model.h"
 
 namespace {
@@ -150,7 +151,7 @@ Call invalid_call(FuzzedDataProvider& fdp, const Setup& s, int64_t global_end) {
 
 template <class Cache>
 auto state_of(const Cache& c) {
-  return c.debug_state();
+  return qvg::detail::debug_state(c);
 }
 
 // Runs `call` on `cache` expecting `want` (an error kind, or success). On an error the
@@ -185,6 +186,20 @@ void twin_snapshot(Cache& cache, Cache& twin, const char* which, const SnapshotE
   FUZZ_CHECK(cache.snapshot_bytes() == a, "{} snapshot round trip differs", which);
 }
 
+// The cache and its twin hold the same state after a valid call.
+template <class Cache>
+void check_twin_state(const Cache& cache, const Cache& twin, const char* which) {
+  FUZZ_CHECK(state_of(cache) == state_of(twin), "{} cache and twin differ after a valid call", which);
+}
+
+// A side (cache, twin, model) back to empty.
+template <class Side>
+void reset_side(Side& side) {
+  side.cache.reset_indices();
+  side.twin.reset_indices();
+  side.model.reset();
+}
+
 // The model of the dense cache and its twin.
 struct DenseSide {
   DenseCausalCache cache, twin;
@@ -199,15 +214,11 @@ struct DenseSide {
     const testing::ModelView mv = model.apply(c);
     const std::string diff = testing::compare_exact(out.view, mv);
     FUZZ_CHECK(diff.empty(), "dense view differs from the model: {}", diff);
-    FUZZ_CHECK(cache.debug_state() == twin.debug_state(), "dense cache and twin differ after a valid call");
+    check_twin_state(cache, twin, "dense");
     FUZZ_CHECK(cache.resident_nbytes() == model.resident_nbytes(), "dense resident_nbytes");
   }
   void invalid(const Call& c) { checked_call(cache, c, ErrorKind::InvalidArgument, "dense (invalid argument)"); }
-  void reset() {
-    cache.reset_indices();
-    twin.reset_indices();
-    model.reset();
-  }
+  void reset() { reset_side(*this); }
   void snapshot() { twin_snapshot(cache, twin, "dense", {}); }
 };
 
@@ -264,13 +275,11 @@ struct PackedSide {
     const std::string segs = testing::compare_segments(cache, model.segments());
     FUZZ_CHECK(segs.empty(), "packed segments differ from the model: {}", segs);
     FUZZ_CHECK(cache.resident_nbytes() == model.expected_resident(o.dtype), "packed resident_nbytes");
-    FUZZ_CHECK(cache.debug_state() == twin.debug_state(), "packed cache and twin differ after a valid call");
+    check_twin_state(cache, twin, "packed");
   }
   void invalid(const Call& c) { checked_call(cache, c, ErrorKind::InvalidArgument, "packed (invalid argument)"); }
   void reset() {
-    cache.reset_indices();
-    twin.reset_indices();
-    model.reset();
+    reset_side(*this);
     hist.clear();
   }
   void snapshot() {

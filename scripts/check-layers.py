@@ -54,7 +54,7 @@ PUBLIC = {
     # The CUDA backend's API (device buffers, the device encoded tensor and codec).
     "cuda.h": "kernels",
     "codec.h": "codec",
-    "cache.h": "cache", "cache_options.h": "cache", "attention.h": "cache", "cuda_cache.h": "cache",
+    "cache.h": "cache", "cache_options.h": "cache", "view.h": "cache", "test_access.h": "cache", "attention.h": "cache", "cuda_cache.h": "cache",
     "snapshot.h": "cache",
     "io.h": "io",
     "workload.h": "workload", "baselines.h": "baselines", "memory.h": "memory", "simulate.h": "sim",

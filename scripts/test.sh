@@ -19,6 +19,8 @@ trap 'if ((${#step_times[@]})); then printf "qvg: step times: %s\n" "$(IFS=";"; 
 
 echo "=== qvg: the layers point down only (scripts/check-layers.py) ==="
 python3 scripts/check-layers.py
+echo "=== qvg: each setting named in few source files (scripts/check-setting-names.py) ==="
+python3 scripts/check-setting-names.py
 step_done "deps and layers"
 
 for preset in ci asan; do

@@ -16,6 +16,7 @@
 #include "qvg/cache.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
+#include "qvg/test_access.h"
 #include "support/cache_model.h"
 #include "support/errors.h"
 
@@ -358,7 +359,7 @@ void run_case(const Case& cs, bool packed, int seeds, int& applied, std::string&
     const std::optional<BadCall> bad = cs.make(ctx);
     if (!bad) continue;
     ++applied;
-    const auto snapshot = cache.debug_state();
+    const auto snapshot = qvg::detail::debug_state(cache);
     const Tensor last_k = history.empty() ? Tensor() : last.k.to_tensor();
     try {
       cache.update(bad->call.k, bad->call.v, bad->call.c, bad->call.hs, bad->call.rw);
@@ -380,8 +381,8 @@ void run_case(const Case& cs, bool packed, int seeds, int& applied, std::string&
         case ErrorKind::Device: EXPECT_NE(dynamic_cast<const DeviceError*>(&e), nullptr); break;
       }
     }
-    ASSERT_TRUE(cache.debug_state() == snapshot) << "state changed by the failing call";
-    EXPECT_EQ(cache.debug_state(), twin.debug_state());
+    ASSERT_TRUE(qvg::detail::debug_state(cache) == snapshot) << "state changed by the failing call";
+    EXPECT_EQ(qvg::detail::debug_state(cache), qvg::detail::debug_state(twin));
     if (!history.empty()) {  // the previous view is still valid and unchanged
       const StridedView saved = StridedView::of(last_k);
       EXPECT_EQ(compare_views(KVView{last.k, last.k}, KVView{saved, saved}), "");
@@ -392,7 +393,8 @@ void run_case(const Case& cs, bool packed, int seeds, int& applied, std::string&
     EXPECT_EQ(compare_views(a, b), "");
     EXPECT_EQ(a.local_start_index, b.local_start_index);
     EXPECT_EQ(a.visible_global_end, b.visible_global_end);
-    EXPECT_TRUE(cache.debug_state() == twin.debug_state()) << "the next valid call differs from the twin's";
+    EXPECT_TRUE(qvg::detail::debug_state(cache) == qvg::detail::debug_state(twin))
+        << "the next valid call differs from the twin's";
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
@@ -554,9 +556,9 @@ TEST(CacheErrors, PackedRejectsGrowthAndInvalidConfiguration) {
 
 TEST(CacheErrors, SetIndicesValidates) {
   DenseCausalCache c(ok_opts());
-  const auto before = c.debug_state();
+  const auto before = qvg::detail::debug_state(c);
   EXPECT_NE(error_of([&] { c.set_indices(5, 17); }, ErrorKind::InvalidArgument).find("local_end"), std::string::npos);
   EXPECT_NE(error_of([&] { c.set_indices(7, 5); }, ErrorKind::InvalidArgument).find("global_end"), std::string::npos);
   EXPECT_NE(error_of([&] { c.set_indices(3, 5); }, ErrorKind::InvalidArgument).find("global_end"), std::string::npos);
-  EXPECT_EQ(c.debug_state(), before);
+  EXPECT_EQ(qvg::detail::debug_state(c), before);
 }

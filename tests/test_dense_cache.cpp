@@ -8,6 +8,7 @@
 
 #include "qvg/cache.h"
 #include "qvg/error.h"
+#include "qvg/test_access.h"
 #include "support/cache_model.h"
 
 using namespace qvg;
@@ -75,9 +76,9 @@ TEST(DenseCache, EvictionRollKeepsSinkAndShiftsTail) {
   EXPECT_FALSE(v.zero_copy);
   EXPECT_EQ(cache.peak_transient_nbytes(), 2u * 6 * 2 * 4 * 4);
   // A rewrite of an evicted position fails and changes nothing.
-  const auto before = cache.debug_state();
+  const auto before = qvg::detail::debug_state(cache);
   EXPECT_THROW(upd(cache, tagged_call(1, 2, 4, 2, 2)), OutOfRange);
-  EXPECT_EQ(cache.debug_state(), before);
+  EXPECT_EQ(qvg::detail::debug_state(cache), before);
 }
 
 TEST(DenseCache, GrowthDoublesAndWindowFollows) {
@@ -282,10 +283,10 @@ void run_dense_sequence(uint64_t seed, DenseRun& stats) {
       const auto want_err = model.check(call);
       const int64_t cap_before = cache.cache_size();
       if (want_err) {
-        const auto before = cache.debug_state();
+        const auto before = qvg::detail::debug_state(cache);
         const Outcome out = run_call(cache, call);
         ASSERT_EQ(out.error, want_err) << "c=" << call.c << " n=" << call.n() << " " << out.message;
-        ASSERT_TRUE(cache.debug_state() == before) << "state changed by a failing call";
+        ASSERT_TRUE(qvg::detail::debug_state(cache) == before) << "state changed by a failing call";
         ++stats.errors;
         continue;
       }

@@ -21,6 +21,7 @@
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
+#include "qvg/test_access.h"
 #include "support/cache_model.h"
 #include "support/snapshot_fixtures.h"
 
@@ -119,16 +120,16 @@ void run_packed_sequence(uint64_t seed, Mode mode, int bits, Stats& st) {
         // Not valid for both: whoever must reject it rejects it and stays unchanged;
         // nobody applies it, so the caches stay comparable.
         if (perr) {
-          const auto before = packed.debug_state();
+          const auto before = qvg::detail::debug_state(packed);
           const Outcome out = run_call(packed, call);
           ASSERT_EQ(out.error, perr) << "c=" << call.c << " n=" << call.n() << " " << out.message;
-          ASSERT_TRUE(packed.debug_state() == before);
+          ASSERT_TRUE(qvg::detail::debug_state(packed) == before);
         }
         if (derr) {
-          const auto before = dense.debug_state();
+          const auto before = qvg::detail::debug_state(dense);
           const Outcome out = run_call(dense, call);
           ASSERT_EQ(out.error, derr) << "c=" << call.c << " n=" << call.n() << " " << out.message;
-          ASSERT_TRUE(dense.debug_state() == before);
+          ASSERT_TRUE(qvg::detail::debug_state(dense) == before);
         }
         ++st.errors;
         break;  // skip the rest of this chunk

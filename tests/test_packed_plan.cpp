@@ -14,6 +14,7 @@
 #include "cache/cache_policy.h"
 #include "cache/plan_access.h"
 #include "qvg/cache.h"
+#include "qvg/test_access.h"
 #include "support/snapshot_fixtures.h"
 
 namespace qvg {
@@ -358,7 +359,7 @@ TEST(PackedPlan, TheCacheExecutesThePolicysPlan) {
       EXPECT_EQ(s.v_ref != nullptr, p.refined);
     }
     EXPECT_EQ(cache.span_breaks(), pol.spans().breaks);
-    const auto st = cache.debug_state();
+    const auto st = qvg::detail::debug_state(cache);
     EXPECT_EQ(st.open_span, pol.spans().cursor.open);
     EXPECT_EQ(st.open_span_chunks, pol.spans().cursor.open_chunks);
     EXPECT_EQ(st.next_span, pol.spans().cursor.next);

@@ -15,6 +15,7 @@
 #include "qvg/error.h"
 #include "qvg/frontier.h"
 #include "qvg/memory.h"
+#include "qvg/test_access.h"
 #include "support/data.h"
 
 namespace qvg {
@@ -243,7 +244,7 @@ TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem
   EXPECT_EQ(bytes[10] | (bytes[11] << 8), 3);
   PackedCausalCache l = PackedCausalCache::from_snapshot_bytes(bytes);
   auto same = [](const PackedCausalCache& x, const PackedCausalCache& y) {
-    auto a = x.debug_state(), b = y.debug_state();
+    auto a = qvg::detail::debug_state(x), b = qvg::detail::debug_state(y);
     a.view_scratch.clear(), b.view_scratch.clear();
     a.peak_transient_nbytes = b.peak_transient_nbytes = 0;
     return a == b;

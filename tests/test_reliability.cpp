@@ -38,6 +38,7 @@
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/numeric.h"
+#include "qvg/test_access.h"
 #include "qvg/workload.h"
 #include "support/cache_model.h"
 #include "support/files.h"
@@ -343,8 +344,8 @@ TEST(Finding11, DenseKeyThatIsASliceOfItsOwnBufferActsAsAClone) {
   const KVView va = a.update(key, value, 12);
   const KVView vb2 = b.update(key_clone, value_clone, 12);
   EXPECT_EQ(testing::compare_views(va, vb2), "");
-  EXPECT_EQ(a.debug_state().k, b.debug_state().k);
-  EXPECT_EQ(a.debug_state().v, b.debug_state().v);
+  EXPECT_EQ(qvg::detail::debug_state(a).k, qvg::detail::debug_state(b).k);
+  EXPECT_EQ(qvg::detail::debug_state(a).v, qvg::detail::debug_state(b).v);
   // The view a copied call returned (scratch memory) used as the next key.
   const Tensor k4 = testing::random_tensor(rng, DType::F32, {1, 4, 2, 8});
   const KVView sa = a.update(k4, k4, 20, std::nullopt, 2);  // sink + recent: two ranges, copied
@@ -353,7 +354,7 @@ TEST(Finding11, DenseKeyThatIsASliceOfItsOwnBufferActsAsAClone) {
   const ConstTensorView sk{sa.k.data, DType::F32, {1, 4, 2, 8}}, sv{sa.v.data, DType::F32, {1, 4, 2, 8}};
   const Tensor skc = Tensor::copy_of(sk), svc = Tensor::copy_of(sv);
   EXPECT_EQ(testing::compare_views(a.update(sk, sv, 24), b.update(skc, svc, 24)), "");
-  EXPECT_EQ(a.debug_state().k, b.debug_state().k);
+  EXPECT_EQ(qvg::detail::debug_state(a).k, qvg::detail::debug_state(b).k);
 }
 
 TEST(Finding11, PackedKeyThatIsAnEarlierViewActsAsAClone) {
@@ -381,13 +382,13 @@ TEST(Finding11, PackedKeyThatIsAnEarlierViewActsAsAClone) {
   const KVView va = a.update(zk, zv, 8);
   const KVView vb = b.update(zkc, zvc, 8);
   EXPECT_EQ(testing::compare_views(va, vb), "");
-  EXPECT_EQ(a.debug_state().segments, b.debug_state().segments);
+  EXPECT_EQ(qvg::detail::debug_state(a).segments, qvg::detail::debug_state(b).segments);
   // And a copied view as the next key.
   const ConstTensorView ck{va.k.data, DType::F32, {1, 4, 2, 8}}, cv{va.v.data, DType::F32, {1, 4, 2, 8}};
   ASSERT_FALSE(va.zero_copy);
   const Tensor ckc = Tensor::copy_of(ck), cvc = Tensor::copy_of(cv);
   EXPECT_EQ(testing::compare_views(a.update(ck, cv, 12), b.update(ckc, cvc, 12)), "");
-  EXPECT_EQ(a.debug_state().segments, b.debug_state().segments);
+  EXPECT_EQ(qvg::detail::debug_state(a).segments, qvg::detail::debug_state(b).segments);
 }
 
 }  // namespace

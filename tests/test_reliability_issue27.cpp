@@ -29,6 +29,7 @@
 #include "qvg/error.h"
 #include "qvg/file.h"
 #include "qvg/io.h"
+#include "qvg/test_access.h"
 #include "support/data.h"
 #include "support/files.h"
 
@@ -226,7 +227,7 @@ void write_through(const KVView& v, int64_t t, float x) {
 // The next advance must throw InvalidArgument naming the stored chunk [g0, g1) and
 // the lent view, and change nothing.
 void expect_refused_advance(PackedCausalCache& c, int64_t at, int64_t g0, int64_t g1, uint64_t seed) {
-  const auto before = c.debug_state();
+  const auto before = qvg::detail::debug_state(c);
   const int64_t ge = c.global_end();
   const size_t resident = c.resident_nbytes();
   const Tensor k = chunk(seed);  // finite
@@ -242,7 +243,7 @@ void expect_refused_advance(PackedCausalCache& c, int64_t at, int64_t g0, int64_
   }
   EXPECT_EQ(c.global_end(), ge);
   EXPECT_EQ(c.resident_nbytes(), resident);
-  EXPECT_TRUE(c.debug_state() == before);
+  EXPECT_TRUE(qvg::detail::debug_state(c) == before);
 }
 
 TEST(Finding16, NanWrittenThroughAZeroCopyViewIsRefusedBeforeAnyChange) {

@@ -37,6 +37,7 @@
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
+#include "qvg/test_access.h"
 #include "support/cache_model.h"
 #include "support/errors.h"
 #include "support/files.h"
@@ -146,14 +147,14 @@ void same_call(Cache& a, Cache& b, const Call& call, int& errors) {
 }
 
 void same_state(const DenseCausalCache& a, const DenseCausalCache& b) {
-  auto x = a.debug_state(), y = b.debug_state();
+  auto x = qvg::detail::debug_state(a), y = qvg::detail::debug_state(b);
   x.view_scratch.clear(), y.view_scratch.clear();
   x.owns_storage = y.owns_storage = true;
   x.peak_transient_nbytes = y.peak_transient_nbytes = 0;
   ASSERT_TRUE(x == y);
 }
 void same_state(const PackedCausalCache& a, const PackedCausalCache& b) {
-  auto x = a.debug_state(), y = b.debug_state();
+  auto x = qvg::detail::debug_state(a), y = qvg::detail::debug_state(b);
   x.view_scratch.clear(), y.view_scratch.clear();
   x.peak_transient_nbytes = y.peak_transient_nbytes = 0;
   ASSERT_TRUE(x == y);
@@ -197,7 +198,7 @@ Cache load_twin(const Cache& a, int64_t head_offset, std::mt19937_64& rng, const
   const Bytes bytes = a.snapshot_bytes();
   ++st.snapshots;
   if constexpr (std::is_same_v<Cache, PackedCausalCache>) {
-    const auto d = a.debug_state();
+    const auto d = qvg::detail::debug_state(a);
     // Saved while the open span can still take chunks.
     st.mid_span += d.open_span >= 0 && d.open_span_chunks < a.quant_args().span_chunks;
     for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(bytes, false).sections)
@@ -647,7 +648,7 @@ TEST(SnapshotFormat, IncrementalSpansAreFormat1_1AndEverythingElseStays1_0) {
   EXPECT_EQ(entry_text(d.config, "span_mode"), "(absent)");
   // An incremental cache: 1.1, with its span state, one section per span.
   const PackedCausalCache c = testing::small_incremental_cache();
-  const auto st = c.debug_state();
+  const auto st = qvg::detail::debug_state(c);
   ASSERT_EQ(st.open_span, 3);
   ASSERT_EQ(st.open_span_chunks, 2);
   ASSERT_EQ(st.span_breaks, 3);
@@ -749,7 +750,7 @@ TEST(SnapshotFormat, RefinementLayersAreFormat1_4AndRefusedWhereTheCacheWouldHol
   ASSERT_EQ(refined, 2);
   // Loaded: the same state (layers included), and the same bytes again.
   const PackedCausalCache b = PackedCausalCache::from_snapshot_bytes(good);
-  EXPECT_TRUE(b.debug_state().segments == c.debug_state().segments);
+  EXPECT_TRUE(qvg::detail::debug_state(b).segments == qvg::detail::debug_state(c).segments);
   EXPECT_EQ(b.resident_nbytes(), c.resident_nbytes());
   EXPECT_EQ(b.snapshot_bytes(), good);
   auto refused = [&](const Bytes& f, const std::string& where, const std::string& what) {

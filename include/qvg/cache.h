@@ -7,6 +7,8 @@
 //   * DenseCausalCache (spec 3.2): sink tokens + a rolling buffer, the baseline.
 //   * PackedCausalCache (spec 4): the QVG segment store; completed chunks are
 //     encoded with the PRQ codec (qvg/codec.h) in spans, old ones are evicted.
+// What update() returns (KVView, StridedView, ViewScratch) is in qvg/view.h, which
+// this header includes.
 //
 // Errors (spec 5): every update() validates all its arguments and the call's
 // placement before anything changes. A call that throws leaves the cache
@@ -43,76 +45,14 @@
 #include "qvg/config.h"
 #include "qvg/snapshot.h"
 #include "qvg/tensor.h"
+#include "qvg/view.h"
 
 namespace qvg {
-
-/// Non-owning read-only view of a [B, T, H, D] tensor whose channels (d) are
-/// contiguous: element (b, t, h, d) is at
-///   data + (b * stride_b + t * stride_t + h * stride_h + d) elements of `dtype`.
-/// A dense tensor has stride_h = D, stride_t = H * D, stride_b = T * H * D.
-struct StridedView {
-  const void* data = nullptr;
-  DType dtype = DType::F32;
-  Shape4 shape;              ///< [B, T, H, D]
-  int64_t stride_b = 0;      ///< elements between batches
-  int64_t stride_t = 0;      ///< elements between tokens
-  int64_t stride_h = 0;      ///< elements between heads
-
-  /// Pointer to element (b, t, h, 0). REQUIRES: indices inside shape.
-  const void* row(int64_t b, int64_t t, int64_t h) const;
-  /// Element (b, t, h, d) as fp32 (exact). REQUIRES: indices inside shape.
-  float at(int64_t b, int64_t t, int64_t h, int64_t d) const;
-  /// True when the strides are those of a dense [B, T, H, D] tensor.
-  bool is_dense() const;
-  /// A dense copy in the same dtype.
-  Tensor to_tensor() const;
-  /// A dense tensor seen as a strided view.
-  static StridedView of(ConstTensorView v);
-};
-
-/// What update() returns (spec 3.1). The views k and v are valid until the next
-/// mutating call (update() that succeeds, reset_indices(), set_indices()) on the
-/// same cache, or the cache's destruction; a call that throws does not
-/// invalidate them. They point either into the cache's resident storage
-/// (zero_copy: no bytes were copied) or into a scratch buffer the cache owns.
-struct KVView {
-  StridedView k;  ///< [B, T, h_in, D]: the visible tokens in global order, heads [hs, hs + h_in)
-  StridedView v;  ///< same shape and strides as k
-  /// Where the written chunk lies: dense — its position in the cache's buffer;
-  /// packed — its position in k/v, i.e. [T - n, T).
-  int64_t local_start_index = 0;
-  int64_t local_end_index = 0;
-  int64_t visible_local_end = 0;   ///< tokens held in the buffer: min(global_end, cache_size)
-  int64_t visible_global_end = 0;  ///< global_end after the call
-  bool zero_copy = false;          ///< k/v alias resident storage (no copy, no decode)
-};
-
-/// Memory that backs copied views (dense two-range views, packed windows that
-/// need decoding). Each cache owns one unless CacheOptions::view_scratch names a
-/// shared one. Several caches — typically the layers of one model — may share a
-/// ViewScratch: a copied view is then valid only until the next successful
-/// mutating call on *any* cache sharing it (the usual pattern: layer i attends
-/// before layer i+1 updates), and the model holds one window of view memory
-/// instead of one per layer. Not thread-safe: caches sharing it are used from one
-/// thread at a time.
-class ViewScratch {
- public:
-  size_t size() const { return buf_.size(); }  ///< bytes held now
-  std::byte* data() { return buf_.data(); }
-  const std::byte* data() const { return buf_.data(); }
-  /// Makes the buffer exactly n bytes (content unspecified when it changes size).
-  void resize(size_t n) {
-    if (n != buf_.size()) buf_ = AlignedBuffer::uninitialized(n);
-  }
-  void release() { buf_ = AlignedBuffer(); }  ///< frees the memory (views into it die)
-
- private:
-  AlignedBuffer buf_;
-};
 
 namespace detail {
 struct SnapshotAccess;  // src/cache/snapshot_state.h: the caches' state, out and in
 struct PlanAccess;      // src/cache/plan_access.h: what a packed cache's last advance did
+struct TestAccess;      // qvg/test_access.h: a cache's whole state, for tests
 }
 
 /// The global token ranges a packed-cache view shows when recent_window_tokens is
@@ -152,7 +92,7 @@ struct BasicSegmentInfo {
   int64_t span = -1;
   const Encoded* k_codebook = nullptr;
   const Encoded* v_codebook = nullptr;
-  /// A refined chunk (QuantArgs::refine_recent): its refinement layers (f32
+  /// A refined chunk (QuantArgs' refinement settings): its refinement layers (f32
   /// encodings of its decoding error, encode_refinement()); nullptr otherwise.
   const Encoded* k_ref = nullptr;
   const Encoded* v_ref = nullptr;
@@ -334,23 +274,13 @@ class DenseCausalCache final : public CausalCache {
   static DenseCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {},
                                               GrowStorage storage = nullptr);
 
-  /// A full snapshot for tests: equal snapshots mean equal caches.
-  struct DebugState {
-    std::vector<uint8_t> k, v;  ///< buffer bytes
-    int64_t cache_size = 0, window = 0, global_end = 0, local_end = 0;
-    size_t resident_nbytes = 0, peak_transient_nbytes = 0;
-    std::vector<uint8_t> view_scratch;  ///< bytes behind the last copied view
-    bool owns_storage = true;
-    bool operator==(const DebugState&) const = default;
-  };
-  DebugState debug_state() const;
-
  protected:
   KVView do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
                    std::optional<int64_t> recent_window) override;
 
  private:
   friend struct detail::SnapshotAccess;
+  friend struct detail::TestAccess;
   struct Impl;
   explicit DenseCausalCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
@@ -387,13 +317,14 @@ class DenseCausalCache final : public CausalCache {
 ///       sink_end = min(sink, global_end),
 ///       tail_start = max(sink_end, global_end - max(0, window - sink_end));
 ///       1. finalized non-sink segments with g1 <= tail_start are dropped;
-///       2. with quantization on, eligible chunks are encoded: non-sink
-///          finalized raw chunks older than the newest keep_recent_chunks, in
-///          spans of span_chunks chunks, oldest first, as soon as a span is
-///          full; with `sink` on, finalized sink chunks after the first
-///          sink_keep_chunks — one span per chunk (sink_span = chunk) or all
-///          together at the first advance with c >= sink_tokens (sink_span =
-///          full). Sink spans are encoded first, then non-sink spans.
+///       2. with quantization on, eligible chunks are encoded (the policy's
+///          settings are QuantArgs', qvg/config.h): non-sink finalized raw
+///          chunks older than the newest ones kept raw, in spans of the
+///          configured number of chunks, oldest first, as soon as a span is
+///          full; with `sink` on, finalized sink chunks after the leading ones
+///          kept raw — one span per chunk (sink span policy `chunk`) or all
+///          together at the first advance with c >= sink_tokens (`full`). Sink
+///          spans are encoded first, then non-sink spans.
 ///          NOTE: chunks that leave the window before their span fills are
 ///          dropped raw, so a window too small to hold a full span of eligible
 ///          chunks packs nothing.
@@ -449,8 +380,8 @@ class PackedCausalCache final : public CausalCache {
   /// Bytes of the warm-start codebooks kept for init = warm (not resident).
   size_t warm_state_nbytes() const;
   /// Incremental spans: how many spans were started because a chunk's residual
-  /// energy against the open span's codebook exceeded span_break_ratio times the
-  /// span's first chunk's (adaptive boundaries) since construction or reset.
+  /// energy against the open span's codebook exceeded the break ratio (QuantArgs)
+  /// times the span's first chunk's (adaptive boundaries) since construction or reset.
   int64_t span_breaks() const;
   /// The ranges a view without recent_window_tokens shows at the current
   /// global_end (what the last advance's full-window view showed). Empty cache: all 0.
@@ -469,34 +400,6 @@ class PackedCausalCache final : public CausalCache {
   static PackedCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect = {});
   static PackedCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect = {});
 
-  /// A full snapshot for tests: equal snapshots mean equal caches.
-  struct SegmentState {
-    int64_t g0 = 0, g1 = 0;
-    bool is_sink = false, packed = false;
-    int chunks = 1;
-    std::vector<uint8_t> k_raw, v_raw;
-    EncodedTensor k_enc, v_enc;
-    int64_t span = -1;                           ///< incremental span id
-    std::optional<SpanCodebook> k_book, v_book;  ///< its codebooks (copies)
-    std::optional<EncodedTensor> k_ref, v_ref;   ///< a refined chunk's layers
-    bool operator==(const SegmentState&) const = default;
-  };
-  struct DebugState {
-    std::vector<SegmentState> segments;
-    int64_t global_end = 0, local_end = 0;
-    std::optional<int64_t> chunk_tokens;
-    std::optional<EncodedTensor> warm_k, warm_v;
-    size_t resident_nbytes = 0, peak_transient_nbytes = 0;
-    std::vector<uint8_t> view_scratch;
-    // Incremental spans: the open span (id, chunks, codebooks, reference energies),
-    // the next span id and the adaptive breaks so far.
-    int64_t open_span = -1, open_span_chunks = 0, next_span = 0, span_breaks = 0;
-    std::optional<SpanCodebook> open_k_book, open_v_book;
-    double open_k_energy = 0, open_v_energy = 0;
-    bool operator==(const DebugState&) const = default;
-  };
-  DebugState debug_state() const;
-
  protected:
   KVView do_update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, std::optional<int64_t> head_start,
                    std::optional<int64_t> recent_window) override;
@@ -504,6 +407,7 @@ class PackedCausalCache final : public CausalCache {
  private:
   friend struct detail::SnapshotAccess;
   friend struct detail::PlanAccess;
+  friend struct detail::TestAccess;
   struct Impl;
   explicit PackedCausalCache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

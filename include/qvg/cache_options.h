@@ -12,7 +12,7 @@
 
 namespace qvg {
 
-class ViewScratch;  // qvg/cache.h: memory that backs copied views
+class ViewScratch;  // qvg/view.h: memory that backs copied views
 
 /// The constructor arguments shared by both caches (spec 3.1). Validated once,
 /// at construction; the cache trusts them afterwards.

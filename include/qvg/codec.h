@@ -181,6 +181,10 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads = 0);
 /// encoding, and x is then reproduced within it plus one rounding to x's dtype.
 /// The codec settings of a layer (centroids 1, stages 1, one Lloyd iteration).
 CodecConfig refinement_config(int bits, int block_size, uint64_t seed, int threads = 0);
+/// The settings of the layers a packed cache with settings q makes for one role, whose
+/// codec settings are `role` (q.codec(role), maybe with a head_offset): q's refinement
+/// width, the role's block size, seed, threads and head_offset.
+CodecConfig refinement_config(const QuantArgs& q, const CodecConfig& role);
 /// Encodes x - decoded (both [B, S, H, D] of one dtype; the difference is one fp32
 /// subtraction per element, clamped to +-kMaxAbsInput) with cfg (from refinement_config). Throws InvalidArgument
 /// for mismatched tensors or a config without one stage of one centroid, and as

@@ -6,9 +6,9 @@
 // of K and V (spec 1.5). Three figures per layer (docs/workload.md):
 //  - raw context: the context's K and V in the cache dtype (bf16 by default);
 //  - fully encoded context: the context encoded as the published runs report it —
-//    sink chunks as the sink policy spans them (sink_keep_chunks leading chunks raw;
-//    all of them raw with sink = false), the other context tokens cut into spans of
-//    span_chunks chunks from the oldest, the last span possibly shorter;
+//    sink chunks as the sink policy spans them (its leading raw chunks raw; all of
+//    them raw with sink = false), the other context tokens cut into spans of the
+//    configured number of chunks from the oldest, the last span possibly shorter;
 //  - policy peak: the most resident bytes the packed cache of spec 4 reaches over a
 //    full period of steady-state streaming, found by replaying spec 4's
 //    pack-and-evict on segment sizes (current chunk and keep_recent chunks raw, spans
@@ -27,12 +27,17 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "qvg/config.h"
 #include "qvg/tensor.h"
 
 namespace qvg {
+
+/// The settings (their names in the settings table, qvg/settings.h) the model does not
+/// take: adaptive span breaks depend on the data, so the model assumes none.
+inline constexpr std::string_view kSettingsNotModelled[] = {"span_break_ratio"};
 
 struct ModelPreset;
 
@@ -71,7 +76,7 @@ struct SegmentSize {
   bool packed = false;  ///< an encoded span (else raw K and V)
   size_t k_bytes = 0, v_bytes = 0;
   int64_t span = -1;    ///< incremental span id
-  /// K + V refinement layers (refine_recent: the newest encoded chunks), else 0.
+  /// K + V refinement layers (of the newest encoded chunks), else 0.
   size_t refine_bytes = 0;
   int64_t tokens() const { return g1 - g0; }
   size_t bytes() const { return k_bytes + v_bytes + refine_bytes; }
@@ -106,7 +111,7 @@ class PolicyReplay {
   using JoinDecision = std::function<bool()>;
   /// Starts the next chunk (an advance at global_end) and runs pack-and-evict. With
   /// incremental spans, `join` decides the adaptive boundaries (default: none, every
-  /// chunk that may join does, as the cache with span_break_ratio = 0).
+  /// chunk that may join does, as the cache with a break ratio of 0).
   const PolicyStep& advance(const JoinDecision& join = nullptr);
   const std::vector<SegmentSize>& segments() const;  ///< oldest first, current last
   const std::vector<PolicyStep>& steps() const;
@@ -116,7 +121,7 @@ class PolicyReplay {
   /// of one span's codebooks (K + V).
   size_t chunk_data_bytes(int64_t tokens) const;
   size_t codebook_bytes() const;
-  /// refine_recent > 0: the K + V refinement layers of a chunk of `tokens` tokens.
+  /// With refinement on: the K + V refinement layers of a chunk of `tokens` tokens.
   size_t refine_bytes(int64_t tokens) const;
 
  private:

@@ -56,7 +56,7 @@ namespace qvg {
 struct PackedConfig {
   std::string label;  ///< shown in tables, JSON and legends, e.g. "int2"; non-empty, unique
   QuantArgs quant;    ///< must be enabled (bits set); used as given (`qvg simulate` sets
-                      ///< sink_span to the preset's sink policy unless --sink-span says otherwise)
+                      ///< the sink span policy to the preset's unless its flag says otherwise)
 };
 
 /// The published Self-Forcing QVG configuration: int2, 256 centroids, block 64,

@@ -36,12 +36,13 @@
 namespace qvg {
 
 /// The newest snapshot format this build reads and writes (docs/snapshot.md,
-/// "Versions"): 1.0 both caches; 1.1 incremental spans (span_mode, span_break_ratio,
-/// the span state and sections, segment flag 0x1); 1.2 head shards (head_offset);
-/// 1.3 the scale search and per-role codec settings (scale_search, k_*, v_*); 1.4
-/// refinement layers (refine_recent, refine_bits, segment flag 0x2). A writer writes
-/// the lowest version its cache needs — the latest that introduced a setting whose
-/// value is not the default: 1.4 for refine_recent > 0, else 1.3 for a scale search or
+/// "Versions"; each setting's first version is its row's in the settings table,
+/// qvg/settings.h): 1.0 both caches; 1.1 incremental spans (their mode and break
+/// ratio, the span state and sections, segment flag 0x1); 1.2 head shards
+/// (head_offset); 1.3 the scale search and per-role codec settings; 1.4 refinement
+/// layers (their settings, segment flag 0x2). A writer writes the lowest version its
+/// cache needs — the latest that introduced a setting whose value is not the
+/// default: 1.4 for refinement layers, else 1.3 for a scale search or
 /// a per-role setting, else 1.2 for a head_offset other than 0, else 1.1 for
 /// incremental spans or a span break ratio, else 1.0, byte for byte what a 1.0 writer
 /// wrote.

@@ -59,6 +59,7 @@
 #include "qvg/error.h"
 #include "qvg/settings.h"
 #include "qvg/tensor.h"
+#include "qvg/test_access.h"
 #include "qvg/version.h"
 #include "qvg/workload.h"
 
@@ -550,20 +551,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("quant_settings", &quant_settings_list,
         "The settings table (qvg/settings.h): (name, flag suffix, kind, per_role, default, allowed) per setting.");
 
-  py::class_<qvg::DenseCausalCache::DebugState>(m, "DenseDebugState")
-      .def("__eq__", [](const qvg::DenseCausalCache::DebugState& a, const qvg::DenseCausalCache::DebugState& b) {
-        return a == b;
-      });
-  py::class_<qvg::PackedCausalCache::DebugState>(m, "PackedDebugState")
-      .def("__eq__", [](const qvg::PackedCausalCache::DebugState& a, const qvg::PackedCausalCache::DebugState& b) {
-        return a == b;
-      });
+  py::class_<qvg::detail::DenseDebugState>(m, "DenseDebugState")
+      .def("__eq__",
+           [](const qvg::detail::DenseDebugState& a, const qvg::detail::DenseDebugState& b) { return a == b; });
+  py::class_<qvg::detail::PackedDebugState>(m, "PackedDebugState")
+      .def("__eq__",
+           [](const qvg::detail::PackedDebugState& a, const qvg::detail::PackedDebugState& b) { return a == b; });
 
   def_dense<CpuDense>(m, "DenseCache", [](auto& c) {
     using D = DenseCache;
     c.def("peak_transient_nbytes", [](D& d) {
        return d.read([](const D& x) { return x.cache().peak_transient_nbytes(); });
-     }).def("debug_state", [](D& d) { return d.read([](const D& x) { return x.cache().debug_state(); }); });
+     }).def("debug_state", [](D& d) { return d.read([](const D& x) { return qvg::detail::debug_state(x.cache()); }); });
   });
 
   py::class_<PackedCache>(m, "PackedCache")
@@ -593,7 +592,8 @@ PYBIND11_MODULE(_C, m) {
            [](PackedCache& p) { return p.read([](const auto& c) { return c.peak_transient_nbytes(); }); })
       .def("warm_state_nbytes",
            [](PackedCache& p) { return p.read([](const auto& c) { return c.warm_state_nbytes(); }); })
-      .def("debug_state", [](PackedCache& p) { return p.read([](const auto& c) { return c.debug_state(); }); });
+      .def("debug_state",
+           [](PackedCache& p) { return p.read([](const auto& c) { return qvg::detail::debug_state(c); }); });
 
   m.def("encode", &encode_tensor, py::arg("x"), py::arg("quant"), py::arg("head_offset") = 0,
         "x [B, S, H, D] (CPU) -> (layout dict, {array name: raw bytes, 1-D uint8}) (spec 1.5).");

@@ -230,19 +230,6 @@ void def_dense(py::module_& m, const char* name, Extra&& extra) {
           .def_property_readonly("k", [](D& d) { return d.read([](const D& x) { return x.k(); }); })
           .def_property_readonly("v", [](D& d) { return d.read([](const D& x) { return x.v(); }); })
           .def_property_readonly("device", [](const D& d) { return d.device().str(); })
-          .def_property_readonly("global_end",
-                                 [](D& d) { return d.read([](const D& x) { return x.cache().global_end(); }); })
-          .def_property_readonly("local_end",
-                                 [](D& d) { return d.read([](const D& x) { return x.cache().local_end(); }); })
-          .def_property_readonly("cache_size",
-                                 [](D& d) { return d.read([](const D& x) { return x.cache().cache_size(); }); })
-          .def_property_readonly(
-              "attention_window_size",
-              [](D& d) { return d.read([](const D& x) { return x.cache().attention_window_size(); }); })
-          .def_property_readonly("sink_tokens",
-                                 [](D& d) { return d.read([](const D& x) { return x.cache().sink_tokens(); }); })
-          .def_property_readonly("num_heads",
-                                 [](D& d) { return d.read([](const D& x) { return x.cache().num_heads(); }); })
           .def_property_readonly("allow_growth",
                                  [](D& d) { return d.read([](const D& x) { return x.cache().allow_growth(); }); })
           .def("can_direct_current_attention",
@@ -255,6 +242,15 @@ void def_dense(py::module_& m, const char* name, Extra&& extra) {
                  return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
                })
           .def("restore", &D::restore, py::arg("source"), py::arg("from_bytes"));
+  // The cache's cursors and sizes, each read under the binding's lock.
+  using Cache = typename Backend::Cache;
+  using Figure = int64_t (Cache::*)() const;
+  const std::pair<const char*, Figure> figures[] = {
+      {"global_end", &Cache::global_end},   {"local_end", &Cache::local_end},
+      {"cache_size", &Cache::cache_size},   {"attention_window_size", &Cache::attention_window_size},
+      {"sink_tokens", &Cache::sink_tokens}, {"num_heads", &Cache::num_heads}};
+  for (const auto& [prop, get] : figures)
+    c.def_property_readonly(prop, [get](D& d) { return d.read([get](const D& x) { return (x.cache().*get)(); }); });
   extra(c);
 }
 

@@ -12,6 +12,7 @@
 #include "cache/snapshot_state.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
+#include "qvg/test_access.h"
 
 namespace qvg {
 
@@ -323,11 +324,19 @@ ConstTensorView DenseCausalCache::v_buffer() const {
   return {impl_->v, impl_->opt.dtype, {impl_->opt.batch, impl_->capacity, impl_->opt.heads, impl_->opt.head_dim}};
 }
 
-DenseCausalCache::DebugState DenseCausalCache::debug_state() const {
-  const Impl& m = *impl_;
+detail::DenseDebugState detail::TestAccess::state(const DenseCausalCache& c) {
+  const DenseCausalCache::Impl& m = *c.impl_;
   const size_t n = m.buffer_bytes(m.capacity);
-  return {detail::bytes_copy(m.k, n), detail::bytes_copy(m.v, n), m.capacity, m.window, m.global_end, m.local_end,
-          resident_nbytes(), m.peak_transient, detail::bytes_copy(m.scratch->data(), m.scratch->size()), m.owns};
+  return {detail::bytes_copy(m.k, n),
+          detail::bytes_copy(m.v, n),
+          m.capacity,
+          m.window,
+          m.global_end,
+          m.local_end,
+          c.resident_nbytes(),
+          m.peak_transient,
+          detail::bytes_copy(m.scratch->data(), m.scratch->size()),
+          m.owns};
 }
 
 // ---- snapshots (src/cache/snapshot.cpp): the state out and in ------------------

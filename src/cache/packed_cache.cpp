@@ -16,6 +16,7 @@
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
+#include "qvg/test_access.h"
 
 namespace qvg {
 namespace {
@@ -24,7 +25,7 @@ namespace {
 // of an incremental span holds its data arrays (k_enc, v_enc without centroids)
 // and shares its span's codebooks (k_book, v_book: all K slots allocated, filled
 // chunk by chunk) with the span's other chunks.
-// A chunk among the refine_recent newest encoded ones also holds its refinement
+// A chunk among the newest encoded ones (QuantArgs' refinement count) also holds its refinement
 // layers (k_ref, v_ref: encode_refinement of its decoded K and V).
 struct SegData {
   AlignedBuffer k_raw, v_raw;                    // raw
@@ -259,8 +260,8 @@ struct PackedCausalCache::Impl {
     x.decisions.decide(false, run.k_energy, run.v_energy);
   }
 
-  /// The refinement layers of a just-encoded incremental chunk `d` (refine_recent >
-  /// 0): its K and V decoded as the view decodes them (with its span's codebooks
+  /// The refinement layers of a just-encoded incremental chunk `d` (refinement
+  /// on): its K and V decoded as the view decodes them (with its span's codebooks
   /// `book_k`, `book_v` as the chunk left them), and the error encoded.
   void refine(const Segment& raw, SegData& d, const SpanCodebook& book_k, const SpanCodebook& book_v,
               detail::TransientMeter& meter) const {
@@ -273,8 +274,7 @@ struct PackedCausalCache::Impl {
       const EncodedTensor& book = (is_k ? book_k : book_v).book;
       decode_ranges({{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book}}, quant.threads);
       const CodecConfig& c = is_k ? codec_k : codec_v;
-      CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.threads);
-      rc.head_offset = c.head_offset;
+      const CodecConfig rc = refinement_config(quant, c);
       const ConstTensorView x = raw_view(raw, is_k);
       EncodedTensor r = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc);
       meter.add(r.nbytes());
@@ -525,25 +525,26 @@ PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
   return detail::describe_segment<EncodedTensor>(impl_->pol, i, impl_->opt);
 }
 
-PackedCausalCache::DebugState PackedCausalCache::debug_state() const {
-  DebugState st;
+detail::PackedDebugState detail::TestAccess::state(const PackedCausalCache& c) {
+  const PackedCausalCache::Impl& m = *c.impl_;
+  PackedDebugState st;
   const auto copy_of = [](const std::shared_ptr<SpanCodebook>& p) {
     return p ? std::optional<SpanCodebook>(*p) : std::nullopt;
   };
-  for (const Segment& s : impl_->pol.segments())
+  for (const Segment& s : m.pol.segments())
     st.segments.push_back({s.g0, s.g1, s.is_sink, s.packed, s.chunks,
                            detail::bytes_copy(s.data.k_raw.data(), s.data.k_raw.size()),
                            detail::bytes_copy(s.data.v_raw.data(), s.data.v_raw.size()), s.data.k_enc, s.data.v_enc,
                            s.span, copy_of(s.data.k_book), copy_of(s.data.v_book), s.data.k_ref, s.data.v_ref});
-  st.global_end = impl_->pol.global_end();
-  st.local_end = local_end();
-  st.chunk_tokens = impl_->pol.chunk_tokens();
-  st.warm_k = impl_->warm_k;
-  st.warm_v = impl_->warm_v;
-  st.resident_nbytes = resident_nbytes();
-  st.peak_transient_nbytes = impl_->peak_transient;
-  st.view_scratch = detail::bytes_copy(impl_->scratch->data(), impl_->scratch->size());
-  const detail::OpenSpan<Books>& spans = impl_->pol.spans();
+  st.global_end = m.pol.global_end();
+  st.local_end = c.local_end();
+  st.chunk_tokens = m.pol.chunk_tokens();
+  st.warm_k = m.warm_k;
+  st.warm_v = m.warm_v;
+  st.resident_nbytes = c.resident_nbytes();
+  st.peak_transient_nbytes = m.peak_transient;
+  st.view_scratch = detail::bytes_copy(m.scratch->data(), m.scratch->size());
+  const detail::OpenSpan<Books>& spans = m.pol.spans();
   st.open_span = spans.cursor.open;
   st.open_span_chunks = spans.cursor.open_chunks;
   st.next_span = spans.cursor.next;

@@ -8,7 +8,7 @@
 // outcome.
 //
 // Two phases. Phase 1 (PackPlan) is decided from the segments. Which span an
-// incremental chunk goes to is phase 2: with span_break_ratio the chunk joins the
+// incremental chunk goes to is phase 2: with a break ratio the chunk joins the
 // open span only if, encoded against the span's codebook, it fits (fits_open_span),
 // which is measured by encoding it. SpanDecisions walks a plan's incremental chunks
 // in encoding order: it says whether the next one may join the open span (the
@@ -45,7 +45,7 @@ struct ViewPiece {
   bool operator==(const ViewPiece&) const = default;
 };
 
-/// The ids of incremental spans (span_mode = incremental).
+/// The ids of incremental spans (the incremental span mode).
 struct SpanCursor {
   int64_t open = -1;    ///< the span chunks may join (-1: none yet)
   int open_chunks = 0;  ///< chunks encoded into it so far (evicted ones included)
@@ -81,7 +81,7 @@ struct EncodeStep {
   /// One chunk of an incremental span (count 1; phase 2 decides the span); else a
   /// whole span with its own codebook (sink spans, deferred spans).
   bool incremental = false;
-  bool refine = false;  ///< its refinement layers are made (incremental, refine_recent > 0)
+  bool refine = false;  ///< its refinement layers are made (incremental, refinement on)
   int64_t tokens() const { return g1 - g0; }
   bool operator==(const EncodeStep&) const = default;
 };
@@ -140,7 +140,7 @@ struct PackOutcome {
   std::vector<ChunkDecision> decisions;
 };
 
-/// The adaptive boundary (span_break_ratio, docs/spans.md): a chunk fits the open
+/// The adaptive boundary (the break ratio of QuantArgs, docs/spans.md): a chunk fits the open
 /// span when its residual energy per element against the span's codebook, for K and
 /// for V, is at most `ratio` times the span's first chunk's (`ref_*`); with ratio 0
 /// every chunk fits. Against a zero reference a positive energy is an infinite ratio

@@ -214,7 +214,7 @@ uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
   for (const OptionEntry& e : kOptionEntries)
     if (e.get(o).text() != e.get(defaults).text()) m = std::max(m, e.minor);
   // Every setting whose value is not the default needs the format that stores it
-  // (issue 27, item 3: refine_bits is stored whenever it is not 4, refine_recent 0 too).
+  // (issue 27, item 3: the refinement width is stored whenever it is not 4, with no refined chunk too).
   if (q)
     for (const Setting& s : quant_settings())
       if (!is_default(s, *q)) m = std::max(m, s.snapshot_minor);

@@ -1,6 +1,8 @@
 // The records of a dense cache's snapshot (snapshot_records.h), writer and reader
 // side by side: config, state (the cursors, current size and window), buffer_k,
 // buffer_v (the buffers as they are in memory, every slot).
+#include <array>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -15,21 +17,23 @@ namespace qvg::detail::snap {
 
 namespace {
 
-// ---- the state record -------------------------------------------------------------------
+// ---- the state record: four i64 entries, in this order; written and read from one list ----
+template <class State>
+std::array<std::pair<std::string_view, int64_t State::*>, 4> state_fields() {
+  return {{{"cache_size", &State::cache_size},
+           {"attention_window_size", &State::window},
+           {"global_end", &State::global_end},
+           {"local_end", &State::local_end}}};
+}
+
 KvWriter state_entries(const DenseStateRef& st) {
   KvWriter kv;
-  kv.i64("cache_size", st.cache_size);
-  kv.i64("attention_window_size", st.window);
-  kv.i64("global_end", st.global_end);
-  kv.i64("local_end", st.local_end);
+  for (const auto& [key, member] : state_fields<DenseStateRef>()) kv.i64(key, st.*member);
   return kv;
 }
 
 void get_state(KvReader kv, DenseStateData& d) {
-  d.cache_size = kv.i64("cache_size");
-  d.window = kv.i64("attention_window_size");
-  d.global_end = kv.i64("global_end");
-  d.local_end = kv.i64("local_end");
+  for (const auto& [key, member] : state_fields<DenseStateData>()) d.*member = kv.i64(key);
   kv.expect_all_read();
 }
 

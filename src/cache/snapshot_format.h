@@ -27,7 +27,7 @@ namespace qvg::detail::snap {
 // QuantArgs carry their own first minor in their table (qvg/settings.h).
 inline constexpr uint16_t kMinorSpans = 1;       ///< incremental spans: span sections, flag 0x1, span state
 inline constexpr uint16_t kMinorHeadOffset = 2;  ///< config entry head_offset
-// 3: scale_search and the per-role settings (their rows in the settings table).
+// 3: the scale search and the per-role settings (their rows in the settings table).
 inline constexpr uint16_t kMinorRefinement = 4;  ///< refinement layers: flag 0x2 (refine_* in the settings table)
 static_assert(kMinorRefinement == kSnapshotMinor, "a new minor version is described here");
 

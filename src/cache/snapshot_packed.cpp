@@ -71,9 +71,7 @@ Counts get_state(KvReader kv, PackedStateData& d) {
 // ---- span i: i64 id, then per K and V the slots in use (u32 filled) and the codebook
 // (layout and centroid arrays, all K slots) ---------------------------------------------
 SectionOut put_span(const PackedSpanRef& sp, uint32_t index) {
-  SectionOut s;
-  s.kind = Kind::Span;
-  s.index = index;
+  SectionOut s{Kind::Span, index, {}, {}};
   for (const SpanCodebook* b : {sp.k, sp.v}) {
     ByteWriter w;
     if (b == sp.k) w.put(sp.id);
@@ -120,9 +118,7 @@ PackedSpanData get_span(std::span<const uint8_t> bytes, const std::string& where
 // ---- segment i: i64 g0, g1, u8 is_sink, packed, u32 chunks, flags, [i64 span], then
 // raw K and V, or K and V encodings [and K and V refinement layers] ------------------
 SectionOut put_segment(const PackedSegmentRef& g, uint32_t index) {
-  SectionOut s;
-  s.kind = Kind::Segment;
-  s.index = index;
+  SectionOut s{Kind::Segment, index, {}, {}};
   ByteWriter w;
   w.put(g.g0);
   w.put(g.g1);
@@ -182,14 +178,13 @@ void get_raw(ByteReader& r, PackedSegmentData& s, const CacheOptions& o) {
 }
 
 // A refined chunk's K and V layers: whole f32 encodings of the layout the
-// configuration implies (refinement_config of refine_bits, the role's block size).
+// configuration implies (refinement_config of the settings and the role).
 void get_refinement(ByteReader& r, PackedSegmentData& s, const CacheOptions& o, const QuantArgs& q) {
   const int64_t n = s.g1 - s.g0;
   for (std::optional<EncodedTensor>* ref : {&s.k_ref, &s.v_ref}) {
     const bool is_k = ref == &s.k_ref;
     *ref = get_encoded(r, Arrays::All);
-    const CodecConfig want =
-        refinement_config(q.refine_bits, q.codec(is_k ? CacheRole::Key : CacheRole::Value).block_size, q.seed);
+    const CodecConfig want = refinement_config(q, q.codec(is_k ? CacheRole::Key : CacheRole::Value));
     const EncodingLayout expect = EncodingLayout::of({o.batch, n, o.heads, o.head_dim}, DType::F32, want);
     if (!(static_cast<const EncodingLayout&>(**ref) == expect))
       r.fail(

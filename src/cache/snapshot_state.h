@@ -54,7 +54,7 @@ struct PackedSpanRef {
   const SpanCodebook* k = nullptr;
   const SpanCodebook* v = nullptr;
 };
-/// The incremental-span bookkeeping of a packed cache (span_mode = incremental).
+/// The incremental-span bookkeeping of a packed cache (the incremental span mode).
 struct SpanState {
   int64_t open_span = -1;  ///< the span chunks may join (-1: none yet)
   int open_span_chunks = 0;

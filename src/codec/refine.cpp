@@ -29,6 +29,12 @@ CodecConfig refinement_config(int bits, int block_size, uint64_t seed, int threa
           .threads = threads};
 }
 
+CodecConfig refinement_config(const QuantArgs& q, const CodecConfig& role) {
+  CodecConfig c = refinement_config(q.refine_bits, role.block_size, role.seed, role.threads);
+  c.head_offset = role.head_offset;
+  return c;
+}
+
 EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg) {
   if (x.dtype != decoded.dtype || x.shape != decoded.shape)
     throw InvalidArgument(fmt::format("encode_refinement: decoded must have x's dtype and shape ({} {}), got {} {}",

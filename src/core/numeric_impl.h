@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #ifndef QVG_HD
 #if defined(__CUDACC__)
@@ -20,23 +21,27 @@
 
 namespace qvg::numeric_impl {
 
-QVG_HD uint32_t bits_of(float f) {
+// The bits of an fp32 value and back: the device's intrinsics; on the host one
+// memcpy of the 4 bytes (which compilers reduce to a register move).
+template <class To, class From>
+QVG_HD To same_bytes_as(From x) {
+  static_assert(sizeof(To) == 4 && sizeof(From) == 4);
 #if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
+  if constexpr (std::is_same_v<To, float>)
+    return __uint_as_float(x);
+  else
+    return __float_as_uint(x);
 #else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
+  To y;
+  std::memcpy(&y, &x, sizeof y);
+  return y;
 #endif
 }
+QVG_HD uint32_t bits_of(float f) {
+  return same_bytes_as<uint32_t>(f);
+}
 QVG_HD float from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
+  return same_bytes_as<float>(u);
 }
 
 // ---- separately rounded fp32 operations ----------------------------------------

@@ -99,97 +99,32 @@ constexpr std::string_view kScaleDTypes = "fp8_e4m3 (or fp8), bf16";
 constexpr std::string_view kScalings = "two_level, compat";
 constexpr std::string_view kScaleSearches = "off, mse";
 
-// The per-role rows of one role (prefix "k_"/"v_", flag "_k_"/"_v_"), R = &QuantArgs::k or ::v.
-#define QVG_ROLE_ROWS(P, R)                                                                               \
-  Setting{P "bits",                                                                                       \
-          "_" P "bits",                                                                                   \
-          SettingKind::Width,                                                                             \
-          true,                                                                                           \
-          2,                                                                                              \
-          4,                                                                                              \
-          3,                                                                                              \
-          "2, 4, int2 or int4",                                                                           \
-          get_role<R, &RoleCodec::bits>,                                                                  \
-          set_role<R, &RoleCodec::bits>},                                                                 \
-      Setting{P "centroids",                                                                              \
-              "_" P "centroids",                                                                          \
-              SettingKind::Int,                                                                           \
-              true,                                                                                       \
-              1,                                                                                          \
-              256,                                                                                        \
-              3,                                                                                          \
-              "in 1..256",                                                                                \
-              get_role<R, &RoleCodec::centroids>,                                                         \
-              set_role<R, &RoleCodec::centroids>},                                                        \
-      Setting{P "block_size",                                                                             \
-              "_" P "block_size",                                                                         \
-              SettingKind::Int,                                                                           \
-              true,                                                                                       \
-              1,                                                                                          \
-              kI32,                                                                                       \
-              3,                                                                                          \
-              "> 0",                                                                                      \
-              get_role<R, &RoleCodec::block_size>,                                                        \
-              set_role<R, &RoleCodec::block_size>},                                                       \
-      Setting{P "stages",                                                                                 \
-              "_" P "stages",                                                                             \
-              SettingKind::Int,                                                                           \
-              true,                                                                                       \
-              1,                                                                                          \
-              kMaxStages,                                                                                 \
-              3,                                                                                          \
-              "in 1..64",                                                                                 \
-              get_role<R, &RoleCodec::stages>,                                                            \
-              set_role<R, &RoleCodec::stages>},                                                           \
-      Setting{P "kmeans_iters",                                                                           \
-              "_" P "iters",                                                                              \
-              SettingKind::Int,                                                                           \
-              true,                                                                                       \
-              1,                                                                                          \
-              kI32,                                                                                       \
-              3,                                                                                          \
-              "> 0",                                                                                      \
-              get_role<R, &RoleCodec::kmeans_iters>,                                                      \
-              set_role<R, &RoleCodec::kmeans_iters>},                                                     \
-      Setting{P "asymmetric",                                                                             \
-              "_" P "asymmetric",                                                                         \
-              SettingKind::Bool,                                                                          \
-              true,                                                                                       \
-              0,                                                                                          \
-              0,                                                                                          \
-              3,                                                                                          \
-              "true, false, 1 or 0",                                                                      \
-              get_role<R, &RoleCodec::asymmetric>,                                                        \
-              set_role<R, &RoleCodec::asymmetric>},                                                       \
-      Setting{P "scale_dtype",                                                                            \
-              "_" P "scale_dtype",                                                                        \
-              SettingKind::Name,                                                                          \
-              true,                                                                                       \
-              0,                                                                                          \
-              0,                                                                                          \
-              3,                                                                                          \
-              kScaleDTypes,                                                                               \
-              get_role<R, &RoleCodec::scale_dtype>,                                                       \
-              set_role<R, &RoleCodec::scale_dtype, parse_scale_dtype>,                                    \
-              parse_name<parse_scale_dtype>},                                                             \
-      Setting{P "scaling",                                                                                \
-              "_" P "scaling",                                                                            \
-              SettingKind::Name,                                                                          \
-              true,                                                                                       \
-              0,                                                                                          \
-              0,                                                                                          \
-              3,                                                                                          \
-              kScalings,                                                                                  \
-              get_role<R, &RoleCodec::scaling>,                                                           \
-              set_role<R, &RoleCodec::scaling, parse_scaling>,                                            \
-              parse_name<parse_scaling>},                                                                 \
-      Setting {                                                                                           \
-    P "scale_search", "_" P "scale_search", SettingKind::Name, true, 0, 0, 3, kScaleSearches,             \
-        get_role<R, &RoleCodec::scale_search>, set_role<R, &RoleCodec::scale_search, parse_scale_search>, \
-        parse_name<parse_scale_search>                                                                    \
-  }
-
 // clang-format off
+// The per-role rows of one role (prefix "k_"/"v_", flag "_k_"/"_v_"), R = &QuantArgs::k or ::v:
+// optional overrides of the shared codec settings, first stored by format 1.3.
+#define QVG_ROLE_ROWS(P, R)                                                                                          \
+  Setting{P "bits", "_" P "bits", SettingKind::Width, true, 2, 4, 3, "2, 4, int2 or int4",                          \
+          get_role<R, &RoleCodec::bits>, set_role<R, &RoleCodec::bits>},                                             \
+  Setting{P "centroids", "_" P "centroids", SettingKind::Int, true, 1, 256, 3, "in 1..256",                         \
+          get_role<R, &RoleCodec::centroids>, set_role<R, &RoleCodec::centroids>},                                   \
+  Setting{P "block_size", "_" P "block_size", SettingKind::Int, true, 1, kI32, 3, "> 0",                             \
+          get_role<R, &RoleCodec::block_size>, set_role<R, &RoleCodec::block_size>},                                 \
+  Setting{P "stages", "_" P "stages", SettingKind::Int, true, 1, kMaxStages, 3, "in 1..64",                         \
+          get_role<R, &RoleCodec::stages>, set_role<R, &RoleCodec::stages>},                                         \
+  Setting{P "kmeans_iters", "_" P "iters", SettingKind::Int, true, 1, kI32, 3, "> 0",                                \
+          get_role<R, &RoleCodec::kmeans_iters>, set_role<R, &RoleCodec::kmeans_iters>},                             \
+  Setting{P "asymmetric", "_" P "asymmetric", SettingKind::Bool, true, 0, 0, 3, "true, false, 1 or 0",               \
+          get_role<R, &RoleCodec::asymmetric>, set_role<R, &RoleCodec::asymmetric>},                                 \
+  Setting{P "scale_dtype", "_" P "scale_dtype", SettingKind::Name, true, 0, 0, 3, kScaleDTypes,                      \
+          get_role<R, &RoleCodec::scale_dtype>, set_role<R, &RoleCodec::scale_dtype, parse_scale_dtype>,             \
+          parse_name<parse_scale_dtype>},                                                                            \
+  Setting{P "scaling", "_" P "scaling", SettingKind::Name, true, 0, 0, 3, kScalings,                                 \
+          get_role<R, &RoleCodec::scaling>, set_role<R, &RoleCodec::scaling, parse_scaling>,                         \
+          parse_name<parse_scaling>},                                                                                \
+  Setting{P "scale_search", "_" P "scale_search", SettingKind::Name, true, 0, 0, 3, kScaleSearches,                  \
+          get_role<R, &RoleCodec::scale_search>, set_role<R, &RoleCodec::scale_search, parse_scale_search>,          \
+          parse_name<parse_scale_search>}
+
 // The rows, in the snapshot's config order (a 1.x file is written in this order).
 const Setting kSettings[] = {
     {"bits", "", SettingKind::Bits, false, 2, 4, 0, "2 or 4 (or none to disable quantization)", get_bits, set_bits},

@@ -121,8 +121,7 @@ size_t role_chunk_data_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole
 /// A refinement layer of one role's chunk: an f32 encoding (refinement_config).
 size_t role_refine_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role, int64_t tokens) {
   const Shape4 s{1, tokens, m.heads, m.head_dim};
-  return EncodedTensor::predicted_nbytes(s, DType::F32,
-                                         refinement_config(a.refine_bits, a.codec(role).block_size, a.seed));
+  return EncodedTensor::predicted_nbytes(s, DType::F32, refinement_config(a, a.codec(role)));
 }
 }  // namespace
 

@@ -300,7 +300,6 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
     QuantArgs qa;
     qa.bits = bits;
     qa.centroids = 256;
-    qa.keep_recent_chunks = 1;
     qa.threads = threads;
     PackedCausalCache cache(co, qa);
     // Stream until the window is full and one chunk has slid out.

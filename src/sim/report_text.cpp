@@ -84,21 +84,8 @@ std::string simulation_summary_text(const SimulationResult& r) {
   for (const PackedConfig& pc : c.packed) {
     const QuantArgs& q = pc.quant;
     o += fmt::format("  packed   {}: {}\n", pc.label, describe_quant(q));
-    o += fmt::format(
-        "           spans of {} chunk{} share a codebook; the current chunk and the newest {} completed "
-        "chunk{} stay bf16{}\n",
-        q.span_chunks, q.span_chunks == 1 ? "" : "s", q.keep_recent_chunks, q.keep_recent_chunks == 1 ? "" : "s",
-        p.sink_frames > 0 ? fmt::format("; sink {} (sink_span {})", q.sink ? "packed" : "kept raw", name(q.sink_span))
-                          : std::string());
-    if (q.span_mode == SpanMode::Incremental)
-      o += fmt::format(
-          "           incremental spans: each chunk is encoded as it completes{}{}\n",
-          q.span_break_ratio > 0
-              ? fmt::format(", a new span above {:g}x the first chunk's residual energy", q.span_break_ratio)
-              : std::string(),
-          q.refine_recent > 0 ? fmt::format("; the newest {} encoded chunk{} keep a {}-bit refinement layer",
-                                            q.refine_recent, q.refine_recent == 1 ? "" : "s", q.refine_bits)
-                              : std::string());
+    // The cache policy as the settings table names it (docs/spans.md explains each).
+    o += fmt::format("           cache policy: {}\n", sim::policy_text(q));
   }
 
   for (const PackedSummary& s : r.summary) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -20,12 +21,18 @@
 
 namespace qvg::sim {
 
-/// The cache-policy settings of q (the settings table's rows with a CLI flag, and
-/// `sink`), each under its name, as JSON values, for reports; `skip` leaves some out.
-inline nlohmann::ordered_json policy_json(const QuantArgs& q, std::initializer_list<std::string_view> skip = {}) {
+/// True for the settings table's cache-policy rows (those with a CLI flag, and
+/// `sink`) that `skip` does not name.
+inline bool is_policy_row(const Setting& s, std::span<const std::string_view> skip) {
+  return (!s.cli.empty() || s.name == "sink") && std::find(skip.begin(), skip.end(), s.name) == skip.end();
+}
+
+/// The cache-policy settings of q (is_policy_row), each under its name, as JSON
+/// values, for reports; `skip` leaves some out.
+inline nlohmann::ordered_json policy_json(const QuantArgs& q, std::span<const std::string_view> skip = {}) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const Setting& s : quant_settings()) {
-    if ((s.cli.empty() && s.name != "sink") || std::find(skip.begin(), skip.end(), s.name) != skip.end()) continue;
+    if (!is_policy_row(s, skip)) continue;
     const SettingValue v = s.get(q);
     std::visit(
         [&](const auto& x) {
@@ -37,6 +44,14 @@ inline nlohmann::ordered_json policy_json(const QuantArgs& q, std::initializer_l
         v);
   }
   return j;
+}
+
+/// The same settings as text for the text reports: "name value, name value, ...".
+inline std::string policy_text(const QuantArgs& q, std::span<const std::string_view> skip = {}) {
+  std::string out;
+  for (const Setting& s : quant_settings())
+    if (is_policy_row(s, skip)) out += (out.empty() ? "" : ", ") + std::string(s.name) + " " + setting_text(s.get(q));
+  return out;
 }
 
 /// Configuration j of chunk c over its layers: resident, encoded and predicted bytes

@@ -101,7 +101,6 @@ PackedConfig default_packed_config() {
   p.quant.stages = 1;
   p.quant.kmeans_iters = 2;
   p.quant.span_chunks = 8;
-  p.quant.keep_recent_chunks = 1;
   return p;
 }
 

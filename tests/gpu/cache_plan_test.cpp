@@ -13,24 +13,25 @@
 // - the view: the global token at every view position, as the device cache places
 //   it (raw and packed pieces of the plan's view pieces, then the call's chunk), equals the
 //   model's list of visible positions, and the indices are the model's;
-// - qvg::cuda::PackedCausalCache's constructor and its update()'s argument errors
-//   (which are raised before any CUDA call) on this GPU-less machine.
 // What this cannot check: the device copies, encodes and decodes themselves
-// (tests/gpu/gpu_tests.cpp, on a GPU).
-#include <cstdio>
+// (tests/gpu/gpu_tests.cpp, on a GPU) and the device cache's argument errors
+// (tests/gpu/device_errors_test.cpp, host-only, built with the CUDA backend).
+// A GoogleTest test built by the `ci` preset (no nvcc needed): it uses only the
+// host policy and the test model.
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <fmt/core.h>
+#include <gtest/gtest.h>
 
 #include "cache/cache_policy.h"
-#include "gpu/harness.h"
+#include "gpu/call_kind.h"
 #include "qvg/cache.h"
-#include "qvg/cuda_cache.h"
 #include "qvg/error.h"
 #include "support/cache_model.h"
+#include "support/data.h"
 
 namespace {
 
@@ -38,46 +39,8 @@ struct Empty {};
 using Policy = qvg::detail::CachePolicy<Empty>;
 using qvg::testing::PackedModel;
 
-enum class Kind { Ok, InvalidArgument, Unsupported, OutOfRange, Other };
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::Ok: return "ok";
-    case Kind::InvalidArgument: return "InvalidArgument";
-    case Kind::Unsupported: return "Unsupported";
-    case Kind::OutOfRange: return "OutOfRange";
-    case Kind::Other: return "other";
-  }
-  return "?";
-}
-Kind kind_of(std::optional<qvg::ErrorKind> e) {
-  if (!e) return Kind::Ok;
-  switch (*e) {
-    case qvg::ErrorKind::InvalidArgument: return Kind::InvalidArgument;
-    case qvg::ErrorKind::Unsupported: return Kind::Unsupported;
-    case qvg::ErrorKind::OutOfRange: return Kind::OutOfRange;
-    default: return Kind::Other;
-  }
-}
-
-template <class F>
-Kind kind_of(F&& f, std::string* msg = nullptr) {
-  try {
-    f();
-    return Kind::Ok;
-  } catch (const qvg::InvalidArgument& e) {
-    if (msg) *msg = e.what();
-    return Kind::InvalidArgument;
-  } catch (const qvg::Unsupported& e) {
-    if (msg) *msg = e.what();
-    return Kind::Unsupported;
-  } catch (const qvg::OutOfRange& e) {
-    if (msg) *msg = e.what();
-    return Kind::OutOfRange;
-  } catch (const std::exception& e) {
-    if (msg) *msg = e.what();
-    return Kind::Other;
-  }
-}
+using Kind = qvg::testing::CallKind;
+using qvg::testing::call_kind_name;
 
 std::string describe(const qvg::CacheOptions& o, const qvg::QuantArgs& q) {
   return "B=" + std::to_string(o.batch) + " cap=" + std::to_string(o.cache_size) + " H=" + std::to_string(o.heads) +
@@ -172,10 +135,10 @@ int run_sequence(uint32_t seed) {
 
     std::optional<qvg::detail::PackedPlan> plan;
     std::string msg;
-    const Kind got = kind_of([&] { plan = pol.plan(cl.k.view(), cl.v.view(), c, cl.hs, cl.rw); }, &msg);
-    const Kind want = bad_args ? Kind::InvalidArgument : kind_of(model.check(cl));
-    QVG_EXPECT(got == want) << what << "call" << call << "c =" << c << "n =" << n << ": policy" << kind_name(got)
-                            << msg << "vs model" << kind_name(want);
+    const Kind got = qvg::testing::call_kind([&] { plan = pol.plan(cl.k.view(), cl.v.view(), c, cl.hs, cl.rw); }, &msg);
+    const Kind want = bad_args ? Kind::InvalidArgument : qvg::testing::call_kind(model.check(cl));
+    EXPECT_EQ(got, want) << fmt::format("{} call {} c = {} n = {}: policy {} {} vs model {}", what, call, c, n,
+                                        call_kind_name(got), msg, call_kind_name(want));
     if (got != want) return -1;
     if (got != Kind::Ok) {
       ++coverage.rejected;
@@ -205,9 +168,9 @@ int run_sequence(uint32_t seed) {
       coverage.sink_spans += sg.packed && sg.is_sink;
     }
     const std::vector<PackedModel::Seg> want_segs = model.segments();
-    QVG_EXPECT(got_segs == want_segs) << what << "call" << call << ": segments" << segs_str(got_segs) << "!= model"
-                                      << segs_str(want_segs);
-    QVG_EXPECT(pol.global_end() == model.global_end()) << what << "call" << call;
+    EXPECT_TRUE(got_segs == want_segs) << fmt::format("{} call {}: segments {}!= model {}", what, call,
+                                                      segs_str(got_segs), segs_str(want_segs));
+    EXPECT_EQ(pol.global_end(), model.global_end()) << what << " call " << call;
     if (got_segs != want_segs) return -1;
 
     // The view: the global token at every position, as the device cache lays it
@@ -232,18 +195,18 @@ int run_sequence(uint32_t seed) {
         slot = c + i;
       }
     }
-    QVG_EXPECT(overlaps == 0) << what << "call" << call << ":" << overlaps << "view positions written twice";
-    QVG_EXPECT(g_at == r.positions) << what << "call" << call << ": view of" << T << "tokens, model"
-                                    << r.positions.size();
-    QVG_EXPECT(T - n == r.local_start && T == r.local_end && pol.local_end() == r.visible_local_end &&
-               pol.global_end() == r.visible_global_end)
-        << what << "call" << call << ": view indices";
+    EXPECT_EQ(overlaps, 0) << fmt::format("{} call {}: {} view positions written twice", what, call, overlaps);
+    EXPECT_EQ(g_at, r.positions) << fmt::format("{} call {}: view of {} tokens, model {}", what, call, T,
+                                                r.positions.size());
+    EXPECT_TRUE(T - n == r.local_start && T == r.local_end && pol.local_end() == r.visible_local_end &&
+                pol.global_end() == r.visible_global_end)
+        << what << " call " << call << ": view indices";
     if (overlaps != 0 || g_at != r.positions) return -1;
   }
   return accepted;
 }
 
-QVG_TEST(policy_matches_independent_model) {
+TEST(CachePlan, PolicyMatchesIndependentModel) {
   int accepted = 0, sequences = 0;
   for (uint32_t seed = 1; seed <= 400; ++seed) {
     const int a = run_sequence(seed);
@@ -252,82 +215,15 @@ QVG_TEST(policy_matches_independent_model) {
     ++sequences;
   }
   const Coverage& cv = coverage;
-  std::printf(
-      "  %d sequences, %d accepted calls compared (%d copied views, %d zero-copy, %d head slices), %d rejected;\n"
-      "  packed segments seen after calls: %d (%d multi-chunk spans, %d sink spans)\n",
-      sequences, accepted, cv.copied_views, cv.zero_copy_views, cv.head_slices, cv.rejected, cv.packed_segments,
-      cv.multi_chunk_spans, cv.sink_spans);
-  QVG_EXPECT(accepted > 4000 && cv.rejected > 300 && cv.copied_views > 1000 && cv.zero_copy_views > 300 &&
-             cv.multi_chunk_spans > 300 && cv.sink_spans > 300 && cv.head_slices > 300)
+  RecordProperty("coverage",
+                 fmt::format("{} sequences, {} accepted calls compared ({} copied views, {} zero-copy, {} head "
+                             "slices), {} rejected; packed segments seen after calls: {} ({} multi-chunk spans, {} "
+                             "sink spans)",
+                             sequences, accepted, cv.copied_views, cv.zero_copy_views, cv.head_slices, cv.rejected,
+                             cv.packed_segments, cv.multi_chunk_spans, cv.sink_spans));
+  EXPECT_TRUE(accepted > 4000 && cv.rejected > 300 && cv.copied_views > 1000 && cv.zero_copy_views > 300 &&
+              cv.multi_chunk_spans > 300 && cv.sink_spans > 300 && cv.head_slices > 300)
       << "the random sequences exercise too little";
 }
 
-QVG_TEST(device_cache_constructor_errors) {
-  qvg::CacheOptions o;
-  o.cache_size = 16;
-  o.head_dim = 64;
-  qvg::QuantArgs q;
-  q.bits = 4;
-  std::string msg;
-  QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }) == Kind::Ok);
-  q.init = qvg::Init::Warm;
-  QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }, &msg) == Kind::Unsupported &&
-             msg.find("init") != std::string::npos && msg.find("warm") != std::string::npos)
-      << msg;
-  q.init = qvg::Init::KMeansPlusPlus;
-  QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }, &msg) == Kind::Unsupported &&
-             msg.find("kmeans++") != std::string::npos)
-      << msg;
-  q.init = qvg::Init::Random;
-  q.block_size = 48;  // does not divide 64
-  QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }) == Kind::InvalidArgument);
-  q.block_size = 64;
-  qvg::CacheOptions g = o;
-  g.allow_growth = true;
-  QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(g, q); }) == Kind::Unsupported);
-  g = o;
-  g.view_scratch = std::make_shared<qvg::ViewScratch>();
-  QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(g, q); }, &msg) == Kind::Unsupported &&
-             msg.find("view_scratch") != std::string::npos)
-      << msg;
-  g = o;
-  g.sink_tokens = 17;
-  QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(g, q); }, &msg) == Kind::InvalidArgument &&
-             msg.find("sink_tokens") != std::string::npos)
-      << msg;
-}
-
-// update() validates its arguments before any CUDA call, so the argument errors
-// can be checked here (the tensors' pointers are never dereferenced).
-QVG_TEST(device_cache_update_argument_errors_before_any_cuda_call) {
-  qvg::CacheOptions o;
-  o.cache_size = 16;
-  o.heads = 2;
-  o.head_dim = 8;
-  qvg::cuda::PackedCausalCache c(o);
-  alignas(16) static char dummy[64];
-  const qvg::ConstTensorView k{dummy, qvg::DType::BF16, {1, 4, 2, 8}};
-  std::string msg;
-  QVG_EXPECT(kind_of([&] { (void)c.update(k, k, 3, nullptr); }, &msg) == Kind::Unsupported &&
-             msg.find("non-sequential") != std::string::npos)
-      << msg;
-  const qvg::ConstTensorView kf{dummy, qvg::DType::F32, {1, 4, 2, 8}};
-  QVG_EXPECT(kind_of([&] { (void)c.update(kf, kf, 0, nullptr); }, &msg) == Kind::InvalidArgument &&
-             msg.find("dtype") != std::string::npos)
-      << msg;
-  const qvg::ConstTensorView k1{dummy, qvg::DType::BF16, {1, 4, 1, 8}};
-  QVG_EXPECT(kind_of([&] { (void)c.update(k1, k1, 0, nullptr); }, &msg) == Kind::InvalidArgument &&
-             msg.find("cache_head_start") != std::string::npos)
-      << msg;
-  const qvg::ConstTensorView big{dummy, qvg::DType::BF16, {1, 17, 2, 8}};
-  QVG_EXPECT(kind_of([&] { (void)c.update(big, big, 0, nullptr); }) == Kind::OutOfRange);
-  QVG_EXPECT(kind_of([&] { (void)c.update(k, k, 0, nullptr, std::nullopt, -1); }, &msg) == Kind::InvalidArgument &&
-             msg.find("recent_window_tokens") != std::string::npos)
-      << msg;
-  QVG_EXPECT(c.global_end() == 0 && c.num_segments() == 0 && c.view_buffer_nbytes() == 0);
-  QVG_EXPECT(kind_of([&] { (void)c.segment(0); }) == Kind::InvalidArgument);
-}
-
 }  // namespace
-
-int main(int argc, char** argv) { return qvg::testing::run_all(argc, argv); }

@@ -9,7 +9,7 @@
 namespace qvg::cli {
 
 void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help,
-                     std::initializer_list<std::string_view> skip) {
+                     std::span<const std::string_view> skip) {
   for (const Setting& s : quant_settings()) {
     if (s.cli.empty() || std::find(skip.begin(), skip.end(), s.name) != skip.end()) continue;
     const std::string key(s.name);

@@ -1,13 +1,12 @@
 // tools/qvg/cache_flags.h — the packed-cache policy flags of `simulate` and `memory`:
-// every row of the settings table (qvg/settings.h) with a CLI flag (--span-chunks,
-// --span-mode, --span-break-ratio, --refine-recent, --refine-bits, --keep-recent,
-// --sink-keep, --sink-span), plus --no-sink. Registered and read from the table: one
+// every row of the settings table (qvg/settings.h) with a CLI flag (Setting::cli),
+// plus --no-sink. Registered and read from the table: one
 // rule (the engine flags' parser and ranges) for every command; a new policy setting
 // is a row of the table.
 #pragma once
 
-#include <initializer_list>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -27,11 +26,11 @@ struct CacheFlags {
 /// Registers the table's policy flags on `cmd` (all but the settings named in `skip`)
 /// and --no-sink (`no_sink_help`).
 void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help,
-                     std::initializer_list<std::string_view> skip = {});
+                     std::span<const std::string_view> skip = {});
 
 /// Sets q's policy settings: f.defaults', then each flag given (read and range-checked
-/// by the settings table, the message naming the flag); sink = !no_sink; sink_span is
-/// `preset_sink_span` unless --sink-span names one. Throws InvalidArgument.
+/// by the settings table, the message naming the flag); sink = !no_sink; the sink's
+/// span policy is `preset_sink_span` unless its flag names one. Throws InvalidArgument.
 void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q);
 
 }  // namespace qvg::cli

@@ -29,8 +29,7 @@ namespace {
 struct CompareOptions {
   WorkloadFlags workload;
   std::optional<std::string> context_chunks;
-  std::string layers = "2";
-  std::string query_stride = "8";
+  ScoringFlags scoring{"2", "8"};
   std::string codec_seed = "1234";
   std::string span_mode = "deferred";
   bool json = false;
@@ -110,13 +109,11 @@ void run_compare(const CompareOptions& o) {
   CompareConfig c;
   c.model = o.workload.model;
   find_model_preset(o.workload.model);
-  const std::optional<double> s = parse_number(o.workload.scale);
-  if (!s || !(*s > 0 && *s <= 1))
-    throw InvalidArgument(fmt::format("--scale must be a number in (0, 1], got '{}'", o.workload.scale));
-  c.scale = *s;
+  c.scale = parse_scale_flag(o.workload);
   if (o.context_chunks) c.context_chunks = parse_int_flag("--context-chunks", *o.context_chunks, 1, 1000);
-  c.layers = int(parse_int_flag("--layers", o.layers, 1, 100000));
-  c.query_stride = int(parse_int_flag("--query-stride", o.query_stride, 1, 1'000'000));
+  const Scoring scoring = parse_scoring_flags(o.scoring);
+  c.layers = scoring.layers;
+  c.query_stride = scoring.query_stride;
   c.seed = parse_seed_flag("--seed", o.workload.seed);
   c.codec = o.cfg;
   c.codec.seed = parse_seed_flag("--codec-seed", o.codec_seed);
@@ -140,8 +137,8 @@ void register_compare(CLI::App& root) {
   add_workload_flags(*cmd, o->workload);
   add_value(*cmd, "--context-chunks", o->context_chunks,
             "chunks of context quantized together (default: the fewest holding 64 x centroids tokens)", "N");
-  add_value(*cmd, "--layers", o->layers, "layers scored, spread evenly over the model", "N");
-  add_value(*cmd, "--query-stride", o->query_stride, "score every N-th query of the next chunk", "N");
+  add_scoring_flags(*cmd, o->scoring, "layers scored, spread evenly over the model",
+                    "score every N-th query of the next chunk");
   add_stream_codec_flags(*cmd, o->cfg);
   add_video_seed_flag(*cmd, o->workload);
   add_value(*cmd, "--span-mode", o->span_mode,

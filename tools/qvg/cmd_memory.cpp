@@ -125,12 +125,11 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
              a.asymmetric ? "asymmetric" : "symmetric", a.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
   if (a.per_role())
     fmt::print("  per role {}{}{}\n", a.k.describe("k_"), !a.k.empty() && !a.v.empty() ? " " : "", a.v.describe("v_"));
-  fmt::print("  cache    span_chunks {} ({}), keep_recent {}, sink {} (sink_span {}, sink_keep {}){}\n\n",
-             a.span_chunks, name(a.span_mode), a.keep_recent_chunks, a.sink ? "quantized" : "kept raw",
-             name(a.sink_span), a.sink_keep_chunks,
-             a.refine_recent > 0 ? fmt::format(", refine_recent {} ({}-bit layers: {} at the peak)", a.refine_recent,
-                                               a.refine_bits, mib(r.peak_step.refine_bytes))
-                                 : std::string());
+  // The policy as the settings table names it, then what refinement layers cost.
+  fmt::print("  cache    {}{}\n\n", sim::policy_text(a, kSettingsNotModelled),
+             r.peak_step.refine_bytes > 0
+                 ? fmt::format(" (refinement layers: {} at the peak)", mib(r.peak_step.refine_bytes))
+                 : std::string());
 
   const std::string all = fmt::format("all {} layers", s.layers);
   fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", "", "per layer", all, "ratio");
@@ -168,7 +167,7 @@ void run_memory(const MemoryOptions& o) {
     j["per_layer_policy_mib"] = to_mib(r.policy_peak_bytes);
     j["policy_ratio"] = r.policy_ratio();
     j["policy_ratio_vs_dense_window"] = r.policy_ratio_vs_dense_window();
-    j.update(sim::policy_json(r.args, {"span_break_ratio"}));  // the policy settings memory takes
+    j.update(sim::policy_json(r.args, kSettingsNotModelled));  // the policy settings memory takes
     j["per_layer_policy_refine_mib"] = to_mib(r.peak_step.refine_bytes);
     fmt::print("{}\n", j.dump(2));
     return;
@@ -187,9 +186,8 @@ void register_memory(CLI::App& root) {
   add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256", "INT");
   add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");
   add_value(*cmd, "--stages", o->stages, "k-means stages", "INT");
-  // The policy flags of the settings table (memory needs no --span-break-ratio: the
-  // model assumes no adaptive break, which depends on the data).
-  add_cache_flags(*cmd, o->cache, "keep the sink chunks raw (sink = false)", {"span_break_ratio"});
+  // The policy flags of the settings table but those the model does not take.
+  add_cache_flags(*cmd, o->cache, "keep the sink chunks raw (sink = false)", kSettingsNotModelled);
   cmd->add_flag("--asymmetric", o->asymmetric, "min/max + zero point per block");
   add_value(*cmd, "--scale-dtype", o->scale_dtype, "fp8_e4m3 | bf16", "NAME");
   add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");

@@ -43,19 +43,14 @@ struct SimulateOptions {
   std::optional<std::string> context_frames;
   std::string chunks = "40";
   std::string steps = "2";
-  std::string layers = "2";
-  std::string query_stride = "16";
+  ScoringFlags scoring{"2", "16"};
   std::string step_noise = "0.05";
   bool attention_every_step = false;
   std::string bits = "2";
   std::string init = "random";
   std::string k_config, v_config;  // per-role codec settings (field=value,...)
   std::string codec_seed = "1234";
-  CacheFlags cache = [] {
-    CacheFlags f;
-    f.defaults.span_chunks = 8;  // spans of 8 chunks (docs/spans.md)
-    return f;
-  }();
+  CacheFlags cache{default_packed_config().quant, {}, false};  // the library's policy defaults (docs/spans.md)
   std::optional<std::string> json;
   std::optional<std::string> report;
   bool quiet = false;
@@ -83,16 +78,16 @@ SimulationConfig build_config(const SimulateOptions& o) {
   SimulationConfig c;
   c.model = o.workload.model;
   const ModelPreset& preset = find_model_preset(o.workload.model);
-  c.scale = parse_double_flag("--scale", o.workload.scale, 0, 1, "in (0, 1]");
-  if (c.scale == 0) throw InvalidArgument(fmt::format("--scale must be in (0, 1], got {}", o.workload.scale));
+  c.scale = parse_scale_flag(o.workload);
   if (o.context_frames)
     c.context_frames = parse_int_flag("--context-frames", *o.context_frames, 1, 100000);
   else
     c.context_frames = std::min<int64_t>(preset.context_frames, kDefaultContextCap);
   c.chunks = parse_int_flag("--chunks", o.chunks, 1, 100000);
   c.steps = int(parse_int_flag("--steps", o.steps, 1, 64));
-  c.layers = int(parse_int_flag("--layers", o.layers, 1, 100000));
-  c.query_stride = int(parse_int_flag("--query-stride", o.query_stride, 1, 1'000'000));
+  const Scoring scoring = parse_scoring_flags(o.scoring);
+  c.layers = scoring.layers;
+  c.query_stride = scoring.query_stride;
   c.step_noise = parse_double_flag("--step-noise", o.step_noise, 0, 1, "in [0, 1]");
   c.attention_every_step = o.attention_every_step;
   c.seed = parse_seed_flag("--seed", o.workload.seed);
@@ -224,9 +219,8 @@ void register_simulate(CLI::App& root) {
             "frames of history a layer keeps (default: the preset's, capped at 72 for a quick run)", "N");
   add_value(*cmd, "--chunks", o->chunks, "chunks to stream", "N");
   add_value(*cmd, "--steps", o->steps, "denoising steps per chunk (each calls both caches)", "N");
-  add_value(*cmd, "--layers", o->layers, "layers simulated, spread evenly over the model", "N");
-  add_value(*cmd, "--query-stride", o->query_stride, "score every N-th query of a chunk (attention is the slow part)",
-            "N");
+  add_scoring_flags(*cmd, o->scoring, "layers simulated, spread evenly over the model",
+                    "score every N-th query of a chunk (attention is the slow part)");
   add_value(*cmd, "--step-noise", o->step_noise,
             "relative noise on the first step's K/V/Q, shrinking to 0 at the last step: [0, 1]", "F");
   cmd->add_flag("--attention-every-step", o->attention_every_step,

@@ -21,7 +21,9 @@ _SETTINGS = [s for s in _C.quant_settings() if not s[3]]
 _FLAG_TO_FIELD = {"kv_cache_quant" + flag: name for name, flag, _kind, _role, _d, _a in _SETTINGS if flag}
 _PY_TYPES = {"bits": "int | None", "int": "int", "width": "int", "bool": "bool", "name": "str", "real": "float",
              "seed": "int"}
-_ROLE_FIELDS = "bits, centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling, scale_search"
+# The fields of k_config / v_config: the per-role rows' flag suffixes ("_k_iters" -> iters).
+_ROLE_FIELDS = ", ".join(flag[len("_k_"):] for name, flag, _kind, role, _d, _a in _C.quant_settings()
+                         if role and name.startswith("k_"))
 
 
 def _flag_text(value: Any) -> str:

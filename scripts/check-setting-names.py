@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Checks that each setting of the settings table is named in few source files.
+
+Issue 23: the settings of QuantArgs are one table (include/qvg/settings.h,
+src/core/settings.cpp); the reports, the CLI, the memory model, the snapshot's
+config record, the binding and the Python dataclass walk it instead of naming the
+fields, so that adding a setting is one row plus its use. This script keeps it so:
+for every row name of the table (the shared rows and the k_/v_ per-role rows) it
+counts the source files outside tests, docs and fuzz that contain the name as a
+word (as `grep -rlw NAME src include python/qvg python/src tools` does, comments and
+strings included) and fails when a name is in more than LIMIT files, unless the
+name is listed in ALLOWED below with the most files it may be in and why.
+
+An ALLOWED entry is a ceiling, not a licence: it fails when the count grows past
+it, and says so (without failing) when the count falls below it, to be lowered. The entries are
+the codec's own parameter names (CodecConfig, EncodingLayout and the kernels use
+the same words, so a word count cannot tell the setting from the codec parameter)
+and the policy settings whose use is spread over the policy and its models.
+
+Usage: check-setting-names.py [--report]   (--report: every name's files)
+Exit status 1 and one line per violation when anything is wrong.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LIMIT = 4
+ROOTS = ("src", "include", "python/qvg", "python/src", "tools")
+SUFFIXES = {".h", ".cpp", ".cu", ".cuh", ".py", ".pyi", ".in"}
+# The CUDA backend's files (counted, and shown apart with --report).
+CUDA = ("src/cache/cuda/", "src/kernels/cuda/", "python/src/cuda_", "include/qvg/cuda")
+
+# name -> (the most files it may be in, why more than LIMIT).
+CODEC = "a codec parameter (CodecConfig, EncodingLayout, kernels, codec flags) as well as a setting"
+SINK = "also the word of the sink tokens every cache keeps (spec 3), in prose and code"
+ENGINE = "also in python/qvg/torch/_config.py's list of the engine's (SGLang) QVGKVQuantArgs fields"
+ALLOWED: dict[str, tuple[int, str]] = {
+    "bits": (71, CODEC), "centroids": (62, CODEC), "block_size": (34, CODEC), "stages": (39, CODEC),
+    "kmeans_iters": (19, CODEC), "asymmetric": (36, CODEC), "scaling": (29, CODEC), "scale_dtype": (28, CODEC),
+    "init": (35, CODEC + "; also k-means' init in prose"), "seed": (47, CODEC + "; also the workloads' and PRNGs'"),
+    "scale_search": (14, CODEC),
+    "sink": (31, SINK),
+    "keep_recent_chunks": (5, ENGINE),
+    "sink_keep_chunks": (5, ENGINE),
+    # The policy settings: the table, the struct and their uses by the policy
+    # (cache_policy.h, packed_plan.h), the memory model (memory.cpp), the snapshot's
+    # invariant checks (snapshot_packed.cpp, snapshot_validate.cpp), the validation
+    # across fields (config.cpp), and, for some, an experiment's own option of the name.
+    "sink_span": (11, "also each model preset's sink policy (workload.h, presets.cpp), which the CLI "
+                      "(cache_flags.cpp, cmd_memory.cpp, cmd_simulate.cpp) hands to the setting; the policy, "
+                      "the memory model, the snapshot check, its parser (config.cpp)"),
+    "span_chunks": (13, "also the frontier experiment's own span length (frontier.h, frontier.cpp, "
+                        "frontier_report.cpp); the policy and SpanDecisions, the codebook slot split "
+                        "(packed_cache.cpp), the memory model, the snapshot check, simulate's default and chart, "
+                        "the device cache"),
+    "span_mode": (13, "also the comparison experiment's own option (compare.h, compare.cpp, report_json.cpp, "
+                      "cmd_compare.cpp); the policy, the snapshot's records and check, config.cpp's validation, "
+                      "the memory model, the device cache"),
+    "refine_recent": (7, "the policy (cache_policy.h), the snapshot's records and check (snapshot_packed.cpp, "
+                         "snapshot_validate.cpp), config.cpp's validation across fields, the memory model"),
+}
+
+
+def table_names() -> list[str]:
+    """The row names of the settings table, in its order (src/core/settings.cpp)."""
+    text = (ROOT / "src/core/settings.cpp").read_text()
+    rows = text[text.index("const Setting kSettings[]"):]
+    shared = re.findall(r'^\s*\{"(\w+)", "', rows, re.M)
+    role = re.findall(r'Setting[\s\\]*\{[\s\\]*P "(\w+)"', text)
+    prefixes = re.findall(r'QVG_ROLE_ROWS\("(\w+)", &QuantArgs::\w+\)', rows)
+    if not shared or not role or not prefixes:
+        sys.exit("check-setting-names: cannot read the settings table of src/core/settings.cpp")
+    return shared + [p + r for p in prefixes for r in role]
+
+
+def source_files() -> list[str]:
+    """The files git lists (tracked or not ignored) under ROOTS; every file there outside git."""
+    git = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *ROOTS], cwd=ROOT,
+                         capture_output=True, text=True)
+    if git.returncode == 0:
+        out = git.stdout.split()
+    else:
+        out = [str(f.relative_to(ROOT)) for r in ROOTS for f in (ROOT / r).rglob("*") if f.is_file()]
+    return sorted(f for f in out if pathlib.Path(f).suffix in SUFFIXES and "/tests/" not in f
+                  and "fuzz/" not in f and (ROOT / f).is_file())
+
+
+def main() -> int:
+    report = "--report" in sys.argv[1:]
+    names = table_names()
+    texts = {f: (ROOT / f).read_text(errors="replace") for f in source_files()}
+    problems, notes = [], []
+    over = 0
+    for n in names:
+        word = re.compile(r"\b" + re.escape(n) + r"\b")
+        files = [f for f, t in texts.items() if word.search(t)]
+        cuda = [f for f in files if f.startswith(CUDA)]
+        ceiling, why = ALLOWED.get(n, (LIMIT, ""))
+        if len(files) > LIMIT:
+            over += 1
+        if len(files) > ceiling:
+            problems.append(f"{n}: named in {len(files)} source files, at most {ceiling} allowed"
+                            f"{' (' + why + ')' if why else ''}: {' '.join(files)}")
+        elif n in ALLOWED and len(files) < ceiling:
+            notes.append(f"{n}: named in {len(files)} files now; its ALLOWED ceiling {ceiling} can be lowered")
+        if report:
+            print(f"{n:20} {len(files):3} files ({len(files) - len(cuda)} without the CUDA backend's): "
+                  + " ".join(files))
+    for p in notes + problems:
+        print("check-setting-names: " + p)
+    if not problems:
+        print(f"check-setting-names: {len(names)} settings; {len(names) - over} named in at most {LIMIT} source "
+              f"files, {over} within their recorded ceilings")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
