@@ -13,9 +13,11 @@ name is listed in ALLOWED below with the most files it may be in and why.
 
 An ALLOWED entry is a ceiling, not a licence: it fails when the count grows past
 it, and says so (without failing) when the count falls below it, to be lowered. The entries are
-the codec's own parameter names (CodecConfig, EncodingLayout and the kernels use
-the same words, so a word count cannot tell the setting from the codec parameter)
-and the policy settings whose use is spread over the policy and its models.
+the policy settings whose use is spread over the policy and its models. The codec's
+own parameter names and "sink" (WORDS) are counted and shown but never fail: they
+are ordinary words of the codec and of every cache (CodecConfig, EncodingLayout, the
+kernels, the engines' drop-ins), so a word count cannot tell the setting from them,
+and a ceiling on them would fail every new file that quantizes or keeps sinks.
 
 Usage: check-setting-names.py [--report]   (--report: every name's files)
 Exit status 1 and one line per violation when anything is wrong.
@@ -39,12 +41,13 @@ CUDA = ("src/cache/cuda/", "src/kernels/cuda/", "python/src/cuda_", "include/qvg
 CODEC = "a codec parameter (CodecConfig, EncodingLayout, kernels, codec flags) as well as a setting"
 SINK = "also the word of the sink tokens every cache keeps (spec 3), in prose and code"
 ENGINE = "also in python/qvg/torch/_config.py's list of the engine's (SGLang) QVGKVQuantArgs fields"
+WORDS: dict[str, str] = {
+    "bits": CODEC, "centroids": CODEC, "block_size": CODEC, "stages": CODEC, "kmeans_iters": CODEC,
+    "asymmetric": CODEC, "scaling": CODEC, "scale_dtype": CODEC, "init": CODEC + "; also k-means' init in prose",
+    "seed": CODEC + "; also the workloads' and PRNGs'", "sink": SINK,
+}
 ALLOWED: dict[str, tuple[int, str]] = {
-    "bits": (71, CODEC), "centroids": (62, CODEC), "block_size": (34, CODEC), "stages": (39, CODEC),
-    "kmeans_iters": (19, CODEC), "asymmetric": (36, CODEC), "scaling": (29, CODEC), "scale_dtype": (28, CODEC),
-    "init": (35, CODEC + "; also k-means' init in prose"), "seed": (47, CODEC + "; also the workloads' and PRNGs'"),
     "scale_search": (14, CODEC),
-    "sink": (31, SINK),
     "keep_recent_chunks": (5, ENGINE),
     "sink_keep_chunks": (5, ENGINE),
     # The policy settings: the table, the struct and their uses by the policy
@@ -103,7 +106,9 @@ def main() -> int:
         ceiling, why = ALLOWED.get(n, (LIMIT, ""))
         if len(files) > LIMIT:
             over += 1
-        if len(files) > ceiling:
+        if n in WORDS:
+            notes.append(f"{n}: named in {len(files)} files (not limited: {WORDS[n]})")
+        elif len(files) > ceiling:
             problems.append(f"{n}: named in {len(files)} source files, at most {ceiling} allowed"
                             f"{' (' + why + ')' if why else ''}: {' '.join(files)}")
         elif n in ALLOWED and len(files) < ceiling:
@@ -115,7 +120,7 @@ def main() -> int:
         print("check-setting-names: " + p)
     if not problems:
         print(f"check-setting-names: {len(names)} settings; {len(names) - over} named in at most {LIMIT} source "
-              f"files, {over} within their recorded ceilings")
+              f"files, {over} more widely ({len(WORDS)} ordinary words, the rest within recorded ceilings)")
     return 1 if problems else 0
 
 
