@@ -25,9 +25,13 @@
 // cache changes, so a failing allocation (the Allocator's exception, e.g. PyTorch's
 // out-of-memory error) leaves the cache exactly as it was.
 //
-// Not supported (typed errors, raised before any state change): init kmeans++ or
-// warm, span_mode incremental (Unsupported, at construction), a shared CacheOptions::view_scratch (host
-// memory; Unsupported), allow_growth (Unsupported, as on the CPU).
+// Every QuantArgs setting the CPU cache accepts is accepted (issue 25): incremental
+// spans with adaptive breaks, refinement layers, init warm, scale_search mse,
+// per-role K/V settings. Not supported (typed errors, raised before any state
+// change): a shared CacheOptions::view_scratch (host memory; Unsupported),
+// allow_growth (Unsupported, as on the CPU). With span_mode incremental, an advance
+// that starts a span or (span_break_ratio > 0) measures a chunk's fit synchronizes
+// `stream` once more per chunk, to read the residual energies.
 //
 // NOT YET VERIFIED ON A GPU: this cache compiles and its bookkeeping is tested on
 // the host against the CPU cache, but it has not run on a GPU (docs/cuda.md).
@@ -53,15 +57,15 @@ namespace qvg::cuda {
 /// Differences from the CPU cache: the spans are encoded by qvg::cuda::encode
 /// (its encodings may differ from the CPU encoder's in near-ties, spec 1.1, so
 /// packed tokens of a view may differ from the CPU cache's within the codec's
-/// error); only init = random; no ViewScratch sharing; no peak_transient_nbytes().
+/// error); no ViewScratch sharing; no peak_transient_nbytes().
 /// Not thread-safe; movable, not copyable; a moved-from cache may only be
 /// destroyed or assigned to.
 class PackedCausalCache : public CacheDims {
  public:
   /// Validates like qvg::PackedCausalCache: InvalidArgument for bad options or
   /// quant args (block_size must divide head_dim when quantization is on),
-  /// Unsupported for allow_growth, for quant.init other than random (the device
-  /// encoder's limit) and for a non-null options.view_scratch. Allocates nothing.
+  /// Unsupported for allow_growth and for a non-null options.view_scratch.
+  /// Allocates nothing and makes no CUDA call (no device needed).
   /// `alloc` must outlive the cache.
   explicit PackedCausalCache(const CacheOptions& options, const QuantArgs& quant = {},
                              Allocator& alloc = default_allocator());
@@ -104,6 +108,10 @@ class PackedCausalCache : public CacheDims {
   size_t allocated_nbytes() const;
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
+  /// As qvg::PackedCausalCache: spans started because a chunk did not fit the open
+  /// one (span_break_ratio), and the bytes of the warm-start codebooks held (init warm).
+  int64_t span_breaks() const;
+  size_t warm_state_nbytes() const;
 
   int64_t global_end() const;
   int64_t local_end() const;  ///< min(global_end, cache_size)
@@ -176,6 +184,10 @@ class DenseCausalCache : public CacheDims {
   size_t resident_nbytes() const;
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
+  /// As qvg::PackedCausalCache: spans started because a chunk did not fit the open
+  /// one (span_break_ratio), and the bytes of the warm-start codebooks held (init warm).
+  int64_t span_breaks() const;
+  size_t warm_state_nbytes() const;
   int64_t global_end() const;
   int64_t local_end() const;
   int64_t cache_size() const;  ///< current size (grows with allow_growth)
