@@ -225,9 +225,10 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
 }  // namespace
 
 DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
-                                          void* ids_trace) {
+                                          void* ids_trace, const DeviceEncodedTensor* warm) {
   EncodeJob job;
   job.ids_trace = ids_trace;
+  job.warm = warm;
   return encode_job(x, cfg, job, stream, alloc);
 }
 
