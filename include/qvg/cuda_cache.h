@@ -39,13 +39,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "qvg/cache.h"
 #include "qvg/config.h"
 #include "qvg/cuda.h"
+#include "qvg/snapshot.h"
 #include "qvg/tensor.h"
+
+namespace qvg::detail {
+struct PackedStateData;
+}  // namespace qvg::detail
 
 namespace qvg::cuda {
 
@@ -121,6 +129,20 @@ class PackedCausalCache : public CacheDims {
   /// Size of the first advance's chunk; nullopt while the cache is empty.
   std::optional<int64_t> chunk_tokens() const;
 
+  /// Snapshots (docs/snapshot.md): the state downloaded into host memory (synchronizes
+  /// `stream`) and written by the CPU caches' writer: the bytes a qvg::PackedCausalCache
+  /// with the same state writes, but for the config's `device` entry ("cuda"). The CPU
+  /// cache loads them, and these functions load the CPU cache's (InvalidArgument /
+  /// CorruptData as qvg::PackedCausalCache::load; Unsupported for a snapshot whose
+  /// settings the device cache refuses, and for expect.view_scratch). A load uploads
+  /// the state on `stream` with `alloc`.
+  std::vector<uint8_t> snapshot_bytes(Stream stream) const;
+  void save(const std::filesystem::path& path, Stream stream) const;
+  static PackedCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect,
+                                               Stream stream, Allocator& alloc = default_allocator());
+  static PackedCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect, Stream stream,
+                                Allocator& alloc = default_allocator());
+
   /// Read-only access to one segment (as qvg::PackedCausalCache::SegmentInfo);
   /// raw views and encodings are device memory, valid until the next mutating call.
   using SegmentInfo = BasicSegmentInfo<DeviceEncodedTensor>;
@@ -131,6 +153,7 @@ class PackedCausalCache : public CacheDims {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  static PackedCausalCache restored(const qvg::detail::PackedStateData& d, Stream stream, Allocator& alloc);
 };
 
 /// The dense causal cache of spec 3.2 over caller-owned device buffers: the

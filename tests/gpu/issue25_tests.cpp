@@ -23,7 +23,8 @@
 //   view tokens equal to the CPU cache's, and packed ones equal bit for bit to the CPU
 //   decode of the device's own state (its chunk encodings, span codebooks and
 //   refinement layers downloaded: decode_ranges with the codebook, then
-//   add_refinement).
+//   add_refinement);
+// - snapshots between the CPU and the device caches (issue25_snapshots_*).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -47,6 +48,7 @@
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
 #include "qvg/error.h"
+#include "qvg/snapshot.h"
 
 namespace {
 
@@ -359,6 +361,53 @@ QVG_TEST(issue25_device_cache_profile_matches_cpu_decode_of_its_state) {
   for (const double ratio : {0.0, 1.2}) run_profile(ratio, packed_rows, refined_rows, calls);
   std::printf("  %d calls, %d packed view rows (%d refined) compared\n", calls, packed_rows, refined_rows);
   QVG_EXPECT(calls == 60 && packed_rows > 500 && refined_rows > 100) << calls << packed_rows << refined_rows;
+}
+
+// Snapshots between the caches: the CPU cache's snapshot loaded by the device cache
+// gives, at the next call (a denoising rewrite of the current chunk), the CPU cache's
+// view bit for bit (every packed token decodes the CPU's encodings, refinement layers
+// included); the device cache's snapshot is the CPU's bytes but for the device entry
+// (the CPU cache loads it and writes the CPU's bytes back), and the device cache
+// loads its own.
+QVG_TEST(issue25_snapshots_between_cpu_and_device_caches) {
+  Stream25 st;
+  qvg::CacheOptions o;
+  o.batch = 1;
+  o.heads = 2;
+  o.head_dim = 64;
+  o.dtype = qvg::DType::BF16;
+  o.sink_tokens = 16;
+  o.cache_size = 16 * 9;
+  const qvg::QuantArgs q = profile(1.2);
+  qvg::PackedCausalCache cpu(o, q);
+  const qvg::Shape4 sh{o.batch, 16, o.heads, o.head_dim};
+  for (int i = 0; i < 12; ++i) {
+    const qvg::Tensor k = drifting(o.dtype, sh, 300u + uint32_t(i), 0.1f * float(i));
+    const qvg::Tensor v = drifting(o.dtype, sh, 400u + uint32_t(i), 1.0f + 0.1f * float(i));
+    (void)cpu.update(k.view(), v.view(), cpu.global_end());
+  }
+  const std::vector<uint8_t> a = cpu.snapshot_bytes();
+  qvg::SnapshotExpectation x;
+  x.options = o;
+  x.quant = q;
+  qvg::cuda::PackedCausalCache dev = qvg::cuda::PackedCausalCache::from_snapshot_bytes(a, x, st.s);
+  const std::vector<uint8_t> b = dev.snapshot_bytes(st.s);
+  QVG_EXPECT(qvg::inspect_snapshot_bytes(b).device == "cuda");
+  QVG_EXPECT(qvg::PackedCausalCache::from_snapshot_bytes(b, x).snapshot_bytes() == a)
+      << "the device cache's snapshot, loaded by the CPU cache, is not the CPU's bytes";
+  QVG_EXPECT(dev.resident_nbytes() == cpu.resident_nbytes()) << dev.resident_nbytes() << cpu.resident_nbytes();
+  const qvg::cuda::PackedCausalCache again = qvg::cuda::PackedCausalCache::from_snapshot_bytes(b, x, st.s);
+  QVG_EXPECT(again.snapshot_bytes(st.s) == b) << "the device cache's own snapshot";
+  const int64_t c = cpu.segment(cpu.num_segments() - 1).g0;
+  const qvg::Tensor k = drifting(o.dtype, sh, 999u, 2.0f), v = drifting(o.dtype, sh, 998u, 3.0f);
+  DeviceBuffer dk = upload(k, st.s), dv = upload(v, st.s);
+  const qvg::KVView dview = dev.update({dk.data(), o.dtype, sh}, {dv.data(), o.dtype, sh}, c, st.s);
+  const qvg::KVView cview = cpu.update(k.view(), v.view(), c);
+  int refined = 0;
+  for (size_t i = 0; i < cpu.num_segments(); ++i) refined += cpu.segment(i).k_ref != nullptr;
+  QVG_EXPECT(refined > 0) << "no refined segment in the loaded state";
+  QVG_EXPECT(view_bytes(dview.k, st.s) == host_view_bytes(cview.k)) << "K view after the load != the CPU cache's";
+  QVG_EXPECT(view_bytes(dview.v, st.s) == host_view_bytes(cview.v)) << "V view after the load != the CPU cache's";
 }
 
 // ---- issue 25, item 4: the measurements (--issue25-measure) -------------------------

@@ -22,6 +22,10 @@
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
 #include "cache/cuda/device_copy.h"
+#include "cache/packed_state_transfer.h"
+#include "cache/snapshot_io.h"
+#include "cache/snapshot_records.h"
+#include "core/file_impl.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
@@ -457,6 +461,78 @@ int64_t PackedCausalCache::attention_window_size() const { return impl_->opt.win
 const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
 std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
 size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
+
+// ---- snapshots: the state through host memory, the CPU caches' records -------------
+
+namespace {
+
+/// Device to host copies of a cache's payloads (each synchronizes `s`).
+struct Down {
+  Stream s;
+  AlignedBuffer raw(const DeviceBuffer& b) const {
+    AlignedBuffer h = AlignedBuffer::uninitialized(b.size());
+    if (b.size()) QVG_CUDA(cudaMemcpyAsync(h.data(), b.data(), b.size(), cudaMemcpyDeviceToHost, s));
+    QVG_CUDA(cudaStreamSynchronize(s));
+    return h;
+  }
+  EncodedTensor enc(const DeviceEncodedTensor& e) const { return e.download(s); }
+  SpanCodebook book(const DeviceSpanCodebook& b) const { return b.download(s); }
+};
+/// Host to device copies (asynchronous on `s`; the host data outlives the call's copies:
+/// cudaMemcpyAsync from pageable memory returns once the source is staged).
+struct Up {
+  Stream s;
+  Allocator* alloc;
+  DeviceBuffer raw(const AlignedBuffer& h) const {
+    DeviceBuffer b(h.size(), s, *alloc);
+    if (h.size()) QVG_CUDA(cudaMemcpyAsync(b.data(), h.data(), h.size(), cudaMemcpyHostToDevice, s));
+    return b;
+  }
+  DeviceEncodedTensor enc(const EncodedTensor& e) const { return DeviceEncodedTensor::upload(e, s, *alloc); }
+  DeviceSpanCodebook book(const SpanCodebook& b) const { return DeviceSpanCodebook::upload(b, s, *alloc); }
+};
+
+}  // namespace
+
+std::vector<uint8_t> PackedCausalCache::snapshot_bytes(Stream stream) const {
+  const Impl& m = *impl_;
+  const qvg::detail::PackedStateData d =
+      qvg::detail::state_data_of(m.pol, m.opt, m.quant, m.warm_k, m.warm_v, Down{stream});
+  const qvg::detail::snap::Written w = qvg::detail::snap::write_packed(qvg::detail::ref_of(d, "cuda"));
+  return qvg::detail::snap::snapshot_file_bytes(w.sections, w.minor);
+}
+
+void PackedCausalCache::save(const std::filesystem::path& path, Stream stream) const {
+  const Impl& m = *impl_;
+  const qvg::detail::PackedStateData d =
+      qvg::detail::state_data_of(m.pol, m.opt, m.quant, m.warm_k, m.warm_v, Down{stream});
+  const qvg::detail::snap::Written w = qvg::detail::snap::write_packed(qvg::detail::ref_of(d, "cuda"));
+  qvg::detail::snap::write_snapshot(path, w.sections, w.minor);
+}
+
+PackedCausalCache PackedCausalCache::restored(const qvg::detail::PackedStateData& d, Stream stream,
+                                              Allocator& alloc) {
+  PackedCausalCache c(d.options, d.quant, alloc);  // the device cache's own checks (kmeans++, view_scratch)
+  auto r = qvg::detail::restore_state<SegData, Books, DeviceEncodedTensor>(d, Up{stream, &alloc});
+  c.impl_->pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));
+  c.impl_->warm_k = std::move(r.warm_k);
+  c.impl_->warm_v = std::move(r.warm_v);
+  return c;
+}
+
+PackedCausalCache PackedCausalCache::from_snapshot_bytes(std::span<const uint8_t> bytes,
+                                                         const SnapshotExpectation& expect, Stream stream,
+                                                         Allocator& alloc) {
+  return restored(qvg::detail::snap::read_packed(qvg::detail::snap::MemorySource(bytes), expect), stream, alloc);
+}
+
+PackedCausalCache PackedCausalCache::load(const std::filesystem::path& path, const SnapshotExpectation& expect,
+                                          Stream stream, Allocator& alloc) {
+  return qvg::detail::with_path(path, [&] {
+    const qvg::detail::snap::FileSource src(path);
+    return restored(qvg::detail::snap::read_packed(src, expect), stream, alloc);
+  });
+}
 
 PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
   const auto& segs = impl_->pol.segments();
