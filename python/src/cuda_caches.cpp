@@ -187,9 +187,10 @@ class CudaPackedCache {
     {
       py::gil_scoped_release nogil;
       loaded = std::make_shared<qvg::cuda::PackedCausalCache>(
-          from_bytes ? qvg::cuda::PackedCausalCache::from_snapshot_bytes(
-                           {reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x, call.stream, torch_allocator())
-                     : qvg::cuda::PackedCausalCache::load(src, x, call.stream, torch_allocator()));
+          from_bytes
+              ? qvg::cuda::PackedCausalCache::from_snapshot_bytes(
+                    {reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x, call.stream, torch_allocator())
+              : qvg::cuda::PackedCausalCache::load(src, x, call.stream, torch_allocator()));
     }
     detach_on(lender_, call.stream);
     cache_ = std::move(loaded);

@@ -73,8 +73,7 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
       // candidate's stored values are what the decoder reads. Candidates whose stored
       // bits equal the previous one's are skipped (same error). The errors come from
       // the SIMD kernel (the same bits on every target); the first least one wins.
-      R::scale_search_candidates(raw_s[i], asym ? raw_z[i] : 0.0f, asym ? hi[i] : 0.0f, asym, divide, g, gz, fp8,
-                                 cand);
+      R::scale_search_candidates(raw_s[i], asym ? raw_z[i] : 0.0f, asym ? hi[i] : 0.0f, asym, divide, g, gz, fp8, cand);
       kernels::block_errors(r + int64_t(i) * bs, bs, qmax, asym, cand.s_eff, cand.z_eff, cand.m, cand_err);
       const int best = R::scale_search_best(cand_err, cand.m);
       s_bits = cand.s_bits[best];

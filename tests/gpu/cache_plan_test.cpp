@@ -22,8 +22,8 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <fmt/core.h>
@@ -328,7 +328,8 @@ std::vector<qvg::SettingValue> values_to_try(const qvg::Setting& s) {
       for (const double v : {0.0, 0.5, 1.5, double(s.hi)}) cand.emplace_back(std::in_place_type<double>, v);
       break;
     case qvg::SettingKind::Seed:
-      for (const uint64_t v : {uint64_t(0), uint64_t(99), ~uint64_t(0)}) cand.emplace_back(std::in_place_type<uint64_t>, v);
+      for (const uint64_t v : {uint64_t(0), uint64_t(99), ~uint64_t(0)})
+        cand.emplace_back(std::in_place_type<uint64_t>, v);
       break;
   }
   return cand;
@@ -486,8 +487,7 @@ QVG_TEST(device_state_snapshot_equals_the_cpu_caches_bytes) {
       qvg::SnapshotExpectation x;
       x.options = o;
       x.quant = q;
-      const qvg::detail::PackedStateData d =
-          qvg::detail::snap::read_packed(qvg::detail::snap::MemorySource(a), x);
+      const qvg::detail::PackedStateData d = qvg::detail::snap::read_packed(qvg::detail::snap::MemorySource(a), x);
       qvg::detail::CachePolicy<EmuSeg, EmuBooks> pol(o, q);
       auto r = qvg::detail::restore_state<EmuSeg, EmuBooks, qvg::EncodedTensor>(d, Copy{});
       pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));

@@ -191,8 +191,9 @@ inline std::string check_against_replay(const Tensor& x, const CodecConfig& cfg,
                                         const std::vector<uint8_t>& trace, const EncodedTensor* warm = nullptr) {
   const int64_t GS = x.shape().b * x.shape().h * x.shape().s;
   if (trace.size() != size_t(cfg.stages * cfg.kmeans_iters * GS)) return "trace size";
-  const EncodedTensor want =
-      replay_device_encode(x, cfg, [&](int st, int it, int64_t g, const uint16_t*, const float*, int, uint8_t* ids) {
+  const EncodedTensor want = replay_device_encode(
+      x, cfg,
+      [&](int st, int it, int64_t g, const uint16_t*, const float*, int, uint8_t* ids) {
         const uint8_t* p = trace.data() + (int64_t(st) * cfg.kmeans_iters + it) * GS + g * x.shape().s;
         std::copy(p, p + x.shape().s, ids);
       },

@@ -785,7 +785,8 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
             const qvg::Tensor x = make_data(dt, sh, uint32_t(700 + 10 * chunk + stages), 50.0f);
             const qvg::SpanCodebook before = span;
             qvg::EncodeStats stats;
-            const qvg::EncodedTensor cpu = qvg::encode_span_chunk(x.view(), cfg, span, chunk == 0 ? 8 : 4, nullptr, &stats);
+            const qvg::EncodedTensor cpu =
+                qvg::encode_span_chunk(x.view(), cfg, span, chunk == 0 ? 8 : 4, nullptr, &stats);
             const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, Kc = cfg.centroids;
             const int t = int(dt) == 0 ? A::kBF16 : A::kF32;
             const std::string what = "stages=" + std::to_string(stages) + " " + std::string(qvg::name(search)) +
@@ -825,8 +826,7 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
             for (int64_t b = 0; b < sh.b; ++b)
               for (int64_t tt = 0; tt < S; ++tt)
                 for (int64_t h = 0; h < sh.h; ++h)
-                  for (int64_t d = 0; d < D; ++d)
-                    r[size_t(((b * sh.h + h) * S + tt) * D + d)] = x.at(b, tt, h, d);
+                  for (int64_t d = 0; d < D; ++d) r[size_t(((b * sh.h + h) * S + tt) * D + d)] = x.at(b, tt, h, d);
             for (int st = 0; st < stages; ++st) {
               for (int64_t e = 0; e < G * Kc * D; ++e)
                 K::book_entry(span.book.centroid[size_t(st)].data(), t, Kc, D, mu.data(), stored.data(), cc.data(), e);
@@ -836,8 +836,8 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
             }
             qvg::EncodedTensor got = qvg::EncodedTensor::allocate(qvg::EncodingLayout::of(sh, dt, cfg));
             std::vector<float> raw_s, raw_z, gmax;
-            const K::QuantizeArgs a = host_quantize_args(got, r.data(), stored.data(),
-                                                         cpu.ids[size_t(stages - 1)].data(), int(Kc), raw_s, raw_z, gmax);
+            const K::QuantizeArgs a = host_quantize_args(
+                got, r.data(), stored.data(), cpu.ids[size_t(stages - 1)].data(), int(Kc), raw_s, raw_z, gmax);
             run_quantize_kernels(a);
             if (search == qvg::ScaleSearch::Mse)
               for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si) K::search_block(a, si);
@@ -879,7 +879,8 @@ QVG_TEST(refinement_bodies_match_the_cpu) {
       if (double(lim) > qvg::kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
       const int t = dt == qvg::DType::BF16 ? A::kBF16 : dt == qvg::DType::F16 ? A::kF16 : A::kF32;
       std::vector<float> err(size_t(sh.numel()));
-      for (int64_t i = 0; i < sh.numel(); ++i) err[size_t(i)] = K::refinement_error(x.view().data, dec.view().data, t, lim, i);
+      for (int64_t i = 0; i < sh.numel(); ++i)
+        err[size_t(i)] = K::refinement_error(x.view().data, dec.view().data, t, lim, i);
       const qvg::EncodedTensor again = qvg::encode(qvg::ConstTensorView{err.data(), qvg::DType::F32, sh}, rc);
       QVG_EXPECT(again.codes == layer.codes && again.scales == layer.scales && again.centroid == layer.centroid &&
                  again.scale_factor == layer.scale_factor)
@@ -899,9 +900,9 @@ QVG_TEST(refinement_bodies_match_the_cpu) {
           qvg::decode_range(enc, rg.t0, rg.t1, rg.h0, rg.h1, {base_out.data(), od, batch_stride, tok_stride});
           std::vector<uint8_t> want = base_out, got = base_out;
           qvg::add_refinement(layer, rg.t0, rg.t1, rg.h0, rg.h1, {want.data(), od, batch_stride, tok_stride});
-          K::DecodeArgs T_ = qvg::cuda::decode_args(layer, {layer.codes.data(), layer.scales.data(), nullptr,
-                                                            layer.scale_factor.data(), nullptr, lc.ids.data(),
-                                                            lc.cent.data()});
+          K::DecodeArgs T_ =
+              qvg::cuda::decode_args(layer, {layer.codes.data(), layer.scales.data(), nullptr,
+                                             layer.scale_factor.data(), nullptr, lc.ids.data(), lc.cent.data()});
           T_.t0 = int32_t(rg.t0);
           T_.t1 = int32_t(rg.t1);
           T_.h0 = int32_t(rg.h0);

@@ -107,8 +107,8 @@ struct PackedCausalCache::Impl {
 
   /// A raw chunk's K or V as a device tensor view.
   ConstTensorView raw_view(const Seg& sg, bool is_k) const {
-    return {(is_k ? sg.data.k_raw : sg.data.v_raw).data(), opt.dtype,
-            {opt.batch, sg.tokens(), opt.heads, opt.head_dim}};
+    return {
+        (is_k ? sg.data.k_raw : sg.data.v_raw).data(), opt.dtype, {opt.batch, sg.tokens(), opt.heads, opt.head_dim}};
   }
 
   /// A device encoding's centroids only (a warm-start codebook).
@@ -435,7 +435,9 @@ void PackedCausalCache::reset_indices() {
   impl_->view = DeviceBuffer();
 }
 
-size_t PackedCausalCache::resident_nbytes() const { return impl_->resident(); }
+size_t PackedCausalCache::resident_nbytes() const {
+  return impl_->resident();
+}
 size_t PackedCausalCache::allocated_nbytes() const {
   size_t n = 0;
   int64_t last_span = -1;
@@ -449,7 +451,9 @@ size_t PackedCausalCache::allocated_nbytes() const {
   }
   return n;
 }
-int64_t PackedCausalCache::span_breaks() const { return impl_->pol.spans().breaks; }
+int64_t PackedCausalCache::span_breaks() const {
+  return impl_->pol.spans().breaks;
+}
 size_t PackedCausalCache::warm_state_nbytes() const {
   return (impl_->warm_k ? impl_->warm_k->nbytes() : 0) + (impl_->warm_v ? impl_->warm_v->nbytes() : 0);
 }
@@ -510,8 +514,7 @@ void PackedCausalCache::save(const std::filesystem::path& path, Stream stream) c
   qvg::detail::snap::write_snapshot(path, w.sections, w.minor);
 }
 
-PackedCausalCache PackedCausalCache::restored(const qvg::detail::PackedStateData& d, Stream stream,
-                                              Allocator& alloc) {
+PackedCausalCache PackedCausalCache::restored(const qvg::detail::PackedStateData& d, Stream stream, Allocator& alloc) {
   PackedCausalCache c(d.options, d.quant, alloc);  // the device cache's own checks (kmeans++, view_scratch)
   auto r = qvg::detail::restore_state<SegData, Books, DeviceEncodedTensor>(d, Up{stream, &alloc});
   c.impl_->pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));

@@ -108,6 +108,10 @@ void book_entries(const void* book, int dtype, int64_t G, int64_t K, int64_t D, 
 /// r[g, t, :] -= stored[g, ids[g, t], :].
 void subtract_stored_centroids(float* r, const float* stored, const uint8_t* ids, int64_t G, int64_t S, int64_t K,
                                int64_t D, cudaStream_t stream);
+/// ids[g, t] = nearest_slot(...): every point to the nearest of the first `used`
+/// slots (any S; one thread per point).
+void assign_to_slots(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t K,
+                     int64_t D, int used, uint8_t* ids, cudaStream_t stream);
 /// mu[g, d] = group_mean(r, ...).
 void group_means(const float* r, int64_t G, int64_t S, int64_t D, float* mu, cudaStream_t stream);
 /// out[g] = group_energy(a, g): G doubles.

@@ -282,19 +282,23 @@ size_t DeviceEncodedTensor::nbytes() const {
 
 DeviceEncodedTensor DeviceEncodedTensor::upload(const EncodedTensor& enc, Stream stream, Allocator& alloc) {
   // A span chunk's encoding has no centroids, a codebook nothing but centroids.
-  const bool no_centroids = std::all_of(enc.centroid.begin(), enc.centroid.end(), [](const auto& c) { return c.empty(); });
+  const bool no_centroids =
+      std::all_of(enc.centroid.begin(), enc.centroid.end(), [](const auto& c) { return c.empty(); });
   const bool only_centroids = enc.codes.empty() && enc.scales.empty();
-  const EncodedParts parts = no_centroids    ? EncodedParts::WithoutCentroids
+  const EncodedParts parts = no_centroids     ? EncodedParts::WithoutCentroids
                              : only_centroids ? EncodedParts::CentroidsOnly
                                               : EncodedParts::All;
-  if (parts == EncodedParts::All) enc.validate();
-  else enc.check();
+  if (parts == EncodedParts::All)
+    enc.validate();
+  else
+    enc.check();
   DeviceEncodedTensor e = allocate(enc.shape, enc.dtype, enc.config(), stream, alloc, parts);
   for (const ArrayDesc& a : e.arrays()) {
     if (!holds(parts, a.kind)) continue;
     const std::span<const uint8_t> src = enc.array(a);
     if (src.size() != a.bytes())
-      throw InvalidArgument(fmt::format("upload: array {} must hold {} bytes, got {}", a.name(), a.bytes(), src.size()));
+      throw InvalidArgument(
+          fmt::format("upload: array {} must hold {} bytes, got {}", a.name(), a.bytes(), src.size()));
     if (!src.empty())
       QVG_CUDA(cudaMemcpyAsync(const_cast<uint8_t*>(array_address(e, a)), src.data(), src.size(),
                                cudaMemcpyHostToDevice, stream));
@@ -392,7 +396,8 @@ SpanCodebook DeviceSpanCodebook::download(Stream stream) const {
 }
 DeviceSpanCodebook DeviceSpanCodebook::copy(Stream stream, Allocator& alloc) const {
   DeviceSpanCodebook s;
-  s.book = DeviceEncodedTensor::allocate(book.shape, book.dtype, book.config(), stream, alloc, EncodedParts::CentroidsOnly);
+  s.book =
+      DeviceEncodedTensor::allocate(book.shape, book.dtype, book.config(), stream, alloc, EncodedParts::CentroidsOnly);
   QVG_CUDA(cudaMemcpyAsync(s.book.mutable_data(EncodedArray::Centroids), book.centroid_data(), book.nbytes(),
                            cudaMemcpyDeviceToDevice, stream));
   s.filled = filled;

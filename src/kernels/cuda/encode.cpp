@@ -110,8 +110,8 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
     if (span->filled + added < 1)
       throw InvalidArgument("span codebook: no slot would be in use (filled = 0 and add = 0)");
   }
-  DeviceEncodedTensor enc = DeviceEncodedTensor::allocate(
-      sh, x.dtype, cfg, stream, alloc, span ? EncodedParts::WithoutCentroids : EncodedParts::All);
+  DeviceEncodedTensor enc = DeviceEncodedTensor::allocate(sh, x.dtype, cfg, stream, alloc,
+                                                          span ? EncodedParts::WithoutCentroids : EncodedParts::All);
   // k-means trains K_t centroids per stage (a span chunk: its new ones), k_eff of them real.
   const int K_t = span ? std::max(added, 1) : K;
   const int k_eff = span ? added : int(std::min<int64_t>(K, S));
@@ -172,8 +172,8 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
     kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
     if (k_eff > 0) {  // k-means: the encoding's K centroids, or a span chunk's new ones
       if (warm)
-        kernels::warm_centroids(warm_stage(st), arith_dtype(job.warm->dtype), K, span ? span->filled : 0, K_t, G, D,
-                                mu, c, stream);
+        kernels::warm_centroids(warm_stage(st), arith_dtype(job.warm->dtype), K, span ? span->filled : 0, K_t, G, D, mu,
+                                c, stream);
       else {
         kernels::init_indices(G, H, S, K_t, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
         kernels::init_centroids(r, mu, idx, G, S, D, K_t, k_eff, c, stream);
@@ -182,25 +182,28 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
         kernels::prepare_centroids(c, G, D, K_t, k_eff, cb, cnorm, stream);
         kernels::assign(xb, cb, cnorm, G, S, D, K_t, ids, changed, it, stop, stream);
         if (job.ids_trace != nullptr)  // the GPU tests' replay (tests/gpu/encode_replay.h)
-          QVG_CUDA(cudaMemcpyAsync(
-              static_cast<uint8_t*>(job.ids_trace) + (size_t(st) * iters + size_t(it)) * size_t(G * S), ids,
-              size_t(G * S), cudaMemcpyDeviceToDevice, stream));
+          QVG_CUDA(
+              cudaMemcpyAsync(static_cast<uint8_t*>(job.ids_trace) + (size_t(st) * iters + size_t(it)) * size_t(G * S),
+                              ids, size_t(G * S), cudaMemcpyDeviceToDevice, stream));
         kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K_t, sums, counts, c, changed, it, stop, stream);
       }
     }
     if (span == nullptr) {
       void* out_c = enc.mutable_data(EncodedArray::Centroids) + size_t(st) * stage_c;
-      kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, dt, out_c, stored, st + 1 == cfg.stages, partial,
-                            stream);
+      kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, dt, out_c, stored, st + 1 == cfg.stages, partial, stream);
     } else {
       // The new centroids into their slots, then every point to the nearest slot in
       // use (assign_to on the host: no update).
       void* book = span->book.mutable_data(EncodedArray::Centroids) + size_t(st) * stage_c;
       if (added > 0) kernels::store_new_centroids(c, mu, dt, K, span->filled, added, G, D, book, stream);
       kernels::book_entries(book, dt, G, K, D, mu, stored, c, stream);
-      kernels::prepare_centroids(c, G, D, K, span->filled + added, cb, cnorm, stream);
+      const int used = span->filled + added;
+      kernels::prepare_centroids(c, G, D, K, used, cb, cnorm, stream);
       QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(G) * 4, stream));
-      kernels::assign(xb, cb, cnorm, G, S, D, K, ids, changed, 0, stop, stream);
+      if (used <= S)  // `assign` considers min(K, S) slots: every slot in use
+        kernels::assign(xb, cb, cnorm, G, S, D, K, ids, changed, 0, stop, stream);
+      else
+        kernels::assign_to_slots(xb, cb, cnorm, G, S, K, D, used, ids, stream);
       if (st + 1 < cfg.stages) {
         kernels::subtract_stored_centroids(r, stored, ids, G, S, K, D, stream);
         kernels::group_means(r, G, S, D, mu, stream);
@@ -269,8 +272,7 @@ DeviceEncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded
   DeviceBuffer e(size_t(n) * 4, stream, alloc);  // freed on `stream` after the encode's kernels
   float lim = float(kMaxAbsInput);               // the largest float not above the limit
   if (double(lim) > kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
-  kernels::refinement_errors(x.data, decoded.data, arith_dtype(x.dtype), lim, n, static_cast<float*>(e.data()),
-                             stream);
+  kernels::refinement_errors(x.data, decoded.data, arith_dtype(x.dtype), lim, n, static_cast<float*>(e.data()), stream);
   return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg, stream, alloc);
 }
 

@@ -102,6 +102,30 @@ QVG_HD void book_entry(const void* book, int t, int64_t K, int64_t D, const floa
   c[e] = A::sub_rn(v, mu[g * D + d]);
 }
 
+/// Point t of group g assigned to the nearest of the first `used` centroids of a
+/// codebook of K slots: argmin cnorm[j] - 2 x.c over the bf16 centred values (fp32
+/// products and sums in channel order), the first on ties. The assignment of a span
+/// chunk with fewer points than slots in use (the tensor-core `assign` considers at
+/// most min(K, S) centroids).
+QVG_HD uint8_t nearest_slot(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t S, int64_t K, int64_t D,
+                            int used, int64_t g, int64_t t) {
+  namespace A = qvg::cuda_arith;
+  const uint16_t* x = xb + (g * S + t) * D;
+  int best = 0;
+  float best_d = 0.0f;
+  for (int j = 0; j < used; ++j) {
+    const uint16_t* c = cb + (g * K + j) * D;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot = A::add_rn(dot, A::mul_rn(A::bf16_to_f32(x[d]), A::bf16_to_f32(c[d])));
+    const float dist = A::sub_rn(cnorm[g * K + j], A::mul_rn(2.0f, dot));
+    if (j == 0 || dist < best_d) {
+      best = j;
+      best_d = dist;
+    }
+  }
+  return uint8_t(best);
+}
+
 /// Element e (= (g * S + t) * D + d) of the next stage's residual: r - stored[ids].
 QVG_HD void subtract_stored(float* r, const float* stored, const uint8_t* ids, int64_t S, int64_t K, int64_t D,
                             int64_t e) {
@@ -160,8 +184,8 @@ QVG_HD void refine_one(const DecodeArgs& T, int b, int h, int t, int d) {
                          s_eff, z_eff);
   for (int s = 0; s < T.stages; ++s) {
     const int id = T.ids[s * T.ids_stage_stride + row];
-    acc = A::add_rn(acc, A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype,
-                                      (g * T.K + id) * D + d));
+    acc = A::add_rn(acc,
+                    A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype, (g * T.K + id) * D + d));
   }
   const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + d;
   const float v = A::add_rn(A::load_elem(T.out, T.out_dtype, e), acc);

@@ -14,7 +14,9 @@ namespace qvg::cuda::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-unsigned blocks_for(int64_t n) { return unsigned(std::max<int64_t>(1, (n + kThreads - 1) / kThreads)); }
+unsigned blocks_for(int64_t n) {
+  return unsigned(std::max<int64_t>(1, (n + kThreads - 1) / kThreads));
+}
 
 __global__ void search_kernel(QuantizeArgs a, int64_t n) {
   const int64_t si = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -27,8 +29,8 @@ __global__ void warm_kernel(const void* warm, int t, int64_t K, int64_t first, i
   if (e < n) c[e] = warm_centroid(warm, t, K, first, k, D, mu, e);
 }
 
-__global__ void store_new_kernel(const float* c, const float* mu, int t, int64_t K, int64_t first, int64_t k,
-                                 int64_t D, int64_t n, void* book) {
+__global__ void store_new_kernel(const float* c, const float* mu, int t, int64_t K, int64_t first, int64_t k, int64_t D,
+                                 int64_t n, void* book) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e < n) store_new_centroid(c, mu, t, K, first, k, D, book, e);
 }
@@ -43,6 +45,12 @@ __global__ void subtract_kernel(float* r, const float* stored, const uint8_t* id
                                 int64_t n) {
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e < n) subtract_stored(r, stored, ids, S, K, D, e);
+}
+
+__global__ void nearest_kernel(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S,
+                               int64_t K, int64_t D, int used, uint8_t* ids) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < G * S) ids[e] = nearest_slot(xb, cb, cnorm, S, K, D, used, e / S, e % S);
 }
 
 __global__ void mean_kernel(const float* r, int64_t G, int64_t S, int64_t D, float* mu) {
@@ -122,6 +130,12 @@ void subtract_stored_centroids(float* r, const float* stored, const uint8_t* ids
   const int64_t n = G * S * D;
   subtract_kernel<<<blocks_for(n), kThreads, 0, stream>>>(r, stored, ids, S, K, D, n);
   detail::check_launch("subtract_kernel");
+}
+
+void assign_to_slots(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t K,
+                     int64_t D, int used, uint8_t* ids, cudaStream_t stream) {
+  nearest_kernel<<<blocks_for(G * S), kThreads, 0, stream>>>(xb, cb, cnorm, G, S, K, D, used, ids);
+  detail::check_launch("nearest_kernel");
 }
 
 void group_means(const float* r, int64_t G, int64_t S, int64_t D, float* mu, cudaStream_t stream) {
