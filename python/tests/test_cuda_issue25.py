@@ -68,7 +68,7 @@ def test_profile_on_cuda_equals_cpu_decode_of_its_state(ratio):
     gen = torch.Generator().manual_seed(25)
     checked = 0
     for step in range(24):
-        c = dev._segments()[-1]["g0"] if step % 4 == 3 else dev.global_end
+        c = dev._segments()[-1]["g0"] if step % 4 == 3 else dev._c.global_end
         x = chunk(gen, step)
         cv = cpu.update_and_get_attention_kv(key=x[0], value=x[1], current_chunk_start=c)
         gv = dev.update_and_get_attention_kv(key=x[0].cuda(), value=x[1].cuda(), current_chunk_start=c)
@@ -100,12 +100,12 @@ def test_snapshots_between_cpu_and_cuda_caches(tmp_path):
     gen = torch.Generator().manual_seed(26)
     for step in range(12):
         x = chunk(gen, step)
-        cpu.update_and_get_attention_kv(key=x[0], value=x[1], current_chunk_start=cpu.global_end)
+        cpu.update_and_get_attention_kv(key=x[0], value=x[1], current_chunk_start=cpu._c.global_end)
     a = cpu.snapshot_bytes()
     kwargs = dict(batch_size=1, cache_size=16 * 9, num_heads=2, head_dim=64, dtype=torch.bfloat16,
                   global_end_index=index_tensor(), local_end_index=index_tensor(), sink_tokens=16, quant_args=q)
     dev = qt.QVGPackedCausalKVCache.from_snapshot_bytes(a, device="cuda", **kwargs)
-    assert dev.global_end == cpu.global_end and dev.resident_nbytes() == cpu.resident_nbytes()
+    assert dev._c.global_end == cpu._c.global_end and dev.resident_nbytes() == cpu.resident_nbytes()
     b = dev.snapshot_bytes()
     back = qt.QVGPackedCausalKVCache.from_snapshot_bytes(b, device="cpu", **kwargs)
     assert back.snapshot_bytes() == a
@@ -126,7 +126,7 @@ def test_cuda_snapshot_load_refuses_cleanly_without_a_gpu(tmp_path):
     gen = torch.Generator().manual_seed(27)
     for step in range(3):
         x = chunk(gen, step)
-        cpu.update_and_get_attention_kv(key=x[0], value=x[1], current_chunk_start=cpu.global_end)
+        cpu.update_and_get_attention_kv(key=x[0], value=x[1], current_chunk_start=cpu._c.global_end)
     path = tmp_path / "cpu.qvgs"
     cpu.save(path)
     kwargs = dict(batch_size=1, cache_size=16 * 9, num_heads=2, head_dim=64, dtype=torch.bfloat16,
