@@ -104,16 +104,27 @@ class DeviceBuffer {
 /// layouts) inside one device allocation. Each kind of array starts 256-byte
 /// aligned; stages are contiguous: the centroids of stage s start s * (B*H*K*D)
 /// elements after stage 0's, the ids of stage s s * (B*H*S) bytes after stage 0's.
+/// Which arrays of its layout a DeviceEncodedTensor holds: all of them; all but the
+/// centroids (a chunk of an incremental span, decoded with its span's codebook, as
+/// the host encode_span_chunk's result); or the centroids only (a span's codebook, a
+/// warm-start codebook: EncodedTensor::codebooks_only()).
+enum class EncodedParts : uint8_t { All, WithoutCentroids, CentroidsOnly };
+
 class DeviceEncodedTensor : public EncodingLayout {
  public:
-  /// Allocates (uninitialised) arrays for an encoding of `shape` in `dtype` with cfg.
-  /// Throws InvalidArgument for a bad config or shape.
+  /// Allocates (uninitialised) arrays for an encoding of `shape` in `dtype` with cfg
+  /// (the arrays `parts` names). Throws InvalidArgument for a bad config or shape.
   static DeviceEncodedTensor allocate(Shape4 shape, DType dtype, const CodecConfig& cfg, Stream stream,
-                                      Allocator& alloc = default_allocator());
-  /// Copies a host encoding to the device (validates it first; async on `stream`).
+                                      Allocator& alloc = default_allocator(), EncodedParts parts = EncodedParts::All);
+  /// Copies a host encoding to the device (async on `stream`): a complete one
+  /// (validated first), a span chunk's (no centroid arrays) or a codebook (centroid
+  /// arrays only), which are copied as they are.
   static DeviceEncodedTensor upload(const EncodedTensor& enc, Stream stream, Allocator& alloc = default_allocator());
-  /// Copies the arrays back into a host EncodedTensor. Synchronizes `stream`.
+  /// Copies the arrays back into a host EncodedTensor (arrays this tensor does not
+  /// hold are empty there, as in the host span chunks and codebooks). Synchronizes `stream`.
   EncodedTensor download(Stream stream) const;
+  /// The arrays held.
+  EncodedParts parts() const { return parts_; }
 
   /// Device address of an array (stage 0 for centroids and ids); nullptr when this
   /// layout has no such array (zeros when symmetric, factors with compat scaling).
@@ -127,8 +138,8 @@ class DeviceEncodedTensor : public EncodingLayout {
   const float* scale_factor_data() const { return reinterpret_cast<const float*>(data(EncodedArray::ScaleFactor)); }
   const float* zero_factor_data() const { return reinterpret_cast<const float*>(data(EncodedArray::ZeroFactor)); }
 
-  /// Bytes of the arrays of spec 1.5 (equal to the host EncodedTensor's nbytes()).
-  size_t nbytes() const { return total_bytes(); }
+  /// Bytes of the arrays held (equal to the host EncodedTensor's nbytes()).
+  size_t nbytes() const;
   /// Bytes of the device allocation (the arrays plus alignment padding).
   size_t allocated_bytes() const { return buf_.size(); }
 
@@ -136,7 +147,22 @@ class DeviceEncodedTensor : public EncodingLayout {
   /// Byte offset of each kind of array (stage 0) in buf_; kAbsent when not present.
   static constexpr size_t kAbsent = ~size_t(0);
   size_t offset_[7] = {kAbsent, kAbsent, kAbsent, kAbsent, kAbsent, kAbsent, kAbsent};
+  EncodedParts parts_ = EncodedParts::All;
   DeviceBuffer buf_;
+};
+
+/// The codebooks of an incremental span on the device (the host SpanCodebook):
+/// `book` holds the centroid arrays only (all K slots; slots [0, filled) in use).
+struct DeviceSpanCodebook {
+  DeviceEncodedTensor book;
+  int filled = 0;
+  /// An empty (zeroed) span codebook for chunks of `shape` (B, H, D) in `dtype` with cfg.
+  static DeviceSpanCodebook empty(Shape4 shape, DType dtype, const CodecConfig& cfg, Stream stream,
+                                  Allocator& alloc = default_allocator());
+  static DeviceSpanCodebook upload(const SpanCodebook& s, Stream stream, Allocator& alloc = default_allocator());
+  SpanCodebook download(Stream stream) const;  ///< synchronizes `stream`
+  /// A device copy (a trial encode into the open span works on one).
+  DeviceSpanCodebook copy(Stream stream, Allocator& alloc = default_allocator()) const;
 };
 
 /// Encodes x (device memory, [B, S, H, D] bf16/f16/f32, dense) on the device
@@ -146,14 +172,49 @@ class DeviceEncodedTensor : public EncodingLayout {
 /// K = 256 needs 133 KB), else an fp32 expanded-form kernel; centroid means are accumulated exactly
 /// (fixed point, 64-bit integers), so results do not depend on scheduling; the
 /// residual quantizer is bit-identical to the CPU's for the same residual.
-/// Supported: init random (and S <= K), every other codec option. Throws
-/// Unsupported for init kmeans++ or warm, InvalidArgument for a bad config/shape.
+/// Supported: init random (and S <= K), warm (the overload below), every other codec
+/// option. Throws Unsupported for init kmeans++, InvalidArgument for a bad config/shape.
 /// The input limits of spec 1 (finite, |x| <= 1e16) are the caller's
 /// responsibility here (checking needs a synchronization): see check_input_limits.
 /// Scratch memory (about 6 bytes per input element plus the codebooks) comes from
 /// `alloc` and is released on `stream` before returning. Asynchronous.
 DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream,
                            Allocator& alloc = default_allocator());
+/// encode() with cfg.init warm: k-means of each stage starts from `warm`'s centroids
+/// (a complete encoding or a codebook of the same B, H, D, K and stages; the first
+/// min(K, S) slots), as the host encode(x, cfg, warm). `warm` null: random init.
+/// `energy`: when not null, receives the per-group sum of the squared final residual
+/// (before quantization) as the host EncodeStats sums it (one fp64 sum per group in
+/// token-then-channel order; groups added in order by the caller): G doubles of
+/// device memory. Also accepts scale_search mse (bit-identical choice to the host).
+DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const DeviceEncodedTensor* warm, Stream stream,
+                           Allocator& alloc = default_allocator(), double* energy = nullptr);
+/// The host encode_span_chunk on the device: per stage, min(add, S, K - filled) new
+/// centroids trained by k-means on the chunk's residual (init random with the
+/// host's PRNG stream, or slots [filled, filled + add) of `warm` with init warm),
+/// stored in the next free slots of span.book; then every point assigned to the
+/// nearest slot in use (no update), the stored centroid subtracted, and the final
+/// residual quantized. span.filled grows by the centroids added. The result holds
+/// no centroids (EncodedParts::WithoutCentroids: decode it with span.book).
+/// `energy` as for encode(). Differences from the host: those of encode() (bf16
+/// assignment operands; near-ties may pick another centroid).
+DeviceEncodedTensor encode_span_chunk(ConstTensorView x, const CodecConfig& cfg, DeviceSpanCodebook& span, int add,
+                                      const DeviceEncodedTensor* warm, Stream stream,
+                                      Allocator& alloc = default_allocator(), double* energy = nullptr);
+/// The host encode_refinement on the device: e = x - decoded (one fp32 subtraction
+/// per element, clamped to +-kMaxAbsInput), encoded in f32 with cfg (from
+/// refinement_config). Asynchronous; scratch from `alloc`.
+DeviceEncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg, Stream stream,
+                                      Allocator& alloc = default_allocator());
+/// The host add_refinement on the device: tokens [t0, t1), heads [h0, h1) of `dst`
+/// (laid out as decode_ranges writes) become round(dst + layer) once, in fp32 then
+/// to dst.dtype: bit-identical to the host. REQUIRES `ref` from encode_refinement.
+struct DeviceRefineTask {
+  const DeviceEncodedTensor* ref = nullptr;
+  int64_t t0 = 0, t1 = 0, h0 = 0, h1 = 0;
+  DecodeTarget dst;
+};
+void add_refinements(const std::vector<DeviceRefineTask>& tasks, Stream stream);
 
 /// Throws InvalidArgument (naming `what` and the first bad flat index) unless every
 /// element of the device tensor x is finite with |x| <= 1e16. Synchronizes `stream`.
@@ -172,6 +233,9 @@ struct DeviceDecodeTask {
   const DeviceEncodedTensor* enc = nullptr;
   int64_t t0 = 0, t1 = 0, h0 = 0, h1 = 0;
   DeviceDecodeTarget dst;
+  /// The centroids come from *codebook when set (a chunk of an incremental span,
+  /// EncodedParts::WithoutCentroids), else from *enc.
+  const DeviceEncodedTensor* codebook = nullptr;
 };
 /// Decodes every task (spec 1.3 arithmetic, bit-identical to the CPU decoder) in as
 /// few kernel launches as possible (one per 16 tasks): e.g. every visible segment

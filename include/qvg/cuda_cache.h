@@ -25,9 +25,13 @@
 // cache changes, so a failing allocation (the Allocator's exception, e.g. PyTorch's
 // out-of-memory error) leaves the cache exactly as it was.
 //
-// Not supported (typed errors, raised before any state change): init kmeans++ or
-// warm, span_mode incremental (Unsupported, at construction), a shared CacheOptions::view_scratch (host
-// memory; Unsupported), allow_growth (Unsupported, as on the CPU).
+// Every QuantArgs setting the CPU cache accepts is accepted (issue 25): incremental
+// spans with adaptive breaks, refinement layers, init warm, scale_search mse,
+// per-role K/V settings. Not supported (typed errors, raised before any state
+// change): a shared CacheOptions::view_scratch (host memory; Unsupported),
+// allow_growth (Unsupported, as on the CPU). With span_mode incremental, an advance
+// that starts a span or (span_break_ratio > 0) measures a chunk's fit synchronizes
+// `stream` once more per chunk, to read the residual energies.
 //
 // NOT YET VERIFIED ON A GPU: this cache compiles and its bookkeeping is tested on
 // the host against the CPU cache, but it has not run on a GPU (docs/cuda.md).
@@ -35,13 +39,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "qvg/cache.h"
 #include "qvg/config.h"
 #include "qvg/cuda.h"
+#include "qvg/snapshot.h"
 #include "qvg/tensor.h"
+
+namespace qvg::detail {
+struct PackedStateData;
+}  // namespace qvg::detail
 
 namespace qvg::cuda {
 
@@ -53,15 +65,15 @@ namespace qvg::cuda {
 /// Differences from the CPU cache: the spans are encoded by qvg::cuda::encode
 /// (its encodings may differ from the CPU encoder's in near-ties, spec 1.1, so
 /// packed tokens of a view may differ from the CPU cache's within the codec's
-/// error); only init = random; no ViewScratch sharing; no peak_transient_nbytes().
+/// error); no ViewScratch sharing; no peak_transient_nbytes().
 /// Not thread-safe; movable, not copyable; a moved-from cache may only be
 /// destroyed or assigned to.
 class PackedCausalCache : public CacheDims {
  public:
   /// Validates like qvg::PackedCausalCache: InvalidArgument for bad options or
   /// quant args (block_size must divide head_dim when quantization is on),
-  /// Unsupported for allow_growth, for quant.init other than random (the device
-  /// encoder's limit) and for a non-null options.view_scratch. Allocates nothing.
+  /// Unsupported for allow_growth and for a non-null options.view_scratch.
+  /// Allocates nothing and makes no CUDA call (no device needed).
   /// `alloc` must outlive the cache.
   explicit PackedCausalCache(const CacheOptions& options, const QuantArgs& quant = {},
                              Allocator& alloc = default_allocator());
@@ -104,6 +116,10 @@ class PackedCausalCache : public CacheDims {
   size_t allocated_nbytes() const;
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
+  /// As qvg::PackedCausalCache: spans started because a chunk did not fit the open
+  /// one (span_break_ratio), and the bytes of the warm-start codebooks held (init warm).
+  int64_t span_breaks() const;
+  size_t warm_state_nbytes() const;
 
   int64_t global_end() const;
   int64_t local_end() const;  ///< min(global_end, cache_size)
@@ -112,6 +128,20 @@ class PackedCausalCache : public CacheDims {
   const QuantArgs& quant_args() const;
   /// Size of the first advance's chunk; nullopt while the cache is empty.
   std::optional<int64_t> chunk_tokens() const;
+
+  /// Snapshots (docs/snapshot.md): the state downloaded into host memory (synchronizes
+  /// `stream`) and written by the CPU caches' writer: the bytes a qvg::PackedCausalCache
+  /// with the same state writes, but for the config's `device` entry ("cuda"). The CPU
+  /// cache loads them, and these functions load the CPU cache's (InvalidArgument /
+  /// CorruptData as qvg::PackedCausalCache::load; Unsupported for a snapshot whose
+  /// settings the device cache refuses, and for expect.view_scratch). A load uploads
+  /// the state on `stream` with `alloc`.
+  std::vector<uint8_t> snapshot_bytes(Stream stream) const;
+  void save(const std::filesystem::path& path, Stream stream) const;
+  static PackedCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect,
+                                               Stream stream, Allocator& alloc = default_allocator());
+  static PackedCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect, Stream stream,
+                                Allocator& alloc = default_allocator());
 
   /// Read-only access to one segment (as qvg::PackedCausalCache::SegmentInfo);
   /// raw views and encodings are device memory, valid until the next mutating call.
@@ -123,6 +153,7 @@ class PackedCausalCache : public CacheDims {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  static PackedCausalCache restored(const qvg::detail::PackedStateData& d, Stream stream, Allocator& alloc);
 };
 
 /// The dense causal cache of spec 3.2 over caller-owned device buffers: the
@@ -176,6 +207,10 @@ class DenseCausalCache : public CacheDims {
   size_t resident_nbytes() const;
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
+  /// As qvg::PackedCausalCache: spans started because a chunk did not fit the open
+  /// one (span_break_ratio), and the bytes of the warm-start codebooks held (init warm).
+  int64_t span_breaks() const;
+  size_t warm_state_nbytes() const;
   int64_t global_end() const;
   int64_t local_end() const;
   int64_t cache_size() const;  ///< current size (grows with allow_growth)

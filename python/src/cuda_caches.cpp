@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -151,6 +152,48 @@ class CudaPackedCache {
                                               attention_window_size, allow_growth, head_offset);
     c10::cuda::CUDAGuard guard(device_);
     cache_ = std::make_shared<qvg::cuda::PackedCausalCache>(o, quant, torch_allocator());
+    options_ = o;
+    quant_ = quant;
+  }
+
+  // ---- snapshots (docs/snapshot.md): the CPU caches' bytes through host memory ----
+  void save(const std::string& path) {
+    BusyGuard busy(mu_);
+    DeviceCall call(device_);
+    py::gil_scoped_release nogil;
+    cache_->save(path, call.stream);
+  }
+  py::bytes snapshot_bytes() {
+    BusyGuard busy(mu_);
+    DeviceCall call(device_);
+    std::vector<uint8_t> b;
+    {
+      py::gil_scoped_release nogil;
+      b = cache_->snapshot_bytes(call.stream);
+    }
+    return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  /// Replaces this cache's state by a snapshot's (a CPU or a CUDA cache's), which must
+  /// hold a cache of this cache's options and quant args; on any error nothing changes.
+  void restore(const py::object& source, bool from_bytes) {
+    BusyGuard busy(mu_);
+    qvg::SnapshotExpectation x;
+    x.options = options_;
+    x.quant = quant_;
+    x.threads = quant_.threads;
+    DeviceCall call(device_);
+    std::shared_ptr<qvg::cuda::PackedCausalCache> loaded;
+    const std::string src = source.cast<std::string>();
+    {
+      py::gil_scoped_release nogil;
+      loaded = std::make_shared<qvg::cuda::PackedCausalCache>(
+          from_bytes
+              ? qvg::cuda::PackedCausalCache::from_snapshot_bytes(
+                    {reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x, call.stream, torch_allocator())
+              : qvg::cuda::PackedCausalCache::load(src, x, call.stream, torch_allocator()));
+    }
+    detach_on(lender_, call.stream);
+    cache_ = std::move(loaded);
   }
 
   ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
@@ -183,15 +226,27 @@ class CudaPackedCache {
   py::list segments() const { return segment_list(*cache_); }
 
   /// Segment i's K and V as the CPU sees them: raw segments copied to the host,
-  /// packed ones downloaded and decoded by the CPU decoder (spec 1.3), as CPU
+  /// packed ones downloaded and decoded by the CPU decoder (spec 1.3; with the span's
+  /// codebook and the refinement layers the segment holds), as CPU
   /// tensors [B, g1 - g0, H, D]. Synchronizes the current stream. For tests.
   py::tuple segment_on_host(size_t i) {
     BusyGuard busy(mu_);
     DeviceCall call(device_);
     const auto s = cache_->segment(i);
-    const auto host = [&](const qvg::StridedView& raw, const qvg::cuda::DeviceEncodedTensor* enc) {
+    // Packed: decoded with its span's codebook (a chunk of an incremental span) and its
+    // refinement layers added (a refined chunk), as the view shows it.
+    const auto host = [&](const qvg::StridedView& raw, const qvg::cuda::DeviceEncodedTensor* enc,
+                          const qvg::cuda::DeviceEncodedTensor* book, const qvg::cuda::DeviceEncodedTensor* ref) {
       if (enc) {
-        const qvg::Tensor dec = qvg::decode(enc->download(call.stream));
+        const qvg::EncodedTensor e = enc->download(call.stream);
+        std::optional<qvg::EncodedTensor> b, r;
+        if (book) b = book->download(call.stream);
+        if (ref) r = ref->download(call.stream);
+        qvg::Tensor dec(e.dtype, e.shape);
+        const int64_t S = e.shape.s, H = e.shape.h, D = e.shape.d;
+        const qvg::DecodeTarget dst{dec.data(), e.dtype, S * H * D, H * D};
+        qvg::decode_ranges({{&e, 0, S, 0, H, dst, b ? &*b : nullptr}});
+        if (r) qvg::add_refinement(*r, 0, S, 0, H, dst);
         at::Tensor t = at::empty({dec.shape().b, dec.shape().s, dec.shape().h, dec.shape().d},
                                  at::TensorOptions().dtype(to_torch_dtype(dec.dtype())));
         std::memcpy(t.data_ptr(), dec.data(), dec.nbytes());
@@ -201,7 +256,8 @@ class CudaPackedCache {
           at::from_blob(const_cast<void*>(raw.data), sizes_of(raw), strides_of(raw), device_options(raw, device_));
       return dev.to(at::kCPU);  // a copy on the current stream, waited for
     };
-    return py::make_tuple(host(s.k_raw, s.packed ? s.k_enc : nullptr), host(s.v_raw, s.packed ? s.v_enc : nullptr));
+    return py::make_tuple(host(s.k_raw, s.packed ? s.k_enc : nullptr, s.k_codebook, s.k_ref),
+                          host(s.v_raw, s.packed ? s.v_enc : nullptr, s.v_codebook, s.v_ref));
   }
 
   /// A snapshot for tests: cursors, segments, byte counts (equal snapshots mean an
@@ -214,6 +270,8 @@ class CudaPackedCache {
  private:
   at::Device device_;
   std::shared_ptr<qvg::cuda::PackedCausalCache> cache_;
+  qvg::CacheOptions options_;
+  qvg::QuantArgs quant_;
   Lender lender_;
   std::mutex mu_;
 };
@@ -246,6 +304,11 @@ void register_cuda(py::module_& m) {
       .def("segments", &CudaPackedCache::segments)
       .def("segment_on_host", &CudaPackedCache::segment_on_host)
       .def("debug_state", &CudaPackedCache::debug_state)
+      .def("save", &CudaPackedCache::save, py::arg("path"))
+      .def("snapshot_bytes", &CudaPackedCache::snapshot_bytes)
+      .def("restore", &CudaPackedCache::restore, py::arg("source"), py::arg("from_bytes"))
+      .def("span_breaks", [](const CudaPackedCache& p) { return p.cache().span_breaks(); })
+      .def("warm_state_nbytes", [](const CudaPackedCache& p) { return p.cache().warm_state_nbytes(); })
       .def_property_readonly("device", [](const CudaPackedCache& p) { return p.device().str(); })
       .def_property_readonly("global_end", [](const CudaPackedCache& p) { return p.cache().global_end(); })
       .def_property_readonly("local_end", [](const CudaPackedCache& p) { return p.cache().local_end(); })

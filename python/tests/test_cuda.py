@@ -274,7 +274,7 @@ def test_cuda_errors_have_the_cpu_messages():
                 cache.update_and_get_attention_kv(key=key.to(dev), value=key.to(dev), current_chunk_start=0)
             msgs.append(str(e.value))
         assert msgs[0] == msgs[1]
-    with pytest.raises(NotImplementedError, match=r"^init must be random for the device packed cache"):
+    with pytest.raises(NotImplementedError, match=r"^init must be random or warm for the device packed cache"):
         packed("cuda", 1, 16, 2, 8, torch.float32, quant=qt.QVGKVQuantArgs(bits=4, block_size=8, init="kmeans++"))
 
 

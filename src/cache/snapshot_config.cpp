@@ -221,10 +221,11 @@ uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
   return m;
 }
 
-KvWriter config_entries(const char* cache, const CacheOptions& o, const QuantArgs* q, uint16_t minor) {
+KvWriter config_entries(const char* cache, const CacheOptions& o, const QuantArgs* q, uint16_t minor,
+                        const char* device) {
   KvWriter kv;
   kv.str("cache", cache);
-  kv.str("device", "cpu");
+  kv.str("device", device);
   put_options(kv, o, minor);
   if (q) put_quant(kv, *q, minor);
   return kv;

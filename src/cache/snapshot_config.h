@@ -26,7 +26,8 @@ uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q);
 
 /// The config entries of a cache of kind `cache` ("dense", "packed"; q for packed
 /// caches) in a file of format 1.`minor`: the entries that minor stores.
-KvWriter config_entries(const char* cache, const CacheOptions& o, const QuantArgs* q, uint16_t minor);
+KvWriter config_entries(const char* cache, const CacheOptions& o, const QuantArgs* q, uint16_t minor,
+                        const char* device = "cpu");
 
 /// A config record read and validated.
 struct Config {

@@ -284,7 +284,7 @@ EncodedTensor get_warm(std::span<const uint8_t> bytes, const std::string& where,
 Written write_packed(const PackedStateRef& st) {
   Written w;
   w.minor = minor_needed(st.options, &st.quant);
-  w.sections.push_back(kv_section(Kind::Config, config_entries("packed", st.options, &st.quant, w.minor)));
+  w.sections.push_back(kv_section(Kind::Config, config_entries("packed", st.options, &st.quant, w.minor, st.device)));
   w.sections.push_back(kv_section(Kind::State, state_entries(st)));
   for (size_t i = 0; i < st.spans.size(); ++i) w.sections.push_back(put_span(st.spans[i], uint32_t(i)));
   for (size_t i = 0; i < st.segments.size(); ++i) w.sections.push_back(put_segment(st.segments[i], uint32_t(i)));

@@ -65,6 +65,7 @@ struct SpanState {
 struct PackedStateRef {
   CacheOptions options;
   QuantArgs quant;
+  const char* device = "cpu";  ///< the config's `device` entry: "cpu", or "cuda" for the device cache
   int64_t global_end = 0;
   std::optional<int64_t> chunk_tokens;
   std::vector<PackedSegmentRef> segments;  ///< global order; the last is the current chunk

@@ -30,9 +30,9 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   // (Block maxima and minima come from the SIMD kernels; the rest is per block.)
   std::vector<float> raw_s(static_cast<size_t>(S * nb)), raw_z(asym ? size_t(S * nb) : 0);
   std::vector<float> hi(asym ? size_t(S * nb) : 0);  // block maxima (asymmetric)
-  // The scale search's candidates: stored bits, effective values, errors.
-  std::vector<uint32_t> cand_s(R::kScaleSearchSteps), cand_z(R::kScaleSearchSteps);
-  std::vector<float> cand_se(R::kScaleSearchSteps), cand_ze(R::kScaleSearchSteps), cand_err(R::kScaleSearchSteps);
+  // The scale search's candidates (stored bits, effective values) and their errors.
+  R::ScaleCandidates cand;
+  float cand_err[R::kScaleSearchSteps];
   float max_s = 0, max_z = 0;
   if (!asym) {
     kernels::block_absmax(r, S * nb, bs, raw_s.data());
@@ -73,31 +73,13 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
       // candidate's stored values are what the decoder reads. Candidates whose stored
       // bits equal the previous one's are skipped (same error). The errors come from
       // the SIMD kernel (the same bits on every target); the first least one wins.
-      int m = 0;
-      for (int k = 0; k < R::kScaleSearchSteps; ++k) {
-        const float f = R::scale_search_factor(k);
-        const float cs = R::mul_rn(raw_s[i], f);
-        // z = lo + range * (1 - f) / 2: the shrunk range keeps the block's centre.
-        const float cz =
-            asym ? R::add_rn(raw_z[i], R::mul_rn(R::sub_rn(hi[i], raw_z[i]), R::mul_rn(R::sub_rn(1.0f, f), 0.5f)))
-                 : 0.0f;
-        const uint32_t cs_bits = R::store_format(R::to_store(cs, divide, g), fp8);
-        const uint32_t cz_bits = asym ? R::store_format(R::to_store(cz, divide, gz), fp8) : 0u;
-        if (m > 0 && cs_bits == cand_s[size_t(m - 1)] && cz_bits == cand_z[size_t(m - 1)]) continue;
-        cand_s[size_t(m)] = cs_bits;
-        cand_z[size_t(m)] = cz_bits;
-        cand_se[size_t(m)] = R::effective(R::format_value(cs_bits, fp8), g);
-        cand_ze[size_t(m)] = asym ? R::effective(R::format_value(cz_bits, fp8), gz) : 0.0f;
-        ++m;
-      }
-      kernels::block_errors(r + int64_t(i) * bs, bs, qmax, asym, cand_se.data(), cand_ze.data(), m, cand_err.data());
-      int best = 0;
-      for (int k = 1; k < m; ++k)
-        if (cand_err[size_t(k)] < cand_err[size_t(best)]) best = k;
-      s_bits = cand_s[size_t(best)];
-      z_bits = cand_z[size_t(best)];
-      se = cand_se[size_t(best)];
-      ze = cand_ze[size_t(best)];
+      R::scale_search_candidates(raw_s[i], asym ? raw_z[i] : 0.0f, asym ? hi[i] : 0.0f, asym, divide, g, gz, fp8, cand);
+      kernels::block_errors(r + int64_t(i) * bs, bs, qmax, asym, cand.s_eff, cand.z_eff, cand.m, cand_err);
+      const int best = R::scale_search_best(cand_err, cand.m);
+      s_bits = cand.s_bits[best];
+      z_bits = cand.z_bits[best];
+      se = cand.s_eff[best];
+      ze = cand.z_eff[best];
     }
     R::put_stored(enc.scales.data(), fp8, si, s_bits);
     s_eff[i] = se;

@@ -131,7 +131,10 @@ QVG_HD float scale_search_factor(int k) {
 /// as quantize_code gives them (the quotient clamped to [lo - 1, hi + 1] first, then
 /// rounded half away from zero through an exact truncation), each square a rounded
 /// fp32 multiply, summed in fp32 in channel order.
-QVG_HD float block_sq_error(const float* x, int64_t n, int qmax, bool asymmetric, float s_eff, float z_eff) {
+/// block_sq_error over the elements x(0), ..., x(n-1) of any accessor (the device
+/// scale search reads the final residual r - stored[id] without writing it).
+template <class At>
+QVG_HD float block_sq_error_at(const At& x, int64_t n, int qmax, bool asymmetric, float s_eff, float z_eff) {
   float acc = 0.0f;
   const float hi = int_to_float(qmax), lo = asymmetric ? 0.0f : -hi;
   const float z = asymmetric ? z_eff : 0.0f;
@@ -139,9 +142,9 @@ QVG_HD float block_sq_error(const float* x, int64_t n, int qmax, bool asymmetric
   for (int64_t i = 0; i < n; ++i) {
     float d;
     if (s_eff == 0.0f) {  // every code decodes to the smallest magnitude: 0, or z (spec 1.2)
-      d = sub_rn(x[i], z);
+      d = sub_rn(x(i), z);
     } else {
-      float v = div_rn(sub_rn(x[i], z), s_eff);  // x - 0 is x: the symmetric quotient unchanged
+      float v = div_rn(sub_rn(x(i), z), s_eff);  // x - 0 is x: the symmetric quotient unchanged
       v = v < vlo ? vlo : v;
       v = v > vhi ? vhi : v;
       const float t = int_to_float(int(v));  // trunc, exact: |v| <= 2^bits
@@ -149,11 +152,56 @@ QVG_HD float block_sq_error(const float* x, int64_t n, int qmax, bool asymmetric
       float r = add_rn(t, fr >= 0.5f ? 1.0f : (fr <= -0.5f ? -1.0f : 0.0f));
       r = r < lo ? lo : r;
       r = r > hi ? hi : r;
-      d = sub_rn(x[i], add_rn(mul_rn(r, s_eff), z));
+      d = sub_rn(x(i), add_rn(mul_rn(r, s_eff), z));
     }
     acc = add_rn(acc, mul_rn(d, d));
   }
   return acc;
+}
+/// The element accessor of a plain array.
+struct ArrayAt {
+  const float* p;
+  QVG_HD float operator()(int64_t i) const { return p[i]; }
+};
+QVG_HD float block_sq_error(const float* x, int64_t n, int qmax, bool asymmetric, float s_eff, float z_eff) {
+  return block_sq_error_at(ArrayAt{x}, n, qmax, asymmetric, s_eff, z_eff);
+}
+
+/// The candidates of one block's scale search (the CPU encoder and the device
+/// kernel src/kernels/cuda/scale_search.cu both take them from here): stored bits
+/// and effective values of each distinct candidate, in candidate order.
+struct ScaleCandidates {
+  uint32_t s_bits[kScaleSearchSteps], z_bits[kScaleSearchSteps];
+  float s_eff[kScaleSearchSteps], z_eff[kScaleSearchSteps];
+  int m = 0;  ///< distinct candidates (a candidate whose stored bits equal the previous one's is skipped)
+};
+/// The candidates of a block with raw scale `raw_s` and, asymmetric, minimum `lo`
+/// (its raw zero) and maximum `hi`: the range shrunk by scale_search_factor(k) (the
+/// asymmetric range about its centre: z = lo + (hi - lo) * (1 - f) / 2), stored with
+/// the `off` choice's factors g, gz (divide: two_level with fp8 scales).
+QVG_HD void scale_search_candidates(float raw_s, float lo, float hi, bool asym, bool divide, float g, float gz,
+                                    bool fp8, ScaleCandidates& c) {
+  c.m = 0;
+  for (int k = 0; k < kScaleSearchSteps; ++k) {
+    const float f = scale_search_factor(k);
+    const float cs = mul_rn(raw_s, f);
+    const float cz = asym ? add_rn(lo, mul_rn(sub_rn(hi, lo), mul_rn(sub_rn(1.0f, f), 0.5f))) : 0.0f;
+    const uint32_t cs_bits = store_format(to_store(cs, divide, g), fp8);
+    const uint32_t cz_bits = asym ? store_format(to_store(cz, divide, gz), fp8) : 0u;
+    if (c.m > 0 && cs_bits == c.s_bits[c.m - 1] && cz_bits == c.z_bits[c.m - 1]) continue;
+    c.s_bits[c.m] = cs_bits;
+    c.z_bits[c.m] = cz_bits;
+    c.s_eff[c.m] = effective(format_value(cs_bits, fp8), g);
+    c.z_eff[c.m] = asym ? effective(format_value(cz_bits, fp8), gz) : 0.0f;
+    ++c.m;
+  }
+}
+/// The chosen candidate: the first of least error.
+QVG_HD int scale_search_best(const float* err, int m) {
+  int best = 0;
+  for (int k = 1; k < m; ++k)
+    if (err[k] < err[best]) best = k;
+  return best;
 }
 
 /// Code of channel i of a packed row (spec 1.5 order: int4 byte j = code[2j] << 4 |

@@ -18,6 +18,8 @@
 // (tests/gpu/device_errors_test.cpp, host-only, built with the CUDA backend).
 // A GoogleTest test built by the `ci` preset (no nvcc needed): it uses only the
 // host policy and the test model.
+#include <cmath>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -27,6 +29,9 @@
 #include <gtest/gtest.h>
 
 #include "cache/cache_policy.h"
+#include "cache/snapshot_records.h"
+#include "cache/snapshot_io.h"
+#include "cache/packed_state_transfer.h"
 #include "gpu/call_kind.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
@@ -227,3 +232,120 @@ TEST(CachePlan, PolicyMatchesIndependentModel) {
 }
 
 }  // namespace
+
+namespace {
+
+// The device cache's payload and books emulated with host types (the device cache's
+// SegData and Books, src/cache/cuda/device_cache.cpp, with DeviceBuffer ->
+// AlignedBuffer, DeviceEncodedTensor -> EncodedTensor, DeviceSpanCodebook ->
+// SpanCodebook): the same structure (shared span codebooks, optional layers), moved
+// through the same transfer templates (src/cache/packed_state_transfer.h) by copies.
+struct EmuSeg {
+  qvg::AlignedBuffer k_raw, v_raw;
+  qvg::EncodedTensor k_enc, v_enc;
+  std::shared_ptr<qvg::SpanCodebook> k_book, v_book;
+  std::optional<qvg::EncodedTensor> k_ref, v_ref;
+};
+struct EmuBooks {
+  std::shared_ptr<qvg::SpanCodebook> k, v;
+};
+struct Copy {  // the emulated download and upload
+  qvg::AlignedBuffer raw(const qvg::AlignedBuffer& b) const { return b; }
+  qvg::EncodedTensor enc(const qvg::EncodedTensor& e) const { return e; }
+  qvg::SpanCodebook book(const qvg::SpanCodebook& b) const { return b; }
+};
+
+std::vector<uint8_t> bytes_of(const qvg::detail::PackedStateData& d, const char* device) {
+  const qvg::detail::snap::Written w = qvg::detail::snap::write_packed(qvg::detail::ref_of(d, device));
+  return qvg::detail::snap::snapshot_file_bytes(w.sections, w.minor);
+}
+
+qvg::Tensor lcg_chunk(qvg::Shape4 sh, uint64_t seed, float drift) {
+  qvg::Tensor t(qvg::DType::BF16, sh);
+  uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int64_t b = 0; b < sh.b; ++b)
+    for (int64_t i = 0; i < sh.s; ++i)
+      for (int64_t h = 0; h < sh.h; ++h)
+        for (int64_t d = 0; d < sh.d; ++d) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          const float u = float((x >> 40) & 0xFFFF) / 65536.0f - 0.5f;
+          t.set(b, i, h, d, std::sin(0.3f * float(d + 7 * h) + drift + float(i % 3)) + 0.3f * u);
+        }
+  return t;
+}
+
+}  // namespace
+
+// Issue 25 (c): a snapshot written from the device cache's state is the CPU cache's
+// snapshot, byte for byte, for the same history. The device state is emulated on the
+// host: the CPU cache's state (read back from its snapshot) is restored into a
+// CachePolicy over the device cache's payload structure (EmuSeg, EmuBooks) with
+// restore_state, the device load's template, and written with state_data_of and
+// ref_of, the device save's: with the device entry "cpu" the bytes are the CPU cache's;
+// with "cuda" (what the device cache writes) only the config section differs, and the
+// CPU cache loads it and writes its own bytes back. Settings: the issue's profile
+// (incremental spans, adaptive breaks, refinement layers, init warm, mse, per-role K),
+// deferred spans with warm, and quantization off.
+TEST(CachePlan, DeviceStateSnapshotEqualsTheCpuCachesBytes) {
+  qvg::CacheOptions o;
+  o.cache_size = 40;
+  o.head_dim = 32;
+  o.heads = 2;
+  o.sink_tokens = 4;
+  std::vector<qvg::QuantArgs> qs(4);
+  qs[0].bits = 2;
+  qs[0].centroids = 8;
+  qs[0].block_size = 16;
+  qs[0].span_mode = qvg::SpanMode::Incremental;
+  qs[0].span_chunks = 3;
+  qs[0].span_break_ratio = 1.1;
+  qs[0].refine_recent = 2;
+  qs[0].keep_recent_chunks = 1;
+  qs[0].sink = true;
+  qs[0].init = qvg::Init::Warm;
+  qs[0].scale_search = qvg::ScaleSearch::Mse;
+  qs[0].k.bits = 4;
+  qs[1] = qs[0];
+  qs[1].span_break_ratio = 0;
+  qs[2].bits = 4;
+  qs[2].centroids = 8;
+  qs[2].block_size = 16;
+  qs[2].span_chunks = 2;
+  qs[2].init = qvg::Init::Warm;
+  int checked = 0;
+  for (const qvg::QuantArgs& q : qs) {
+    qvg::PackedCausalCache cpu(o, q);
+    for (int i = 0; i < 9; ++i) {
+      const qvg::Shape4 sh{1, 4, o.heads, o.head_dim};
+      const float drift = i == 6 ? 4.0f : 0.1f * float(i);
+      const qvg::Tensor k = lcg_chunk(sh, uint64_t(2 * i), drift), v = lcg_chunk(sh, uint64_t(2 * i + 1), drift);
+      const int64_t c = i % 5 == 4 ? cpu.segment(cpu.num_segments() - 1).g0 : cpu.global_end();
+      (void)cpu.update(k.view(), v.view(), c);
+      const std::vector<uint8_t> a = cpu.snapshot_bytes();
+      qvg::SnapshotExpectation x;
+      x.options = o;
+      x.quant = q;
+      const qvg::detail::PackedStateData d = qvg::detail::snap::read_packed(qvg::detail::snap::MemorySource(a), x);
+      qvg::detail::CachePolicy<EmuSeg, EmuBooks> pol(o, q);
+      auto r = qvg::detail::restore_state<EmuSeg, EmuBooks, qvg::EncodedTensor>(d, Copy{});
+      pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));
+      const qvg::detail::PackedStateData back = qvg::detail::state_data_of(pol, o, q, r.warm_k, r.warm_v, Copy{});
+      const std::string at = q.describe() + " call " + std::to_string(i);
+      EXPECT_TRUE(bytes_of(back, "cpu") == a) << at << "the device state's snapshot differs from the CPU cache's";
+      const std::vector<uint8_t> dev = bytes_of(back, "cuda");
+      EXPECT_TRUE(qvg::inspect_snapshot_bytes(dev, true).device == "cuda") << at;
+      const qvg::PackedCausalCache loaded = qvg::PackedCausalCache::from_snapshot_bytes(dev, x);
+      EXPECT_TRUE(loaded.snapshot_bytes() == a) << at << "the CPU cache's load of the device snapshot";
+      // Books shared by a span's chunks (one codebook object per span, as on the device).
+      int64_t last = -1;
+      const qvg::SpanCodebook* book = nullptr;
+      for (const auto& sg : pol.segments()) {
+        EXPECT_TRUE(sg.span < 0 || sg.span != last || sg.data.k_book.get() == book) << at << "span" << sg.span;
+        last = sg.span;
+        book = sg.data.k_book.get();
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 36);
+}

@@ -38,7 +38,10 @@ using AssignFn =
 /// The encoding the device encoder makes of x (host tensor) under cfg when its
 /// assignments are those `assign` gives: its rules (encode_kernels.cu) applied on
 /// the host in its order.
-inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cfg, const AssignFn& assign) {
+/// `warm`: with cfg.init warm, the codebook the k-means of each stage starts from
+/// (warm_centroids: warm - mu for every slot), else random init.
+inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cfg, const AssignFn& assign,
+                                          const EncodedTensor* warm = nullptr) {
   namespace A = qvg::cuda_arith;
   namespace KB = qvg::cuda::kernels;
   const Shape4 sh = x.shape();
@@ -98,7 +101,10 @@ inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cf
       for (int j = 0; j < K; ++j)
         for (int64_t d = 0; d < D; ++d)
           c[size_t((g * K + j) * D + d)] =
-              j < k_eff ? A::sub_rn(r[size_t((g * S + idx[size_t(j)]) * D + d)], mu[size_t(g * D + d)]) : 0.0f;
+              cfg.init == qvg::Init::Warm && warm != nullptr
+                  ? A::sub_rn(warm->centroid_at(st, g / H, g % H, j, d), mu[size_t(g * D + d)])
+              : j < k_eff ? A::sub_rn(r[size_t((g * S + idx[size_t(j)]) * D + d)], mu[size_t(g * D + d)])
+                          : 0.0f;
       // kmeans_iters x (assign, update); a group stops after an iteration with fewer
       // than 1e-4 * S changes (group_active)
       std::vector<int> changed;
@@ -151,7 +157,7 @@ inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cf
         }
     if (st + 1 < cfg.stages) group_mean();
   }
-  for (int64_t g = 0; g < G; ++g) qvg::detail::quantize_residual_group(r.data() + g * S * D, g, e);
+  for (int64_t g = 0; g < G; ++g) qvg::detail::quantize_residual_group(r.data() + g * S * D, g, e, cfg.scale_search);
   return e;
 }
 
@@ -182,14 +188,16 @@ inline std::string encoding_difference(const EncodedTensor& a, const EncodedTens
 /// a group stopped early keeps its ids there) and names the arrays where `got`
 /// differs from the replay ("" when it is the same bytes).
 inline std::string check_against_replay(const Tensor& x, const CodecConfig& cfg, const EncodedTensor& got,
-                                        const std::vector<uint8_t>& trace) {
+                                        const std::vector<uint8_t>& trace, const EncodedTensor* warm = nullptr) {
   const int64_t GS = x.shape().b * x.shape().h * x.shape().s;
   if (trace.size() != size_t(cfg.stages * cfg.kmeans_iters * GS)) return "trace size";
-  const EncodedTensor want =
-      replay_device_encode(x, cfg, [&](int st, int it, int64_t g, const uint16_t*, const float*, int, uint8_t* ids) {
+  const EncodedTensor want = replay_device_encode(
+      x, cfg,
+      [&](int st, int it, int64_t g, const uint16_t*, const float*, int, uint8_t* ids) {
         const uint8_t* p = trace.data() + (int64_t(st) * cfg.kmeans_iters + it) * GS + g * x.shape().s;
         std::copy(p, p + x.shape().s, ids);
-      });
+      },
+      warm);
   return encoding_difference(got, want);
 }
 

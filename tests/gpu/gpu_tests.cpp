@@ -17,6 +17,8 @@
 //   cache, raw view tokens equal to the CPU's, packed ones equal to the CPU decode of
 //   the device's own encodings, and each encoding the device encoder's of the
 //   segment's values, equal to the host replay of its assignments.
+// Issue 25's tests (names issue25_*: the device cache with every setting) and
+// measurements (--issue25-measure) are in tests/gpu/issue25_tests.cpp.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -664,6 +666,9 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
   QVG_EXPECT(packed_rows > 1000 && raw_rows > 500 && replayed > 10) << packed_rows << raw_rows << replayed;
 }
 
+// tests/gpu/issue25_tests.cpp: issue 25's measurements (scripts/gpu-check, part 2).
+int issue25_measure(int argc, char** argv);
+
 int main(int argc, char** argv) {
   const int n = qvg::cuda::device_count();
   if (n == 0) {
@@ -674,5 +679,6 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
     std::printf("device 0: %s, sm_%d%d, %d SMs, %.1f GiB\n", p.name, p.major, p.minor, p.multiProcessorCount,
                 double(p.totalGlobalMem) / (1u << 30));
+  if (argc > 1 && std::string(argv[1]) == "--issue25-measure") return issue25_measure(argc, argv);
   return qvg::testing::run_all(argc, argv);
 }

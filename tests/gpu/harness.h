@@ -49,12 +49,15 @@ class Failure {
   std::ostringstream os_;
 };
 
-/// Runs every registered test whose name contains argv[1] (all without an argument).
+/// Runs every registered test whose name contains argv[1] (all without an argument;
+/// "-text": every test whose name does not contain text).
 inline int run_all(int argc, char** argv) {
-  const std::string filter = argc > 1 ? argv[1] : "";
+  std::string filter = argc > 1 ? argv[1] : "";
+  const bool exclude = !filter.empty() && filter[0] == '-';
+  if (exclude) filter.erase(0, 1);
   int run = 0, failed_tests = 0;
   for (const TestCase& t : registry()) {
-    if (!filter.empty() && std::string(t.name).find(filter) == std::string::npos) continue;
+    if (!filter.empty() && (std::string(t.name).find(filter) == std::string::npos) != exclude) continue;
     const int before = failures();
     const auto t0 = std::chrono::steady_clock::now();
     std::printf("[ RUN  ] %s\n", t.name);

@@ -6,7 +6,12 @@
 // - the codec's PRNG (one definition, host and device) against known answers;
 // - decode_vec8 / decode_one over every element of CPU-encoded tensors in all
 //   modes against kernels::ref::decode_rows, into dense and strided sub-range targets;
-// - block_stats + pack_byte against quantize_residual_group.
+// - block_stats + pack_byte against quantize_residual_group, and the scale search
+//   (search_block) against quantize_residual_group with ScaleSearch::Mse;
+// - issue 25's bodies (span_bodies.cuh): a span chunk's quantizer inputs from its
+//   span's codebook against encode_span_chunk (same bytes given its assignments, and
+//   the same residual energy), the refinement error against encode_refinement and
+//   the layer added in the view (refine_one) against add_refinement.
 // What this cannot check: the kernels' block/thread mapping, the tensor-core
 // assignment and the centroid update (tests/gpu/gpu_tests.cpp, on a GPU).
 #include <algorithm>
@@ -26,6 +31,7 @@
 #include "kernels/cuda/bodies.cuh"
 #include "kernels/cuda/encode_bodies.cuh"
 #include "kernels/cuda/host.h"
+#include "kernels/cuda/span_bodies.cuh"
 #include "kernels/ref/ref.h"
 #include "qvg/codec.h"
 #include "qvg/numeric.h"
@@ -558,7 +564,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
   };
   const BlockCase blocks[] = {{64, 8},   {64, 32},   {64, 64}, {128, 16}, {128, 64}, {128, 128},
                               {256, 64}, {256, 256}, {48, 24}, {64, 4},   {64, 2}};
-  int checked = 0, vec_cases = 0, zero_signs = 0;
+  int checked = 0, vec_cases = 0, zero_signs = 0, mse_checked = 0, mse_changed = 0;
   uint32_t seed = 100;
   for (const Mode& m : all_modes()) {
     if (m.stages != 1) continue;
@@ -692,12 +698,231 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         QVG_EXPECT(got.scale_factor == ref.scale_factor) << what << "factors";
         QVG_EXPECT(got.zero_factor == ref.zero_factor) << what << "zero factors";
         ++checked;
+        // The scale search (issue 25): search_block over every block of what the
+        // kernels left, against the CPU's choice with ScaleSearch::Mse.
+        qvg::EncodedTensor refm = e;
+        for (int64_t g = 0; g < G; ++g)
+          qvg::detail::quantize_residual_group(fin.data() + g * S * D, g, refm, qvg::ScaleSearch::Mse);
+        for (int64_t si = 0; si < G * S * nb; ++si) K::search_block(a, si);
+        QVG_EXPECT(got.codes == refm.codes) << what << "mse codes";
+        QVG_EXPECT(got.scales == refm.scales) << what << "mse scales";
+        QVG_EXPECT(got.zeros == refm.zeros) << what << "mse zeros";
+        QVG_EXPECT(got.scale_factor == refm.scale_factor) << what << "mse factors";
+        mse_changed += refm.scales != ref.scales;
+        ++mse_checked;
       }
   }
   QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
   std::printf("  %d quantizer comparisons (%d vectorised), %d signed zero minima checked\n", checked, vec_cases,
               zero_signs);
   QVG_EXPECT(checked == 336 && vec_cases == 256 && zero_signs == 1008) << checked << vec_cases << zero_signs;
+  std::printf("  %d scale-search comparisons (%d where mse chose other scales than off)\n", mse_checked, mse_changed);
+  QVG_EXPECT(mse_checked == 336 && mse_changed > 200) << mse_checked << mse_changed;
+}
+
+namespace {
+
+/// The quantizer's arguments over host arrays of `got` (F32 scratch in raw_s/raw_z/gmax).
+K::QuantizeArgs host_quantize_args(qvg::EncodedTensor& got, const float* r, const float* stored, const uint8_t* ids,
+                                   int K_slots, std::vector<float>& raw_s, std::vector<float>& raw_z,
+                                   std::vector<float>& gmax) {
+  const int64_t G = got.groups(), S = got.shape.s, D = got.shape.d, nb = D / got.block_size;
+  raw_s.assign(size_t(G * S * nb), 0.0f);
+  raw_z.assign(size_t(G * S * nb), 0.0f);
+  gmax.assign(size_t(2 * G), 0.0f);
+  K::QuantizeArgs a;
+  a.r = r;
+  a.stored = stored;
+  a.ids = ids;
+  a.G = G;
+  a.S = S;
+  a.D = D;
+  a.K = K_slots;
+  a.bits = got.bits;
+  a.block = got.block_size;
+  a.asymmetric = got.asymmetric;
+  a.fp8 = got.scale_dtype == qvg::ScaleDType::FP8_E4M3;
+  a.two_level = got.scaling == qvg::Scaling::TwoLevel;
+  a.codes = got.codes.data();
+  a.scales = got.scales.data();
+  a.zeros = got.asymmetric ? got.zeros.data() : nullptr;
+  a.scale_factor = a.two_level ? got.scale_factor.data() : nullptr;
+  a.zero_factor = a.two_level && got.asymmetric ? got.zero_factor.data() : nullptr;
+  a.raw_s = raw_s.data();
+  a.raw_z = raw_z.data();
+  a.group_max = gmax.data();
+  return a;
+}
+
+}  // namespace
+
+// Issue 25: a chunk of an incremental span, encoded by the CPU (encode_span_chunk,
+// a first chunk and a later one, one and two stages, scale search off and mse), is
+// reproduced byte for byte by the device's bodies given its assignments: the span's
+// codebook read back (book_entry: stored fp32 values, the centred copy), the
+// intermediate stages' residuals (subtract_stored), the quantizer kernels and the
+// scale search on the last stage's residual with the stored codebook; its residual
+// energy (group_energy, summed over groups in order) equals EncodeStats'. Also
+// store_new_centroid writes the CPU's stored slots, and warm_centroid the CPU's warm
+// start (warm - mu).
+QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
+  int checked = 0;
+  for (const int stages : {1, 2})
+    for (const qvg::ScaleSearch search : {qvg::ScaleSearch::Off, qvg::ScaleSearch::Mse})
+      for (const bool asym : {false, true})
+        for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F32}) {
+          qvg::CodecConfig cfg;
+          cfg.bits = asym ? 2 : 4;
+          cfg.centroids = 16;
+          cfg.stages = stages;
+          cfg.block_size = 32;
+          cfg.asymmetric = asym;
+          cfg.scale_search = search;
+          cfg.kmeans_iters = 3;
+          const qvg::Shape4 sh{1, 40, 3, 64};
+          qvg::SpanCodebook span = qvg::SpanCodebook::empty(sh, dt, cfg);
+          for (int chunk = 0; chunk < 2; ++chunk) {
+            const qvg::Tensor x = make_data(dt, sh, uint32_t(700 + 10 * chunk + stages), 50.0f);
+            const qvg::SpanCodebook before = span;
+            qvg::EncodeStats stats;
+            const qvg::EncodedTensor cpu =
+                qvg::encode_span_chunk(x.view(), cfg, span, chunk == 0 ? 8 : 4, nullptr, &stats);
+            const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, Kc = cfg.centroids;
+            const int t = int(dt) == 0 ? A::kBF16 : A::kF32;
+            const std::string what = "stages=" + std::to_string(stages) + " " + std::string(qvg::name(search)) +
+                                     (asym ? " asym " : " sym ") + std::string(qvg::dtype_name(dt)) + " chunk " +
+                                     std::to_string(chunk);
+            // The stored slots: the book after the chunk holds the new centroids; writing
+            // the same fp32 values (as c + mu with mu = 0) through store_new_centroid
+            // gives the same bytes.
+            for (int st = 0; st < stages; ++st) {
+              const size_t esz = qvg::dtype_size(dt);
+              std::vector<uint8_t> book = before.book.centroid[size_t(st)];
+              const int64_t first = before.filled, k = span.filled - before.filled;
+              std::vector<float> c(size_t(G * k * D)), mu(size_t(G * D), 0.0f), back(size_t(G * k * D));
+              for (int64_t e = 0; e < G * k * D; ++e) {
+                const int64_t d = e % D, j = (e / D) % k, g = e / (k * D);
+                c[size_t(e)] = A::load_elem(span.book.centroid[size_t(st)].data(), t, (g * Kc + first + j) * D + d);
+              }
+              for (int64_t e = 0; e < G * k * D; ++e)
+                K::store_new_centroid(c.data(), mu.data(), t, Kc, first, k, D, book.data(), e);
+              QVG_EXPECT(book == span.book.centroid[size_t(st)]) << what << "stored slots, stage" << st;
+              // warm_centroid: slots [first, first + k) minus a mean, as kmeans.cpp's warm start.
+              for (int64_t i = 0; i < G * D; ++i) mu[size_t(i)] = 0.25f * float(i % 7) - 0.5f;
+              for (int64_t e = 0; e < G * k * D; ++e)
+                back[size_t(e)] = K::warm_centroid(book.data(), t, Kc, first, k, D, mu.data(), e);
+              for (int64_t e = 0; e < G * k * D; ++e) {
+                const int64_t d = e % D, g = e / (k * D);
+                if (back[size_t(e)] != c[size_t(e)] - mu[size_t(g * D + d)]) {
+                  QVG_EXPECT(false) << what << "warm_centroid element" << e;
+                  break;
+                }
+              }
+              (void)esz;
+            }
+            // The quantizer's inputs: r = x as fp32, the intermediate stages subtracted.
+            std::vector<float> r(size_t(G * S * D)), stored(size_t(G * Kc * D)), cc(size_t(G * Kc * D)),
+                mu(size_t(G * D), 0.0f);
+            for (int64_t b = 0; b < sh.b; ++b)
+              for (int64_t tt = 0; tt < S; ++tt)
+                for (int64_t h = 0; h < sh.h; ++h)
+                  for (int64_t d = 0; d < D; ++d) r[size_t(((b * sh.h + h) * S + tt) * D + d)] = x.at(b, tt, h, d);
+            for (int st = 0; st < stages; ++st) {
+              for (int64_t e = 0; e < G * Kc * D; ++e)
+                K::book_entry(span.book.centroid[size_t(st)].data(), t, Kc, D, mu.data(), stored.data(), cc.data(), e);
+              if (st + 1 < stages)
+                for (int64_t e = 0; e < G * S * D; ++e)
+                  K::subtract_stored(r.data(), stored.data(), cpu.ids[size_t(st)].data(), S, Kc, D, e);
+            }
+            qvg::EncodedTensor got = qvg::EncodedTensor::allocate(qvg::EncodingLayout::of(sh, dt, cfg));
+            std::vector<float> raw_s, raw_z, gmax;
+            const K::QuantizeArgs a = host_quantize_args(
+                got, r.data(), stored.data(), cpu.ids[size_t(stages - 1)].data(), int(Kc), raw_s, raw_z, gmax);
+            run_quantize_kernels(a);
+            if (search == qvg::ScaleSearch::Mse)
+              for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si) K::search_block(a, si);
+            QVG_EXPECT(got.codes == cpu.codes) << what << "codes";
+            QVG_EXPECT(got.scales == cpu.scales) << what << "scales";
+            QVG_EXPECT(got.zeros == cpu.zeros) << what << "zeros";
+            QVG_EXPECT(got.scale_factor == cpu.scale_factor && got.zero_factor == cpu.zero_factor) << what << "factors";
+            double energy = 0;
+            for (int64_t g = 0; g < G; ++g) energy += K::group_energy(a, g);
+            QVG_EXPECT(energy == stats.residual_energy) << what << "energy" << energy << stats.residual_energy;
+            ++checked;
+          }
+        }
+  std::printf("  %d span chunks reproduced\n", checked);
+  QVG_EXPECT(checked == 32) << checked;
+}
+
+// Issue 25: refinement layers on the device's bodies. refinement_error gives the
+// error encode_refinement encodes (the encodings of both are the same bytes), and
+// refine_one adds a layer to a decoded range as add_refinement does, bit for bit,
+// into bf16, f16 and f32 targets, whole and strided sub-ranges (t0 > 0, h0 > 0).
+QVG_TEST(refinement_bodies_match_the_cpu) {
+  int checked = 0;
+  for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
+    for (const int bits : {2, 4}) {
+      const qvg::Shape4 sh{2, 12, 3, 64};
+      const qvg::Tensor x = make_data(dt, sh, uint32_t(900 + bits), 20.0f);
+      qvg::CodecConfig base;
+      base.bits = 2;
+      base.centroids = 4;
+      base.block_size = 32;
+      const qvg::EncodedTensor enc = qvg::encode(x.view(), base);
+      qvg::Tensor dec(dt, sh);
+      qvg::decode(enc, dec.view());
+      const qvg::CodecConfig rc = qvg::refinement_config(bits, 32, 7);
+      const qvg::EncodedTensor layer = qvg::encode_refinement(x.view(), dec.view(), rc);
+      // The error as the device computes it, then the host encoder: the same layer.
+      float lim = float(qvg::kMaxAbsInput);
+      if (double(lim) > qvg::kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
+      const int t = dt == qvg::DType::BF16 ? A::kBF16 : dt == qvg::DType::F16 ? A::kF16 : A::kF32;
+      std::vector<float> err(size_t(sh.numel()));
+      for (int64_t i = 0; i < sh.numel(); ++i)
+        err[size_t(i)] = K::refinement_error(x.view().data, dec.view().data, t, lim, i);
+      const qvg::EncodedTensor again = qvg::encode(qvg::ConstTensorView{err.data(), qvg::DType::F32, sh}, rc);
+      QVG_EXPECT(again.codes == layer.codes && again.scales == layer.scales && again.centroid == layer.centroid &&
+                 again.scale_factor == layer.scale_factor)
+          << qvg::dtype_name(dt) << bits << "refinement error";
+      // The layer added to decoded ranges: whole, and tokens [3, 10) heads [1, 3) into a
+      // strided target.
+      const Contig lc = contig(layer);
+      struct Range {
+        int64_t t0, t1, h0, h1;
+      };
+      for (const Range rg : {Range{0, sh.s, 0, sh.h}, Range{3, 10, 1, 3}})
+        for (const qvg::DType od : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}) {
+          const int64_t T = rg.t1 - rg.t0, Hn = rg.h1 - rg.h0, D = sh.d;
+          const int64_t tok_stride = (Hn + 1) * D, batch_stride = (T + 2) * tok_stride;
+          const size_t osz = qvg::dtype_size(od);
+          std::vector<uint8_t> base_out(size_t(sh.b * batch_stride) * osz);
+          qvg::decode_range(enc, rg.t0, rg.t1, rg.h0, rg.h1, {base_out.data(), od, batch_stride, tok_stride});
+          std::vector<uint8_t> want = base_out, got = base_out;
+          qvg::add_refinement(layer, rg.t0, rg.t1, rg.h0, rg.h1, {want.data(), od, batch_stride, tok_stride});
+          K::DecodeArgs T_ =
+              qvg::cuda::decode_args(layer, {layer.codes.data(), layer.scales.data(), nullptr,
+                                             layer.scale_factor.data(), nullptr, lc.ids.data(), lc.cent.data()});
+          T_.t0 = int32_t(rg.t0);
+          T_.t1 = int32_t(rg.t1);
+          T_.h0 = int32_t(rg.h0);
+          T_.h1 = int32_t(rg.h1);
+          T_.out_dtype = int8_t(od == qvg::DType::BF16 ? A::kBF16 : od == qvg::DType::F16 ? A::kF16 : A::kF32);
+          T_.out = got.data();
+          T_.batch_stride = batch_stride;
+          T_.token_stride = tok_stride;
+          for (int64_t b = 0; b < sh.b; ++b)
+            for (int64_t tt = rg.t0; tt < rg.t1; ++tt)
+              for (int64_t h = rg.h0; h < rg.h1; ++h)
+                for (int64_t d = 0; d < D; ++d) K::refine_one(T_, int(b), int(h), int(tt), int(d));
+          QVG_EXPECT(got == want) << qvg::dtype_name(dt) << bits << "into" << qvg::dtype_name(od) << "range" << rg.t0
+                                  << rg.t1 << rg.h0 << rg.h1;
+          QVG_EXPECT(got != base_out) << "the layer changed nothing";
+          ++checked;
+        }
+    }
+  std::printf("  %d refined ranges compared\n", checked);
+  QVG_EXPECT(checked == 36) << checked;
 }
 
 int main(int argc, char** argv) { return qvg::testing::run_all(argc, argv); }

@@ -387,7 +387,8 @@ class QVGPackedCausalKVCache(_CacheInterface):
     ``use_int_indices``: then only ``global_end_index_int`` / ``local_end_index_int``
     are (the tensors are zeroed by :meth:`reset_indices` only), as in the engine.
     ``device``: the CPU, or (CUDA path) a CUDA device (``"cuda"`` means the current
-    one); the CUDA cache encodes with ``init`` random only. ``quant_args``:
+    one); the CUDA cache takes every setting the CPU cache takes but ``init``
+    kmeans++ (NotImplementedError). ``quant_args``:
     :class:`QVGKVQuantArgs` or any object with its attributes (the engine's); ``None``
     means off. ``allow_growth`` (qvg only) must stay False. ``head_offset`` (qvg
     only): the global index of this cache's first head when it holds a head shard
@@ -470,14 +471,15 @@ class QVGPackedCausalKVCache(_CacheInterface):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the cache (configuration, cursors, every segment as held in memory,
         warm-start codebooks, checksums) to ``path`` atomically: a crash leaves the
-        previous file. ValueError naming the path on an I/O error; the cache is unchanged."""
-        self._cpu_only("save")
+        previous file. ValueError naming the path on an I/O error; the cache is unchanged.
+        A CUDA cache downloads its state (synchronizing the current stream) and writes
+        the bytes a CPU cache with that state writes, with ``device`` cuda in the config;
+        CPU and CUDA caches load each other's snapshots."""
         self._c.save(os.fspath(path))
 
     @_one_caller
     def snapshot_bytes(self) -> bytes:
         """The bytes :meth:`save` writes."""
-        self._cpu_only("snapshot_bytes")
         return self._c.snapshot_bytes()
 
     @classmethod
@@ -487,19 +489,15 @@ class QVGPackedCausalKVCache(_CacheInterface):
         must hold a cache of exactly these options and quant args, else ValueError naming
         the first differing field. A truncated or altered file is ValueError naming the
         section (spec 5: corrupt data). The cursors are set from the snapshot. Every later
-        call returns what the saved cache would have returned, bit for bit. CPU only."""
+        call returns what the saved cache would have returned, bit for bit (a CUDA cache
+        loading a CPU snapshot: the same stored data, its later encodings the device
+        encoder's). ``device`` may differ from the saved cache's; a CUDA device needs the
+        CUDA path and the device (else the constructor's NotImplementedError or
+        RuntimeError, before anything is read)."""
         return cls._restored(os.fspath(path), False, "load", kwargs)
-
-    def _before_restore(self, what: str) -> None:
-        self._cpu_only(what)
 
     def _adopt_loaded_cursors(self) -> None:
         self._set_cursors(self._c.global_end, self._c.local_end)
-
-    def _cpu_only(self, what: str) -> None:
-        if self.device.type != "cpu":
-            raise NotImplementedError(f"QVGPackedCausalKVCache.{what}: snapshots of a CUDA cache are not supported "
-                                      f"from Python yet (device {self.device}); use a CPU cache")
 
     # -- the interface (_CacheInterface) -----------------------------------------------
     def _update(self, key, value, chunk_start, head_start, recent_window):

@@ -1,14 +1,19 @@
 // qvg::cuda::PackedCausalCache: the device-resident packed cache, built into the
 // CUDA library. The policy (validation, eviction, spans, view ranges) is
 // CachePolicy (src/cache/cache_policy.h), the one the CPU cache runs too; this file
-// executes its plans with the CUDA backend (src/kernels/cuda): raw chunks by
-// cudaMemcpy2DAsync, the plan's spans by the device encoder, windows by one
-// decode_ranges. Every allocation of an update() happens before the policy changes:
-// the spans of an advance's PackPlan are encoded first (encode_steps), then the
-// policy installs them (CachePolicy::apply).
+// executes its plans with the CUDA backend (src/kernels/cuda) as the CPU cache
+// (src/cache/packed_cache.cpp) executes them with the host codec: raw chunks by
+// cudaMemcpy2DAsync, the plan's whole spans by the device encoder (warm started with
+// init = warm), incremental chunks by encode_span_chunk against their span's
+// codebooks (adaptive breaks measured by the residual energies), refinement layers
+// by encode_refinement, windows by one decode_ranges plus add_refinements. Every
+// allocation of an update() happens before the policy changes: the steps of an
+// advance's PackPlan are executed first (execute), then installed (install).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -17,6 +22,10 @@
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
 #include "cache/cuda/device_copy.h"
+#include "cache/packed_state_transfer.h"
+#include "cache/snapshot_io.h"
+#include "cache/snapshot_records.h"
+#include "core/file_impl.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
@@ -25,14 +34,41 @@
 namespace qvg::cuda {
 namespace {
 
-/// A segment's device data: K and V raw ([B, tokens, H, D] dense) or encoded.
+/// A segment's device data, as the CPU cache's (src/cache/packed_cache.cpp): K and V
+/// raw ([B, tokens, H, D] dense) or encoded; a chunk of an incremental span holds
+/// its encodings without centroids and shares its span's codebooks; a refined chunk
+/// also holds its refinement layers.
 struct SegData {
   DeviceBuffer k_raw, v_raw;
   DeviceEncodedTensor k_enc, v_enc;
+  std::shared_ptr<DeviceSpanCodebook> k_book, v_book;  // incremental span chunks only
+  std::optional<DeviceEncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
+};
+/// An incremental span's codebooks (K, V), shared by its chunks and, while it is
+/// open, by the policy's span state.
+struct Books {
+  std::shared_ptr<DeviceSpanCodebook> k, v;
 };
 
-using Policy = qvg::detail::CachePolicy<SegData>;
+using Policy = qvg::detail::CachePolicy<SegData, Books>;
 using Seg = Policy::Segment;
+
+/// What executing an advance's plan made (nothing of the cache changed yet).
+struct Executed {
+  std::vector<SegData> encoded;
+  qvg::detail::SpanDecisions decisions;
+  Books books;  // the open span's codebooks, when one of the call's chunks started it
+  std::optional<DeviceSpanCodebook> open_k, open_v;  // new contents of the cache's open span's codebooks
+  std::optional<DeviceEncodedTensor> warm_k, warm_v;
+};
+/// The open span as the steps executed so far left it.
+struct OpenRun {
+  Books books;
+  bool staged = false;  // they are the cache's and their new contents are Executed::open_k, open_v
+  double k_energy = 0, v_energy = 0;
+  const DeviceSpanCodebook* k(const Executed& x) const { return staged ? &*x.open_k : books.k.get(); }
+  const DeviceSpanCodebook* v(const Executed& x) const { return staged ? &*x.open_v : books.v.get(); }
+};
 
 }  // namespace
 
@@ -43,19 +79,22 @@ struct PackedCausalCache::Impl {
   const QuantArgs quant;
   Allocator* alloc;
   const size_t esz;
-  CodecConfig codec;  // valid when quant.enabled()
+  CodecConfig codec_k, codec_v;  // K's and V's codec settings (per role); valid when quant.enabled()
   Policy pol;
-  DeviceBuffer view;  // K then V of the last copied view
+  std::optional<DeviceEncodedTensor> warm_k, warm_v;  // codebooks of the last whole encodings (init = warm)
+  DeviceBuffer view;                                  // K then V of the last copied view
 
   Impl(const CacheOptions& o, const QuantArgs& q, Allocator& a)
       : opt(o), quant(q), alloc(&a), esz(dtype_size(o.dtype)), pol(o, q) {
     if (q.enabled()) {
-      codec = q.codec();
-      codec.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
+      codec_k = q.codec(CacheRole::Key);
+      codec_v = q.codec(CacheRole::Value);
+      codec_k.head_offset = codec_v.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
     }
   }
 
   size_t raw_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
+  const CodecConfig& codec(bool is_k) const { return is_k ? codec_k : codec_v; }
 
   /// Writes the call's [B, n, h_in, D] rows into a raw [B, n, H, D] segment buffer
   /// at head head0 (B * n rows, one 2D copy).
@@ -66,8 +105,24 @@ struct PackedCausalCache::Impl {
            size_t(B * n), s);
   }
 
-  /// The device encoding of one span's K or V (parts concatenated when several).
-  DeviceEncodedTensor encode_one(const std::vector<const Seg*>& parts, bool is_k, Stream s) const {
+  /// A raw chunk's K or V as a device tensor view.
+  ConstTensorView raw_view(const Seg& sg, bool is_k) const {
+    return {
+        (is_k ? sg.data.k_raw : sg.data.v_raw).data(), opt.dtype, {opt.batch, sg.tokens(), opt.heads, opt.head_dim}};
+  }
+
+  /// A device encoding's centroids only (a warm-start codebook).
+  DeviceEncodedTensor codebooks_of(const DeviceEncodedTensor& e, Stream s) const {
+    DeviceEncodedTensor w =
+        DeviceEncodedTensor::allocate(e.shape, e.dtype, e.config(), s, *alloc, EncodedParts::CentroidsOnly);
+    QVG_CUDA(cudaMemcpyAsync(w.mutable_data(EncodedArray::Centroids), e.centroid_data(), w.nbytes(),
+                             cudaMemcpyDeviceToDevice, s));
+    return w;
+  }
+
+  /// The device encoding of one whole span's K or V (parts concatenated when several).
+  DeviceEncodedTensor encode_one(const std::vector<const Seg*>& parts, bool is_k, const DeviceEncodedTensor* warm,
+                                 Stream s) const {
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
     const int64_t S = parts.back()->g1 - parts.front()->g0;
     ConstTensorView in{nullptr, opt.dtype, {B, S, H, D}};
@@ -86,25 +141,162 @@ struct PackedCausalCache::Impl {
       }
       in.data = concat.data();
     }
-    return encode(in, codec, s, *alloc);
+    const CodecConfig& c = codec(is_k);
+    return encode(in, c, c.init == Init::Warm ? warm : nullptr, s, *alloc);
   }
 
-  /// The encodings of the steps of an advance's plan, in order, made from the raw
-  /// segments before anything changes (they exist already: the call's own chunk is
-  /// never part of a span). An allocation failure here leaves the cache as it was.
-  std::vector<SegData> encode_steps(const qvg::detail::PackPlan& pp, Stream s) const {
-    std::vector<SegData> out;
-    out.reserve(pp.encodes.size());
-    for (const qvg::detail::EncodeStep& e : pp.encodes) {
-      QVG_CHECK(!e.incremental);  // rejected at construction
-      std::vector<const Seg*> parts;
-      for (size_t i = e.first; i < e.first + e.count; ++i) parts.push_back(&pol.segments()[i]);
-      SegData d;
-      d.k_enc = encode_one(parts, true, s);
-      d.v_enc = encode_one(parts, false, s);
-      out.push_back(std::move(d));
+  // Slots of a span's codebook its first chunk trains and each later chunk adds (the
+  // CPU cache's rule, packed_cache.cpp).
+  int first_chunk_slots(const CodecConfig& c) const {
+    return quant.span_chunks > 1 ? (c.centroids + 1) / 2 : c.centroids;
+  }
+  int later_chunk_slots(const CodecConfig& c) const {
+    return quant.span_chunks > 1 ? (c.centroids - first_chunk_slots(c)) / (quant.span_chunks - 1) : 0;
+  }
+
+  /// The residual energies per element of a span chunk's K and V encodes, from the
+  /// per-group sums `e` (2 x G doubles, K then V) as the host sums them (groups in
+  /// order). Synchronizes `s`.
+  std::pair<double, double> energies(const DeviceBuffer& e, int64_t S, Stream s) const {
+    const int64_t G = opt.batch * opt.heads;
+    std::vector<double> h(size_t(2 * G));
+    QVG_CUDA(cudaMemcpyAsync(h.data(), e.data(), h.size() * 8, cudaMemcpyDeviceToHost, s));
+    QVG_CUDA(cudaStreamSynchronize(s));
+    const double elements = double(G * S * opt.head_dim);
+    double k = 0, v = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      k += h[size_t(g)];
+      v += h[size_t(G + g)];
     }
-    return out;
+    return {elements > 0 ? k / elements : 0.0, elements > 0 ? v / elements : 0.0};
+  }
+
+  /// An incremental chunk (phase 2 of its step), as the CPU cache's encode_incremental:
+  /// encoded against the open span's codebooks when it may join, joining when it fits
+  /// them; else the first chunk of a new span. Changes nothing of the cache.
+  void encode_incremental(const Seg& raw, SegData& d, Executed& x, OpenRun& run, const DeviceEncodedTensor* wk_now,
+                          const DeviceEncodedTensor* wv_now, Stream s) const {
+    const int64_t G = opt.batch * opt.heads;
+    DeviceBuffer e(size_t(2 * G) * 8, s, *alloc);
+    double* ek = static_cast<double*>(e.data());
+    if (x.decisions.may_join()) {
+      DeviceSpanCodebook tk = run.k(x)->copy(s, *alloc), tv = run.v(x)->copy(s, *alloc);
+      const bool measure = quant.span_break_ratio > 0;  // with ratio 0 every chunk fits
+      DeviceEncodedTensor k = encode_span_chunk(raw_view(raw, true), codec_k, tk, later_chunk_slots(codec_k), nullptr,
+                                                s, *alloc, measure ? ek : nullptr);
+      DeviceEncodedTensor v = encode_span_chunk(raw_view(raw, false), codec_v, tv, later_chunk_slots(codec_v), nullptr,
+                                                s, *alloc, measure ? ek + G : nullptr);
+      bool fits = true;
+      if (measure) {
+        const auto [k_e, v_e] = energies(e, raw.tokens(), s);
+        fits = qvg::detail::fits_open_span(quant.span_break_ratio, k_e, v_e, run.k_energy, run.v_energy);
+      }
+      if (fits) {
+        d.k_enc = std::move(k);
+        d.v_enc = std::move(v);
+        d.k_book = run.books.k;
+        d.v_book = run.books.v;
+        if (run.books.k == pol.spans().books.k) {  // the cache's codebooks: changed when installed
+          x.open_k = std::move(tk);
+          x.open_v = std::move(tv);
+          run.staged = true;
+        } else {  // a span this call started: not the cache's yet
+          *run.books.k = std::move(tk);
+          *run.books.v = std::move(tv);
+        }
+        x.decisions.decide(true);
+        return;
+      }
+    }
+    // A new span: its first chunk trains the first slots of fresh codebooks (warm
+    // started, with init = warm, from the previous span's or encoding's codebooks).
+    const Shape4 shape{opt.batch, raw.tokens(), opt.heads, opt.head_dim};
+    const DeviceEncodedTensor* wk = run.books.k ? &run.k(x)->book : wk_now;
+    const DeviceEncodedTensor* wv = run.books.v ? &run.v(x)->book : wv_now;
+    if (codec_k.init != Init::Warm) wk = nullptr;
+    if (codec_v.init != Init::Warm) wv = nullptr;
+    auto book_k = std::make_shared<DeviceSpanCodebook>(DeviceSpanCodebook::empty(shape, opt.dtype, codec_k, s, *alloc));
+    auto book_v = std::make_shared<DeviceSpanCodebook>(DeviceSpanCodebook::empty(shape, opt.dtype, codec_v, s, *alloc));
+    d.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, first_chunk_slots(codec_k), wk, s, *alloc, ek);
+    d.v_enc =
+        encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, s, *alloc, ek + G);
+    const auto [k_e, v_e] = energies(e, raw.tokens(), s);
+    d.k_book = book_k;
+    d.v_book = book_v;
+    run = {{std::move(book_k), std::move(book_v)}, false, k_e, v_e};
+    x.books = run.books;
+    x.decisions.decide(false, run.k_energy, run.v_energy);
+  }
+
+  /// The refinement layers of a just-encoded incremental chunk `d`: its K and V
+  /// decoded as the view decodes them (with its span's codebooks as the chunk left
+  /// them), and the error encoded (the CPU cache's refine()).
+  void refine(const Seg& raw, SegData& d, const DeviceSpanCodebook& book_k, const DeviceSpanCodebook& book_v,
+              Stream s) const {
+    const int64_t S = raw.tokens(), H = opt.heads, D = opt.head_dim;
+    DeviceBuffer dec(raw_bytes(S), s, *alloc);
+    for (const bool is_k : {true, false}) {
+      const DeviceEncodedTensor& enc = is_k ? d.k_enc : d.v_enc;
+      const DeviceEncodedTensor& book = (is_k ? book_k : book_v).book;
+      DeviceDecodeTask t{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book};
+      decode_ranges({t}, s);
+      const CodecConfig& c = codec(is_k);
+      CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.threads);
+      rc.head_offset = c.head_offset;
+      const ConstTensorView x = raw_view(raw, is_k);
+      (is_k ? d.k_ref : d.v_ref) = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc, s, *alloc);
+    }
+  }
+
+  /// Executes the encodings of an advance's plan, in order, from the raw segments
+  /// before anything changes (the call's own chunk is never part of a step). An
+  /// allocation failure here leaves the cache as it was.
+  Executed execute(const qvg::detail::PackPlan& pp, Stream s) const {
+    Executed x{{}, qvg::detail::SpanDecisions(pp, quant.span_chunks), {}, {}, {}, {}, {}};
+    const std::vector<Seg>& segs = pol.segments();
+    const qvg::detail::OpenSpan<Books>& spans = pol.spans();
+    OpenRun run{spans.books, false, spans.k_energy, spans.v_energy};
+    const DeviceEncodedTensor* wk = warm_k ? &*warm_k : nullptr;  // the warm-start codebooks so far
+    const DeviceEncodedTensor* wv = warm_v ? &*warm_v : nullptr;
+    x.encoded.reserve(pp.encodes.size());
+    for (const qvg::detail::EncodeStep& e : pp.encodes) {
+      std::vector<const Seg*> parts;
+      for (size_t i = e.first; i < e.first + e.count; ++i) parts.push_back(&segs[i]);
+      SegData d;
+      if (e.incremental) {
+        encode_incremental(*parts.front(), d, x, run, wk, wv, s);
+        if (e.refine) refine(*parts.front(), d, *run.k(x), *run.v(x), s);
+      } else {
+        d.k_enc = encode_one(parts, true, wk, s);
+        d.v_enc = encode_one(parts, false, wv, s);
+        if (codec_k.init == Init::Warm) wk = &*(x.warm_k = codebooks_of(d.k_enc, s));
+        if (codec_v.init == Init::Warm) wv = &*(x.warm_v = codebooks_of(d.v_enc, s));
+      }
+      x.encoded.push_back(std::move(d));
+    }
+    return x;
+  }
+
+  /// Installs an advance: the new chunk `cur` and the executed plan `x`.
+  void install(const qvg::detail::PackPlan& pp, SegData cur, Executed&& x) {
+    const Books before = pol.spans().books;  // the open span's codebooks before the call
+    pol.apply(pp, std::move(cur), std::move(x.encoded), x.decisions, std::move(x.books));
+    if (x.open_k) {  // chunks of the call joined the span that was open before it
+      *before.k = std::move(*x.open_k);
+      *before.v = std::move(*x.open_v);
+    }
+    if (x.warm_k) warm_k = std::move(x.warm_k);
+    if (x.warm_v) warm_v = std::move(x.warm_v);
+    for (const size_t i : pp.drop_refinement) {  // older chunks lose their layers
+      pol.segments()[i].data.k_ref.reset();
+      pol.segments()[i].data.v_ref.reset();
+    }
+  }
+
+  size_t resident() const {
+    return qvg::detail::resident_bytes(
+        pol, [](const Seg& sg) { return qvg::detail::segment_bytes(sg); },
+        [](const Seg& sg) { return sg.data.k_book->book.nbytes() + sg.data.v_book->book.nbytes(); });
   }
 
   KVView update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
@@ -120,11 +312,11 @@ struct PackedCausalCache::Impl {
     // New buffers and the spans' encodings first (an allocation failure here still
     // changes nothing).
     SegData cur;
-    std::vector<SegData> encoded;
+    std::optional<Executed> executed;
     if (p.advance) {
       cur.k_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
       cur.v_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
-      encoded = encode_steps(*plan.pack, s);
+      executed.emplace(execute(*plan.pack, s));
     }
     DeviceBuffer new_view;
     if (view_bytes && view.size() != view_bytes) new_view = DeviceBuffer(view_bytes, s, *alloc);
@@ -138,9 +330,7 @@ struct PackedCausalCache::Impl {
       }
       write_chunk(key, cur.k_raw.data(), head0, s);
       write_chunk(value, cur.v_raw.data(), head0, s);
-      // No incremental chunks, hence no decisions to make, and no refinement layers.
-      pol.apply(*plan.pack, std::move(cur), std::move(encoded),
-                qvg::detail::SpanDecisions(*plan.pack, quant.span_chunks));
+      install(*plan.pack, std::move(cur), std::move(*executed));
     } else {
       Seg& c_seg = pol.segments().back();
       write_chunk(key, c_seg.data.k_raw.data(), head0, s);
@@ -161,6 +351,7 @@ struct PackedCausalCache::Impl {
       const size_t out_row = size_t(h_in * D) * esz;   // one token of the view
       const size_t view_batch = size_t(T) * out_row;    // one batch of the view
       std::vector<DeviceDecodeTask> tasks;
+      std::vector<DeviceRefineTask> refines;
       for (const qvg::detail::ViewPiece& pc : plan.pieces) {
         const Seg& sg = pol.segments()[pc.seg];
         const size_t off = size_t(pc.out_t) * out_row;
@@ -178,8 +369,14 @@ struct PackedCausalCache::Impl {
         } else {
           const DeviceDecodeTarget tk{vk + off, opt.dtype, T * h_in * D, h_in * D};
           const DeviceDecodeTarget tv{vv + off, opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk});
-          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv});
+          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk,
+                           sg.data.k_book ? &sg.data.k_book->book : nullptr});
+          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv,
+                           sg.data.v_book ? &sg.data.v_book->book : nullptr});
+          if (sg.data.k_ref) {  // a refined chunk: its layers added to what is decoded
+            refines.push_back({&*sg.data.k_ref, pc.t0, pc.t1, head0, head0 + h_in, tk});
+            refines.push_back({&*sg.data.v_ref, pc.t0, pc.t1, head0, head0 + h_in, tv});
+          }
         }
       }
       // The call's own chunk is the view's last n tokens: copied from the input.
@@ -187,6 +384,7 @@ struct PackedCausalCache::Impl {
       copy2d(vk + at, view_batch, key.data, chunk, chunk, size_t(B), s);
       copy2d(vv + at, view_batch, value.data, chunk, chunk, size_t(B), s);
       if (!tasks.empty()) decode_ranges(tasks, s);
+      if (!refines.empty()) add_refinements(refines, s);
       out.k = qvg::detail::dense_view({vk, opt.dtype, B, T, h_in, D});
       out.v = qvg::detail::dense_view({vv, opt.dtype, B, T, h_in, D});
     }
@@ -211,25 +409,13 @@ PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArg
     quant.validate_for_head_dim(options.head_dim);
   else
     quant.validate();
-  if (quant.enabled() && quant.span_mode != SpanMode::Deferred)
-    throw Unsupported(fmt::format(
-        "span_mode must be deferred for the device packed cache (the CUDA encoder cannot yet encode against a "
-        "span's fixed codebook), got {}",
-        name(quant.span_mode)));
-  if (quant.enabled() && quant.init != Init::Random)
-    throw Unsupported(fmt::format(
-        "init must be random for the device packed cache (the CUDA encoder supports random init only), got {}",
-        name(quant.init)));
-  if (quant.enabled() && quant.scale_search != ScaleSearch::Off)
-    throw Unsupported(fmt::format(
-        "scale_search must be off for the device packed cache (the CUDA encoder chooses scales from the block "
-        "maxima only), got {}",
-        name(quant.scale_search)));
-  if (quant.enabled() && quant.per_role())
-    throw Unsupported(
-        fmt::format("per-role settings are not supported by the device packed cache (it encodes K and V with one "
-                    "configuration), got {}",
-                    quant.describe()));
+  if (quant.enabled())
+    for (const CacheRole role : {CacheRole::Key, CacheRole::Value})
+      if (quant.codec(role).init == Init::KMeansPlusPlus)
+        throw Unsupported(fmt::format(
+            "init must be random or warm for the device packed cache (the CUDA encoder has no k-means++ seeding), "
+            "got {}",
+            name(quant.codec(role).init)));
   impl_ = std::make_unique<Impl>(options, quant, alloc);
 }
 
@@ -244,20 +430,32 @@ KVView PackedCausalCache::update(ConstTensorView key, ConstTensorView value, int
 
 void PackedCausalCache::reset_indices() {
   impl_->pol.reset();
+  impl_->warm_k.reset();
+  impl_->warm_v.reset();
   impl_->view = DeviceBuffer();
 }
 
 size_t PackedCausalCache::resident_nbytes() const {
-  size_t n = 0;
-  for (const Seg& s : impl_->pol.segments()) n += qvg::detail::segment_bytes(s);  // no incremental spans here
-  return n;
+  return impl_->resident();
 }
 size_t PackedCausalCache::allocated_nbytes() const {
   size_t n = 0;
-  for (const Seg& s : impl_->pol.segments())
+  int64_t last_span = -1;
+  for (const Seg& s : impl_->pol.segments()) {
     n += s.packed ? s.data.k_enc.allocated_bytes() + s.data.v_enc.allocated_bytes()
                   : s.data.k_raw.size() + s.data.v_raw.size();
+    if (s.data.k_ref) n += s.data.k_ref->allocated_bytes() + s.data.v_ref->allocated_bytes();
+    if (s.span >= 0 && s.span != last_span)
+      n += s.data.k_book->book.allocated_bytes() + s.data.v_book->book.allocated_bytes();
+    last_span = s.span;
+  }
   return n;
+}
+int64_t PackedCausalCache::span_breaks() const {
+  return impl_->pol.spans().breaks;
+}
+size_t PackedCausalCache::warm_state_nbytes() const {
+  return (impl_->warm_k ? impl_->warm_k->nbytes() : 0) + (impl_->warm_v ? impl_->warm_v->nbytes() : 0);
 }
 size_t PackedCausalCache::view_buffer_nbytes() const { return impl_->view.size(); }
 int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
@@ -267,6 +465,77 @@ int64_t PackedCausalCache::attention_window_size() const { return impl_->opt.win
 const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
 std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
 size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
+
+// ---- snapshots: the state through host memory, the CPU caches' records -------------
+
+namespace {
+
+/// Device to host copies of a cache's payloads (each synchronizes `s`).
+struct Down {
+  Stream s;
+  AlignedBuffer raw(const DeviceBuffer& b) const {
+    AlignedBuffer h = AlignedBuffer::uninitialized(b.size());
+    if (b.size()) QVG_CUDA(cudaMemcpyAsync(h.data(), b.data(), b.size(), cudaMemcpyDeviceToHost, s));
+    QVG_CUDA(cudaStreamSynchronize(s));
+    return h;
+  }
+  EncodedTensor enc(const DeviceEncodedTensor& e) const { return e.download(s); }
+  SpanCodebook book(const DeviceSpanCodebook& b) const { return b.download(s); }
+};
+/// Host to device copies (asynchronous on `s`; the host data outlives the call's copies:
+/// cudaMemcpyAsync from pageable memory returns once the source is staged).
+struct Up {
+  Stream s;
+  Allocator* alloc;
+  DeviceBuffer raw(const AlignedBuffer& h) const {
+    DeviceBuffer b(h.size(), s, *alloc);
+    if (h.size()) QVG_CUDA(cudaMemcpyAsync(b.data(), h.data(), h.size(), cudaMemcpyHostToDevice, s));
+    return b;
+  }
+  DeviceEncodedTensor enc(const EncodedTensor& e) const { return DeviceEncodedTensor::upload(e, s, *alloc); }
+  DeviceSpanCodebook book(const SpanCodebook& b) const { return DeviceSpanCodebook::upload(b, s, *alloc); }
+};
+
+}  // namespace
+
+std::vector<uint8_t> PackedCausalCache::snapshot_bytes(Stream stream) const {
+  const Impl& m = *impl_;
+  const qvg::detail::PackedStateData d =
+      qvg::detail::state_data_of(m.pol, m.opt, m.quant, m.warm_k, m.warm_v, Down{stream});
+  const qvg::detail::snap::Written w = qvg::detail::snap::write_packed(qvg::detail::ref_of(d, "cuda"));
+  return qvg::detail::snap::snapshot_file_bytes(w.sections, w.minor);
+}
+
+void PackedCausalCache::save(const std::filesystem::path& path, Stream stream) const {
+  const Impl& m = *impl_;
+  const qvg::detail::PackedStateData d =
+      qvg::detail::state_data_of(m.pol, m.opt, m.quant, m.warm_k, m.warm_v, Down{stream});
+  const qvg::detail::snap::Written w = qvg::detail::snap::write_packed(qvg::detail::ref_of(d, "cuda"));
+  qvg::detail::snap::write_snapshot(path, w.sections, w.minor);
+}
+
+PackedCausalCache PackedCausalCache::restored(const qvg::detail::PackedStateData& d, Stream stream, Allocator& alloc) {
+  PackedCausalCache c(d.options, d.quant, alloc);  // the device cache's own checks (kmeans++, view_scratch)
+  auto r = qvg::detail::restore_state<SegData, Books, DeviceEncodedTensor>(d, Up{stream, &alloc});
+  c.impl_->pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));
+  c.impl_->warm_k = std::move(r.warm_k);
+  c.impl_->warm_v = std::move(r.warm_v);
+  return c;
+}
+
+PackedCausalCache PackedCausalCache::from_snapshot_bytes(std::span<const uint8_t> bytes,
+                                                         const SnapshotExpectation& expect, Stream stream,
+                                                         Allocator& alloc) {
+  return restored(qvg::detail::snap::read_packed(qvg::detail::snap::MemorySource(bytes), expect), stream, alloc);
+}
+
+PackedCausalCache PackedCausalCache::load(const std::filesystem::path& path, const SnapshotExpectation& expect,
+                                          Stream stream, Allocator& alloc) {
+  return qvg::detail::with_path(path, [&] {
+    const qvg::detail::snap::FileSource src(path);
+    return restored(qvg::detail::snap::read_packed(src, expect), stream, alloc);
+  });
+}
 
 PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
   const auto& segs = impl_->pol.segments();

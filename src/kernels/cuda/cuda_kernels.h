@@ -99,6 +99,39 @@ void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64
 /// subtraction is done in registers in the first and the last pass.
 void quantize_residual(const QuantizeArgs& a, cudaStream_t stream);
 
+// ---- issue 25: scale search, incremental spans, refinement (span_kernels.cu) -----
+
+/// ScaleSearch::Mse after quantize_residual(a): every block's stored scale (and
+/// zero) and codes replaced by search_block's (bit-identical to
+/// quantize_residual_group with Mse). REQUIRES a's arrays as quantize_residual left them.
+void search_scales(const QuantizeArgs& a, cudaStream_t stream);
+/// c[g, j, :] = warm[g, first + j, :] - mu[g, :] for j < k (warm: a codebook of K
+/// slots in `dtype`): the initial centred centroids of a warm start.
+void warm_centroids(const void* warm, int dtype, int64_t K, int64_t first, int64_t k, int64_t G, int64_t D,
+                    const float* mu, float* c, cudaStream_t stream);
+/// book[g, first + j, :] = (c[g, j, :] + mu[g, :]) rounded to `dtype`, j < k.
+void store_new_centroids(const float* c, const float* mu, int dtype, int64_t K, int64_t first, int64_t k, int64_t G,
+                         int64_t D, void* book, cudaStream_t stream);
+/// stored = book as fp32 and c = stored - mu ([G, K, D]).
+void book_entries(const void* book, int dtype, int64_t G, int64_t K, int64_t D, const float* mu, float* stored,
+                  float* c, cudaStream_t stream);
+/// r[g, t, :] -= stored[g, ids[g, t], :].
+void subtract_stored_centroids(float* r, const float* stored, const uint8_t* ids, int64_t G, int64_t S, int64_t K,
+                               int64_t D, cudaStream_t stream);
+/// ids[g, t] = nearest_slot(...): every point to the nearest of the first `used`
+/// slots (any S; one thread per point).
+void assign_to_slots(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t K,
+                     int64_t D, int used, uint8_t* ids, cudaStream_t stream);
+/// mu[g, d] = group_mean(r, ...).
+void group_means(const float* r, int64_t G, int64_t S, int64_t D, float* mu, cudaStream_t stream);
+/// out[g] = group_energy(a, g): G doubles.
+void residual_energies(const QuantizeArgs& a, double* out, cudaStream_t stream);
+/// out[i] = refinement_error(x, decoded, dtype, lim, i), i < n.
+void refinement_errors(const void* x, const void* decoded, int dtype, float lim, int64_t n, float* out,
+                       cudaStream_t stream);
+/// refine_one over every element of each task's range (one launch per task).
+void refine_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
+
 /// Index of the first element of x (n elements of `dtype`) that is not finite or has
 /// |x| > 1e16, written to *first_bad (initialised to n by the caller).
 void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream);

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <utility>
 
@@ -38,19 +39,84 @@ class Carver {
 
 }  // namespace
 
-DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
-                                          void* ids_trace) {
+namespace {
+
+/// What one device encode does beyond encode(): a warm start, a span chunk, the
+/// residual energies, the ids trace of the GPU tests.
+struct EncodeJob {
+  const DeviceEncodedTensor* warm = nullptr;  ///< init warm's codebook (else random)
+  DeviceSpanCodebook* span = nullptr;         ///< a chunk of this span (encode_span_chunk)
+  int add = 0;                                ///< its new centroids per stage (at most)
+  double* energy = nullptr;                   ///< G doubles: each group's residual energy
+  void* ids_trace = nullptr;                  ///< encode_traced's trace
+};
+
+void check_codebook(const EncodingLayout& c, Shape4 sh, const CodecConfig& cfg, const char* what) {
+  if (c.shape.b != sh.b || c.shape.h != sh.h || c.shape.d != sh.d || c.centroids != cfg.centroids ||
+      c.stages != cfg.stages)
+    throw InvalidArgument(fmt::format(
+        "{} must match B, H, D, centroids and stages of the input ({}, centroids={}, stages={}), got shape {} with "
+        "centroids={}, stages={}",
+        what, sh.str(), cfg.centroids, cfg.stages, c.shape.str(), c.centroids, c.stages));
+}
+
+/// The quantizer's arguments for the arrays of `enc` (scratch pointers left to the caller).
+kernels::QuantizeArgs quantize_args(DeviceEncodedTensor& enc, const CodecConfig& cfg, int64_t G, int64_t S, int64_t D,
+                                    int K) {
+  kernels::QuantizeArgs q;
+  q.G = G;
+  q.S = S;
+  q.D = D;
+  q.K = K;
+  q.bits = cfg.bits;
+  q.block = cfg.block_size;
+  q.asymmetric = cfg.asymmetric;
+  q.fp8 = cfg.scale_dtype == ScaleDType::FP8_E4M3;
+  q.two_level = cfg.scaling == Scaling::TwoLevel;
+  q.codes = enc.mutable_data(EncodedArray::Codes);
+  q.scales = enc.mutable_data(EncodedArray::Scales);
+  q.zeros = enc.mutable_data(EncodedArray::Zeros);                                         // nullptr unless asymmetric
+  q.scale_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ScaleFactor));  // nullptr unless two_level
+  q.zero_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ZeroFactor));
+  return q;
+}
+
+DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const EncodeJob& job, Stream stream,
+                               Allocator& alloc) {
   if (x.data == nullptr) throw InvalidArgument("encode input is null");
-  if (cfg.init != Init::Random)
-    throw Unsupported(fmt::format("the CUDA encoder supports init random only, got init {}", name(cfg.init)));
-  if (cfg.scale_search != ScaleSearch::Off)
-    throw Unsupported(
-        fmt::format("the CUDA encoder supports scale_search off only, got scale_search {}", name(cfg.scale_search)));
-  DeviceEncodedTensor enc = DeviceEncodedTensor::allocate(x.shape, x.dtype, cfg, stream, alloc);
-  const int64_t B = x.shape.b, S = x.shape.s, H = x.shape.h, D = x.shape.d, G = B * H;
+  if (cfg.init == Init::KMeansPlusPlus)
+    throw Unsupported(fmt::format("the CUDA encoder supports init random and warm, got init {}", name(cfg.init)));
+  const Shape4 sh = x.shape;
+  const bool warm = cfg.init == Init::Warm && job.warm != nullptr;
+  if (warm) {
+    check_codebook(*job.warm, sh, cfg, "warm-start centroids");
+    if (job.warm->centroid_data() == nullptr) throw InvalidArgument("warm-start centroids: the encoding has none");
+  }
+  DeviceSpanCodebook* span = job.span;
+  const int64_t B = sh.b, S = sh.s, H = sh.h, D = sh.d, G = B * H;
   const int K = cfg.centroids, iters = cfg.kmeans_iters;
-  const int k_eff = int(std::min<int64_t>(K, S));
+  int added = 0;
+  if (span != nullptr) {
+    cfg.validate_for_head_dim(D);
+    check_codebook(span->book, sh, cfg, "the span's codebook");
+    if (span->book.dtype != x.dtype)
+      throw InvalidArgument(fmt::format("the span's codebook dtype must be the input's {}, got {}", dtype_name(x.dtype),
+                                        dtype_name(span->book.dtype)));
+    if (span->book.centroid_data() == nullptr) throw InvalidArgument("the span's codebook holds no centroids");
+    if (span->filled < 0 || span->filled > K || job.add < 0)
+      throw InvalidArgument(fmt::format("span codebook: filled must be in [0, {}] and add >= 0, got filled={} add={}",
+                                        K, span->filled, job.add));
+    added = int(std::min<int64_t>({int64_t(job.add), S, int64_t(K - span->filled)}));
+    if (span->filled + added < 1)
+      throw InvalidArgument("span codebook: no slot would be in use (filled = 0 and add = 0)");
+  }
+  DeviceEncodedTensor enc = DeviceEncodedTensor::allocate(sh, x.dtype, cfg, stream, alloc,
+                                                          span ? EncodedParts::WithoutCentroids : EncodedParts::All);
+  // k-means trains K_t centroids per stage (a span chunk: its new ones), k_eff of them real.
+  const int K_t = span ? std::max(added, 1) : K;
+  const int k_eff = span ? added : int(std::min<int64_t>(K, S));
   const int64_t nb = D / cfg.block_size;
+  const int dt = arith_dtype(x.dtype);
 
   Carver cv;
   const int64_t nchunk = (S + kernels::kMeanChunk - 1) / kernels::kMeanChunk;
@@ -59,14 +125,14 @@ DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& 
   const size_t o_part = cv.take(size_t(G * nchunk * D) * 8);
   const size_t o_mu = cv.take(size_t(G * D) * 4);
   const size_t o_maxabs = cv.take(size_t(G) * 4);
-  const size_t o_idx = cv.take(size_t(G * K) * 4);
+  const size_t o_idx = cv.take(size_t(G * K_t) * 4);
   const size_t o_c = cv.take(size_t(G * K * D) * 4);
   const size_t o_cb = cv.take(size_t(G * K * D) * 2);
   const size_t o_cn = cv.take(size_t(G * K) * 4);
   const size_t o_stored = cv.take(size_t(G * K * D) * 4);
-  const size_t o_sums = cv.take(size_t(G * K * D) * 8);
-  const size_t o_counts = cv.take(size_t(G * K) * 4);
-  const size_t o_changed = cv.take(size_t(iters) * size_t(G) * 4);
+  const size_t o_sums = cv.take(size_t(G * K_t * D) * 8);
+  const size_t o_counts = cv.take(size_t(G * K_t) * 4);
+  const size_t o_changed = cv.take(size_t(std::max(iters, 1)) * size_t(G) * 4);
   const size_t o_raws = cv.take(size_t(G * S * nb) * 4);
   const size_t o_rawz = cv.take(cfg.asymmetric ? size_t(G * S * nb) * 4 : 0);
   const size_t o_gmax = cv.take(size_t(2 * G) * 4);
@@ -89,66 +155,162 @@ DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& 
 
   const size_t esz = dtype_size(x.dtype);
   const double stop = 1e-4 * double(S);
+  const size_t stage_c = size_t(G * K * D) * esz;  // bytes of one stage's codebook
+  const auto warm_stage = [&](int st) {
+    return job.warm->centroid_data() + size_t(st) * size_t(G * K * D) * dtype_size(job.warm->dtype);
+  };
 
   // Stage 0's points and mean; each later stage's come from the previous stage's
-  // subtraction (finish_stage). The last stage's residual is never written: the
-  // quantizer subtracts its stored centroids itself.
-  // stage 0's initial indices are drawn by the gather's launch, beside it
+  // subtraction. The last stage's residual is never written: the quantizer
+  // subtracts its stored centroids itself. Stage 0's initial indices (when k-means
+  // draws them) are drawn by the gather's launch, beside it: they do not depend on
+  // the data.
   kernels::InitDraw draw;
-  draw.idx = idx;
-  draw.K = K;
-  draw.k_eff = k_eff;
-  draw.seed = cfg.seed;
-  draw.head_offset = cfg.head_offset;
-  kernels::gather_points(x.data, arith_dtype(x.dtype), B, S, H, D, r, partial, mu, stream, draw);
+  if (!warm && k_eff > 0) {
+    draw.idx = idx;
+    draw.K = K_t;
+    draw.k_eff = k_eff;
+    draw.seed = cfg.seed;
+    draw.head_offset = cfg.head_offset;
+  }
+  kernels::gather_points(x.data, dt, B, S, H, D, r, partial, mu, stream, draw);
   const uint8_t* last_ids = nullptr;
   for (int st = 0; st < cfg.stages; ++st) {
     uint8_t* ids = enc.mutable_data(EncodedArray::Ids) + size_t(st) * size_t(G * S);
-    void* out_c = enc.mutable_data(EncodedArray::Centroids) + size_t(st) * size_t(G * K * D) * esz;
-    QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(iters) * size_t(G) * 4, stream));
+    QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(std::max(iters, 1)) * size_t(G) * 4, stream));
     QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
     kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
-    if (st > 0) kernels::init_indices(G, H, S, K, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
-    kernels::init_centroids(r, mu, idx, G, S, D, K, k_eff, c, stream);
-    for (int it = 0; it < iters; ++it) {
-      kernels::prepare_centroids(c, G, D, K, k_eff, cb, cnorm, stream);
-      kernels::assign(xb, cb, cnorm, G, S, D, K, ids, changed, it, stop, stream);
-      if (ids_trace != nullptr)  // the GPU tests' replay (tests/gpu/encode_replay.h)
-        QVG_CUDA(cudaMemcpyAsync(static_cast<uint8_t*>(ids_trace) + (size_t(st) * iters + size_t(it)) * size_t(G * S),
-                                 ids, size_t(G * S), cudaMemcpyDeviceToDevice, stream));
-      kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K, sums, counts, c, changed, it, stop, stream);
+    if (k_eff > 0) {  // k-means: the encoding's K centroids, or a span chunk's new ones
+      if (warm)
+        kernels::warm_centroids(warm_stage(st), arith_dtype(job.warm->dtype), K, span ? span->filled : 0, K_t, G, D, mu,
+                                c, stream);
+      else {
+        if (st > 0 || draw.idx == nullptr)  // stage 0's: drawn by the gather's launch
+          kernels::init_indices(G, H, S, K_t, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
+        kernels::init_centroids(r, mu, idx, G, S, D, K_t, k_eff, c, stream);
+      }
+      for (int it = 0; it < iters; ++it) {
+        kernels::prepare_centroids(c, G, D, K_t, k_eff, cb, cnorm, stream);
+        kernels::assign(xb, cb, cnorm, G, S, D, K_t, ids, changed, it, stop, stream);
+        if (job.ids_trace != nullptr)  // the GPU tests' replay (tests/gpu/encode_replay.h)
+          QVG_CUDA(
+              cudaMemcpyAsync(static_cast<uint8_t*>(job.ids_trace) + (size_t(st) * iters + size_t(it)) * size_t(G * S),
+                              ids, size_t(G * S), cudaMemcpyDeviceToDevice, stream));
+        kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K_t, sums, counts, c, changed, it, stop, stream);
+      }
     }
-    kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, arith_dtype(x.dtype), out_c, stored, st + 1 == cfg.stages,
-                          partial, stream);
+    if (span == nullptr) {
+      void* out_c = enc.mutable_data(EncodedArray::Centroids) + size_t(st) * stage_c;
+      kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, dt, out_c, stored, st + 1 == cfg.stages, partial, stream);
+    } else {
+      // The new centroids into their slots, then every point to the nearest slot in
+      // use (assign_to on the host: no update).
+      void* book = span->book.mutable_data(EncodedArray::Centroids) + size_t(st) * stage_c;
+      if (added > 0) kernels::store_new_centroids(c, mu, dt, K, span->filled, added, G, D, book, stream);
+      kernels::book_entries(book, dt, G, K, D, mu, stored, c, stream);
+      const int used = span->filled + added;
+      kernels::prepare_centroids(c, G, D, K, used, cb, cnorm, stream);
+      QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(G) * 4, stream));
+      if (used <= S)  // `assign` considers min(K, S) slots: every slot in use
+        kernels::assign(xb, cb, cnorm, G, S, D, K, ids, changed, 0, stop, stream);
+      else
+        kernels::assign_to_slots(xb, cb, cnorm, G, S, K, D, used, ids, stream);
+      if (st + 1 < cfg.stages) {
+        kernels::subtract_stored_centroids(r, stored, ids, G, S, K, D, stream);
+        kernels::group_means(r, G, S, D, mu, stream);
+      }
+    }
     last_ids = ids;
   }
-  kernels::QuantizeArgs q;
+  kernels::QuantizeArgs q = quantize_args(enc, cfg, G, S, D, K);
   q.r = r;
   q.stored = stored;
   q.ids = last_ids;
-  q.G = G;
-  q.S = S;
-  q.D = D;
-  q.K = K;
-  q.bits = cfg.bits;
-  q.block = cfg.block_size;
-  q.asymmetric = cfg.asymmetric;
-  q.fp8 = cfg.scale_dtype == ScaleDType::FP8_E4M3;
-  q.two_level = cfg.scaling == Scaling::TwoLevel;
-  q.codes = enc.mutable_data(EncodedArray::Codes);
-  q.scales = enc.mutable_data(EncodedArray::Scales);
-  q.zeros = enc.mutable_data(EncodedArray::Zeros);                                         // nullptr unless asymmetric
-  q.scale_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ScaleFactor));  // nullptr unless two_level
-  q.zero_factor = reinterpret_cast<float*>(enc.mutable_data(EncodedArray::ZeroFactor));
   q.raw_s = F(o_raws);
   q.raw_z = cfg.asymmetric ? F(o_rawz) : nullptr;
   q.group_max = F(o_gmax);
   kernels::quantize_residual(q, stream);
+  if (cfg.scale_search == ScaleSearch::Mse) kernels::search_scales(q, stream);
+  if (job.energy != nullptr) kernels::residual_energies(q, job.energy, stream);
+  if (span) span->filled += added;
   return enc;  // `scratch` is freed on `stream`, after the kernels above
 }
 
+}  // namespace
+
+DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
+                                          void* ids_trace, const DeviceEncodedTensor* warm) {
+  EncodeJob job;
+  job.ids_trace = ids_trace;
+  job.warm = warm;
+  return encode_job(x, cfg, job, stream, alloc);
+}
+
 DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc) {
-  return detail::encode_traced(x, cfg, stream, alloc, nullptr);
+  return encode_job(x, cfg, EncodeJob{}, stream, alloc);
+}
+
+DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const DeviceEncodedTensor* warm, Stream stream,
+                           Allocator& alloc, double* energy) {
+  EncodeJob job;
+  job.warm = warm;
+  job.energy = energy;
+  return encode_job(x, cfg, job, stream, alloc);
+}
+
+DeviceEncodedTensor encode_span_chunk(ConstTensorView x, const CodecConfig& cfg, DeviceSpanCodebook& span, int add,
+                                      const DeviceEncodedTensor* warm, Stream stream, Allocator& alloc,
+                                      double* energy) {
+  EncodeJob job;
+  job.warm = warm;
+  job.span = &span;
+  job.add = add;
+  job.energy = energy;
+  return encode_job(x, cfg, job, stream, alloc);
+}
+
+DeviceEncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg, Stream stream,
+                                      Allocator& alloc) {
+  if (x.dtype != decoded.dtype || !(x.shape == decoded.shape))
+    throw InvalidArgument(fmt::format("encode_refinement: decoded must have x's dtype and shape ({} {}), got {} {}",
+                                      dtype_name(x.dtype), x.shape.str(), dtype_name(decoded.dtype),
+                                      decoded.shape.str()));
+  if (cfg.centroids != 1 || cfg.stages != 1)
+    throw InvalidArgument(fmt::format(
+        "encode_refinement: the config must have one stage of one centroid (refinement_config), got {} x {}",
+        cfg.stages, cfg.centroids));
+  const int64_t n = x.shape.numel();
+  DeviceBuffer e(size_t(n) * 4, stream, alloc);  // freed on `stream` after the encode's kernels
+  float lim = float(kMaxAbsInput);               // the largest float not above the limit
+  if (double(lim) > kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
+  kernels::refinement_errors(x.data, decoded.data, arith_dtype(x.dtype), lim, n, static_cast<float*>(e.data()), stream);
+  return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg, stream, alloc);
+}
+
+void add_refinements(const std::vector<DeviceRefineTask>& tasks, Stream stream) {
+  std::vector<kernels::DecodeArgs> kt;
+  kt.reserve(tasks.size());
+  for (const DeviceRefineTask& tk : tasks) {
+    if (tk.ref == nullptr) throw InvalidArgument("refinement task without a layer");
+    const DeviceEncodedTensor& e = *tk.ref;
+    if (e.dtype != DType::F32 || e.stages != 1 || e.centroids != 1 || e.parts() != EncodedParts::All)
+      throw InvalidArgument("refinement task: the layer must come from encode_refinement");
+    if (!(0 <= tk.t0 && tk.t0 <= tk.t1 && tk.t1 <= e.shape.s && 0 <= tk.h0 && tk.h0 < tk.h1 && tk.h1 <= e.shape.h))
+      throw InvalidArgument(fmt::format("refinement range tokens [{}, {}) heads [{}, {}) is outside the layer {}",
+                                        tk.t0, tk.t1, tk.h0, tk.h1, e.shape.str()));
+    kernels::DecodeArgs t = decode_args(e, {e.codes_data(), e.scales_data(), e.zeros_data(), e.scale_factor_data(),
+                                            e.zero_factor_data(), e.ids_data(), e.centroid_data()});
+    t.t0 = int32_t(tk.t0);
+    t.t1 = int32_t(tk.t1);
+    t.h0 = int32_t(tk.h0);
+    t.h1 = int32_t(tk.h1);
+    t.out_dtype = int8_t(arith_dtype(tk.dst.dtype));
+    t.out = tk.dst.base;
+    t.batch_stride = tk.dst.batch_stride;
+    t.token_stride = tk.dst.token_stride;
+    kt.push_back(t);
+  }
+  kernels::refine_tasks(kt.data(), int(kt.size()), stream);
 }
 
 namespace {

@@ -18,8 +18,9 @@ namespace detail {
 /// [stage][iteration][group][token]; a group stopped early keeps its ids there). For
 /// the GPU tests, which replay the encoding on the host from these assignments
 /// (tests/gpu/encode_replay.h). ids_trace == nullptr: encode() itself.
+/// `warm`: as encode()'s warm start (cfg.init warm).
 DeviceEncodedTensor encode_traced(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
-                                  void* ids_trace);
+                                  void* ids_trace, const DeviceEncodedTensor* warm = nullptr);
 }  // namespace detail
 
 /// qvg::DType as the kernels' small integer (cuda_arith::kBF16 / kF16 / kF32).

@@ -1,0 +1,198 @@
+// src/kernels/cuda/span_bodies.cuh — the per-thread bodies of the kernels of
+// src/kernels/cuda/span_kernels.cu (issue 25): the scale search (ScaleSearch::Mse),
+// the incremental spans' codebook steps (warm start, new centroids stored into a
+// span's codebook, the span's centroids centred for the assignment, the stored
+// centroids' subtraction), the refinement layers (the error to encode, the layer
+// added to a decoded range) and the residual energy. __host__ __device__ functions
+// over plain structs, as encode_bodies.cuh: tests/gpu/host_arith_test.cpp runs them
+// on the host against the CPU codec.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/arith.cuh"
+#include "kernels/cuda/bodies.cuh"
+#include "kernels/cuda/encode_bodies.cuh"
+
+namespace qvg::cuda::kernels {
+
+// ---- scale search (issue 16's rule, src/core/residual_impl.h) -----------------------
+
+/// The final residual of block k of row `row`, element i (the accessor of
+/// residual_impl::block_sq_error_at).
+struct BlockResidual {
+  const QuantizeArgs* a;
+  int64_t row, d0;
+  QVG_HD float operator()(int64_t i) const { return residual_at(*a, row, d0 + i); }
+};
+
+/// Block si (= row * D/block + k) of the scale search, run after quantize_residual
+/// (which wrote the `off` choice and the group's factors): the block's statistics
+/// rescanned in channel order (block_stats_scan, the CPU's sequential scan), the
+/// candidates of residual_impl::scale_search_candidates with the group's factors,
+/// each one's squared error (block_sq_error_at: the CPU's rule), the first least
+/// one's stored scale (and zero), and the block's codes packed again with it. The
+/// same bytes as quantize_residual_group(..., ScaleSearch::Mse). REQUIRES
+/// block * bits % 8 == 0 (the codec's block sizes).
+QVG_HD void search_block(const QuantizeArgs& a, int64_t si) {
+  namespace A = qvg::cuda_arith;
+  const int64_t nb = a.D / a.block, row = si / nb, k = si - row * nb, g = row / a.S;
+  const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
+  const int qmax = A::qmax_of(a.bits, asym);
+  const RunStats st = block_stats_scan(a, row, k);
+  float raw_s = 0.0f, raw_z = 0.0f;
+  block_raw(st, qmax, asym, raw_s, raw_z);
+  const float gf = divide ? a.scale_factor[g] : 1.0f;
+  const float gz = divide && asym ? a.zero_factor[g] : 1.0f;
+  A::ScaleCandidates c;
+  A::scale_search_candidates(raw_s, asym ? st.lo : 0.0f, asym ? st.hi : 0.0f, asym, divide, gf, gz, fp8, c);
+  const BlockResidual x{&a, row, k * a.block};
+  float err[A::kScaleSearchSteps];
+  for (int j = 0; j < c.m; ++j) err[j] = A::block_sq_error_at(x, a.block, qmax, asym, c.s_eff[j], c.z_eff[j]);
+  const int best = A::scale_search_best(err, c.m);
+  A::put_stored(a.scales, fp8, si, c.s_bits[best]);
+  if (asym) A::put_stored(a.zeros, fp8, si, c.z_bits[best]);
+  const float s_eff = c.s_eff[best], z_eff = c.z_eff[best];
+  const int per_byte = 8 / a.bits;
+  uint8_t* out = a.codes + row * (a.D * a.bits / 8) + k * (a.block * a.bits / 8);
+  for (int64_t j = 0; j < a.block / per_byte; ++j) {
+    unsigned byte = 0;
+    for (int u = 0; u < per_byte; ++u)
+      byte = (byte << a.bits) | unsigned(A::quantize_code(x(j * per_byte + u), qmax, asym, s_eff, z_eff));
+    out[j] = uint8_t(byte);
+  }
+}
+
+// ---- incremental spans ----------------------------------------------------------
+
+/// Element e (= (g * k + j) * D + d, j < k) of the initial centred centroids of a
+/// warm start from slots [first, first + k) of a codebook of K slots in dtype t:
+/// warm - mu (one rounded subtraction, as kmeans.cpp's warm init).
+QVG_HD float warm_centroid(const void* warm, int t, int64_t K, int64_t first, int64_t k, int64_t D, const float* mu,
+                           int64_t e) {
+  namespace A = qvg::cuda_arith;
+  const int64_t d = e % D, gj = e / D, j = gj % k, g = gj / k;
+  return A::sub_rn(A::load_elem(warm, t, (g * K + first + j) * D + d), mu[g * D + d]);
+}
+
+/// Element e (= (g * k + j) * D + d) of k new centroids (centred c, group mean mu)
+/// stored into slot first + j of a codebook of K slots in dtype t (as finish_stage
+/// stores an encoding's: (c + mu) rounded to t).
+QVG_HD void store_new_centroid(const float* c, const float* mu, int t, int64_t K, int64_t first, int64_t k, int64_t D,
+                               void* book, int64_t e) {
+  const int64_t d = e % D, gj = e / D, j = gj % k, g = gj / k;
+  uint32_t bits = 0;
+  stored_centroid(c[e], mu[g * D + d], t, &bits);
+  const int64_t o = (g * K + first + j) * D + d;
+  if (t == qvg::cuda_arith::kF32)
+    static_cast<uint32_t*>(book)[o] = bits;
+  else
+    static_cast<uint16_t*>(book)[o] = uint16_t(bits);
+}
+
+/// Element e (= (g * K + j) * D + d) of a span codebook of K slots in dtype t as the
+/// assignment sees it: stored[e] = the slot's value in fp32, and c[e] = stored - mu
+/// (centred with the chunk's group mean, as assign_to centres them on the host).
+QVG_HD void book_entry(const void* book, int t, int64_t K, int64_t D, const float* mu, float* stored, float* c,
+                       int64_t e) {
+  namespace A = qvg::cuda_arith;
+  const int64_t d = e % D, g = e / (K * D);
+  const float v = A::load_elem(book, t, e);
+  stored[e] = v;
+  c[e] = A::sub_rn(v, mu[g * D + d]);
+}
+
+/// Point t of group g assigned to the nearest of the first `used` centroids of a
+/// codebook of K slots: argmin cnorm[j] - 2 x.c over the bf16 centred values (fp32
+/// products and sums in channel order), the first on ties. The assignment of a span
+/// chunk with fewer points than slots in use (the tensor-core `assign` considers at
+/// most min(K, S) centroids).
+QVG_HD uint8_t nearest_slot(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t S, int64_t K, int64_t D,
+                            int used, int64_t g, int64_t t) {
+  namespace A = qvg::cuda_arith;
+  const uint16_t* x = xb + (g * S + t) * D;
+  int best = 0;
+  float best_d = 0.0f;
+  for (int j = 0; j < used; ++j) {
+    const uint16_t* c = cb + (g * K + j) * D;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot = A::add_rn(dot, A::mul_rn(A::bf16_to_f32(x[d]), A::bf16_to_f32(c[d])));
+    const float dist = A::sub_rn(cnorm[g * K + j], A::mul_rn(2.0f, dot));
+    if (j == 0 || dist < best_d) {
+      best = j;
+      best_d = dist;
+    }
+  }
+  return uint8_t(best);
+}
+
+/// Element e (= (g * S + t) * D + d) of the next stage's residual: r - stored[ids].
+QVG_HD void subtract_stored(float* r, const float* stored, const uint8_t* ids, int64_t S, int64_t K, int64_t D,
+                            int64_t e) {
+  const int64_t d = e % D, row = e / D, g = row / S;
+  r[e] = qvg::cuda_arith::sub_rn(r[e], stored[(g * K + ids[row]) * D + d]);
+}
+
+/// Channel d of group g's mean of r ([G, S, D]): an fp64 sum in token order, rounded
+/// to fp32 (the centring of the next stage's assignment; any fixed rule would do).
+QVG_HD float group_mean(const float* r, int64_t S, int64_t D, int64_t g, int64_t d) {
+  double s = 0;
+  for (int64_t t = 0; t < S; ++t) s += double(r[(g * S + t) * D + d]);
+  return float(s / double(S));
+}
+
+/// Group g's residual energy: the fp64 sum of the squared final residual (residual_at)
+/// in token-then-channel order, as the host encoder's EncodeStats sums it.
+QVG_HD double group_energy(const QuantizeArgs& a, int64_t g) {
+  double e = 0;
+  for (int64_t i = 0; i < a.S * a.D; ++i) {
+    const double v = double(residual_at(a, g * a.S + i / a.D, i % a.D));
+    e += v * v;
+  }
+  return e;
+}
+
+// ---- refinement layers ----------------------------------------------------------
+
+/// Element i of the error a refinement layer encodes: x - decoded in fp32 (one
+/// rounded subtraction), clamped to +-lim (the largest float not above the input
+/// limit), as encode_refinement does on the host.
+QVG_HD float refinement_error(const void* x, const void* decoded, int t, float lim, int64_t i) {
+  namespace A = qvg::cuda_arith;
+  float e = A::sub_rn(A::load_elem(x, t, i), A::load_elem(decoded, t, i));
+  e = e < -lim ? -lim : e;
+  e = e > lim ? lim : e;
+  return e;
+}
+
+/// Adds the layer's value at (b, t, h, d) of a decode task T (the layer's arrays,
+/// range and target; f32 centroids) to the decoded element there: round(dst + layer)
+/// once, to T.out_dtype. The layer's value is decode_one's arithmetic (spec 1.3: the
+/// dequantized code, then each stage's centroid added), as add_refinement's f32
+/// decode_range on the host.
+QVG_HD void refine_one(const DecodeArgs& T, int b, int h, int t, int d) {
+  namespace A = qvg::cuda_arith;
+  const int64_t g = int64_t(b) * T.H + h;
+  const int D = T.D, bits = T.bits;
+  const bool asym = T.asymmetric != 0, fp8 = T.fp8 != 0;
+  const int64_t row = g * T.S + t;
+  const int64_t si = row * (D / T.block) + d / T.block;
+  const float s_eff = A::effective(A::stored_value(T.scales, fp8, si), T.scale_factor ? T.scale_factor[g] : 1.0f);
+  const float z_eff =
+      asym ? A::effective(A::stored_value(T.zeros, fp8, si), T.zero_factor ? T.zero_factor[g] : 1.0f) : 0.0f;
+  float acc = A::dequant(A::code_of_row(T.codes + row * (int64_t(D) * bits / 8), bits, d), A::qmax_of(bits, asym), asym,
+                         s_eff, z_eff);
+  for (int s = 0; s < T.stages; ++s) {
+    const int id = T.ids[s * T.ids_stage_stride + row];
+    acc = A::add_rn(acc,
+                    A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype, (g * T.K + id) * D + d));
+  }
+  const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + d;
+  const float v = A::add_rn(A::load_elem(T.out, T.out_dtype, e), acc);
+  if (T.out_dtype == A::kF32)
+    static_cast<float*>(T.out)[e] = v;
+  else
+    static_cast<uint16_t*>(T.out)[e] = uint16_t(A::encode_elem(v, T.out_dtype));
+}
+
+}  // namespace qvg::cuda::kernels

@@ -1,0 +1,167 @@
+// The kernels of issue 25 (incremental spans, refinement layers and the scale search
+// on the device): each maps threads onto one body of span_bodies.cuh. The host
+// orchestration is in encode.cpp; the launchers are declared in cuda_kernels.h.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/span_bodies.cuh"
+
+namespace qvg::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+unsigned blocks_for(int64_t n) {
+  return unsigned(std::max<int64_t>(1, (n + kThreads - 1) / kThreads));
+}
+
+__global__ void search_kernel(QuantizeArgs a, int64_t n) {
+  const int64_t si = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (si < n) search_block(a, si);
+}
+
+__global__ void warm_kernel(const void* warm, int t, int64_t K, int64_t first, int64_t k, int64_t D, const float* mu,
+                            int64_t n, float* c) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < n) c[e] = warm_centroid(warm, t, K, first, k, D, mu, e);
+}
+
+__global__ void store_new_kernel(const float* c, const float* mu, int t, int64_t K, int64_t first, int64_t k, int64_t D,
+                                 int64_t n, void* book) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < n) store_new_centroid(c, mu, t, K, first, k, D, book, e);
+}
+
+__global__ void book_kernel(const void* book, int t, int64_t K, int64_t D, const float* mu, int64_t n, float* stored,
+                            float* c) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < n) book_entry(book, t, K, D, mu, stored, c, e);
+}
+
+__global__ void subtract_kernel(float* r, const float* stored, const uint8_t* ids, int64_t S, int64_t K, int64_t D,
+                                int64_t n) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < n) subtract_stored(r, stored, ids, S, K, D, e);
+}
+
+__global__ void nearest_kernel(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S,
+                               int64_t K, int64_t D, int used, uint8_t* ids) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < G * S) ids[e] = nearest_slot(xb, cb, cnorm, S, K, D, used, e / S, e % S);
+}
+
+__global__ void mean_kernel(const float* r, int64_t G, int64_t S, int64_t D, float* mu) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < G * D) mu[e] = group_mean(r, S, D, e / D, e % D);
+}
+
+// One block per group: the squares of a tile (exact in fp64) computed by all
+// threads, then added in element order by one thread: the host's sequential sum.
+constexpr int kEnergyTile = 2048;
+__global__ void energy_kernel(QuantizeArgs a, double* out) {
+  __shared__ double sq[kEnergyTile];
+  const int64_t g = blockIdx.x, n = a.S * a.D;
+  double acc = 0;
+  for (int64_t base = 0; base < n; base += kEnergyTile) {
+    const int64_t m = std::min<int64_t>(kEnergyTile, n - base);
+    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+      const int64_t e = base + i;
+      const double v = double(residual_at(a, g * a.S + e / a.D, e % a.D));
+      sq[i] = v * v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int64_t i = 0; i < m; ++i) acc += sq[i];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[g] = acc;
+}
+
+__global__ void refinement_error_kernel(const void* x, const void* decoded, int t, float lim, int64_t n, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = refinement_error(x, decoded, t, lim, i);
+}
+
+__global__ void refine_kernel(DecodeArgs T, int64_t n) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n) return;
+  const int64_t H = T.h1 - T.h0, Tn = T.t1 - T.t0;
+  const int d = int(e % T.D);
+  const int64_t q = e / T.D;
+  const int h = T.h0 + int(q % H);
+  const int64_t bt = q / H;
+  refine_one(T, int(bt / Tn), h, T.t0 + int(bt % Tn), d);
+}
+
+}  // namespace
+
+void search_scales(const QuantizeArgs& a, cudaStream_t stream) {
+  const int64_t n = a.G * a.S * (a.D / a.block);
+  search_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, n);
+  detail::check_launch("search_kernel");
+}
+
+void warm_centroids(const void* warm, int dtype, int64_t K, int64_t first, int64_t k, int64_t G, int64_t D,
+                    const float* mu, float* c, cudaStream_t stream) {
+  const int64_t n = G * k * D;
+  warm_kernel<<<blocks_for(n), kThreads, 0, stream>>>(warm, dtype, K, first, k, D, mu, n, c);
+  detail::check_launch("warm_kernel");
+}
+
+void store_new_centroids(const float* c, const float* mu, int dtype, int64_t K, int64_t first, int64_t k, int64_t G,
+                         int64_t D, void* book, cudaStream_t stream) {
+  const int64_t n = G * k * D;
+  store_new_kernel<<<blocks_for(n), kThreads, 0, stream>>>(c, mu, dtype, K, first, k, D, n, book);
+  detail::check_launch("store_new_kernel");
+}
+
+void book_entries(const void* book, int dtype, int64_t G, int64_t K, int64_t D, const float* mu, float* stored,
+                  float* c, cudaStream_t stream) {
+  const int64_t n = G * K * D;
+  book_kernel<<<blocks_for(n), kThreads, 0, stream>>>(book, dtype, K, D, mu, n, stored, c);
+  detail::check_launch("book_kernel");
+}
+
+void subtract_stored_centroids(float* r, const float* stored, const uint8_t* ids, int64_t G, int64_t S, int64_t K,
+                               int64_t D, cudaStream_t stream) {
+  const int64_t n = G * S * D;
+  subtract_kernel<<<blocks_for(n), kThreads, 0, stream>>>(r, stored, ids, S, K, D, n);
+  detail::check_launch("subtract_kernel");
+}
+
+void assign_to_slots(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t K,
+                     int64_t D, int used, uint8_t* ids, cudaStream_t stream) {
+  nearest_kernel<<<blocks_for(G * S), kThreads, 0, stream>>>(xb, cb, cnorm, G, S, K, D, used, ids);
+  detail::check_launch("nearest_kernel");
+}
+
+void group_means(const float* r, int64_t G, int64_t S, int64_t D, float* mu, cudaStream_t stream) {
+  mean_kernel<<<blocks_for(G * D), kThreads, 0, stream>>>(r, G, S, D, mu);
+  detail::check_launch("mean_kernel");
+}
+
+void residual_energies(const QuantizeArgs& a, double* out, cudaStream_t stream) {
+  energy_kernel<<<unsigned(a.G), kThreads, 0, stream>>>(a, out);
+  detail::check_launch("energy_kernel");
+}
+
+void refinement_errors(const void* x, const void* decoded, int dtype, float lim, int64_t n, float* out,
+                       cudaStream_t stream) {
+  refinement_error_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, decoded, dtype, lim, n, out);
+  detail::check_launch("refinement_error_kernel");
+}
+
+void refine_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream) {
+  for (int i = 0; i < n; ++i) {
+    const DecodeArgs& T = tasks[i];
+    const int64_t m = int64_t(T.B) * (T.t1 - T.t0) * (T.h1 - T.h0) * T.D;
+    if (m == 0) continue;
+    refine_kernel<<<blocks_for(m), kThreads, 0, stream>>>(T, m);
+    detail::check_launch("refine_kernel");
+  }
+}
+
+}  // namespace qvg::cuda::kernels
