@@ -44,10 +44,12 @@ ENGINE = "also in python/qvg/torch/_config.py's list of the engine's (SGLang) QV
 WORDS: dict[str, str] = {
     "bits": CODEC, "centroids": CODEC, "block_size": CODEC, "stages": CODEC, "kmeans_iters": CODEC,
     "asymmetric": CODEC, "scaling": CODEC, "scale_dtype": CODEC, "init": CODEC + "; also k-means' init in prose",
-    "seed": CODEC + "; also the workloads' and PRNGs'", "sink": SINK,
+    "seed": CODEC + "; also the workloads' and PRNGs'", "sink": SINK, "scale_search": CODEC,
 }
 ALLOWED: dict[str, tuple[int, str]] = {
-    "scale_search": (14, CODEC),
+    "span_break_ratio": (6, "read where a chunk's fit is measured, by the CPU cache (packed_cache.cpp) and the "
+                            "device cache (device_cache.cpp, cuda_cache.h's cost notes); the memory model's list of "
+                            "settings it does not model"),
     "keep_recent_chunks": (5, ENGINE),
     "sink_keep_chunks": (5, ENGINE),
     # The policy settings: the table, the struct and their uses by the policy

@@ -29,9 +29,9 @@
 #include <gtest/gtest.h>
 
 #include "cache/cache_policy.h"
-#include "cache/snapshot_records.h"
-#include "cache/snapshot_io.h"
 #include "cache/packed_state_transfer.h"
+#include "cache/snapshot_io.h"
+#include "cache/snapshot_records.h"
 #include "gpu/call_kind.h"
 #include "qvg/cache.h"
 #include "qvg/error.h"
