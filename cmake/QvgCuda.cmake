@@ -66,7 +66,8 @@ if(QVG_HAVE_CUDA)
   # Device code (.cu) in an object library that sees only src/ and CUDA's headers
   # (fmt's imported include directory /usr/include would break nvcc's host includes);
   # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
-  set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu src/kernels/cuda/span_kernels.cu)
+  set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu src/kernels/cuda/quantize_kernels.cu
+      src/kernels/cuda/span_kernels.cu)
   # Host code: the launchers and the device encoded tensor (kernels layer) and the
   # device-resident packed cache (cache layer).
   set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/kernels/cuda/encode.cpp src/cache/cuda/device_cache.cpp

@@ -1,8 +1,9 @@
 // Encoder kernels (spec 1.1, 1.2) on the device: point gathering with the group
 // mean, centring, initial indices, k-means assignment on tensor cores with a fused
 // argmin, exact centroid update, the end of a stage (stored centroids, next
-// residual with the next mean) and the residual quantize-and-pack. The host
-// orchestration is in encode.cpp; the bodies that fix bits are in encode_bodies.cuh.
+// residual with the next mean); the residual quantize-and-pack is in
+// quantize_kernels.cu. The host orchestration is in encode.cpp; the bodies that fix
+// bits are in encode_bodies.cuh.
 //
 // Mirrors of the CPU encoder (src/codec/kmeans.cpp, encode.cpp):
 // - points are group-centred with the group mean (fp64 sums, rounded to fp32);
@@ -33,6 +34,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/encode_bodies.cuh"
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/per_device.h"
 
 namespace qvg::cuda::kernels {
@@ -40,33 +42,10 @@ namespace {
 
 namespace A = qvg::cuda_arith;
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n, int threads = kThreads) {
-  return unsigned(std::max<int64_t>(1, (n + threads - 1) / threads));
-}
-
 __device__ __forceinline__ bool group_active(const int* changed, int64_t G, int64_t g, int it, double stop) {
   for (int j = 0; j < it; ++j)
     if (double(changed[int64_t(j) * G + g]) < stop) return false;
   return true;
-}
-
-// Non-negative floats order like their bit patterns.
-__device__ __forceinline__ void atomic_max_nonneg(float* addr, float v) {
-  atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
-}
-
-__device__ __forceinline__ float block_max(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  if (l == 0) red[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    v = l < int(blockDim.x / 32) ? red[l] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  }
-  return v;  // valid in thread 0
 }
 
 // ---- points and the group mean -----------------------------------------------------
@@ -569,101 +548,6 @@ __global__ void store_centroids_kernel(const float* c, const float* mu, int64_t 
   }
 }
 
-// ---- residual quantization -----------------------------------------------------
-
-// Vectorised statistics: one thread per 8 channels (word w = t * D/8 + c of group
-// g), the final residual computed in registers (residual8: r minus the stored
-// centroid, never written). A block of bs channels is a segment of bs/8 lanes;
-// the segment's run statistics merge down to its first lane in channel order
-// (segment_merge_offset: o = 1, 2, 4, ...; shfl_down: lane l takes l + o, so after
-// the step of o lane l, l % 2o == 0, holds lanes l .. l + 2o - 1 merged in order),
-// and the first lane writes the block's raw scale (and zero). The group's maxima:
-// block reduction, then one atomic per block.
-__global__ void quantize_stats_vec_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg, int width) {
-  __shared__ float red[32];
-  const int64_t g = blockIdx.x / bpg, w = (blockIdx.x % bpg) * blockDim.x + threadIdx.x;
-  const bool asym = a.asymmetric;
-  RunStats s = stats_lane(a, g, w);  // lanes past the group take part in the shuffles too
-  for (int step = 0, o = segment_merge_offset(0); o < width; o = segment_merge_offset(++step)) {
-    RunStats later;
-    later.lo = __shfl_down_sync(0xFFFFFFFFu, s.lo, o, width);
-    later.hi = __shfl_down_sync(0xFFFFFFFFu, s.hi, o, width);
-    run_merge(s, later, asym);
-  }
-  float ms = 0.0f, mz = 0.0f;
-  stats_leader(a, g, w, s, ms, mz);
-  ms = block_max(ms, red);
-  if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + g, ms);
-  if (asym) {
-    __syncthreads();
-    mz = block_max(mz, red);
-    if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + a.G + g, mz);
-  }
-}
-
-// Any block size: one thread per block, scanned in order.
-__global__ void quantize_stats_scan_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg) {
-  __shared__ float red[32];
-  const int64_t g = blockIdx.x / bpg, i = (blockIdx.x % bpg) * blockDim.x + threadIdx.x;  // i: (t, k) in group
-  float ms = 0.0f, mz = 0.0f;
-  stats_scan(a, g, i, ms, mz);
-  ms = block_max(ms, red);
-  if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + g, ms);
-  if (a.asymmetric) {
-    __syncthreads();
-    mz = block_max(mz, red);
-    if (threadIdx.x == 0) atomic_max_nonneg(a.group_max + a.G + g, mz);
-  }
-}
-
-__global__ void quantize_scales_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
-  for (int64_t si = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; si < n; si += int64_t(gridDim.x) * blockDim.x)
-    scale_block(a, si);
-}
-
-__global__ void pack_vec_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
-  for (int64_t w = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; w < n; w += int64_t(gridDim.x) * blockDim.x)
-    pack_word(a, w);
-}
-
-__global__ void pack_byte_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    pack_byte(a, e);
-}
-
-__global__ void limit_kernel(const void* x, int dtype, int64_t n, unsigned long long* first_bad) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const double v = double(A::load_elem(x, dtype, e));
-    // NaN fails the comparison, as do infinities and |x| > 1e16 (compared in fp64, as the CPU does).
-    if (!(fabs(v) <= 1e16)) atomicMin(first_bad, (unsigned long long)e);
-  }
-}
-
-__device__ __forceinline__ float hash_unit(uint64_t v) {  // uniform in [-1, 1)
-  uint64_t st = v;
-  return float(int64_t(A::splitmix64(st) >> 11) - (int64_t(1) << 52)) * 0x1.0p-52f;
-}
-
-__global__ void fill_kernel(void* x, int dtype, int64_t S, int64_t H, int64_t D, int64_t n, uint64_t seed,
-                            float scale) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % D, rest = e / D, h = rest % H, t = (rest / H) % S;
-    uint64_t st = seed ^ (uint64_t(t) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(h) << 48);
-    const uint64_t cluster = A::splitmix64(st) % 48;
-    const float center = hash_unit(seed + 0x1000 + (uint64_t(h) * 64 + cluster) * 4096 + uint64_t(d));
-    const float offset = (h % 3 == 1) ? 2.0f * hash_unit(seed + 0x777 + uint64_t(h) * 4096 + uint64_t(d)) : 0.0f;
-    const float v = scale * (offset + center + 0.25f * hash_unit(seed * 31 + uint64_t(e)));
-    const uint32_t bits = A::encode_elem(v, dtype);
-    if (dtype == A::kF32)
-      static_cast<float*>(x)[e] = v;
-    else
-      static_cast<uint16_t*>(x)[e] = uint16_t(bits);
-  }
-}
-
-unsigned grid_for(int64_t n) {
-  return unsigned(std::min<int64_t>(blocks_for(n), 132 * 32));
-}
 
 /// Launches the tensor-core assignment for D = DIM if the device has the shared
 /// memory for k_eff centroids; false (nothing launched) otherwise.
@@ -803,45 +687,6 @@ void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64
   detail::check_launch("subtract_mean_kernel");
   mean_final_kernel<<<unsigned(G), kMeanThreads, 0, stream>>>(partial, S, D, nchunk, mu);
   detail::check_launch("mean_final_kernel");
-}
-
-void quantize_residual(const QuantizeArgs& a, cudaStream_t stream) {
-  QVG_CUDA(cudaMemsetAsync(a.group_max, 0, size_t(2 * a.G) * sizeof(float), stream));
-  const int64_t nb = a.D / a.block;
-  const bool vec = quantize_vectorizable(a.D, a.block);
-  if (vec) {
-    const int64_t bpg = (a.S * (a.D / 8) + kThreads - 1) / kThreads;
-    quantize_stats_vec_kernel<<<unsigned(a.G * bpg), kThreads, 0, stream>>>(a, bpg, a.block / 8);
-    detail::check_launch("quantize_stats_vec_kernel");
-  } else {
-    const int64_t bpg = (a.S * nb + kThreads - 1) / kThreads;
-    quantize_stats_scan_kernel<<<unsigned(a.G * bpg), kThreads, 0, stream>>>(a, bpg);
-    detail::check_launch("quantize_stats_scan_kernel");
-  }
-  const int64_t nblocks = a.G * a.S * nb;
-  quantize_scales_kernel<<<grid_for(nblocks), kThreads, 0, stream>>>(a, nblocks);
-  detail::check_launch("quantize_scales_kernel");
-  if (vec) {
-    const int64_t n = a.G * a.S * (a.D / 8);
-    pack_vec_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
-    detail::check_launch("pack_vec_kernel");
-  } else {
-    const int64_t n = a.G * a.S * a.D * a.bits / 8;
-    pack_byte_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
-    detail::check_launch("pack_byte_kernel");
-  }
-}
-
-void fill_clustered(void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, uint64_t seed, float scale,
-                    cudaStream_t stream) {
-  const int64_t n = B * S * H * D;
-  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, dtype, S, H, D, n, seed, scale);
-  detail::check_launch("fill_kernel");
-}
-
-void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream) {
-  limit_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, dtype, n, first_bad);
-  detail::check_launch("limit_kernel");
 }
 
 }  // namespace qvg::cuda::kernels
