@@ -8,6 +8,7 @@
 
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,9 +30,12 @@ struct CacheFlags {
 void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help,
                      std::initializer_list<std::string_view> skip = {});
 
-/// Sets q's policy settings: f.defaults', then each flag given (read and range-checked
-/// by the settings table, the message naming the flag); sink = !no_sink; sink_span is
+/// Sets q's policy settings: f.defaults', then those of `profile` when one is named
+/// (QuantArgs::apply_profile: `recommended` sets a policy, the others none), then each
+/// flag given (read and range-checked by the settings table, the message naming the
+/// flag), so that a flag overrides the profile; sink = !no_sink; sink_span is
 /// `preset_sink_span` unless --sink-span names one. Throws InvalidArgument.
-void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q);
+void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q,
+                       const std::optional<std::string>& profile = std::nullopt);
 
 }  // namespace qvg::cli
