@@ -193,7 +193,7 @@ TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
   EXPECT_THROW(parse_role_codec("bits", "--k-config"), InvalidArgument);
 }
 
-// Issue 25: the recommended profile is hq's codec plus a cache policy; explicit flags
+// Issue 25: the recommended profile is hq's codec (more k-means) plus a cache policy; explicit flags
 // override any of it; an unknown name changes nothing.
 TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   QuantArgs r;
@@ -205,7 +205,9 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   EXPECT_EQ(r.centroids, QuantArgs{}.centroids);
   EXPECT_EQ(r.block_size, QuantArgs{}.block_size);
   EXPECT_FALSE(r.per_role());
-  EXPECT_EQ(r.span_chunks, 8);
+  EXPECT_EQ(r.kmeans_iters, 8);
+  EXPECT_EQ(r.init, Init::KMeansPlusPlus);
+  EXPECT_EQ(r.span_chunks, 4);
   EXPECT_EQ(r.span_mode, SpanMode::Incremental);
   EXPECT_EQ(r.span_break_ratio, 0.0);
   EXPECT_EQ(r.keep_recent_chunks, 0);
@@ -214,9 +216,11 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   EXPECT_EQ(r.refine_bits, 4);
   EXPECT_TRUE(r.sink);
   EXPECT_NO_THROW(r.validate());
-  // Its codec is hq's, field for field.
+  // Its codec is hq's with 8 k-means iterations from kmeans++ seeds.
   QuantArgs hq;
   hq.apply_profile("hq");
+  hq.kmeans_iters = 8;
+  hq.init = Init::KMeansPlusPlus;
   EXPECT_EQ(r.codec(), hq.codec());
   // hq and reference leave the policy as it is.
   QuantArgs p;

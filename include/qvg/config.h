@@ -165,9 +165,10 @@ struct QuantArgs {
   CodecConfig codec(CacheRole role) const;
   /// Applies a named profile: "reference" (issue 16: the engine's defaults, every codec
   /// field as a default-constructed QuantArgs, `compat` scaling), "hq" (issue 16: a
-  /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec plus a cache policy
-  /// — incremental spans of 8 chunks, keep_recent 0, sink_keep 0, refinement layers on
-  /// the newest encoded chunks; docs/quality.md, "The recommended profile"). Every
+  /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with 8 k-means
+  /// iterations from kmeans++ seeds, plus a cache policy — incremental spans of 4
+  /// chunks, keep_recent 0, sink_keep 0, 4-bit refinement layers on the 4 newest
+  /// encoded chunks; docs/quality.md, "The recommended profile"). Every
   /// profile sets every codec field (shared and per-role) and sets bits if unset;
   /// "recommended" also sets span_chunks, span_mode, span_break_ratio,
   /// keep_recent_chunks, sink_keep_chunks, refine_recent and refine_bits (the other

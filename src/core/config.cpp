@@ -252,12 +252,14 @@ void QuantArgs::apply_profile(std::string_view profile) {
     scale_search = ScaleSearch::Mse;
     asymmetric = true;
   } else {  // "recommended"
-    // Issue 25: hq's codec in a cache policy, both chosen from `qvg simulate` on the four
+    // Issue 25: hq's codec (more k-means) in a cache policy, chosen from `qvg simulate` on the four
     // presets against the engine's default (docs/quality.md, "The recommended profile").
     scaling = Scaling::TwoLevel;
     scale_search = ScaleSearch::Mse;
     asymmetric = true;
-    span_chunks = 8;
+    kmeans_iters = 8;
+    init = Init::KMeansPlusPlus;
+    span_chunks = 4;
     span_mode = SpanMode::Incremental;
     span_break_ratio = 0.0;
     keep_recent_chunks = 0;

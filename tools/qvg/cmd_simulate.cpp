@@ -110,6 +110,7 @@ SimulationConfig build_config(const SimulateOptions& o) {
   q.scale_dtype = o.cfg.scale_dtype;
   q.scaling = o.cfg.scaling;
   q.scale_search = o.cfg.scale_search;
+  q.init = named("--init", [&] { return parse_init(o.init); });
   // The profile's per-role settings (if any) unless --k-config / --v-config replace them.
   const std::optional<std::string> profile = o.cmd ? given_profile(*o.cmd) : std::nullopt;
   if (profile) {
@@ -117,10 +118,13 @@ SimulationConfig build_config(const SimulateOptions& o) {
     p.apply_profile(*profile);  // a valid name: add_profile_flag checked it
     q.k = p.k;
     q.v = p.v;
+    // simulate's own --init (it accepts warm) replaces the codec flags' one: the
+    // profile's init unless --init is given.
+    const CLI::Option* init = o.cmd->get_option_no_throw("--init");
+    if (init == nullptr || init->count() == 0) q.init = p.init;
   }
   if (!o.k_config.empty()) q.k = parse_role_codec(o.k_config, "--k-config");
   if (!o.v_config.empty()) q.v = parse_role_codec(o.v_config, "--v-config");
-  q.init = named("--init", [&] { return parse_init(o.init); });
   q.seed = parse_seed_flag("--codec-seed", o.codec_seed);
   q.threads = o.cfg.threads;
   apply_cache_flags(o.cache, preset.sink_span, q, profile);

@@ -54,8 +54,8 @@ class _QuantArgsMethods:
         and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``, ``_refine_recent``, ``_refine_bits``,
         ``_scaling``, ``_scale_dtype``, ``_init``, ``_seed``, ``_scale_search``,
         ``_profile`` ("reference" | "hq" | "recommended", applied first: explicit flags override it;
-        "recommended" also sets the cache policy: incremental spans of 8 chunks, keep_recent 0,
-        refinement layers on the 4 newest encoded chunks, docs/quality.md) and
+        "recommended" also sets the cache policy: incremental spans of 4 chunks, keep_recent 0,
+        4-bit refinement layers on the 4 newest encoded chunks, docs/quality.md) and
         the per-role ``_k_<f>`` / ``_v_<f>`` (f in bits, centroids, block_size, stages,
         iters, asymmetric, scale_dtype, scaling, scale_search)). Values may be typed (ints, bools) or strings; ``None`` means
         "not given". Without ``kv_cache_quant`` everything is default (off), as in
