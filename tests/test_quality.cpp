@@ -251,8 +251,7 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
     u.apply_profile("recommend");
     FAIL();
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("reference, hq, recommended, got 'recommend'"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("reference, hq, recommended, got 'recommend'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(u.describe(), before);
   EXPECT_FALSE(u.bits.has_value());
