@@ -16,6 +16,7 @@
 #include "qvg/frontier.h"
 #include "qvg/memory.h"
 #include "qvg/test_access.h"
+#include "qvg/workload.h"
 #include "support/data.h"
 
 namespace qvg {
@@ -191,6 +192,89 @@ TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
   EXPECT_EQ(r.asymmetric, true);
   EXPECT_THROW(parse_role_codec("nope=1", "--k-config"), InvalidArgument);
   EXPECT_THROW(parse_role_codec("bits", "--k-config"), InvalidArgument);
+}
+
+// Issue 25: the recommended profile is hq's codec (more k-means) plus a cache policy; explicit flags
+// override any of it; an unknown name changes nothing.
+TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
+  QuantArgs r;
+  r.apply_profile("recommended");
+  EXPECT_EQ(r.bits, 2);
+  EXPECT_EQ(r.scaling, Scaling::TwoLevel);
+  EXPECT_EQ(r.scale_search, ScaleSearch::Mse);
+  EXPECT_TRUE(r.asymmetric);
+  EXPECT_EQ(r.centroids, QuantArgs{}.centroids);
+  EXPECT_EQ(r.block_size, QuantArgs{}.block_size);
+  EXPECT_FALSE(r.per_role());
+  EXPECT_EQ(r.kmeans_iters, 8);
+  EXPECT_EQ(r.init, Init::KMeansPlusPlus);
+  EXPECT_EQ(r.span_chunks, 4);
+  EXPECT_EQ(r.span_mode, SpanMode::Incremental);
+  EXPECT_EQ(r.span_break_ratio, 0.0);
+  EXPECT_EQ(r.keep_recent_chunks, 0);
+  EXPECT_EQ(r.sink_keep_chunks, 0);
+  EXPECT_EQ(r.refine_recent, 4);
+  EXPECT_EQ(r.refine_bits, 4);
+  EXPECT_TRUE(r.sink);
+  EXPECT_NO_THROW(r.validate());
+  // Its codec is hq's with 8 k-means iterations from kmeans++ seeds.
+  QuantArgs hq;
+  hq.apply_profile("hq");
+  hq.kmeans_iters = 8;
+  hq.init = Init::KMeansPlusPlus;
+  EXPECT_EQ(r.codec(), hq.codec());
+  // hq and reference leave the policy as it is.
+  QuantArgs p;
+  p.span_chunks = 3;
+  p.keep_recent_chunks = 2;
+  p.apply_profile("hq");
+  p.apply_profile("reference");
+  EXPECT_EQ(p.span_chunks, 3);
+  EXPECT_EQ(p.keep_recent_chunks, 2);
+  EXPECT_EQ(p.span_mode, SpanMode::Deferred);
+  // The engine's flags: the profile first, explicit keys override it whatever their order.
+  const QuantArgs f = QuantArgs::from_flags({{"kv_cache_quant", "int4"},
+                                             {"kv_cache_quant_keep_recent", "1"},
+                                             {"kv_cache_quant_refine_recent", "2"},
+                                             {"kv_cache_quant_profile", "recommended"}});
+  EXPECT_EQ(f.bits, 4);
+  EXPECT_EQ(f.keep_recent_chunks, 1);
+  EXPECT_EQ(f.refine_recent, 2);
+  EXPECT_EQ(f.span_mode, SpanMode::Incremental);
+  EXPECT_EQ(f.scale_search, ScaleSearch::Mse);
+  // Without kv_cache_quant nothing is read (the engine's default: off).
+  EXPECT_FALSE(QuantArgs::from_flags({{"kv_cache_quant_profile", "recommended"}}).enabled());
+  // An unknown name: InvalidArgument naming the accepted ones; nothing changed.
+  QuantArgs u;
+  u.span_chunks = 5;
+  const std::string before = u.describe();
+  try {
+    u.apply_profile("recommend");
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("reference, hq, recommended, got 'recommend'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(u.describe(), before);
+  EXPECT_FALSE(u.bits.has_value());
+}
+
+// Issue 25's memory half: at full size the recommended profile's policy peak is at
+// most the engine's default's (int2, the reference profile's codec, spans of one
+// chunk, keep_recent 1) on Self-Forcing, LingBot-World and HY-WorldPlay (the memory
+// model `qvg simulate` reports; the quality half is measured in docs/quality.md).
+TEST(Profiles, RecommendedPeaksNoHigherThanTheEnginesDefault) {
+  for (const char* name : {"self-forcing-1.3b", "lingbot-world-14b", "hy-worldplay-8b"}) {
+    const ModelPreset& preset = find_model_preset(name);
+    QuantArgs engine, rec;
+    engine.bits = 2;
+    engine.apply_profile("reference");
+    rec.apply_profile("recommended");
+    engine.sink_span = rec.sink_span = preset.sink_span;
+    const MemoryShape s = MemoryShape::of(preset);
+    const MemoryReport e = memory_report(s, engine), r = memory_report(s, rec);
+    EXPECT_LE(r.policy_peak_bytes, e.policy_peak_bytes) << name;
+    EXPECT_GT(r.peak_step.refine_bytes, 0u) << name;
+  }
 }
 
 TEST(QuantArgsPerRole, MemoryModelCountsEachRole) {

@@ -163,10 +163,17 @@ struct QuantArgs {
   /// The codec parameters of one role's encodings: the shared ones with that role's
   /// overrides applied (requires enabled()).
   CodecConfig codec(CacheRole role) const;
-  /// Applies a named profile (issue 16): "reference" (the engine's defaults: every
-  /// codec field as a default-constructed QuantArgs) or "hq" (docs/quality.md). Only
-  /// the codec fields (shared and per-role) are set; bits is set if unset. Throws
-  /// InvalidArgument for another name.
+  /// Applies a named profile: "reference" (issue 16: the engine's defaults, every codec
+  /// field as a default-constructed QuantArgs, `compat` scaling), "hq" (issue 16: a
+  /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with 8 k-means
+  /// iterations from kmeans++ seeds, plus a cache policy — incremental spans of 4
+  /// chunks, keep_recent 0, sink_keep 0, 4-bit refinement layers on the 4 newest
+  /// encoded chunks; docs/quality.md, "The recommended profile"). Every
+  /// profile sets every codec field (shared and per-role) and sets bits if unset;
+  /// "recommended" also sets span_chunks, span_mode, span_break_ratio,
+  /// keep_recent_chunks, sink_keep_chunks, refine_recent and refine_bits (the other
+  /// two leave the policy as it is). sink, sink_span, seed and threads are never set.
+  /// Throws InvalidArgument for another name, leaving *this unchanged.
   void apply_profile(std::string_view profile);
 
   /// Reads the engine's flat flags: `kv_cache_quant` in {off, none, bf16, int4, int2},

@@ -227,7 +227,10 @@ CodecConfig QuantArgs::codec(CacheRole role) const {
 }
 
 void QuantArgs::apply_profile(std::string_view profile) {
-  // Both profiles start from the engine's defaults of every codec field (spec 2),
+  // An unknown name leaves the settings unchanged.
+  if (profile != "reference" && profile != "hq" && profile != "recommended")
+    throw InvalidArgument(fmt::format("profile must be one of reference, hq, recommended, got '{}'", profile));
+  // Every profile starts from the engine's defaults of every codec field (spec 2),
   // with the reference's `compat` scaling (the QVG Triton layout).
   const QuantArgs d;
   if (!bits) bits = 2;
@@ -248,8 +251,21 @@ void QuantArgs::apply_profile(std::string_view profile) {
     scaling = Scaling::TwoLevel;
     scale_search = ScaleSearch::Mse;
     asymmetric = true;
-  } else {
-    throw InvalidArgument(fmt::format("profile must be one of reference, hq, got '{}'", profile));
+  } else {  // "recommended"
+    // Issue 25: hq's codec (more k-means) in a cache policy, chosen from `qvg simulate` on the four
+    // presets against the engine's default (docs/quality.md, "The recommended profile").
+    scaling = Scaling::TwoLevel;
+    scale_search = ScaleSearch::Mse;
+    asymmetric = true;
+    kmeans_iters = 8;
+    init = Init::KMeansPlusPlus;
+    span_chunks = 4;
+    span_mode = SpanMode::Incremental;
+    span_break_ratio = 0.0;
+    keep_recent_chunks = 0;
+    sink_keep_chunks = 0;
+    refine_recent = 4;
+    refine_bits = 4;
   }
 }
 

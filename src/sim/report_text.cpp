@@ -140,6 +140,22 @@ std::string simulation_summary_text(const SimulationResult& r) {
         "step, reference attention {:.3f} s per chunk\n",
         s.encode_s_per_span, s.spans, s.spans == 1 ? "" : "s", s.decode_s_per_step, s.attention_s_per_chunk);
   }
+  if (r.summary.size() > 1) {
+    // Side by side, each against the first configuration (`--engine-baseline` puts the
+    // engine's default first): the full-size policy peak and the attention error.
+    const PackedSummary& b = r.summary.front();
+    auto full_ratio = [](const PackedSummary& s) {
+      return s.full_policy_peak_bytes > 0 ? double(s.full_dense_bytes) / double(s.full_policy_peak_bytes) : 0.0;
+    };
+    o += fmt::format("\n== side by side (against {}) ==\n", b.label);
+    o += fmt::format("  {:<16} {:>22} {:>24}\n", "configuration", "full-size peak ratio", "attention error");
+    for (const PackedSummary& s : r.summary) {
+      const double e = s.attention.rel_l2(), be = b.attention.rel_l2();
+      o += fmt::format("  {:<16} {:>14.2f}x ({:.2f}x) {:>14} ({})\n", s.label, full_ratio(s),
+                       full_ratio(b) > 0 ? full_ratio(s) / full_ratio(b) : 0.0, s.quality_chunks > 0 ? pct(e) : "-",
+                       s.quality_chunks > 0 && be > 0 ? fmt::format("{:.2f}x", e / be) : std::string("-"));
+    }
+  }
   const double per_chunk = r.chunks.empty() ? 0 : r.wall_s / double(r.chunks.size());
   o += fmt::format(
       "\n  run      wall time {:.1f} s ({:.2f} s per chunk for {} layer{} and {} configuration{}, "

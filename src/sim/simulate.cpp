@@ -92,6 +92,15 @@ AttentionSums attention_error(const Tensor& out, const Tensor& ref) {
 // ---------------------------------------------------------------------------
 // Configuration
 
+PackedConfig engine_default_packed_config(SinkSpan sink_span) {
+  PackedConfig p;
+  p.label = "engine";
+  p.quant.bits = 2;
+  p.quant.apply_profile("reference");
+  p.quant.sink_span = sink_span;
+  return p;
+}
+
 PackedConfig default_packed_config() {
   PackedConfig p;
   p.label = "int2";

@@ -36,8 +36,8 @@ for spec in "bits=4,bits=2" "bits=4," ",bits=4" "bits=4,,stages=2"; do
 done
 refused "--k-config field 'asymmetric' must be a boolean \(true/false/1/0\), got 'yes'" -- \
   "$QVG" "${M[@]}" --k-config asymmetric=yes
-refused "profile must be one of reference, hq, got ''" -- "$QVG" "${M[@]}" --profile ''
-refused "profile must be one of reference, hq, got ''" -- "$QVG" simulate --model self-forcing-1.3b --profile ''
+refused "profile must be one of reference, hq, recommended, got ''" -- "$QVG" "${M[@]}" --profile ''
+refused "profile must be one of reference, hq, recommended, got ''" -- "$QVG" simulate --model self-forcing-1.3b --profile ''
 
 # The accepted forms still work (and read the same values as the engine's flags).
 "$QVG" "${M[@]}" --span-mode incremental --refine-recent 2 --refine-bits 2 --k-config asymmetric=1,bits=int4 \

@@ -72,4 +72,27 @@ python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert b 
   fail "memory --v-config bits=4 ($mixed MiB) is not larger than int2 ($two MiB)"
 "$QVG" memory --model self-forcing-1.3b --k-config nope=1 2> "$T/e.txt" && fail "a bad --k-config was accepted"
 grep -q "unknown field 'nope'" "$T/e.txt" || fail "bad --k-config message: $(cat "$T/e.txt")"
+# --profile recommended (issue 25) sets the cache policy in memory and simulate; an
+# explicit policy flag overrides it whatever the order; --engine-baseline adds the
+# engine's default first and a side-by-side table.
+pol() { "$QVG" memory --model lingbot-world-14b --json "$@" |
+  python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["span_chunks"], d["span_mode"], d["keep_recent_chunks"], d["refine_recent"], d["refine_bits"])'; }
+rec=$(pol --profile recommended)
+[ "$rec" = "4 incremental 0 4 4" ] || fail "memory --profile recommended: policy '$rec'"
+a=$(pol --keep-recent 1 --profile recommended)
+b=$(pol --profile recommended --keep-recent 1)
+[ "$a" = "4 incremental 1 4 4" ] && [ "$a" = "$b" ] || fail "--keep-recent does not override the profile: '$a' / '$b'"
+[ "$(pol --profile hq)" = "1 deferred 1 0 4" ] || fail "memory --profile hq changed the policy: $(pol --profile hq)"
+"$QVG" simulate --scale 0.05 --chunks 6 --layers 1 --context-frames 9 --profile recommended --engine-baseline \
+  --quiet --json "$T/s.json" > "$T/s.txt" || fail "simulate --profile recommended --engine-baseline"
+grep -q "side by side (against engine)" "$T/s.txt" || fail "no side-by-side table: $(cat "$T/s.txt")"
+python3 - "$T/s.json" <<'PY' || fail "simulate --engine-baseline configurations"
+import json, sys
+c = json.load(open(sys.argv[1]))["configs"]
+assert [x["label"] for x in c] == ["engine", "recommended int2"], c
+e, r = c
+assert (e["centroids"], e["scaling"], e["span_chunks"], e["keep_recent_chunks"]) == (128, "compat", 1, 1), e
+assert (r["span_mode"], r["span_chunks"], r["keep_recent_chunks"], r["refine_recent"]) == ("incremental", 4, 0, 4), r
+assert (r["asymmetric"], r["kmeans_iters"], r["init"]) == (True, 8, "kmeans++"), r
+PY
 echo "quality.sh: ok"

@@ -21,10 +21,17 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help
   cmd.add_flag("--no-sink", f.no_sink, std::string(no_sink_help));
 }
 
-void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q) {
+void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q,
+                       const std::optional<std::string>& profile) {
+  QuantArgs d = f.defaults;
+  d.sink_span = preset_sink_span;
+  if (profile)
+    named("--profile", [&] {
+      d.apply_profile(*profile);
+      return 0;
+    });
   for (const Setting& s : quant_settings())
-    if (!s.cli.empty()) s.set(q, s.get(f.defaults));
-  q.sink_span = preset_sink_span;
+    if (!s.cli.empty()) s.set(q, s.get(d));
   for (const auto& [key, text] : f.given) {
     const Setting& s = *find_setting(key);
     const SettingValue v = parse_setting(s, text, s.cli);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,9 +29,12 @@ struct CacheFlags {
 void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help,
                      std::span<const std::string_view> skip = {});
 
-/// Sets q's policy settings: f.defaults', then each flag given (read and range-checked
-/// by the settings table, the message naming the flag); sink = !no_sink; the sink's
-/// span policy is `preset_sink_span` unless its flag names one. Throws InvalidArgument.
-void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q);
+/// Sets q's policy settings: f.defaults', then those of `profile` when one is named
+/// (QuantArgs::apply_profile: `recommended` sets a policy, the others none), then each
+/// flag given (read and range-checked by the settings table, the message naming the
+/// flag), so that a flag overrides the profile; sink = !no_sink; the sink's span policy
+/// is `preset_sink_span` unless its flag names one. Throws InvalidArgument.
+void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q,
+                       const std::optional<std::string>& profile = std::nullopt);
 
 }  // namespace qvg::cli

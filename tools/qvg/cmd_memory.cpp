@@ -85,7 +85,7 @@ QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
     return opt != nullptr && opt->count() > 0;
   };
   if (given("--bits")) a.bits = parse_width_flag("--bits", o.bits);
-  apply_cache_flags(o.cache, p.sink_span, a);
+  apply_cache_flags(o.cache, p.sink_span, a, o.profile);
   if (given("--centroids")) a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
   if (given("--block-size")) a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
   if (given("--stages")) a.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
@@ -193,7 +193,9 @@ void register_memory(CLI::App& root) {
   add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");
   add_value(*cmd, "--scale-search", o->scale_search, "off | mse (the encoder's choice; no change in bytes)", "NAME");
   add_value(*cmd, "--profile", o->profile,
-            "codec settings by name: reference | hq (docs/quality.md); explicit flags override it", "NAME");
+            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec and a cache policy, "
+            "docs/quality.md); explicit flags override it",
+            "NAME");
   add_value(*cmd, "--k-config", o->k_config,
             "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "
             "iters, asymmetric, scale_dtype, scaling, scale_search)",

@@ -54,7 +54,9 @@ struct SimulateOptions {
   std::optional<std::string> json;
   std::optional<std::string> report;
   bool quiet = false;
+  bool engine_baseline = false;
   CodecConfig cfg;
+  const CLI::App* cmd = nullptr;  // to read --profile (its policy settings: apply_cache_flags)
 };
 
 /// "2" | "4" | "2,4" | "4,2" -> [2] ...
@@ -103,16 +105,34 @@ SimulationConfig build_config(const SimulateOptions& o) {
   q.scale_dtype = o.cfg.scale_dtype;
   q.scaling = o.cfg.scaling;
   q.scale_search = o.cfg.scale_search;
-  q.k = parse_role_codec(o.k_config, "--k-config");
-  q.v = parse_role_codec(o.v_config, "--v-config");
   q.init = named("--init", [&] { return parse_init(o.init); });
+  // The profile's per-role settings (if any) unless --k-config / --v-config replace them.
+  const std::optional<std::string> profile = o.cmd ? given_profile(*o.cmd) : std::nullopt;
+  if (profile) {
+    QuantArgs p;
+    p.apply_profile(*profile);  // a valid name: add_profile_flag checked it
+    q.k = p.k;
+    q.v = p.v;
+    // simulate's own --init (it accepts warm) replaces the codec flags' one: the
+    // profile's init unless --init is given.
+    const CLI::Option* init = o.cmd->get_option_no_throw("--init");
+    if (init == nullptr || init->count() == 0) q.init = p.init;
+  }
+  if (!o.k_config.empty()) q.k = parse_role_codec(o.k_config, "--k-config");
+  if (!o.v_config.empty()) q.v = parse_role_codec(o.v_config, "--v-config");
   q.seed = parse_seed_flag("--codec-seed", o.codec_seed);
   q.threads = o.cfg.threads;
-  apply_cache_flags(o.cache, preset.sink_span, q);
+  apply_cache_flags(o.cache, preset.sink_span, q, profile);
   c.packed.clear();  // replace the library's default configuration
+  if (o.engine_baseline) {
+    PackedConfig e = engine_default_packed_config(preset.sink_span);
+    e.quant.seed = q.seed;
+    e.quant.threads = q.threads;
+    c.packed.push_back(e);
+  }
   for (int b : parse_bits_list(o.bits)) {
     PackedConfig pc;
-    pc.label = fmt::format("int{}", b);
+    pc.label = profile ? fmt::format("{} int{}", *profile, b) : fmt::format("int{}", b);
     pc.quant = q;
     pc.quant.bits = b;
     c.packed.push_back(pc);
@@ -214,6 +234,7 @@ void register_simulate(CLI::App& root) {
       "simulate",
       "Stream a realistic workload through a dense and a packed K/V cache side by side; memory, quality and time "
       "per chunk");
+  o->cmd = cmd;
   add_workload_flags(*cmd, o->workload);
   add_value(*cmd, "--context-frames", o->context_frames,
             "frames of history a layer keeps (default: the preset's, capped at 72 for a quick run)", "N");
@@ -246,6 +267,9 @@ void register_simulate(CLI::App& root) {
   add_value(*cmd, "--json", o->json, "write the report JSON (docs/simulate.schema.json) to FILE", "FILE");
   add_value(*cmd, "--report", o->report, "write report.json, memory.svg, attention.svg and summary.txt into DIR",
             "DIR");
+  cmd->add_flag("--engine-baseline", o->engine_baseline,
+                "also stream the engine's default configuration (int2, 128 centroids, compat scaling, spans of one "
+                "chunk, keep_recent 1; label 'engine'), first, and compare every configuration with it");
   cmd->add_flag("--quiet,-q", o->quiet, "no progress on stderr");
   cmd->callback([o] { run_simulate(*o); });
 }

@@ -95,8 +95,10 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
 void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
   auto profile = std::make_shared<std::string>();
   cmd.add_option("--profile", *profile,
-                 "codec settings by name: reference (the engine's defaults, compat scaling) | hq (docs/quality.md); "
-                 "explicit codec flags override it, whatever their order")
+                 "settings by name: reference (the engine's defaults, compat scaling) | hq (a codec, "
+                 "docs/quality.md) | recommended (hq's codec, 8 k-means iterations from kmeans++, and a cache policy "
+                 "where the command has one, "
+                 "docs/quality.md); explicit flags override it, whatever their order")
       ->type_name("NAME");
   // After parsing: the profile's value for every codec field whose flag was not given.
   cmd.parse_complete_callback([&cmd, &cfg, profile] {
@@ -124,6 +126,12 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
     if (!given("--scale-search")) cfg.scale_search = p.scale_search;
     if (!given("--init")) cfg.init = p.init;
   });
+}
+
+std::optional<std::string> given_profile(const CLI::App& cmd) {
+  const CLI::Option* o = cmd.get_option_no_throw("--profile");
+  if (o == nullptr || o->count() == 0) return std::nullopt;
+  return o->as<std::string>();
 }
 
 void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg) {

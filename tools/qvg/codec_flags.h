@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -22,11 +23,15 @@ namespace qvg::cli {
 /// Adds the codec flags to `cmd`, writing into `cfg` (reset to the defaults here).
 void add_codec_flags(CLI::App& cmd, CodecConfig& cfg);
 
-/// Adds `--profile NAME` (QuantArgs::apply_profile: reference | hq); once the command
-/// line is parsed, every codec field of cfg whose flag was not given takes the profile's
-/// value, so explicit flags override the profile whatever their order. add_codec_flags
-/// calls it.
+/// Adds `--profile NAME` (QuantArgs::apply_profile: reference | hq | recommended); once
+/// the command line is parsed, every codec field of cfg whose flag was not given takes
+/// the profile's value, so explicit flags override the profile whatever their order.
+/// add_codec_flags calls it. The profile's policy settings (recommended's) are the
+/// caller's to apply: apply_cache_flags with given_profile(cmd).
 void add_profile_flag(CLI::App& cmd, CodecConfig& cfg);
+
+/// The name given to cmd's `--profile` (after parsing), or nullopt when it was not given.
+std::optional<std::string> given_profile(const CLI::App& cmd);
 
 /// add_codec_flags for the commands that stream a workload (simulate, compare): the
 /// published QVG configuration's defaults (--bits 2, --centroids 256), and no --seed

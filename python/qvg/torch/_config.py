@@ -55,7 +55,9 @@ class _QuantArgsMethods:
         ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
         and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``, ``_refine_recent``, ``_refine_bits``,
         ``_scaling``, ``_scale_dtype``, ``_init``, ``_seed``, ``_scale_search``,
-        ``_profile`` ("reference" | "hq", applied first: explicit flags override it) and
+        ``_profile`` ("reference" | "hq" | "recommended", applied first: explicit flags override it;
+        "recommended" also sets the cache policy: incremental spans of 4 chunks, keep_recent 0,
+        4-bit refinement layers on the 4 newest encoded chunks, docs/quality.md) and
         the per-role ``_k_<f>`` / ``_v_<f>`` (f in bits, centroids, block_size, stages,
         iters, asymmetric, scale_dtype, scaling, scale_search)). Values may be typed (ints, bools) or strings; ``None`` means
         "not given". Without ``kv_cache_quant`` everything is default (off), as in
