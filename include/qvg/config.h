@@ -166,7 +166,7 @@ struct QuantArgs {
   /// Applies a named profile: "reference" (issue 16: the engine's defaults, every codec
   /// field as a default-constructed QuantArgs, `compat` scaling), "hq" (issue 16: a
   /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with 8 k-means
-  /// iterations from kmeans++ seeds, plus a cache policy — incremental spans of 4
+  /// iterations from random seeds, plus a cache policy — incremental spans of 4
   /// chunks, keep_recent 0, sink_keep 0, 4-bit refinement layers on the 4 newest
   /// encoded chunks; docs/quality.md, "The recommended profile"). Every
   /// profile sets every codec field (shared and per-role) and sets bits if unset;
