@@ -56,14 +56,15 @@ ALLOWED: dict[str, tuple[int, str]] = {
     # (cache_policy.h, packed_plan.h), the memory model (memory.cpp), the snapshot's
     # invariant checks (snapshot_packed.cpp, snapshot_validate.cpp), the validation
     # across fields (config.cpp), and, for some, an experiment's own option of the name.
-    "sink_span": (11, "also each model preset's sink policy (workload.h, presets.cpp), which the CLI "
-                      "(cache_flags.cpp, cmd_memory.cpp, cmd_simulate.cpp) hands to the setting; the policy, "
-                      "the memory model, the snapshot check, its parser (config.cpp)"),
+    "sink_span": (13, "also each model preset's sink policy (workload.h, presets.cpp), which the CLI "
+                      "(cache_flags.cpp, cmd_memory.cpp, cmd_simulate.cpp) and the engine default's simulated "
+                      "config (simulate.h, simulate.cpp) hand to the setting; the policy, the memory model, the "
+                      "snapshot check, its parser (config.cpp)"),
     "span_chunks": (13, "also the frontier experiment's own span length (frontier.h, frontier.cpp, "
                         "frontier_report.cpp); the policy and SpanDecisions, the codebook slot split "
                         "(packed_cache.cpp), the memory model, the snapshot check, simulate's default and chart, "
                         "the device cache"),
-    "span_mode": (13, "also the comparison experiment's own option (compare.h, compare.cpp, report_json.cpp, "
+    "span_mode": (12, "also the comparison experiment's own option (compare.h, compare.cpp, report_json.cpp, "
                       "cmd_compare.cpp); the policy, the snapshot's records and check, config.cpp's validation, "
                       "the memory model, the device cache"),
     "refine_recent": (7, "the policy (cache_policy.h), the snapshot's records and check (snapshot_packed.cpp, "

@@ -78,5 +78,9 @@ void check_setting(const Setting& s, const SettingValue& v, std::string_view wha
 
 /// True when q's value of s is the default QuantArgs' value.
 bool is_default(const Setting& s, const QuantArgs& q);
+/// The cache policy of the `recommended` profile (QuantArgs::apply_profile calls it):
+/// incremental spans of 4 chunks, no adaptive breaks, keep_recent 0, sink_keep 0,
+/// 4-bit refinement layers on the 4 newest encoded chunks.
+void set_recommended_policy(QuantArgs& q);
 
 }  // namespace qvg

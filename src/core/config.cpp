@@ -260,13 +260,7 @@ void QuantArgs::apply_profile(std::string_view profile) {
     scale_search = ScaleSearch::Mse;
     asymmetric = true;
     kmeans_iters = 8;
-    span_chunks = 4;
-    span_mode = SpanMode::Incremental;
-    span_break_ratio = 0.0;
-    keep_recent_chunks = 0;
-    sink_keep_chunks = 0;
-    refine_recent = 4;
-    refine_bits = 4;
+    set_recommended_policy(*this);
   }
 }
 

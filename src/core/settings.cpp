@@ -307,6 +307,18 @@ void check_setting(const Setting& s, const SettingValue& v, std::string_view wha
   throw InvalidArgument(fmt::format("{} must be {}, got {}", what, s.allowed, setting_text(v)));
 }
 
+void set_recommended_policy(QuantArgs& q) {
+  // Issue 25 (docs/quality.md, "The recommended profile"): kept beside the rows, so
+  // that a policy setting is named here and where it is used, not in the profiles too.
+  q.span_chunks = 4;
+  q.span_mode = SpanMode::Incremental;
+  q.span_break_ratio = 0.0;
+  q.keep_recent_chunks = 0;
+  q.sink_keep_chunks = 0;
+  q.refine_recent = 4;
+  q.refine_bits = 4;
+}
+
 bool is_default(const Setting& s, const QuantArgs& q) {
   static const QuantArgs d;
   return s.get(q) == s.get(d);
