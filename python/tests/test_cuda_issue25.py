@@ -35,7 +35,7 @@ needs_gpu = pytest.mark.skipif(not (qt.HAS_CUDA and torch.cuda.is_available()),
 def profile(ratio: float) -> qt.QVGKVQuantArgs:
     return qt.QVGKVQuantArgs(bits=2, centroids=16, block_size=32, span_mode="incremental", span_chunks=4,
                              span_break_ratio=ratio, refine_recent=2, refine_bits=2, keep_recent_chunks=1, sink=True,
-                             sink_keep_chunks=1, init="warm", scale_search="mse", k_bits=4)
+                             sink_keep_chunks=1, init="warm", scale_search="mse", k_config="bits=4")
 
 
 def packed(device, quant, B=1, cap=16 * 9, H=2, D=64, sink=16):
