@@ -26,7 +26,13 @@ The shims of engine internals (each listed in :data:`SHIMS` and docs/compat.md):
   Triton's interpreter (reference_cpu.py, as the conformance suite runs them),
   the quantizer on the float32 copy of the bf16 segment (the interpreter's bf16
   arithmetic works on raw bit patterns); a segment's dequantization is memoized
-  (a pure function of its packed dict: speed only).
+  (a pure function of its packed dict: speed only);
+* for the packed comparison's float32 rollouts only (``rollout(dtype=float32)``):
+  ``CausalDMDDenoisingStage._target_dtype`` (bf16, hard-coded; the LongLive2 and
+  LingBot stages inherit it) -> float32, with the model and the compute dtype of
+  ``tiny_dit_runtime`` in float32. In bf16 any perturbation of the views moves these
+  tiny random-weight models' latents by about 0.0046 (the DiT's roundings
+  decorrelate), which hides the codec's share of the deviation.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ SHIMS = (
     "with crossattn_cache=, which WanT2VCrossAttention.forward does not take)",
     "qvg_packed_cache._qvg_functions -> quant-videogen's quantizer/dequantizer under Triton's interpreter "
     "(float32 input, dequantization memoized)",
+    "CausalDMDDenoisingStage._target_dtype -> float32 for the packed comparison's float32 rollouts only (the engine "
+    "hard-codes bf16; in bf16 these tiny models' latents have a rounding floor of about 0.0046)",
 )
 
 H, D, LAYERS = 2, 64, 2  # heads, head_dim, transformer blocks
@@ -91,16 +99,28 @@ def init_runtime() -> None:
     _RUNTIME["ok"] = True
 
 
+#: The precision of the rollout in progress (rollout()'s ``dtype``): the engine's bf16,
+#: or float32 for the packed comparison's measurement (module docstring).
+_DTYPE = {"now": torch.bfloat16}
+
+
 @contextlib.contextmanager
 def cpu_paths() -> Iterator[None]:
-    """The engine's tiny-DiT recipe plus the torch fallback of fuse_scale_shift_kernel."""
+    """The engine's tiny-DiT recipe plus the torch fallback of fuse_scale_shift_kernel;
+    with float32, the causal stages' target dtype too (CausalDMDDenoisingStage hard-codes
+    bf16 in ``_target_dtype``; the LongLive2 and LingBot stages inherit it)."""
     from unittest.mock import patch
 
     guard = _import("sglang.multimodal_gen.test.unit.host_sync_guard")
     layernorm = _import("sglang.multimodal_gen.runtime.layers.layernorm")
     fallback = _import("sglang.kernels.ops.diffusion.common.fallback_torch")
-    with guard.tiny_dit_runtime(torch.bfloat16), patch.object(layernorm, "fuse_scale_shift_kernel",
-                                                             fallback.fuse_scale_shift_kernel_native):
+    dtype = _DTYPE["now"]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(guard.tiny_dit_runtime(dtype))
+        stack.enter_context(patch.object(layernorm, "fuse_scale_shift_kernel", fallback.fuse_scale_shift_kernel_native))
+        if dtype != torch.bfloat16:
+            causal = _import("sglang.multimodal_gen.runtime.pipelines_core.stages.causal_denoising")
+            stack.enter_context(patch.object(causal.CausalDMDDenoisingStage, "_target_dtype", lambda self: dtype))
         yield
 
 
@@ -272,16 +292,19 @@ class Case:
     cache_frames: int
     sink_frames: int
     notes: str = ""
-    _model: Any = None
+    _models: dict = field(default_factory=dict)
 
     def model(self) -> torch.nn.Module:
-        if self._model is None:
+        """The model with the fixed random weights, in the rollout's precision (the same
+        fp32 draws for both precisions)."""
+        dtype = _DTYPE["now"]
+        if dtype not in self._models:
             with cpu_paths():
                 model = self.build_model()
             _random_weights(model, seed=20261204)
-            self._model = model.to(torch.bfloat16).eval()
-            _fix_cross_attention(self._model)
-        return self._model
+            self._models[dtype] = model.to(dtype).eval()
+            _fix_cross_attention(self._models[dtype])
+        return self._models[dtype]
 
 
 def _random_weights(model: torch.nn.Module, seed: int) -> None:
@@ -337,7 +360,7 @@ def _request(**kw: Any) -> Any:
 def _run_text_to_video(stage: Any, args: Any, latents: torch.Tensor, chunk_frames: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     req = _request(latents=latents.clone(), prompt_embeds=[torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g).to(
-        torch.bfloat16)], generator=torch.Generator().manual_seed(11), negative_prompt_embeds=[],
+        _DTYPE["now"])], generator=torch.Generator().manual_seed(11), negative_prompt_embeds=[],
                    num_inference_steps=4)
     out = stage.forward(req, args).latents
     return [c.clone() for c in out.split(chunk_frames, dim=2)]
@@ -387,25 +410,30 @@ def longlive2() -> Case:
 # ---------------------------------------------------------------------------
 
 
-def rollout(case: Case, quant: Any, pipeline_config: Any = None) -> Rollout:
+def rollout(case: Case, quant: Any, pipeline_config: Any = None, dtype: torch.dtype = torch.bfloat16) -> Rollout:
     """One rollout of ``case`` through its stage with ``kv_cache_quant_config=quant``
     (whatever cache classes the engine's modules hold now), from fixed latents, text
-    and noise."""
+    and noise; ``dtype`` float32 runs the model, its activations and the K/V caches in
+    float32 (the stage's target dtype patched, cpu_paths)."""
     init_runtime()
-    model = case.model()
-    out = Rollout()
-    g = torch.Generator().manual_seed(3)
-    latents = torch.randn(1, 16, case.frames, LATENT_HW, LATENT_HW, generator=g)
-    with cpu_paths(), server_args(pipeline_config or case.pipeline_config(), quant) as args:
-        stage = case.stage_cls()(model, case.scheduler())
-        undo_caches = _record_caches(stage, out)
-        undo_outputs = _record_outputs(model, out)
-        try:
-            with torch.no_grad():
-                out.chunks = case.run(stage, args, latents)
-        finally:
-            undo_outputs()
-            undo_caches()
+    previous, _DTYPE["now"] = _DTYPE["now"], dtype
+    try:
+        model = case.model()
+        out = Rollout()
+        g = torch.Generator().manual_seed(3)
+        latents = torch.randn(1, 16, case.frames, LATENT_HW, LATENT_HW, generator=g)
+        with cpu_paths(), server_args(pipeline_config or case.pipeline_config(), quant) as args:
+            stage = case.stage_cls()(model, case.scheduler())
+            undo_caches = _record_caches(stage, out)
+            undo_outputs = _record_outputs(model, out)
+            try:
+                with torch.no_grad():
+                    out.chunks = case.run(stage, args, latents)
+            finally:
+                undo_outputs()
+                undo_caches()
+    finally:
+        _DTYPE["now"] = previous
     return out
 
 
@@ -506,7 +534,7 @@ def _lingbot_run(stage: Any, args: Any, latents: torch.Tensor) -> list[torch.Ten
     session_mod = _import("sglang.multimodal_gen.runtime.realtime.session")
     session = session_mod.RealtimeSession()
     g = torch.Generator().manual_seed(7)
-    prompt = torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g).to(torch.bfloat16)
+    prompt = torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g).to(_DTYPE["now"])
     condition = torch.randn(1, 20, latents.shape[2], LATENT_HW, LATENT_HW, generator=g)
     noise = torch.Generator().manual_seed(11)
     timesteps = ts_mod.DMDTimestepPreparationStage(_lingbot_scheduler(args))

@@ -13,7 +13,11 @@ after qvg.sglang.install().
   quant-videogen under Triton's interpreter), at the engine's default flags int2
   and int4, and with qvg's ``hq`` profile: qvg's mean deviation over the chunks
   that saw an encoded chunk, and its views' K/V error, are at most 1.1x the
-  engine's; hq's views' error at most 0.7x.
+  engine's; hq's views' error at most 0.7x, its latents' deviation at most 0.8x
+  (0.7x met on five of the six pairs: docs/compat.md). These rollouts run in
+  float32 (model, activations, caches; the stage's bf16 target dtype patched): in
+  bf16 any perturbation of the views moves these tiny models' latents by about
+  0.0046, a floor that hides the codec's share (docs/compat.md).
 """
 
 from __future__ import annotations
@@ -54,13 +58,13 @@ def case(name: str) -> e2e.Case:
     return _CASES[name]
 
 
-def engine_dense(name: str) -> e2e.Rollout:
+def engine_dense(name: str, dtype: torch.dtype = torch.bfloat16) -> e2e.Rollout:
     """The rollout with the engine's own dense caches (cached for the module)."""
-    if name not in _DENSE:
+    if (name, dtype) not in _DENSE:
         assert not qvg.sglang.is_installed()
-        _DENSE[name] = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs())
-        assert all(type(c) is ENGINE_DENSE for c in _DENSE[name].caches)
-    return _DENSE[name]
+        _DENSE[name, dtype] = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs(), dtype=dtype)
+        assert all(type(c) is ENGINE_DENSE for c in _DENSE[name, dtype].caches)
+    return _DENSE[name, dtype]
 
 
 @pytest.fixture(autouse=True)
@@ -144,13 +148,13 @@ def test_pinned_multi_shot_sink_is_refused_with_quantization():
             stage._allocate_causal_kv_cache(**kw)
 
 
-def _engine_packed(name: str, bits: int) -> e2e.Rollout:
+def _engine_packed(name: str, bits: int, dtype: torch.dtype) -> e2e.Rollout:
     """The engine's own packed cache through the same stage: only the stage's two
     methods are qvg.sglang's (the cache classes stay the engine's)."""
     qvg.sglang._patch_stage()
     try:
         with e2e.engine_codec_on_cpu():
-            out = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs(bits=bits))
+            out = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs(bits=bits), dtype=dtype)
     finally:
         qvg.sglang._unpatch_stage()
     assert all(type(c) is ENGINE_PACKED for c in out.caches)
@@ -160,12 +164,14 @@ def _engine_packed(name: str, bits: int) -> e2e.Rollout:
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_packed_deviation_beside_the_engines_packed_cache(name, bits):
-    dense = engine_dense(name)
-    engine = _engine_packed(name, bits)
+    f32 = torch.float32  # module docstring: the bf16 floor
+    dense = engine_dense(name, f32)
+    engine = _engine_packed(name, bits, f32)
     with qvg.sglang.installed():
-        ours = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs(bits=bits))
+        ours = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs(bits=bits), dtype=f32)
         hq = e2e.rollout(case(name), qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": f"int{bits}",
-                                                                  "kv_cache_quant_profile": "hq"}))
+                                                                  "kv_cache_quant_profile": "hq"}), dtype=f32)
+    assert all(r.chunks[-1].dtype == f32 and r.views[-1][1].dtype == f32 for r in (dense, engine, ours, hq))
     dev = {k: e2e.relative_l2_per_chunk(r, dense) for k, r in (("engine", engine), ("qvg", ours), ("hq", hq))}
     views = {k: e2e.view_error(r, dense) for k, r in (("engine", engine), ("qvg", ours), ("hq", hq))}
     FIGURES[name, bits] = dict(latents=dev, views=views)
@@ -176,9 +182,11 @@ def test_packed_deviation_beside_the_engines_packed_cache(name, bits):
     FIGURES[name, bits]["mean"] = mean
     assert mean["qvg"] <= 1.1 * mean["engine"], (mean, dev)
     assert views["qvg"] <= 1.1 * views["engine"], views
-    # hq: its K/V views are within 0.7x of the engine's error; its latents' deviation is
-    # recorded, not asserted (docs/compat.md: below ~0.005 the bf16 floor dominates)
+    # hq: its K/V views within 0.7x of the engine's error, its latents within 0.8x
+    # (docs/compat.md: 0.31-0.62x but LongLive2 int4's 0.75x, whose first encoded
+    # chunk is its sink)
     assert views["hq"] <= 0.7 * views["engine"], views
+    assert mean["hq"] <= 0.8 * mean["engine"], (mean, dev)
 
 
 def test_zz_figures():
