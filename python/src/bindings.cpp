@@ -52,6 +52,7 @@
 
 #include "common.h"
 #include "dense_binding.h"
+#include "packed_binding.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/config.h"
@@ -244,117 +245,50 @@ class SharedViewLock {
   std::unique_lock<std::mutex> lock_;
 };
 
-class PackedCache {
- public:
-  PackedCache(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
-              int64_t sink_tokens, std::optional<int64_t> attention_window_size, bool allow_growth,
-              const qvg::QuantArgs& quant, int64_t head_offset) {
-    qvg::CacheOptions o = cache_options(batch, cache_size, heads, head_dim, dtype, sink_tokens, attention_window_size,
-                                        allow_growth, head_offset);
-    o.view_scratch = shared_view_scratch();
-    cache_ = std::make_shared<qvg::PackedCausalCache>(o, quant);
-    options_ = o;
-    quant_ = quant;
-  }
+/// PackedBinding's CPU backend: a zero-copy view is lent (a torch tensor over the
+/// current chunk's bytes, copied privately before they change); a copied view is
+/// copied out of the shared scratch into a fresh tensor owned by the caller.
+struct CpuPacked {
+  using Cache = qvg::PackedCausalCache;
+  struct Call {
+    explicit Call(const at::Device&) {}
+  };
+  using ViewLock = SharedViewLock;
+  Lender lender;
 
-  // ---- snapshots (docs/snapshot.md) ----
-  // save and snapshot_bytes hold the one-caller guard, as update does (issue 27, item
-  // 1): a second thread gets the documented RuntimeError instead of reading a cache
-  // that another thread changes.
-  void save(const std::string& path) {
-    BusyGuard busy(mu_);
-    py::gil_scoped_release nogil;
-    cache_->save(path);
+  at::Device resolve(const at::Device& device) {
+    if (!device.is_cpu())
+      throw qvg::InvalidArgument(
+          fmt::format("device must be the CPU for PackedCache (CUDA: CudaPackedCache), got {}", device.str()));
+    return device;
   }
-  py::bytes snapshot_bytes() {
-    BusyGuard busy(mu_);
-    std::vector<uint8_t> b;
-    {
-      py::gil_scoped_release nogil;
-      b = cache_->snapshot_bytes();
-    }
-    return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+  std::shared_ptr<Cache> make(const qvg::CacheOptions& o, const qvg::QuantArgs& quant, const at::Device&) {
+    return std::make_shared<Cache>(o, quant);
   }
-  /// Replaces this cache's state by a snapshot's (path, or bytes when from_bytes),
-  /// which must hold a cache of this cache's options and quant args; on any error
-  /// nothing changes. Lent views get their private copies first.
-  void restore(const py::object& source, bool from_bytes) {
-    BusyGuard busy(mu_);
-    qvg::SnapshotExpectation x;
-    x.options = options_;
-    x.quant = quant_;
-    x.view_scratch = options_.view_scratch;
-    x.threads = quant_.threads;
-    std::shared_ptr<qvg::PackedCausalCache> loaded;
-    if (from_bytes) {
-      const std::string b = source.cast<std::string>();
-      py::gil_scoped_release nogil;
-      loaded = std::make_shared<qvg::PackedCausalCache>(
-          qvg::PackedCausalCache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(b.data()), b.size()}, x));
-    } else {
-      const std::string path = source.cast<std::string>();
-      py::gil_scoped_release nogil;
-      loaded = std::make_shared<qvg::PackedCausalCache>(qvg::PackedCausalCache::load(path, x));
-    }
-    detach_lent_views();
-    const SharedViewLock shared_lock;  // the old cache's views share the scratch
-    cache_ = std::move(loaded);
+  void expect(qvg::SnapshotExpectation& x, const qvg::CacheOptions& o) { x.view_scratch = o.view_scratch; }
+  qvg::KVView update(Cache& c, Call&, qvg::ConstTensorView k, qvg::ConstTensorView v, int64_t start,
+                     std::optional<int64_t> hs, std::optional<int64_t> rw) {
+    return c.update(k, v, start, hs, rw);
   }
-
-  ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
-                 std::optional<int64_t> rw) {
-    BusyGuard busy(mu_);
-    const Input ki = as_input(key, "key", kCpu), vi = as_input(value, "value", kCpu);
-    detach_lent_views();
-    qvg::KVView kv;
-    const SharedViewLock shared_lock;  // held until the view is copied out
-    {
-      py::gil_scoped_release nogil;
-      kv = cache_->update(ki.view, vi.view, c, hs, rw);
-    }
-    at::Tensor ok, ov;
-    if (kv.zero_copy) {
-      ok = lender_.lend(kv.k, options_of(kv.k), cache_);
-      ov = lender_.lend(kv.v, options_of(kv.v), cache_);
-    } else {
-      ok = copy_out(kv.k);
-      ov = copy_out(kv.v);
-    }
-    return view_out(std::move(ok), std::move(ov), kv);
+  at::Tensor view_tensor(const qvg::StridedView& v, bool zero_copy, Call&, const std::shared_ptr<Cache>& keep) {
+    return zero_copy ? lender.lend(v, options_of(v), keep) : copy_out(v);
   }
-
-  void reset_indices() {
-    BusyGuard busy(mu_);
-    detach_lent_views();
-    const SharedViewLock shared_lock;  // reset releases the shared scratch
-    cache_->reset_indices();
-  }
-
-  const qvg::PackedCausalCache& cache() const { return *cache_; }
-  /// f(cache) under the one-caller guard: an accessor never reads a cache that another
-  /// thread is changing (spec 5.1; RuntimeError instead).
-  template <class F>
-  auto read(F&& f) {
-    BusyGuard busy(mu_);
-    return f(std::as_const(*cache_));
-  }
-
- private:
-  /// Lent zero-copy views get a private copy before the current chunk may change.
-  void detach_lent_views() {
-    lender_.detach([](size_t n, const void* src) {
+  void before_mutation(Call&) {
+    lender.detach([](size_t n, const void* src) {
       at::DataPtr copy = c10::GetCPUAllocator()->allocate(n);
       if (n) std::memcpy(copy.get(), src, n);
       return copy;
     });
   }
-
-  std::shared_ptr<qvg::PackedCausalCache> cache_;
-  qvg::CacheOptions options_;  // as constructed: what a restored snapshot must hold
-  qvg::QuantArgs quant_;
-  Lender lender_;
-  std::mutex mu_;
+  void save(const Cache& c, Call&, const std::string& path) { c.save(path); }
+  std::vector<uint8_t> snapshot_bytes(const Cache& c, Call&) { return c.snapshot_bytes(); }
+  std::shared_ptr<Cache> load(const std::string& src, bool from_bytes, const qvg::SnapshotExpectation& x, Call&) {
+    return std::make_shared<Cache>(
+        from_bytes ? Cache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x)
+                   : Cache::load(src, x));
+  }
 };
+using PackedCache = PackedBinding<CpuPacked>;
 
 // ---- the codec (qvg.torch.encode / decode and the reference interop) -------------
 
@@ -391,7 +325,8 @@ py::dict layout_dict(const qvg::EncodingLayout& l) {
 /// x [B, S, H, D] (CPU; bf16, f16 or f32) encoded with the codec parameters of
 /// `quant` (bits required) -> (layout dict, {array name: raw bytes as a 1-D uint8 tensor}).
 py::tuple encode_tensor(const at::Tensor& x, const qvg::QuantArgs& quant, int64_t head_offset) {
-  if (!quant.enabled()) throw qvg::InvalidArgument("encode needs quantization settings with bits 2 or 4, got bits None");
+  if (!quant.enabled())
+    throw qvg::InvalidArgument("encode needs quantization settings with bits 2 or 4, got bits None");
   const Input in = as_input(x, "x", at::Device(at::kCPU));
   if (quant.per_role())
     throw qvg::InvalidArgument(
@@ -466,8 +401,8 @@ at::Tensor decode_tensor(const py::dict& layout, const py::dict& arrays) {
   }
   enc.validate();
   enc.validate_values();
-  at::Tensor out = at::empty({l.shape.b, l.shape.s, l.shape.h, l.shape.d},
-                             at::TensorOptions().dtype(to_torch_dtype(l.dtype)));
+  at::Tensor out =
+      at::empty({l.shape.b, l.shape.s, l.shape.h, l.shape.d}, at::TensorOptions().dtype(to_torch_dtype(l.dtype)));
   qvg::TensorView v{out.data_ptr(), l.dtype, l.shape};
   {
     py::gil_scoped_release release;
@@ -565,35 +500,23 @@ PYBIND11_MODULE(_C, m) {
      }).def("debug_state", [](D& d) { return d.read([](const D& x) { return qvg::detail::debug_state(x.cache()); }); });
   });
 
-  py::class_<PackedCache>(m, "PackedCache")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, std::optional<int64_t>, bool,
-                    const qvg::QuantArgs&, int64_t>(),
-           py::arg("batch"), py::arg("cache_size"), py::arg("heads"), py::arg("head_dim"), py::arg("dtype"),
-           py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"), py::arg("quant"),
-           py::arg("head_offset") = 0)
-      .def("update", &PackedCache::update)
-      .def("reset_indices", &PackedCache::reset_indices)
-      .def("save", &PackedCache::save, py::arg("path"))
-      .def("snapshot_bytes", &PackedCache::snapshot_bytes)
-      .def("restore", &PackedCache::restore, py::arg("source"), py::arg("from_bytes"))
-      .def("segments", [](PackedCache& p) { return p.read([](const auto& c) { return segment_list(c); }); })
-      .def_property_readonly("global_end",
-                             [](PackedCache& p) { return p.read([](const auto& c) { return c.global_end(); }); })
-      .def_property_readonly("local_end",
-                             [](PackedCache& p) { return p.read([](const auto& c) { return c.local_end(); }); })
-      .def_property_readonly("chunk_tokens",
-                             [](PackedCache& p) { return p.read([](const auto& c) { return c.chunk_tokens(); }); })
-      .def("can_direct_current_attention",
-           [](PackedCache& p, int64_t n) {
-             return p.read([n](const auto& c) { return c.can_direct_current_attention(n); });
-           })
-      .def("resident_nbytes", [](PackedCache& p) { return p.read([](const auto& c) { return c.resident_nbytes(); }); })
-      .def("peak_transient_nbytes",
-           [](PackedCache& p) { return p.read([](const auto& c) { return c.peak_transient_nbytes(); }); })
-      .def("warm_state_nbytes",
-           [](PackedCache& p) { return p.read([](const auto& c) { return c.warm_state_nbytes(); }); })
-      .def("debug_state",
-           [](PackedCache& p) { return p.read([](const auto& c) { return qvg::detail::debug_state(c); }); });
+  def_packed<CpuPacked>(m, "PackedCache", [](auto& c) {
+    using P = PackedCache;
+    c.def(py::init([](int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
+                      int64_t sink_tokens, std::optional<int64_t> attention_window_size, bool allow_growth,
+                      const qvg::QuantArgs& quant, int64_t head_offset) {
+            qvg::CacheOptions o = cache_options(batch, cache_size, heads, head_dim, dtype, sink_tokens,
+                                                attention_window_size, allow_growth, head_offset);
+            o.view_scratch = shared_view_scratch();
+            return std::make_unique<P>(o, quant, at::Device(at::kCPU));
+          }),
+          py::arg("batch"), py::arg("cache_size"), py::arg("heads"), py::arg("head_dim"), py::arg("dtype"),
+          py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"), py::arg("quant"),
+          py::arg("head_offset") = 0)
+        .def("peak_transient_nbytes",
+             [](P& p) { return p.read([](const auto& x) { return x.peak_transient_nbytes(); }); })
+        .def("debug_state", [](P& p) { return p.read([](const auto& x) { return qvg::detail::debug_state(x); }); });
+  });
 
   m.def("encode", &encode_tensor, py::arg("x"), py::arg("quant"), py::arg("head_offset") = 0,
         "x [B, S, H, D] (CPU) -> (layout dict, {array name: raw bytes, 1-D uint8}) (spec 1.5).");

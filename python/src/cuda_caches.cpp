@@ -38,6 +38,7 @@
 
 #include "common.h"
 #include "dense_binding.h"
+#include "packed_binding.h"
 #include "qvg/codec.h"
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
@@ -142,139 +143,70 @@ struct CudaDense {
 using CudaDenseCache = DenseBinding<CudaDense>;
 
 // ---- the packed cache ---------------------------------------------------------------
-class CudaPackedCache {
- public:
-  CudaPackedCache(int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
-                  int64_t sink_tokens, std::optional<int64_t> attention_window_size, bool allow_growth,
-                  const qvg::QuantArgs& quant, int64_t head_offset, const std::string& device)
-      : device_(require_cuda_device(at::Device(device), "device")) {
-    const qvg::CacheOptions o = cache_options(batch, cache_size, heads, head_dim, dtype, sink_tokens,
-                                              attention_window_size, allow_growth, head_offset);
-    c10::cuda::CUDAGuard guard(device_);
-    cache_ = std::make_shared<qvg::cuda::PackedCausalCache>(o, quant, torch_allocator());
-    options_ = o;
-    quant_ = quant;
-  }
+/// PackedBinding's CUDA backend: every view is lent (a torch CUDA tensor over the
+/// packed current chunk or the cache's view buffer), copied privately on the stream
+/// before that memory may change.
+struct CudaPacked {
+  using Cache = qvg::cuda::PackedCausalCache;
+  using Call = DeviceCall;
+  struct ViewLock {};  // each device cache has its own view buffer
+  Lender lender;
 
-  // ---- snapshots (docs/snapshot.md): the CPU caches' bytes through host memory ----
-  void save(const std::string& path) {
-    BusyGuard busy(mu_);
-    DeviceCall call(device_);
-    py::gil_scoped_release nogil;
-    cache_->save(path, call.stream);
+  at::Device resolve(const at::Device& device) { return require_cuda_device(device, "device"); }
+  std::shared_ptr<Cache> make(const qvg::CacheOptions& o, const qvg::QuantArgs& quant, const at::Device& device) {
+    c10::cuda::CUDAGuard guard(device);
+    return std::make_shared<Cache>(o, quant, torch_allocator());
   }
-  py::bytes snapshot_bytes() {
-    BusyGuard busy(mu_);
-    DeviceCall call(device_);
-    std::vector<uint8_t> b;
-    {
-      py::gil_scoped_release nogil;
-      b = cache_->snapshot_bytes(call.stream);
-    }
-    return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+  void expect(qvg::SnapshotExpectation&, const qvg::CacheOptions&) {}
+  qvg::KVView update(Cache& c, Call& call, qvg::ConstTensorView k, qvg::ConstTensorView v, int64_t start,
+                     std::optional<int64_t> hs, std::optional<int64_t> rw) {
+    return c.update(k, v, start, call.stream, hs, rw);
   }
-  /// Replaces this cache's state by a snapshot's (a CPU or a CUDA cache's), which must
-  /// hold a cache of this cache's options and quant args; on any error nothing changes.
-  void restore(const py::object& source, bool from_bytes) {
-    BusyGuard busy(mu_);
-    qvg::SnapshotExpectation x;
-    x.options = options_;
-    x.quant = quant_;
-    x.threads = quant_.threads;
-    DeviceCall call(device_);
-    std::shared_ptr<qvg::cuda::PackedCausalCache> loaded;
-    const std::string src = source.cast<std::string>();
-    {
-      py::gil_scoped_release nogil;
-      loaded = std::make_shared<qvg::cuda::PackedCausalCache>(
-          from_bytes
-              ? qvg::cuda::PackedCausalCache::from_snapshot_bytes(
-                    {reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x, call.stream, torch_allocator())
-              : qvg::cuda::PackedCausalCache::load(src, x, call.stream, torch_allocator()));
-    }
-    detach_on(lender_, call.stream);
-    cache_ = std::move(loaded);
+  at::Tensor view_tensor(const qvg::StridedView& v, bool, Call& call, const std::shared_ptr<Cache>& keep) {
+    return lender.lend(v, device_options(v, call.device), keep);
   }
-
-  ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
-                 std::optional<int64_t> rw) {
-    BusyGuard busy(mu_);
-    const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
-    DeviceCall call(device_);
-    detach_on(lender_, call.stream);
-    qvg::KVView kv;
-    {
-      py::gil_scoped_release nogil;
-      kv = cache_->update(ki.view, vi.view, c, call.stream, hs, rw);
-    }
-    at::Tensor ok = lender_.lend(kv.k, device_options(kv.k, device_), cache_);
-    at::Tensor ov = lender_.lend(kv.v, device_options(kv.v, device_), cache_);
-    return view_out(std::move(ok), std::move(ov), kv);
+  void before_mutation(Call& call) { detach_on(lender, call.stream); }
+  void save(const Cache& c, Call& call, const std::string& path) { c.save(path, call.stream); }
+  std::vector<uint8_t> snapshot_bytes(const Cache& c, Call& call) { return c.snapshot_bytes(call.stream); }
+  std::shared_ptr<Cache> load(const std::string& src, bool from_bytes, const qvg::SnapshotExpectation& x, Call& call) {
+    return std::make_shared<Cache>(
+        from_bytes ? Cache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x,
+                                                call.stream, torch_allocator())
+                   : Cache::load(src, x, call.stream, torch_allocator()));
   }
-
-  void reset_indices() {
-    BusyGuard busy(mu_);
-    DeviceCall call(device_);
-    detach_on(lender_, call.stream);
-    cache_->reset_indices();
-  }
-
-  const qvg::cuda::PackedCausalCache& cache() const { return *cache_; }
-  const at::Device& device() const { return device_; }
-
-  /// segment_list (common.h); raw buffers' addresses are device addresses for CUDA.
-  py::list segments() const { return segment_list(*cache_); }
-
-  /// Segment i's K and V as the CPU sees them: raw segments copied to the host,
-  /// packed ones downloaded and decoded by the CPU decoder (spec 1.3; with the span's
-  /// codebook and the refinement layers the segment holds), as CPU
-  /// tensors [B, g1 - g0, H, D]. Synchronizes the current stream. For tests.
-  py::tuple segment_on_host(size_t i) {
-    BusyGuard busy(mu_);
-    DeviceCall call(device_);
-    const auto s = cache_->segment(i);
-    // Packed: decoded with its span's codebook (a chunk of an incremental span) and its
-    // refinement layers added (a refined chunk), as the view shows it.
-    const auto host = [&](const qvg::StridedView& raw, const qvg::cuda::DeviceEncodedTensor* enc,
-                          const qvg::cuda::DeviceEncodedTensor* book, const qvg::cuda::DeviceEncodedTensor* ref) {
-      if (enc) {
-        const qvg::EncodedTensor e = enc->download(call.stream);
-        std::optional<qvg::EncodedTensor> b, r;
-        if (book) b = book->download(call.stream);
-        if (ref) r = ref->download(call.stream);
-        qvg::Tensor dec(e.dtype, e.shape);
-        const int64_t S = e.shape.s, H = e.shape.h, D = e.shape.d;
-        const qvg::DecodeTarget dst{dec.data(), e.dtype, S * H * D, H * D};
-        qvg::decode_ranges({{&e, 0, S, 0, H, dst, b ? &*b : nullptr}});
-        if (r) qvg::add_refinement(*r, 0, S, 0, H, dst);
-        at::Tensor t = at::empty({dec.shape().b, dec.shape().s, dec.shape().h, dec.shape().d},
-                                 at::TensorOptions().dtype(to_torch_dtype(dec.dtype())));
-        std::memcpy(t.data_ptr(), dec.data(), dec.nbytes());
-        return t;
-      }
-      const at::Tensor dev =
-          at::from_blob(const_cast<void*>(raw.data), sizes_of(raw), strides_of(raw), device_options(raw, device_));
-      return dev.to(at::kCPU);  // a copy on the current stream, waited for
-    };
-    return py::make_tuple(host(s.k_raw, s.packed ? s.k_enc : nullptr, s.k_codebook, s.k_ref),
-                          host(s.v_raw, s.packed ? s.v_enc : nullptr, s.v_codebook, s.v_ref));
-  }
-
-  /// A snapshot for tests: cursors, segments, byte counts (equal snapshots mean an
-  /// unchanged structure; segment bytes are compared through segment_on_host).
-  py::tuple debug_state() const {
-    return py::make_tuple(cache_->global_end(), cache_->local_end(), cache_->chunk_tokens(), segments(),
-                          cache_->resident_nbytes(), cache_->allocated_nbytes(), cache_->view_buffer_nbytes());
-  }
-
- private:
-  at::Device device_;
-  std::shared_ptr<qvg::cuda::PackedCausalCache> cache_;
-  qvg::CacheOptions options_;
-  qvg::QuantArgs quant_;
-  Lender lender_;
-  std::mutex mu_;
 };
+using CudaPackedCache = PackedBinding<CudaPacked>;
+
+/// Segment i's K and V as the CPU sees them: raw segments copied to the host, packed
+/// ones downloaded and decoded by the CPU decoder (spec 1.3; with the span's codebook
+/// and the refinement layers the segment holds, as the view shows it), as CPU tensors
+/// [B, g1 - g0, H, D]. Synchronizes the current stream. For tests.
+py::tuple segment_on_host(const qvg::cuda::PackedCausalCache& cache, DeviceCall& call, size_t i) {
+  const auto s = cache.segment(i);
+  const auto host = [&](const qvg::StridedView& raw, const qvg::cuda::DeviceEncodedTensor* enc,
+                        const qvg::cuda::DeviceEncodedTensor* book, const qvg::cuda::DeviceEncodedTensor* ref) {
+    if (enc) {
+      const qvg::EncodedTensor e = enc->download(call.stream);
+      std::optional<qvg::EncodedTensor> b, r;
+      if (book) b = book->download(call.stream);
+      if (ref) r = ref->download(call.stream);
+      qvg::Tensor dec(e.dtype, e.shape);
+      const int64_t S = e.shape.s, H = e.shape.h, D = e.shape.d;
+      const qvg::DecodeTarget dst{dec.data(), e.dtype, S * H * D, H * D};
+      qvg::decode_ranges({{&e, 0, S, 0, H, dst, b ? &*b : nullptr}});
+      if (r) qvg::add_refinement(*r, 0, S, 0, H, dst);
+      at::Tensor t = at::empty({dec.shape().b, dec.shape().s, dec.shape().h, dec.shape().d},
+                               at::TensorOptions().dtype(to_torch_dtype(dec.dtype())));
+      std::memcpy(t.data_ptr(), dec.data(), dec.nbytes());
+      return t;
+    }
+    const at::Tensor dev =
+        at::from_blob(const_cast<void*>(raw.data), sizes_of(raw), strides_of(raw), device_options(raw, call.device));
+    return dev.to(at::kCPU);  // a copy on the current stream, waited for
+  };
+  return py::make_tuple(host(s.k_raw, s.packed ? s.k_enc : nullptr, s.k_codebook, s.k_ref),
+                        host(s.v_raw, s.packed ? s.v_enc : nullptr, s.v_codebook, s.v_ref));
+}
 
 }  // namespace
 
@@ -293,31 +225,35 @@ void register_cuda(py::module_& m) {
     });
   });
 
-  py::class_<CudaPackedCache>(m, "CudaPackedCache")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, const std::string&, int64_t, std::optional<int64_t>, bool,
-                    const qvg::QuantArgs&, int64_t, const std::string&>(),
-           py::arg("batch"), py::arg("cache_size"), py::arg("heads"), py::arg("head_dim"), py::arg("dtype"),
-           py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"), py::arg("quant"),
-           py::arg("head_offset"), py::arg("device"))
-      .def("update", &CudaPackedCache::update)
-      .def("reset_indices", &CudaPackedCache::reset_indices)
-      .def("segments", &CudaPackedCache::segments)
-      .def("segment_on_host", &CudaPackedCache::segment_on_host)
-      .def("debug_state", &CudaPackedCache::debug_state)
-      .def("save", &CudaPackedCache::save, py::arg("path"))
-      .def("snapshot_bytes", &CudaPackedCache::snapshot_bytes)
-      .def("restore", &CudaPackedCache::restore, py::arg("source"), py::arg("from_bytes"))
-      .def("span_breaks", [](const CudaPackedCache& p) { return p.cache().span_breaks(); })
-      .def("warm_state_nbytes", [](const CudaPackedCache& p) { return p.cache().warm_state_nbytes(); })
-      .def_property_readonly("device", [](const CudaPackedCache& p) { return p.device().str(); })
-      .def_property_readonly("global_end", [](const CudaPackedCache& p) { return p.cache().global_end(); })
-      .def_property_readonly("local_end", [](const CudaPackedCache& p) { return p.cache().local_end(); })
-      .def_property_readonly("chunk_tokens", [](const CudaPackedCache& p) { return p.cache().chunk_tokens(); })
-      .def("can_direct_current_attention",
-           [](const CudaPackedCache& p, int64_t n) { return qvg::can_direct_current_attention(p.cache(), n); })
-      .def("resident_nbytes", [](const CudaPackedCache& p) { return p.cache().resident_nbytes(); })
-      .def("allocated_nbytes", [](const CudaPackedCache& p) { return p.cache().allocated_nbytes(); })
-      .def("view_buffer_nbytes", [](const CudaPackedCache& p) { return p.cache().view_buffer_nbytes(); });
+  def_packed<CudaPacked>(m, "CudaPackedCache", [](auto& c) {
+    using P = CudaPackedCache;
+    c.def(py::init([](int64_t batch, int64_t cache_size, int64_t heads, int64_t head_dim, const std::string& dtype,
+                      int64_t sink_tokens, std::optional<int64_t> attention_window_size, bool allow_growth,
+                      const qvg::QuantArgs& quant, int64_t head_offset, const std::string& device) {
+            return std::make_unique<P>(cache_options(batch, cache_size, heads, head_dim, dtype, sink_tokens,
+                                                     attention_window_size, allow_growth, head_offset),
+                                       quant, at::Device(device));
+          }),
+          py::arg("batch"), py::arg("cache_size"), py::arg("heads"), py::arg("head_dim"), py::arg("dtype"),
+          py::arg("sink_tokens"), py::arg("attention_window_size"), py::arg("allow_growth"), py::arg("quant"),
+          py::arg("head_offset"), py::arg("device"))
+        .def("segment_on_host",
+             [](P& p, size_t i) {
+               return p.with_call([i](const auto& x, DeviceCall& call) { return segment_on_host(x, call, i); });
+             })
+        // A snapshot for tests: cursors, segments, byte counts (equal snapshots mean an
+        // unchanged structure; segment bytes are compared through segment_on_host).
+        .def("debug_state",
+             [](P& p) {
+               return p.read([](const auto& x) {
+                 return py::make_tuple(x.global_end(), x.local_end(), x.chunk_tokens(), segment_list(x),
+                                       x.resident_nbytes(), x.allocated_nbytes(), x.view_buffer_nbytes());
+               });
+             })
+        .def_property_readonly("device", [](const P& p) { return p.device().str(); })
+        .def("allocated_nbytes", [](P& p) { return p.read([](const auto& x) { return x.allocated_nbytes(); }); })
+        .def("view_buffer_nbytes", [](P& p) { return p.read([](const auto& x) { return x.view_buffer_nbytes(); }); });
+  });
 }
 
 }  // namespace qvg_py
