@@ -27,9 +27,9 @@ namespace qvg::cuda::kernels {
 struct DecodeArgs {
   const uint8_t* codes = nullptr;
   const uint8_t* scales = nullptr;
-  const uint8_t* zeros = nullptr;          ///< asymmetric only
-  const float* scale_factor = nullptr;     ///< [G] two_level only (else factor 1)
-  const float* zero_factor = nullptr;      ///< [G] two_level and asymmetric only
+  const uint8_t* zeros = nullptr;       ///< asymmetric only
+  const float* scale_factor = nullptr;  ///< [G] two_level only (else factor 1)
+  const float* zero_factor = nullptr;   ///< [G] two_level and asymmetric only
   const uint8_t* ids = nullptr;
   const uint8_t* centroid = nullptr;
   int64_t ids_stage_stride = 0;
@@ -41,8 +41,8 @@ struct DecodeArgs {
   int8_t centroid_dtype = 0;  ///< cuda_arith::kBF16 / kF16 / kF32
   int8_t out_dtype = 0;
   void* out = nullptr;
-  int64_t batch_stride = 0;   ///< elements
-  int64_t token_stride = 0;   ///< elements
+  int64_t batch_stride = 0;  ///< elements
+  int64_t token_stride = 0;  ///< elements
 };
 
 /// 16 bytes, loaded with one 128-bit load on the device.
@@ -80,14 +80,24 @@ QVG_HD void store_as(void* p, const T& v) {
   std::memcpy(p, &v, sizeof(T));
 #endif
 }
-QVG_HD Word4 load_word4(const void* p) { return load_as<Word4>(p); }
-QVG_HD void store_word4(void* p, const Word4& w) { store_as(p, w); }
-QVG_HD uint32_t load_u32(const uint8_t* p) { return load_as<uint32_t>(p); }
-QVG_HD uint32_t load_u16(const uint8_t* p) { return load_as<uint16_t>(p); }
+QVG_HD Word4 load_word4(const void* p) {
+  return load_as<Word4>(p);
+}
+QVG_HD void store_word4(void* p, const Word4& w) {
+  store_as(p, w);
+}
+QVG_HD uint32_t load_u32(const uint8_t* p) {
+  return load_as<uint32_t>(p);
+}
+QVG_HD uint32_t load_u16(const uint8_t* p) {
+  return load_as<uint16_t>(p);
+}
 
 /// Whether a task can use the vectorised bodies (8 channels per thread, aligned
 /// code words, a block's channels never split across a thread).
-QVG_HD bool task_vectorizable(const DecodeArgs& t) { return t.D % 8 == 0 && t.block % 8 == 0; }
+QVG_HD bool task_vectorizable(const DecodeArgs& t) {
+  return t.D % 8 == 0 && t.block % 8 == 0;
+}
 
 // ---- the launch plan ----------------------------------------------------------------
 
@@ -105,7 +115,7 @@ inline constexpr int kDecodeMinBlocks = 4;
 /// for the Self-Forcing chunk (9.9 us; 4: 13.2 us, 8: 19.9 us): a larger tile amortizes
 /// each thread's setup better than a fuller last wave.
 inline constexpr int kDecodeWaveBlocks = 2;
-inline constexpr int kDecodeGenericTile = 64;     ///< tokens per block on the per-element path
+inline constexpr int kDecodeGenericTile = 64;  ///< tokens per block on the per-element path
 
 /// Per-task invariants, computed once on the host (no division on the device
 /// beyond the thread's own coordinates).
@@ -427,8 +437,10 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
   }
 }
 
-/// Decodes channel d of token t of group (b, h) into the task's target (any D/block).
-QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
+/// The decoded value of channel d of token t of group (b, h) in fp32 (spec 1.3: the
+/// dequantized code, then each stage's centroid added in order), before any rounding
+/// to the target's dtype: decode_one's and refine_one's arithmetic.
+QVG_HD float decoded_value(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
   const int64_t g = int64_t(b) * T.H + h;
   const int D = T.D, bits = T.bits;
@@ -442,9 +454,17 @@ QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
                          s_eff, z_eff);
   for (int s = 0; s < T.stages; ++s) {
     const int id = T.ids[s * T.ids_stage_stride + row];
-    acc = A::add_rn(acc, A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype,
-                                      (g * T.K + id) * D + d));
+    acc = A::add_rn(acc,
+                    A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype, (g * T.K + id) * D + d));
   }
+  return acc;
+}
+
+/// Decodes channel d of token t of group (b, h) into the task's target (any D/block).
+QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
+  namespace A = qvg::cuda_arith;
+  const int D = T.D;
+  const float acc = decoded_value(T, b, h, t, d);
   const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + d;
   if (T.out_dtype == A::kF32)
     store_as<float>(static_cast<float*>(T.out) + e, acc);

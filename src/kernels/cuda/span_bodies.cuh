@@ -172,21 +172,8 @@ QVG_HD float refinement_error(const void* x, const void* decoded, int t, float l
 /// decode_range on the host.
 QVG_HD void refine_one(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
-  const int64_t g = int64_t(b) * T.H + h;
-  const int D = T.D, bits = T.bits;
-  const bool asym = T.asymmetric != 0, fp8 = T.fp8 != 0;
-  const int64_t row = g * T.S + t;
-  const int64_t si = row * (D / T.block) + d / T.block;
-  const float s_eff = A::effective(A::stored_value(T.scales, fp8, si), T.scale_factor ? T.scale_factor[g] : 1.0f);
-  const float z_eff =
-      asym ? A::effective(A::stored_value(T.zeros, fp8, si), T.zero_factor ? T.zero_factor[g] : 1.0f) : 0.0f;
-  float acc = A::dequant(A::code_of_row(T.codes + row * (int64_t(D) * bits / 8), bits, d), A::qmax_of(bits, asym), asym,
-                         s_eff, z_eff);
-  for (int s = 0; s < T.stages; ++s) {
-    const int id = T.ids[s * T.ids_stage_stride + row];
-    acc = A::add_rn(acc,
-                    A::load_elem(T.centroid + s * T.centroid_stage_stride, T.centroid_dtype, (g * T.K + id) * D + d));
-  }
+  const int D = T.D;
+  const float acc = decoded_value(T, b, h, t, d);
   const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + d;
   const float v = A::add_rn(A::load_elem(T.out, T.out_dtype, e), acc);
   if (T.out_dtype == A::kF32)
