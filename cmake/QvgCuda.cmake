@@ -67,7 +67,7 @@ if(QVG_HAVE_CUDA)
   # (fmt's imported include directory /usr/include would break nvcc's host includes);
   # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
   set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu src/kernels/cuda/quantize_kernels.cu
-      src/kernels/cuda/span_kernels.cu)
+      src/kernels/cuda/span_kernels.cu src/kernels/cuda/kmeanspp_kernels.cu)
   # Host code: the launchers and the device encoded tensor (kernels layer) and the
   # device-resident packed cache (cache layer).
   set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/kernels/cuda/encode.cpp src/cache/cuda/device_cache.cpp
@@ -86,7 +86,8 @@ if(QVG_HAVE_CUDA)
   target_compile_options(qvg_cuda PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
   # Host-side test of the shared arithmetic: no GPU needed.
-  add_executable(qvg_cuda_host_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_arith_test.cpp)
+  add_executable(qvg_cuda_host_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_arith_test.cpp
+                                    ${PROJECT_SOURCE_DIR}/tests/gpu/host_kmeanspp_test.cpp)
   target_include_directories(qvg_cuda_host_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_host_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
@@ -105,7 +106,8 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_device_errors_test PRIVATE qvg_cuda)
   target_compile_options(qvg_cuda_device_errors_test PRIVATE ${QVG_WARNINGS})
 
-  add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp ${PROJECT_SOURCE_DIR}/tests/gpu/issue25_tests.cpp)
+  add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp ${PROJECT_SOURCE_DIR}/tests/gpu/issue25_tests.cpp
+                               ${PROJECT_SOURCE_DIR}/tests/gpu/kmeanspp_gpu_tests.cpp)
   target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_gpu_tests PRIVATE qvg_cuda)
   target_compile_options(qvg_gpu_tests PRIVATE ${QVG_WARNINGS})

@@ -172,12 +172,17 @@ struct DeviceSpanCodebook {
 /// K = 256 needs 133 KB), else an fp32 expanded-form kernel; centroid means are accumulated exactly
 /// (fixed point, 64-bit integers), so results do not depend on scheduling; the
 /// residual quantizer is bit-identical to the CPU's for the same residual.
-/// Supported: init random (and S <= K), warm (the overload below), every other codec
-/// option. Throws Unsupported for init kmeans++, InvalidArgument for a bad config/shape.
+/// Supported: every init (random and kmeans++ with the host's PRNG stream; S <= K;
+/// warm: the overload below) and every other codec option. init kmeans++ makes the
+/// host codec's picks (the same point indices) from the device's group-centred
+/// points; it costs k_eff - 1 sequential rounds per stage, each a pass over the
+/// group's points and S dependent fp64 additions (one thread block per group).
+/// Throws InvalidArgument for a bad config/shape.
 /// The input limits of spec 1 (finite, |x| <= 1e16) are the caller's
 /// responsibility here (checking needs a synchronization): see check_input_limits.
-/// Scratch memory (about 6 bytes per input element plus the codebooks) comes from
-/// `alloc` and is released on `stream` before returning. Asynchronous.
+/// Scratch memory (about 6 bytes per input element plus the codebooks; init
+/// kmeans++ adds 17 bytes per (batch, token, head)) comes from `alloc` and is released
+/// on `stream` before returning. Asynchronous.
 DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream,
                            Allocator& alloc = default_allocator());
 /// encode() with cfg.init warm: k-means of each stage starts from `warm`'s centroids
@@ -190,8 +195,8 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
 DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const DeviceEncodedTensor* warm, Stream stream,
                            Allocator& alloc = default_allocator(), double* energy = nullptr);
 /// The host encode_span_chunk on the device: per stage, min(add, S, K - filled) new
-/// centroids trained by k-means on the chunk's residual (init random with the
-/// host's PRNG stream, or slots [filled, filled + add) of `warm` with init warm),
+/// centroids trained by k-means on the chunk's residual (init random or kmeans++ with
+/// the host's PRNG stream, or slots [filled, filled + add) of `warm` with init warm),
 /// stored in the next free slots of span.book; then every point assigned to the
 /// nearest slot in use (no update), the stored centroid subtracted, and the final
 /// residual quantized. span.filled grows by the centroids added. The result holds

@@ -9,7 +9,7 @@ docs/python.md). What they check:
   sequences (rolling and eviction lifecycles, unaligned sinks, recent windows,
   head slices), dense and packed;
 * int2: the device view's packed tokens equal the CPU decoder's decode of the same
-  (downloaded) encodings, bit for bit (spec 1.3);
+  (downloaded) encodings, bit for bit (spec 1.3), with init random and kmeans++;
 * torch.cuda.memory_allocated() grows by resident_nbytes() + view_buffer_nbytes(),
   each allocation rounded up to the caching allocator's 512-byte blocks plus the
   256-byte alignment of the encoded arrays (the tolerance: allocated_nbytes() is the
@@ -115,10 +115,10 @@ def view_row(g, ge, sink, window):
     return se + (g - tail) if g >= tail else -1
 
 
-@pytest.mark.parametrize("asymmetric", [False, True])
-def test_int2_view_equals_cpu_decode_of_the_device_encodings(asymmetric):
+@pytest.mark.parametrize("asymmetric,init", [(False, "random"), (True, "random"), (False, "kmeans++")])
+def test_int2_view_equals_cpu_decode_of_the_device_encodings(asymmetric, init):
     B, H, D, chunk, cap, sink = 1, 4, 64, 32, 8 * 32, 32
-    quant = qt.QVGKVQuantArgs(bits=2, centroids=16, block_size=32, asymmetric=asymmetric)
+    quant = qt.QVGKVQuantArgs(bits=2, centroids=16, block_size=32, asymmetric=asymmetric, init=init)
     cache = packed("cuda", B, cap, H, D, torch.bfloat16, sink=sink, quant=quant)
     gen = torch.Generator().manual_seed(9)
     checked = 0
@@ -274,8 +274,6 @@ def test_cuda_errors_have_the_cpu_messages():
                 cache.update_and_get_attention_kv(key=key.to(dev), value=key.to(dev), current_chunk_start=0)
             msgs.append(str(e.value))
         assert msgs[0] == msgs[1]
-    with pytest.raises(NotImplementedError, match=r"^init must be random or warm for the device packed cache"):
-        packed("cuda", 1, 16, 2, 8, torch.float32, quant=qt.QVGKVQuantArgs(bits=4, block_size=8, init="kmeans++"))
 
 
 def test_out_of_memory_raises_torch_oom_and_changes_nothing():

@@ -98,7 +98,14 @@ void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float*
   for (int j = 0; j < k; ++j) std::copy_n(x + int64_t(idx[size_t(j)]) * dim, dim, c + int64_t(j) * dim);
 }
 
-void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c, KMeansWorkspace& ws) {
+// The kmeans++ picks (spec 1.1): idx[0..k) (k <= n) among the n centred points x,
+// with the stream `rng`: the first uniformly, each next one with probability
+// proportional to d2 = the squared distance (sqdist, widened to fp64) to the
+// nearest pick so far, found by a sequential fp64 prefix walk over the points in
+// order against uniform() * the sequential fp64 total; when every point coincides
+// with a pick (total 0), an unchosen point uniformly. The CUDA encoder makes the
+// same picks (src/kernels/cuda/kmeanspp.cuh; tests/gpu/host_kmeanspp_test.cpp).
+void kmeanspp_picks(const float* x, int64_t n, int64_t dim, int k, Rng& rng, uint32_t* idx, KMeansWorkspace& ws) {
   std::vector<double>& d2 = ws.d2;
   std::vector<char>& chosen = ws.chosen;
   d2.assign(static_cast<size_t>(n), std::numeric_limits<double>::infinity());
@@ -106,11 +113,12 @@ void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, floa
   int64_t pick = int64_t(rng.below(uint64_t(n)));
   for (int j = 0; j < k; ++j) {
     chosen[size_t(pick)] = 1;
-    std::copy_n(x + pick * dim, dim, c + int64_t(j) * dim);
+    idx[j] = uint32_t(pick);
     if (j + 1 == k) break;
+    const float* cj = x + pick * dim;  // the centroid just chosen
     double total = 0;
     for (int64_t i = 0; i < n; ++i) {
-      double dd = double(sqdist(x + i * dim, c + int64_t(j) * dim, dim));
+      double dd = double(sqdist(x + i * dim, cj, dim));
       d2[size_t(i)] = std::min(d2[size_t(i)], dd);
       total += d2[size_t(i)];
     }
@@ -145,6 +153,13 @@ void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, floa
   }
 }
 
+void init_kmeanspp(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float* c, KMeansWorkspace& ws) {
+  std::vector<uint32_t>& idx = ws.idx;
+  idx.resize(static_cast<size_t>(k));
+  kmeanspp_picks(x, n, dim, k, rng, idx.data(), ws);
+  for (int j = 0; j < k; ++j) std::copy_n(x + int64_t(idx[size_t(j)]) * dim, dim, c + int64_t(j) * dim);
+}
+
 }  // namespace
 
 namespace {
@@ -170,6 +185,24 @@ std::vector<uint32_t> random_init_indices(uint64_t seed, int stage, int64_t b, i
   std::vector<uint32_t> idx;
   fisher_yates_prefix(n, k, rng, idx);
   idx.resize(size_t(k));
+  return idx;
+}
+
+float kmeans_sqdist(const float* a, const float* b, int64_t n) {
+  return sqdist(a, b, n);
+}
+
+std::vector<uint32_t> kmeanspp_init_indices(uint64_t seed, int stage, int64_t b, int64_t h, const float* xc, int64_t n,
+                                            int64_t dim, int k) {
+  QVG_CHECK(n >= 1 && dim >= 1 && k >= 1 && k <= n);
+  std::vector<uint32_t> idx(static_cast<size_t>(k));
+  if (k == n) {  // kmeans(): every point is its own centroid, in order
+    std::iota(idx.begin(), idx.end(), 0u);
+    return idx;
+  }
+  Rng rng(seed, uint64_t(stage), uint64_t(b), uint64_t(h));
+  KMeansWorkspace ws;
+  kmeanspp_picks(xc, n, dim, k, rng, idx.data(), ws);
   return idx;
 }
 

@@ -57,6 +57,21 @@ struct KMeansWorkspace {
 /// REQUIRES 1 <= k <= n.
 std::vector<uint32_t> random_init_indices(uint64_t seed, int stage, int64_t b, int64_t h, int64_t n, int k);
 
+/// The squared distance of two n-vectors that init kmeans++ and the reference
+/// assignment use: fp32, 8 lanes (lane l adds the elements i = l (mod 8) in
+/// increasing i), combined as ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
+float kmeans_sqdist(const float* a, const float* b, int64_t n);
+
+/// The point indices init kmeans++ picks for k centroids among the n group-centred
+/// points xc (n x dim, xc = points - group mean, fp32) of group (b, h) of stage
+/// `stage`, with the PRNG stream of (seed, stage, b, h): what kmeans() starts from
+/// (its centroids are those rows of xc). k == n: 0..n-1 in order (kmeans() then
+/// takes every point as its own centroid, without seeding). The CUDA encoder makes
+/// the same picks from its own centred points (kernels/cuda/kmeanspp.cuh); its host
+/// test and the GPU tests compare them. REQUIRES 1 <= k <= n.
+std::vector<uint32_t> kmeanspp_init_indices(uint64_t seed, int stage, int64_t b, int64_t h, const float* xc, int64_t n,
+                                            int64_t dim, int k);
+
 /// Assigns each of n points (n x dim, original coordinates) to the nearest of the
 /// first k of `centroids` (k x dim, original coordinates, fp32) with the same
 /// distances as kmeans() (group-centred, `path`); writes ids[0..n). No update.

@@ -23,6 +23,7 @@
 
 #include "codec/encode_impl.h"
 #include "kernels/cuda/encode_bodies.cuh"
+#include "kernels/cuda/kmeanspp.cuh"
 #include "qvg/codec.h"
 #include "qvg/encoding_layout.h"
 #include "qvg/tensor.h"
@@ -39,7 +40,8 @@ using AssignFn =
 /// assignments are those `assign` gives: its rules (encode_kernels.cu) applied on
 /// the host in its order.
 /// `warm`: with cfg.init warm, the codebook the k-means of each stage starts from
-/// (warm_centroids: warm - mu for every slot), else random init.
+/// (warm_centroids: warm - mu for every slot), else cfg.init random or kmeans++
+/// (kmeanspp_kernel's picks from the replayed residual and mean: kmeanspp_picks_host).
 inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cfg, const AssignFn& assign,
                                           const EncodedTensor* warm = nullptr) {
   namespace A = qvg::cuda_arith;
@@ -90,9 +92,12 @@ inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cf
         m = std::max(m, std::fabs(v));
       }
       maxabs[size_t(g)] = m;
-      // init_indices_kernel, init_kernel
+      // init_indices_kernel or kmeanspp_kernel, init_kernel
       if (k_eff == S) {
         for (int j = 0; j < k_eff; ++j) idx[size_t(j)] = uint32_t(j);
+      } else if (cfg.init == qvg::Init::KMeansPlusPlus) {
+        KB::kmeanspp_picks_host(r.data() + g * S * D, mu.data() + g * D, S, D, k_eff, cfg.seed, st, g / H,
+                                g % H + cfg.head_offset, idx.data());
       } else {
         std::fill(keys.begin(), keys.end(), KB::kInitEmpty);
         KB::random_init_indices(cfg.seed, st, g / H, g % H + cfg.head_offset, S, k_eff, keys.data(), vals.data(),

@@ -18,7 +18,9 @@
 //   the device's own encodings, and each encoding the device encoder's of the
 //   segment's values, equal to the host replay of its assignments.
 // Issue 25's tests (names issue25_*: the device cache with every setting) and
-// measurements (--issue25-measure) are in tests/gpu/issue25_tests.cpp.
+// measurements (--issue25-measure) are in tests/gpu/issue25_tests.cpp; init kmeans++
+// on the device (its picks against the CPU rule, its encodings against the host
+// replay) in tests/gpu/kmeanspp_gpu_tests.cpp.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -319,20 +321,6 @@ QVG_TEST(check_input_limits_of_a_pair_names_the_bad_tensor_and_uses_the_allocato
         << msg;
   }
   QVG_EXPECT(counting.calls == 3);
-}
-
-QVG_TEST(unsupported_init_is_rejected) {
-  StreamHolder st;
-  qvg::CodecConfig cfg;
-  cfg.init = qvg::Init::KMeansPlusPlus;
-  DeviceBuffer d(64 * 4, st.s);
-  bool threw = false;
-  try {
-    (void)qvg::cuda::encode(qvg::ConstTensorView{d.data(), qvg::DType::F32, {1, 1, 1, 64}}, cfg, st.s);
-  } catch (const qvg::Unsupported&) {
-    threw = true;
-  }
-  QVG_EXPECT(threw);
 }
 
 // ---- the device packed cache ---------------------------------------------------

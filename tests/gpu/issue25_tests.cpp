@@ -112,8 +112,8 @@ qvg::Tensor drifting(qvg::DType dt, qvg::Shape4 sh, uint32_t seed, float drift) 
   return t;
 }
 
-/// The issue's profile at test scale.
-qvg::QuantArgs profile(double break_ratio) {
+/// The issue's profile at test scale (with another init: the same policy).
+qvg::QuantArgs profile(double break_ratio, qvg::Init init = qvg::Init::Warm) {
   qvg::QuantArgs q;
   q.bits = 2;
   q.centroids = 16;
@@ -126,7 +126,7 @@ qvg::QuantArgs profile(double break_ratio) {
   q.keep_recent_chunks = 1;
   q.sink = true;
   q.sink_keep_chunks = 1;
-  q.init = qvg::Init::Warm;
+  q.init = init;
   q.scale_search = qvg::ScaleSearch::Mse;
   q.k.bits = 4;  // per role: K at int4
   return q;
@@ -274,7 +274,8 @@ QVG_TEST(issue25_span_chunk_quantizer_equals_cpu_given_device_ids) {
 namespace {
 
 /// One run of the profile on the device cache and the CPU cache side by side.
-void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& calls) {
+void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& calls,
+                 qvg::Init init = qvg::Init::Warm) {
   Stream25 st;
   qvg::CacheOptions o;
   o.batch = 1;
@@ -283,7 +284,7 @@ void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& c
   o.dtype = qvg::DType::BF16;
   o.sink_tokens = 16;
   o.cache_size = 16 * 9;
-  const qvg::QuantArgs q = profile(break_ratio);
+  const qvg::QuantArgs q = profile(break_ratio, init);
   qvg::cuda::PackedCausalCache dev(o, q);
   qvg::PackedCausalCache cpu(o, q);
   const int64_t chunk = 16;
@@ -299,7 +300,8 @@ void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& c
     const qvg::KVView dview = dev.update({dk.data(), o.dtype, sh}, {dv.data(), o.dtype, sh}, c, st.s);
     const qvg::KVView cview = cpu.update(k.view(), v.view(), c);
     ++calls;
-    const std::string at = "ratio " + std::to_string(break_ratio) + " step " + std::to_string(step);
+    const std::string at = "init " + std::string(qvg::name(init)) + " ratio " + std::to_string(break_ratio) + " step " +
+                           std::to_string(step);
     // Geometry and refined segments as the CPU cache's.
     QVG_EXPECT(dev.num_segments() == cpu.num_segments())
         << at << "segments" << dev.num_segments() << "cpu" << cpu.num_segments();
@@ -362,6 +364,16 @@ QVG_TEST(issue25_device_cache_profile_matches_cpu_decode_of_its_state) {
   for (const double ratio : {0.0, 1.2}) run_profile(ratio, packed_rows, refined_rows, calls);
   std::printf("  %d calls, %d packed view rows (%d refined) compared\n", calls, packed_rows, refined_rows);
   QVG_EXPECT(calls == 60 && packed_rows > 500 && refined_rows > 100) << calls << packed_rows << refined_rows;
+}
+
+// The same with init kmeans++ (the device cache refused it before the device encoder
+// seeded with kmeans++): every span chunk's new centroids and every whole encoding
+// start from kmeans++ picks; views as the CPU decode of the device's state.
+QVG_TEST(device_cache_kmeanspp_profile_matches_cpu_decode_of_its_state) {
+  int packed_rows = 0, refined_rows = 0, calls = 0;
+  run_profile(0.0, packed_rows, refined_rows, calls, qvg::Init::KMeansPlusPlus);
+  std::printf("  %d calls, %d packed view rows (%d refined) compared\n", calls, packed_rows, refined_rows);
+  QVG_EXPECT(calls == 30 && packed_rows > 250 && refined_rows > 50) << calls << packed_rows << refined_rows;
 }
 
 // Snapshots between the caches: the CPU cache's snapshot loaded by the device cache

@@ -387,8 +387,8 @@ class QVGPackedCausalKVCache(_CacheInterface):
     ``use_int_indices``: then only ``global_end_index_int`` / ``local_end_index_int``
     are (the tensors are zeroed by :meth:`reset_indices` only), as in the engine.
     ``device``: the CPU, or (CUDA path) a CUDA device (``"cuda"`` means the current
-    one); the CUDA cache takes every setting the CPU cache takes but ``init``
-    kmeans++ (NotImplementedError). ``quant_args``:
+    one); the CUDA cache takes every setting the CPU cache takes (``init`` kmeans++
+    included). ``quant_args``:
     :class:`QVGKVQuantArgs` or any object with its attributes (the engine's); ``None``
     means off. ``allow_growth`` (qvg only) must stay False. ``head_offset`` (qvg
     only): the global index of this cache's first head when it holds a head shard

@@ -409,13 +409,6 @@ PackedCausalCache::PackedCausalCache(const CacheOptions& options, const QuantArg
     quant.validate_for_head_dim(options.head_dim);
   else
     quant.validate();
-  if (quant.enabled())
-    for (const CacheRole role : {CacheRole::Key, CacheRole::Value})
-      if (quant.codec(role).init == Init::KMeansPlusPlus)
-        throw Unsupported(fmt::format(
-            "init must be random or warm for the device packed cache (the CUDA encoder has no k-means++ seeding), "
-            "got {}",
-            name(quant.codec(role).init)));
   impl_ = std::make_unique<Impl>(options, quant, alloc);
 }
 
@@ -515,7 +508,7 @@ void PackedCausalCache::save(const std::filesystem::path& path, Stream stream) c
 }
 
 PackedCausalCache PackedCausalCache::restored(const qvg::detail::PackedStateData& d, Stream stream, Allocator& alloc) {
-  PackedCausalCache c(d.options, d.quant, alloc);  // the device cache's own checks (kmeans++, view_scratch)
+  PackedCausalCache c(d.options, d.quant, alloc);  // the device cache's own checks (view_scratch, allow_growth)
   auto r = qvg::detail::restore_state<SegData, Books, DeviceEncodedTensor>(d, Up{stream, &alloc});
   c.impl_->pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));
   c.impl_->warm_k = std::move(r.warm_k);

@@ -1,5 +1,6 @@
 // The device encoder (spec 1.1, 1.2): the host side enqueues the points with their
-// group mean, then per stage centring, initial indices and centroids, kmeans_iters
+// group mean, then per stage centring, initial indices (init random's draw, or
+// kmeans++'s picks from the stage's centred points) and centroids, kmeans_iters
 // x (assignment, update), stored centroids and (but for the last stage) the next
 // residual with its mean; then the residual quantizer, which subtracts the last
 // stage's centroids itself. Every group
@@ -84,10 +85,9 @@ kernels::QuantizeArgs quantize_args(DeviceEncodedTensor& enc, const CodecConfig&
 DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const EncodeJob& job, Stream stream,
                                Allocator& alloc) {
   if (x.data == nullptr) throw InvalidArgument("encode input is null");
-  if (cfg.init == Init::KMeansPlusPlus)
-    throw Unsupported(fmt::format("the CUDA encoder supports init random and warm, got init {}", name(cfg.init)));
   const Shape4 sh = x.shape;
   const bool warm = cfg.init == Init::Warm && job.warm != nullptr;
+  const bool kpp = cfg.init == Init::KMeansPlusPlus;  // else random (init warm without a codebook too)
   if (warm) {
     check_codebook(*job.warm, sh, cfg, "warm-start centroids");
     if (job.warm->centroid_data() == nullptr) throw InvalidArgument("warm-start centroids: the encoding has none");
@@ -136,6 +136,9 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   const size_t o_raws = cv.take(size_t(G * S * nb) * 4);
   const size_t o_rawz = cv.take(cfg.asymmetric ? size_t(G * S * nb) * 4 : 0);
   const size_t o_gmax = cv.take(size_t(2 * G) * 4);
+  const size_t o_kd2 = cv.take(kpp ? size_t(2 * G * S) * 8 : 0);  // kmeanspp_indices' scratch
+  const size_t o_kch = cv.take(kpp ? size_t(G * S) : 0);
+  const size_t o_kxp = cv.take(kpp ? size_t(G * D) * 4 : 0);
   DeviceBuffer scratch(cv.size(), stream, alloc);
   uint8_t* base = static_cast<uint8_t*>(scratch.data());
   const auto F = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
@@ -164,9 +167,9 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   // subtraction. The last stage's residual is never written: the quantizer
   // subtracts its stored centroids itself. Stage 0's initial indices (when k-means
   // draws them) are drawn by the gather's launch, beside it: they do not depend on
-  // the data.
+  // the data (init random only: kmeans++ picks from the stage's centred points).
   kernels::InitDraw draw;
-  if (!warm && k_eff > 0) {
+  if (!warm && !kpp && k_eff > 0) {
     draw.idx = idx;
     draw.K = K_t;
     draw.k_eff = k_eff;
@@ -185,7 +188,10 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
         kernels::warm_centroids(warm_stage(st), arith_dtype(job.warm->dtype), K, span ? span->filled : 0, K_t, G, D, mu,
                                 c, stream);
       else {
-        if (st > 0 || draw.idx == nullptr)  // stage 0's: drawn by the gather's launch
+        if (kpp)
+          kernels::kmeanspp_indices(r, mu, G, H, S, D, K_t, k_eff, cfg.seed, st, cfg.head_offset,
+                                    reinterpret_cast<double*>(base + o_kd2), base + o_kch, F(o_kxp), idx, stream);
+        else if (st > 0 || draw.idx == nullptr)  // stage 0's: drawn by the gather's launch
           kernels::init_indices(G, H, S, K_t, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
         kernels::init_centroids(r, mu, idx, G, S, D, K_t, k_eff, c, stream);
       }

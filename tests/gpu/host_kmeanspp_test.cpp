@@ -1,0 +1,210 @@
+// Host-side test of the device encoder's init kmeans++ (no GPU needed; part of
+// qvg_cuda_host_test, ctest cuda.host_arith): the bodies of kmeanspp_kernel
+// (src/kernels/cuda/kmeanspp.cuh), run on the host in the kernel's order by
+// kmeanspp_picks_host, make exactly the CPU codec's picks
+// (qvg::detail::kmeanspp_init_indices, the rule kmeans() seeds with) from the same
+// centred points: random point sets of several sizes, D = 64 and 128 (and odd D),
+// K up to 256, duplicated points (every point then coincides with a pick before k
+// picks: the total-0 branch), k_eff == S, and magnitudes from 1e-3 to 1e6.
+// What this cannot check: the kernel's block/thread mapping (its octet shuffles,
+// the chunk pipeline, the parallel search), checked on a GPU by
+// tests/gpu/kmeanspp_gpu_tests.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "codec/kmeans.h"
+#include "gpu/harness.h"
+#include "kernels/cuda/arith.cuh"
+#include "kernels/cuda/kmeanspp.cuh"
+#include "qvg/codec.h"
+
+namespace {
+
+namespace A = qvg::cuda_arith;
+namespace K = qvg::cuda::kernels;
+
+/// S points of dimension D (fp32, row-major): `distinct` clustered rows (scale
+/// `scale`, offset by 3 scales), each of the S a copy of one of them when distinct <
+/// S, else all different.
+std::vector<float> make_points(int64_t S, int64_t D, int64_t distinct, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> centres(static_cast<size_t>(8 * D));
+  for (float& c : centres) c = n01(rng) * scale;
+  std::vector<float> rows(static_cast<size_t>(distinct * D));
+  for (int64_t i = 0; i < distinct; ++i)
+    for (int64_t d = 0; d < D; ++d)
+      rows[size_t(i * D + d)] = 3.0f * scale + centres[size_t((i % 8) * D + d)] + 0.3f * scale * n01(rng);
+  std::vector<float> x(static_cast<size_t>(S * D));
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t src = distinct < S ? int64_t(rng() % uint64_t(distinct)) : i;
+    std::copy_n(rows.begin() + src * D, D, x.begin() + i * D);
+  }
+  return x;
+}
+
+/// The CPU codec's group mean (kmeans.cpp, centre: fp64 sums, rounded to fp32).
+std::vector<float> cpu_mean(const std::vector<float>& x, int64_t S, int64_t D) {
+  std::vector<float> mu(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) {
+    double s = 0;
+    for (int64_t i = 0; i < S; ++i) s += double(x[size_t(i * D + d)]);
+    mu[size_t(d)] = float(s / double(S));
+  }
+  return mu;
+}
+
+}  // namespace
+
+// The octet's shuffles (offsets 4, 1, 2 within 8 lanes, as kmeanspp_kernel does them)
+// leave lane 0 with the CPU's combination ((l0 + l4) + (l1 + l5)) + ((l2 + l6) +
+// (l3 + l7)), and kpp_combine (the same steps on an array) with it too.
+QVG_TEST(kmeanspp_octet_shuffles_combine_in_the_cpu_order) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  int checked = 0;
+  for (int rep = 0; rep < 20000; ++rep) {
+    float lanes[32];
+    for (float& v : lanes) v = std::ldexp(u(rng), int(rng() % 40) - 20);
+    float cpu[4];
+    for (int o = 0; o < 4; ++o) {
+      const float* a = lanes + 8 * o;
+      cpu[o] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    }
+    float v[32];
+    std::copy_n(lanes, 32, v);
+    for (const int off : {4, 1, 2}) {  // __shfl_down_sync(mask, v, off, 8): lane + off within its octet, else itself
+      float got[32];
+      for (int l = 0; l < 32; ++l) got[l] = (l % 8) + off < 8 ? v[l + off] : v[l];
+      for (int l = 0; l < 32; ++l) v[l] = A::add_rn(v[l], got[l]);
+    }
+    for (int o = 0; o < 4; ++o) {
+      float arr[8];
+      std::copy_n(lanes + 8 * o, 8, arr);
+      QVG_EXPECT(A::bits_of(v[8 * o]) == A::bits_of(cpu[o]) && A::bits_of(K::kpp_combine(arr)) == A::bits_of(cpu[o]))
+          << "rep" << rep << "octet" << o;
+      ++checked;
+    }
+  }
+  QVG_EXPECT(checked == 80000);
+}
+
+// A point's distance as the kernel makes it (kpp_lanes for 4 points at a time, then
+// kpp_combine) is the CPU's sqdist (kmeans_sqdist) of the centred rows, bit for bit:
+// D with and without lane tails, magnitudes from 1e-6 to 1e9.
+QVG_TEST(kmeanspp_distance_bodies_equal_the_cpu_sqdist) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  int compared = 0;
+  for (const int64_t D : {1, 5, 8, 44, 48, 64, 100, 128, 130, 256})
+    for (const float scale : {1e-6f, 1.0f, 3e3f, 1e9f}) {
+      const int64_t S = 37;
+      std::vector<float> r(static_cast<size_t>(S * D)), mu(static_cast<size_t>(D)), xp(static_cast<size_t>(D));
+      for (float& v : r) v = n01(rng) * scale + 2.0f * scale;
+      for (float& v : mu) v = n01(rng) * scale;
+      for (int64_t d = 0; d < D; ++d) xp[size_t(d)] = A::sub_rn(r[size_t(5 * D + d)] + n01(rng) * scale, mu[size_t(d)]);
+      for (int64_t i0 = 0; i0 < S; i0 += K::kKppPer) {
+        const float* rows[K::kKppPer];
+        for (int p = 0; p < K::kKppPer; ++p) rows[p] = i0 + p < S ? r.data() + (i0 + p) * D : nullptr;
+        float lanes[K::kKppLanes][K::kKppPer];
+        for (int l = 0; l < K::kKppLanes; ++l) K::kpp_lanes(rows, mu.data(), xp.data(), D, l, lanes[l]);
+        for (int p = 0; p < K::kKppPer && i0 + p < S; ++p) {
+          float v[K::kKppLanes];
+          for (int l = 0; l < K::kKppLanes; ++l) v[l] = lanes[l][p];
+          std::vector<float> xc(static_cast<size_t>(D));
+          for (int64_t d = 0; d < D; ++d) xc[size_t(d)] = A::sub_rn(rows[p][d], mu[size_t(d)]);
+          const float cpu = qvg::detail::kmeans_sqdist(xc.data(), xp.data(), D);
+          QVG_EXPECT(A::bits_of(K::kpp_combine(v)) == A::bits_of(cpu))
+              << "D" << D << "scale" << scale << "point" << i0 + p;
+          ++compared;
+        }
+      }
+    }
+  QVG_EXPECT(compared == 10 * 4 * 37) << compared;
+}
+
+// kmeanspp_picks_host (the kernel's bodies in its order) against the CPU rule
+// (kmeanspp_init_indices) on the same centred points xc = r - mu: identical picks.
+QVG_TEST(kmeanspp_bodies_make_the_cpu_picks) {
+  struct Case {
+    int64_t S, D;
+    int k;
+    int64_t distinct;  // < S: duplicated points
+    float scale;
+  };
+  std::vector<Case> cases;
+  for (const int64_t D : {64, 128})
+    for (const int64_t S : {2, 3, 17, 100, 256, 257, 700, 1500}) {
+      for (const int k : {1, 2, 7, 64, 128, 255, 256}) {
+        if (k > S) continue;
+        cases.push_back({S, D, k, S, D == 64 ? 1.0f : 1e-3f});
+        if (S >= 100 && k >= 64) cases.push_back({S, D, k, 20, 300.0f});  // 20 distinct < k: total 0 after 20 picks
+      }
+      cases.push_back({S, D, int(std::min<int64_t>(S, 256)), S, 1e6f});  // k_eff == S when S <= 256
+    }
+  for (const int64_t D : {1, 7, 48, 130}) cases.push_back({300, D, 32, 300, 1.0f});  // lane tails
+  cases.push_back({4680, 128, 256, 4680, 1.0f});                                     // Self-Forcing's chunk, one group
+  cases.push_back({600, 128, 256, 3, 1.0f});                                         // 3 distinct points
+
+  int compared = 0, coincide_cases = 0, identity_cases = 0;
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    const std::vector<float> r = make_points(c.S, c.D, c.distinct, c.scale, seed);
+    const std::vector<float> mu = cpu_mean(r, c.S, c.D);
+    std::vector<float> xc(r.size());
+    for (size_t e = 0; e < r.size(); ++e) xc[e] = A::sub_rn(r[e], mu[e % size_t(c.D)]);
+    const uint64_t kseed = seed % 2 ? 1234ull : 0xFFFFFFFFFFFFFFFFull;
+    const int stage = int(seed % 3);
+    const int64_t b = seed % 2, h = int64_t(seed % 5) + 7;  // h: a head with a head_offset
+    const std::vector<uint32_t> cpu = qvg::detail::kmeanspp_init_indices(kseed, stage, b, h, xc.data(), c.S, c.D, c.k);
+    std::vector<uint32_t> dev(size_t(c.k), 0xFFFFFFFFu);
+    K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, dev.data());
+    QVG_EXPECT(cpu == dev) << "S" << c.S << "D" << c.D << "k" << c.k << "distinct" << c.distinct << "scale" << c.scale;
+    const std::set<uint32_t> uniq(dev.begin(), dev.end());
+    QVG_EXPECT(uniq.size() == size_t(c.k) && *uniq.rbegin() < uint64_t(c.S)) << "picks not distinct or out of range";
+    coincide_cases += c.distinct < c.k;
+    identity_cases += c.k == c.S;
+    ++compared;
+    ++seed;
+  }
+  std::printf("  %d point sets compared (%d with fewer distinct points than picks, %d with k_eff == S)\n", compared,
+              coincide_cases, identity_cases);
+  QVG_EXPECT(compared == int(cases.size()) && compared > 100 && coincide_cases >= 10 && identity_cases >= 10)
+      << compared << coincide_cases << identity_cases;
+}
+
+// kmeans() with init kmeans++ starts from kmeanspp_init_indices' picks of its own
+// centred points: its initial inertia (record_inertia) is that of those rows.
+QVG_TEST(kmeans_starts_from_kmeanspp_init_indices) {
+  int checked = 0;
+  for (const int64_t S : {50, 300, 1000})
+    for (const int k : {8, 64, 256}) {
+      if (k >= S) continue;
+      const int64_t D = 64;
+      const std::vector<float> x = make_points(S, D, S, 1.0f, uint32_t(S + k));
+      const std::vector<float> mu = cpu_mean(x, S, D);
+      std::vector<float> xc(x.size());
+      for (size_t e = 0; e < x.size(); ++e) xc[e] = x[e] - mu[e % size_t(D)];
+      qvg::detail::KMeansParams p;
+      p.k = k;
+      p.iters = 1;
+      p.init = qvg::Init::KMeansPlusPlus;
+      p.seed = 77;
+      p.stage = 1;
+      p.b = 0;
+      p.h = 3;
+      p.record_inertia = true;
+      const qvg::detail::KMeansResult km = qvg::detail::kmeans(x.data(), S, D, p);
+      const std::vector<uint32_t> idx = qvg::detail::kmeanspp_init_indices(77, 1, 0, 3, xc.data(), S, D, k);
+      std::vector<float> c(static_cast<size_t>(k * D));
+      for (int j = 0; j < k; ++j) std::copy_n(xc.begin() + int64_t(idx[size_t(j)]) * D, D, c.begin() + j * D);
+      QVG_EXPECT(!km.inertia.empty() && km.inertia[0] == qvg::inertia_fp64(xc.data(), S, c.data(), k, D))
+          << "S" << S << "k" << k;
+      ++checked;
+    }
+  QVG_EXPECT(checked == 7) << checked;
+}
