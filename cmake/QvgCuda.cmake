@@ -68,10 +68,10 @@ if(QVG_HAVE_CUDA)
   # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
   set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu src/kernels/cuda/quantize_kernels.cu
       src/kernels/cuda/span_kernels.cu src/kernels/cuda/kmeanspp_kernels.cu)
-  # Host code: the launchers and the device encoded tensor (kernels layer) and the
-  # device-resident packed cache (cache layer).
-  set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/kernels/cuda/encode.cpp src/cache/cuda/device_cache.cpp
-                            src/cache/cuda/device_dense_cache.cpp)
+  # Host code: the device runtime (kernels layer), the device encoder's orchestration
+  # and the device encoded tensor (codec layer), the device caches (cache layer).
+  set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/codec/cuda/encode.cpp src/codec/cuda/device_encoded.cpp
+                            src/cache/cuda/device_cache.cpp src/cache/cuda/device_dense_cache.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)

@@ -21,9 +21,9 @@
 //   downloaded is an EncodedTensor the CPU decodes, and decode on the device gives
 //   the bits the CPU decoder gives (spec 1.3).
 //
-// NOT YET VERIFIED ON A GPU: this backend compiles for sm_90a/sm_80/sm_89 and its
-// per-element arithmetic is tested on the host, but no kernel of it has run on a
-// GPU yet (docs/cuda.md lists what has and has not been checked).
+// Verified on an H200 (docs/cuda.md lists what ran there and what did not); compiled
+// for sm_90a, sm_80 and sm_89. The device runtime (streams, errors, Allocator,
+// DeviceBuffer) is qvg/cuda_runtime.h, which this header includes.
 #pragma once
 
 #include <cstddef>
@@ -33,71 +33,12 @@
 
 #include "qvg/codec.h"
 #include "qvg/config.h"
+#include "qvg/cuda_runtime.h"
 #include "qvg/encoding_layout.h"
 #include "qvg/error.h"
 #include "qvg/tensor.h"
 
-struct CUstream_st;
-
 namespace qvg::cuda {
-
-/// The same type as cudaStream_t (nullptr = the legacy default stream).
-using Stream = CUstream_st*;
-
-/// A failed CUDA runtime call or kernel launch (error kind Device, RuntimeError in
-/// Python); the message names the call and the error.
-class CudaError : public DeviceError {
- public:
-  explicit CudaError(const std::string& m) : DeviceError(m) {}
-};
-
-/// Number of CUDA devices visible (0 when there is no driver or no device; never throws).
-int device_count();
-
-/// Stream-ordered device memory. An embedding framework (the PyTorch extension's
-/// caching allocator, say) implements this to supply qvg's device memory.
-struct Allocator {
-  virtual ~Allocator() = default;
-  /// `bytes` of device memory usable by work enqueued on `stream` after this call;
-  /// at least 256-byte aligned. Throws on failure (CudaError for CUDA failures).
-  virtual void* allocate(size_t bytes, Stream stream) = 0;
-  /// Returns memory from allocate(bytes, ...) once the work enqueued on `stream`
-  /// so far has finished with it. Must not throw.
-  virtual void deallocate(void* p, size_t bytes, Stream stream) noexcept = 0;
-};
-/// The default allocator. On a device with stream-ordered pools
-/// (cudaDevAttrMemoryPoolsSupported, queried once per device): a pool qvg creates
-/// for that device at its first use (never the device's default pool, which other
-/// libraries share), with release threshold UINT64_MAX, so freed memory is kept for
-/// reuse across synchronizations; cudaMallocFromPoolAsync / cudaFreeAsync. Without
-/// pools (some virtualised GPUs and sandboxes): cudaMalloc, and a free synchronizes
-/// the buffer's stream before cudaFree (it blocks the host). Thread-safe.
-Allocator& default_allocator();
-/// Returns the default allocator's unused pool memory of the current device to the
-/// OS, keeping at least `keep_bytes` reserved (cudaMemPoolTrimTo). A no-op without
-/// pools. Does not synchronize.
-void release_pool_memory(size_t keep_bytes = 0);
-
-/// One owning allocation from an Allocator, freed on the stream it was made on.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(size_t bytes, Stream stream, Allocator& alloc = default_allocator());
-  DeviceBuffer(DeviceBuffer&& o) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer();
-  void* data() const { return p_; }
-  size_t size() const { return n_; }
-  Stream stream() const { return stream_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-  Stream stream_ = nullptr;
-  Allocator* alloc_ = nullptr;
-};
 
 /// An encoded tensor kept on the device: its layout (qvg/encoding_layout.h, the
 /// metadata of EncodedTensor) and its arrays (spec 1.5, the same dense row-major
@@ -131,7 +72,7 @@ class DeviceEncodedTensor : public EncodingLayout {
   const uint8_t* data(EncodedArray kind) const;
   uint8_t* mutable_data(EncodedArray kind);
   const uint8_t* centroid_data() const { return data(EncodedArray::Centroids); }  ///< stage 0, dtype elements
-  const uint8_t* ids_data() const { return data(EncodedArray::Ids); }            ///< stage 0
+  const uint8_t* ids_data() const { return data(EncodedArray::Ids); }             ///< stage 0
   const uint8_t* codes_data() const { return data(EncodedArray::Codes); }
   const uint8_t* scales_data() const { return data(EncodedArray::Scales); }
   const uint8_t* zeros_data() const { return data(EncodedArray::Zeros); }

@@ -1,7 +1,7 @@
 // tests/gpu/encode_replay.h — the device encoder's rules replayed on the host with
 // given k-means assignments (issue 24, item 5).
 //
-// The device encoder (src/kernels/cuda/encode.cpp) differs from the CPU encoder only
+// The device encoder (src/codec/cuda/encode.cpp) differs from the CPU encoder only
 // where spec 1.1 allows: the assignment (bf16 operands on tensor cores: near-ties
 // can go either way), the group mean (fp64 partial sums of kMeanChunk points) and
 // the centroid update (exact 64-bit fixed point). Everything else is fixed bits. So

@@ -35,6 +35,7 @@
 
 #include <fmt/core.h>
 
+#include "codec/cuda/encode_traced.h"
 #include "codec/encode_impl.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"

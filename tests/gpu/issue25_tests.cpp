@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/cuda/encode_traced.h"
 #include "codec/encode_impl.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/cuda/encode_traced.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"
 #include "kernels/cuda/cuda_kernels.h"

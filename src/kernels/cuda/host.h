@@ -1,27 +1,15 @@
 // src/kernels/cuda/host.h — helpers of the CUDA backend's host code (C++20; the .cu
-// files do not include it).
+// files do not include it): the kernels' view of a dtype and of an encoding's arrays.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
-#include "qvg/cuda.h"
 #include "qvg/encoding_layout.h"
 #include "qvg/tensor.h"
 
 namespace qvg::cuda {
-
-namespace detail {
-/// encode() that also copies the ids of every k-means iteration, as the assignment
-/// left them, into `ids_trace` (device memory of stages * kmeans_iters * G * S bytes,
-/// [stage][iteration][group][token]; a group stopped early keeps its ids there). For
-/// the GPU tests, which replay the encoding on the host from these assignments
-/// (tests/gpu/encode_replay.h). ids_trace == nullptr: encode() itself.
-/// `warm`: as encode()'s warm start (cfg.init warm).
-DeviceEncodedTensor encode_traced(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
-                                  void* ids_trace, const DeviceEncodedTensor* warm = nullptr);
-}  // namespace detail
 
 /// qvg::DType as the kernels' small integer (cuda_arith::kBF16 / kF16 / kF32).
 inline int arith_dtype(DType t) {
@@ -35,11 +23,11 @@ inline int arith_dtype(DType t) {
 struct EncodedArrays {
   const uint8_t* codes = nullptr;
   const uint8_t* scales = nullptr;
-  const uint8_t* zeros = nullptr;         ///< asymmetric only
-  const float* scale_factor = nullptr;    ///< two_level only
-  const float* zero_factor = nullptr;     ///< two_level and asymmetric only
-  const uint8_t* ids = nullptr;           ///< stage 0
-  const uint8_t* centroid = nullptr;      ///< stage 0
+  const uint8_t* zeros = nullptr;       ///< asymmetric only
+  const float* scale_factor = nullptr;  ///< two_level only
+  const float* zero_factor = nullptr;   ///< two_level and asymmetric only
+  const uint8_t* ids = nullptr;         ///< stage 0
+  const uint8_t* centroid = nullptr;    ///< stage 0
 };
 
 /// The decode kernel's arguments for an encoding with `layout` at `a`: arrays,
@@ -47,12 +35,25 @@ struct EncodedArrays {
 /// out_dtype, strides) are left for the caller.
 inline kernels::DecodeArgs decode_args(const EncodingLayout& l, const EncodedArrays& a) {
   const int64_t G = l.groups();
-  return {.codes = a.codes, .scales = a.scales, .zeros = a.zeros, .scale_factor = a.scale_factor,
-          .zero_factor = a.zero_factor, .ids = a.ids, .centroid = a.centroid, .ids_stage_stride = G * l.shape.s,
+  return {.codes = a.codes,
+          .scales = a.scales,
+          .zeros = a.zeros,
+          .scale_factor = a.scale_factor,
+          .zero_factor = a.zero_factor,
+          .ids = a.ids,
+          .centroid = a.centroid,
+          .ids_stage_stride = G * l.shape.s,
           .centroid_stage_stride = G * l.centroids * l.shape.d * int64_t(dtype_size(l.dtype)),
-          .B = int32_t(l.shape.b), .S = int32_t(l.shape.s), .H = int32_t(l.shape.h), .D = int32_t(l.shape.d),
-          .K = l.centroids, .bits = l.bits, .block = l.block_size, .stages = l.stages,
-          .asymmetric = int8_t(l.asymmetric ? 1 : 0), .fp8 = int8_t(l.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 0),
+          .B = int32_t(l.shape.b),
+          .S = int32_t(l.shape.s),
+          .H = int32_t(l.shape.h),
+          .D = int32_t(l.shape.d),
+          .K = l.centroids,
+          .bits = l.bits,
+          .block = l.block_size,
+          .stages = l.stages,
+          .asymmetric = int8_t(l.asymmetric ? 1 : 0),
+          .fp8 = int8_t(l.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 0),
           .centroid_dtype = int8_t(arith_dtype(l.dtype))};
 }
 

@@ -15,6 +15,7 @@
 
 #include <fmt/core.h>
 
+#include "codec/cuda/encode_traced.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
