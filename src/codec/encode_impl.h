@@ -8,8 +8,8 @@ namespace qvg::detail {
 
 /// encode() (span == nullptr) or encode_span_chunk() (*span, `add`) with the k-means
 /// assignment path chosen explicitly (the public functions use Fast).
-EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm,
-                               EncodeStats* stats, AssignPath path, SpanCodebook* span = nullptr, int add = 0);
+EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm, EncodeStats* stats,
+                               AssignPath path, SpanCodebook* span = nullptr, int add = 0);
 
 /// Quantizes one group's final residual r (S x D fp32, token rows) into the group's
 /// slices of enc.codes / scales / zeros and its factors (spec 1.2, 1.4). With
@@ -17,5 +17,13 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
 /// squared error (residual_impl::block_sq_error; ties keep the earlier, the first
 /// being the `off` choice), so the residual's squared error is never above `off`'s.
 void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, ScaleSearch search = ScaleSearch::Off);
+
+/// encode_refinement's argument checks, for the host and the device encoder: throws
+/// InvalidArgument unless `decoded` has x's dtype and shape and `cfg` is one stage of
+/// one centroid (refinement_config).
+void check_refinement_inputs(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg);
+/// The clamp of a refinement error e = x - decoded: the largest float not above the
+/// codec's input limit (kMaxAbsInput), so the layer's encode never refuses it.
+float refinement_error_limit();
 
 }  // namespace qvg::detail

@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include "codec/encode_impl.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 
@@ -35,7 +36,7 @@ CodecConfig refinement_config(const QuantArgs& q, const CodecConfig& role) {
   return c;
 }
 
-EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg) {
+void detail::check_refinement_inputs(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg) {
   if (x.dtype != decoded.dtype || x.shape != decoded.shape)
     throw InvalidArgument(fmt::format("encode_refinement: decoded must have x's dtype and shape ({} {}), got {} {}",
                                       dtype_name(x.dtype), x.shape.str(), dtype_name(decoded.dtype),
@@ -44,6 +45,16 @@ EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, cons
     throw InvalidArgument(fmt::format(
         "encode_refinement: the config must have one stage of one centroid (refinement_config), got {} x {}",
         cfg.stages, cfg.centroids));
+}
+
+float detail::refinement_error_limit() {
+  float lim = float(kMaxAbsInput);  // the largest float not above the limit
+  if (double(lim) > kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
+  return lim;
+}
+
+EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg) {
+  detail::check_refinement_inputs(x, decoded, cfg);
   // e = x - decoded, one fp32 subtraction per element (exact for bf16 elements whose
   // exponents differ by at most 16, as an element and its decoding's do), clamped to
   // the codec's input limit: a cache encodes layers after its state has changed, so
@@ -53,8 +64,7 @@ EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, cons
   std::vector<float> a(n), e(n);
   convert_to_f32(x.data, x.dtype, a.data(), n);
   convert_to_f32(decoded.data, decoded.dtype, e.data(), n);
-  float lim = float(kMaxAbsInput);  // the largest float not above the limit
-  if (double(lim) > kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
+  const float lim = detail::refinement_error_limit();
   for (size_t i = 0; i < n; ++i) e[i] = std::clamp(a[i] - e[i], -lim, lim);
   return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg);
 }

@@ -10,6 +10,7 @@
 
 #include <fmt/core.h>
 
+#include "codec/cuda/range_args.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/host.h"
@@ -139,17 +140,7 @@ void decode_ranges(const std::vector<DeviceDecodeTask>& tasks, Stream stream) {
     if (tk.codebook && (book.shape.b != e.shape.b || book.shape.h != e.shape.h || book.shape.d != e.shape.d ||
                         book.centroids != e.centroids || book.stages != e.stages || book.dtype != e.dtype))
       throw InvalidArgument("decode task: the codebook must match the encoding's B, H, D, K, stages and dtype");
-    kernels::DecodeArgs t = decode_args(e, {e.codes_data(), e.scales_data(), e.zeros_data(), e.scale_factor_data(),
-                                            e.zero_factor_data(), e.ids_data(), book.centroid_data()});
-    t.t0 = int32_t(tk.t0);
-    t.t1 = int32_t(tk.t1);
-    t.h0 = int32_t(tk.h0);
-    t.h1 = int32_t(tk.h1);
-    t.out_dtype = int8_t(arith_dtype(tk.dst.dtype));
-    t.out = tk.dst.base;
-    t.batch_stride = tk.dst.batch_stride;
-    t.token_stride = tk.dst.token_stride;
-    kt.push_back(t);
+    kt.push_back(range_args(e, book, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst));
   }
   kernels::decode_tasks(kt.data(), int(kt.size()), stream);
 }

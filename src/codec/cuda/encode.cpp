@@ -16,6 +16,8 @@
 #include <fmt/core.h>
 
 #include "codec/cuda/encode_traced.h"
+#include "codec/cuda/range_args.h"
+#include "codec/encode_impl.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -278,19 +280,11 @@ DeviceEncodedTensor encode_span_chunk(ConstTensorView x, const CodecConfig& cfg,
 
 DeviceEncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, const CodecConfig& cfg, Stream stream,
                                       Allocator& alloc) {
-  if (x.dtype != decoded.dtype || !(x.shape == decoded.shape))
-    throw InvalidArgument(fmt::format("encode_refinement: decoded must have x's dtype and shape ({} {}), got {} {}",
-                                      dtype_name(x.dtype), x.shape.str(), dtype_name(decoded.dtype),
-                                      decoded.shape.str()));
-  if (cfg.centroids != 1 || cfg.stages != 1)
-    throw InvalidArgument(fmt::format(
-        "encode_refinement: the config must have one stage of one centroid (refinement_config), got {} x {}",
-        cfg.stages, cfg.centroids));
+  qvg::detail::check_refinement_inputs(x, decoded, cfg);  // the host's checks
   const int64_t n = x.shape.numel();
   DeviceBuffer e(size_t(n) * 4, stream, alloc);  // freed on `stream` after the encode's kernels
-  float lim = float(kMaxAbsInput);               // the largest float not above the limit
-  if (double(lim) > kMaxAbsInput) lim = std::nextafter(lim, 0.0f);
-  kernels::refinement_errors(x.data, decoded.data, arith_dtype(x.dtype), lim, n, static_cast<float*>(e.data()), stream);
+  kernels::refinement_errors(x.data, decoded.data, arith_dtype(x.dtype), qvg::detail::refinement_error_limit(), n,
+                             static_cast<float*>(e.data()), stream);
   return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg, stream, alloc);
 }
 
@@ -305,17 +299,7 @@ void add_refinements(const std::vector<DeviceRefineTask>& tasks, Stream stream) 
     if (!(0 <= tk.t0 && tk.t0 <= tk.t1 && tk.t1 <= e.shape.s && 0 <= tk.h0 && tk.h0 < tk.h1 && tk.h1 <= e.shape.h))
       throw InvalidArgument(fmt::format("refinement range tokens [{}, {}) heads [{}, {}) is outside the layer {}",
                                         tk.t0, tk.t1, tk.h0, tk.h1, e.shape.str()));
-    kernels::DecodeArgs t = decode_args(e, {e.codes_data(), e.scales_data(), e.zeros_data(), e.scale_factor_data(),
-                                            e.zero_factor_data(), e.ids_data(), e.centroid_data()});
-    t.t0 = int32_t(tk.t0);
-    t.t1 = int32_t(tk.t1);
-    t.h0 = int32_t(tk.h0);
-    t.h1 = int32_t(tk.h1);
-    t.out_dtype = int8_t(arith_dtype(tk.dst.dtype));
-    t.out = tk.dst.base;
-    t.batch_stride = tk.dst.batch_stride;
-    t.token_stride = tk.dst.token_stride;
-    kt.push_back(t);
+    kt.push_back(range_args(e, e, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst));
   }
   kernels::refine_tasks(kt.data(), int(kt.size()), stream);
 }
