@@ -274,10 +274,8 @@ QVG_TEST(issue25_span_chunk_quantizer_equals_cpu_given_device_ids) {
 
 namespace {
 
-/// One run of the profile on the device cache and the CPU cache side by side.
-void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& calls,
-                 qvg::Init init = qvg::Init::Warm) {
-  Stream25 st;
+/// The caches of the profile runs: 1 x 2 heads of 64, bf16, 16 sink tokens, 9 chunks of 16.
+qvg::CacheOptions profile_options() {
   qvg::CacheOptions o;
   o.batch = 1;
   o.heads = 2;
@@ -285,6 +283,14 @@ void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& c
   o.dtype = qvg::DType::BF16;
   o.sink_tokens = 16;
   o.cache_size = 16 * 9;
+  return o;
+}
+
+/// One run of the profile on the device cache and the CPU cache side by side.
+void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& calls,
+                 qvg::Init init = qvg::Init::Warm) {
+  Stream25 st;
+  const qvg::CacheOptions o = profile_options();
   const qvg::QuantArgs q = profile(break_ratio, init);
   qvg::cuda::PackedCausalCache dev(o, q);
   qvg::PackedCausalCache cpu(o, q);
@@ -385,13 +391,7 @@ QVG_TEST(device_cache_kmeanspp_profile_matches_cpu_decode_of_its_state) {
 // loads its own.
 QVG_TEST(issue25_snapshots_between_cpu_and_device_caches) {
   Stream25 st;
-  qvg::CacheOptions o;
-  o.batch = 1;
-  o.heads = 2;
-  o.head_dim = 64;
-  o.dtype = qvg::DType::BF16;
-  o.sink_tokens = 16;
-  o.cache_size = 16 * 9;
+  const qvg::CacheOptions o = profile_options();
   const qvg::QuantArgs q = profile(1.2);
   qvg::PackedCausalCache cpu(o, q);
   const qvg::Shape4 sh{o.batch, 16, o.heads, o.head_dim};
