@@ -1,0 +1,30 @@
+// src/codec/cuda/range_args.h — one decode task's kernel arguments (decode_ranges and
+// add_refinements: the same arrays, range and target fields).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/host.h"
+#include "qvg/cuda.h"
+
+namespace qvg::cuda {
+
+/// The decode kernel's arguments for tokens [t0, t1), heads [h0, h1) of `e` into
+/// `dst`, the centroids taken from `book` (e itself, or an incremental span's codebook).
+/// REQUIRES the range checked against e by the caller.
+inline kernels::DecodeArgs range_args(const DeviceEncodedTensor& e, const DeviceEncodedTensor& book, int64_t t0,
+                                      int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst) {
+  kernels::DecodeArgs t = decode_args(e, {e.codes_data(), e.scales_data(), e.zeros_data(), e.scale_factor_data(),
+                                          e.zero_factor_data(), e.ids_data(), book.centroid_data()});
+  t.t0 = int32_t(t0);
+  t.t1 = int32_t(t1);
+  t.h0 = int32_t(h0);
+  t.h1 = int32_t(h1);
+  t.out_dtype = int8_t(arith_dtype(dst.dtype));
+  t.out = dst.base;
+  t.batch_stride = dst.batch_stride;
+  t.token_stride = dst.token_stride;
+  return t;
+}
+
+}  // namespace qvg::cuda
