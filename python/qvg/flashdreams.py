@@ -57,13 +57,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from . import torch as _qt
+from ._rebind import rebind
 
 __all__ = ["BlockKVCache", "install", "uninstall", "installed", "is_installed", "ENGINE_MODULE"]
 
@@ -357,23 +357,6 @@ class BlockKVCache:
 _state: dict[str, Any] = {}  # "original": flashdreams' class, "substitute": the class bound now
 
 
-def _rebind(old: type, new: type) -> int:
-    """In every imported ``flashdreams.*`` module, rebinds each global that is ``old``
-    (by identity) to ``new``. Returns the number of rebound names."""
-    count = 0
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not (module_name == "flashdreams" or module_name.startswith("flashdreams.")):
-            continue
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for key, value in list(namespace.items()):
-            if value is old:
-                namespace[key] = new
-                count += 1
-    return count
-
-
 def is_installed() -> bool:
     """True between :func:`install` and :func:`uninstall`."""
     return bool(_state)
@@ -402,10 +385,10 @@ def install(quant_args: Any = None) -> type:
                                                             "__module__": __name__,
                                                             "__doc__": BlockKVCache.__doc__})
     if _state:
-        _rebind(_state["substitute"], substitute)
+        rebind("flashdreams", {_state["substitute"]: substitute})
     else:
         _state["original"] = module.BlockKVCache
-        _rebind(module.BlockKVCache, substitute)
+        rebind("flashdreams", {module.BlockKVCache: substitute})
     _state["substitute"] = substitute
     return substitute
 
@@ -415,7 +398,7 @@ def uninstall() -> None:
     (also modules imported while installed). A no-op when not installed."""
     if not _state:
         return
-    _rebind(_state["substitute"], _state["original"])
+    rebind("flashdreams", {_state["substitute"]: _state["original"]})
     _state.clear()
 
 

@@ -52,11 +52,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-import types
 from collections.abc import Iterator
 from typing import Any
 
 from . import torch as _qt
+from ._rebind import rebind
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "ENGINE_MODULES", "STAGE_MODULE", "stage_patched"]
 
@@ -182,45 +182,6 @@ def _engine_originals() -> dict[str, type]:
     return out
 
 
-def _swap_union(value: types.UnionType, mapping: dict[Any, Any]) -> Any:
-    """The union with its members mapped (others kept), or the value itself if none is."""
-    args = value.__args__
-    if not any(a in mapping for a in args):
-        return value
-    new = [mapping.get(a, a) for a in args]
-    out = new[0]
-    for a in new[1:]:
-        out = out | a
-    return out
-
-
-def _rebind(mapping: dict[Any, Any]) -> int:
-    """In every imported ``sglang.*`` module, rebinds each global that is (by identity)
-    a key of ``mapping`` to its value, and rebuilds type unions holding one. Returns the
-    number of rebound names."""
-    count = 0
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not (module_name == "sglang" or module_name.startswith("sglang.")):
-            continue
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for key, value in list(namespace.items()):
-            try:
-                hit = value in mapping
-            except Exception:  # noqa: BLE001 - unhashable or odd __eq__: not one of ours
-                hit = False
-            if hit:
-                namespace[key] = mapping[value]
-                count += 1
-            elif isinstance(value, types.UnionType):
-                new = _swap_union(value, mapping)
-                if new is not value:
-                    namespace[key] = new
-                    count += 1
-    return count
-
-
 def is_installed() -> bool:
     """True between :func:`install` and :func:`uninstall`."""
     return bool(_originals)
@@ -238,7 +199,7 @@ def install() -> None:
     originals = _engine_originals()
     _patch_stage()  # imports the stage module first, so that the rebinding below reaches it
     _originals.update(originals)
-    _rebind({originals[name]: _SUBSTITUTES[name] for name in originals})
+    rebind("sglang", {originals[name]: _SUBSTITUTES[name] for name in originals})
 
 
 def uninstall() -> None:
@@ -246,7 +207,7 @@ def uninstall() -> None:
     (also modules imported while installed). A no-op when not installed."""
     if not _originals:
         return
-    _rebind({_SUBSTITUTES[name]: cls for name, cls in _originals.items()})
+    rebind("sglang", {_SUBSTITUTES[name]: cls for name, cls in _originals.items()})
     _originals.clear()
     _unpatch_stage()
 

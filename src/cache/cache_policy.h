@@ -121,6 +121,18 @@ class CachePolicy {
     spans_ = Spans{};
   }
 
+  /// Slots of a span's codebook of `centroids` slots the first chunk trains (half
+  /// of them when a span holds several chunks) and slots each later chunk adds (the
+  /// rest shared out evenly): a later chunk adds centroids fitted to itself, so
+  /// content that drifts within a span (motion, the time channels of rotary
+  /// embedding) still finds its own centroids, while the span stores one codebook.
+  int first_chunk_slots(int centroids) const { return quant_.span_chunks > 1 ? (centroids + 1) / 2 : centroids; }
+  int later_chunk_slots(int centroids) const {
+    return quant_.span_chunks > 1 ? (centroids - first_chunk_slots(centroids)) / (quant_.span_chunks - 1) : 0;
+  }
+  /// Phase 2 of plan `p` (its incremental chunks' spans, packed_plan.h).
+  SpanDecisions span_decisions(const PackPlan& p) const { return SpanDecisions(p, quant_.span_chunks); }
+
   /// Takes over a saved state (snapshots): the segments (with their span ids and
   /// refined flags), the cursors and the span state. REQUIRES it valid for this
   /// policy (src/cache/snapshot.cpp checks the invariants before).

@@ -13,6 +13,7 @@
 #include "cache/cache_policy.h"
 #include "cache/plan_access.h"
 #include "cache/snapshot_state.h"
+#include "cache/span_execution.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
@@ -33,11 +34,7 @@ struct SegData {
   std::shared_ptr<SpanCodebook> k_book, v_book;  // incremental span chunks only
   std::optional<EncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
 };
-/// An incremental span's codebooks (K, V), shared by the span's chunks and, while
-/// it is open, by the policy's span state.
-struct Books {
-  std::shared_ptr<SpanCodebook> k, v;
-};
+using Books = detail::SpanBooks<SpanCodebook>;
 using Policy = detail::CachePolicy<SegData, Books>;
 using Segment = Policy::Segment;
 
@@ -60,25 +57,8 @@ size_t data_bytes(const SegData& d) {
   return n;
 }
 
-/// What executing an advance's PackPlan made; the cache is unchanged until it is
-/// installed (Impl::install).
-struct Executed {
-  std::vector<SegData> encoded;     // one per step of the plan, in order
-  detail::SpanDecisions decisions;  // the incremental chunks' spans
-  Books books;                      // the open span's codebooks, when one of the call's chunks started it
-  /// New contents of the cache's open span's codebooks (chunks of the call joined it).
-  std::optional<SpanCodebook> open_k, open_v;
-  std::optional<EncodedTensor> warm_k, warm_v;  // the warm-start codebooks the call's whole spans left
-};
-
-/// The open span as the steps executed so far left it.
-struct OpenRun {
-  Books books;          // its codebooks' handles
-  bool staged = false;  // they are the cache's and their new contents are Executed::open_k, open_v
-  double k_energy = 0, v_energy = 0;
-  const SpanCodebook* k(const Executed& x) const { return staged ? &*x.open_k : books.k.get(); }
-  const SpanCodebook* v(const Executed& x) const { return staged ? &*x.open_v : books.v.get(); }
-};
+using Executed = detail::ExecutedPlan<SegData, SpanCodebook, EncodedTensor>;  // installed by Impl::install
+using OpenRun = detail::OpenRun<SpanCodebook>;
 
 }  // namespace
 
@@ -94,7 +74,7 @@ struct PackedCausalCache::Impl {
   Policy pol;
   std::optional<EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
   detail::PackOutcome last_advance;             // what the last advance encoded (the simulator reads it)
-  std::shared_ptr<ViewScratch> scratch;  // K then V of the last copied view (maybe shared)
+  std::shared_ptr<ViewScratch> scratch;         // K then V of the last copied view (maybe shared)
   size_t peak_transient = 0;
 
   Impl(const CacheOptions& o, const QuantArgs& q)
@@ -190,18 +170,6 @@ struct PackedCausalCache::Impl {
     return {(is_k ? s.data.k_raw : s.data.v_raw).data(), opt.dtype, {opt.batch, s.tokens(), opt.heads, opt.head_dim}};
   }
 
-  /// Slots of a span's codebook the first chunk trains (half of K when a span holds
-  /// several chunks) and slots each later chunk adds (the rest shared out evenly):
-  /// a later chunk adds centroids fitted to itself, so content that drifts within a
-  /// span (motion, the time channels of rotary embedding) still finds its own
-  /// centroids, while the span stores one codebook of K slots.
-  int first_chunk_slots(const CodecConfig& c) const {
-    return quant.span_chunks > 1 ? (c.centroids + 1) / 2 : c.centroids;
-  }
-  int later_chunk_slots(const CodecConfig& c) const {
-    return quant.span_chunks > 1 ? (c.centroids - first_chunk_slots(c)) / (quant.span_chunks - 1) : 0;
-  }
-
   /// An incremental chunk (phase 2 of its step): encoded against the open span's
   /// codebooks when it may join, joining when it fits them (fits_open_span); else
   /// the first chunk of a new span. Fills `d`, records the decision in x.decisions
@@ -215,25 +183,16 @@ struct PackedCausalCache::Impl {
       const size_t trial = codebook_nbytes(tk.book) + codebook_nbytes(tv.book);
       meter.add(trial);
       EncodeStats sk, sv;
-      EncodedTensor k = encode_span_chunk(raw_view(raw, true), codec_k, tk, later_chunk_slots(codec_k), nullptr, &sk);
-      EncodedTensor v = encode_span_chunk(raw_view(raw, false), codec_v, tv, later_chunk_slots(codec_v), nullptr, &sv);
+      EncodedTensor k =
+          encode_span_chunk(raw_view(raw, true), codec_k, tk, pol.later_chunk_slots(codec_k.centroids), nullptr, &sk);
+      EncodedTensor v =
+          encode_span_chunk(raw_view(raw, false), codec_v, tv, pol.later_chunk_slots(codec_v.centroids), nullptr, &sv);
       if (detail::fits_open_span(quant.span_break_ratio, energy_per_element(sk), energy_per_element(sv), run.k_energy,
                                  run.v_energy)) {
-        d.k_enc = std::move(k);
-        d.v_enc = std::move(v);
-        d.k_book = run.books.k;
-        d.v_book = run.books.v;
-        if (run.books.k == pol.spans().books.k) {  // the cache's codebooks: changed when installed
-          x.open_k = std::move(tk);
-          x.open_v = std::move(tv);
-          run.staged = true;
-        } else {  // a span this call started: not the cache's yet
-          *run.books.k = std::move(tk);
-          *run.books.v = std::move(tv);
-        }
+        detail::join_open_span(d, x, run, pol.spans().books.k.get(), std::move(tk), std::move(tv), std::move(k),
+                               std::move(v));
         meter.add(data_bytes(d));
         meter.sub(trial);
-        x.decisions.decide(true);
         return;
       }
       meter.sub(trial);  // the chunk does not fit the open span's codebook: a new span
@@ -242,22 +201,17 @@ struct PackedCausalCache::Impl {
     // started, with init = warm, from the previous span's or encoding's codebooks);
     // its residual energy is the reference later chunks are compared with.
     const Shape4 shape{opt.batch, raw.tokens(), opt.heads, opt.head_dim};
-    const EncodedTensor* wk = run.books.k ? &run.k(x)->book : warm_k_now;
-    const EncodedTensor* wv = run.books.v ? &run.v(x)->book : warm_v_now;
-    if (codec_k.init != Init::Warm) wk = nullptr;
-    if (codec_v.init != Init::Warm) wv = nullptr;
+    const auto [wk, wv] = detail::new_span_warm(x, run, warm_k_now, warm_v_now, codec_k, codec_v);
     auto book_k = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec_k));
     auto book_v = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec_v));
     meter.add(codebook_nbytes(book_k->book) + codebook_nbytes(book_v->book));
     EncodeStats fk, fv;
-    d.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, first_chunk_slots(codec_k), wk, &fk);
-    d.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, &fv);
+    d.k_enc =
+        encode_span_chunk(raw_view(raw, true), codec_k, *book_k, pol.first_chunk_slots(codec_k.centroids), wk, &fk);
+    d.v_enc =
+        encode_span_chunk(raw_view(raw, false), codec_v, *book_v, pol.first_chunk_slots(codec_v.centroids), wv, &fv);
     meter.add(data_bytes(d));
-    d.k_book = book_k;
-    d.v_book = book_v;
-    run = {{std::move(book_k), std::move(book_v)}, false, energy_per_element(fk), energy_per_element(fv)};
-    x.books = run.books;
-    x.decisions.decide(false, run.k_energy, run.v_energy);
+    detail::start_span(d, x, run, std::move(book_k), std::move(book_v), energy_per_element(fk), energy_per_element(fv));
   }
 
   /// The refinement layers of a just-encoded incremental chunk `d` (refinement
@@ -283,34 +237,10 @@ struct PackedCausalCache::Impl {
     meter.sub(dec.size() + 2 * f32_bytes);
   }
 
-  /// Executes the encodings of an advance's plan, in order, from the raw segments
-  /// (they exist already: the call's own chunk is never encoded by its own call).
-  /// Changes nothing of the cache: an exception leaves it as it was.
-  Executed execute(const detail::PackPlan& pp, detail::TransientMeter& meter) const {
-    Executed x{{}, detail::SpanDecisions(pp, quant.span_chunks), {}, {}, {}, {}, {}};
-    const std::vector<Segment>& segs = pol.segments();
-    const detail::OpenSpan<Books>& spans = pol.spans();
-    OpenRun run{spans.books, false, spans.k_energy, spans.v_energy};
-    const EncodedTensor* wk = warm_k ? &*warm_k : nullptr;  // the warm-start codebooks so far
-    const EncodedTensor* wv = warm_v ? &*warm_v : nullptr;
-    x.encoded.reserve(pp.encodes.size());
-    for (const detail::EncodeStep& e : pp.encodes) {
-      std::vector<const Segment*> parts;
-      for (size_t i = e.first; i < e.first + e.count; ++i) parts.push_back(&segs[i]);
-      SegData d;
-      if (e.incremental) {
-        encode_incremental(*parts.front(), d, x, run, wk, wv, meter);
-        if (e.refine) refine(*parts.front(), d, *run.k(x), *run.v(x), meter);
-      } else {
-        d.k_enc = encode_one(parts, true, wk, meter);
-        d.v_enc = encode_one(parts, false, wv, meter);
-        if (codec_k.init == Init::Warm) wk = &*(x.warm_k = d.k_enc.codebooks_only());
-        if (codec_v.init == Init::Warm) wv = &*(x.warm_v = d.v_enc.codebooks_only());
-      }
-      meter.sub(data_bytes(d));  // resident from here on; the raw chunks are gone
-      x.encoded.push_back(std::move(d));
-    }
-    return x;
+  /// execute_plan's remaining backend members (span_execution.h).
+  EncodedTensor codebooks_of(const EncodedTensor& e, detail::TransientMeter&) const { return e.codebooks_only(); }
+  void step_done(const SegData& d, detail::TransientMeter& meter) const {
+    meter.sub(data_bytes(d));  // resident from here on; the raw chunks are gone
   }
 
   /// Installs an advance: the new chunk `cur` and the executed plan `x`. Only
@@ -363,7 +293,7 @@ struct PackedCausalCache::Impl {
       cur.v_raw = AlignedBuffer(raw_bytes(p.call.n));
       detail::write_rows(key, {detail::rows_of(cur.k_raw.data(), opt, p.call.n), 0, head0});
       detail::write_rows(value, {detail::rows_of(cur.v_raw.data(), opt, p.call.n), 0, head0});
-      Executed x = execute(*plan.pack, meter);
+      Executed x = detail::execute_plan<Executed>(*this, *plan.pack, meter);
       detail::PackOutcome done{plan.pack->encodes, x.decisions.decisions()};
       // --- from here on state changes; only std::bad_alloc can still occur, first ---
       install(*plan.pack, std::move(cur), std::move(x));

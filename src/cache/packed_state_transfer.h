@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -41,13 +42,9 @@ PackedStateData state_data_of(const CachePolicy<P, B>& pol, const CacheOptions& 
   d.global_end = pol.global_end();
   d.chunk_tokens = pol.chunk_tokens();
   for (const PlanSegment<P>& s : pol.segments()) {
-    PackedSegmentData g;
-    g.g0 = s.g0;
-    g.g1 = s.g1;
-    g.is_sink = s.is_sink;
-    g.packed = s.packed;
-    g.chunks = s.chunks;
-    g.span = s.span;
+    PackedSegmentData g;  // the placement fields first, the arrays below
+    std::tie(g.g0, g.g1, g.is_sink, g.packed, g.chunks, g.span) =
+        std::tie(s.g0, s.g1, s.is_sink, s.packed, s.chunks, s.span);
     if (s.packed) {
       g.k_enc = down.enc(s.data.k_enc);
       g.v_enc = down.enc(s.data.v_enc);

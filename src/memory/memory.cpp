@@ -151,7 +151,7 @@ const PolicyStep& PolicyReplay::advance(const JoinDecision& join) {
   // and for an incremental chunk the decision `join` gives (consumed for every
   // incremental chunk, in order; it counts only when the chunk may join).
   const detail::PackPlan plan = m.pol.plan_pack(m.pol.global_end(), n);
-  detail::SpanDecisions decisions(plan, m.args.span_chunks);
+  detail::SpanDecisions decisions = m.pol.span_decisions(plan);
   std::vector<Bytes> encoded;
   for (const detail::EncodeStep& e : plan.encodes) {
     auto role_bytes = [&](CacheRole r) {

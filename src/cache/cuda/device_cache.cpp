@@ -25,6 +25,7 @@
 #include "cache/packed_state_transfer.h"
 #include "cache/snapshot_io.h"
 #include "cache/snapshot_records.h"
+#include "cache/span_execution.h"
 #include "core/file_impl.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
@@ -44,31 +45,13 @@ struct SegData {
   std::shared_ptr<DeviceSpanCodebook> k_book, v_book;  // incremental span chunks only
   std::optional<DeviceEncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
 };
-/// An incremental span's codebooks (K, V), shared by its chunks and, while it is
-/// open, by the policy's span state.
-struct Books {
-  std::shared_ptr<DeviceSpanCodebook> k, v;
-};
+using Books = qvg::detail::SpanBooks<DeviceSpanCodebook>;
 
 using Policy = qvg::detail::CachePolicy<SegData, Books>;
 using Seg = Policy::Segment;
 
-/// What executing an advance's plan made (nothing of the cache changed yet).
-struct Executed {
-  std::vector<SegData> encoded;
-  qvg::detail::SpanDecisions decisions;
-  Books books;  // the open span's codebooks, when one of the call's chunks started it
-  std::optional<DeviceSpanCodebook> open_k, open_v;  // new contents of the cache's open span's codebooks
-  std::optional<DeviceEncodedTensor> warm_k, warm_v;
-};
-/// The open span as the steps executed so far left it.
-struct OpenRun {
-  Books books;
-  bool staged = false;  // they are the cache's and their new contents are Executed::open_k, open_v
-  double k_energy = 0, v_energy = 0;
-  const DeviceSpanCodebook* k(const Executed& x) const { return staged ? &*x.open_k : books.k.get(); }
-  const DeviceSpanCodebook* v(const Executed& x) const { return staged ? &*x.open_v : books.v.get(); }
-};
+using Executed = qvg::detail::ExecutedPlan<SegData, DeviceSpanCodebook, DeviceEncodedTensor>;
+using OpenRun = qvg::detail::OpenRun<DeviceSpanCodebook>;
 
 }  // namespace
 
@@ -145,15 +128,6 @@ struct PackedCausalCache::Impl {
     return encode(in, c, c.init == Init::Warm ? warm : nullptr, s, *alloc);
   }
 
-  // Slots of a span's codebook its first chunk trains and each later chunk adds (the
-  // CPU cache's rule, packed_cache.cpp).
-  int first_chunk_slots(const CodecConfig& c) const {
-    return quant.span_chunks > 1 ? (c.centroids + 1) / 2 : c.centroids;
-  }
-  int later_chunk_slots(const CodecConfig& c) const {
-    return quant.span_chunks > 1 ? (c.centroids - first_chunk_slots(c)) / (quant.span_chunks - 1) : 0;
-  }
-
   /// The residual energies per element of a span chunk's K and V encodes, from the
   /// per-group sums `e` (2 x G doubles, K then V) as the host sums them (groups in
   /// order). Synchronizes `s`.
@@ -182,50 +156,35 @@ struct PackedCausalCache::Impl {
     if (x.decisions.may_join()) {
       DeviceSpanCodebook tk = run.k(x)->copy(s, *alloc), tv = run.v(x)->copy(s, *alloc);
       const bool measure = quant.span_break_ratio > 0;  // with ratio 0 every chunk fits
-      DeviceEncodedTensor k = encode_span_chunk(raw_view(raw, true), codec_k, tk, later_chunk_slots(codec_k), nullptr,
-                                                s, *alloc, measure ? ek : nullptr);
-      DeviceEncodedTensor v = encode_span_chunk(raw_view(raw, false), codec_v, tv, later_chunk_slots(codec_v), nullptr,
-                                                s, *alloc, measure ? ek + G : nullptr);
+      DeviceEncodedTensor k =
+          encode_span_chunk(raw_view(raw, true), codec_k, tk, pol.later_chunk_slots(codec_k.centroids), nullptr, s,
+                            *alloc, measure ? ek : nullptr);
+      DeviceEncodedTensor v =
+          encode_span_chunk(raw_view(raw, false), codec_v, tv, pol.later_chunk_slots(codec_v.centroids), nullptr, s,
+                            *alloc, measure ? ek + G : nullptr);
       bool fits = true;
       if (measure) {
         const auto [k_e, v_e] = energies(e, raw.tokens(), s);
         fits = qvg::detail::fits_open_span(quant.span_break_ratio, k_e, v_e, run.k_energy, run.v_energy);
       }
       if (fits) {
-        d.k_enc = std::move(k);
-        d.v_enc = std::move(v);
-        d.k_book = run.books.k;
-        d.v_book = run.books.v;
-        if (run.books.k == pol.spans().books.k) {  // the cache's codebooks: changed when installed
-          x.open_k = std::move(tk);
-          x.open_v = std::move(tv);
-          run.staged = true;
-        } else {  // a span this call started: not the cache's yet
-          *run.books.k = std::move(tk);
-          *run.books.v = std::move(tv);
-        }
-        x.decisions.decide(true);
+        qvg::detail::join_open_span(d, x, run, pol.spans().books.k.get(), std::move(tk), std::move(tv), std::move(k),
+                                    std::move(v));
         return;
       }
     }
     // A new span: its first chunk trains the first slots of fresh codebooks (warm
     // started, with init = warm, from the previous span's or encoding's codebooks).
     const Shape4 shape{opt.batch, raw.tokens(), opt.heads, opt.head_dim};
-    const DeviceEncodedTensor* wk = run.books.k ? &run.k(x)->book : wk_now;
-    const DeviceEncodedTensor* wv = run.books.v ? &run.v(x)->book : wv_now;
-    if (codec_k.init != Init::Warm) wk = nullptr;
-    if (codec_v.init != Init::Warm) wv = nullptr;
+    const auto [wk, wv] = qvg::detail::new_span_warm(x, run, wk_now, wv_now, codec_k, codec_v);
     auto book_k = std::make_shared<DeviceSpanCodebook>(DeviceSpanCodebook::empty(shape, opt.dtype, codec_k, s, *alloc));
     auto book_v = std::make_shared<DeviceSpanCodebook>(DeviceSpanCodebook::empty(shape, opt.dtype, codec_v, s, *alloc));
-    d.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, first_chunk_slots(codec_k), wk, s, *alloc, ek);
-    d.v_enc =
-        encode_span_chunk(raw_view(raw, false), codec_v, *book_v, first_chunk_slots(codec_v), wv, s, *alloc, ek + G);
+    d.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, pol.first_chunk_slots(codec_k.centroids), wk, s,
+                                *alloc, ek);
+    d.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, pol.first_chunk_slots(codec_v.centroids), wv, s,
+                                *alloc, ek + G);
     const auto [k_e, v_e] = energies(e, raw.tokens(), s);
-    d.k_book = book_k;
-    d.v_book = book_v;
-    run = {{std::move(book_k), std::move(book_v)}, false, k_e, v_e};
-    x.books = run.books;
-    x.decisions.decide(false, run.k_energy, run.v_energy);
+    qvg::detail::start_span(d, x, run, std::move(book_k), std::move(book_v), k_e, v_e);
   }
 
   /// The refinement layers of a just-encoded incremental chunk `d`: its K and V
@@ -248,34 +207,7 @@ struct PackedCausalCache::Impl {
     }
   }
 
-  /// Executes the encodings of an advance's plan, in order, from the raw segments
-  /// before anything changes (the call's own chunk is never part of a step). An
-  /// allocation failure here leaves the cache as it was.
-  Executed execute(const qvg::detail::PackPlan& pp, Stream s) const {
-    Executed x{{}, qvg::detail::SpanDecisions(pp, quant.span_chunks), {}, {}, {}, {}, {}};
-    const std::vector<Seg>& segs = pol.segments();
-    const qvg::detail::OpenSpan<Books>& spans = pol.spans();
-    OpenRun run{spans.books, false, spans.k_energy, spans.v_energy};
-    const DeviceEncodedTensor* wk = warm_k ? &*warm_k : nullptr;  // the warm-start codebooks so far
-    const DeviceEncodedTensor* wv = warm_v ? &*warm_v : nullptr;
-    x.encoded.reserve(pp.encodes.size());
-    for (const qvg::detail::EncodeStep& e : pp.encodes) {
-      std::vector<const Seg*> parts;
-      for (size_t i = e.first; i < e.first + e.count; ++i) parts.push_back(&segs[i]);
-      SegData d;
-      if (e.incremental) {
-        encode_incremental(*parts.front(), d, x, run, wk, wv, s);
-        if (e.refine) refine(*parts.front(), d, *run.k(x), *run.v(x), s);
-      } else {
-        d.k_enc = encode_one(parts, true, wk, s);
-        d.v_enc = encode_one(parts, false, wv, s);
-        if (codec_k.init == Init::Warm) wk = &*(x.warm_k = codebooks_of(d.k_enc, s));
-        if (codec_v.init == Init::Warm) wv = &*(x.warm_v = codebooks_of(d.v_enc, s));
-      }
-      x.encoded.push_back(std::move(d));
-    }
-    return x;
-  }
+  void step_done(const SegData&, Stream) const {}  // execute_plan's last backend member (span_execution.h)
 
   /// Installs an advance: the new chunk `cur` and the executed plan `x`.
   void install(const qvg::detail::PackPlan& pp, SegData cur, Executed&& x) {
@@ -316,7 +248,7 @@ struct PackedCausalCache::Impl {
     if (p.advance) {
       cur.k_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
       cur.v_raw = DeviceBuffer(raw_bytes(n), s, *alloc);
-      executed.emplace(execute(*plan.pack, s));
+      executed.emplace(qvg::detail::execute_plan<Executed>(*this, *plan.pack, s));
     }
     DeviceBuffer new_view;
     if (view_bytes && view.size() != view_bytes) new_view = DeviceBuffer(view_bytes, s, *alloc);
@@ -340,16 +272,18 @@ struct PackedCausalCache::Impl {
     KVView out;
     const Seg& cs = pol.segments().back();
     if (!p.copies) {
-      out.k = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.k_raw.data()), opt, cs.tokens()),
-                                    p.view.tail_start - cs.g0, T, head0, h_in);
-      out.v = qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.v_raw.data()), opt, cs.tokens()),
-                                    p.view.tail_start - cs.g0, T, head0, h_in);
+      out.k =
+          qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.k_raw.data()), opt, cs.tokens()),
+                                p.view.tail_start - cs.g0, T, head0, h_in);
+      out.v =
+          qvg::detail::sub_view(qvg::detail::rows_of(static_cast<const void*>(cs.data.v_raw.data()), opt, cs.tokens()),
+                                p.view.tail_start - cs.g0, T, head0, h_in);
       out.zero_copy = true;
     } else {
       auto* vk = static_cast<std::byte*>(view.data());
       std::byte* vv = vk + view_bytes / 2;
-      const size_t out_row = size_t(h_in * D) * esz;   // one token of the view
-      const size_t view_batch = size_t(T) * out_row;    // one batch of the view
+      const size_t out_row = size_t(h_in * D) * esz;  // one token of the view
+      const size_t view_batch = size_t(T) * out_row;  // one batch of the view
       std::vector<DeviceDecodeTask> tasks;
       std::vector<DeviceRefineTask> refines;
       for (const qvg::detail::ViewPiece& pc : plan.pieces) {
@@ -450,14 +384,30 @@ int64_t PackedCausalCache::span_breaks() const {
 size_t PackedCausalCache::warm_state_nbytes() const {
   return (impl_->warm_k ? impl_->warm_k->nbytes() : 0) + (impl_->warm_v ? impl_->warm_v->nbytes() : 0);
 }
-size_t PackedCausalCache::view_buffer_nbytes() const { return impl_->view.size(); }
-int64_t PackedCausalCache::global_end() const { return impl_->pol.global_end(); }
-int64_t PackedCausalCache::local_end() const { return impl_->pol.local_end(); }
-int64_t PackedCausalCache::cache_size() const { return impl_->opt.cache_size; }
-int64_t PackedCausalCache::attention_window_size() const { return impl_->opt.window(); }
-const QuantArgs& PackedCausalCache::quant_args() const { return impl_->quant; }
-std::optional<int64_t> PackedCausalCache::chunk_tokens() const { return impl_->pol.chunk_tokens(); }
-size_t PackedCausalCache::num_segments() const { return impl_->pol.segments().size(); }
+size_t PackedCausalCache::view_buffer_nbytes() const {
+  return impl_->view.size();
+}
+int64_t PackedCausalCache::global_end() const {
+  return impl_->pol.global_end();
+}
+int64_t PackedCausalCache::local_end() const {
+  return impl_->pol.local_end();
+}
+int64_t PackedCausalCache::cache_size() const {
+  return impl_->opt.cache_size;
+}
+int64_t PackedCausalCache::attention_window_size() const {
+  return impl_->opt.window();
+}
+const QuantArgs& PackedCausalCache::quant_args() const {
+  return impl_->quant;
+}
+std::optional<int64_t> PackedCausalCache::chunk_tokens() const {
+  return impl_->pol.chunk_tokens();
+}
+size_t PackedCausalCache::num_segments() const {
+  return impl_->pol.segments().size();
+}
 
 // ---- snapshots: the state through host memory, the CPU caches' records -------------
 

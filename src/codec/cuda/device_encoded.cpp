@@ -124,24 +124,27 @@ EncodedTensor DeviceEncodedTensor::download(Stream stream) const {
 
 // ---- decode ---------------------------------------------------------------------
 
+namespace {
+
+/// One decode task's kernel arguments, after its checks (InvalidArgument).
+kernels::DecodeArgs decode_task_args(const DeviceDecodeTask& tk) {
+  if (tk.enc == nullptr) throw InvalidArgument("decode task without an encoded tensor");
+  const DeviceEncodedTensor& e = *tk.enc;
+  if (tk.dst.base == nullptr) throw InvalidArgument("decode target base is null");
+  const DeviceEncodedTensor& book = tk.codebook ? *tk.codebook : e;
+  if (book.centroid_data() == nullptr || e.codes_data() == nullptr)
+    throw InvalidArgument("decode task: the encoding has no centroids and no codebook was given, or no codes");
+  if (tk.codebook && (book.shape.b != e.shape.b || book.shape.h != e.shape.h || book.shape.d != e.shape.d ||
+                      book.centroids != e.centroids || book.stages != e.stages || book.dtype != e.dtype))
+    throw InvalidArgument("decode task: the codebook must match the encoding's B, H, D, K, stages and dtype");
+  return range_args("decode", e, book, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst);
+}
+
+}  // namespace
+
 void decode_ranges(const std::vector<DeviceDecodeTask>& tasks, Stream stream) {
   std::vector<kernels::DecodeArgs> kt;
-  kt.reserve(tasks.size());
-  for (const DeviceDecodeTask& tk : tasks) {
-    if (tk.enc == nullptr) throw InvalidArgument("decode task without an encoded tensor");
-    const DeviceEncodedTensor& e = *tk.enc;
-    if (!(0 <= tk.t0 && tk.t0 <= tk.t1 && tk.t1 <= e.shape.s && 0 <= tk.h0 && tk.h0 < tk.h1 && tk.h1 <= e.shape.h))
-      throw InvalidArgument(fmt::format("decode range tokens [{}, {}) heads [{}, {}) is outside the tensor {}", tk.t0,
-                                        tk.t1, tk.h0, tk.h1, e.shape.str()));
-    if (tk.dst.base == nullptr) throw InvalidArgument("decode target base is null");
-    const DeviceEncodedTensor& book = tk.codebook ? *tk.codebook : e;
-    if (book.centroid_data() == nullptr || e.codes_data() == nullptr)
-      throw InvalidArgument("decode task: the encoding has no centroids and no codebook was given, or no codes");
-    if (tk.codebook && (book.shape.b != e.shape.b || book.shape.h != e.shape.h || book.shape.d != e.shape.d ||
-                        book.centroids != e.centroids || book.stages != e.stages || book.dtype != e.dtype))
-      throw InvalidArgument("decode task: the codebook must match the encoding's B, H, D, K, stages and dtype");
-    kt.push_back(range_args(e, book, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst));
-  }
+  for (const DeviceDecodeTask& tk : tasks) kt.push_back(decode_task_args(tk));
   kernels::decode_tasks(kt.data(), int(kt.size()), stream);
 }
 

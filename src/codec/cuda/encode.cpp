@@ -64,19 +64,10 @@ void check_codebook(const EncodingLayout& c, Shape4 sh, const CodecConfig& cfg, 
         what, sh.str(), cfg.centroids, cfg.stages, c.shape.str(), c.centroids, c.stages));
 }
 
-/// The quantizer's arguments for the arrays of `enc` (scratch pointers left to the caller).
-kernels::QuantizeArgs quantize_args(DeviceEncodedTensor& enc, const CodecConfig& cfg, int64_t G, int64_t S, int64_t D,
-                                    int K) {
-  kernels::QuantizeArgs q;
-  q.G = G;
-  q.S = S;
-  q.D = D;
-  q.K = K;
-  q.bits = cfg.bits;
-  q.block = cfg.block_size;
-  q.asymmetric = cfg.asymmetric;
-  q.fp8 = cfg.scale_dtype == ScaleDType::FP8_E4M3;
-  q.two_level = cfg.scaling == Scaling::TwoLevel;
+/// The quantizer's arguments for the arrays of `enc` with K slots (residual inputs
+/// and scratch pointers left to the caller).
+kernels::QuantizeArgs quantize_args(DeviceEncodedTensor& enc, int K) {
+  kernels::QuantizeArgs q = quantize_format(enc, K);
   q.codes = enc.mutable_data(EncodedArray::Codes);
   q.scales = enc.mutable_data(EncodedArray::Scales);
   q.zeros = enc.mutable_data(EncodedArray::Zeros);                                         // nullptr unless asymmetric
@@ -231,7 +222,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
     }
     last_ids = ids;
   }
-  kernels::QuantizeArgs q = quantize_args(enc, cfg, G, S, D, K);
+  kernels::QuantizeArgs q = quantize_args(enc, K);
   q.r = r;
   q.stored = stored;
   q.ids = last_ids;
@@ -290,16 +281,12 @@ DeviceEncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded
 
 void add_refinements(const std::vector<DeviceRefineTask>& tasks, Stream stream) {
   std::vector<kernels::DecodeArgs> kt;
-  kt.reserve(tasks.size());
   for (const DeviceRefineTask& tk : tasks) {
     if (tk.ref == nullptr) throw InvalidArgument("refinement task without a layer");
     const DeviceEncodedTensor& e = *tk.ref;
     if (e.dtype != DType::F32 || e.stages != 1 || e.centroids != 1 || e.parts() != EncodedParts::All)
       throw InvalidArgument("refinement task: the layer must come from encode_refinement");
-    if (!(0 <= tk.t0 && tk.t0 <= tk.t1 && tk.t1 <= e.shape.s && 0 <= tk.h0 && tk.h0 < tk.h1 && tk.h1 <= e.shape.h))
-      throw InvalidArgument(fmt::format("refinement range tokens [{}, {}) heads [{}, {}) is outside the layer {}",
-                                        tk.t0, tk.t1, tk.h0, tk.h1, e.shape.str()));
-    kt.push_back(range_args(e, e, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst));
+    kt.push_back(range_args("refinement", e, e, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst));
   }
   kernels::refine_tasks(kt.data(), int(kt.size()), stream);
 }

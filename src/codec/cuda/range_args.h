@@ -4,16 +4,23 @@
 
 #include <cstdint>
 
+#include <fmt/format.h>
+
 #include "kernels/cuda/host.h"
 #include "qvg/cuda.h"
+#include "qvg/error.h"
 
 namespace qvg::cuda {
 
 /// The decode kernel's arguments for tokens [t0, t1), heads [h0, h1) of `e` into
 /// `dst`, the centroids taken from `book` (e itself, or an incremental span's codebook).
-/// REQUIRES the range checked against e by the caller.
-inline kernels::DecodeArgs range_args(const DeviceEncodedTensor& e, const DeviceEncodedTensor& book, int64_t t0,
-                                      int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst) {
+/// InvalidArgument, naming `what` (the task's kind: "decode", "refinement"), for a
+/// range outside e.
+inline kernels::DecodeArgs range_args(const char* what, const DeviceEncodedTensor& e, const DeviceEncodedTensor& book,
+                                      int64_t t0, int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst) {
+  if (!(0 <= t0 && t0 <= t1 && t1 <= e.shape.s && 0 <= h0 && h0 < h1 && h1 <= e.shape.h))
+    throw InvalidArgument(fmt::format("{} range tokens [{}, {}) heads [{}, {}) is outside the encoding {}", what, t0,
+                                      t1, h0, h1, e.shape.str()));
   kernels::DecodeArgs t = decode_args(e, {e.codes_data(), e.scales_data(), e.zeros_data(), e.scale_factor_data(),
                                           e.zero_factor_data(), e.ids_data(), book.centroid_data()});
   t.t0 = int32_t(t0);

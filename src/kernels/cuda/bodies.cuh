@@ -460,12 +460,16 @@ QVG_HD float decoded_value(const DecodeArgs& T, int b, int h, int t, int d) {
   return acc;
 }
 
+/// The element index of channel d of token t of group (b, h) in the task's target.
+QVG_HD int64_t target_index(const DecodeArgs& T, int b, int h, int t, int d) {
+  return int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * T.D + d;
+}
+
 /// Decodes channel d of token t of group (b, h) into the task's target (any D/block).
 QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
-  const int D = T.D;
   const float acc = decoded_value(T, b, h, t, d);
-  const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + d;
+  const int64_t e = target_index(T, b, h, t, d);
   if (T.out_dtype == A::kF32)
     store_as<float>(static_cast<float*>(T.out) + e, acc);
   else

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
+#include "kernels/cuda/encode_bodies.cuh"
 #include "qvg/encoding_layout.h"
 #include "qvg/tensor.h"
 
@@ -55,6 +56,23 @@ inline kernels::DecodeArgs decode_args(const EncodingLayout& l, const EncodedArr
           .asymmetric = int8_t(l.asymmetric ? 1 : 0),
           .fp8 = int8_t(l.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 0),
           .centroid_dtype = int8_t(arith_dtype(l.dtype))};
+}
+
+/// The quantizer's shape and format fields for an encoding with layout `l` whose
+/// last stage has `K` codebook slots. The arrays (codes, scales, ...), the residual
+/// inputs (r, stored, ids) and the scratch are left for the caller.
+inline kernels::QuantizeArgs quantize_format(const EncodingLayout& l, int K) {
+  kernels::QuantizeArgs q;
+  q.G = l.groups();
+  q.S = l.shape.s;
+  q.D = l.shape.d;
+  q.K = K;
+  q.bits = l.bits;
+  q.block = l.block_size;
+  q.asymmetric = l.asymmetric;
+  q.fp8 = l.scale_dtype == ScaleDType::FP8_E4M3;
+  q.two_level = l.two_level();
+  return q;
 }
 
 }  // namespace qvg::cuda

@@ -172,10 +172,8 @@ QVG_HD float refinement_error(const void* x, const void* decoded, int t, float l
 /// decode_range on the host.
 QVG_HD void refine_one(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
-  const int D = T.D;
-  const float acc = decoded_value(T, b, h, t, d);
-  const int64_t e = int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * D + d;
-  const float v = A::add_rn(A::load_elem(T.out, T.out_dtype, e), acc);
+  const int64_t e = target_index(T, b, h, t, d);
+  const float v = A::add_rn(A::load_elem(T.out, T.out_dtype, e), decoded_value(T, b, h, t, d));
   if (T.out_dtype == A::kF32)
     static_cast<float*>(T.out)[e] = v;
   else
