@@ -395,7 +395,7 @@ TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
     a.span_chunks = 8;
     a.span_mode = SpanMode::Incremental;
     const ModelPreset& p = find_model_preset(w.model);
-    a.sink_span = p.sink_span;
+    a.sink_span = p.sink_policy;
     for (int keep : {0, 1}) {
       a.keep_recent_chunks = keep;
       const MemoryReport r = memory_report(MemoryShape::of(p), a);

@@ -268,7 +268,7 @@ TEST(Profiles, RecommendedPeaksNoHigherThanTheEnginesDefault) {
     engine.bits = 2;
     engine.apply_profile("reference");
     rec.apply_profile("recommended");
-    engine.sink_span = rec.sink_span = preset.sink_span;
+    engine.sink_span = rec.sink_span = preset.sink_policy;
     const MemoryShape s = MemoryShape::of(preset);
     const MemoryReport e = memory_report(s, engine), r = memory_report(s, rec);
     EXPECT_LE(r.policy_peak_bytes, e.policy_peak_bytes) << name;

@@ -761,9 +761,9 @@ TEST(SnapshotFormat, RefinementLayersAreFormat1_4AndRefusedWhereTheCacheWouldHol
   };
   // A configuration under which the cache would hold other layers than the file.
   refused(with_entry(good, "config", i64_entry("refine_recent", 3)), "state",
-          "lacks refinement layers; with refine_recent = 3 exactly the 3 newest");
+          "lacks refinement layers; exactly the 3 newest chunks of incremental spans hold them");
   refused(with_entry(good, "config", i64_entry("refine_recent", 1)), "state",
-          "holds refinement layers; with refine_recent = 1 exactly the 1 newest");
+          "holds refinement layers; exactly the 1 newest chunks of incremental spans hold them");
   // refine_recent = 0: the segment's flag 0x2 is refused where it is read.
   const std::string m0 = error_of(
       [&] { (void)PackedCausalCache::from_snapshot_bytes(with_entry(good, "config", i64_entry("refine_recent", 0))); },

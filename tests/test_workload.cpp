@@ -52,7 +52,7 @@ TEST(WorkloadPresets, TableOfWorkloadMd) {
   EXPECT_FALSE(find_model_preset("self-forcing-1.3b").assumed.context);
   EXPECT_TRUE(find_model_preset("self-forcing-1.3b").assumed.sink);
   EXPECT_TRUE(find_model_preset("longcat-video-13.6b").assumed.frames_per_chunk);
-  EXPECT_EQ(find_model_preset("longcat-video-13.6b").sink_span, SinkSpan::Full);
+  EXPECT_EQ(find_model_preset("longcat-video-13.6b").sink_policy, SinkSpan::Full);
   EXPECT_EQ(assumed_mark(true), " (a)");
   EXPECT_EQ(assumed_mark(false), "");
   try {

@@ -43,7 +43,7 @@ struct CompareConfig {
   /// How the qvg codec encodes the context's chunks: deferred = one span trained on
   /// all of them; incremental = chunk by chunk into one growing span codebook, as
   /// the packed cache's incremental spans do (docs/spans.md).
-  SpanMode span_mode = SpanMode::Deferred;
+  SpanMode spans = SpanMode::Deferred;
   int threads = 0;
 
   void validate() const;  ///< InvalidArgument naming the field

@@ -29,12 +29,14 @@
 // spans with adaptive breaks, refinement layers, init warm, scale_search mse,
 // per-role K/V settings. Not supported (typed errors, raised before any state
 // change): a shared CacheOptions::view_scratch (host memory; Unsupported),
-// allow_growth (Unsupported, as on the CPU). With span_mode incremental, an advance
-// that starts a span or (span_break_ratio > 0) measures a chunk's fit synchronizes
+// allow_growth (Unsupported, as on the CPU). With incremental spans, an advance
+// that starts a span or (with a break ratio above 0) measures a chunk's fit synchronizes
 // `stream` once more per chunk, to read the residual energies.
 //
-// NOT YET VERIFIED ON A GPU: this cache compiles and its bookkeeping is tested on
-// the host against the CPU cache, but it has not run on a GPU (docs/cuda.md).
+// Run on an H200 (2026-12-04, docs/gpu-runs/): equal to the CPU caches' decode of
+// its state on every tested setting; the bookkeeping is also tested on the host
+// against the CPU cache. Changed since that run and not yet run on a GPU: see
+// docs/cuda.md.
 #pragma once
 
 #include <cstddef>
@@ -117,7 +119,7 @@ class PackedCausalCache : public CacheDims {
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
   /// As qvg::PackedCausalCache: spans started because a chunk did not fit the open
-  /// one (span_break_ratio), and the bytes of the warm-start codebooks held (init warm).
+  /// one (the break ratio), and the bytes of the warm-start codebooks held (init warm).
   int64_t span_breaks() const;
   size_t warm_state_nbytes() const;
 
@@ -207,10 +209,6 @@ class DenseCausalCache : public CacheDims {
   size_t resident_nbytes() const;
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
-  /// As qvg::PackedCausalCache: spans started because a chunk did not fit the open
-  /// one (span_break_ratio), and the bytes of the warm-start codebooks held (init warm).
-  int64_t span_breaks() const;
-  size_t warm_state_nbytes() const;
   int64_t global_end() const;
   int64_t local_end() const;
   int64_t cache_size() const;  ///< current size (grows with allow_growth)

@@ -36,7 +36,7 @@ namespace qvg {
 /// One qvg configuration: K's and V's codec settings and the span length.
 struct FrontierCodec {
   CodecConfig k, v;
-  int span_chunks = 0;  ///< chunks per span (each its own codebook), oldest first; 0 = the whole context
+  int chunks_per_span = 0;  ///< chunks per span (each its own codebook), oldest first; 0 = the whole context
   /// "k: bits=2 ... | v: ... | span=all" (only what differs from the reference when `short_form`).
   std::string describe(bool short_form = false) const;
   bool operator==(const FrontierCodec&) const = default;

@@ -76,6 +76,15 @@ std::string setting_text(const SettingValue& v);
 /// (a single-field check; cross-field rules stay in QuantArgs::validate).
 void check_setting(const Setting& s, const SettingValue& v, std::string_view what);
 
+/// The rules across policy settings (QuantArgs::validate calls it; single fields are
+/// check_setting's): refinement layers need incremental spans. InvalidArgument
+/// naming both settings.
+void check_policy_settings(const QuantArgs& q);
+
+/// The names of the rows that are also fields of the engine's own QVGKVQuantArgs
+/// (SGLang): an object with all of them is accepted as the engine's settings.
+std::span<const std::string_view> engine_quant_fields();
+
 /// True when q's value of s is the default QuantArgs' value.
 bool is_default(const Setting& s, const QuantArgs& q);
 /// The cache policy of the `recommended` profile (QuantArgs::apply_profile calls it):

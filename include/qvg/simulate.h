@@ -66,8 +66,9 @@ PackedConfig default_packed_config();
 /// The engine's default configuration, as its flags give it with `kv_cache_quant=int2`
 /// alone and the reference profile's codec (issue 25's baseline): int2, 128 centroids,
 /// block 64, 1 stage, 2 k-means iterations, compat scaling, fp8 scales, spans of one
-/// chunk (deferred), keep_recent 1, the sink packed with `sink_span`; label "engine".
-PackedConfig engine_default_packed_config(SinkSpan sink_span);
+/// chunk (deferred), keep_recent 1, the sink packed as `model` does
+/// (ModelPreset::policy_defaults); label "engine".
+PackedConfig engine_default_packed_config(const ModelPreset& model);
 
 /// What to simulate. Defaults are the embedded default run of `qvg simulate`.
 struct SimulationConfig {

@@ -68,7 +68,7 @@ struct ModelPreset {
   int frames_per_chunk = 0;
   int context_frames = 0;                ///< history one layer's cache holds while a chunk is generated (sink included)
   int sink_frames = 0;                   ///< leading frames kept forever (0: no sink)
-  SinkSpan sink_span = SinkSpan::Chunk;  ///< the sink policy the model runs with
+  SinkSpan sink_policy = SinkSpan::Chunk;  ///< how the model packs its sink (policy_defaults())
   /// Leading channels with 3D RoPE (even, <= head_dim; the rest is not rotated), split as
   /// Wan does: height and width get 2*(rope_dims/6) channels each, time the rest;
   /// channel pairs (2i, 2i+1) turn together.
@@ -104,6 +104,11 @@ struct ModelPreset {
   /// crop of the full-size scene with the same local statistics.
   /// Throws InvalidArgument unless 0 < s <= 1.
   ModelPreset scaled(double s) const;
+  /// QuantArgs{} with the settings this model chooses (its sink policy): the defaults
+  /// the CLI and the simulator start from for this model.
+  QuantArgs policy_defaults() const;
+  /// Whether the model presets choose the setting `name`'s default (policy_defaults).
+  static bool chooses(std::string_view name);
 
   /// Throws InvalidArgument naming the field unless every value is in range.
   void validate() const;

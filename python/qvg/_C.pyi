@@ -38,6 +38,8 @@ class QuantArgs:
 def quant_args_from_flags(flags: dict[str, str], /) -> dict[str, Any]: ...
 def quant_settings() -> list[tuple[str, str, str, bool, Any, str]]:
     """The settings table: (name, flag suffix, kind, per_role, default, allowed) per setting."""
+def engine_quant_fields() -> list[str]:
+    """The settings that are also fields of the engine's (SGLang's) QVGKVQuantArgs."""
 
 class DenseDebugState:
     def __eq__(self, other: object, /) -> bool: ...

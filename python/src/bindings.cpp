@@ -485,6 +485,14 @@ PYBIND11_MODULE(_C, m) {
       "The engine's flat kv_cache_quant* flags (strings) -> validated fields (spec 2).");
   m.def("quant_settings", &quant_settings_list,
         "The settings table (qvg/settings.h): (name, flag suffix, kind, per_role, default, allowed) per setting.");
+  m.def(
+      "engine_quant_fields",
+      [] {
+        std::vector<std::string> out;
+        for (const std::string_view f : qvg::engine_quant_fields()) out.emplace_back(f);
+        return out;
+      },
+      "The settings that are also fields of the engine's (SGLang's) QVGKVQuantArgs.");
 
   py::class_<qvg::detail::DenseDebugState>(m, "DenseDebugState")
       .def("__eq__",

@@ -86,15 +86,42 @@ struct PackedPlan {
   std::vector<ViewPiece> pieces;
 };
 
+// ---- the policy's rules over its settings ------------------------------------
+// One home for what the policy settings of QuantArgs mean: the caches, the memory
+// model and the snapshot reader's invariant checks ask these (or CachePolicy) rather
+// than reading the fields, so that a setting is named by its row, its member, the
+// policy and the memory model only (scripts/check-setting-names.py).
+
+/// Completed chunks are encoded one at a time into incremental spans (docs/spans.md)
+/// rather than in whole deferred spans.
+inline bool incremental_spans(const QuantArgs& q) { return q.span_mode == SpanMode::Incremental; }
+/// Encoded chunks of incremental spans get refinement layers.
+inline bool refines(const QuantArgs& q) { return q.refine_recent > 0; }
+/// The most chunks one span holds (one codebook).
+inline int64_t span_capacity(const QuantArgs& q) { return q.span_chunks; }
+/// The packed sink is one span of the whole sink (else one span per sink chunk), so
+/// no raw sink chunk follows a packed one.
+inline bool sink_packed_whole(const QuantArgs& q) { return q.sink_span == SinkSpan::Full; }
+/// A chunk's fit to the open span is measured (a break ratio above 0); else every
+/// chunk that may join fits.
+inline bool measures_span_fit(const QuantArgs& q) { return q.span_break_ratio > 0; }
+/// fits_open_span (packed_plan.h) under q's break ratio.
+inline bool fits_open_span(const QuantArgs& q, double k_energy, double v_energy, double ref_k, double ref_v) {
+  return fits_open_span(q.span_break_ratio, k_energy, v_energy, ref_k, ref_v);
+}
+/// How many of the newest chunks holding refinement layers keep them.
+inline int64_t refined_chunks_kept(const QuantArgs& q) { return q.refine_recent; }
+
 /// The aging rule of refinement layers (one home: plan_pack and the snapshot reader):
-/// over segments 0..n-1, newest first, a segment's layers go once `refine_recent`
-/// newer segments hold layers. `holds(i)`: segment i holds layers; `drop(i)` is called
-/// for each whose layers go, newest first.
+/// over segments 0..n-1, newest first, a segment's layers go once
+/// refined_chunks_kept(q) newer segments hold layers. `holds(i)`: segment i holds
+/// layers; `drop(i)` is called for each whose layers go, newest first.
 template <class Holds, class Drop>
-void age_refinements(size_t n, int64_t refine_recent, Holds&& holds, Drop&& drop) {
+void age_refinements(const QuantArgs& q, size_t n, Holds&& holds, Drop&& drop) {
+  const int64_t keep = refined_chunks_kept(q);
   int64_t newer = 0;
   for (size_t i = n; i-- > 0;)
-    if (holds(i) && ++newer > refine_recent) drop(i);
+    if (holds(i) && ++newer > keep) drop(i);
 }
 
 template <class P, class Books = NoBooks>
@@ -126,12 +153,13 @@ class CachePolicy {
   /// rest shared out evenly): a later chunk adds centroids fitted to itself, so
   /// content that drifts within a span (motion, the time channels of rotary
   /// embedding) still finds its own centroids, while the span stores one codebook.
-  int first_chunk_slots(int centroids) const { return quant_.span_chunks > 1 ? (centroids + 1) / 2 : centroids; }
+  int first_chunk_slots(int centroids) const { return span_capacity(quant_) > 1 ? (centroids + 1) / 2 : centroids; }
   int later_chunk_slots(int centroids) const {
-    return quant_.span_chunks > 1 ? (centroids - first_chunk_slots(centroids)) / (quant_.span_chunks - 1) : 0;
+    const int64_t n = span_capacity(quant_);
+    return n > 1 ? int((centroids - first_chunk_slots(centroids)) / (n - 1)) : 0;
   }
   /// Phase 2 of plan `p` (its incremental chunks' spans, packed_plan.h).
-  SpanDecisions span_decisions(const PackPlan& p) const { return SpanDecisions(p, quant_.span_chunks); }
+  SpanDecisions span_decisions(const PackPlan& p) const { return SpanDecisions(p, int(span_capacity(quant_))); }
 
   /// Takes over a saved state (snapshots): the segments (with their span ids and
   /// refined flags), the cursors and the span state. REQUIRES it valid for this
@@ -208,7 +236,7 @@ class CachePolicy {
     pp.after.push_back(
         {PlannedSegment::Source::Current, 0, start, start + n, start < opt_.sink_tokens, false, false, 1});
     age_refinements(
-        pp.after.size(), quant_.refine_recent, [&](size_t i) { return pp.after[i].refined; },
+        quant_, pp.after.size(), [&](size_t i) { return pp.after[i].refined; },
         [&](size_t i) {
           pp.after[i].refined = false;
           pp.drop_refinement.push_back(i);
@@ -334,7 +362,7 @@ class CachePolicy {
         e.chunks += segs_[kept[j]].chunks;
       }
       e.incremental = incremental;
-      e.refine = incremental && quant_.refine_recent > 0;
+      e.refine = incremental && refines(quant_);
       pp.encodes.push_back(e);
     };
     if (quant_.sink) {

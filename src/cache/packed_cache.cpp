@@ -187,8 +187,7 @@ struct PackedCausalCache::Impl {
           encode_span_chunk(raw_view(raw, true), codec_k, tk, pol.later_chunk_slots(codec_k.centroids), nullptr, &sk);
       EncodedTensor v =
           encode_span_chunk(raw_view(raw, false), codec_v, tv, pol.later_chunk_slots(codec_v.centroids), nullptr, &sv);
-      if (detail::fits_open_span(quant.span_break_ratio, energy_per_element(sk), energy_per_element(sv), run.k_energy,
-                                 run.v_energy)) {
+      if (detail::fits_open_span(quant, energy_per_element(sk), energy_per_element(sv), run.k_energy, run.v_energy)) {
         detail::join_open_span(d, x, run, pol.spans().books.k.get(), std::move(tk), std::move(tv), std::move(k),
                                std::move(v));
         meter.add(data_bytes(d));

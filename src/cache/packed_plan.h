@@ -153,12 +153,13 @@ inline bool fits_open_span(double ratio, double k_energy, double v_energy, doubl
 }
 
 /// Phase 2: the incremental chunks of one PackPlan, one at a time in encoding order.
-/// A chunk may join the open span when there is one, it has room (span_chunks) and
-/// it holds the chunk's predecessor; a chunk that does not join starts the next span.
+/// A chunk may join the open span when there is one, it has room (fewer chunks than
+/// the policy's span_capacity) and it holds the chunk's predecessor; a chunk that
+/// does not join starts the next span.
 class SpanDecisions {
  public:
-  SpanDecisions(const PackPlan& p, int span_chunks)
-      : cursor_(p.spans), follows_(p.follows_open), span_chunks_(span_chunks), planned_(p.incremental_chunks()) {}
+  SpanDecisions(const PackPlan& p, int capacity)
+      : cursor_(p.spans), follows_(p.follows_open), span_chunks_(capacity), planned_(p.incremental_chunks()) {}
 
   /// Whether the next incremental chunk may join the open span (span cursor()).
   bool may_join() const { return follows_ && cursor_.open >= 0 && cursor_.open_chunks < span_chunks_; }

@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "cache/cache_common.h"
+#include "cache/cache_policy.h"
 #include "cache/snapshot_config.h"
 #include "cache/snapshot_encoding.h"
 #include "cache/snapshot_entries.h"
@@ -35,7 +36,7 @@ KvWriter state_entries(const PackedStateRef& st) {
   kv.opt_i64("chunk_tokens", st.chunk_tokens);
   kv.i64("segments", int64_t(st.segments.size()));
   kv.boolean("warm", st.warm_k != nullptr);
-  if (st.quant.span_mode == SpanMode::Incremental) {
+  if (incremental_spans(st.quant)) {
     const SpanState& ss = st.span_state;
     kv.i64("spans", int64_t(st.spans.size()));
     kv.i64("open_span", ss.open_span);
@@ -54,7 +55,7 @@ Counts get_state(KvReader kv, PackedStateData& d) {
   d.chunk_tokens = kv.opt_i64("chunk_tokens");
   n.segments = kv.i64("segments");
   n.warm = kv.boolean("warm");
-  if (d.quant.span_mode == SpanMode::Incremental) {
+  if (incremental_spans(d.quant)) {
     SpanState& ss = d.span_state;
     n.spans = kv.i64("spans");
     ss.open_span = kv.i64("open_span");
@@ -209,11 +210,11 @@ PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std::string&
   if (flags & ~known)
     r.fail(fmt::format("flags 0x{:x}: format {}.{} defines {} (a newer qvg may have written them)", flags,
                        kSnapshotMajor, minor, flags_text(known)));
-  if ((flags & kFlagRefined) && (!(flags & kFlagSpanChunk) || q.refine_recent == 0))
+  if ((flags & kFlagRefined) && (!(flags & kFlagSpanChunk) || !refines(q)))
     r.fail(
         fmt::format("a refined segment (flag 0x{:x}) must be a chunk of an incremental span (flag 0x{:x}) of a cache "
-                    "with refine_recent > 0 (flags 0x{:x}, refine_recent = {})",
-                    kFlagRefined, kFlagSpanChunk, flags, q.refine_recent));
+                    "that refines (flags 0x{:x}; settings {})",
+                    kFlagRefined, kFlagSpanChunk, flags, q.describe()));
   if (s.g0 < 0 || s.g1 <= s.g0 || s.g1 > kMaxPosition)
     r.fail(fmt::format("token range [{}, {}) is empty or out of [0, 2^60]", s.g0, s.g1));
   if (chunks < 1 || chunks > uint32_t(INT32_MAX)) r.fail(fmt::format("chunks = {}, must be >= 1", chunks));
@@ -222,14 +223,14 @@ PackedSegmentData get_segment(std::span<const uint8_t> bytes, const std::string&
     r.fail(fmt::format("is_sink = {} for a segment starting at {} (sink_tokens = {})", s.is_sink, s.g0, o.sink_tokens));
   if (flags & kFlagSpanChunk) {
     s.span = r.get<int64_t>("span");
-    if (q.span_mode != SpanMode::Incremental || !s.packed || s.is_sink || s.chunks != 1 || s.span < 0)
+    if (!incremental_spans(q) || !s.packed || s.is_sink || s.chunks != 1 || s.span < 0)
       r.fail(
-          fmt::format("a chunk of span {} must be one packed non-sink chunk (chunks = 1) of a cache with span_mode "
-                      "= incremental, and its span id >= 0 (packed = {}, is_sink = {}, chunks = {}, span_mode = {})",
-                      s.span, s.packed, s.is_sink, s.chunks, name(q.span_mode)));
-  } else if (s.packed && !s.is_sink && q.span_mode == SpanMode::Incremental) {
+          fmt::format("a chunk of span {} must be one packed non-sink chunk (chunks = 1) of a cache with incremental "
+                      "spans, and its span id >= 0 (packed = {}, is_sink = {}, chunks = {}; settings {})",
+                      s.span, s.packed, s.is_sink, s.chunks, q.describe()));
+  } else if (s.packed && !s.is_sink && incremental_spans(q)) {
     r.fail(fmt::format(
-        "a packed non-sink segment of a cache with span_mode = incremental must be a chunk of a span (flag 0x{:x})",
+        "a packed non-sink segment of a cache with incremental spans must be a chunk of a span (flag 0x{:x})",
         kFlagSpanChunk));
   }
   const int64_t n = s.g1 - s.g0;

@@ -71,7 +71,7 @@ void check_coverage(const PackedStateData& d, const WindowRanges& w) {
 }
 
 // Encoding order: packed non-sink spans come before raw non-sink chunks (oldest
-// first); with sink_span = full no raw sink chunk follows a packed one.
+// first); with the whole sink packed as one span no raw sink chunk follows a packed one.
 void check_encoding_order(const PackedStateData& d) {
   bool raw_nonsink = false, packed_sink = false;
   for (size_t i = 0; i < d.segments.size(); ++i) {
@@ -80,47 +80,49 @@ void check_encoding_order(const PackedStateData& d) {
       if (s.packed && raw_nonsink) bad(fmt::format("packed segment {} follows a raw non-sink chunk", i));
       raw_nonsink = raw_nonsink || !s.packed;
     } else {
-      if (!s.packed && packed_sink && d.quant.sink_span == SinkSpan::Full)
-        bad(fmt::format("raw sink segment {} follows the packed sink span (sink_span = full)", i));
+      if (!s.packed && packed_sink && sink_packed_whole(d.quant))
+        bad(fmt::format("raw sink segment {} follows the packed sink span (the sink is packed whole: {})", i,
+                        d.quant.describe()));
       packed_sink = packed_sink || s.packed;
     }
   }
 }
 
 // Refinement layers (format 1.4): every chunk of an incremental span gets layers when
-// it is encoded (refine_recent > 0), and the policy's aging rule (age_refinements)
-// frees the older ones': exactly the chunks it keeps hold them.
+// it is encoded (refines()), and the policy's aging rule (age_refinements) frees the
+// older ones': exactly the chunks it keeps hold them.
 void check_refinements(const PackedStateData& d) {
   const auto& segs = d.segments;
   std::vector<bool> kept(segs.size());
   for (size_t i = 0; i < segs.size(); ++i) kept[i] = segs[i].span >= 0;
   age_refinements(
-      segs.size(), d.quant.refine_recent, [&](size_t i) { return segs[i].span >= 0; },
-      [&](size_t i) { kept[i] = false; });
-  const int64_t keep = d.quant.refine_recent;
+      d.quant, segs.size(), [&](size_t i) { return segs[i].span >= 0; }, [&](size_t i) { kept[i] = false; });
+  const int64_t keep = refined_chunks_kept(d.quant);
   for (size_t i = segs.size(); i-- > 0;)
     if (segs[i].span >= 0 && segs[i].k_ref.has_value() != kept[i])
       bad(
-          fmt::format("segment {} {} refinement layers; with refine_recent = {} exactly the {} newest chunks of "
-                      "incremental spans hold them",
-                      i, segs[i].k_ref ? "holds" : "lacks", keep, keep));
+          fmt::format("segment {} {} refinement layers; exactly the {} newest chunks of incremental spans hold "
+                      "them ({})",
+                      i, segs[i].k_ref ? "holds" : "lacks", keep, d.quant.describe()));
 }
 
 // The incremental-span bookkeeping against the segments and span sections
-// (docs/snapshot.md): ids in order, a span's chunks adjacent and at most span_chunks
-// of them, every span section used, the open span the last one started.
+// (docs/snapshot.md): ids in order, a span's chunks adjacent and at most
+// span_capacity() of them, every span section used, the open span the last one started.
 void check_span_state(const PackedStateData& d) {
   const QuantArgs& q = d.quant;
   const SpanState& ss = d.span_state;
-  if (q.span_mode != SpanMode::Incremental) return;  // no span state (entries and sections absent)
+  if (!incremental_spans(q)) return;  // no span state (entries and sections absent)
+  const int64_t capacity = span_capacity(q);
   if (ss.next_span < 0 || ss.next_span > kMaxPosition)
     bad(fmt::format("next_span = {} is out of [0, 2^60]", ss.next_span));
   if (ss.open_span != ss.next_span - 1)
     bad(fmt::format("open_span = {} must be the last span started (next_span - 1 = {})", ss.open_span,
                     ss.next_span - 1));
-  if (ss.open_span < 0 ? ss.open_span_chunks != 0 : ss.open_span_chunks < 1 || ss.open_span_chunks > q.span_chunks)
-    bad(fmt::format("open_span_chunks = {} is out of [{}, {}] (open_span = {}, span_chunks = {})", ss.open_span_chunks,
-                    ss.open_span < 0 ? 0 : 1, ss.open_span < 0 ? 0 : q.span_chunks, ss.open_span, q.span_chunks));
+  if (ss.open_span < 0 ? ss.open_span_chunks != 0 : ss.open_span_chunks < 1 || ss.open_span_chunks > capacity)
+    bad(fmt::format("open_span_chunks = {} is out of [{}, {}] (open_span = {}; a span holds at most {} chunks)",
+                    ss.open_span_chunks, ss.open_span < 0 ? 0 : 1, ss.open_span < 0 ? 0 : capacity, ss.open_span,
+                    capacity));
   if (ss.span_breaks < 0 || ss.span_breaks > std::max<int64_t>(0, ss.next_span - 1))
     bad(fmt::format("span_breaks = {} is out of [0, {}] (every break starts one of the {} spans after the first)",
                     ss.span_breaks, std::max<int64_t>(0, ss.next_span - 1), ss.next_span));
@@ -132,8 +134,8 @@ void check_span_state(const PackedStateData& d) {
     bad(fmt::format("the open span {} has no span section (the last one)", ss.open_span));
   for (const PackedSpanData& sp : d.spans)
     if (sp.id >= ss.next_span) bad(fmt::format("span {} is not below next_span = {}", sp.id, ss.next_span));
-  // Chunks: spans oldest first, each span's chunks adjacent, at most span_chunks (the
-  // open span: open_span_chunks, some of them maybe evicted).
+  // Chunks: spans oldest first, each span's chunks adjacent, at most span_capacity()
+  // (the open span: open_span_chunks, some of them maybe evicted).
   std::vector<bool> used(d.spans.size(), false);
   const auto& segs = d.segments;
   int64_t last = -1, run = 0;
@@ -147,7 +149,7 @@ void check_span_state(const PackedStateData& d) {
                       i, id, last));
     run = id == last ? run + 1 : 1;
     last = id;
-    const int64_t limit = id == ss.open_span ? ss.open_span_chunks : q.span_chunks;
+    const int64_t limit = id == ss.open_span ? ss.open_span_chunks : capacity;
     if (run > limit) bad(fmt::format("span {} has more than {} chunks (segment {})", id, limit, i));
     const auto sp = std::lower_bound(d.spans.begin(), d.spans.end(), id,
                                      [](const PackedSpanData& a, int64_t x) { return a.id < x; });

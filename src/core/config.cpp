@@ -22,8 +22,6 @@ constexpr EnumName<ScaleDType> kScaleDTypes[] = {
 constexpr EnumName<Scaling> kScalings[] = {{Scaling::TwoLevel, "two_level"}, {Scaling::Compat, "compat"}};
 constexpr EnumName<Init> kInits[] = {
     {Init::Random, "random"}, {Init::KMeansPlusPlus, "kmeans++"}, {Init::KMeansPlusPlus, "kmeanspp"}, {Init::Warm, "warm"}};
-constexpr EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
-constexpr EnumName<SpanMode> kSpanModes[] = {{SpanMode::Deferred, "deferred"}, {SpanMode::Incremental, "incremental"}};
 constexpr EnumName<ScaleSearch> kScaleSearches[] = {{ScaleSearch::Off, "off"}, {ScaleSearch::Mse, "mse"}};
 constexpr EnumName<CacheRole> kCacheRoles[] = {{CacheRole::Key, "k"}, {CacheRole::Value, "v"}};
 }  // namespace
@@ -31,8 +29,6 @@ constexpr EnumName<CacheRole> kCacheRoles[] = {{CacheRole::Key, "k"}, {CacheRole
 std::string_view name(ScaleDType v) { return detail::name_in(kScaleDTypes, v); }
 std::string_view name(Scaling v) { return detail::name_in(kScalings, v); }
 std::string_view name(Init v) { return detail::name_in(kInits, v); }
-std::string_view name(SinkSpan v) { return detail::name_in(kSinkSpans, v); }
-std::string_view name(SpanMode v) { return detail::name_in(kSpanModes, v); }
 std::string_view name(ScaleSearch v) {
   return detail::name_in(kScaleSearches, v);
 }
@@ -48,10 +44,6 @@ ScaleDType parse_scale_dtype(std::string_view s) {
 }
 Scaling parse_scaling(std::string_view s) { return detail::parse_in(kScalings, s, "scaling", "two_level, compat"); }
 Init parse_init(std::string_view s) { return detail::parse_in(kInits, s, "init", "random, kmeans++, warm"); }
-SinkSpan parse_sink_span(std::string_view s) { return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full"); }
-SpanMode parse_span_mode(std::string_view s) {
-  return detail::parse_in(kSpanModes, s, "span_mode", "deferred, incremental");
-}
 
 int max_threads() { return std::max(16, 4 * omp_get_num_procs()); }
 
@@ -165,11 +157,7 @@ void QuantArgs::validate() const {
                                         r.describe(role == CacheRole::Key ? "k_" : "v_"), e.what()));
     }
   }
-  if (refine_recent > 0 && span_mode != SpanMode::Incremental)
-    throw InvalidArgument(fmt::format(
-        "refine_recent must be 0 unless span_mode is incremental (a refinement layer belongs to a chunk encoded on "
-        "its own), got refine_recent = {} with span_mode = {}",
-        refine_recent, name(span_mode)));
+  check_policy_settings(*this);
   check_threads("threads", threads);
 }
 

@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "core/enum_names.h"
 #include "qvg/error.h"
 
 namespace qvg {
@@ -322,6 +323,45 @@ void set_recommended_policy(QuantArgs& q) {
 bool is_default(const Setting& s, const QuantArgs& q) {
   static const QuantArgs d;
   return s.get(q) == s.get(d);
+}
+
+// The policy settings' enumerations (the codec's are in config.cpp) and the rule
+// across policy settings: defined beside the table, so that the policy settings are
+// named by their rows, their members, the policy (src/cache/cache_policy.h) and the
+// memory model only (scripts/check-setting-names.py).
+namespace {
+constexpr detail::EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
+constexpr detail::EnumName<SpanMode> kSpanModes[] = {{SpanMode::Deferred, "deferred"},
+                                                     {SpanMode::Incremental, "incremental"}};
+}  // namespace
+
+std::string_view name(SinkSpan v) {
+  return detail::name_in(kSinkSpans, v);
+}
+std::string_view name(SpanMode v) {
+  return detail::name_in(kSpanModes, v);
+}
+SinkSpan parse_sink_span(std::string_view s) {
+  return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full");
+}
+SpanMode parse_span_mode(std::string_view s) {
+  return detail::parse_in(kSpanModes, s, "span_mode", "deferred, incremental");
+}
+
+void check_policy_settings(const QuantArgs& q) {
+  if (q.refine_recent > 0 && q.span_mode != SpanMode::Incremental)
+    throw InvalidArgument(fmt::format(
+        "refine_recent must be 0 unless span_mode is incremental (a refinement layer belongs to a chunk encoded on "
+        "its own), got refine_recent = {} with span_mode = {}",
+        q.refine_recent, name(q.span_mode)));
+}
+
+std::span<const std::string_view> engine_quant_fields() {
+  // SGLang 0.5.23's QVGKVQuantArgs (sglang/multimodal_gen/.../qvg_packed_cache.py).
+  static constexpr std::string_view kFields[] = {
+      "bits",       "centroids",          "block_size", "stages",          "kmeans_iters",
+      "asymmetric", "keep_recent_chunks", "sink",       "sink_keep_chunks"};
+  return kFields;
 }
 
 }  // namespace qvg

@@ -138,7 +138,7 @@ size_t PolicyReplay::codebook_bytes() const {
 size_t PolicyReplay::chunk_data_bytes(int64_t tokens) const { return span_bytes(tokens) - codebook_bytes(); }
 
 size_t PolicyReplay::refine_bytes(int64_t tokens) const {
-  if (!impl_->args.enabled() || impl_->args.refine_recent == 0) return 0;
+  if (!impl_->args.enabled() || !detail::refines(impl_->args)) return 0;
   return role_refine_bytes(impl_->shape, impl_->args, CacheRole::Key, tokens) +
          role_refine_bytes(impl_->shape, impl_->args, CacheRole::Value, tokens);
 }
@@ -217,7 +217,7 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
     s.k_bytes = s.v_bytes = shape.raw_bytes(g1 - g0) / 2;
     return s;
   };
-  const bool incremental = args.enabled() && args.span_mode == SpanMode::Incremental;
+  const bool incremental = args.enabled() && detail::incremental_spans(args);
   auto span_seg = [&](int64_t g0, int64_t g1, bool sink, int64_t chunks) {
     SegmentSize s = raw_seg(g0, g1, sink, chunks);
     s.packed = true;
@@ -240,7 +240,7 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
     const int64_t n = shape.chunk_size(i);
     if (!on || !args.sink || i < args.sink_keep_chunks)
       r.context_layout.push_back(raw_seg(g, g + n, true, 1));
-    else if (args.sink_span == SinkSpan::Chunk)
+    else if (!detail::sink_packed_whole(args))
       r.context_layout.push_back(span_seg(g, g + n, true, 1));
     else
       pending_sink.emplace_back(g, g + n);
@@ -249,7 +249,7 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   if (!pending_sink.empty())
     r.context_layout.push_back(
         span_seg(pending_sink.front().first, pending_sink.back().second, true, int64_t(pending_sink.size())));
-  const int64_t span_tokens = on ? int64_t(args.span_chunks) * shape.chunk_tokens : shape.chunk_tokens;
+  const int64_t span_tokens = on ? detail::span_capacity(args) * shape.chunk_tokens : shape.chunk_tokens;
   while (g < shape.context_tokens) {
     const int64_t e = std::min(shape.context_tokens, g + span_tokens);
     const int64_t chunks = (e - g + shape.chunk_tokens - 1) / shape.chunk_tokens;
@@ -261,7 +261,7 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   // Policy peak: replay until steady, then take the maximum over one period. After
   // the sink is complete every chunk has the same size, so the state relative to
   // global_end repeats with the span period; the replay checks that it did.
-  const int64_t period = on ? args.span_chunks : 1;
+  const int64_t period = on ? detail::span_capacity(args) : 1;
   const int64_t window_chunks = (shape.cache_tokens() + shape.chunk_tokens - 1) / shape.chunk_tokens;
   r.steady_from = shape.sink_chunks() + window_chunks + period + (on ? args.keep_recent_chunks : 0) + 2;
   r.period_chunks = period;

@@ -98,7 +98,7 @@ CompareResult compare(const CompareConfig& cfg) {
       CompareRow& row = res.rows[m];
       Tensor kq, vq;
       const auto t0 = clock::now();
-      if (methods[m] == "qvg" && cfg.span_mode == SpanMode::Incremental) {
+      if (methods[m] == "qvg" && cfg.spans == SpanMode::Incremental) {
         kq = incremental_round_trip(ctx.k, p.chunk_tokens(), res.context_chunks, codec, bytes[m]);
         vq = incremental_round_trip(ctx.v, p.chunk_tokens(), res.context_chunks, codec, bytes[m]);
       } else if (methods[m] == "qvg") {

@@ -58,7 +58,7 @@ FrontierCodec frontier_codec_of(const QuantArgs& q) {
   FrontierCodec c;
   c.k = q.codec(CacheRole::Key);
   c.v = q.codec(CacheRole::Value);
-  c.span_chunks = 0;
+  c.chunks_per_span = 0;
   return c;
 }
 
@@ -72,9 +72,9 @@ std::string FrontierCodec::describe(bool short_form) const {
     if (!short_form || !ks.empty()) o += "k: " + (ks.empty() ? std::string("ref") : ks);
     if (!short_form || !vs.empty()) o += std::string(o.empty() ? "" : " | ") + "v: " + (vs.empty() ? "ref" : vs);
   }
-  if (!short_form || span_chunks != 0)
+  if (!short_form || chunks_per_span != 0)
     o += std::string(o.empty() ? "" : " | ") +
-         (span_chunks == 0 ? std::string("span=all") : fmt::format("span={}", span_chunks));
+         (chunks_per_span == 0 ? std::string("span=all") : fmt::format("span={}", chunks_per_span));
   return o.empty() ? "reference" : o;
 }
 
@@ -144,7 +144,7 @@ struct Evaluator {
     pt.codec = c;
     size_t bytes = 0;
     for (const LayerData& d : data) {
-      const int64_t span = c.span_chunks == 0 ? d.k.shape().s : int64_t(c.span_chunks) * chunk_tokens;
+      const int64_t span = c.chunks_per_span == 0 ? d.k.shape().s : int64_t(c.chunks_per_span) * chunk_tokens;
       const Tensor kq = span_round_trip(d.k, span, c.k, bytes, pt.encode_s, pt.decode_s);
       const Tensor vq = span_round_trip(d.v, span, c.v, bytes, pt.encode_s, pt.decode_s);
       score(pt, kq, vq, d);
@@ -235,7 +235,7 @@ Knob span_knob() {
     kn.values.push_back(
         {fmt::format("{}{}", s.chunks == 0 ? std::string("all") : value_label(s.chunks), s.warm ? "+warm" : ""),
          [s](FrontierCodec& c) {
-           c.span_chunks = s.chunks;
+           c.chunks_per_span = s.chunks;
            if (s.warm)
              c.k.init = c.v.init = Init::Warm;
            else if (c.k.init == Init::Warm)

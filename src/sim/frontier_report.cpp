@@ -80,8 +80,8 @@ std::string frontier_json(const FrontierResult& r, int indent) {
       o["config"] = q.codec.describe(true);
       o["k"] = codec_json(q.codec.k);
       o["v"] = codec_json(q.codec.v);
-      o["span_chunks"] =
-          q.codec.span_chunks == 0 ? nlohmann::ordered_json("all") : nlohmann::ordered_json(q.codec.span_chunks);
+      o["chunks_per_span"] =
+          q.codec.chunks_per_span == 0 ? nlohmann::ordered_json("all") : nlohmann::ordered_json(q.codec.chunks_per_span);
       o["encode_s"] = q.encode_s;
       o["decode_s"] = q.decode_s;
     } else {

@@ -279,7 +279,7 @@ std::string compare_json(const CompareResult& r, int indent) {
   ojson codec = {{"bits", cc.bits}, {"block_size", cc.block_size}, {"centroids", cc.centroids}};
   put_codec_settings(codec, cc);
   codec["kivi_group_tokens"] = cc.block_size;
-  codec["span_mode"] = std::string(name(r.config.span_mode));
+  codec["spans"] = std::string(name(r.config.spans));
   const ojson rows = array_of(r.rows, [](const CompareRow& row) {
     ojson rj = {
         {"method", row.method}, {"bits_per_element", num(row.bits_per_element)}, {"compression_ratio", num(row.ratio)}};

@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include "cache/cache_policy.h"
 #include "qvg/chart.h"
 #include "qvg/simulate.h"
 #include "sim/report_util.h"
@@ -35,7 +36,7 @@ std::string memory_chart_svg(const SimulationResult& r) {
   for (const PackedConfig& pc : r.config.packed) {
     if (!cfgs.empty()) cfgs += "; ";
     cfgs += fmt::format("{}: {} centroids, block {}, spans of {} chunks", pc.label, pc.quant.centroids,
-                        pc.quant.block_size, pc.quant.span_chunks);
+                        pc.quant.block_size, detail::span_capacity(pc.quant));
   }
   ch.subtitle =
       fmt::format("{} · window {} tokens · {}", preset_line(p, r.config.scale), sim::grouped(p.cache_tokens()), cfgs);

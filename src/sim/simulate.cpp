@@ -92,24 +92,25 @@ AttentionSums attention_error(const Tensor& out, const Tensor& ref) {
 // ---------------------------------------------------------------------------
 // Configuration
 
-PackedConfig engine_default_packed_config(SinkSpan sink_span) {
+PackedConfig engine_default_packed_config(const ModelPreset& model) {
   PackedConfig p;
   p.label = "engine";
+  p.quant = model.policy_defaults();
   p.quant.bits = 2;
   p.quant.apply_profile("reference");
-  p.quant.sink_span = sink_span;
   return p;
 }
 
 PackedConfig default_packed_config() {
   PackedConfig p;
   p.label = "int2";
-  p.quant.bits = 2;
-  p.quant.centroids = 256;
-  p.quant.block_size = 64;
-  p.quant.stages = 1;
-  p.quant.kmeans_iters = 2;
-  p.quant.span_chunks = 8;
+  // As the engine's flags of the published run (the settings table reads them).
+  p.quant = QuantArgs::from_flags({{"kv_cache_quant", "int2"},
+                                   {"kv_cache_quant_centroids", "256"},
+                                   {"kv_cache_quant_block_size", "64"},
+                                   {"kv_cache_quant_stages", "1"},
+                                   {"kv_cache_quant_iters", "2"},
+                                   {"kv_cache_quant_span_chunks", "8"}});
   return p;
 }
 

@@ -21,7 +21,7 @@ struct PresetRow {
   const char* name;
   const char* model;
   int layers, heads, head_dim, grid_h, grid_w, frames_per_chunk, context_frames, sink_frames;
-  SinkSpan sink_span;
+  SinkSpan sink_policy;
   int rope_dims;
   double k_wall_ratio, k_norm_spread, k_channel_median;
   double v_wall_ratio, v_norm_spread, v_token_norm, v_outlier_rate, v_outlier_norm;
@@ -43,7 +43,7 @@ constexpr SinkSpan kChunk = SinkSpan::Chunk, kFull = SinkSpan::Full;
 // clang-format off
 constexpr PresetRow kPresetRows[] = {
 // {name, model,
-//  layers heads head_dim grid_h grid_w frames/chunk context sink sink_span rope_dims |
+//  layers heads head_dim grid_h grid_w frames/chunk context sink sink-policy rope_dims |
 //    K: wall_ratio norm_spread channel_median | V: wall_ratio norm_spread token_norm outlier_rate outlier_norm |
 //    k_cluster_layers,
 //  assumed}
@@ -75,7 +75,7 @@ ModelPreset preset_of(const PresetRow& r) {
                 .frames_per_chunk = r.frames_per_chunk,
                 .context_frames = r.context_frames,
                 .sink_frames = r.sink_frames,
-                .sink_span = r.sink_span,
+                .sink_policy = r.sink_policy,
                 .rope_dims = r.rope_dims,
                 .k_wall_ratio = r.k_wall_ratio,
                 .k_norm_spread = r.k_norm_spread,
@@ -143,6 +143,14 @@ void ModelPreset::validate() const {
        fmt::format("in 0..layers ({})", layers));
   need(k_cluster_norm >= 1 && k_cluster_norm <= 100, "k_cluster_norm", k_cluster_norm, "in [1, 100]");
 }
+
+QuantArgs ModelPreset::policy_defaults() const {
+  QuantArgs q;
+  q.sink_span = sink_policy;
+  return q;
+}
+
+bool ModelPreset::chooses(std::string_view name) { return name == "sink_span"; }
 
 ModelPreset ModelPreset::scaled(double s) const {
   if (!(s > 0.0 && s <= 1.0)) throw InvalidArgument(fmt::format("scale must be in (0, 1], got {}", s));

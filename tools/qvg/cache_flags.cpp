@@ -16,15 +16,17 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help
     auto* o = cmd.add_option_function<std::string>(
         std::string(s.cli), [&f, key](const std::string& v) { f.given[key] = v; }, std::string(s.cli_help));
     o->type_name(s.kind == SettingKind::Name ? "NAME" : s.kind == SettingKind::Real ? "X" : "INT");
-    if (s.name != "sink_span") o->default_str(setting_text(s.get(f.defaults)));  // the preset's otherwise
+    if (!ModelPreset::chooses(s.name)) o->default_str(setting_text(s.get(f.defaults)));  // the preset's otherwise
   }
   cmd.add_flag("--no-sink", f.no_sink, std::string(no_sink_help));
 }
 
-void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q,
+void apply_cache_flags(const CacheFlags& f, const ModelPreset& preset, QuantArgs& q,
                        const std::optional<std::string>& profile) {
   QuantArgs d = f.defaults;
-  d.sink_span = preset_sink_span;
+  const QuantArgs model = preset.policy_defaults();
+  for (const Setting& s : quant_settings())
+    if (ModelPreset::chooses(s.name)) s.set(d, s.get(model));
   if (profile)
     named("--profile", [&] {
       d.apply_profile(*profile);

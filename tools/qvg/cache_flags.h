@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "qvg/config.h"
+#include "qvg/workload.h"
 
 namespace qvg::cli {
 
@@ -32,9 +33,10 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help
 /// Sets q's policy settings: f.defaults', then those of `profile` when one is named
 /// (QuantArgs::apply_profile: `recommended` sets a policy, the others none), then each
 /// flag given (read and range-checked by the settings table, the message naming the
-/// flag), so that a flag overrides the profile; sink = !no_sink; the sink's span policy
-/// is `preset_sink_span` unless its flag names one. Throws InvalidArgument.
-void apply_cache_flags(const CacheFlags& f, SinkSpan preset_sink_span, QuantArgs& q,
+/// flag), so that a flag overrides the profile; sink = !no_sink; the settings the
+/// model preset chooses (ModelPreset::chooses) are the preset's unless their flags
+/// name them. Throws InvalidArgument.
+void apply_cache_flags(const CacheFlags& f, const ModelPreset& preset, QuantArgs& q,
                        const std::optional<std::string>& profile = std::nullopt);
 
 }  // namespace qvg::cli

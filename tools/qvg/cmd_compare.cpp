@@ -31,7 +31,7 @@ struct CompareOptions {
   std::optional<std::string> context_chunks;
   ScoringFlags scoring{"2", "8"};
   std::string codec_seed = "1234";
-  std::string span_mode = "deferred";
+  std::string spans = "deferred";
   bool json = false;
   bool frontier = false;
   bool frontier_quick = false;
@@ -117,7 +117,7 @@ void run_compare(const CompareOptions& o) {
   c.seed = parse_seed_flag("--seed", o.workload.seed);
   c.codec = o.cfg;
   c.codec.seed = parse_seed_flag("--codec-seed", o.codec_seed);
-  c.span_mode = named("--span-mode", [&] { return parse_span_mode(o.span_mode); });
+  c.spans = named("--span-mode", [&] { return parse_span_mode(o.spans); });
   c.threads = o.cfg.threads;
   if (o.frontier) return run_frontier(o, c);
   if (o.warm_start) return run_warm_start(c);
@@ -141,7 +141,7 @@ void register_compare(CLI::App& root) {
                     "score every N-th query of the next chunk");
   add_stream_codec_flags(*cmd, o->cfg);
   add_video_seed_flag(*cmd, o->workload);
-  add_value(*cmd, "--span-mode", o->span_mode,
+  add_value(*cmd, "--span-mode", o->spans,
             "how qvg encodes the context's chunks: deferred (one span, one codebook trained on all) | incremental "
             "(chunk by chunk into one growing span codebook, as the packed cache; docs/spans.md)",
             "NAME");

@@ -85,7 +85,7 @@ QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
     return opt != nullptr && opt->count() > 0;
   };
   if (given("--bits")) a.bits = parse_width_flag("--bits", o.bits);
-  apply_cache_flags(o.cache, p.sink_span, a, o.profile);
+  apply_cache_flags(o.cache, p, a, o.profile);
   if (given("--centroids")) a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
   if (given("--block-size")) a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
   if (given("--stages")) a.stages = int(parse_int_flag("--stages", o.stages, 1, 64));

@@ -122,10 +122,10 @@ SimulationConfig build_config(const SimulateOptions& o) {
   if (!o.v_config.empty()) q.v = parse_role_codec(o.v_config, "--v-config");
   q.seed = parse_seed_flag("--codec-seed", o.codec_seed);
   q.threads = o.cfg.threads;
-  apply_cache_flags(o.cache, preset.sink_span, q, profile);
+  apply_cache_flags(o.cache, preset, q, profile);
   c.packed.clear();  // replace the library's default configuration
   if (o.engine_baseline) {
-    PackedConfig e = engine_default_packed_config(preset.sink_span);
+    PackedConfig e = engine_default_packed_config(preset);
     e.quant.seed = q.seed;
     e.quant.threads = q.threads;
     c.packed.push_back(e);

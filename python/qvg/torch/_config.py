@@ -114,8 +114,7 @@ _FLOAT_FIELDS = tuple(n for n, k in _KIND.items() if k == "real")
 
 # The fields of the engine's own QVGKVQuantArgs (SGLang): an object with all of them
 # is accepted as the engine's settings (qvg's extensions take their defaults).
-_ENGINE_FIELDS = ("bits", "centroids", "block_size", "stages", "kmeans_iters", "asymmetric", "keep_recent_chunks",
-                  "sink", "sink_keep_chunks")
+_ENGINE_FIELDS = tuple(_C.engine_quant_fields())
 
 
 def _check_quant_args(q: Any, what: str = "quant_args") -> None:

@@ -155,7 +155,7 @@ struct PackedCausalCache::Impl {
     double* ek = static_cast<double*>(e.data());
     if (x.decisions.may_join()) {
       DeviceSpanCodebook tk = run.k(x)->copy(s, *alloc), tv = run.v(x)->copy(s, *alloc);
-      const bool measure = quant.span_break_ratio > 0;  // with ratio 0 every chunk fits
+      const bool measure = qvg::detail::measures_span_fit(quant);  // else every chunk fits
       DeviceEncodedTensor k =
           encode_span_chunk(raw_view(raw, true), codec_k, tk, pol.later_chunk_slots(codec_k.centroids), nullptr, s,
                             *alloc, measure ? ek : nullptr);
@@ -165,7 +165,7 @@ struct PackedCausalCache::Impl {
       bool fits = true;
       if (measure) {
         const auto [k_e, v_e] = energies(e, raw.tokens(), s);
-        fits = qvg::detail::fits_open_span(quant.span_break_ratio, k_e, v_e, run.k_energy, run.v_energy);
+        fits = qvg::detail::fits_open_span(quant, k_e, v_e, run.k_energy, run.v_energy);
       }
       if (fits) {
         qvg::detail::join_open_span(d, x, run, pol.spans().books.k.get(), std::move(tk), std::move(tv), std::move(k),
