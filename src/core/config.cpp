@@ -8,42 +8,10 @@
 
 #include <fmt/core.h>
 
-#include "core/enum_names.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
 
 namespace qvg {
-
-namespace {
-using detail::EnumName;
-constexpr EnumName<ScaleDType> kScaleDTypes[] = {
-    {ScaleDType::FP8_E4M3, "fp8_e4m3"}, {ScaleDType::FP8_E4M3, "fp8"}, {ScaleDType::FP8_E4M3, "f8_e4m3"},
-    {ScaleDType::BF16, "bf16"}};
-constexpr EnumName<Scaling> kScalings[] = {{Scaling::TwoLevel, "two_level"}, {Scaling::Compat, "compat"}};
-constexpr EnumName<Init> kInits[] = {
-    {Init::Random, "random"}, {Init::KMeansPlusPlus, "kmeans++"}, {Init::KMeansPlusPlus, "kmeanspp"}, {Init::Warm, "warm"}};
-constexpr EnumName<ScaleSearch> kScaleSearches[] = {{ScaleSearch::Off, "off"}, {ScaleSearch::Mse, "mse"}};
-constexpr EnumName<CacheRole> kCacheRoles[] = {{CacheRole::Key, "k"}, {CacheRole::Value, "v"}};
-}  // namespace
-
-std::string_view name(ScaleDType v) { return detail::name_in(kScaleDTypes, v); }
-std::string_view name(Scaling v) { return detail::name_in(kScalings, v); }
-std::string_view name(Init v) { return detail::name_in(kInits, v); }
-std::string_view name(ScaleSearch v) {
-  return detail::name_in(kScaleSearches, v);
-}
-std::string_view name(CacheRole v) {
-  return detail::name_in(kCacheRoles, v);
-}
-ScaleSearch parse_scale_search(std::string_view s) {
-  return detail::parse_in(kScaleSearches, s, "scale_search", "off, mse");
-}
-
-ScaleDType parse_scale_dtype(std::string_view s) {
-  return detail::parse_in(kScaleDTypes, s, "scale_dtype", "fp8_e4m3 (or fp8), bf16");
-}
-Scaling parse_scaling(std::string_view s) { return detail::parse_in(kScalings, s, "scaling", "two_level, compat"); }
-Init parse_init(std::string_view s) { return detail::parse_in(kInits, s, "init", "random, kmeans++, warm"); }
 
 int max_threads() { return std::max(16, 4 * omp_get_num_procs()); }
 

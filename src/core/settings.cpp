@@ -325,27 +325,67 @@ bool is_default(const Setting& s, const QuantArgs& q) {
   return s.get(q) == s.get(d);
 }
 
-// The policy settings' enumerations (the codec's are in config.cpp) and the rule
-// across policy settings: defined beside the table, so that the policy settings are
-// named by their rows, their members, the policy (src/cache/cache_policy.h) and the
-// memory model only (scripts/check-setting-names.py).
+// The names of the settings' enumeration values (qvg/config.h's name() and parse_*())
+// and the rule across policy settings: beside the table, so that the policy settings
+// are named by their rows, their members, the policy (src/cache/cache_policy.h) and
+// at most one more file (scripts/check-setting-names.py).
 namespace {
-constexpr detail::EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
-constexpr detail::EnumName<SpanMode> kSpanModes[] = {{SpanMode::Deferred, "deferred"},
-                                                     {SpanMode::Incremental, "incremental"}};
+using detail::EnumName;
+constexpr EnumName<ScaleDType> kValuesScaleDTypes[] = {{ScaleDType::FP8_E4M3, "fp8_e4m3"},
+                                                       {ScaleDType::FP8_E4M3, "fp8"},
+                                                       {ScaleDType::FP8_E4M3, "f8_e4m3"},
+                                                       {ScaleDType::BF16, "bf16"}};
+constexpr EnumName<Scaling> kValuesScalings[] = {{Scaling::TwoLevel, "two_level"}, {Scaling::Compat, "compat"}};
+constexpr EnumName<Init> kValuesInits[] = {{Init::Random, "random"},
+                                           {Init::KMeansPlusPlus, "kmeans++"},
+                                           {Init::KMeansPlusPlus, "kmeanspp"},
+                                           {Init::Warm, "warm"}};
+constexpr EnumName<ScaleSearch> kValuesScaleSearches[] = {{ScaleSearch::Off, "off"}, {ScaleSearch::Mse, "mse"}};
+constexpr EnumName<SinkSpan> kValuesSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
+constexpr EnumName<SpanMode> kValuesSpanModes[] = {{SpanMode::Deferred, "deferred"},
+                                                   {SpanMode::Incremental, "incremental"}};
+constexpr EnumName<CacheRole> kValuesCacheRoles[] = {{CacheRole::Key, "k"}, {CacheRole::Value, "v"}};
 }  // namespace
 
+std::string_view name(ScaleDType v) {
+  return detail::name_in(kValuesScaleDTypes, v);
+}
+std::string_view name(Scaling v) {
+  return detail::name_in(kValuesScalings, v);
+}
+std::string_view name(Init v) {
+  return detail::name_in(kValuesInits, v);
+}
 std::string_view name(SinkSpan v) {
-  return detail::name_in(kSinkSpans, v);
+  return detail::name_in(kValuesSinkSpans, v);
 }
 std::string_view name(SpanMode v) {
-  return detail::name_in(kSpanModes, v);
+  return detail::name_in(kValuesSpanModes, v);
+}
+std::string_view name(ScaleSearch v) {
+  return detail::name_in(kValuesScaleSearches, v);
+}
+std::string_view name(CacheRole v) {
+  return detail::name_in(kValuesCacheRoles, v);
+}
+ScaleSearch parse_scale_search(std::string_view s) {
+  return detail::parse_in(kValuesScaleSearches, s, "scale_search", kScaleSearches);
+}
+
+ScaleDType parse_scale_dtype(std::string_view s) {
+  return detail::parse_in(kValuesScaleDTypes, s, "scale_dtype", kScaleDTypes);
+}
+Scaling parse_scaling(std::string_view s) {
+  return detail::parse_in(kValuesScalings, s, "scaling", kScalings);
+}
+Init parse_init(std::string_view s) {
+  return detail::parse_in(kValuesInits, s, "init", "random, kmeans++, warm");
 }
 SinkSpan parse_sink_span(std::string_view s) {
-  return detail::parse_in(kSinkSpans, s, "sink_span", "chunk, full");
+  return detail::parse_in(kValuesSinkSpans, s, "sink_span", "chunk, full");
 }
 SpanMode parse_span_mode(std::string_view s) {
-  return detail::parse_in(kSpanModes, s, "span_mode", "deferred, incremental");
+  return detail::parse_in(kValuesSpanModes, s, "span_mode", "deferred, incremental");
 }
 
 void check_policy_settings(const QuantArgs& q) {
