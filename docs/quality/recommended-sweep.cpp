@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
       p = q + 1;
     }
     QuantArgs qa = QuantArgs::from_flags(f);
-    if (!sinkspan) qa.sink_span = preset.sink_span;
+    if (!sinkspan) qa.sink_span = preset.sink_policy;
     c.packed.push_back({label, qa});
   }
   c.validate();
