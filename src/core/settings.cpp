@@ -331,62 +331,39 @@ bool is_default(const Setting& s, const QuantArgs& q) {
 // at most one more file (scripts/check-setting-names.py).
 namespace {
 using detail::EnumName;
-constexpr EnumName<ScaleDType> kValuesScaleDTypes[] = {{ScaleDType::FP8_E4M3, "fp8_e4m3"},
-                                                       {ScaleDType::FP8_E4M3, "fp8"},
-                                                       {ScaleDType::FP8_E4M3, "f8_e4m3"},
-                                                       {ScaleDType::BF16, "bf16"}};
-constexpr EnumName<Scaling> kValuesScalings[] = {{Scaling::TwoLevel, "two_level"}, {Scaling::Compat, "compat"}};
-constexpr EnumName<Init> kValuesInits[] = {{Init::Random, "random"},
-                                           {Init::KMeansPlusPlus, "kmeans++"},
-                                           {Init::KMeansPlusPlus, "kmeanspp"},
-                                           {Init::Warm, "warm"}};
-constexpr EnumName<ScaleSearch> kValuesScaleSearches[] = {{ScaleSearch::Off, "off"}, {ScaleSearch::Mse, "mse"}};
-constexpr EnumName<SinkSpan> kValuesSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
-constexpr EnumName<SpanMode> kValuesSpanModes[] = {{SpanMode::Deferred, "deferred"},
-                                                   {SpanMode::Incremental, "incremental"}};
-constexpr EnumName<CacheRole> kValuesCacheRoles[] = {{CacheRole::Key, "k"}, {CacheRole::Value, "v"}};
+constexpr EnumName<ScaleDType> kScaleDTypeNames[] = {{ScaleDType::FP8_E4M3, "fp8_e4m3"},
+                                                     {ScaleDType::FP8_E4M3, "fp8"},
+                                                     {ScaleDType::FP8_E4M3, "f8_e4m3"},
+                                                     {ScaleDType::BF16, "bf16"}};
+constexpr EnumName<Scaling> kScalingNames[] = {{Scaling::TwoLevel, "two_level"}, {Scaling::Compat, "compat"}};
+constexpr EnumName<Init> kInitNames[] = {{Init::Random, "random"},
+                                         {Init::KMeansPlusPlus, "kmeans++"},
+                                         {Init::KMeansPlusPlus, "kmeanspp"},
+                                         {Init::Warm, "warm"}};
+constexpr EnumName<ScaleSearch> kSearchNames[] = {{ScaleSearch::Off, "off"}, {ScaleSearch::Mse, "mse"}};
+constexpr EnumName<SinkSpan> kSinkSpans[] = {{SinkSpan::Chunk, "chunk"}, {SinkSpan::Full, "full"}};
+constexpr EnumName<SpanMode> kSpanModes[] = {{SpanMode::Deferred, "deferred"}, {SpanMode::Incremental, "incremental"}};
+constexpr EnumName<CacheRole> kRoleNames[] = {{CacheRole::Key, "k"}, {CacheRole::Value, "v"}};
 }  // namespace
 
-std::string_view name(ScaleDType v) {
-  return detail::name_in(kValuesScaleDTypes, v);
-}
-std::string_view name(Scaling v) {
-  return detail::name_in(kValuesScalings, v);
-}
-std::string_view name(Init v) {
-  return detail::name_in(kValuesInits, v);
-}
-std::string_view name(SinkSpan v) {
-  return detail::name_in(kValuesSinkSpans, v);
-}
-std::string_view name(SpanMode v) {
-  return detail::name_in(kValuesSpanModes, v);
-}
-std::string_view name(ScaleSearch v) {
-  return detail::name_in(kValuesScaleSearches, v);
-}
-std::string_view name(CacheRole v) {
-  return detail::name_in(kValuesCacheRoles, v);
-}
-ScaleSearch parse_scale_search(std::string_view s) {
-  return detail::parse_in(kValuesScaleSearches, s, "scale_search", kScaleSearches);
-}
-
-ScaleDType parse_scale_dtype(std::string_view s) {
-  return detail::parse_in(kValuesScaleDTypes, s, "scale_dtype", kScaleDTypes);
-}
-Scaling parse_scaling(std::string_view s) {
-  return detail::parse_in(kValuesScalings, s, "scaling", kScalings);
-}
-Init parse_init(std::string_view s) {
-  return detail::parse_in(kValuesInits, s, "init", "random, kmeans++, warm");
-}
-SinkSpan parse_sink_span(std::string_view s) {
-  return detail::parse_in(kValuesSinkSpans, s, "sink_span", "chunk, full");
-}
-SpanMode parse_span_mode(std::string_view s) {
-  return detail::parse_in(kValuesSpanModes, s, "span_mode", "deferred, incremental");
-}
+// One line per function, so that the overloads read as a table.
+using detail::name_in;
+using detail::parse_in;
+// clang-format off
+std::string_view name(ScaleDType v) { return name_in(kScaleDTypeNames, v); }
+std::string_view name(Scaling v) { return name_in(kScalingNames, v); }
+std::string_view name(Init v) { return name_in(kInitNames, v); }
+std::string_view name(SinkSpan v) { return name_in(kSinkSpans, v); }
+std::string_view name(SpanMode v) { return name_in(kSpanModes, v); }
+std::string_view name(ScaleSearch v) { return name_in(kSearchNames, v); }
+std::string_view name(CacheRole v) { return name_in(kRoleNames, v); }
+ScaleSearch parse_scale_search(std::string_view s) { return parse_in(kSearchNames, s, "scale_search", kScaleSearches); }
+ScaleDType parse_scale_dtype(std::string_view s) { return parse_in(kScaleDTypeNames, s, "scale_dtype", kScaleDTypes); }
+Scaling parse_scaling(std::string_view s) { return parse_in(kScalingNames, s, "scaling", kScalings); }
+Init parse_init(std::string_view s) { return parse_in(kInitNames, s, "init", "random, kmeans++, warm"); }
+SinkSpan parse_sink_span(std::string_view s) { return parse_in(kSinkSpans, s, "sink_span", "chunk, full"); }
+SpanMode parse_span_mode(std::string_view s) { return parse_in(kSpanModes, s, "span_mode", "deferred, incremental"); }
+// clang-format on
 
 void check_policy_settings(const QuantArgs& q) {
   if (q.refine_recent > 0 && q.span_mode != SpanMode::Incremental)
