@@ -102,6 +102,15 @@ def init_runtime() -> None:
 #: The precision of the rollout in progress (rollout()'s ``dtype``): the engine's bf16,
 #: or float32 for the packed comparison's measurement (module docstring).
 _DTYPE = {"now": torch.bfloat16}
+#: Which draw of the random inputs (weights, latents, text, noise) a rollout uses: 0 is
+#: the test suite's (its seeds unchanged); bench/e2e_draws.py averages the packed
+#: comparison over draws 0..N-1, each a different random model and input.
+DRAW = {"index": 0}
+
+
+def draw_seed(base: int) -> int:
+    """The seed `base` of the current draw (`base` itself for draw 0)."""
+    return base + 1_000_003 * DRAW["index"]
 
 
 @contextlib.contextmanager
@@ -298,13 +307,14 @@ class Case:
         """The model with the fixed random weights, in the rollout's precision (the same
         fp32 draws for both precisions)."""
         dtype = _DTYPE["now"]
-        if dtype not in self._models:
+        if (dtype, DRAW["index"]) not in self._models:
             with cpu_paths():
                 model = self.build_model()
-            _random_weights(model, seed=20261204)
-            self._models[dtype] = model.to(dtype).eval()
-            _fix_cross_attention(self._models[dtype])
-        return self._models[dtype]
+            _random_weights(model, seed=draw_seed(20261204))
+            key = (dtype, DRAW["index"])
+            self._models[key] = model.to(dtype).eval()
+            _fix_cross_attention(self._models[key])
+        return self._models[(dtype, DRAW["index"])]
 
 
 def _random_weights(model: torch.nn.Module, seed: int) -> None:
@@ -358,9 +368,9 @@ def _request(**kw: Any) -> Any:
 
 
 def _run_text_to_video(stage: Any, args: Any, latents: torch.Tensor, chunk_frames: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(draw_seed(7))
     req = _request(latents=latents.clone(), prompt_embeds=[torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g).to(
-        _DTYPE["now"])], generator=torch.Generator().manual_seed(11), negative_prompt_embeds=[],
+        _DTYPE["now"])], generator=torch.Generator().manual_seed(draw_seed(11)), negative_prompt_embeds=[],
                    num_inference_steps=4)
     out = stage.forward(req, args).latents
     return [c.clone() for c in out.split(chunk_frames, dim=2)]
@@ -420,7 +430,7 @@ def rollout(case: Case, quant: Any, pipeline_config: Any = None, dtype: torch.dt
     try:
         model = case.model()
         out = Rollout()
-        g = torch.Generator().manual_seed(3)
+        g = torch.Generator().manual_seed(draw_seed(3))
         latents = torch.randn(1, 16, case.frames, LATENT_HW, LATENT_HW, generator=g)
         with cpu_paths(), server_args(pipeline_config or case.pipeline_config(), quant) as args:
             stage = case.stage_cls()(model, case.scheduler())
@@ -533,10 +543,10 @@ def _lingbot_run(stage: Any, args: Any, latents: torch.Tensor) -> list[torch.Ten
     ts_mod = _import("sglang.multimodal_gen.runtime.pipelines_core.stages.timestep_preparation")
     session_mod = _import("sglang.multimodal_gen.runtime.realtime.session")
     session = session_mod.RealtimeSession()
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(draw_seed(7))
     prompt = torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g).to(_DTYPE["now"])
     condition = torch.randn(1, 20, latents.shape[2], LATENT_HW, LATENT_HW, generator=g)
-    noise = torch.Generator().manual_seed(11)
+    noise = torch.Generator().manual_seed(draw_seed(11))
     timesteps = ts_mod.DMDTimestepPreparationStage(_lingbot_scheduler(args))
     out = []
     for i, chunk in enumerate(latents.split(3, dim=2)):

@@ -60,11 +60,12 @@ def case(name: str) -> e2e.Case:
 
 def engine_dense(name: str, dtype: torch.dtype = torch.bfloat16) -> e2e.Rollout:
     """The rollout with the engine's own dense caches (cached for the module)."""
-    if (name, dtype) not in _DENSE:
+    key = (name, dtype, e2e.DRAW["index"])
+    if key not in _DENSE:
         assert not qvg.sglang.is_installed()
-        _DENSE[name, dtype] = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs(), dtype=dtype)
-        assert all(type(c) is ENGINE_DENSE for c in _DENSE[name, dtype].caches)
-    return _DENSE[name, dtype]
+        _DENSE[key] = e2e.rollout(case(name), quant_mod.QVGKVQuantArgs(), dtype=dtype)
+        assert all(type(c) is ENGINE_DENSE for c in _DENSE[key].caches)
+    return _DENSE[key]
 
 
 @pytest.fixture(autouse=True)
