@@ -37,6 +37,7 @@
 
 #include "codec/cuda/encode_traced.h"
 #include "codec/encode_impl.h"
+#include "gpu/device_support.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"
 #include "gpu/modes.h"
@@ -50,25 +51,11 @@
 namespace {
 
 using qvg::cuda::DeviceBuffer;
-
-#define CK(call)                                                                                         \
-  do {                                                                                                   \
-    cudaError_t e_ = (call);                                                                             \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
-
-DeviceBuffer to_device(const void* p, size_t n, cudaStream_t s) {
-  DeviceBuffer b(n, s);
-  CK(cudaMemcpyAsync(b.data(), p, n, cudaMemcpyHostToDevice, s));
-  CK(cudaStreamSynchronize(s));
-  return b;
-}
-std::vector<uint8_t> to_host(const void* p, size_t n, cudaStream_t s) {
-  std::vector<uint8_t> v(n);
-  CK(cudaMemcpyAsync(v.data(), p, n, cudaMemcpyDeviceToHost, s));
-  CK(cudaStreamSynchronize(s));
-  return v;
-}
+using qvg::testing::gpu::host_view_bytes;
+using qvg::testing::gpu::TestStream;
+using qvg::testing::gpu::to_device;
+using qvg::testing::gpu::to_host;
+using qvg::testing::gpu::view_to_host;
 
 /// Clustered data with per-group offsets and scales (V-like magnitudes in some groups).
 qvg::Tensor make_data(qvg::DType dtype, qvg::Shape4 sh, uint32_t seed, float big = 300.0f) {
@@ -121,16 +108,10 @@ std::string describe(const Mode& m) {
          std::string(qvg::name(m.sc)) + " stages=" + std::to_string(m.stages);
 }
 
-struct StreamHolder {
-  cudaStream_t s = nullptr;
-  StreamHolder() { CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamHolder() { cudaStreamDestroy(s); }
-};
-
 }  // namespace
 
 QVG_TEST(decode_matches_cpu_bit_for_bit) {
-  StreamHolder st;
+  TestStream st;
   struct ShapeCase {
     qvg::Shape4 sh;
     int block, K;
@@ -164,7 +145,7 @@ QVG_TEST(window_decode_tasks_match_cpu) {
   // Seven "chunks" (K and V each) decoded into one strided window buffer with a
   // head sub-range, as the packed cache's reconstruction does; 14 tasks = one launch,
   // and 20 tasks to cover several launches.
-  StreamHolder st;
+  TestStream st;
   const qvg::Shape4 sh{1, 96, 4, 128};
   for (int nchunks : {7, 10}) {
     std::vector<qvg::EncodedTensor> encs;
@@ -179,7 +160,7 @@ QVG_TEST(window_decode_tasks_match_cpu) {
     const size_t bytes = size_t(2 * window_tokens * token_stride) * 2;  // K then V
     std::vector<uint8_t> ref(bytes, 0);
     DeviceBuffer dwin(bytes, st.s);
-    CK(cudaMemsetAsync(dwin.data(), 0, bytes, st.s));
+    QVG_GPU_CHECK(cudaMemsetAsync(dwin.data(), 0, bytes, st.s));
     std::vector<qvg::DecodeTask> cpu;
     std::vector<qvg::cuda::DeviceDecodeTask> gpu;
     for (int i = 0; i < 2 * nchunks; ++i) {
@@ -218,7 +199,7 @@ QVG_TEST(window_decode_tasks_match_cpu) {
 // tensor-core paths D = 64, 128 and 256 (hy-worldplay-8b's head dim), the generic
 // one (D = 48), S < K, two stages, every scale mode family.
 QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
-  StreamHolder st;
+  TestStream st;
   struct Case {
     qvg::Shape4 sh;
     Mode m;
@@ -274,7 +255,7 @@ QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
 }
 
 QVG_TEST(check_input_limits_reports_first_bad_element) {
-  StreamHolder st;
+  TestStream st;
   std::vector<float> v(10000, 1.0f);
   v[7777] = 2e16f;
   v[8888] = NAN;
@@ -302,7 +283,7 @@ QVG_TEST(check_input_limits_of_a_pair_names_the_bad_tensor_and_uses_the_allocato
       qvg::cuda::default_allocator().deallocate(p, bytes, s);
     }
   } counting;
-  StreamHolder st;
+  TestStream st;
   std::vector<float> good(4096, 0.5f), bad(4096, 0.5f);
   bad[1234] = INFINITY;
   DeviceBuffer dg = to_device(good.data(), good.size() * 4, st.s), db = to_device(bad.data(), bad.size() * 4, st.s);
@@ -328,23 +309,6 @@ QVG_TEST(check_input_limits_of_a_pair_names_the_bad_tensor_and_uses_the_allocato
 
 namespace {
 
-/// A (possibly strided) device view downloaded as dense [B, T, h, D] bytes.
-std::vector<uint8_t> download_view(const qvg::StridedView& v, cudaStream_t s) {
-  const size_t esz = qvg::dtype_size(v.dtype), row = size_t(v.shape.h * v.shape.d) * esz;
-  std::vector<uint8_t> out(size_t(v.shape.b * v.shape.s) * row);
-  for (int64_t b = 0; b < v.shape.b; ++b)
-    CK(cudaMemcpy2DAsync(out.data() + size_t(b * v.shape.s) * row, row,
-                         static_cast<const uint8_t*>(v.data) + size_t(b * v.stride_b) * esz, size_t(v.stride_t) * esz,
-                         row, size_t(v.shape.s), cudaMemcpyDeviceToHost, s));
-  CK(cudaStreamSynchronize(s));
-  return out;
-}
-std::vector<uint8_t> host_bytes(const qvg::StridedView& v) {
-  const qvg::Tensor t = v.to_tensor();
-  const auto* p = static_cast<const uint8_t*>(t.data());
-  return std::vector<uint8_t>(p, p + t.nbytes());
-}
-
 /// Segment list and raw bytes of the device cache (for "a rejected call changes nothing").
 struct DevSnapshot {
   std::vector<std::string> segs;
@@ -362,8 +326,8 @@ DevSnapshot snapshot(const qvg::cuda::PackedCausalCache& c, cudaStream_t s) {
     d.segs.push_back(std::to_string(sg.g0) + "," + std::to_string(sg.g1) + "," + std::to_string(sg.is_sink) + "," +
                      std::to_string(sg.packed) + "," + std::to_string(sg.chunks));
     if (!sg.packed) {
-      d.raw.push_back(download_view(sg.k_raw, s));
-      d.raw.push_back(download_view(sg.v_raw, s));
+      d.raw.push_back(view_to_host(sg.k_raw, s));
+      d.raw.push_back(view_to_host(sg.v_raw, s));
     }
   }
   return d;
@@ -412,7 +376,7 @@ qvg::Tensor random_chunk(qvg::DType dt, qvg::Shape4 sh, std::mt19937& rng) {
 }  // namespace
 
 QVG_TEST(device_packed_cache_quant_off_matches_cpu_caches) {
-  StreamHolder st;
+  TestStream st;
   int calls = 0, compared_dense = 0, rejected = 0, copied = 0, zero_copy = 0, sliced = 0;
   for (uint32_t seed = 1; seed <= 40; ++seed) {
     std::mt19937 rng(seed);
@@ -502,20 +466,20 @@ QVG_TEST(device_packed_cache_quant_off_matches_cpu_caches) {
                  dview.visible_local_end == cview.visible_local_end &&
                  dview.visible_global_end == cview.visible_global_end)
           << what << "step" << step << "view metadata differs";
-      const std::vector<uint8_t> gk = download_view(dview.k, st.s), gv = download_view(dview.v, st.s);
-      QVG_EXPECT(gk == host_bytes(cview.k) && gv == host_bytes(cview.v))
+      const std::vector<uint8_t> gk = view_to_host(dview.k, st.s), gv = view_to_host(dview.v, st.s);
+      QVG_EXPECT(gk == host_view_bytes(cview.k) && gv == host_view_bytes(cview.v))
           << what << "step" << step << "view != CPU packed view";
       if (with_dense) {
         ++compared_dense;
-        QVG_EXPECT(gk == host_bytes(xview.k) && gv == host_bytes(xview.v))
+        QVG_EXPECT(gk == host_view_bytes(xview.k) && gv == host_view_bytes(xview.v))
             << what << "step" << step << "view != CPU dense view";
       }
       if (segs.empty())
         for (size_t i = 0; i < cpu.num_segments(); ++i) {
           const auto a = dev.segment(i);
           const auto b = cpu.segment(i);
-          QVG_EXPECT(download_view(a.k_raw, st.s) == host_bytes(b.k_raw) &&
-                     download_view(a.v_raw, st.s) == host_bytes(b.v_raw))
+          QVG_EXPECT(view_to_host(a.k_raw, st.s) == host_view_bytes(b.k_raw) &&
+                     view_to_host(a.v_raw, st.s) == host_view_bytes(b.v_raw))
               << what << "step" << step << "raw segment" << i << "differs";
         }
       QVG_EXPECT(dev.resident_nbytes() == cpu.resident_nbytes()) << what << "resident bytes";
@@ -528,7 +492,7 @@ QVG_TEST(device_packed_cache_quant_off_matches_cpu_caches) {
 }
 
 QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
-  StreamHolder st;
+  TestStream st;
   qvg::CacheOptions o;
   o.batch = 2;
   o.heads = 2;
@@ -584,9 +548,9 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
     QVG_EXPECT(T == dview.k.shape.s);
     const size_t esz = 2, row = size_t(o.heads * o.head_dim) * esz;
     for (int kv = 0; kv < 2; ++kv) {
-      const std::vector<uint8_t> got = download_view(kv ? dview.v : dview.k, st.s);
-      const std::vector<uint8_t> ref = host_bytes(kv ? cview.v : cview.k);
-      const std::vector<uint8_t> tru = host_bytes(kv ? tview.v : tview.k);
+      const std::vector<uint8_t> got = view_to_host(kv ? dview.v : dview.k, st.s);
+      const std::vector<uint8_t> ref = host_view_bytes(kv ? cview.v : cview.k);
+      const std::vector<uint8_t> tru = host_view_bytes(kv ? tview.v : tview.k);
       for (size_t i = 0; i < dev.num_segments(); ++i) {
         const auto sg = dev.segment(i);
         std::optional<qvg::Tensor> dec;

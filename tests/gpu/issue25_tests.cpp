@@ -40,6 +40,7 @@
 
 #include "codec/cuda/encode_traced.h"
 #include "codec/encode_impl.h"
+#include "gpu/device_support.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -54,47 +55,11 @@
 namespace {
 
 using qvg::cuda::DeviceBuffer;
-
-#define CK25(call)                                                                                       \
-  do {                                                                                                   \
-    cudaError_t e_ = (call);                                                                             \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
-
-struct Stream25 {
-  cudaStream_t s = nullptr;
-  Stream25() { CK25(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Stream25() { cudaStreamDestroy(s); }
-};
-
-DeviceBuffer upload(const qvg::Tensor& t, cudaStream_t s) {
-  DeviceBuffer b(t.nbytes(), s);
-  CK25(cudaMemcpyAsync(b.data(), t.data(), t.nbytes(), cudaMemcpyHostToDevice, s));
-  CK25(cudaStreamSynchronize(s));
-  return b;
-}
-std::vector<uint8_t> download(const void* p, size_t n, cudaStream_t s) {
-  std::vector<uint8_t> v(n);
-  CK25(cudaMemcpyAsync(v.data(), p, n, cudaMemcpyDeviceToHost, s));
-  CK25(cudaStreamSynchronize(s));
-  return v;
-}
-/// A (possibly strided) device view as dense [B, T, h, D] bytes.
-std::vector<uint8_t> view_bytes(const qvg::StridedView& v, cudaStream_t s) {
-  const size_t esz = qvg::dtype_size(v.dtype), row = size_t(v.shape.h * v.shape.d) * esz;
-  std::vector<uint8_t> out(size_t(v.shape.b * v.shape.s) * row);
-  for (int64_t b = 0; b < v.shape.b; ++b)
-    CK25(cudaMemcpy2DAsync(out.data() + size_t(b * v.shape.s) * row, row,
-                           static_cast<const uint8_t*>(v.data) + size_t(b * v.stride_b) * esz, size_t(v.stride_t) * esz,
-                           row, size_t(v.shape.s), cudaMemcpyDeviceToHost, s));
-  CK25(cudaStreamSynchronize(s));
-  return out;
-}
-std::vector<uint8_t> host_view_bytes(const qvg::StridedView& v) {
-  const qvg::Tensor t = v.to_tensor();
-  const auto* p = static_cast<const uint8_t*>(t.data());
-  return std::vector<uint8_t>(p, p + t.nbytes());
-}
+using qvg::testing::gpu::host_view_bytes;
+using qvg::testing::gpu::TestStream;
+using qvg::testing::gpu::to_device;
+using qvg::testing::gpu::to_host;
+using qvg::testing::gpu::view_to_host;
 
 /// Clustered data that drifts with `seed` (so later chunks fit a span's codebook more
 /// or less well).
@@ -167,7 +132,7 @@ size_t counted_resident(const qvg::cuda::PackedCausalCache& c) {
 }  // namespace
 
 QVG_TEST(issue25_gpu_encode_warm_and_mse_equal_host_replay) {
-  Stream25 st;
+  TestStream st;
   int checked = 0;
   struct Case {
     int bits;
@@ -190,14 +155,14 @@ QVG_TEST(issue25_gpu_encode_warm_and_mse_equal_host_replay) {
     const qvg::Tensor prev = drifting(qvg::DType::BF16, {1, 64, 2, 64}, 5u, 0.3f);
     const qvg::EncodedTensor warm_host = qvg::encode(prev.view(), cfg).codebooks_only();
     const qvg::cuda::DeviceEncodedTensor warm = qvg::cuda::DeviceEncodedTensor::upload(warm_host, st.s);
-    DeviceBuffer dx = upload(x, st.s);
+    DeviceBuffer dx = to_device(x, st.s);
     const size_t trace_bytes = size_t(cfg.stages * cfg.kmeans_iters) * size_t(sh.b * sh.h * sh.s);
     DeviceBuffer trace(trace_bytes, st.s);
     const qvg::EncodedTensor got =
         qvg::cuda::detail::encode_traced({dx.data(), x.dtype(), sh}, cfg, st.s, qvg::cuda::default_allocator(),
                                          trace.data(), cs.warm ? &warm : nullptr)
             .download(st.s);
-    const std::string diff = qvg::testing::check_against_replay(x, cfg, got, download(trace.data(), trace_bytes, st.s),
+    const std::string diff = qvg::testing::check_against_replay(x, cfg, got, to_host(trace.data(), trace_bytes, st.s),
                                                                 cs.warm ? &warm_host : nullptr);
     QVG_EXPECT(diff.empty()) << "bits" << cs.bits << (cs.asym ? "asym" : "sym") << "S" << cs.S
                              << (cs.warm ? "warm" : "random") << "mse: differs from the host replay in" << diff;
@@ -207,7 +172,7 @@ QVG_TEST(issue25_gpu_encode_warm_and_mse_equal_host_replay) {
 }
 
 QVG_TEST(issue25_span_chunk_quantizer_equals_cpu_given_device_ids) {
-  Stream25 st;
+  TestStream st;
   int checked = 0;
   for (const qvg::ScaleSearch search : {qvg::ScaleSearch::Off, qvg::ScaleSearch::Mse})
     for (const int stages : {1, 2}) {
@@ -223,7 +188,7 @@ QVG_TEST(issue25_span_chunk_quantizer_equals_cpu_given_device_ids) {
         // The last chunk has fewer points (6) than slots in use (16): assign_to_slots.
         const qvg::Shape4 shc{sh.b, chunk == 3 ? 6 : sh.s, sh.h, sh.d};
         const qvg::Tensor x = drifting(qvg::DType::BF16, shc, 40u + uint32_t(chunk), 0.2f * float(chunk));
-        DeviceBuffer dx = upload(x, st.s);
+        DeviceBuffer dx = to_device(x, st.s);
         DeviceBuffer energy(size_t(sh.b * sh.h) * 8, st.s);
         const qvg::cuda::DeviceEncodedTensor de =
             qvg::cuda::encode_span_chunk({dx.data(), x.dtype(), shc}, cfg, span, chunk == 0 ? 8 : 4, nullptr, st.s,
@@ -258,7 +223,7 @@ QVG_TEST(issue25_span_chunk_quantizer_equals_cpu_given_device_ids) {
         QVG_EXPECT(got.codes == want.codes) << what << "codes";
         QVG_EXPECT(got.scales == want.scales) << what << "scales";
         QVG_EXPECT(got.zeros == want.zeros && got.scale_factor == want.scale_factor) << what << "zeros/factors";
-        const std::vector<uint8_t> eb = download(energy.data(), size_t(G) * 8, st.s);
+        const std::vector<uint8_t> eb = to_host(energy.data(), size_t(G) * 8, st.s);
         double e_dev = 0;
         for (int64_t g = 0; g < G; ++g) {
           double v = 0;
@@ -289,7 +254,7 @@ qvg::CacheOptions profile_options() {
 /// One run of the profile on the device cache and the CPU cache side by side.
 void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& calls,
                  qvg::Init init = qvg::Init::Warm) {
-  Stream25 st;
+  TestStream st;
   const qvg::CacheOptions o = profile_options();
   const qvg::QuantArgs q = profile(break_ratio, init);
   qvg::cuda::PackedCausalCache dev(o, q);
@@ -303,7 +268,7 @@ void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& c
     const float drift = step >= 14 && step < 18 ? 3.0f : 0.05f * float(step);  // a jump: breaks with ratio 1.2
     const qvg::Tensor k = drifting(o.dtype, sh, 100u + uint32_t(step), drift);
     const qvg::Tensor v = drifting(o.dtype, sh, 200u + uint32_t(step), drift + 1.0f);
-    DeviceBuffer dk = upload(k, st.s), dv = upload(v, st.s);
+    DeviceBuffer dk = to_device(k, st.s), dv = to_device(v, st.s);
     const qvg::KVView dview = dev.update({dk.data(), o.dtype, sh}, {dv.data(), o.dtype, sh}, c, st.s);
     const qvg::KVView cview = cpu.update(k.view(), v.view(), c);
     ++calls;
@@ -333,7 +298,7 @@ void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& c
     const int64_t ge = dev.global_end(), se = std::min(o.sink_tokens, ge);
     const int64_t lo = std::max(se, ge - std::max<int64_t>(0, o.window() - se));
     for (int kv = 0; kv < 2; ++kv) {
-      const std::vector<uint8_t> got = view_bytes(kv ? dview.v : dview.k, st.s);
+      const std::vector<uint8_t> got = view_to_host(kv ? dview.v : dview.k, st.s);
       const std::vector<uint8_t> ref = host_view_bytes(kv ? cview.v : cview.k);
       for (size_t i = 0; i < dev.num_segments(); ++i) {
         const auto sg = dev.segment(i);
@@ -390,7 +355,7 @@ QVG_TEST(device_cache_kmeanspp_profile_matches_cpu_decode_of_its_state) {
 // (the CPU cache loads it and writes the CPU's bytes back), and the device cache
 // loads its own.
 QVG_TEST(issue25_snapshots_between_cpu_and_device_caches) {
-  Stream25 st;
+  TestStream st;
   const qvg::CacheOptions o = profile_options();
   const qvg::QuantArgs q = profile(1.2);
   qvg::PackedCausalCache cpu(o, q);
@@ -414,14 +379,14 @@ QVG_TEST(issue25_snapshots_between_cpu_and_device_caches) {
   QVG_EXPECT(again.snapshot_bytes(st.s) == b) << "the device cache's own snapshot";
   const int64_t c = cpu.segment(cpu.num_segments() - 1).g0;
   const qvg::Tensor k = drifting(o.dtype, sh, 999u, 2.0f), v = drifting(o.dtype, sh, 998u, 3.0f);
-  DeviceBuffer dk = upload(k, st.s), dv = upload(v, st.s);
+  DeviceBuffer dk = to_device(k, st.s), dv = to_device(v, st.s);
   const qvg::KVView dview = dev.update({dk.data(), o.dtype, sh}, {dv.data(), o.dtype, sh}, c, st.s);
   const qvg::KVView cview = cpu.update(k.view(), v.view(), c);
   int refined = 0;
   for (size_t i = 0; i < cpu.num_segments(); ++i) refined += cpu.segment(i).k_ref != nullptr;
   QVG_EXPECT(refined > 0) << "no refined segment in the loaded state";
-  QVG_EXPECT(view_bytes(dview.k, st.s) == host_view_bytes(cview.k)) << "K view after the load != the CPU cache's";
-  QVG_EXPECT(view_bytes(dview.v, st.s) == host_view_bytes(cview.v)) << "V view after the load != the CPU cache's";
+  QVG_EXPECT(view_to_host(dview.k, st.s) == host_view_bytes(cview.k)) << "K view after the load != the CPU cache's";
+  QVG_EXPECT(view_to_host(dview.v, st.s) == host_view_bytes(cview.v)) << "V view after the load != the CPU cache's";
 }
 
 // ---- issue 25, item 4: the measurements (--issue25-measure) -------------------------
@@ -437,17 +402,17 @@ double median(std::vector<double> v) {
 template <class F>
 double time_ms(cudaStream_t s, int reps, F&& fn) {
   cudaEvent_t a, b;
-  CK25(cudaEventCreate(&a));
-  CK25(cudaEventCreate(&b));
+  QVG_GPU_CHECK(cudaEventCreate(&a));
+  QVG_GPU_CHECK(cudaEventCreate(&b));
   std::vector<double> ms;
   fn();  // warm-up
   for (int i = 0; i < reps; ++i) {
-    CK25(cudaEventRecord(a, s));
+    QVG_GPU_CHECK(cudaEventRecord(a, s));
     fn();
-    CK25(cudaEventRecord(b, s));
-    CK25(cudaEventSynchronize(b));
+    QVG_GPU_CHECK(cudaEventRecord(b, s));
+    QVG_GPU_CHECK(cudaEventSynchronize(b));
     float m = 0;
-    CK25(cudaEventElapsedTime(&m, a, b));
+    QVG_GPU_CHECK(cudaEventElapsedTime(&m, a, b));
     ms.push_back(double(m));
   }
   cudaEventDestroy(a);
@@ -468,7 +433,7 @@ int issue25_measure(int argc, char** argv) {
   std::string json_path;
   for (int i = 2; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--json") json_path = argv[i + 1];
-  Stream25 st;
+  TestStream st;
   const int64_t n = 4680, H = 12, D = 128;
   const qvg::Shape4 chunk{1, n, H, D};
   qvg::CodecConfig cfg;
@@ -529,10 +494,10 @@ int issue25_measure(int argc, char** argv) {
     const int64_t cur = c.segment(c.num_segments() - 1).g0;
     std::vector<double> ms;
     for (int r = 0; r < 6; ++r) {
-      CK25(cudaStreamSynchronize(st.s));
+      QVG_GPU_CHECK(cudaStreamSynchronize(st.s));
       const auto t0 = std::chrono::steady_clock::now();
       (void)c.update({base, o.dtype, chunk}, {base + size_t(n * H * D) * 2, o.dtype, chunk}, cur, st.s);
-      CK25(cudaStreamSynchronize(st.s));
+      QVG_GPU_CHECK(cudaStreamSynchronize(st.s));
       if (r > 0) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     view_ms[refine] = median(ms);

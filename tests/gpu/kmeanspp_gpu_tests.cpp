@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "codec/cuda/encode_traced.h"
+#include "gpu/device_support.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -32,34 +33,11 @@
 namespace {
 
 using qvg::cuda::DeviceBuffer;
+using qvg::testing::gpu::TestStream;
+using qvg::testing::gpu::to_device;
+using qvg::testing::gpu::to_host;
 namespace A = qvg::cuda_arith;
 namespace KB = qvg::cuda::kernels;
-
-#define CKPP(call)                                                                                       \
-  do {                                                                                                   \
-    cudaError_t e_ = (call);                                                                             \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
-
-struct StreamPP {
-  cudaStream_t s = nullptr;
-  StreamPP() { CKPP(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamPP() { cudaStreamDestroy(s); }
-};
-
-DeviceBuffer upload(const void* p, size_t n, cudaStream_t s) {
-  DeviceBuffer b(n, s);
-  CKPP(cudaMemcpyAsync(b.data(), p, n, cudaMemcpyHostToDevice, s));
-  CKPP(cudaStreamSynchronize(s));
-  return b;
-}
-template <class T>
-std::vector<T> download(const void* p, size_t count, cudaStream_t s) {
-  std::vector<T> v(count);
-  CKPP(cudaMemcpyAsync(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost, s));
-  CKPP(cudaStreamSynchronize(s));
-  return v;
-}
 
 /// Clustered data with per-group offsets and scales; with distinct > 0, every token
 /// of a group is a copy of one of `distinct` rows (duplicated points).
@@ -88,7 +66,7 @@ qvg::Tensor make_data(qvg::DType dtype, qvg::Shape4 sh, uint32_t seed, int disti
 // The device's picks (kmeanspp_indices on the points and mean gather_points made)
 // against the CPU rule on the same centred points.
 QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
-  StreamPP st;
+  TestStream st;
   struct Case {
     qvg::Shape4 sh;
     int K;
@@ -111,7 +89,7 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
         const int64_t B = c.sh.b, S = c.sh.s, H = c.sh.h, D = c.sh.d, G = B * H;
         const int k_eff = int(std::min<int64_t>(c.K, S));
         const int64_t nchunk = (S + KB::kMeanChunk - 1) / KB::kMeanChunk;
-        DeviceBuffer dx = upload(x.data(), x.nbytes(), st.s);
+        DeviceBuffer dx = to_device(x.data(), x.nbytes(), st.s);
         DeviceBuffer r(size_t(G * S * D) * 4, st.s), partial(size_t(G * nchunk * D) * 8, st.s),
             mu(size_t(G * D) * 4, st.s), d2(size_t(2 * G * S) * 8, st.s), chosen(size_t(G * S), st.s),
             xp(size_t(G * D) * 4, st.s), idx(size_t(G * c.K) * 4, st.s);
@@ -122,9 +100,9 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
         KB::kmeanspp_indices(rp, mp, G, H, S, D, c.K, k_eff, 99, stage, c.head_offset, static_cast<double*>(d2.data()),
                              static_cast<uint8_t*>(chosen.data()), static_cast<float*>(xp.data()),
                              static_cast<uint32_t*>(idx.data()), st.s);
-        const std::vector<float> hr = download<float>(rp, size_t(G * S * D), st.s);
-        const std::vector<float> hmu = download<float>(mp, size_t(G * D), st.s);
-        const std::vector<uint32_t> hidx = download<uint32_t>(idx.data(), size_t(G * c.K), st.s);
+        const std::vector<float> hr = to_host<float>(rp, size_t(G * S * D), st.s);
+        const std::vector<float> hmu = to_host<float>(mp, size_t(G * D), st.s);
+        const std::vector<uint32_t> hidx = to_host<uint32_t>(idx.data(), size_t(G * c.K), st.s);
         for (int64_t g = 0; g < G; ++g) {
           std::vector<float> xc(static_cast<size_t>(S * D));
           for (int64_t e = 0; e < S * D; ++e)
@@ -144,7 +122,7 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
 // A device encode with init kmeans++: deterministic, and the host replay of its own
 // assignments byte for byte (the picks, every stage's, included).
 QVG_TEST(gpu_kmeanspp_encode_equals_host_replay_of_its_assignments) {
-  StreamPP st;
+  TestStream st;
   struct Case {
     qvg::Shape4 sh;
     int K, bits, stages;
@@ -171,13 +149,13 @@ QVG_TEST(gpu_kmeanspp_encode_equals_host_replay_of_its_assignments) {
       cfg.init = qvg::Init::KMeansPlusPlus;
       cfg.head_offset = c.head_offset;
       const qvg::Tensor x = make_data(in, c.sh, seed++, c.distinct);
-      DeviceBuffer dx = upload(x.data(), x.nbytes(), st.s);
+      DeviceBuffer dx = to_device(x.data(), x.nbytes(), st.s);
       const qvg::ConstTensorView xv{dx.data(), in, c.sh};
       const size_t trace_bytes = size_t(cfg.stages * cfg.kmeans_iters) * size_t(c.sh.b * c.sh.h * c.sh.s);
       DeviceBuffer dtrace(trace_bytes, st.s);
       const qvg::EncodedTensor gpu =
           qvg::cuda::detail::encode_traced(xv, cfg, st.s, qvg::cuda::default_allocator(), dtrace.data()).download(st.s);
-      const std::vector<uint8_t> trace = download<uint8_t>(dtrace.data(), trace_bytes, st.s);
+      const std::vector<uint8_t> trace = to_host<uint8_t>(dtrace.data(), trace_bytes, st.s);
       const qvg::EncodedTensor gpu2 = qvg::cuda::encode(xv, cfg, st.s).download(st.s);
       try {
         gpu.validate();
