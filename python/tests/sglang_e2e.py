@@ -182,16 +182,29 @@ def engine_defect_reproduces() -> bool:
 
 
 @contextlib.contextmanager
-def engine_codec_on_cpu() -> Iterator[str]:
-    """The engine's packed cache quantizes with quant-videogen (module docstring)."""
+def engine_codec_on_cpu(seed: int | None = None) -> Iterator[str]:
+    """The engine's packed cache quantizes with quant-videogen (module docstring).
+
+    The reference draws its k-means seeds (``torch.randint``) from torch's global
+    generator, in whatever state the stage leaves it. With ``seed``, the i-th
+    quantization of the rollout draws them from the global generator seeded with
+    ``seed * 1_000_003 + i`` instead, restored afterwards (``torch.random.fork_rng``:
+    the stage's own random stream is untouched): one realization of the engine's
+    codec per seed, as qvg's ``seed`` setting gives one of qvg's."""
     import reference_cpu
 
     packed = _import("sglang.multimodal_gen.runtime.layers.kvcache.qvg_packed_cache")
     quantize, dequantize, how = reference_cpu.load()
     memo: dict[int, tuple[dict, torch.Tensor]] = {}
+    calls = [0]
 
     def quantize_f32(x: torch.Tensor, **kwargs: Any) -> dict:
-        return quantize(x.float(), **kwargs)
+        if seed is None:
+            return quantize(x.float(), **kwargs)
+        calls[0] += 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed * 1_000_003 + calls[0] - 1)
+            return quantize(x.float(), **kwargs)
 
     def dequantize_memo(p: dict, block_size: int, num_bits: int, output_dtype: Any = torch.bfloat16) -> torch.Tensor:
         hit = memo.get(id(p))
@@ -511,7 +524,14 @@ def view_error(a: Rollout, reference: Rollout) -> float:
 #: chunks, then still ones; after ``interactive_kv_still_chunks`` still chunks the stage
 #: narrows recent_window_tokens from the moving window to the still window.
 LINGBOT_ACTIONS = ([["w"], ["w"], []], [["a"], [], []], [[], [], []], [[], [], []])
+
+
 LINGBOT_WINDOWS = dict(sink=3, cache=6, moving=3, still=1, still_chunks=1)  # frames
+
+
+def lingbot_actions(chunk: int) -> list:
+    """The camera actions of a chunk: LINGBOT_ACTIONS, then still ones (longer rollouts)."""
+    return LINGBOT_ACTIONS[chunk] if chunk < len(LINGBOT_ACTIONS) else [[], [], []]
 
 
 def _lingbot_pipeline_config() -> Any:
@@ -551,7 +571,7 @@ def _lingbot_run(stage: Any, args: Any, latents: torch.Tensor) -> list[torch.Ten
     out = []
     for i, chunk in enumerate(latents.split(3, dim=2)):
         req = _request(latents=chunk.clone(), image_latent=condition, prompt_embeds=[prompt], image_embeds=[],
-                       session=session, block_idx=i, condition_inputs={"camera_actions": LINGBOT_ACTIONS[i]},
+                       session=session, block_idx=i, condition_inputs={"camera_actions": lingbot_actions(i)},
                        generator=noise, negative_prompt_embeds=[])
         req = timesteps.forward(req, args)
         out.append(stage.forward(req, args).latents.clone())
