@@ -17,6 +17,9 @@ own parameter names and "sink" (WORDS) are counted and shown but never fail: the
 are ordinary words of the codec and of every cache (CodecConfig, EncodingLayout, the
 kernels, the engines' drop-ins), so a word count cannot tell the setting from them,
 and a ceiling on them would fail every new file that quantizes or keeps sinks.
+As members of QuantArgs / RoleCodec they are held to LIMIT files by
+scripts/setting-member-uses.py, which asks the compiler (a build of a renamed copy,
+about 4 minutes on 2 cores, so not here).
 
 Usage: check-setting-names.py [--report]   (--report: every name's files)
 Exit status 1 and one line per violation when anything is wrong.
@@ -37,8 +40,10 @@ SUFFIXES = {".h", ".cpp", ".cu", ".cuh", ".py", ".pyi", ".in"}
 CUDA = ("src/cache/cuda/", "src/kernels/cuda/", "python/src/cuda_", "include/qvg/cuda")
 
 # name -> (the most files it may be in, why more than LIMIT).
-CODEC = "a codec parameter (CodecConfig, EncodingLayout, kernels, codec flags) as well as a setting"
-SINK = "also the word of the sink tokens every cache keeps (spec 3), in prose and code"
+CODEC = ("a codec parameter (CodecConfig, EncodingLayout, kernels, codec flags) as well as a setting; "
+         "as a QuantArgs member at most 4 files: scripts/setting-member-uses.py")
+SINK = ("also the word of the sink tokens every cache keeps (spec 3), in prose and code; as a QuantArgs member "
+        "at most 4 files: scripts/setting-member-uses.py")
 WORDS: dict[str, str] = {
     "bits": CODEC, "centroids": CODEC, "block_size": CODEC, "stages": CODEC, "kmeans_iters": CODEC,
     "asymmetric": CODEC, "scaling": CODEC, "scale_dtype": CODEC, "init": CODEC + "; also k-means' init in prose",

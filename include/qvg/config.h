@@ -163,6 +163,11 @@ struct QuantArgs {
   /// The codec parameters of one role's encodings: the shared ones with that role's
   /// overrides applied (requires enabled()).
   CodecConfig codec(CacheRole role) const;
+  /// The inverse of codec(): sets the shared codec fields (bits included) and threads
+  /// from c; the per-role overrides and the cache policy stay as they are. The way code
+  /// outside the settings table sets codec fields (issue 23: a codec setting's name is
+  /// written in the table, the struct and codec()/set_codec(), not in every caller).
+  void set_codec(const CodecConfig& c);
   /// Applies a named profile: "reference" (issue 16: the engine's defaults, every codec
   /// field as a default-constructed QuantArgs, `compat` scaling), "hq" (issue 16: a
   /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with 8 k-means

@@ -102,6 +102,11 @@ inline int64_t span_capacity(const QuantArgs& q) { return q.span_chunks; }
 /// The packed sink is one span of the whole sink (else one span per sink chunk), so
 /// no raw sink chunk follows a packed one.
 inline bool sink_packed_whole(const QuantArgs& q) { return q.sink_span == SinkSpan::Full; }
+/// Sink chunk `index` (0-based) is ever packed: quantization on, sink chunks quantized
+/// and the chunk not among the leading sink_keep_chunks kept raw.
+inline bool packs_sink_chunk(const QuantArgs& q, int64_t index) {
+  return q.enabled() && q.sink && index >= q.sink_keep_chunks;
+}
 /// A chunk's fit to the open span is measured (a break ratio above 0); else every
 /// chunk that may join fits.
 inline bool measures_span_fit(const QuantArgs& q) { return q.span_break_ratio > 0; }

@@ -167,6 +167,21 @@ CodecConfig QuantArgs::codec() const {
           .threads = threads};
 }
 
+void QuantArgs::set_codec(const CodecConfig& c) {
+  bits = c.bits;
+  centroids = c.centroids;
+  stages = c.stages;
+  kmeans_iters = c.kmeans_iters;
+  block_size = c.block_size;
+  asymmetric = c.asymmetric;
+  scale_dtype = c.scale_dtype;
+  scaling = c.scaling;
+  init = c.init;
+  scale_search = c.scale_search;
+  seed = c.seed;
+  threads = c.threads;
+}
+
 CodecConfig QuantArgs::codec(CacheRole role) const {
   CodecConfig c = codec();
   const RoleCodec& r = role == CacheRole::Key ? k : v;

@@ -238,7 +238,7 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   std::vector<std::pair<int64_t, int64_t>> pending_sink;  // sink chunks to span together (full)
   for (int64_t i = 0; i < shape.sink_chunks(); ++i) {
     const int64_t n = shape.chunk_size(i);
-    if (!on || !args.sink || i < args.sink_keep_chunks)
+    if (!detail::packs_sink_chunk(args, i))
       r.context_layout.push_back(raw_seg(g, g + n, true, 1));
     else if (!detail::sink_packed_whole(args))
       r.context_layout.push_back(span_seg(g, g + n, true, 1));

@@ -297,10 +297,12 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
     co.head_dim = D;
     co.dtype = DType::BF16;
     co.sink_tokens = chunk;
+    CodecConfig codec_cfg;
+    codec_cfg.bits = bits;
+    codec_cfg.centroids = 256;
+    codec_cfg.threads = threads;
     QuantArgs qa;
-    qa.bits = bits;
-    qa.centroids = 256;
-    qa.threads = threads;
+    qa.set_codec(codec_cfg);
     PackedCausalCache cache(co, qa);
     // Stream until the window is full and one chunk has slid out.
     for (int64_t c = 0; c <= window_chunks; ++c) cache.update(kx, lc.v, c * chunk);

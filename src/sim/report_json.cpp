@@ -48,10 +48,9 @@ std::vector<std::string> assumed_fields(const PresetAssumptions& a) {
   return v;
 }
 
-/// Appends the codec settings QuantArgs and CodecConfig (`Config`) share, in the
-/// reports' order: stages, kmeans_iters, asymmetric, scale_dtype, scaling, init, seed.
-template <class Config>
-void put_codec_settings(ojson& j, const Config& c) {
+/// Appends a codec's settings in the reports' order: stages, kmeans_iters, asymmetric,
+/// scale_dtype, scaling, init, seed.
+void put_codec_settings(ojson& j, const CodecConfig& c) {
   j.update(ojson{{"stages", c.stages},
                  {"kmeans_iters", c.kmeans_iters},
                  {"asymmetric", c.asymmetric},
@@ -61,13 +60,12 @@ void put_codec_settings(ojson& j, const Config& c) {
                  {"seed", c.seed}});
 }
 
-/// One packed configuration's codec and policy settings.
+/// One packed configuration's codec and policy settings (REQUIRES q.enabled(), as
+/// SimulationConfig::validate does of every packed configuration).
 ojson quant_json(const std::string& label, const QuantArgs& q) {
-  ojson j = {{"label", label},
-             {"bits", q.bits ? ojson(*q.bits) : ojson()},
-             {"centroids", q.centroids},
-             {"block_size", q.block_size}};
-  put_codec_settings(j, q);
+  const CodecConfig c = q.codec();
+  ojson j = {{"label", label}, {"bits", c.bits}, {"centroids", c.centroids}, {"block_size", c.block_size}};
+  put_codec_settings(j, c);
   j.update(sim::policy_json(q));
   return j;
 }

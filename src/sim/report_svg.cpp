@@ -35,8 +35,9 @@ std::string memory_chart_svg(const SimulationResult& r) {
   std::string cfgs;
   for (const PackedConfig& pc : r.config.packed) {
     if (!cfgs.empty()) cfgs += "; ";
-    cfgs += fmt::format("{}: {} centroids, block {}, spans of {} chunks", pc.label, pc.quant.centroids,
-                        pc.quant.block_size, detail::span_capacity(pc.quant));
+    const CodecConfig c = pc.quant.codec();  // packed: bits are set (SimulationConfig::validate)
+    cfgs += fmt::format("{}: {} centroids, block {}, spans of {} chunks", pc.label, c.centroids, c.block_size,
+                        detail::span_capacity(pc.quant));
   }
   ch.subtitle =
       fmt::format("{} · window {} tokens · {}", preset_line(p, r.config.scale), sim::grouped(p.cache_tokens()), cfgs);

@@ -24,13 +24,15 @@ std::string label_list(const std::vector<int>& v) {
   return s;
 }
 
+/// REQUIRES q.enabled() (SimulationConfig::validate's rule for every packed configuration).
 std::string describe_quant(const QuantArgs& q) {
+  const CodecConfig c = q.codec();
   std::string s = fmt::format(
-      "{}-bit residuals, {} centroids, block {}, {} stage{}, {} k-means iteration{}, {} scales ({}), {}",
-      q.bits.value_or(0), q.centroids, q.block_size, q.stages, q.stages == 1 ? "" : "s", q.kmeans_iters,
-      q.kmeans_iters == 1 ? "" : "s", name(q.scale_dtype), name(q.scaling), q.asymmetric ? "asymmetric" : "symmetric");
-  if (q.init != Init::Random) s += fmt::format(", init {}", name(q.init));
-  if (q.scale_search != ScaleSearch::Off) s += fmt::format(", scale search {}", name(q.scale_search));
+      "{}-bit residuals, {} centroids, block {}, {} stage{}, {} k-means iteration{}, {} scales ({}), {}", c.bits,
+      c.centroids, c.block_size, c.stages, c.stages == 1 ? "" : "s", c.kmeans_iters, c.kmeans_iters == 1 ? "" : "s",
+      name(c.scale_dtype), name(c.scaling), c.asymmetric ? "asymmetric" : "symmetric");
+  if (c.init != Init::Random) s += fmt::format(", init {}", name(c.init));
+  if (c.scale_search != ScaleSearch::Off) s += fmt::format(", scale search {}", name(c.scale_search));
   if (!q.k.empty()) s += ", K: " + q.k.describe("");
   if (!q.v.empty()) s += ", V: " + q.v.describe("");
   return s;

@@ -96,8 +96,7 @@ PackedConfig engine_default_packed_config(const ModelPreset& model) {
   PackedConfig p;
   p.label = "engine";
   p.quant = model.policy_defaults();
-  p.quant.bits = 2;
-  p.quant.apply_profile("reference");
+  p.quant.apply_profile("reference");  // and int2: a profile sets bits (2) when they are unset
   return p;
 }
 

@@ -84,16 +84,19 @@ QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
     const CLI::Option* opt = o.cmd->get_option_no_throw(flag);
     return opt != nullptr && opt->count() > 0;
   };
-  if (given("--bits")) a.bits = parse_width_flag("--bits", o.bits);
+  // The codec: the profile's (which sets bits), else the defaults; then the flags given.
+  CodecConfig c = o.profile ? a.codec() : CodecConfig{};
+  if (given("--bits")) c.bits = parse_width_flag("--bits", o.bits);
   apply_cache_flags(o.cache, p, a, o.profile);
-  if (given("--centroids")) a.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
-  if (given("--block-size")) a.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
-  if (given("--stages")) a.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
-  if (given("--asymmetric")) a.asymmetric = o.asymmetric;
-  if (given("--scale-dtype")) a.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(o.scale_dtype); });
-  if (given("--scaling")) a.scaling = named("--scaling", [&] { return parse_scaling(o.scaling); });
+  if (given("--centroids")) c.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
+  if (given("--block-size")) c.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
+  if (given("--stages")) c.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
+  if (given("--asymmetric")) c.asymmetric = o.asymmetric;
+  if (given("--scale-dtype")) c.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(o.scale_dtype); });
+  if (given("--scaling")) c.scaling = named("--scaling", [&] { return parse_scaling(o.scaling); });
   if (given("--scale-search"))
-    a.scale_search = named("--scale-search", [&] { return parse_scale_search(o.scale_search); });
+    c.scale_search = named("--scale-search", [&] { return parse_scale_search(o.scale_search); });
+  a.set_codec(c);
   if (!o.k_config.empty()) a.k = parse_role_codec(o.k_config, "--k-config");
   if (!o.v_config.empty()) a.v = parse_role_codec(o.v_config, "--v-config");
   a.validate_for_head_dim(p.head_dim);
@@ -120,9 +123,10 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   fmt::print("  context  {} frames = {} tokens{}, {}; window = context + 1 chunk = {} tokens\n", ctx_frames,
              grouped(s.context_tokens), frames_overridden ? " (--frames)" : assumed_mark(as.context), sink,
              grouped(s.cache_tokens()));
-  fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}{}\n", *a.bits,
-             a.centroids, a.block_size, a.stages, a.stages == 1 ? "" : "s", name(a.scale_dtype), name(a.scaling),
-             a.asymmetric ? "asymmetric" : "symmetric", a.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
+  const CodecConfig c = a.codec();
+  fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}{}\n", c.bits,
+             c.centroids, c.block_size, c.stages, c.stages == 1 ? "" : "s", name(c.scale_dtype), name(c.scaling),
+             c.asymmetric ? "asymmetric" : "symmetric", c.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
   if (a.per_role())
     fmt::print("  per role {}{}{}\n", a.k.describe("k_"), !a.k.empty() && !a.v.empty() ? " " : "", a.v.describe("v_"));
   // The policy as the settings table names it, then what refinement layers cost.

@@ -96,16 +96,11 @@ SimulationConfig build_config(const SimulateOptions& o) {
   c.threads = o.cfg.threads;
   check_threads("--threads", c.threads);
 
+  // The codec flags (the profile's values where not given: add_profile_flag), with
+  // simulate's own --init (it accepts warm) and --codec-seed; bits per configuration.
+  CodecConfig codec = o.cfg;
+  codec.init = named("--init", [&] { return parse_init(o.init); });
   QuantArgs q;
-  q.centroids = o.cfg.centroids;
-  q.block_size = o.cfg.block_size;
-  q.stages = o.cfg.stages;
-  q.kmeans_iters = o.cfg.kmeans_iters;
-  q.asymmetric = o.cfg.asymmetric;
-  q.scale_dtype = o.cfg.scale_dtype;
-  q.scaling = o.cfg.scaling;
-  q.scale_search = o.cfg.scale_search;
-  q.init = named("--init", [&] { return parse_init(o.init); });
   // The profile's per-role settings (if any) unless --k-config / --v-config replace them.
   const std::optional<std::string> profile = o.cmd ? given_profile(*o.cmd) : std::nullopt;
   if (profile) {
@@ -113,28 +108,29 @@ SimulationConfig build_config(const SimulateOptions& o) {
     p.apply_profile(*profile);  // a valid name: add_profile_flag checked it
     q.k = p.k;
     q.v = p.v;
-    // simulate's own --init (it accepts warm) replaces the codec flags' one: the
-    // profile's init unless --init is given.
+    // The profile's init unless --init is given.
     const CLI::Option* init = o.cmd->get_option_no_throw("--init");
-    if (init == nullptr || init->count() == 0) q.init = p.init;
+    if (init == nullptr || init->count() == 0) codec.init = p.codec().init;
   }
   if (!o.k_config.empty()) q.k = parse_role_codec(o.k_config, "--k-config");
   if (!o.v_config.empty()) q.v = parse_role_codec(o.v_config, "--v-config");
-  q.seed = parse_seed_flag("--codec-seed", o.codec_seed);
-  q.threads = o.cfg.threads;
+  codec.seed = parse_seed_flag("--codec-seed", o.codec_seed);
   apply_cache_flags(o.cache, preset, q, profile);
   c.packed.clear();  // replace the library's default configuration
   if (o.engine_baseline) {
     PackedConfig e = engine_default_packed_config(preset);
-    e.quant.seed = q.seed;
-    e.quant.threads = q.threads;
+    CodecConfig engine = e.quant.codec();  // the engine's codec with this run's seed and threads
+    engine.seed = codec.seed;
+    engine.threads = codec.threads;
+    e.quant.set_codec(engine);
     c.packed.push_back(e);
   }
   for (int b : parse_bits_list(o.bits)) {
     PackedConfig pc;
     pc.label = profile ? fmt::format("{} int{}", *profile, b) : fmt::format("int{}", b);
     pc.quant = q;
-    pc.quant.bits = b;
+    codec.bits = b;
+    pc.quant.set_codec(codec);
     c.packed.push_back(pc);
   }
   c.validate();
