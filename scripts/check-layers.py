@@ -93,7 +93,8 @@ def public_allowed(layer: str, header: str) -> bool:
 # Which folders each library's sources may come from.
 LIBRARIES = {
     "QVG_CORE_SOURCES": ("core", {"core", "kernels/ref", "kernels/cpu", "codec", "cache", "io"}),
-    "QVG_EVAL_SOURCES": ("eval", {"workload", "baselines", "memory", "sim", "perf"}),
+    "QVG_WORKLOAD_SOURCES": ("eval", {"workload"}),
+    "QVG_EVAL_SOURCES": ("eval", {"baselines", "memory", "sim", "perf"}),
     "QVG_CUDA_KERNEL_SOURCES": ("cuda", {"kernels/cuda"}),
     "QVG_CUDA_HOST_SOURCES": ("cuda", {"kernels/cuda", "codec/cuda", "cache/cuda"}),
     # Single-file evaluation libraries: the faiss peer and the GPU benchmarks.
