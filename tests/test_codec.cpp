@@ -175,6 +175,22 @@ TEST(Codec, RefinementLayerEncodesTheDecodingErrorWithinItsBound) {
               changed += got != load_f32(dec.data(), dt, i);
             }
       EXPECT_GT(changed, 0u);
+      // The layer fused into the decode (DecodeTask::refinement): the same bytes as
+      // decode_range followed by add_refinement, on every thread count.
+      for (const int threads : {1, 2}) {
+        Tensor fused = dec;
+        std::memset(static_cast<std::byte*>(fused.data()), 0x5A, fused.nbytes() / 2);  // also overwritten bytes
+        Tensor want = dec;
+        std::memset(static_cast<std::byte*>(want.data()), 0x5A, want.nbytes() / 2);
+        const auto target = [&](Tensor& t) {
+          return DecodeTarget{static_cast<std::byte*>(t.data()) + size_t((10 * sh.h + 1) * sh.d) * dtype_size(dt), dt,
+                              sh.s * sh.h * sh.d, sh.h * sh.d};
+        };
+        decode_range(base, 10, 50, 1, 3, target(want), threads);
+        add_refinement(layer, 10, 50, 1, 3, target(want), threads);
+        decode_ranges({DecodeTask{&base, 10, 50, 1, 3, target(fused), nullptr, &layer}}, threads);
+        ASSERT_EQ(std::memcmp(fused.data(), want.data(), want.nbytes()), 0) << dtype_name(dt) << " bits " << bits;
+      }
       // The whole tensor refined: its error well below the base's.
       Tensor full = dec;
       add_refinement(layer, 0, sh.s, 0, sh.h, {full.data(), dt, sh.s * sh.h * sh.d, sh.h * sh.d});

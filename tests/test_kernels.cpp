@@ -200,6 +200,35 @@ TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
       j.zeros = j.asymmetric ? zeros.data() : nullptr;
       j.ids = ip.data();
       j.centroids = cp.data();
+      // Two reps in three add a refinement layer (fused into the same pass): its own
+      // width, its scales' format, its blocks (the job's, or another size: the
+      // generic path), a centroid row of every magnitude class.
+      kernels::RefineRows layer;
+      std::vector<uint8_t> rcodes, rscales;
+      std::vector<float> rcent(static_cast<size_t>(D));
+      if (rep % 3 != 0) {
+        layer.bits = rep % 5 < 3 ? 4 : 2;
+        layer.scale_dtype = rep % 7 == 0 ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
+        layer.block = rep % 11 == 0 && j.block > 16 ? j.block / 2 : j.block;
+        layer.scale_factor = fac[rng() % 4];
+        const size_t resz = layer.scale_dtype == ScaleDType::BF16 ? 2 : 1;
+        rcodes.resize(size_t(j.count * D * layer.bits / 8));
+        rscales.resize(size_t(j.count * (D / layer.block)) * resz);
+        for (auto& c : rcodes) c = uint8_t(rng());
+        for (size_t i = 0; i < rscales.size(); ++i) {
+          rscales[i] = uint8_t(rng() % 5 == 0 ? 0 : rng());
+          if (resz == 1 && (rscales[i] & 0x7F) == 0x7F) rscales[i] = 0x7E;
+          if (resz == 2 && i % 2 == 1) rscales[i] &= 0x3F;
+        }
+        for (auto& v : rcent) {
+          const float m = magnitudes[rng() % 10];
+          v = (rng() % 2 ? -m : m) * (1.0f + float(rng() % 1000) / 1000.0f);
+        }
+        layer.codes = rcodes.data();
+        layer.scales = rscales.data();
+        layer.centroid = rcent.data();
+        j.refine = &layer;
+      }
       for (DType out : {DType::BF16, DType::F32, DType::F16}) {
         const int64_t stride = D + 32 * (rep % 2);  // dense rows and rows inside a wider view
         const size_t es = dtype_size(out);
@@ -219,7 +248,8 @@ TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
         kernels::ref::decode_rows(j);
         ASSERT_EQ(std::memcmp(a, b, size_t(j.count * stride) * es), 0)
             << "rep " << rep << " bits " << j.bits << " asym " << j.asymmetric << " block " << j.block << " dim " << D
-            << " out " << dtype_name(out) << " native " << allow << " target " << GetParam().name;
+            << " out " << dtype_name(out) << " native " << allow << " layer " << (j.refine ? layer.bits : 0)
+            << " target " << GetParam().name;
       }
     }
   }

@@ -163,11 +163,15 @@ void decode_range(const EncodedTensor& enc, int64_t t0, int64_t t1, int64_t h0, 
 /// One range of decode_ranges(): tokens [t0, t1), heads [h0, h1) of *enc into dst.
 /// The centroids come from *codebook when it is set (a chunk of an incremental span,
 /// made by encode_span_chunk, whose own centroid arrays are empty), else from *enc.
+/// With *refinement set (a layer encode_refinement made of enc's decoded values: the
+/// same shape, f32, one stage of one centroid, symmetric), the layer is added in the
+/// same pass: the bits of decode_range() followed by add_refinement() on the range.
 struct DecodeTask {
   const EncodedTensor* enc = nullptr;
   int64_t t0 = 0, t1 = 0, h0 = 0, h1 = 0;
   DecodeTarget dst;
   const EncodedTensor* codebook = nullptr;
+  const EncodedTensor* refinement = nullptr;
 };
 /// decode_range() for several ranges (e.g. every span of a window, K and V) in one
 /// parallel pass. REQUIRES each task as decode_range requires; targets disjoint.

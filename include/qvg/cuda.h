@@ -182,6 +182,10 @@ struct DeviceDecodeTask {
   /// The centroids come from *codebook when set (a chunk of an incremental span,
   /// EncodedParts::WithoutCentroids), else from *enc.
   const DeviceEncodedTensor* codebook = nullptr;
+  /// A refinement layer of *enc (encode_refinement of its decoded values: the same
+  /// shape, f32, one symmetric stage of one centroid), added in the same pass: the
+  /// bits of decoding and then add_refinements on the range. Null: none.
+  const DeviceEncodedTensor* refinement = nullptr;
 };
 /// Decodes every task (spec 1.3 arithmetic, bit-identical to the CPU decoder) in as
 /// few kernel launches as possible (one per 16 tasks): e.g. every visible segment

@@ -14,6 +14,7 @@
 #include "cache/plan_access.h"
 #include "cache/snapshot_state.h"
 #include "cache/span_execution.h"
+#include "cache/view_assembly.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
@@ -316,45 +317,42 @@ struct PackedCausalCache::Impl {
       }
       const detail::Rows vk{scratch->data(), opt.dtype, B, T, h_in, D};
       const detail::Rows vv{scratch->data() + view_bytes / 2, opt.dtype, B, T, h_in, D};
-      // Raw segments are copied at once; packed spans are collected and decoded
-      // in one parallel pass (every span, K and V) straight into the view.
-      // The current chunk — always the view's last n tokens, and exactly the
-      // call's key/value rows — is copied from the input, not re-read from its
-      // segment.
-      std::vector<DecodeTask> tasks;
-      for (const detail::ViewPiece& pc : plan.pieces) {
-        Segment& s = segs[pc.seg];
-        if (!s.packed) {
-          detail::gather_rows(k_rows(s), pc.t0, pc.t1, head0, {vk, pc.out_t, 0});
-          detail::gather_rows(v_rows(s), pc.t0, pc.t1, head0, {vv, pc.out_t, 0});
-        } else {
-          const DecodeTarget tk{vk.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
-          const DecodeTarget tv{vv.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back(
-              {&s.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk, s.data.k_book ? &s.data.k_book->book : nullptr});
-          tasks.push_back(
-              {&s.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv, s.data.v_book ? &s.data.v_book->book : nullptr});
+      // Raw segments are copied at once; packed ranges (refined chunks' layers
+      // included) are decoded in one parallel pass straight into the view. The
+      // current chunk — always the view's last n tokens, and exactly the call's
+      // key/value rows — is copied from the input, not re-read from its segment.
+      struct Backend {
+        const Impl& m;
+        const detail::CallPlan& p;
+        ConstTensorView key, value;
+        const detail::Rows &vk, &vv;
+        Segment& cur;
+        DecodeTarget target(bool is_k, int64_t out_t) const {
+          const detail::Rows& r = is_k ? vk : vv;
+          return {r.row(0, out_t, 0), r.dtype, r.tokens * r.heads * r.dim, r.heads * r.dim};
         }
-      }
-      const int64_t chunk_at = T - p.call.n;  // the call's chunk: the view's last n tokens
-      if (p.advance) {
-        detail::write_rows(key, {vk, chunk_at, 0});
-        detail::write_rows(value, {vv, chunk_at, 0});
-      } else {  // a denoising step: into the current segment and the view at once
-        Segment& c_seg = segs.back();
-        detail::write_rows_twice(key, {k_rows(c_seg), 0, head0}, {vk, chunk_at, 0});
-        detail::write_rows_twice(value, {v_rows(c_seg), 0, head0}, {vv, chunk_at, 0});
-      }
-      decode_ranges(tasks, quant.threads);
-      // Refined chunks: their layers added to what was just decoded.
-      for (const detail::ViewPiece& pc : plan.pieces) {
-        const Segment& s = segs[pc.seg];
-        if (!s.packed || !s.data.k_ref) continue;
-        add_refinement(*s.data.k_ref, pc.t0, pc.t1, head0, head0 + h_in,
-                       {vk.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D}, quant.threads);
-        add_refinement(*s.data.v_ref, pc.t0, pc.t1, head0, head0 + h_in,
-                       {vv.row(0, pc.out_t, 0), opt.dtype, T * h_in * D, h_in * D}, quant.threads);
-      }
+        void copy_raw(const Segment& s, const detail::ViewPiece& pc) const {
+          for (const bool is_k : {true, false})
+            detail::gather_rows(detail::rows_of((is_k ? s.data.k_raw : s.data.v_raw).data(), m.opt, s.tokens()),
+                                pc.t0, pc.t1, p.call.head_start, {is_k ? vk : vv, pc.out_t, 0});
+        }
+        void copy_chunk() const {
+          const int64_t at = vk.tokens - p.call.n;  // the call's chunk: the view's last n tokens
+          for (const bool is_k : {true, false}) {
+            const ConstTensorView in = is_k ? key : value;
+            const detail::RowsAt to{is_k ? vk : vv, at, 0};
+            if (p.advance)
+              detail::write_rows(in, to);
+            else  // a denoising step: into the current segment and the view at once
+              detail::write_rows_twice(
+                  in, {detail::rows_of((is_k ? cur.data.k_raw : cur.data.v_raw).data(), m.opt, cur.tokens()), 0,
+                       p.call.head_start},
+                  to);
+          }
+        }
+        void decode(const std::vector<DecodeTask>& tasks) const { decode_ranges(tasks, m.quant.threads); }
+      } be{*this, p, key, value, vk, vv, segs.back()};
+      detail::assemble_view<DecodeTask>(segs, plan, be);
       out.k = detail::dense_view(vk);
       out.v = detail::dense_view(vv);
     }

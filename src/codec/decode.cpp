@@ -35,6 +35,19 @@ kernels::DecodeRows rows_job(const EncodedTensor& enc, int64_t g, int64_t t0, in
   return j;
 }
 
+kernels::RefineRows refine_rows(const EncodedTensor& ref, int64_t g, int64_t t0) {
+  const kernels::DecodeRows r = rows_job(ref, g, t0, t0);
+  kernels::RefineRows j;
+  j.codes = r.codes;
+  j.scales = r.scales;
+  j.scale_dtype = r.scale_dtype;
+  j.scale_factor = r.scale_factor;
+  j.bits = r.bits;
+  j.block = r.block;
+  j.centroid = reinterpret_cast<const float*>(ref.centroid[0].data()) + g * ref.shape.d;
+  return j;
+}
+
 }  // namespace detail
 
 void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
@@ -55,6 +68,10 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
       QVG_CHECK(c.size() == size_t(enc.groups() * enc.centroids * enc.shape.d) * dtype_size(enc.dtype));
     QVG_CHECK(0 <= tk.t0 && tk.t0 <= tk.t1 && tk.t1 <= enc.shape.s && 0 <= tk.h0 && tk.h0 < tk.h1 &&
               tk.h1 <= enc.shape.h);
+    if (const EncodedTensor* r = tk.refinement)  // a layer of this encoding (encode_refinement)
+      QVG_CHECK(r->dtype == DType::F32 && r->stages == 1 && r->centroids == 1 && !r->asymmetric &&
+                r->shape == enc.shape && r->centroid.size() == 1 &&
+                r->centroid[0].size() == size_t(r->groups() * r->shape.d) * 4);
     const int64_t nblk = (tk.t1 - tk.t0 + kTokBlock - 1) / kTokBlock;
     first_item[i + 1] = first_item[i] + enc.shape.b * (tk.h1 - tk.h0) * nblk;
   }
@@ -110,6 +127,11 @@ void decode_ranges(const std::vector<DecodeTask>& tasks, int threads) {
                     dtype_size(dst.dtype);
       job.out_dtype = dst.dtype;
       job.out_token_stride = dst.token_stride;
+      kernels::RefineRows layer;
+      if (tk.refinement) {
+        layer = detail::refine_rows(*tk.refinement, g, a);
+        job.refine = &layer;
+      }
       kernels::decode_rows(job);
     }
   }

@@ -29,6 +29,20 @@ namespace qvg::kernels {
 /// Allocates a transposed copy of the centroids (dim x k, padded).
 int64_t assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids, bool first);
 
+/// A refinement layer of one group, added in the same pass as its encoding's decode
+/// (docs/spans.md): a symmetric residual of `bits` with one f32 centroid row, so
+/// the layer's value of element (t, d) is (code - qmax) * s_eff + centroid[d]
+/// (spec 1.3 for one stage of one centroid, each operation rounded once).
+struct RefineRows {
+  const uint8_t* codes = nullptr;   ///< count x (dim*bits/8) packed codes
+  const uint8_t* scales = nullptr;  ///< count x (dim/block) stored scales
+  ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
+  float scale_factor = 1.0f;        ///< two_level factor g (1 for compat / bf16)
+  int bits = 4;
+  int64_t block = 64;
+  const float* centroid = nullptr;  ///< dim floats: the group's one centroid
+};
+
 /// One group's decode job: tokens [0, count) of the group's arrays.
 struct DecodeRows {
   const uint8_t* codes = nullptr;    ///< count x (dim*bits/8) packed codes
@@ -48,9 +62,15 @@ struct DecodeRows {
   DType out_dtype = DType::BF16;
   int64_t out_token_stride = 0;      ///< elements between consecutive tokens in `out`
   int64_t count = 0;
+  /// The refinement layer of these rows (same tokens, dim), or null: then each
+  /// element is round(widen(round(value)) + layer) — the decoded value rounded to
+  /// out_dtype and widened back exactly, the layer's value added (one fp32 add),
+  /// rounded again: the bits of decode_rows followed by add_refinement (qvg/codec.h).
+  const RefineRows* refine = nullptr;
 };
 /// out[t, :] = dequant(code) + sum_s C_s[id_s[t], :] with spec 1.3's pinned fp32
-/// arithmetic, rounded once to out_dtype (nearest even; fp16 saturates).
+/// arithmetic, rounded once to out_dtype (nearest even; fp16 saturates); with a
+/// refinement layer, its value added as RefineRows says. One pass over the output.
 void decode_rows(const DecodeRows& job);
 
 /// Centroid-update sums: for i in [0, n), in that order,

@@ -128,13 +128,14 @@ size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks, int32_t min_
         for (int tid = 0; tid < K::kDecodeThreads; ++tid) K::decode_block_generic(L, ti, local, tid);
         continue;
       }
-      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, [&](auto b, auto f, auto c, auto o) {
-        modes_run().insert(decltype(b)::value * 1000 + decltype(f)::value * 100 + decltype(c)::value * 10 +
-                           decltype(o)::value);
-        for (int tid = 0; tid < K::kDecodeThreads; ++tid)
-          K::decode_block_vec<decltype(b)::value, decltype(f)::value, decltype(c)::value, decltype(o)::value>(
-              L, ti, local, tid);
-      });
+      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref != 0,
+                          [&](auto b, auto f, auto c, auto o, auto r) {
+                            modes_run().insert(decltype(r)::value * 10000 + decltype(b)::value * 1000 +
+                                               decltype(f)::value * 100 + decltype(c)::value * 10 + decltype(o)::value);
+                            for (int tid = 0; tid < K::kDecodeThreads; ++tid)
+                              K::decode_block_vec<decltype(b)::value, decltype(f)::value, decltype(c)::value,
+                                                  decltype(o)::value, decltype(r)::value>(L, ti, local, tid);
+                          });
     }
   return plan.size();
 }
@@ -914,6 +915,62 @@ QVG_TEST(refinement_bodies_match_the_cpu) {
     }
   std::printf("  %d refined ranges compared\n", checked);
   QVG_EXPECT(checked == 36) << checked;
+}
+
+// Issue 40: the layer fused into the decode launch (DecodeArgs::ref_*): every mode's
+// vectorised launch with a layer (output in the centroids' dtype), the generic launch
+// (another output dtype, or a block not a multiple of 8), in launches that mix refined
+// and unrefined tasks over whole and strided sub-ranges — the bytes of the CPU's
+// decode_range followed by add_refinement.
+QVG_TEST(fused_refinement_launches_match_the_cpu) {
+  modes_run().clear();
+  int checked = 0;
+  for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
+    for (const int bits : {2, 4})
+      for (const bool fp8 : {true, false})
+        for (const int block : {32, 12}) {
+          const qvg::Shape4 sh{2, 40, 3, 96};
+          const qvg::Tensor x = make_data(dt, sh, uint32_t(1000 + bits + 7 * block + (fp8 ? 1 : 0)), 20.0f);
+          qvg::CodecConfig base;
+          base.bits = bits;
+          base.centroids = 4;
+          base.block_size = block;
+          base.scale_dtype = fp8 ? qvg::ScaleDType::FP8_E4M3 : qvg::ScaleDType::BF16;
+          base.asymmetric = bits == 2;
+          const qvg::EncodedTensor enc = qvg::encode(x.view(), base);
+          qvg::Tensor dec(dt, sh);
+          qvg::decode(enc, dec.view());
+          const qvg::EncodedTensor layer =
+              qvg::encode_refinement(x.view(), dec.view(), qvg::refinement_config(6 - bits, block, 7));
+          const Contig ec = contig(enc), lc = contig(layer);
+          for (const qvg::DType od : {dt, dt == qvg::DType::F32 ? qvg::DType::BF16 : qvg::DType::F32}) {
+            // Tokens [2, 37) heads [0, 3) refined and [1, 3) unrefined into one strided target.
+            const int64_t D = sh.d, tok_stride = 6 * D, batch_stride = 40 * tok_stride;
+            const size_t osz = qvg::dtype_size(od);
+            std::vector<uint8_t> want(size_t(sh.b * batch_stride) * osz, 0xA5), got = want;
+            const qvg::DecodeTarget wa{want.data(), od, batch_stride, tok_stride};
+            const qvg::DecodeTarget wb{want.data() + size_t(3 * D) * osz, od, batch_stride, tok_stride};
+            qvg::decode_range(enc, 2, 37, 0, 3, wa);
+            qvg::add_refinement(layer, 2, 37, 0, 3, wa);
+            qvg::decode_range(enc, 5, 30, 1, 3, wb);
+            K::DecodeArgs refined = range_task(enc, ec, od, 2, 37, 0, 3, tok_stride, got.data());
+            refined.batch_stride = batch_stride;
+            qvg::cuda::set_refinement(refined, layer,
+                                      {layer.codes.data(), layer.scales.data(), nullptr, layer.scale_factor.data(),
+                                       nullptr, lc.ids.data(), lc.cent.data()});
+            K::DecodeArgs plain = range_task(enc, ec, od, 5, 30, 1, 3, tok_stride, got.data() + size_t(3 * D) * osz);
+            plain.batch_stride = batch_stride;
+            run_decode_launches({refined, plain});
+            QVG_EXPECT(got == want) << qvg::dtype_name(dt) << " bits " << bits << " fp8 " << fp8 << " block " << block
+                                    << " into " << qvg::dtype_name(od);
+            ++checked;
+          }
+        }
+  int refined_modes = 0;
+  for (const int m : modes_run()) refined_modes += m >= 10000;
+  std::printf("  %d fused launches compared, %d refined vectorised modes\n", checked, refined_modes);
+  QVG_EXPECT(checked == 48) << checked;
+  QVG_EXPECT(refined_modes == 12) << refined_modes;  // every (bits, scale format, dtype) with output == centroids
 }
 
 int main(int argc, char** argv) { return qvg::testing::run_all(argc, argv); }

@@ -6,7 +6,8 @@
 // cudaMemcpy2DAsync, the plan's whole spans by the device encoder (warm started with
 // init = warm), incremental chunks by encode_span_chunk against their span's
 // codebooks (adaptive breaks measured by the residual energies), refinement layers
-// by encode_refinement, windows by one decode_ranges plus add_refinements. Every
+// by encode_refinement, windows as src/cache/view_assembly.h assembles them (one
+// decode_ranges, refinement layers added in the same pass). Every
 // allocation of an update() happens before the policy changes: the steps of an
 // advance's PackPlan are executed first (execute), then installed (install).
 #include <cuda_runtime_api.h>
@@ -26,6 +27,7 @@
 #include "cache/snapshot_io.h"
 #include "cache/snapshot_records.h"
 #include "cache/span_execution.h"
+#include "cache/view_assembly.h"
 #include "core/file_impl.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
@@ -282,43 +284,38 @@ struct PackedCausalCache::Impl {
     } else {
       auto* vk = static_cast<std::byte*>(view.data());
       std::byte* vv = vk + view_bytes / 2;
-      const size_t out_row = size_t(h_in * D) * esz;  // one token of the view
-      const size_t view_batch = size_t(T) * out_row;  // one batch of the view
-      std::vector<DeviceDecodeTask> tasks;
-      std::vector<DeviceRefineTask> refines;
-      for (const qvg::detail::ViewPiece& pc : plan.pieces) {
-        const Seg& sg = pol.segments()[pc.seg];
-        const size_t off = size_t(pc.out_t) * out_row;
-        if (!sg.packed) {
-          const size_t seg_row = size_t(H * D) * esz, seg_batch = size_t(sg.tokens()) * seg_row;
-          const size_t src_off = size_t(pc.t0) * seg_row + size_t(head0 * D) * esz;
-          for (int64_t b = 0; b < B; ++b) {
-            copy2d(vk + size_t(b) * view_batch + off, out_row,
-                   static_cast<const std::byte*>(sg.data.k_raw.data()) + size_t(b) * seg_batch + src_off, seg_row,
-                   out_row, size_t(pc.t1 - pc.t0), s);
-            copy2d(vv + size_t(b) * view_batch + off, out_row,
-                   static_cast<const std::byte*>(sg.data.v_raw.data()) + size_t(b) * seg_batch + src_off, seg_row,
-                   out_row, size_t(pc.t1 - pc.t0), s);
-          }
-        } else {
-          const DeviceDecodeTarget tk{vk + off, opt.dtype, T * h_in * D, h_in * D};
-          const DeviceDecodeTarget tv{vv + off, opt.dtype, T * h_in * D, h_in * D};
-          tasks.push_back({&sg.data.k_enc, pc.t0, pc.t1, head0, head0 + h_in, tk,
-                           sg.data.k_book ? &sg.data.k_book->book : nullptr});
-          tasks.push_back({&sg.data.v_enc, pc.t0, pc.t1, head0, head0 + h_in, tv,
-                           sg.data.v_book ? &sg.data.v_book->book : nullptr});
-          if (sg.data.k_ref) {  // a refined chunk: its layers added to what is decoded
-            refines.push_back({&*sg.data.k_ref, pc.t0, pc.t1, head0, head0 + h_in, tk});
-            refines.push_back({&*sg.data.v_ref, pc.t0, pc.t1, head0, head0 + h_in, tv});
-          }
+      // The view as qvg::detail::assemble_view builds it (src/cache/view_assembly.h),
+      // with device copies and the device decode.
+      struct Backend {
+        const Impl& m;
+        const qvg::detail::CallPlan& p;
+        ConstTensorView key, value;
+        std::byte *vk, *vv;
+        Stream s;
+        size_t out_row() const { return size_t(p.call.heads * m.opt.head_dim) * m.esz; }  // one token of the view
+        size_t view_batch() const { return size_t(p.view.tokens) * out_row(); }           // one batch of the view
+        DeviceDecodeTarget target(bool is_k, int64_t out_t) const {
+          const int64_t hd = p.call.heads * m.opt.head_dim;
+          return {(is_k ? vk : vv) + size_t(out_t) * out_row(), m.opt.dtype, p.view.tokens * hd, hd};
         }
-      }
-      // The call's own chunk is the view's last n tokens: copied from the input.
-      const size_t chunk = size_t(n) * out_row, at = size_t(T - n) * out_row;
-      copy2d(vk + at, view_batch, key.data, chunk, chunk, size_t(B), s);
-      copy2d(vv + at, view_batch, value.data, chunk, chunk, size_t(B), s);
-      if (!tasks.empty()) decode_ranges(tasks, s);
-      if (!refines.empty()) add_refinements(refines, s);
+        void copy_raw(const Seg& sg, const qvg::detail::ViewPiece& pc) const {
+          const size_t seg_row = size_t(m.opt.heads * m.opt.head_dim) * m.esz, seg_batch = size_t(sg.tokens()) * seg_row;
+          const size_t src_off = size_t(pc.t0) * seg_row + size_t(p.call.head_start * m.opt.head_dim) * m.esz;
+          for (const bool is_k : {true, false})
+            for (int64_t b = 0; b < m.opt.batch; ++b)
+              copy2d((is_k ? vk : vv) + size_t(b) * view_batch() + size_t(pc.out_t) * out_row(), out_row(),
+                     static_cast<const std::byte*>((is_k ? sg.data.k_raw : sg.data.v_raw).data()) +
+                         size_t(b) * seg_batch + src_off,
+                     seg_row, out_row(), size_t(pc.t1 - pc.t0), s);
+        }
+        void copy_chunk() const {  // the call's own chunk is the view's last n tokens: copied from the input
+          const size_t chunk = size_t(p.call.n) * out_row(), at = size_t(p.view.tokens - p.call.n) * out_row();
+          copy2d(vk + at, view_batch(), key.data, chunk, chunk, size_t(m.opt.batch), s);
+          copy2d(vv + at, view_batch(), value.data, chunk, chunk, size_t(m.opt.batch), s);
+        }
+        void decode(const std::vector<DeviceDecodeTask>& tasks) const { decode_ranges(tasks, s); }
+      } be{*this, p, key, value, vk, vv, s};
+      qvg::detail::assemble_view<DeviceDecodeTask>(pol.segments(), plan, be);
       out.k = qvg::detail::dense_view({vk, opt.dtype, B, T, h_in, D});
       out.v = qvg::detail::dense_view({vv, opt.dtype, B, T, h_in, D});
     }

@@ -137,7 +137,15 @@ kernels::DecodeArgs decode_task_args(const DeviceDecodeTask& tk) {
   if (tk.codebook && (book.shape.b != e.shape.b || book.shape.h != e.shape.h || book.shape.d != e.shape.d ||
                       book.centroids != e.centroids || book.stages != e.stages || book.dtype != e.dtype))
     throw InvalidArgument("decode task: the codebook must match the encoding's B, H, D, K, stages and dtype");
-  return range_args("decode", e, book, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst);
+  kernels::DecodeArgs t = range_args("decode", e, book, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst);
+  if (const DeviceEncodedTensor* r = tk.refinement) {
+    check_layer(*r);
+    if (!(r->shape == e.shape))
+      throw InvalidArgument(fmt::format("decode task: the refinement layer's shape must be the encoding's {}, got {}",
+                                        e.shape.str(), r->shape.str()));
+    set_refinement(t, *r, arrays_of(*r, *r));
+  }
+  return t;
 }
 
 }  // namespace

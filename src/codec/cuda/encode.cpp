@@ -284,8 +284,7 @@ void add_refinements(const std::vector<DeviceRefineTask>& tasks, Stream stream) 
   for (const DeviceRefineTask& tk : tasks) {
     if (tk.ref == nullptr) throw InvalidArgument("refinement task without a layer");
     const DeviceEncodedTensor& e = *tk.ref;
-    if (e.dtype != DType::F32 || e.stages != 1 || e.centroids != 1 || e.parts() != EncodedParts::All)
-      throw InvalidArgument("refinement task: the layer must come from encode_refinement");
+    check_layer(e);
     kt.push_back(range_args("refinement", e, e, tk.t0, tk.t1, tk.h0, tk.h1, tk.dst));
   }
   kernels::refine_tasks(kt.data(), int(kt.size()), stream);

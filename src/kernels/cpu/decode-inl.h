@@ -89,9 +89,9 @@ HWY_INLINE hn::Vec512<uint16_t> Bf16Pair(hn::Vec512<float> lo, hn::Vec512<float>
 #endif
 
 // What one instantiation of DecodeRowsVec is compiled for: the job's choices
-// (bits, asymmetry, one stage or several, native bf16 pairs) and the constants
-// that follow from them on this target.
-template <int kBitsArg, bool kAsymArg, bool kOneStageArg, bool kPairArg>
+// (bits, asymmetry, one stage or several, native bf16 pairs, the width of a
+// refinement layer) and the constants that follow from them on this target.
+template <int kBitsArg, bool kAsymArg, bool kOneStageArg, bool kPairArg, int kRefBitsArg>
 struct DecodeMode {
   static constexpr int kBits = kBitsArg;           // 2 or 4
   static constexpr bool kAsym = kAsymArg;          // code * s + z (else (code - qmax) * s)
@@ -99,56 +99,141 @@ struct DecodeMode {
   // bf16 output converted two vectors at a time with the native instruction
   // (REQUIRES block % (2 L) == 0).
   static constexpr bool kPair = kPairArg;
+  // 0: no refinement layer; else its code width (a symmetric layer of one f32
+  // centroid, added in the same pass: kernels::RefineRows).
+  static constexpr int kRefBits = kRefBitsArg;
   static constexpr size_t kLanes = hn::MaxLanes(hn::ScalableTag<float>());
-  // The 2^bits values of a block's codes fit one vector: they are looked up in a
-  // per-block table (else codes are converted and scaled per element).
-  static constexpr bool kLut = (size_t(1) << kBits) <= kLanes;
-  // Bytes of codes per vector of channels. (Never used with L < 4; the guard keeps
-  // the instantiation well-formed.)
-  static constexpr size_t kCodeBytes = kLanes * kBits / 8 >= 1 ? kLanes * kBits / 8 : 1;
-  static_assert(kCodeBytes <= 8, "one word of codes per vector");
 };
 
-// Decode of one token row by vectors. Residual values come from a per-block table:
-// entry c holds (c - qmax) * s_eff (symmetric) or c * s_eff + z_eff (asymmetric),
-// computed with the very operations of spec 1.3 on the very operands, so looking a
-// code up gives the bits of computing it; then the stages' centroids are added.
-// Unpack: the codes of one vector of L channels are L*bits/8 bytes; they are
-// loaded as one little-endian word, broadcast, and every lane shifts its own code
-// down (per-lane shift amounts), so no byte shuffles or tables are needed.
-// REQUIRES L >= 4, dim % L == 0, block % L == 0, stages <= 8.
+// The codes of one vector of L channels, for codes of kBits: they are L*kBits/8
+// bytes, loaded as one little-endian word, broadcast, and every lane shifts its own
+// code down (per-lane shift amounts), so no byte shuffles or tables are needed.
+// When the 2^kBits code values fit one vector (kLut), a block's values are looked
+// up in a per-block table whose entry c holds (c - qmax) * s_eff (symmetric) or
+// c * s_eff + z_eff (asymmetric), computed with the very operations of spec 1.3 on
+// the very operands, so looking a code up gives the bits of computing it; else the
+// codes are converted and scaled per element. (Never used with L < 4.)
+template <int kBits, bool kAsym>
+struct CodeUnpack {
+  using DF = hn::ScalableTag<float>;
+  using V = hn::Vec<DF>;
+  using DU = hn::RebindToUnsigned<DF>;
+  using DI = hn::RebindToSigned<DF>;
+  static constexpr size_t L = hn::MaxLanes(DF());
+  static constexpr bool kLut = (size_t(1) << kBits) <= L;
+  static constexpr size_t kCodeBytes = L * kBits / 8 >= 1 ? L * kBits / 8 : 1;  // bytes per vector
+  static_assert(kCodeBytes <= 8, "one word of codes per vector");
+
+  hn::Vec<DU> shifts, mask;
+  hn::Vec<DI> qoff;
+  decltype(hn::SetTableIndices(DU(), static_cast<const int32_t*>(nullptr))) words;
+  V lut_codes;  // lane i: code i (mod 2^kBits) minus the offset, as an exact float
+
+  CodeUnpack() {
+    const DF df;
+    const DU du;
+    const DI di;
+    alignas(64) uint32_t shift_arr[L];
+    alignas(64) int32_t word_arr[L];
+    alignas(64) int32_t iota_arr[L];
+    for (size_t i = 0; i < L; ++i) {
+      const uint32_t p =
+          kBits == 4 ? uint32_t(8 * (i / 2) + ((i % 2) == 0 ? 4 : 0)) : uint32_t(8 * (i / 4) + 6 - 2 * (i % 4));
+      shift_arr[i] = p % 32;
+      word_arr[i] = int32_t(p / 32);
+      iota_arr[i] = int32_t(i % (size_t(1) << kBits));
+    }
+    shifts = hn::Load(du, shift_arr);
+    words = hn::SetTableIndices(du, word_arr);
+    mask = hn::Set(du, (1u << kBits) - 1u);
+    qoff = hn::Set(di, kAsym ? 0 : (1 << (kBits - 1)) - 1);
+    lut_codes = hn::ConvertTo(df, hn::Sub(hn::Load(di, iota_arr), qoff));
+  }
+  /// A block's table (kLut): sv = s_eff, zv = z_eff broadcast.
+  V Table(V sv, V zv) const {
+    V tab = hn::Mul(lut_codes, sv);
+    if constexpr (kAsym) tab = hn::Add(tab, zv);
+    return tab;
+  }
+  /// The dequantized codes of channels [d, d + L) of a row of codes `code`.
+  V Values(const uint8_t* code, int64_t d, V tab, V sv, V zv) const {
+    const DF df;
+    const DU du;
+    const DI di;
+    uint64_t w = 0;
+    std::memcpy(&w, code + size_t(d) * kBits / 8, kCodeBytes);
+    hn::Vec<DU> wv;
+    if constexpr (kCodeBytes > 4) {
+      const hn::Repartition<uint64_t, DU> du64;
+      wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
+    } else {
+      wv = hn::Set(du, uint32_t(w));
+    }
+    if constexpr (kLut) {
+      (void)sv;
+      (void)zv;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+      // vpermps reads only the low 4 index bits, and table lane i holds code
+      // i mod 2^bits, so the bits above this lane's code need no masking.
+      return hn::TableLookupLanes(tab, hn::Indices512<float>{(wv >> shifts).raw});
+#elif HWY_TARGET == HWY_AVX2
+      return hn::TableLookupLanes(tab, hn::Indices256<float>{(wv >> shifts).raw});  // low 3 bits, as above
+#else
+      return hn::TableLookupLanes(tab, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(wv >> shifts, mask))));
+#endif
+    } else {
+      (void)tab;
+      const auto c = hn::And(wv >> shifts, mask);
+      V v = hn::Mul(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff)), sv);  // (code - qmax) * s, exact codes
+      if constexpr (kAsym) v = hn::Add(v, zv);
+      return v;
+    }
+  }
+};
+
+// v rounded to the output dtype and widened back to fp32 (exact): the value a
+// decoded element holds before a refinement layer is added to it. bf16: the integer
+// rounding of ToBf16 (nearest even); fp16 (F16C targets only): the saturating
+// conversion of the store; f32: v.
+template <class DF, class V>
+HWY_INLINE V RoundTrip(DF df, V v, DType out) {
+  if (out == DType::BF16) return hn::BitCast(df, hn::ShiftLeft<16>(RoundedBf16Bits(df, v)));
+#if QVG_F16C_DEMOTE
+  if (out == DType::F16) {
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    const V c = hn::Min(hn::Max(v, hn::Set(df, -65504.0f)), hn::Set(df, 65504.0f));
+    return hn::PromoteTo(df, hn::DemoteTo(df16, c));
+  }
+#endif
+  return v;
+}
+
+// Decode of one token row by vectors (codes unpacked as CodeUnpack says), then the
+// stages' centroids added; with a refinement layer (Mode::kRefBits), the value
+// rounded to the output dtype and widened back, and the layer's value (its codes
+// dequantized, its centroid added) added before the store.
+// REQUIRES L >= 4, dim % L == 0, block % L == 0, stages <= 8; with a layer also its
+// block == block, one stage, and an out dtype RoundTrip handles on this target.
 template <class Mode>
 void DecodeRowsVec(const DecodeRows& j) {
   const hn::ScalableTag<float> df;
   [[maybe_unused]] const hn::Rebind<hwy::float16_t, decltype(df)> df16;
   using V = hn::Vec<decltype(df)>;
-  const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::RebindToSigned<decltype(df)> di;
-  const hn::Repartition<uint64_t, decltype(du)> du64;
+  [[maybe_unused]] const hn::RebindToUnsigned<decltype(df)> du;
   const hn::Rebind<uint16_t, decltype(df)> du16;
   constexpr size_t L = Mode::kLanes;
-  alignas(64) uint32_t shift_arr[L];
-  alignas(64) int32_t word_arr[L];
-  alignas(64) int32_t iota_arr[L];
-  for (size_t i = 0; i < L; ++i) {
-    const uint32_t p =
-        Mode::kBits == 4 ? uint32_t(8 * (i / 2) + ((i % 2) == 0 ? 4 : 0)) : uint32_t(8 * (i / 4) + 6 - 2 * (i % 4));
-    shift_arr[i] = p % 32;
-    word_arr[i] = int32_t(p / 32);
-    iota_arr[i] = int32_t(i % (size_t(1) << Mode::kBits));
-  }
-  const auto shifts = hn::Load(du, shift_arr);
-  const auto words = hn::SetTableIndices(du, word_arr);
-  const auto mask = hn::Set(du, (1u << Mode::kBits) - 1u);
-  const auto qoff = hn::Set(di, Mode::kAsym ? 0 : (1 << (Mode::kBits - 1)) - 1);
-  // Table lane i: code i (mod 2^bits) minus the offset, as an exact float.
-  const V lut_codes = hn::ConvertTo(df, hn::Sub(hn::Load(di, iota_arr), qoff));
+  constexpr bool kRef = Mode::kRefBits != 0;
+  const CodeUnpack<Mode::kBits, Mode::kAsym> unpack;
+  const CodeUnpack<kRef ? Mode::kRefBits : 2, false> runpack;  // the layer's codes (symmetric)
   const int64_t D = j.dim, blk = j.block, nb = D / blk, cbytes = D * Mode::kBits / 8;
   const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
   const float* fp8v = Fp8().v;
-  auto stored = [&](const uint8_t* arr, size_t i) {
-    return fp8 ? fp8v[arr[i]] : residual_impl::stored_value(arr, false, int64_t(i));
+  auto stored = [&](const uint8_t* arr, bool is_fp8, size_t i) {
+    return is_fp8 ? fp8v[arr[i]] : residual_impl::stored_value(arr, false, int64_t(i));
   };
+  const RefineRows* rr = j.refine;
+  const bool rfp8 = kRef && rr->scale_dtype == ScaleDType::FP8_E4M3;
+  const int64_t rcbytes = kRef ? D * Mode::kRefBits / 8 : 0;
   auto acc = hwy::AllocateAligned<float>(size_t(D));
   // Non-temporal stores for bf16 rows when every row start is aligned to the
   // store width (the output is not re-read from cache by this call; streaming
@@ -166,44 +251,28 @@ void DecodeRowsVec(const DecodeRows& j) {
   };
   const float* crow[8];
   const int ns = Mode::kOneStage ? 1 : j.stages;
-  // Value of the L channels at d of a block with table `tab` (Mode::kLut) or scale/zero.
-  const auto value = [&](const uint8_t* code, int64_t d, V tab, V sv, V zv) {
-    uint64_t w = 0;
-    std::memcpy(&w, code + size_t(d) * Mode::kBits / 8, Mode::kCodeBytes);
-    hn::Vec<decltype(du)> wv;
-    if constexpr (Mode::kCodeBytes > 4) {
-      wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
-    } else {
-      wv = hn::Set(du, uint32_t(w));
-    }
-    V v;
-    if constexpr (Mode::kLut) {
-      (void)sv;
-      (void)zv;
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-      // vpermps reads only the low 4 index bits, and table lane i holds code
-      // i mod 2^bits, so the bits above this lane's code need no masking.
-      v = hn::TableLookupLanes(tab, hn::Indices512<float>{(wv >> shifts).raw});
-#elif HWY_TARGET == HWY_AVX2
-      v = hn::TableLookupLanes(tab, hn::Indices256<float>{(wv >> shifts).raw});  // low 3 bits, as above
-#else
-      v = hn::TableLookupLanes(tab, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(wv >> shifts, mask))));
-#endif
-    } else {
-      const auto c = hn::And(wv >> shifts, mask);
-      (void)tab;
-      v = hn::Mul(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, c), qoff)), sv);  // (code - qmax) * s, exact codes
-      if constexpr (Mode::kAsym) v = hn::Add(v, zv);
-    }
+  // Value of the L channels at d of a block with table `tab` (its scale sv, zero zv);
+  // with a layer, of the layer's codes `rcode` with its table rtab (scale rsv).
+  const auto value = [&](const uint8_t* code, int64_t d, V tab, V sv, V zv, const uint8_t* rcode, V rtab, V rsv) {
+    V v = unpack.Values(code, d, tab, sv, zv);
     if constexpr (Mode::kOneStage) {
       v = hn::Add(v, hn::LoadU(df, crow[0] + d));
     } else {
       for (int s = 0; s < ns; ++s) v = hn::Add(v, hn::LoadU(df, crow[s] + d));
     }
+    if constexpr (kRef) {
+      const V layer = hn::Add(runpack.Values(rcode, d, rtab, rsv, rsv), hn::LoadU(df, rr->centroid + d));
+      v = hn::Add(RoundTrip(df, v, j.out_dtype), layer);
+    } else {
+      (void)rcode;
+      (void)rtab;
+      (void)rsv;
+    }
     return v;
   };
   for (int64_t t = 0; t < j.count; ++t) {
     const uint8_t* code = j.codes + t * cbytes;
+    const uint8_t* rcode = kRef ? rr->codes + t * rcbytes : nullptr;
     for (int s = 0; s < ns; ++s) crow[s] = j.centroids[s] + int64_t(j.ids[s][t]) * D;
     uint16_t* obf = j.out_dtype == DType::BF16 ? static_cast<uint16_t*>(j.out) + t * j.out_token_stride : nullptr;
     float* of32 = j.out_dtype == DType::F32 ? static_cast<float*>(j.out) + t * j.out_token_stride : acc.get();
@@ -212,20 +281,23 @@ void DecodeRowsVec(const DecodeRows& j) {
 #endif
     for (int64_t k = 0; k < nb; ++k) {
       const size_t si = size_t(t * nb + k);
-      const V sv = hn::Set(df, stored(j.scales, si) * j.scale_factor);
+      const V sv = hn::Set(df, stored(j.scales, fp8, si) * j.scale_factor);
       V zv = hn::Zero(df);
-      if constexpr (Mode::kAsym) zv = hn::Set(df, stored(j.zeros, si) * j.zero_factor);
+      if constexpr (Mode::kAsym) zv = hn::Set(df, stored(j.zeros, fp8, si) * j.zero_factor);
       V tab = hn::Zero(df);
-      if constexpr (Mode::kLut) {
-        tab = hn::Mul(lut_codes, sv);
-        if constexpr (Mode::kAsym) tab = hn::Add(tab, zv);
+      if constexpr (decltype(unpack)::kLut) tab = unpack.Table(sv, zv);
+      V rsv = hn::Zero(df), rtab = hn::Zero(df);
+      if constexpr (kRef) {
+        rsv = hn::Set(df, stored(rr->scales, rfp8, si) * rr->scale_factor);
+        if constexpr (decltype(runpack)::kLut) rtab = runpack.Table(rsv, rsv);
       }
 #if QVG_NATIVE_BF16_PAIR
       if constexpr (Mode::kPair) {
         if (obf) {
           const auto expo = hn::Set(du, 0x7F800000u);
           for (int64_t d = k * blk; d < (k + 1) * blk; d += 2 * int64_t(L)) {
-            const V v0 = value(code, d, tab, sv, zv), v1 = value(code, d + int64_t(L), tab, sv, zv);
+            const V v0 = value(code, d, tab, sv, zv, rcode, rtab, rsv);
+            const V v1 = value(code, d + int64_t(L), tab, sv, zv, rcode, rtab, rsv);
             // Lanes with a zero exponent (zeros, denormals) take the integer path.
             const auto normal = hn::And(hn::TestBit(hn::BitCast(du, v0), expo), hn::TestBit(hn::BitCast(du, v1), expo));
             if (HWY_LIKELY(hn::AllTrue(du, normal))) {
@@ -246,7 +318,7 @@ void DecodeRowsVec(const DecodeRows& j) {
       }
 #endif
       for (int64_t d = k * blk; d < (k + 1) * blk; d += int64_t(L)) {
-        const V v = value(code, d, tab, sv, zv);
+        const V v = value(code, d, tab, sv, zv, rcode, rtab, rsv);
         if (obf) {
           store16(ToBf16NoNaN(df, v), obf + d);
         } else {
@@ -285,7 +357,8 @@ HWY_INLINE void WithConstant(bool flag, const F& f) {
 }
 
 // DecodeRowsVec instantiated for the job's mode (16 kernels on targets with the
-// native bf16 pair, 8 elsewhere). REQUIRES as DecodeRowsVec.
+// native bf16 pair, 8 elsewhere; a refined job of one stage: 16 more, 8 elsewhere).
+// REQUIRES as DecodeRowsVec (RefinedVectorizable for a job with a layer).
 void DecodeRowsVecAnyMode(const DecodeRows& j) {
   bool pair = false;
 #if QVG_NATIVE_BF16_PAIR
@@ -293,15 +366,50 @@ void DecodeRowsVecAnyMode(const DecodeRows& j) {
   pair = j.out_dtype == DType::BF16 && j.block % (2 * L) == 0 && kernels::native_bf16_enabled();
 #endif
   WithConstant(j.bits == 4, [&](auto int4) {
+    constexpr int kBits = decltype(int4)::value ? 4 : 2;
     WithConstant(j.asymmetric, [&](auto asym) {
-      WithConstant(j.stages == 1, [&](auto one_stage) {
-        WithConstant(pair, [&](auto native_pair) {
-          DecodeRowsVec<DecodeMode<decltype(int4)::value ? 4 : 2, decltype(asym)::value, decltype(one_stage)::value,
-                                   decltype(native_pair)::value && QVG_NATIVE_BF16_PAIR>>(j);
+      WithConstant(pair, [&](auto native_pair) {
+        constexpr bool kPair = decltype(native_pair)::value && QVG_NATIVE_BF16_PAIR;
+        if (j.refine) {  // one stage (RefinedVectorizable)
+          WithConstant(j.refine->bits == 4, [&](auto ref4) {
+            DecodeRowsVec<DecodeMode<kBits, decltype(asym)::value, true, kPair, decltype(ref4)::value ? 4 : 2>>(j);
+          });
+          return;
+        }
+        WithConstant(j.stages == 1, [&](auto one_stage) {
+          DecodeRowsVec<DecodeMode<kBits, decltype(asym)::value, decltype(one_stage)::value, kPair, 0>>(j);
         });
       });
     });
   });
+}
+
+// A job with a refinement layer runs the vector path when the layer shares the
+// job's blocks, the encoding has one stage (the common case; more stages take the
+// generic path rather than twice the kernels) and this target rounds the output
+// dtype in vectors (RoundTrip).
+bool RefinedVectorizable(const DecodeRows& j) {
+  const RefineRows& r = *j.refine;
+  return r.block == j.block && j.stages == 1 && (r.bits == 2 || r.bits == 4) &&
+         (j.out_dtype != DType::F16 || QVG_F16C_DEMOTE);
+}
+
+// Row t of a refinement layer added to the decoded row `acc` (D values) element by
+// element: acc = round-trip(acc) + ((code - qmax) * s_eff + centroid), each operation
+// rounded once, round-trip the output dtype's rounding widened back (RoundTrip).
+void AddLayerScalar(const RefineRows& r, int64_t t, int64_t D, DType out, float* acc) {
+  const int qmax = residual_impl::qmax_of(r.bits, false);
+  const bool fp8 = r.scale_dtype == ScaleDType::FP8_E4M3;
+  const uint8_t* code = r.codes + t * (D * r.bits / 8);
+  for (int64_t d = 0; d < D; ++d) {
+    const float s = residual_impl::stored_value(r.scales, fp8, t * (D / r.block) + d / r.block) * r.scale_factor;
+    const float layer = residual_impl::dequant(residual_impl::code_of_row(code, r.bits, d), qmax, false, s, 0.0f) +
+                        r.centroid[d];
+    float v = acc[d];
+    if (out == DType::BF16) v = qvg::bf16_to_f32(qvg::f32_to_bf16(v));
+    if (out == DType::F16) v = qvg::f16_to_f32(qvg::f32_to_f16_sat(v));
+    acc[d] = v + layer;
+  }
 }
 
 // Any job: per token, the codes are expanded through a byte table, scaled block by
@@ -370,6 +478,7 @@ void DecodeRowsGeneric(const DecodeRows& j) {
       const float* cr = j.centroids[s] + int64_t(j.ids[s][t]) * D;
       for (int64_t d = 0; d < D; ++d) acc[size_t(d)] = acc[size_t(d)] + cr[d];
     }
+    if (j.refine) AddLayerScalar(*j.refine, t, D, j.out_dtype, acc.get());
     switch (j.out_dtype) {
       case DType::F32:
         std::memcpy(static_cast<float*>(j.out) + t * j.out_token_stride, acc.get(), size_t(D) * 4);
@@ -393,7 +502,8 @@ void DecodeRowsGeneric(const DecodeRows& j) {
 void DecodeRowsImpl(const DecodeRows& j) {
   constexpr size_t L = hn::MaxLanes(hn::ScalableTag<float>());
   if constexpr (L >= 4) {
-    if (j.dim % int64_t(L) == 0 && j.block % int64_t(L) == 0 && j.stages <= 8) return DecodeRowsVecAnyMode(j);
+    if (j.dim % int64_t(L) == 0 && j.block % int64_t(L) == 0 && j.stages <= 8 && (!j.refine || RefinedVectorizable(j)))
+      return DecodeRowsVecAnyMode(j);
   }
   DecodeRowsGeneric(j);
 }

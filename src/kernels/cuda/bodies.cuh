@@ -43,6 +43,18 @@ struct DecodeArgs {
   void* out = nullptr;
   int64_t batch_stride = 0;  ///< elements
   int64_t token_stride = 0;  ///< elements
+  /// A refinement layer of the encoding (same B, S, H, D), added in the same pass:
+  /// symmetric ref_bits codes, a stored scale per ref_block channels (fp8 or bf16 as
+  /// ref_fp8) times its group's ref_scale_factor (null: 1), and one f32 centroid row
+  /// per group (ref_centroid, [G, D]). Each element becomes
+  /// round(round_trip(value) + layer) — decode, then refine_one, bit for bit.
+  /// ref_codes null: none.
+  const uint8_t* ref_codes = nullptr;
+  const uint8_t* ref_scales = nullptr;
+  const float* ref_scale_factor = nullptr;
+  const float* ref_centroid = nullptr;
+  int32_t ref_bits = 0, ref_block = 0;
+  int8_t ref_fp8 = 1;
 };
 
 /// 16 bytes, loaded with one 128-bit load on the device.
@@ -94,9 +106,13 @@ QVG_HD uint32_t load_u16(const uint8_t* p) {
 }
 
 /// Whether a task can use the vectorised bodies (8 channels per thread, aligned
-/// code words, a block's channels never split across a thread).
+/// code words, a block's channels never split across a thread; a refinement layer's
+/// blocks likewise, and an output of the centroids' dtype, the only refined modes
+/// compiled: a cache's view has its encodings' dtype).
 QVG_HD bool task_vectorizable(const DecodeArgs& t) {
-  return t.D % 8 == 0 && t.block % 8 == 0;
+  return t.D % 8 == 0 && t.block % 8 == 0 &&
+         (t.ref_codes == nullptr ||
+          (t.ref_block % 8 == 0 && (t.ref_bits == 2 || t.ref_bits == 4) && t.centroid_dtype == t.out_dtype));
 }
 
 // ---- the launch plan ----------------------------------------------------------------
@@ -139,6 +155,7 @@ struct DecodeLaunch {
   int32_t n = 0;
   int8_t vec = 0;  ///< decode_block_vec (then every task has the mode below) or decode_block_generic
   int8_t bits = 4, fp8 = 1, centroid_dtype = 0, out_dtype = 0;
+  int8_t ref = 0;  ///< the tasks have refinement layers (vectorised launches: all or none)
   int32_t blocks() const { return first_block[n]; }
 };
 
@@ -176,7 +193,9 @@ inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int
     const DecodeArgs& t = tasks[i];
     if (t.t1 <= t.t0 || t.h1 <= t.h0 || t.B <= 0) continue;  // empty range
     const bool vec = task_vectorizable(t) && t.D <= 8 * kDecodeThreads;
-    const int key = vec ? 1 + (t.bits == 4) + 2 * (t.fp8 != 0) + 4 * t.centroid_dtype + 12 * t.out_dtype : 0;
+    const bool ref = t.ref_codes != nullptr;
+    const int key =
+        vec ? 1 + (t.bits == 4) + 2 * (t.fp8 != 0) + 4 * t.centroid_dtype + 12 * t.out_dtype + 36 * int(ref) : 0;
     size_t ki = 0;
     while (ki < keys.size() && keys[ki] != key) ++ki;
     if (ki == keys.size()) {
@@ -191,6 +210,7 @@ inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int
       L.fp8 = t.fp8;
       L.centroid_dtype = t.centroid_dtype;
       L.out_dtype = t.out_dtype;
+      L.ref = int8_t(vec && ref ? 1 : 0);
       out.push_back(L);
     }
     DecodeLaunch& L = out[size_t(open[ki])];
@@ -250,30 +270,33 @@ QVG_HD float stored_scale(uint32_t raw) {
   return FP8 ? A::fp8e4m3_to_f32_scaled(uint8_t(raw)) : A::bf16_to_f32(uint16_t(raw));
 }
 
-/// Calls f(bits, fp8, centroid dtype, output dtype) with each argument as a
+/// Calls f(bits, fp8, centroid dtype, output dtype, refined) with each argument as a
 /// compile-time constant (std::integral_constant), for the 36 supported modes:
-/// bits 2/4, fp8 or bf16 scales, bf16/f16/f32 centroids and outputs. The decode
-/// launcher and the host test dispatch through this one function.
+/// bits 2/4, fp8 or bf16 scales, bf16/f16/f32 centroids and outputs — and, with a
+/// refinement layer, the 12 whose output dtype is the centroids' (task_vectorizable).
+/// The decode launcher and the host test dispatch through this one function.
 template <class F>
-void with_decode_mode(int bits, bool fp8, int cdt, int odt, F&& f) {
+void with_decode_mode(int bits, bool fp8, int cdt, int odt, bool ref, F&& f) {
   using std::integral_constant;
-  const auto by_odt = [&](auto b, auto f8, auto c) {
-    switch (odt) {
-      case qvg::cuda_arith::kBF16: return f(b, f8, c, integral_constant<int, qvg::cuda_arith::kBF16>{});
-      case qvg::cuda_arith::kF16: return f(b, f8, c, integral_constant<int, qvg::cuda_arith::kF16>{});
-      default: return f(b, f8, c, integral_constant<int, qvg::cuda_arith::kF32>{});
-    }
-  };
-  const auto by_cdt = [&](auto b, auto f8) {
-    switch (cdt) {
-      case qvg::cuda_arith::kBF16: return by_odt(b, f8, integral_constant<int, qvg::cuda_arith::kBF16>{});
-      case qvg::cuda_arith::kF16: return by_odt(b, f8, integral_constant<int, qvg::cuda_arith::kF16>{});
-      default: return by_odt(b, f8, integral_constant<int, qvg::cuda_arith::kF32>{});
+  using qvg::cuda_arith::kBF16;
+  using qvg::cuda_arith::kF16;
+  using qvg::cuda_arith::kF32;
+  // One dtype as a constant: g(integral_constant<int, dt>).
+  const auto by_dtype = [](int dt, auto&& g) {
+    switch (dt) {
+      case kBF16: return g(integral_constant<int, kBF16>{});
+      case kF16: return g(integral_constant<int, kF16>{});
+      default: return g(integral_constant<int, kF32>{});
     }
   };
   const auto by_fp8 = [&](auto b) {
-    if (fp8) return by_cdt(b, std::true_type{});
-    return by_cdt(b, std::false_type{});
+    const auto modes = [&](auto f8) {
+      if (ref)  // cdt == odt
+        return by_dtype(cdt, [&](auto c) { return f(b, f8, c, c, std::true_type{}); });
+      return by_dtype(cdt, [&](auto c) { return by_dtype(odt, [&](auto o) { return f(b, f8, c, o, std::false_type{}); }); });
+    };
+    if (fp8) return modes(std::true_type{});
+    return modes(std::false_type{});
   };
   if (bits == 4) return by_fp8(integral_constant<int, 4>{});
   return by_fp8(integral_constant<int, 2>{});
@@ -303,8 +326,9 @@ QVG_HD DecodeTile decode_tile(const DecodeArgs& T, const DecodePlan& P, int32_t 
 /// decode_rows_reference. BITS, FP8 (scale format), CDT (centroid dtype) and ODT
 /// (output dtype) are the launch's mode; asymmetric, two_level and stages are
 /// uniform per task. Invariants (group, factors, pointers, scale block) are set up
-/// once per thread; per token only pointers advance.
-template <int BITS, bool FP8, int CDT, int ODT>
+/// once per thread; per token only pointers advance. REF: the task has a refinement
+/// layer (DecodeArgs::ref_*; ODT == CDT), added after the stages as refine_one adds it.
+template <int BITS, bool FP8, int CDT, int ODT, bool REF>
 QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int tid) {
   namespace A = qvg::cuda_arith;
   static_assert(BITS == 2 || BITS == 4, "int2 or int4 codes");
@@ -336,17 +360,38 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
       (int64_t(tl.b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(tl.h - T.h0) * T.D + c * 8) * OSZ;
   const int64_t ostep = int64_t(step) * T.token_stride * OSZ;
   const bool vstore = P.vstore != 0;
+  // The refinement layer's codes, scales (as the encoding's, of its own width and
+  // blocks) and its group's centroid row, loaded once (REF only).
+  const int rbits = REF ? T.ref_bits : 0;
+  const int32_t rcbytes = T.D * rbits / 8, rnb = REF ? T.D / T.ref_block : 0;
+  const uint8_t* rcp = REF ? T.ref_codes + row * rcbytes + c * rbits : nullptr;
+  const int64_t rcstep = int64_t(step) * rcbytes;
+  int64_t rsi = REF ? row * rnb + (c * 8) / T.ref_block : 0;
+  const int64_t rsstep = int64_t(step) * rnb;
+  const float rgf = REF && T.ref_scale_factor ? T.ref_scale_factor[g] : 1.0f;
+  const float rbias = REF ? A::dequant_bias(A::qmax_of(rbits, false), false) : 0.0f;
+  float rc[8] = {};
+  if (REF) {
+    const Word4 r0 = load_word4(T.ref_centroid + g * T.D + c * 8), r1 = load_word4(T.ref_centroid + g * T.D + c * 8 + 4);
+    QVG_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      rc[i] = A::from_bits(r0.v[i]);
+      rc[4 + i] = A::from_bits(r1.v[i]);
+    }
+  }
   // Batches of up to NB of the thread's tokens (two batches for a full tile): every load
   // of the batch (codes, scales, zeros, ids, then the stage-0 centroid rows) is issued
   // before the batch's arithmetic and stores, so that NB rows of loads are in flight
   // (the target may alias nothing the loads read, but the compiler cannot know that).
   constexpr int NB = kDecodeBatch;
-  for (; t < tl.t_end; t += NB * step, cp += NB * cstep, si += NB * sstep, idp += NB * step, op += NB * ostep) {
+  for (; t < tl.t_end;
+       t += NB * step, cp += NB * cstep, si += NB * sstep, idp += NB * step, op += NB * ostep, rcp += NB * rcstep,
+       rsi += NB * rsstep) {
     // Phase 1, every raw load of the batch, unconditional: a token past the tile's end
     // reads token 0's words again (never used), so no branch separates the loads and all
     // of them are in flight together; nothing loaded is converted before phase 3.
     bool live[NB];
-    uint32_t word[NB], sraw[NB], zraw[NB];
+    uint32_t word[NB], sraw[NB], zraw[NB], rword[NB], rsraw[NB];
     int id0[NB];
     QVG_UNROLL
     for (int k = 0; k < NB; ++k) {
@@ -358,6 +403,12 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
       sraw[k] = FP8 ? uint32_t(T.scales[sk]) : load_u16(T.scales + 2 * sk);
       zraw[k] = asym ? (FP8 ? uint32_t(T.zeros[sk]) : load_u16(T.zeros + 2 * sk)) : 0u;
       id0[k] = idp[kk * step];
+      if (REF) {
+        const uint8_t* rk = rcp + kk * rcstep;
+        rword[k] = rbits == 4 ? load_u32(rk) : load_u16(rk);
+        const int64_t rs = rsi + kk * rsstep;
+        rsraw[k] = T.ref_fp8 ? uint32_t(T.ref_scales[rs]) : load_u16(T.ref_scales + 2 * rs);
+      }
     }
     // Phase 2, the stage-0 centroid rows (their addresses needed the ids).
     Word4 c0[NB], c1[NB];
@@ -398,6 +449,17 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
             acc[2 * i] = A::add_rn(acc[2 * i], CDT == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo));
             acc[2 * i + 1] = A::add_rn(acc[2 * i + 1], CDT == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi));
           }
+        }
+      }
+      if (REF) {  // refine_one: round(round_trip(value) + layer), the layer's value by decoded_value
+        const float rs = T.ref_fp8 ? stored_scale<true>(rsraw[k]) : stored_scale<false>(rsraw[k]);
+        const float rs_eff = A::effective(rs, rgf);
+        QVG_UNROLL
+        for (int i = 0; i < 8; ++i) {
+          const float layer =
+              A::add_rn(A::dequant_biased(uint32_t(A::code_of_word(rword[k], rbits, i)), rbias, false, rs_eff, 0.0f),
+                        rc[i]);
+          acc[i] = A::add_rn(A::round_trip(acc[i], ODT), layer);
         }
       }
       uint8_t* opk = op + k * ostep;
@@ -465,10 +527,23 @@ QVG_HD int64_t target_index(const DecodeArgs& T, int b, int h, int t, int d) {
   return int64_t(b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(h - T.h0) * T.D + d;
 }
 
-/// Decodes channel d of token t of group (b, h) into the task's target (any D/block).
+/// The value of a task's refinement layer at channel d of token t of group (b, h):
+/// decoded_value's arithmetic for the layer (one symmetric stage of one f32 centroid).
+QVG_HD float layer_value(const DecodeArgs& T, int b, int h, int t, int d) {
+  namespace A = qvg::cuda_arith;
+  const int64_t g = int64_t(b) * T.H + h, row = g * T.S + t;
+  const float s_eff = A::effective(A::stored_value(T.ref_scales, T.ref_fp8 != 0, row * (T.D / T.ref_block) + d / T.ref_block),
+                                   T.ref_scale_factor ? T.ref_scale_factor[g] : 1.0f);
+  const int code = A::code_of_row(T.ref_codes + row * (int64_t(T.D) * T.ref_bits / 8), T.ref_bits, d);
+  return A::add_rn(A::dequant(code, A::qmax_of(T.ref_bits, false), false, s_eff, 0.0f), T.ref_centroid[g * T.D + d]);
+}
+
+/// Decodes channel d of token t of group (b, h) into the task's target (any D/block),
+/// its refinement layer added when it has one.
 QVG_HD void decode_one(const DecodeArgs& T, int b, int h, int t, int d) {
   namespace A = qvg::cuda_arith;
-  const float acc = decoded_value(T, b, h, t, d);
+  float acc = decoded_value(T, b, h, t, d);
+  if (T.ref_codes) acc = A::add_rn(A::round_trip(acc, T.out_dtype), layer_value(T, b, h, t, d));
   const int64_t e = target_index(T, b, h, t, d);
   if (T.out_dtype == A::kF32)
     store_as<float>(static_cast<float*>(T.out) + e, acc);

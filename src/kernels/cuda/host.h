@@ -58,6 +58,19 @@ inline kernels::DecodeArgs decode_args(const EncodingLayout& l, const EncodedArr
           .centroid_dtype = int8_t(arith_dtype(l.dtype))};
 }
 
+/// Sets the refinement-layer fields of t (DecodeArgs::ref_*) to the layer with layout
+/// `l` at `a`: a layer of encode_refinement (f32, one symmetric stage of one centroid,
+/// the task's encoding's shape; the caller checks that).
+inline void set_refinement(kernels::DecodeArgs& t, const EncodingLayout& l, const EncodedArrays& a) {
+  t.ref_codes = a.codes;
+  t.ref_scales = a.scales;
+  t.ref_scale_factor = a.scale_factor;
+  t.ref_centroid = reinterpret_cast<const float*>(a.centroid);
+  t.ref_bits = l.bits;
+  t.ref_block = l.block_size;
+  t.ref_fp8 = int8_t(l.scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 0);
+}
+
 /// The quantizer's shape and format fields for an encoding with layout `l` whose
 /// last stage has `K` codebook slots. The arrays (codes, scales, ...), the residual
 /// inputs (r, stored, ids) and the scratch are left for the caller.

@@ -29,6 +29,23 @@ void decode_rows(const DecodeRows& j) {
       for (int64_t d = 0; d < D; ++d) acc[size_t(d)] = residual_impl::add_rn(acc[size_t(d)], c[d]);
     }
     void* dst = static_cast<uint8_t*>(j.out) + size_t(t * j.out_token_stride) * dtype_size(j.out_dtype);
+    if (j.refine) {  // round, widen back, add the layer's value (one stage of one centroid)
+      const RefineRows& r = *j.refine;
+      const int64_t rnb = D / r.block;
+      const int rq = residual_impl::qmax_of(r.bits, false);
+      const uint8_t* rcode = r.codes + t * (D * r.bits / 8);
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t si = t * rnb + d / r.block;
+        const float s_eff = residual_impl::effective(
+            residual_impl::stored_value(r.scales, r.scale_dtype == ScaleDType::FP8_E4M3, si), r.scale_factor);
+        const float layer = residual_impl::add_rn(
+            residual_impl::dequant(residual_impl::code_of_row(rcode, r.bits, d), rq, false, s_eff, 0.0f),
+            r.centroid[d]);
+        uint8_t rounded[4];
+        store_f32(rounded, j.out_dtype, 0, acc[size_t(d)]);
+        acc[size_t(d)] = residual_impl::add_rn(load_f32(rounded, j.out_dtype, 0), layer);
+      }
+    }
     for (int64_t d = 0; d < D; ++d) store_f32(dst, j.out_dtype, size_t(d), acc[size_t(d)]);
   }
 }

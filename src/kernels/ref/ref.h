@@ -16,7 +16,8 @@ namespace qvg::kernels::ref {
 
 /// Spec 1.3 decode: per token, residual = (code - qmax) * s_eff or code * s_eff +
 /// z_eff, then stage 0, 1, ... centroids added in order, each a separately rounded
-/// fp32 operation, then one rounding to out_dtype (qvg/numeric.h).
+/// fp32 operation, then one rounding to out_dtype (qvg/numeric.h); with a refinement
+/// layer, that value widened back, the layer's value added, rounded again.
 void decode_rows(const DecodeRows& job);
 
 /// Residual codes: residual_impl::quantize_code of every element, packed in the
