@@ -11,9 +11,22 @@
 // (one implementation), which a host test also drives with an empty payload.
 //
 // Streams: every call that enqueues work takes an explicit Stream and returns
-// without waiting for the device, except that update() synchronizes `stream` once
-// to check the input values (spec 1 limits) before anything changes (see
-// check_input_limits in qvg/cuda.h). Buffers are allocated from the cache's
+// without waiting for the device; update() makes no synchronizing call and no copy
+// back to the host (issue 40), so the host runs ahead across a model's layers and an
+// update() can be captured into a CUDA graph (after a first update() outside the
+// capture, which allocates the cache's pinned check record).
+//
+// The input check of spec 1 (finite, |x| <= 1e16) runs on the device and is reported
+// one call later: update() enqueues a scan of key and value, and the call's rows are
+// written into the cache only if the scan passes — a bad call's rows are never
+// stored, so nothing outside the limits is ever encoded; the rows of a new chunk
+// (an advance) become zeros instead. The device then writes the bad call into pinned
+// host memory, and the next call on the cache that finds it there raises the CPU
+// cache's InvalidArgument (the tensor, the value, its [b, t, h, d]) naming the bad
+// call's chunk, before doing anything; check(stream) waits for the stream and raises
+// it at once. Between the bad call and the report, the cache behaves as if the bad
+// call had not written its chunk (an advance's positions did advance: its chunk holds
+// zeros until rewritten). Buffers are allocated from the cache's
 // Allocator on the stream of the call that creates them and are freed on that same
 // stream. REQUIRES: all calls on one cache, and all reads of its views, are
 // ordered on the device — in practice one stream per cache; to switch streams,
@@ -29,9 +42,11 @@
 // spans with adaptive breaks, refinement layers, init warm, scale_search mse,
 // per-role K/V settings. Not supported (typed errors, raised before any state
 // change): a shared CacheOptions::view_scratch (host memory; Unsupported),
-// allow_growth (Unsupported, as on the CPU). With incremental spans, an advance
-// that starts a span or (with a break ratio above 0) measures a chunk's fit synchronizes
-// `stream` once more per chunk, to read the residual energies.
+// allow_growth (Unsupported, as on the CPU). The one setting that makes update()
+// wait: incremental spans with adaptive breaks (span_break_ratio above 0) read each
+// encoded chunk's residual energy on the host to decide its span — the advance
+// synchronizes `stream` once per chunk (not capturable). Without a break ratio the
+// energies stay on the device until a snapshot reads them.
 //
 // Run on an H200 (2026-12-04, docs/gpu-runs/): equal to the CPU caches' decode of
 // its state on every tested setting; the bookkeeping is also tested on the host
@@ -89,11 +104,13 @@ class PackedCausalCache : public CacheDims {
   /// contract of qvg::CausalCache::update (qvg/cache.h): key, value are DEVICE
   /// tensors [B, n, h_in, D], dense, of the cache's dtype; cache_head_start and
   /// recent_window_tokens as there. Every argument and the call's placement are
-  /// validated first (the values with a check_input_limits, which synchronizes
-  /// `stream`); a call that throws InvalidArgument / Unsupported / OutOfRange, or
-  /// whose allocations fail, changes nothing (segments, cursors, the previous
-  /// view's memory). After that only a CudaError can interrupt the call; the cache
-  /// then stays consistent (basic guarantee).
+  /// validated first; the values are checked on the device, reported by a later
+  /// call or check() (see "The input check" above) — a call first raises the
+  /// InvalidArgument of an earlier bad call, changing nothing. A call that throws
+  /// InvalidArgument / Unsupported / OutOfRange, or whose allocations fail, changes
+  /// nothing (segments, cursors, the previous view's memory). After that only a
+  /// CudaError can interrupt the call; the cache then stays consistent (basic
+  /// guarantee). Makes no synchronizing call (but with span_break_ratio > 0).
   ///
   /// The returned KVView has the CPU cache's indices (local_start_index = T - n,
   /// ...); its k.data and v.data are DEVICE pointers: either into the current
@@ -109,6 +126,11 @@ class PackedCausalCache : public CacheDims {
   /// An empty cache. Frees every segment and the view buffer, each on the stream it
   /// was allocated on (stream-ordered: safe once the work reading them is enqueued).
   void reset_indices();
+
+  /// Waits for `stream` (the stream of the cache's calls), then raises the
+  /// InvalidArgument of the oldest bad call not yet reported (the input check above);
+  /// returns when every call so far passed. Changes nothing.
+  void check(Stream stream);
 
   /// Bytes of the state, as the CPU cache counts them: raw segments' K and V bytes
   /// plus each span's DeviceEncodedTensor::nbytes() (not its alignment padding).
@@ -160,14 +182,16 @@ class PackedCausalCache : public CacheDims {
 
 /// The dense causal cache of spec 3.2 over caller-owned device buffers: the
 /// decisions of qvg::DenseCausalCache (src/cache/dense_plan.h, one implementation)
-/// with the bytes moved by cudaMemcpy2DAsync on the call's stream.
+/// with the bytes moved on the call's stream.
 ///
 /// State: K and V buffers [B, cache_size, H, D] of the cache's dtype, dense, in
 /// device memory the caller owns (ExternalStorage; e.g. torch tensors), global_end,
 /// local_end, and a device view buffer the cache owns (from its Allocator) holding
 /// the last view when it is two ranges (sink ++ recent window).
-/// Streams: as PackedCausalCache (every call enqueues on its `stream`; update()
-/// synchronizes once to check the input values; one stream per cache).
+/// Streams: as PackedCausalCache (every call enqueues on its `stream` and never
+/// waits; the input check is the packed cache's: reported by the next call or
+/// check(); a bad call's rows are not written — zeros at new positions; one stream
+/// per cache).
 /// Allocation failures (growth storage, the eviction roll's temporary, the view
 /// buffer) happen before any change and leave the cache as it was.
 /// Not thread-safe; movable, not copyable.
@@ -202,6 +226,8 @@ class DenseCausalCache : public CacheDims {
 
   /// Cursors to 0 (buffer content is kept); frees the view buffer.
   void reset_indices();
+  /// As PackedCausalCache::check: waits for `stream`, raises a bad call's error.
+  void check(Stream stream);
   /// As qvg::DenseCausalCache::set_indices (InvalidArgument for inconsistent cursors).
   void set_indices(int64_t global_end, int64_t local_end);
 

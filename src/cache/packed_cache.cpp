@@ -220,9 +220,8 @@ struct PackedCausalCache::Impl {
   void refine(const Segment& raw, SegData& d, const SpanCodebook& book_k, const SpanCodebook& book_v,
               detail::TransientMeter& meter) const {
     const int64_t S = raw.tokens(), H = opt.heads, D = opt.head_dim;
-    AlignedBuffer dec(raw_bytes(S));
-    const size_t f32_bytes = size_t(opt.batch * S * H * D) * 4;  // encode_refinement's two fp32 copies
-    meter.add(dec.size() + 2 * f32_bytes);
+    AlignedBuffer dec = AlignedBuffer::uninitialized(raw_bytes(S));  // every element decoded below
+    meter.add(dec.size());
     for (const bool is_k : {true, false}) {
       const EncodedTensor& enc = is_k ? d.k_enc : d.v_enc;
       const EncodedTensor& book = (is_k ? book_k : book_v).book;
@@ -234,7 +233,7 @@ struct PackedCausalCache::Impl {
       meter.add(r.nbytes());
       (is_k ? d.k_ref : d.v_ref) = std::move(r);
     }
-    meter.sub(dec.size() + 2 * f32_bytes);
+    meter.sub(dec.size());
   }
 
   /// execute_plan's remaining backend members (span_execution.h).
@@ -289,8 +288,12 @@ struct PackedCausalCache::Impl {
     auto v_rows = [&](Segment& s) { return detail::rows_of(s.data.v_raw.data(), opt, s.tokens()); };
     if (p.advance) {
       SegData cur;
-      cur.k_raw = AlignedBuffer(raw_bytes(p.call.n));  // zeros in heads this call does not write
-      cur.v_raw = AlignedBuffer(raw_bytes(p.call.n));
+      // Zeros in heads this call does not write (else every byte is written below).
+      const auto chunk_buffer = [&] {
+        return h_in == opt.heads ? AlignedBuffer::uninitialized(raw_bytes(p.call.n)) : AlignedBuffer(raw_bytes(p.call.n));
+      };
+      cur.k_raw = chunk_buffer();
+      cur.v_raw = chunk_buffer();
       detail::write_rows(key, {detail::rows_of(cur.k_raw.data(), opt, p.call.n), 0, head0});
       detail::write_rows(value, {detail::rows_of(cur.v_raw.data(), opt, p.call.n), 0, head0});
       Executed x = detail::execute_plan<Executed>(*this, *plan.pack, meter);

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 
@@ -92,8 +93,25 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   kernels::quantize_rows(r, S, D, bs, enc.bits, asym, s_eff.data(), asym ? z_eff.data() : nullptr, codes);
 }
 
+namespace {
+/// The refinement errors of x - minus as one fp32 tensor (encode_refinement's
+/// definition, spelled out): the slow path, for the input check's message.
+Tensor refinement_errors(ConstTensorView x, ConstTensorView minus) {
+  const size_t n = size_t(x.shape.numel());
+  Tensor e(DType::F32, x.shape);
+  std::vector<float> a(n);
+  float* ep = static_cast<float*>(e.data());
+  convert_to_f32(x.data, x.dtype, a.data(), n);
+  convert_to_f32(minus.data, minus.dtype, ep, n);
+  const float lim = refinement_error_limit();
+  for (size_t i = 0; i < n; ++i) ep[i] = std::clamp(a[i] - ep[i], -lim, lim);
+  return e;
+}
+}  // namespace
+
 EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm,
-                               EncodeStats* stats, AssignPath path, SpanCodebook* span, int add) {
+                               EncodeStats* stats, AssignPath path, SpanCodebook* span, int add,
+                               const ConstTensorView* minus) {
   const Shape4 sh = x.shape;
   if (sh.b < 1 || sh.s < 1 || sh.h < 1 || sh.d < 1)
     throw InvalidArgument(fmt::format("input shape must be [B, S, H, D] with every dimension >= 1, got {}", sh.str()));
@@ -109,16 +127,20 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
           what, sh.str(), cfg.centroids, cfg.stages, c.shape.str(), c.centroids, c.stages));
   };
   const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, K = cfg.centroids;
-  const size_t esz = dtype_size(x.dtype);
+  const size_t esz = dtype_size(x.dtype);  // of the input's elements
+  // The encoding's dtype (its centroids' storage): the input's, or f32 for refinement
+  // errors (encode() of the f32 error tensor).
+  const DType et = minus ? DType::F32 : x.dtype;
+  const size_t csz = dtype_size(et);
   if (cfg.init == Init::Warm && warm != nullptr) check_codebook(*warm, "warm-start centroids");
   // A span chunk: up to `add` new centroids per stage, in slots [filled, filled + added).
   int added = 0;
   if (span != nullptr) {
     check_codebook(span->book, "the span's codebook");
-    if (span->book.dtype != x.dtype)
-      throw InvalidArgument(fmt::format("the span's codebook dtype must be the input's {}, got {}",
-                                        dtype_name(x.dtype), dtype_name(span->book.dtype)));
-    const size_t want = size_t(G * K * D) * esz;
+    if (span->book.dtype != et)
+      throw InvalidArgument(fmt::format("the span's codebook dtype must be the input's {}, got {}", dtype_name(et),
+                                        dtype_name(span->book.dtype)));
+    const size_t want = size_t(G * K * D) * csz;
     for (const auto& c : span->book.centroid)
       if (c.size() != want)
         throw InvalidArgument(fmt::format("the span's codebook arrays must hold {} bytes, got {}", want, c.size()));
@@ -129,9 +151,13 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
     if (span->filled + added < 1)
       throw InvalidArgument("span codebook: no slot would be in use (filled = 0 and add = 0)");
   }
-  check_finite_and_bounded(x, "input");
+  // Refinement errors are clamped, so only a NaN error can fail the check: the
+  // gather flags it and the error tensor is then checked whole, for its message.
+  if (!minus) check_finite_and_bounded(x, "input");
+  std::atomic<bool> nan_error{false};
+  const float lim = minus ? refinement_error_limit() : 0.0f;
 
-  EncodedTensor enc = EncodedTensor::allocate(EncodingLayout::of(sh, x.dtype, cfg));
+  EncodedTensor enc = EncodedTensor::allocate(EncodingLayout::of(sh, et, cfg));
   if (stats) {
     stats->iterations.assign(size_t(cfg.stages), std::vector<int>(size_t(G), 0));
     stats->residual_energy = 0;
@@ -151,6 +177,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
   // Per-thread scratch, reused across the groups this thread encodes.
   detail::KMeansWorkspace ws;
   std::vector<float> r(static_cast<size_t>(S * D)), stored(static_cast<size_t>(K * D)), warm_c;
+  std::vector<float> sub(minus ? size_t(D) : 0);  // a row of `minus` as fp32
 #pragma omp for schedule(dynamic, 1)
   for (int64_t g = 0; g < G; ++g) {
     try {
@@ -158,12 +185,22 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
       // Gather the group's S points (fp32, token rows).
       for (int64_t t = 0; t < S; ++t) {
         const size_t src = size_t(((b * S + t) * sh.h + h) * D);
+        float* rt = r.data() + t * D;
         if (x.dtype == DType::F32) {
-          std::copy_n(static_cast<const float*>(x.data) + src, D, r.data() + t * D);
+          std::copy_n(static_cast<const float*>(x.data) + src, D, rt);
         } else {
-          convert_to_f32(static_cast<const uint8_t*>(x.data) + src * esz, x.dtype, r.data() + t * D, size_t(D));
+          convert_to_f32(static_cast<const uint8_t*>(x.data) + src * esz, x.dtype, rt, size_t(D));
+        }
+        if (minus) {  // the refinement error, one fp32 subtraction, clamped
+          convert_to_f32(static_cast<const uint8_t*>(minus->data) + src * esz, x.dtype, sub.data(), size_t(D));
+          for (int64_t d = 0; d < D; ++d) {
+            const float e = rt[d] - sub[size_t(d)];
+            if (e != e) nan_error.store(true, std::memory_order_relaxed);
+            rt[d] = std::clamp(e, -lim, lim);
+          }
         }
       }
+      if (nan_error.load(std::memory_order_relaxed)) continue;  // thrown below, after the region
       for (int st = 0; st < cfg.stages; ++st) {
         uint8_t* ids = enc.ids[size_t(st)].data() + size_t(g * S);
         // The stage's codebook: k-means centroids of this encoding (slots [0, K)), or
@@ -171,7 +208,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
         const int64_t first_new = span ? span->filled : 0;
         const int k_train = span ? added : cfg.centroids;
         uint8_t* cbase = (span ? span->book.centroid[size_t(st)].data() : enc.centroid[size_t(st)].data()) +
-                         size_t(g * K * D) * esz;
+                         size_t(g * K * D) * csz;
         if (k_train > 0) {
           detail::KMeansParams p;
           p.k = k_train;
@@ -192,10 +229,10 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
           detail::KMeansResult km = detail::kmeans(r.data(), S, D, p, ws);
           if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
           // Store centroids rounded to the input dtype; subtract the *stored* values.
-          convert_from_f32(km.centroids.data(), x.dtype, cbase + size_t(first_new * D) * esz, size_t(k_train * D));
+          convert_from_f32(km.centroids.data(), et, cbase + size_t(first_new * D) * csz, size_t(k_train * D));
           if (!span) std::copy(km.ids.begin(), km.ids.end(), ids);
         }
-        convert_to_f32(cbase, x.dtype, stored.data(), size_t(K * D));
+        convert_to_f32(cbase, et, stored.data(), size_t(K * D));
         if (span)  // every point to the nearest slot in use (old and new centroids)
           detail::assign_to(r.data(), S, D, stored.data(), int(used), ids, path, inner ? nthreads : 1, ws);
         for (int64_t t = 0; t < S; ++t) {
@@ -217,6 +254,7 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
   }
   }
   if (failure) std::rethrow_exception(failure);
+  if (nan_error) check_finite_and_bounded(refinement_errors(x, *minus).view(), "input");  // throws
   if (stats)
     for (double e : energy) stats->residual_energy += e;
   if (span) {

@@ -7,9 +7,14 @@
 namespace qvg::detail {
 
 /// encode() (span == nullptr) or encode_span_chunk() (*span, `add`) with the k-means
-/// assignment path chosen explicitly (the public functions use Fast).
+/// assignment path chosen explicitly (the public functions use Fast). With `minus`
+/// (x's shape and dtype), the points encoded are encode_refinement's errors
+/// clamp(x - minus, +-refinement_error_limit()) in fp32, made group by group as the
+/// points are gathered (no copy of the whole tensor): encode() of that error tensor,
+/// bit for bit, its input check and message included.
 EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm, EncodeStats* stats,
-                               AssignPath path, SpanCodebook* span = nullptr, int add = 0);
+                               AssignPath path, SpanCodebook* span = nullptr, int add = 0,
+                               const ConstTensorView* minus = nullptr);
 
 /// Quantizes one group's final residual r (S x D fp32, token rows) into the group's
 /// slices of enc.codes / scales / zeros and its factors (spec 1.2, 1.4). With

@@ -60,13 +60,9 @@ EncodedTensor encode_refinement(ConstTensorView x, ConstTensorView decoded, cons
   // the codec's input limit: a cache encodes layers after its state has changed, so
   // the encode must not refuse the error of an input near |x| = 1e16 (whose decoding
   // may be off by more than the limit); such an element is then refined only up to it.
-  const size_t n = size_t(x.shape.numel());
-  std::vector<float> a(n), e(n);
-  convert_to_f32(x.data, x.dtype, a.data(), n);
-  convert_to_f32(decoded.data, decoded.dtype, e.data(), n);
-  const float lim = detail::refinement_error_limit();
-  for (size_t i = 0; i < n; ++i) e[i] = std::clamp(a[i] - e[i], -lim, lim);
-  return encode(ConstTensorView{e.data(), DType::F32, x.shape}, cfg);
+  // The encoder forms e group by group as it gathers its points (no fp32 copies of
+  // the tensors); the layer is encode() of e as a f32 tensor, bit for bit.
+  return detail::encode_with_path(x, cfg, nullptr, nullptr, detail::AssignPath::Fast, nullptr, 0, &decoded);
 }
 
 void add_refinement(const EncodedTensor& ref, int64_t t0, int64_t t1, int64_t h0, int64_t h1, const DecodeTarget& dst,

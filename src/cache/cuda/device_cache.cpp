@@ -23,6 +23,7 @@
 #include "cache/cache_common.h"
 #include "cache/cache_policy.h"
 #include "cache/cuda/device_copy.h"
+#include "cache/cuda/input_guard.h"
 #include "cache/packed_state_transfer.h"
 #include "cache/snapshot_io.h"
 #include "cache/snapshot_records.h"
@@ -46,6 +47,11 @@ struct SegData {
   DeviceEncodedTensor k_enc, v_enc;
   std::shared_ptr<DeviceSpanCodebook> k_book, v_book;  // incremental span chunks only
   std::optional<DeviceEncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
+  /// A chunk that started a span, its fit not measured (no break ratio): its K and V
+  /// residual energies per group (2 x G doubles, device), left on the device; the
+  /// cache takes them over at install (Impl::open_energies), with the chunk's tokens.
+  DeviceBuffer energies;
+  int64_t energy_tokens = 0;
 };
 using Books = qvg::detail::SpanBooks<DeviceSpanCodebook>;
 
@@ -68,6 +74,16 @@ struct PackedCausalCache::Impl {
   Policy pol;
   std::optional<DeviceEncodedTensor> warm_k, warm_v;  // codebooks of the last whole encodings (init = warm)
   DeviceBuffer view;                                  // K then V of the last copied view
+  detail::InputGuard guard;                           // the deferred input check (input_guard.h)
+  /// The per-group residual energies of the chunk that started the open span, still on
+  /// the device (no break ratio: nothing decides by them); the policy's span state holds
+  /// 0 for them until a snapshot reads them (resolved_energies). Empty otherwise.
+  DeviceBuffer open_energies;
+  int64_t open_energy_tokens = 0;
+
+  /// The state of a snapshot: the policy's, with the open span's energies read from
+  /// the device when they were left there (synchronizes `s`).
+  qvg::detail::PackedStateData snapshot_state(Stream s) const;
 
   Impl(const CacheOptions& o, const QuantArgs& q, Allocator& a)
       : opt(o), quant(q), alloc(&a), esz(dtype_size(o.dtype)), pol(o, q) {
@@ -82,12 +98,13 @@ struct PackedCausalCache::Impl {
   const CodecConfig& codec(bool is_k) const { return is_k ? codec_k : codec_v; }
 
   /// Writes the call's [B, n, h_in, D] rows into a raw [B, n, H, D] segment buffer
-  /// at head head0 (B * n rows, one 2D copy).
-  void write_chunk(ConstTensorView src, void* dst, int64_t head0, Stream s) const {
+  /// at head head0 (B * n rows, one guarded 2D copy: only when the call's input check
+  /// passes; else zeros for a new chunk, nothing for a rewrite).
+  void write_chunk(ConstTensorView src, void* dst, int64_t head0, bool new_chunk, Stream s) const {
     const int64_t B = src.shape.b, n = src.shape.s, h_in = src.shape.h, D = opt.head_dim, H = opt.heads;
     const size_t row = size_t(h_in * D) * esz;
-    copy2d(static_cast<std::byte*>(dst) + size_t(head0 * D) * esz, size_t(H * D) * esz, src.data, row, row,
-           size_t(B * n), s);
+    guard.copy2d(static_cast<std::byte*>(dst) + size_t(head0 * D) * esz, size_t(H * D) * esz, src.data, row, row,
+                 size_t(B * n), new_chunk, s);
   }
 
   /// A raw chunk's K or V as a device tensor view.
@@ -132,8 +149,15 @@ struct PackedCausalCache::Impl {
 
   /// The residual energies per element of a span chunk's K and V encodes, from the
   /// per-group sums `e` (2 x G doubles, K then V) as the host sums them (groups in
-  /// order). Synchronizes `s`.
+  /// order). Synchronizes `s`: only snapshots and a measured span fit (a break ratio
+  /// above 0) ask for them.
   std::pair<double, double> energies(const DeviceBuffer& e, int64_t S, Stream s) const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    QVG_CUDA(cudaStreamIsCapturing(s, &st));
+    if (st != cudaStreamCaptureStatusNone)
+      throw Unsupported(
+          "span_break_ratio > 0 reads each encoded chunk's residual energy on the host (a synchronization), which a "
+          "CUDA graph capture forbids: set span_break_ratio = 0 or run this update() outside the capture");
     const int64_t G = opt.batch * opt.heads;
     std::vector<double> h(size_t(2 * G));
     QVG_CUDA(cudaMemcpyAsync(h.data(), e.data(), h.size() * 8, cudaMemcpyDeviceToHost, s));
@@ -185,8 +209,14 @@ struct PackedCausalCache::Impl {
                                 *alloc, ek);
     d.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, pol.first_chunk_slots(codec_v.centroids), wv, s,
                                 *alloc, ek + G);
-    const auto [k_e, v_e] = energies(e, raw.tokens(), s);
-    qvg::detail::start_span(d, x, run, std::move(book_k), std::move(book_v), k_e, v_e);
+    if (qvg::detail::measures_span_fit(quant)) {  // later chunks of the span are measured against them: now
+      const auto [k_e, v_e] = energies(e, raw.tokens(), s);
+      qvg::detail::start_span(d, x, run, std::move(book_k), std::move(book_v), k_e, v_e);
+      return;
+    }
+    d.energies = std::move(e);  // read only by a snapshot (resolved_energies): no waiting now
+    d.energy_tokens = raw.tokens();
+    qvg::detail::start_span(d, x, run, std::move(book_k), std::move(book_v), 0.0, 0.0);
   }
 
   /// The refinement layers of a just-encoded incremental chunk `d`: its K and V
@@ -213,6 +243,13 @@ struct PackedCausalCache::Impl {
 
   /// Installs an advance: the new chunk `cur` and the executed plan `x`.
   void install(const qvg::detail::PackPlan& pp, SegData cur, Executed&& x) {
+    // The unread energies of the last chunk that started a span (the policy's
+    // started chunk): the open span's from now on.
+    for (SegData& d : x.encoded)
+      if (d.energies.size()) {
+        open_energies = std::move(d.energies);
+        open_energy_tokens = d.energy_tokens;
+      }
     const Books before = pol.spans().books;  // the open span's codebooks before the call
     pol.apply(pp, std::move(cur), std::move(x.encoded), x.decisions, std::move(x.books));
     if (x.open_k) {  // chunks of the call joined the span that was open before it
@@ -236,9 +273,9 @@ struct PackedCausalCache::Impl {
   KVView update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
+    guard.raise_published();  // an earlier call's input found out of limits (no waiting)
     const qvg::detail::PackedPlan plan = pol.plan(key, value, chunk_start, head_start, recent_window);
     const qvg::detail::CallPlan& p = plan.call;
-    check_input_limits(key, "key", value, "value", s, *alloc);  // one flag buffer, one synchronization
 
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
     const int64_t head0 = p.call.head_start, T = p.view.tokens;
@@ -255,6 +292,9 @@ struct PackedCausalCache::Impl {
     DeviceBuffer new_view;
     if (view_bytes && view.size() != view_bytes) new_view = DeviceBuffer(view_bytes, s, *alloc);
     // --- from here on state changes; only CUDA errors can interrupt it ---------
+    // The input check of spec 1, on the device: the chunk's rows are written only if
+    // it passes (the advance's encodings above read older chunks only).
+    guard.enqueue(key, value, chunk_start, s, *alloc);
     if (!view_bytes) view = DeviceBuffer();
     if (new_view.size()) view = std::move(new_view);
     if (p.advance) {
@@ -262,13 +302,13 @@ struct PackedCausalCache::Impl {
         QVG_CUDA(cudaMemsetAsync(cur.k_raw.data(), 0, cur.k_raw.size(), s));
         QVG_CUDA(cudaMemsetAsync(cur.v_raw.data(), 0, cur.v_raw.size(), s));
       }
-      write_chunk(key, cur.k_raw.data(), head0, s);
-      write_chunk(value, cur.v_raw.data(), head0, s);
+      write_chunk(key, cur.k_raw.data(), head0, true, s);
+      write_chunk(value, cur.v_raw.data(), head0, true, s);
       install(*plan.pack, std::move(cur), std::move(*executed));
     } else {
       Seg& c_seg = pol.segments().back();
-      write_chunk(key, c_seg.data.k_raw.data(), head0, s);
-      write_chunk(value, c_seg.data.v_raw.data(), head0, s);
+      write_chunk(key, c_seg.data.k_raw.data(), head0, false, s);
+      write_chunk(value, c_seg.data.v_raw.data(), head0, false, s);
     }
 
     KVView out;
@@ -357,6 +397,11 @@ void PackedCausalCache::reset_indices() {
   impl_->warm_k.reset();
   impl_->warm_v.reset();
   impl_->view = DeviceBuffer();
+  impl_->open_energies = DeviceBuffer();
+}
+
+void PackedCausalCache::check(Stream stream) {
+  impl_->guard.wait_and_raise(stream);
 }
 
 size_t PackedCausalCache::resident_nbytes() const {
@@ -438,18 +483,24 @@ struct Up {
 
 }  // namespace
 
+qvg::detail::PackedStateData PackedCausalCache::Impl::snapshot_state(Stream s) const {
+  qvg::detail::PackedStateData d = qvg::detail::state_data_of(pol, opt, quant, warm_k, warm_v, Down{s});
+  if (open_energies.size()) {
+    const auto [k_e, v_e] = energies(open_energies, open_energy_tokens, s);
+    d.span_state.open_k_energy = k_e;
+    d.span_state.open_v_energy = v_e;
+  }
+  return d;
+}
+
 std::vector<uint8_t> PackedCausalCache::snapshot_bytes(Stream stream) const {
-  const Impl& m = *impl_;
-  const qvg::detail::PackedStateData d =
-      qvg::detail::state_data_of(m.pol, m.opt, m.quant, m.warm_k, m.warm_v, Down{stream});
+  const qvg::detail::PackedStateData d = impl_->snapshot_state(stream);
   const qvg::detail::snap::Written w = qvg::detail::snap::write_packed(qvg::detail::ref_of(d, "cuda"));
   return qvg::detail::snap::snapshot_file_bytes(w.sections, w.minor);
 }
 
 void PackedCausalCache::save(const std::filesystem::path& path, Stream stream) const {
-  const Impl& m = *impl_;
-  const qvg::detail::PackedStateData d =
-      qvg::detail::state_data_of(m.pol, m.opt, m.quant, m.warm_k, m.warm_v, Down{stream});
+  const qvg::detail::PackedStateData d = impl_->snapshot_state(stream);
   const qvg::detail::snap::Written w = qvg::detail::snap::write_packed(qvg::detail::ref_of(d, "cuda"));
   qvg::detail::snap::write_snapshot(path, w.sections, w.minor);
 }

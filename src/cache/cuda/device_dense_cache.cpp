@@ -1,8 +1,9 @@
 // qvg::cuda::DenseCausalCache: the dense cache of spec 3.2 over caller-owned device
 // buffers. The decisions are plan_dense_update (src/cache/dense_plan.h), the CPU
-// dense cache's; this file moves the bytes with cudaMemcpy2DAsync on the call's
-// stream: the chunk into the buffers, the eviction roll, the growth copy and the
-// two-range view into the cache's view buffer.
+// dense cache's; this file moves the bytes on the call's stream: the chunk into the
+// buffers (guarded copies: only when the call's input check passes, input_guard.h),
+// and with cudaMemcpy2DAsync the eviction roll, the growth copy and the two-range
+// view into the cache's view buffer.
 #include <cuda_runtime_api.h>
 
 #include <utility>
@@ -11,6 +12,7 @@
 
 #include "cache/cache_common.h"
 #include "cache/cuda/device_copy.h"
+#include "cache/cuda/input_guard.h"
 #include "cache/dense_plan.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
@@ -31,6 +33,7 @@ struct DenseCausalCache::Impl {
   GrowStorage grow;
   int64_t global_end = 0, local_end = 0;
   DeviceBuffer view;  // K then V of the last two-range view
+  detail::InputGuard guard;  // the deferred input check (input_guard.h)
 
   Impl(const CacheOptions& o, ExternalStorage s, GrowStorage g, Allocator& a)
       : opt(o),
@@ -45,13 +48,17 @@ struct DenseCausalCache::Impl {
   size_t token_bytes() const { return size_t(opt.heads * opt.head_dim) * esz; }
   size_t batch_bytes(int64_t tokens) const { return size_t(tokens) * token_bytes(); }
 
-  /// Writes the call's [B, n, h_in, D] rows into a buffer at token `at`, head `head0`.
-  void write_chunk(ConstTensorView src, std::byte* buf, int64_t at, int64_t head0, Stream s) const {
+  /// Writes the call's [B, n, h_in, D] rows into a buffer at token `at`, head `head0`:
+  /// guarded copies, done only when the call's input check passes (else zeros at new
+  /// positions, nothing for a rewrite; input_guard.h).
+  void write_chunk(ConstTensorView src, std::byte* buf, int64_t at, int64_t head0, bool new_positions,
+                   Stream s) const {
     const int64_t n = src.shape.s, h_in = src.shape.h, D = opt.head_dim;
     const size_t row = size_t(h_in * D) * esz;
     for (int64_t b = 0; b < opt.batch; ++b)
-      copy2d(buf + size_t(b) * batch_bytes(capacity) + size_t(at) * token_bytes() + size_t(head0 * D) * esz,
-             token_bytes(), static_cast<const std::byte*>(src.data) + size_t(b * n) * row, row, row, size_t(n), s);
+      guard.copy2d(buf + size_t(b) * batch_bytes(capacity) + size_t(at) * token_bytes() + size_t(head0 * D) * esz,
+                   token_bytes(), static_cast<const std::byte*>(src.data) + size_t(b * n) * row, row, row, size_t(n),
+                   new_positions, s);
   }
 
   /// Tokens [r.begin, r.end) of heads [head0, head0 + h_in) of a buffer into the view
@@ -69,9 +76,9 @@ struct DenseCausalCache::Impl {
   KVView update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
+    guard.raise_published();  // an earlier call's input found out of limits (no waiting)
     const qvg::detail::DensePlan p = qvg::detail::plan_dense_update(opt, {capacity, window, global_end, local_end}, key,
                                                                     value, chunk_start, head_start, recent_window);
-    check_input_limits(key, "key", value, "value", s, *alloc);  // one flag buffer, one synchronization
     const int64_t B = opt.batch, h_in = p.call.heads, head0 = p.call.head_start, T = p.view_tokens();
     const bool copy = p.second.size() > 0;
     const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * opt.head_dim) * esz : 0;
@@ -94,6 +101,7 @@ struct DenseCausalCache::Impl {
     if (copy && view.size() != view_bytes) new_view = DeviceBuffer(view_bytes, s, *alloc);
 
     // --- from here on state changes; only CUDA errors can interrupt it -------
+    guard.enqueue(key, value, chunk_start, s, *alloc);  // the chunk is written only if it passes
     if (growing) {
       const size_t old_b = batch_bytes(capacity), new_b = batch_bytes(p.new_capacity);
       copy2d(grown.k, new_b, k, old_b, old_b, size_t(B), s);
@@ -116,8 +124,8 @@ struct DenseCausalCache::Impl {
         }
       }
     }
-    write_chunk(key, k, p.chunk_at, head0, s);
-    write_chunk(value, v, p.chunk_at, head0, s);
+    write_chunk(key, k, p.chunk_at, head0, !p.rewrite, s);
+    write_chunk(value, v, p.chunk_at, head0, !p.rewrite, s);
     global_end = p.new_global_end;
     local_end = p.new_local_end;
 
@@ -170,6 +178,10 @@ DenseCausalCache& DenseCausalCache::operator=(DenseCausalCache&&) noexcept = def
 KVView DenseCausalCache::update(ConstTensorView key, ConstTensorView value, int64_t current_chunk_start, Stream stream,
                                 std::optional<int64_t> cache_head_start, std::optional<int64_t> recent_window_tokens) {
   return impl_->update(key, value, current_chunk_start, stream, cache_head_start, recent_window_tokens);
+}
+
+void DenseCausalCache::check(Stream stream) {
+  impl_->guard.wait_and_raise(stream);
 }
 
 void DenseCausalCache::reset_indices() {

@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/bodies.cuh"
 #include "kernels/cuda/encode_bodies.cuh"
+#include "kernels/cuda/guard_bodies.cuh"
 
 namespace qvg::cuda::kernels {
 
@@ -146,6 +147,20 @@ void refine_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
 /// Index of the first element of x (n elements of `dtype`) that is not finite or has
 /// |x| > 1e16, written to *first_bad (initialised to n by the caller).
 void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
+
+// ---- issue 40: the deferred input check of the device caches (guard_kernels.cu) -----
+// CheckFlags, CheckSlot: see guard_bodies.cuh. The flags' first[] are set to ~0 by the
+// caller (a memset of 0xFF), lowered by first_out_of_limit over key and value.
+
+/// One thread: when the call's flags show a bad element, numbers the call
+/// (++flags->bad_calls) and writes bad_call_slot(...) into slots[call % kCheckSlots]
+/// (pinned host memory mapped into the device), its number last.
+void publish_check(CheckFlags* flags, const void* key, const void* value, int dtype, int64_t B, int64_t n, int64_t H,
+                   int64_t D, int64_t chunk_start, CheckSlot* slots, cudaStream_t stream);
+/// The rows of cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows) copied when
+/// input_ok(*flags, n_key, n_value); else zeros written (zero_if_bad) or nothing.
+void guarded_copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
+                    const CheckFlags* flags, uint64_t n_key, uint64_t n_value, bool zero_if_bad, cudaStream_t stream);
 
 /// Benchmark data: x[b, t, h, d] (dense [B, S, H, D], bf16/f16/f32) = a clustered,
 /// per-head-offset pattern plus noise, from a counter-based hash of (seed, index):
