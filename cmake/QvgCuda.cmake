@@ -16,6 +16,8 @@
 #                         argument errors, raised before any CUDA call (ctest;
 #                         the policy it runs is checked by the ci preset's
 #                         tests/gpu/cache_plan_test.cpp, GoogleTest)
+#   qvg_cuda_calls_test   host-only test of the device caches' runtime calls over a
+#                         recording fake runtime: update() never waits (ctest)
 #   qvg_gpu_tests         GPU tests (tiny in-repo harness, no gtest)
 #   qvg_gpu_bench         GPU benchmarks (JSON + table)
 # QVG_HAVE_CUDA is set to ON or OFF for the rest of the build.
@@ -67,11 +69,12 @@ if(QVG_HAVE_CUDA)
   # (fmt's imported include directory /usr/include would break nvcc's host includes);
   # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
   set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu src/kernels/cuda/quantize_kernels.cu
-      src/kernels/cuda/span_kernels.cu src/kernels/cuda/kmeanspp_kernels.cu)
+      src/kernels/cuda/span_kernels.cu src/kernels/cuda/kmeanspp_kernels.cu src/kernels/cuda/guard_kernels.cu)
   # Host code: the device runtime (kernels layer), the device encoder's orchestration
   # and the device encoded tensor (codec layer), the device caches (cache layer).
   set(QVG_CUDA_HOST_SOURCES src/kernels/cuda/device.cpp src/codec/cuda/encode.cpp src/codec/cuda/device_encoded.cpp
-                            src/cache/cuda/device_cache.cpp src/cache/cuda/device_dense_cache.cpp)
+                            src/cache/cuda/device_cache.cpp src/cache/cuda/device_dense_cache.cpp
+                            src/cache/cuda/input_guard.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -106,6 +109,15 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_device_errors_test PRIVATE qvg_cuda)
   target_compile_options(qvg_cuda_device_errors_test PRIVATE ${QVG_WARNINGS})
 
+  # Host-side test of the device caches' runtime calls (issue 40): the executable
+  # defines a recording fake of every CUDA runtime function the library calls, so the
+  # caches' host code runs without a GPU and each update()'s calls are checked (no
+  # synchronization, no host copy); the deferred input check's host half.
+  add_executable(qvg_cuda_calls_test ${PROJECT_SOURCE_DIR}/tests/gpu/device_calls_test.cpp)
+  target_include_directories(qvg_cuda_calls_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_calls_test PRIVATE qvg_cuda)
+  target_compile_options(qvg_cuda_calls_test PRIVATE ${QVG_WARNINGS})
+
   add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp ${PROJECT_SOURCE_DIR}/tests/gpu/issue25_tests.cpp
                                ${PROJECT_SOURCE_DIR}/tests/gpu/kmeanspp_gpu_tests.cpp)
   target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
@@ -128,4 +140,5 @@ if(QVG_HAVE_CUDA)
   add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
   add_test(NAME cuda.host_device_errors COMMAND qvg_cuda_device_errors_test)
   add_test(NAME cuda.host_encode_replay COMMAND qvg_cuda_replay_test)
+  add_test(NAME cuda.host_device_calls COMMAND qvg_cuda_calls_test)
 endif()

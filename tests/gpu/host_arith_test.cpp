@@ -30,10 +30,12 @@
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
 #include "kernels/cuda/encode_bodies.cuh"
+#include "kernels/cuda/guard_bodies.cuh"
 #include "kernels/cuda/host.h"
 #include "kernels/cuda/span_bodies.cuh"
 #include "kernels/ref/ref.h"
 #include "qvg/codec.h"
+#include "qvg/error.h"
 #include "qvg/numeric.h"
 
 namespace A = qvg::cuda_arith;
@@ -971,6 +973,49 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
   std::printf("  %d fused launches compared, %d refined vectorised modes\n", checked, refined_modes);
   QVG_EXPECT(checked == 48) << checked;
   QVG_EXPECT(refined_modes == 12) << refined_modes;  // every (bits, scale format, dtype) with output == centroids
+}
+
+// Issue 40: the deferred input check's bodies (guard_bodies.cuh). input_ok passes a
+// call only when both scans found nothing; bad_call_slot names the element the CPU's
+// check_finite_and_bounded names (the key's first bad element before the value's),
+// with its value, for every dtype and a bad element anywhere in [B, n, H, D].
+QVG_TEST(input_guard_bodies_name_the_cpu_checks_element) {
+  namespace K = qvg::cuda::kernels;
+  const qvg::Shape4 sh{2, 5, 3, 8};
+  const unsigned long long numel = (unsigned long long)sh.numel();
+  K::CheckFlags none{{~0ull, ~0ull}, 0};
+  QVG_EXPECT(K::input_ok(none, numel, numel));
+  int checked = 0;
+  std::mt19937 rng(3);
+  for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
+    for (int rep = 0; rep < 20; ++rep) {
+      qvg::Tensor key = make_data(dt, sh, uint32_t(40 + rep), 2.0f), value = make_data(dt, sh, uint32_t(80 + rep), 2.0f);
+      const int which = rep % 2;
+      const unsigned long long e = rng() % numel;
+      const float bad = rep % 3 == 0 ? std::nanf("") : rep % 3 == 1 ? INFINITY : -3e17f;
+      if (dt == qvg::DType::F16 && rep % 3 != 0) continue;  // stores saturate to a finite fp16: only NaN is bad
+      qvg::Tensor& t = which == 0 ? key : value;
+      qvg::store_f32(t.data(), dt, size_t(e), bad);
+      K::CheckFlags f = none;
+      f.first[which] = e;  // what the limit scans leave
+      QVG_EXPECT(!K::input_ok(f, numel, numel));
+      const K::CheckSlot s = K::bad_call_slot(f, key.data(), value.data(), qvg::cuda::arith_dtype(dt), sh.b, sh.s, sh.h, sh.d, 64);
+      std::string cpu;
+      try {
+        qvg::check_finite_and_bounded(t.view(), which == 0 ? "key" : "value");
+      } catch (const qvg::InvalidArgument& ex) {
+        cpu = ex.what();
+      }
+      const std::string at = "at [" + std::to_string(s.b) + ", " + std::to_string(s.t) + ", " + std::to_string(s.h) +
+                             ", " + std::to_string(s.d) + "]";
+      QVG_EXPECT(s.which == which && s.chunk_start == 64 && s.n == sh.s) << s.which << s.chunk_start << s.n;
+      QVG_EXPECT(cpu.find(at) != std::string::npos) << cpu << "vs" << at << qvg::dtype_name(dt) << rep;
+      const float want = qvg::load_f32(t.data(), dt, size_t(e));
+      QVG_EXPECT((std::isnan(want) && std::isnan(s.value)) || want == s.value) << want << s.value;
+      ++checked;
+    }
+  std::printf("  %d bad elements located as the CPU check locates them\n", checked);
+  QVG_EXPECT(checked == 47) << checked;
 }
 
 int main(int argc, char** argv) { return qvg::testing::run_all(argc, argv); }

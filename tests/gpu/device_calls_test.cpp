@@ -1,0 +1,424 @@
+// Host test of the device caches' runtime calls (issue 40; no GPU needed): this
+// executable defines, itself, every CUDA runtime function the CUDA library calls (a
+// recording fake over host memory; the linker resolves the library's references to
+// these definitions before libcudart's), so the caches' host code runs on a GPU-less
+// machine — kernels are recorded, not run — and every runtime call an update() makes
+// is listed. It checks:
+//   * update() on the packed cache (engine default and recommended profile, refined
+//     chunks, incremental spans) and on the dense cache makes no synchronizing call,
+//     no copy to or from host memory and no non-stream-ordered allocation once the
+//     cache is built, and runs while its stream "captures" a CUDA graph;
+//   * the settings that must wait (span_break_ratio > 0) refuse a capture before any
+//     change;
+//   * the deferred input check's host half: a bad call the device publishes into the
+//     pinned ring (written here as the publish kernel would) is raised by the next
+//     call — the CPU cache's message, naming the bad call's chunk — which changes
+//     nothing; once; check() synchronizes the stream and raises.
+// What it cannot check is the device's arithmetic: the kernels' bodies are tested on
+// the host by host_arith_test.cpp and on a GPU by gpu_tests.cpp.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/call_kind.h"
+#include "gpu/harness.h"
+#include "kernels/cuda/guard_bodies.cuh"
+#include "qvg/cache.h"
+#include "qvg/cuda_cache.h"
+#include "qvg/error.h"
+
+// ---- the recording fake runtime --------------------------------------------------------
+
+namespace fake {
+
+/// The calls made since the last clear(), by name (a copy's kind as a suffix).
+std::vector<std::string>& calls() {
+  static std::vector<std::string> c;
+  return c;
+}
+bool& capturing() {
+  static bool c = false;
+  return c;
+}
+/// The last pinned allocation (the input guard's ring).
+void*& last_host_alloc() {
+  static void* p = nullptr;
+  return p;
+}
+std::map<const void*, std::string>& kernel_names() {
+  static std::map<const void*, std::string> m;
+  return m;
+}
+void record(std::string s) { calls().push_back(std::move(s)); }
+const char* kind_name(cudaMemcpyKind k) {
+  switch (k) {
+    case cudaMemcpyHostToHost: return "HtoH";
+    case cudaMemcpyHostToDevice: return "HtoD";
+    case cudaMemcpyDeviceToHost: return "DtoH";
+    case cudaMemcpyDeviceToDevice: return "DtoD";
+    default: return "Default";
+  }
+}
+void* alloc(size_t n) {
+  void* p = std::aligned_alloc(256, (std::max<size_t>(n, 1) + 255) / 256 * 256);
+  return p;
+}
+struct LaunchConfig {
+  dim3 grid, block;
+  size_t shared = 0;
+  cudaStream_t stream = nullptr;
+};
+LaunchConfig& pending_launch() {
+  static thread_local LaunchConfig c;
+  return c;
+}
+
+}  // namespace fake
+
+extern "C" {
+// Kernel registration and launch (nvcc's generated host code).
+void** __cudaRegisterFatBinary(void*) {
+  static void* handle = nullptr;
+  return &handle;
+}
+void __cudaRegisterFatBinaryEnd(void**) {}
+void __cudaUnregisterFatBinary(void**) {}
+void __cudaRegisterFunction(void**, const char* hostFun, char*, const char* deviceName, int, uint3*, uint3*, dim3*,
+                            dim3*, int*) {
+  fake::kernel_names()[hostFun] = deviceName;
+}
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, struct CUstream_st* stream) {
+  fake::pending_launch() = {grid, block, shared, stream};
+  return 0;
+}
+cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* shared, void* stream) {
+  const fake::LaunchConfig& c = fake::pending_launch();
+  *grid = c.grid;
+  *block = c.block;
+  *shared = c.shared;
+  *static_cast<cudaStream_t*>(stream) = c.stream;
+  return cudaSuccess;
+}
+cudaError_t __cudaGetKernel(cudaKernel_t* k, const void* fun) {
+  *k = reinterpret_cast<cudaKernel_t>(const_cast<void*>(fun));
+  return cudaSuccess;
+}
+cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3, dim3, void**, size_t, cudaStream_t) {
+  const auto it = fake::kernel_names().find(reinterpret_cast<const void*>(k));
+  fake::record("launch " + (it == fake::kernel_names().end() ? std::string("?") : it->second));
+  return cudaSuccess;
+}
+
+// Devices, errors.
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+  *v = a == cudaDevAttrMultiProcessorCount ? 132 : 1;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+const char* cudaGetErrorName(cudaError_t) { return "cudaErrorFake"; }
+const char* cudaGetErrorString(cudaError_t) { return "fake runtime"; }
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void*) {
+  std::memset(a, 0, sizeof *a);
+  a->type = cudaMemoryTypeDevice;
+  return cudaSuccess;
+}
+
+// Memory.
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* p, const cudaMemPoolProps*) {
+  static int pool = 0;
+  *p = reinterpret_cast<cudaMemPool_t>(&pool);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaSuccess; }
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t) { return cudaSuccess; }
+cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t, cudaStream_t) {
+  fake::record("cudaMallocFromPoolAsync");
+  *p = fake::alloc(n);
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  fake::record("cudaFreeAsync");
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t n) {
+  fake::record("cudaMalloc");
+  *p = fake::alloc(n);
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  fake::record("cudaFree");
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
+  fake::record("cudaHostAlloc");
+  *p = fake::last_host_alloc() = fake::alloc(n);
+  return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned) {
+  *d = h;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  fake::record("cudaFreeHost");
+  std::free(p);
+  return cudaSuccess;
+}
+
+// Copies, streams.
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  fake::record(std::string("cudaMemcpy ") + fake::kind_name(k));
+  std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t) {
+  fake::record(std::string("cudaMemcpyAsync ") + fake::kind_name(k));
+  std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* d, size_t dp, const void* s, size_t sp, size_t w, size_t h, cudaMemcpyKind k,
+                              cudaStream_t) {
+  fake::record(std::string("cudaMemcpy2DAsync ") + fake::kind_name(k));
+  for (size_t r = 0; r < h; ++r) std::memcpy(static_cast<char*>(d) + r * dp, static_cast<const char*>(s) + r * sp, w);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  fake::record("cudaMemsetAsync");
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  fake::record("cudaStreamSynchronize");
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* st) {
+  *st = fake::capturing() ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+}  // extern "C"
+
+// ---- the tests ----------------------------------------------------------------------
+
+namespace {
+
+using Kind = qvg::testing::CallKind;
+
+/// What no update() may call once its cache is built: waits, copies to or from host
+/// memory (a captured copy from pageable memory would read it at replay), and
+/// allocations that are not stream-ordered.
+bool forbidden(const std::string& c) {
+  return c == "cudaStreamSynchronize" || c.rfind("cudaMemcpy ", 0) == 0 || c.find("HtoD") != std::string::npos ||
+         c.find("DtoH") != std::string::npos || c.find("HtoH") != std::string::npos ||
+         c.find("Default") != std::string::npos || c == "cudaMalloc" || c == "cudaFree" || c == "cudaHostAlloc" ||
+         c == "cudaFreeHost";
+}
+
+/// The calls of f(), and the first forbidden one (empty when none).
+template <class F>
+std::string first_forbidden(F&& f, int* launches = nullptr) {
+  fake::calls().clear();
+  f();
+  int n = 0;
+  std::string bad;
+  for (const std::string& c : fake::calls()) {
+    n += c.rfind("launch ", 0) == 0;
+    if (bad.empty() && forbidden(c)) bad = c;
+  }
+  if (launches) *launches = n;
+  return bad;
+}
+
+/// Host buffers standing for device tensors (the fake runtime's "device memory").
+struct Chunk {
+  std::vector<uint16_t> k, v;
+  qvg::ConstTensorView key, value;
+  Chunk(qvg::Shape4 s, uint32_t seed) : k(size_t(s.numel())), v(size_t(s.numel())) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto* buf : {&k, &v})
+      for (uint16_t& x : *buf) {
+        const float f = nd(rng);
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        x = uint16_t(u >> 16);
+      }
+    key = {k.data(), qvg::DType::BF16, s};
+    value = {v.data(), qvg::DType::BF16, s};
+  }
+};
+
+qvg::CacheOptions options() {
+  qvg::CacheOptions o;
+  o.batch = 1;
+  o.heads = 2;
+  o.head_dim = 64;
+  o.cache_size = 8 * 32;
+  o.sink_tokens = 32;
+  o.dtype = qvg::DType::BF16;
+  return o;
+}
+constexpr int64_t kChunk = 32;
+const qvg::cuda::Stream kStream = reinterpret_cast<qvg::cuda::Stream>(0x1);
+
+QVG_TEST(packed_update_never_waits_and_runs_under_capture) {
+  for (const char* profile : {"reference", "recommended"}) {
+    qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", profile}});
+    q.centroids = 8;
+    qvg::cuda::PackedCausalCache cache(options(), q);
+    int updates = 0, launches_total = 0;
+    for (int c = 0; c < 12; ++c) {
+      const Chunk ch({1, kChunk, 2, 64}, uint32_t(100 + c));
+      for (int step = 0; step < 3; ++step) {
+        fake::capturing() = c >= 6 && step == 1;  // some calls inside a "capture"
+        int launches = 0;
+        const std::string bad =
+            first_forbidden([&] { (void)cache.update(ch.key, ch.value, c * kChunk, kStream); }, &launches);
+        if (c > 0 || step > 0) {  // the first update builds the cache (its pinned ring)
+          QVG_EXPECT(bad.empty()) << profile << "chunk" << c << "step" << step << "called" << bad;
+          ++updates;
+        }
+        launches_total += launches;
+      }
+    }
+    fake::capturing() = false;
+    QVG_EXPECT(cache.global_end() == 12 * kChunk) << cache.global_end();
+    // The state is the policy's: encoded spans (and, recommended, refined chunks).
+    bool packed = false, refined = false;
+    for (size_t i = 0; i < cache.num_segments(); ++i) {
+      packed = packed || cache.segment(i).packed;
+      refined = refined || cache.segment(i).k_ref != nullptr;
+    }
+    QVG_EXPECT(packed) << profile;
+    QVG_EXPECT(refined == (std::string(profile) == "recommended")) << profile;
+    QVG_EXPECT(launches_total > 3 * updates) << profile << launches_total;  // the work was enqueued
+    std::printf("  %s: %d updates, %d kernel launches, no waiting call\n", profile, updates, launches_total);
+  }
+}
+
+QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
+  qvg::QuantArgs q =
+      qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
+  q.centroids = 8;
+  q.span_break_ratio = 1.5;
+  qvg::cuda::PackedCausalCache cache(options(), q);
+  for (int c = 0; c < 6; ++c) {
+    const Chunk ch({1, kChunk, 2, 64}, uint32_t(300 + c));
+    (void)cache.update(ch.key, ch.value, c * kChunk, kStream);
+  }
+  const Chunk next({1, kChunk, 2, 64}, 399);
+  const int64_t end = cache.global_end();
+  const size_t segs = cache.num_segments();
+  fake::capturing() = true;
+  std::string msg;
+  QVG_EXPECT(qvg::testing::call_kind([&] { (void)cache.update(next.key, next.value, end, kStream); }, &msg) ==
+             Kind::Unsupported)
+      << msg;
+  fake::capturing() = false;
+  QVG_EXPECT(msg.find("span_break_ratio") != std::string::npos) << msg;
+  QVG_EXPECT(cache.global_end() == end && cache.num_segments() == segs);
+  // Outside a capture the same call waits once per encoded chunk (as documented) and succeeds.
+  fake::calls().clear();
+  (void)cache.update(next.key, next.value, end, kStream);
+  int syncs = 0;
+  for (const std::string& c : fake::calls()) syncs += c == "cudaStreamSynchronize";
+  QVG_EXPECT(syncs >= 1 && cache.global_end() == end + kChunk) << syncs;
+}
+
+/// Writes a bad call into the ring as the publish kernel does (fields, then its number).
+void publish(int64_t call, int64_t chunk_start, int which, float value) {
+  auto* slots = static_cast<qvg::cuda::kernels::CheckSlot*>(fake::last_host_alloc());
+  qvg::cuda::kernels::CheckSlot& s = slots[call % qvg::cuda::kernels::kCheckSlots];
+  s.chunk_start = chunk_start;
+  s.n = kChunk;
+  s.b = 0;
+  s.t = 5;
+  s.h = 1;
+  s.d = 7;
+  s.which = which;
+  s.value = value;
+  s.call = (unsigned long long)call;
+}
+
+QVG_TEST(a_published_bad_call_is_raised_by_the_next_call_and_check) {
+  qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}});
+  q.centroids = 8;
+  qvg::cuda::PackedCausalCache cache(options(), q);
+  const Chunk a({1, kChunk, 2, 64}, 1), b({1, kChunk, 2, 64}, 2);
+  (void)cache.update(a.key, a.value, 0, kStream);
+  (void)cache.update(a.key, a.value, kChunk, kStream);
+  publish(1, kChunk, 1, std::nanf(""));  // the device found the value of call 2 bad
+  const int64_t end = cache.global_end();
+  const size_t segs = cache.num_segments();
+  std::string msg;
+  QVG_EXPECT(qvg::testing::call_kind([&] { (void)cache.update(b.key, b.value, kChunk, kStream); }, &msg) ==
+             Kind::InvalidArgument)
+      << msg;
+  QVG_EXPECT(msg.find("value must hold finite values with |x| <= 1e16, got nan at [0, 5, 1, 7]") != std::string::npos)
+      << msg;
+  QVG_EXPECT(msg.find("chunk [32, 64)") != std::string::npos) << msg;
+  QVG_EXPECT(cache.global_end() == end && cache.num_segments() == segs);
+  // Reported once: the next call goes on.
+  QVG_EXPECT(qvg::testing::call_kind([&] { (void)cache.update(b.key, b.value, kChunk, kStream); }) == Kind::Ok);
+  // Two more bad calls: check() waits for the stream and raises the older first.
+  publish(3, 2 * kChunk, 0, 3e17f);
+  publish(2, kChunk, 0, INFINITY);
+  fake::calls().clear();
+  QVG_EXPECT(qvg::testing::call_kind([&] { cache.check(kStream); }, &msg) == Kind::InvalidArgument) << msg;
+  QVG_EXPECT(!fake::calls().empty() && fake::calls().front() == "cudaStreamSynchronize");
+  QVG_EXPECT(msg.find("key must hold finite values") != std::string::npos && msg.find("got inf") != std::string::npos &&
+             msg.find("chunk [32, 64)") != std::string::npos)
+      << msg;
+  QVG_EXPECT(qvg::testing::call_kind([&] { cache.check(kStream); }, &msg) == Kind::InvalidArgument) << msg;
+  QVG_EXPECT(msg.find("chunk [64, 96)") != std::string::npos) << msg;
+  QVG_EXPECT(qvg::testing::call_kind([&] { cache.check(kStream); }) == Kind::Ok);
+}
+
+QVG_TEST(dense_update_never_waits) {
+  qvg::CacheOptions o = options();
+  std::vector<uint16_t> kbuf(size_t(o.cache_size * o.heads * o.head_dim)), vbuf(kbuf.size());
+  qvg::cuda::DenseCausalCache cache(o, {kbuf.data(), vbuf.data()});
+  int updates = 0;
+  for (int c = 0; c < 12; ++c) {
+    const Chunk ch({1, kChunk, 2, 64}, uint32_t(500 + c));
+    for (int step = 0; step < 2; ++step) {
+      fake::capturing() = step == 1;
+      const std::string bad = first_forbidden([&] { (void)cache.update(ch.key, ch.value, c * kChunk, kStream); });
+      if (c > 0 || step > 0) {
+        QVG_EXPECT(bad.empty()) << "chunk" << c << "step" << step << "called" << bad;
+        ++updates;
+      }
+    }
+  }
+  fake::capturing() = false;
+  publish(1, 11 * kChunk, 0, std::nanf(""));
+  std::string msg;
+  const Chunk ch({1, kChunk, 2, 64}, 600);
+  QVG_EXPECT(qvg::testing::call_kind([&] { (void)cache.update(ch.key, ch.value, 11 * kChunk, kStream); }, &msg) ==
+             Kind::InvalidArgument)
+      << msg;
+  std::printf("  dense: %d updates, no waiting call\n", updates);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return qvg::testing::run_all(argc, argv); }
