@@ -4,8 +4,9 @@
 //
 // Rules (qvg/torch/ and docs/python.md document them for users):
 //   * A cache lives on one CUDA device. Every call runs under a device guard for
-//     it and enqueues its work on torch.cuda.current_stream() of that device; the
-//     one synchronisation per update is the input-value check (spec 1 limits).
+//     it and enqueues its work on torch.cuda.current_stream() of that device; an
+//     update never waits for the device (the input-value check of spec 1 runs on
+//     the device and is raised by the next call or check(): qvg/cuda_cache.h).
 //   * Device memory comes from PyTorch's caching allocator (TorchCudaAllocator):
 //     torch.cuda.memory_allocated() counts it and empty_cache() returns it; its
 //     out-of-memory error reaches Python as torch.OutOfMemoryError, and the caches
@@ -14,9 +15,11 @@
 //     caller's buffers; every other view points into cache memory (the packed
 //     current chunk or a view buffer) and, if still alive at the next mutating
 //     call, first gets a private copy of its bytes (enqueued on the stream).
-//   * CUDA graph capture: update() synchronizes its stream, which a capture
-//     forbids, so it refuses to run while the current stream is capturing
-//     (NotImplementedError) before enqueuing anything.
+//   * CUDA graph capture: update() makes no synchronizing call, so it can be
+//     captured (torch.cuda.graph) once a first update() ran outside the capture
+//     (it allocates the cache's pinned check record); the settings that wait
+//     (span_break_ratio > 0) raise NotImplementedError under a capture, before
+//     anything changes (the C++ cache refuses them).
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -70,24 +73,14 @@ TorchCudaAllocator& torch_allocator() {
 }
 
 /// What one call on a device cache needs: the cache's device as current device and
-/// that device's current torch stream. Refuses to start while that stream captures
-/// a CUDA graph (Unsupported: update() synchronizes the stream, which a capture
-/// forbids), before anything is enqueued.
+/// that device's current torch stream (which may be capturing a CUDA graph: the
+/// caches refuse, themselves, what a capture cannot hold).
 struct DeviceCall {
   c10::cuda::CUDAGuard guard;
   at::Device device;
   Stream stream;
   explicit DeviceCall(const at::Device& d)
-      : guard(d), device(d), stream(c10::cuda::getCurrentCUDAStream(d.index()).stream()) {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    const cudaError_t e = cudaStreamIsCapturing(stream, &st);
-    if (e != cudaSuccess)
-      throw qvg::cuda::CudaError(fmt::format("cudaStreamIsCapturing failed: {}", cudaGetErrorString(e)));
-    if (st != cudaStreamCaptureStatusNone)
-      throw qvg::Unsupported(
-          "a qvg CUDA cache cannot be used during CUDA graph capture: update() synchronizes the stream once to check "
-          "the input values (spec 1 limits); call it outside the captured region");
-  }
+      : guard(d), device(d), stream(c10::cuda::getCurrentCUDAStream(d.index()).stream()) {}
 };
 
 at::TensorOptions device_options(const qvg::StridedView& v, const at::Device& d) {
@@ -218,7 +211,8 @@ void register_cuda(py::module_& m) {
     using D = CudaDenseCache;
     c.def("view_buffer_nbytes", [](const D& d) {
        return d.cache().view_buffer_nbytes();
-     }).def("debug_state", [](const D& d) {
+     }).def("check", [](D& d) { d.with_call([](auto& x, DeviceCall& call) { x.check(call.stream); }); })
+        .def("debug_state", [](const D& d) {
       return py::make_tuple(d.k().to(at::kCPU), d.v().to(at::kCPU), d.cache().cache_size(),
                             d.cache().attention_window_size(), d.cache().global_end(), d.cache().local_end(),
                             d.cache().resident_nbytes(), d.cache().view_buffer_nbytes());
@@ -250,6 +244,7 @@ void register_cuda(py::module_& m) {
                                        x.resident_nbytes(), x.allocated_nbytes(), x.view_buffer_nbytes());
                });
              })
+        .def("check", [](P& p) { p.with_call_mut([](auto& x, DeviceCall& call) { x.check(call.stream); }); })
         .def_property_readonly("device", [](const P& p) { return p.device().str(); })
         .def("allocated_nbytes", [](P& p) { return p.read([](const auto& x) { return x.allocated_nbytes(); }); })
         .def("view_buffer_nbytes", [](P& p) { return p.read([](const auto& x) { return x.view_buffer_nbytes(); }); });

@@ -167,6 +167,14 @@ class DenseBinding {
     BusyGuard busy(mu_);
     return f(std::as_const(*this));
   }
+  /// f(cache, call) under the one-caller guard with the call's device set up, the
+  /// cache mutable (the CUDA cache's check()).
+  template <class F>
+  auto with_call(F&& f) {
+    BusyGuard busy(mu_);
+    typename Backend::Call call(device_);
+    return f(*cache_, call);
+  }
   const at::Tensor& k() const { return k_; }
   const at::Tensor& v() const { return v_; }
   const at::Device& device() const { return device_; }

@@ -123,6 +123,13 @@ class PackedBinding {
     typename Backend::Call call(device_);
     return f(std::as_const(*cache_), call);
   }
+  /// with_call() with the cache mutable (check(): it records what it reported).
+  template <class F>
+  auto with_call_mut(F&& f) {
+    BusyGuard busy(mu_);
+    typename Backend::Call call(device_);
+    return f(*cache_, call);
+  }
   const at::Device& device() const { return device_; }
 
  private:

@@ -315,6 +315,22 @@ QVG_TEST(packed_update_never_waits_and_runs_under_capture) {
   }
 }
 
+QVG_TEST(the_first_update_refuses_a_capture_before_any_change) {
+  qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}});
+  q.centroids = 8;
+  qvg::cuda::PackedCausalCache cache(options(), q);
+  const Chunk ch({1, kChunk, 2, 64}, 7);
+  fake::capturing() = true;
+  std::string msg;
+  QVG_EXPECT(qvg::testing::call_kind([&] { (void)cache.update(ch.key, ch.value, 0, kStream); }, &msg) ==
+             Kind::Unsupported)
+      << msg;
+  fake::capturing() = false;
+  QVG_EXPECT(msg.find("before capturing") != std::string::npos) << msg;
+  QVG_EXPECT(cache.global_end() == 0 && cache.num_segments() == 0);
+  QVG_EXPECT(qvg::testing::call_kind([&] { (void)cache.update(ch.key, ch.value, 0, kStream); }) == Kind::Ok);
+}
+
 QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
   qvg::QuantArgs q =
       qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});

@@ -156,6 +156,17 @@ class _CacheInterface(_IndexTensors):
         return self._c.view_buffer_nbytes()
 
     @_one_caller
+    def check(self) -> None:
+        """(qvg extension) CUDA caches check each update's values (spec 1: finite, |x| <=
+        1e16) on the device without waiting, and the next update raises a bad call's
+        ValueError; ``check()`` waits for the current stream and raises it now (naming
+        the bad call's chunk). A bad call's rows are never stored. CPU caches refuse a bad
+        call at once: nothing to check."""
+        check = getattr(self._c, "check", None)
+        if check is not None:
+            check()
+
+    @_one_caller
     def reset_indices(self) -> None:
         """Dense: cursors to 0 (buffer content is kept). Packed: drops every segment
         (an empty cache). Both zero the index tensors and the int cursors in use."""

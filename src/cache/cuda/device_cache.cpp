@@ -274,6 +274,7 @@ struct PackedCausalCache::Impl {
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
     guard.raise_published();  // an earlier call's input found out of limits (no waiting)
+    guard.prepare(s);         // the first call: the pinned record
     const qvg::detail::PackedPlan plan = pol.plan(key, value, chunk_start, head_start, recent_window);
     const qvg::detail::CallPlan& p = plan.call;
 

@@ -77,6 +77,7 @@ struct DenseCausalCache::Impl {
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
     guard.raise_published();  // an earlier call's input found out of limits (no waiting)
+    guard.prepare(s);         // the first call: the pinned record
     const qvg::detail::DensePlan p = qvg::detail::plan_dense_update(opt, {capacity, window, global_end, local_end}, key,
                                                                     value, chunk_start, head_start, recent_window);
     const int64_t B = opt.batch, h_in = p.call.heads, head0 = p.call.head_start, T = p.view_tokens();

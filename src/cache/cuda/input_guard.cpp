@@ -19,7 +19,14 @@ namespace qvg::cuda::detail {
 using kernels::CheckSlot;
 using kernels::kCheckSlots;
 
-void InputGuard::allocate_ring() {
+void InputGuard::prepare(Stream s) {
+  if (slots_ != nullptr) return;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  QVG_CUDA(cudaStreamIsCapturing(s, &st));
+  if (st != cudaStreamCaptureStatusNone)
+    throw Unsupported(
+        "the first update() of a device cache allocates its pinned input-check record (cudaHostAlloc), which a CUDA "
+        "graph capture cannot hold: run one update() before capturing");
   void* p = nullptr;
   QVG_CUDA(cudaHostAlloc(&p, sizeof(CheckSlot) * kCheckSlots, cudaHostAllocMapped));
   std::memset(p, 0, sizeof(CheckSlot) * kCheckSlots);
@@ -98,7 +105,7 @@ void InputGuard::wait_and_raise(Stream s) {
 
 void InputGuard::enqueue(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
                          Allocator& alloc) {
-  if (slots_ == nullptr) allocate_ring();
+  QVG_CHECK(slots_ != nullptr);  // prepare() first
   if (flags_.size() == 0) {
     DeviceBuffer f(sizeof(kernels::CheckFlags), s, alloc);
     QVG_CUDA(cudaMemsetAsync(f.data(), 0, sizeof(kernels::CheckFlags), s));

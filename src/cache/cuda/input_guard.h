@@ -21,8 +21,8 @@ namespace qvg::cuda::detail {
 
 class InputGuard {
  public:
-  /// No CUDA call: the first enqueue() allocates the pinned ring (cudaHostAlloc, mapped)
-  /// and the flags.
+  /// No CUDA call: the first prepare() allocates the pinned ring (cudaHostAlloc, mapped),
+  /// the first enqueue() the flags.
   InputGuard() = default;
   ~InputGuard();
   InputGuard(InputGuard&& o) noexcept;
@@ -38,10 +38,14 @@ class InputGuard {
   void raise_published();
   /// Synchronizes `s` (the stream of the cache's calls), then raise_published().
   void wait_and_raise(Stream s);
+  /// Before a call changes anything: the first call allocates the pinned ring
+  /// (cudaHostAlloc), which a CUDA graph capture cannot hold — Unsupported then, on
+  /// a capturing `s`; later calls make no CUDA call here. Throws CudaError.
+  void prepare(Stream s);
   /// Enqueues on `s` the limit scans of key and value (dense [B, n, h, D] device
   /// tensors of one dtype) of the call of chunk `chunk_start`, and the publication
-  /// of a bad call. The first call allocates the ring (cudaHostAlloc: not inside a
-  /// CUDA graph capture) and the flags (device memory, from `alloc`). Throws CudaError.
+  /// of a bad call. REQUIRES prepare() before; the first call allocates the flags
+  /// (device memory, from `alloc`, stream-ordered). Throws CudaError.
   void enqueue(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s, Allocator& alloc);
   /// cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows), device to device, done
   /// on the device only when the last enqueue()'s scans found nothing; else zeros
@@ -53,8 +57,6 @@ class InputGuard {
   kernels::CheckSlot* slots() const { return slots_; }
 
  private:
-  void allocate_ring();
-
   kernels::CheckSlot* slots_ = nullptr;      ///< host address of the ring
   kernels::CheckSlot* dev_slots_ = nullptr;  ///< its device address
   DeviceBuffer flags_;                       ///< kernels::CheckFlags
