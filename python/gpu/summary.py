@@ -91,6 +91,13 @@ def summarize(out_dir: str, steps: dict, budget_s: float = 240, build_budget_s: 
     add("k-means assignment >= 0.3 x the cuBLAS bf16 matmul rate", asg[0].get("fraction") if asg else None, 0.3,
         None if not asg else asg[0].get("fraction", 0) >= 0.3)
 
+    # Issue 40: a denoising step's update() (7-chunk window, Self-Forcing chunk) against a
+    # copy of the view's bytes: <= 1.0x without refinement layers, <= 1.2x with 4.
+    for label, limit in (("no refinement layer", 1.0), ("4 refinement layers", 1.2)):
+        up = cpp_rows(f"update() step, 7-chunk window, recommended, {label}")
+        add(f"update() step ({label}) <= {limit} x a device copy of the view's bytes",
+            up[0].get("fraction") if up else None, limit, None if not up else up[0].get("fraction", 1e9) <= limit)
+
     def ours(shape, bits, what):
         """qvg's time: from the reference benchmark's process when it timed qvg there,
         else from the C++ benchmark of this run."""

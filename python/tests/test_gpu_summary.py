@@ -33,6 +33,8 @@ def good_run(tmp_path: Path) -> tuple[Path, dict]:
         {"name": "decode self-forcing chunk int2 [1, 4680, 12, 128]", "ms": 0.02, "fraction": 0.75},
         {"name": "encode longcat tensor int2 [1, 29640, 32, 128] (K=256, 2 iters)", "ms": 2.0},
         {"name": "k-means assignment [1, 29640, 32, 128] K=256", "ms": 0.3, "fraction": 0.4},
+        {"name": "update() step, 7-chunk window, recommended, no refinement layer", "ms": 0.08, "fraction": 0.9},
+        {"name": "update() step, 7-chunk window, recommended, 4 refinement layers", "ms": 0.1, "fraction": 1.1},
     ]}
     ref = {"results": [{"shape": "longcat tensor", "bits": 2, "reference_encode_ms": 2.8,
                         "reference_decode_ms": 0.9, "ours_encode_ms": None, "ours_decode_ms": None}],
@@ -102,6 +104,17 @@ def test_slow_figures_and_a_long_run_are_not_all_met(tmp_path):
     out, steps = good_run(tmp_path)
     steps["build"]["seconds"] = 200.0
     assert verdict(out, steps)["all_met"] is False
+
+
+@pytest.mark.parametrize("row,fraction", [(4, 1.01), (5, 1.21)])
+def test_an_update_step_slower_than_its_limit_is_not_all_met(tmp_path, row, fraction):
+    out, steps = good_run(tmp_path)
+    bench = json.loads((out / "gpu-bench.json").read_text())
+    bench["results"][row]["fraction"] = fraction
+    (out / "gpu-bench.json").write_text(json.dumps(bench))
+    v = verdict(out, steps)
+    assert v["all_met"] is False
+    assert [a["acceptance"] for a in v["acceptances"] if a["met"] is False][0].startswith("update() step")
 
 
 def test_garbage_inputs_give_a_verdict_not_a_crash(tmp_path):

@@ -8,8 +8,11 @@
 // copy of the same output bytes. Every figure is the median of `repeats` timings
 // with CUDA events on one stream, after a warm-up; decode and the copies it is
 // compared with are timed as batches of 20 back-to-back launches per event pair.
-// With `verdict`, the encoder is timed on the LongCat tensor at int2 only and the
-// window reconstruction is left out (scripts/gpu-check's verdict run).
+// A denoising step's update() of the device packed cache (issue 40: the Self-Forcing
+// chunk, a 7-chunk window, the recommended profile with and without its refinement
+// layers) against a copy of the view's bytes. With `verdict`, the encoder is timed on
+// the LongCat tensor at int2 only and the window reconstruction is left out
+// (scripts/gpu-check's verdict run).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -23,7 +26,9 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "perf/cuda_bench.h"
+#include "qvg/config.h"
 #include "qvg/cuda.h"
+#include "qvg/cuda_cache.h"
 
 namespace qvg::perf {
 namespace {
@@ -204,6 +209,53 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
     const double tflops = 2.0 * double(G) * double(S) * K * double(D) / (ms * 1e9);
     rows.push_back({fmt::format("k-means assignment {} K=256 (tensor cores, fused argmin)", sh.str()), ms, tflops,
                     "TFLOP/s", tflops / gemm_tflops, "cuBLAS bf16 rate"});
+  }
+
+  // ---- issue 40: a denoising step's update() of the packed cache (in the verdict) -------
+  // The Self-Forcing chunk [1, 4680, 12, 128] bf16 and a 7-chunk window (the sink chunk
+  // and six more), the recommended profile's settings with its 4 refinement layers and
+  // without them; the step rewrites the current chunk and rebuilds the whole view. Its
+  // time per call against a device copy of the view's bytes (K and V, read + write)
+  // timed the same way: batches of back-to-back calls per event pair (update() does not
+  // wait, so the host runs ahead of the device as in a model's layer loop).
+  {
+    const Shape4 chunk{1, 4680, 12, 128};
+    CacheOptions o;
+    o.batch = 1;
+    o.heads = int(chunk.h);
+    o.head_dim = int(chunk.d);
+    o.dtype = DType::BF16;
+    o.sink_tokens = chunk.s;
+    o.cache_size = 7 * chunk.s;
+    DeviceBuffer kv(size_t(2 * chunk.numel()) * 2, s);
+    const auto* base = static_cast<const uint8_t*>(kv.data());
+    const ConstTensorView k{base, DType::BF16, chunk}, v{base + size_t(chunk.numel()) * 2, DType::BF16, chunk};
+    double step_ms[2] = {0, 0};
+    size_t view_bytes = 0;
+    for (int refine = 0; refine < 2; ++refine) {
+      QuantArgs q = QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
+      if (!refine) q.refine_recent = 0;
+      qvg::cuda::PackedCausalCache c(o, q);
+      for (int i = 0; i < 10; ++i) {
+        kernels::fill_clustered(kv.data(), 0, 1, 2 * chunk.s, chunk.h, chunk.d, 100 + uint64_t(i), 1.0f, s);
+        (void)c.update(k, v, c.global_end(), s);
+      }
+      const int64_t cur = c.global_end() - chunk.s;
+      step_ms[refine] = timer.median_ms(reps, [&] { (void)c.update(k, v, cur, s); }, kBatch);
+      view_bytes = c.view_buffer_nbytes();
+      c.check(s);  // every call's input passed
+    }
+    DeviceBuffer ca(view_bytes, s), cb(view_bytes, s);
+    const double copy_ms = timer.median_ms(
+        reps, [&] { QVG_CUDA(cudaMemcpyAsync(cb.data(), ca.data(), view_bytes, cudaMemcpyDeviceToDevice, s)); },
+        kBatch);
+    rows.push_back({fmt::format("copy of a 7-chunk view's bytes, self-forcing ({} MiB read + write)", (2 * view_bytes) >> 20),
+                    copy_ms, 2.0 * double(view_bytes) / (copy_ms * 1e6), "GB/s", -1, ""});
+    for (int refine = 0; refine < 2; ++refine)
+      rows.push_back({fmt::format("update() step, 7-chunk window, recommended, {}", refine ? "4 refinement layers"
+                                                                                              : "no refinement layer"),
+                      step_ms[refine], 2.0 * double(view_bytes) / (step_ms[refine] * 1e6), "GB/s",
+                      step_ms[refine] / copy_ms, "time of a copy of the view bytes"});
   }
 
   // ---- 7-chunk window reconstruction (not part of the verdict) --------------------------
