@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "codec/encode_impl.h"
@@ -219,6 +220,56 @@ TEST(Codec, RefinementLayerEncodesTheDecodingErrorWithinItsBound) {
     EXPECT_THROW((void)encode_refinement(x, dec, two), InvalidArgument);
     EXPECT_THROW((void)encode_refinement(x, dec, refinement_config(3, 64, 1)), InvalidArgument);
   }
+}
+
+// The CPU cache's refinement path (encode_refinement_of: each group decoded and its
+// error encoded in one pass) against the definition — encode_refinement of the whole
+// decoded tensor — bit for bit: whole encodings and span chunks (decoded with their
+// span's codebook), one and two stages, every dtype, layer widths 2 and 4, one and two
+// threads (fewer groups than threads included).
+TEST(Codec, RefinementOfAnEncodingEqualsEncodeRefinementOfItsDecoding) {
+  int checked = 0;
+  for (const DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (const int stages : {1, 2})
+      for (const bool span_chunk : {false, true}) {
+        if (span_chunk && stages == 2) continue;
+        const Tensor x = clustered_tensor({1, 70, 3, 64}, dt, 4, 6, 5.0f, 2.0f, 0.3f);
+        CodecConfig c;
+        c.bits = 2;
+        c.centroids = 8;
+        c.stages = stages;
+        c.block_size = 32;
+        c.asymmetric = stages == 1;
+        EncodedTensor enc;
+        std::optional<SpanCodebook> book;
+        if (span_chunk) {
+          book = SpanCodebook::empty(x.shape(), dt, c);
+          (void)encode_span_chunk(clustered_tensor({1, 70, 3, 64}, dt, 9, 6, 5.0f, 2.0f, 0.3f), c, *book, 4);
+          enc = encode_span_chunk(x, c, *book, 4);
+        } else {
+          enc = encode(x, c);
+        }
+        const EncodedTensor full = book ? with_codebook(enc, book->book) : enc;
+        const Tensor dec = decode(full);
+        for (const int bits : {2, 4})
+          for (const int threads : {1, 2, 8}) {
+            const CodecConfig rc = refinement_config(bits, 32, 77, threads);
+            const EncodedTensor want = encode_refinement(x, dec, rc);
+            const EncodedTensor got = detail::encode_refinement_of(x, enc, book ? &book->book : nullptr, rc);
+            ASSERT_TRUE(got == want) << dtype_name(dt) << " stages " << stages << " span " << span_chunk << " bits "
+                                     << bits << " threads " << threads;
+            ++checked;
+          }
+      }
+  EXPECT_EQ(checked, 54);
+  // Its argument checks.
+  const Tensor x = random_tensor({1, 20, 2, 64}, DType::BF16, 3);
+  CodecConfig c;
+  c.centroids = 4;
+  const EncodedTensor enc = encode(x, c);
+  const Tensor other = random_tensor({1, 21, 2, 64}, DType::BF16, 3);
+  EXPECT_THROW((void)detail::encode_refinement_of(other, enc, nullptr, refinement_config(2, 64, 1)), InvalidArgument);
+  EXPECT_THROW((void)detail::encode_refinement_of(x, enc, nullptr, c), InvalidArgument);
 }
 
 TEST(Codec, ZeroTinyAndHugeBlocksDecodeFiniteWithinBound) {

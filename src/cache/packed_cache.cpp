@@ -15,6 +15,7 @@
 #include "cache/snapshot_state.h"
 #include "cache/span_execution.h"
 #include "cache/view_assembly.h"
+#include "codec/encode_impl.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
@@ -215,25 +216,18 @@ struct PackedCausalCache::Impl {
   }
 
   /// The refinement layers of a just-encoded incremental chunk `d` (refinement
-  /// on): its K and V decoded as the view decodes them (with its span's codebooks
-  /// `book_k`, `book_v` as the chunk left them), and the error encoded.
+  /// on): the error of its K and V as the view decodes them (with its span's codebooks
+  /// `book_k`, `book_v` as the chunk left them), encoded group by group as each group
+  /// is decoded (encode_refinement_of: no decoded copy of the chunk).
   void refine(const Segment& raw, SegData& d, const SpanCodebook& book_k, const SpanCodebook& book_v,
               detail::TransientMeter& meter) const {
-    const int64_t S = raw.tokens(), H = opt.heads, D = opt.head_dim;
-    AlignedBuffer dec = AlignedBuffer::uninitialized(raw_bytes(S));  // every element decoded below
-    meter.add(dec.size());
     for (const bool is_k : {true, false}) {
-      const EncodedTensor& enc = is_k ? d.k_enc : d.v_enc;
-      const EncodedTensor& book = (is_k ? book_k : book_v).book;
-      decode_ranges({{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book}}, quant.threads);
-      const CodecConfig& c = is_k ? codec_k : codec_v;
-      const CodecConfig rc = refinement_config(quant, c);
-      const ConstTensorView x = raw_view(raw, is_k);
-      EncodedTensor r = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc);
+      const CodecConfig rc = refinement_config(quant, is_k ? codec_k : codec_v);
+      EncodedTensor r = detail::encode_refinement_of(raw_view(raw, is_k), is_k ? d.k_enc : d.v_enc,
+                                                     &(is_k ? book_k : book_v).book, rc);
       meter.add(r.nbytes());
       (is_k ? d.k_ref : d.v_ref) = std::move(r);
     }
-    meter.sub(dec.size());
   }
 
   /// execute_plan's remaining backend members (span_execution.h).

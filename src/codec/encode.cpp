@@ -10,6 +10,7 @@
 
 #include <fmt/core.h>
 
+#include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
 #include "core/residual_impl.h"
 #include "kernels/kernels.h"
@@ -94,6 +95,7 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
 }
 
 namespace {
+
 /// The refinement errors of x - minus as one fp32 tensor (encode_refinement's
 /// definition, spelled out): the slow path, for the input check's message.
 Tensor refinement_errors(ConstTensorView x, ConstTensorView minus) {
@@ -107,17 +109,161 @@ Tensor refinement_errors(ConstTensorView x, ConstTensorView minus) {
   for (size_t i = 0; i < n; ++i) ep[i] = std::clamp(a[i] - ep[i], -lim, lim);
   return e;
 }
+
+/// Row t of group (b, h) of a dense [B, S, H, D] tensor as fp32 into `out` (D values).
+void gather_row(ConstTensorView x, int64_t b, int64_t t, int64_t h, float* out) {
+  const Shape4& sh = x.shape;
+  const size_t src = size_t(((b * sh.s + t) * sh.h + h) * sh.d);
+  if (x.dtype == DType::F32)
+    std::copy_n(static_cast<const float*>(x.data) + src, sh.d, out);
+  else
+    convert_to_f32(static_cast<const uint8_t*>(x.data) + src * dtype_size(x.dtype), x.dtype, out, size_t(sh.d));
+}
+
+/// out = clamp(x - y, +-lim) over n values, one fp32 subtraction each (encode_refinement's
+/// error); returns whether any is NaN (a flag, not a branch: the loop vectorizes).
+bool refinement_error_row(const float* x, const float* y, int64_t n, float lim, float* out) {
+  bool nan = false;
+  for (int64_t d = 0; d < n; ++d) {
+    const float e = x[d] - y[d];
+    nan |= e != e;
+    out[d] = std::clamp(e, -lim, lim);
+  }
+  return nan;
+}
+
+/// Scratch of one thread of the encoder, reused across the groups it encodes.
+struct GroupScratch {
+  KMeansWorkspace ws;
+  std::vector<float> r, stored, warm_c;
+  std::vector<float> row;                // one row as fp32
+  std::vector<float> book;               // a codebook as fp32 (the decoded encoding's)
+  std::vector<uint8_t> decoded;          // a group's decoded rows (the decoded encoding's)
+  std::vector<const float*> book_ptr;    // per stage
+  std::vector<const uint8_t*> ids_ptr;   // per stage
+};
+
+/// The encoder over the groups of a [B, S, H, D] shape whose points come from
+/// `points(b, h, scratch)`: it writes the group's S x D fp32 points into scratch.r and
+/// returns false when one is NaN (only refinement errors can be: the caller throws
+/// after the region). Everything else is encode()'s (spec 1.1-1.2): k-means stages,
+/// span slots, stats, the residual quantizer; `et` is the encoding's dtype.
+/// REQUIRES the arguments validated (encode_with_path's checks).
+template <class Points>
+EncodedTensor encode_groups(Shape4 sh, DType et, const CodecConfig& cfg, const EncodedTensor* warm, EncodeStats* stats,
+                            AssignPath path, SpanCodebook* span, int added, Points&& points, bool& nan_points) {
+  const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, K = cfg.centroids;
+  const size_t csz = dtype_size(et);
+  EncodedTensor enc = EncodedTensor::allocate(EncodingLayout::of(sh, et, cfg));
+  if (stats) {
+    stats->iterations.assign(size_t(cfg.stages), std::vector<int>(size_t(G), 0));
+    stats->residual_energy = 0;
+    stats->residual_elements = G * S * D;
+  }
+  std::vector<double> energy(size_t(G), 0.0);  // per group, summed in group order below
+  const int64_t used = span ? span->filled + added : 0;  // slots a span chunk's points may use
+
+  const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;
+  const int nthreads = resolve_threads(cfg.threads);
+  // Threads go to the groups; with fewer groups than threads, the groups run one
+  // after the other and each k-means assignment is split over the threads instead.
+  const bool inner = G < nthreads;
+  std::exception_ptr failure;
+  std::atomic<bool> nan_error{false};
+#pragma omp parallel num_threads(inner ? 1 : nthreads)
+  {
+  GroupScratch sc;
+  sc.r.resize(size_t(S * D));
+  sc.stored.resize(size_t(K * D));
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t g = 0; g < G; ++g) {
+    try {
+      const int64_t b = g / sh.h, h = g % sh.h;
+      if (!points(b, h, sc)) {
+        nan_error.store(true, std::memory_order_relaxed);
+        continue;  // thrown by the caller, after the region
+      }
+      std::vector<float>& r = sc.r;
+      for (int st = 0; st < cfg.stages; ++st) {
+        uint8_t* ids = enc.ids[size_t(st)].data() + size_t(g * S);
+        // The stage's codebook: k-means centroids of this encoding (slots [0, K)), or
+        // the span's slots with `added` new ones trained here ([filled, filled + added)).
+        const int64_t first_new = span ? span->filled : 0;
+        const int k_train = span ? added : cfg.centroids;
+        uint8_t* cbase = (span ? span->book.centroid[size_t(st)].data() : enc.centroid[size_t(st)].data()) +
+                         size_t(g * K * D) * csz;
+        if (k_train > 0) {
+          KMeansParams p;
+          p.k = k_train;
+          p.iters = cfg.kmeans_iters;
+          p.init = init;
+          p.seed = cfg.seed;
+          p.stage = st;
+          p.b = b;
+          p.h = h + cfg.head_offset;  // the PRNG stream's head: the global head of a shard
+          p.path = path;
+          p.threads = inner ? nthreads : 1;
+          if (init == Init::Warm) {
+            sc.warm_c.resize(size_t(k_train * D));
+            for (int64_t i = 0; i < k_train * D; ++i)
+              sc.warm_c[size_t(i)] = warm->centroid_at(st, b, h, first_new + i / D, i % D);
+            p.warm = sc.warm_c.data();
+          }
+          KMeansResult km = kmeans(r.data(), S, D, p, sc.ws);
+          if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
+          // Store centroids rounded to the input dtype; subtract the *stored* values.
+          convert_from_f32(km.centroids.data(), et, cbase + size_t(first_new * D) * csz, size_t(k_train * D));
+          if (!span) std::copy(km.ids.begin(), km.ids.end(), ids);
+        }
+        convert_to_f32(cbase, et, sc.stored.data(), size_t(K * D));
+        if (span)  // every point to the nearest slot in use (old and new centroids)
+          assign_to(r.data(), S, D, sc.stored.data(), int(used), ids, path, inner ? nthreads : 1, sc.ws,
+                    k_train > 0);  // kmeans() just centred these points
+        for (int64_t t = 0; t < S; ++t) {
+          const float* c = sc.stored.data() + int64_t(ids[t]) * D;
+          float* rt = r.data() + t * D;
+          for (int64_t d = 0; d < D; ++d) rt[d] = rt[d] - c[d];
+        }
+      }
+      if (stats) {
+        double e = 0;
+        for (float v : r) e += double(v) * double(v);
+        energy[size_t(g)] = e;
+      }
+      quantize_residual_group(r.data(), g, enc, cfg.scale_search);
+    } catch (...) {
+#pragma omp critical(qvg_encode_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  }
+  if (failure) std::rethrow_exception(failure);
+  nan_points = nan_error.load();
+  if (stats)
+    for (double e : energy) stats->residual_energy += e;
+  if (span) {
+    span->filled += added;
+    for (auto& c : enc.centroid) c = std::vector<uint8_t>();  // decoded with the span's codebook
+  }
+  return enc;
+}
+
+/// The shape and codec checks of every encode (InvalidArgument).
+void check_encode_shape(Shape4 sh, const CodecConfig& cfg) {
+  if (sh.b < 1 || sh.s < 1 || sh.h < 1 || sh.d < 1)
+    throw InvalidArgument(fmt::format("input shape must be [B, S, H, D] with every dimension >= 1, got {}", sh.str()));
+  cfg.validate_for_head_dim(sh.d);
+  if (sh.s > (int64_t(1) << 31) || sh.b * sh.h > (int64_t(1) << 31))
+    throw InvalidArgument(fmt::format("input shape {} is too large (tokens and groups must be < 2^31)", sh.str()));
+}
+
 }  // namespace
 
 EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const EncodedTensor* warm,
                                EncodeStats* stats, AssignPath path, SpanCodebook* span, int add,
                                const ConstTensorView* minus) {
   const Shape4 sh = x.shape;
-  if (sh.b < 1 || sh.s < 1 || sh.h < 1 || sh.d < 1)
-    throw InvalidArgument(fmt::format("input shape must be [B, S, H, D] with every dimension >= 1, got {}", sh.str()));
-  cfg.validate_for_head_dim(sh.d);
-  if (sh.s > (int64_t(1) << 31) || sh.b * sh.h > (int64_t(1) << 31))
-    throw InvalidArgument(fmt::format("input shape {} is too large (tokens and groups must be < 2^31)", sh.str()));
+  check_encode_shape(sh, cfg);
   auto check_codebook = [&](const EncodedTensor& c, const char* what) {
     if (c.shape.b != sh.b || c.shape.h != sh.h || c.shape.d != sh.d || c.centroids != cfg.centroids ||
         c.stages != cfg.stages || c.centroid.size() != size_t(cfg.stages))
@@ -127,7 +273,6 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
           what, sh.str(), cfg.centroids, cfg.stages, c.shape.str(), c.centroids, c.stages));
   };
   const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d, K = cfg.centroids;
-  const size_t esz = dtype_size(x.dtype);  // of the input's elements
   // The encoding's dtype (its centroids' storage): the input's, or f32 for refinement
   // errors (encode() of the f32 error tensor).
   const DType et = minus ? DType::F32 : x.dtype;
@@ -154,114 +299,86 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
   // Refinement errors are clamped, so only a NaN error can fail the check: the
   // gather flags it and the error tensor is then checked whole, for its message.
   if (!minus) check_finite_and_bounded(x, "input");
-  std::atomic<bool> nan_error{false};
   const float lim = minus ? refinement_error_limit() : 0.0f;
-
-  EncodedTensor enc = EncodedTensor::allocate(EncodingLayout::of(sh, et, cfg));
-  if (stats) {
-    stats->iterations.assign(size_t(cfg.stages), std::vector<int>(size_t(G), 0));
-    stats->residual_energy = 0;
-    stats->residual_elements = G * S * D;
-  }
-  std::vector<double> energy(size_t(G), 0.0);  // per group, summed in group order below
-  const int64_t used = span ? span->filled + added : 0;  // slots a span chunk's points may use
-
-  const Init init = (cfg.init == Init::Warm && warm == nullptr) ? Init::Random : cfg.init;
-  const int nthreads = resolve_threads(cfg.threads);
-  // Threads go to the groups; with fewer groups than threads, the groups run one
-  // after the other and each k-means assignment is split over the threads instead.
-  const bool inner = G < nthreads;
-  std::exception_ptr failure;
-#pragma omp parallel num_threads(inner ? 1 : nthreads)
-  {
-  // Per-thread scratch, reused across the groups this thread encodes.
-  detail::KMeansWorkspace ws;
-  std::vector<float> r(static_cast<size_t>(S * D)), stored(static_cast<size_t>(K * D)), warm_c;
-  std::vector<float> sub(minus ? size_t(D) : 0);  // a row of `minus` as fp32
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t g = 0; g < G; ++g) {
-    try {
-      const int64_t b = g / sh.h, h = g % sh.h;
-      // Gather the group's S points (fp32, token rows).
-      for (int64_t t = 0; t < S; ++t) {
-        const size_t src = size_t(((b * S + t) * sh.h + h) * D);
-        float* rt = r.data() + t * D;
-        if (x.dtype == DType::F32) {
-          std::copy_n(static_cast<const float*>(x.data) + src, D, rt);
-        } else {
-          convert_to_f32(static_cast<const uint8_t*>(x.data) + src * esz, x.dtype, rt, size_t(D));
-        }
-        if (minus) {  // the refinement error, one fp32 subtraction, clamped
-          convert_to_f32(static_cast<const uint8_t*>(minus->data) + src * esz, x.dtype, sub.data(), size_t(D));
-          for (int64_t d = 0; d < D; ++d) {
-            const float e = rt[d] - sub[size_t(d)];
-            if (e != e) nan_error.store(true, std::memory_order_relaxed);
-            rt[d] = std::clamp(e, -lim, lim);
+  bool nan = false;
+  EncodedTensor enc = encode_groups(
+      sh, et, cfg, warm, stats, path, span, added,
+      [&](int64_t b, int64_t h, GroupScratch& sc) {
+        bool ok = true;
+        if (minus) sc.row.resize(size_t(D));
+        for (int64_t t = 0; t < S; ++t) {  // the group's S points (fp32, token rows)
+          float* rt = sc.r.data() + t * D;
+          gather_row(x, b, t, h, rt);
+          if (minus) {  // the refinement error, one fp32 subtraction, clamped
+            gather_row(*minus, b, t, h, sc.row.data());
+            ok = !refinement_error_row(rt, sc.row.data(), D, lim, rt) && ok;
           }
         }
-      }
-      if (nan_error.load(std::memory_order_relaxed)) continue;  // thrown below, after the region
-      for (int st = 0; st < cfg.stages; ++st) {
-        uint8_t* ids = enc.ids[size_t(st)].data() + size_t(g * S);
-        // The stage's codebook: k-means centroids of this encoding (slots [0, K)), or
-        // the span's slots with `added` new ones trained here ([filled, filled + added)).
-        const int64_t first_new = span ? span->filled : 0;
-        const int k_train = span ? added : cfg.centroids;
-        uint8_t* cbase = (span ? span->book.centroid[size_t(st)].data() : enc.centroid[size_t(st)].data()) +
-                         size_t(g * K * D) * csz;
-        if (k_train > 0) {
-          detail::KMeansParams p;
-          p.k = k_train;
-          p.iters = cfg.kmeans_iters;
-          p.init = init;
-          p.seed = cfg.seed;
-          p.stage = st;
-          p.b = b;
-          p.h = h + cfg.head_offset;  // the PRNG stream's head: the global head of a shard
-          p.path = path;
-          p.threads = inner ? nthreads : 1;
-          if (init == Init::Warm) {
-            warm_c.resize(size_t(k_train * D));
-            for (int64_t i = 0; i < k_train * D; ++i)
-              warm_c[size_t(i)] = warm->centroid_at(st, b, h, first_new + i / D, i % D);
-            p.warm = warm_c.data();
-          }
-          detail::KMeansResult km = detail::kmeans(r.data(), S, D, p, ws);
-          if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
-          // Store centroids rounded to the input dtype; subtract the *stored* values.
-          convert_from_f32(km.centroids.data(), et, cbase + size_t(first_new * D) * csz, size_t(k_train * D));
-          if (!span) std::copy(km.ids.begin(), km.ids.end(), ids);
-        }
-        convert_to_f32(cbase, et, stored.data(), size_t(K * D));
-        if (span)  // every point to the nearest slot in use (old and new centroids)
-          detail::assign_to(r.data(), S, D, stored.data(), int(used), ids, path, inner ? nthreads : 1, ws);
-        for (int64_t t = 0; t < S; ++t) {
-          const float* c = stored.data() + int64_t(ids[t]) * D;
-          float* rt = r.data() + t * D;
-          for (int64_t d = 0; d < D; ++d) rt[d] = rt[d] - c[d];
-        }
-      }
-      if (stats) {
-        double e = 0;
-        for (float v : r) e += double(v) * double(v);
-        energy[size_t(g)] = e;
-      }
-      quantize_residual_group(r.data(), g, enc, cfg.scale_search);
-    } catch (...) {
-#pragma omp critical(qvg_encode_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  }
-  if (failure) std::rethrow_exception(failure);
-  if (nan_error) check_finite_and_bounded(refinement_errors(x, *minus).view(), "input");  // throws
-  if (stats)
-    for (double e : energy) stats->residual_energy += e;
-  if (span) {
-    span->filled += added;
-    for (auto& c : enc.centroid) c = std::vector<uint8_t>();  // decoded with the span's codebook
-  }
+        return ok;
+      },
+      nan);
+  if (nan) check_finite_and_bounded(refinement_errors(x, *minus).view(), "input");  // throws
   return enc;
+}
+
+EncodedTensor encode_refinement_of(ConstTensorView x, const EncodedTensor& enc, const EncodedTensor* codebook,
+                                   const CodecConfig& cfg) {
+  const Shape4 sh = x.shape;
+  if (!(enc.shape == sh) || enc.dtype != x.dtype)
+    throw InvalidArgument(fmt::format("encode_refinement_of: the encoding must be of x's shape and dtype ({} {}), got {} {}",
+                                      sh.str(), dtype_name(x.dtype), enc.shape.str(), dtype_name(enc.dtype)));
+  const EncodedTensor& book = codebook ? *codebook : enc;
+  if (book.centroid.size() != size_t(enc.stages) || book.centroids != enc.centroids || book.dtype != enc.dtype)
+    throw InvalidArgument("encode_refinement_of: the codebook must hold the encoding's stages and centroids");
+  if (cfg.centroids != 1 || cfg.stages != 1)
+    throw InvalidArgument(fmt::format(
+        "encode_refinement: the config must have one stage of one centroid (refinement_config), got {} x {}",
+        cfg.stages, cfg.centroids));
+  check_encode_shape(sh, cfg);
+  const int64_t S = sh.s, D = sh.d, K = enc.centroids;
+  const float lim = refinement_error_limit();
+  const size_t esz = dtype_size(x.dtype);
+  bool nan = false;
+  EncodedTensor layer = encode_groups(
+      sh, DType::F32, cfg, nullptr, nullptr, AssignPath::Fast, nullptr, 0,
+      [&](int64_t b, int64_t h, GroupScratch& sc) {
+        // The group's rows decoded as decode_ranges() decodes them (its codebook as
+        // fp32, decode_rows into x's dtype), then e = clamp(x - decoded) row by row.
+        const int64_t g = b * sh.h + h;
+        sc.book.resize(size_t(enc.stages * K * D));
+        sc.book_ptr.resize(size_t(enc.stages));
+        sc.ids_ptr.resize(size_t(enc.stages));
+        for (int st = 0; st < enc.stages; ++st) {
+          float* c = sc.book.data() + size_t(st * K * D);
+          convert_to_f32(book.centroid[size_t(st)].data() + size_t(g * K * D) * esz, x.dtype, c, size_t(K * D));
+          sc.book_ptr[size_t(st)] = c;
+          sc.ids_ptr[size_t(st)] = enc.ids[size_t(st)].data() + size_t(g * S);
+        }
+        sc.decoded.resize(size_t(S * D) * esz);
+        kernels::DecodeRows job = rows_job(enc, g, 0, S);
+        job.ids = sc.ids_ptr.data();
+        job.centroids = sc.book_ptr.data();
+        job.out = sc.decoded.data();
+        job.out_dtype = x.dtype;
+        job.out_token_stride = D;
+        kernels::decode_rows(job);
+        sc.row.resize(size_t(D));
+        bool ok = true;
+        for (int64_t t = 0; t < S; ++t) {
+          float* rt = sc.r.data() + t * D;
+          gather_row(x, b, t, h, rt);
+          convert_to_f32(sc.decoded.data() + size_t(t * D) * esz, x.dtype, sc.row.data(), size_t(D));
+          ok = !refinement_error_row(rt, sc.row.data(), D, lim, rt) && ok;
+        }
+        return ok;
+      },
+      nan);
+  if (nan) {  // encode_refinement's own refusal, with its message
+    Tensor dec(x.dtype, sh);
+    decode(with_codebook(enc, book), dec.view());
+    check_finite_and_bounded(refinement_errors(x, dec.view()).view(), "input");
+  }
+  return layer;
 }
 
 }  // namespace detail

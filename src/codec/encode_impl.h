@@ -16,6 +16,13 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
                                AssignPath path, SpanCodebook* span = nullptr, int add = 0,
                                const ConstTensorView* minus = nullptr);
 
+/// encode_refinement(x, decode(with_codebook(enc, *codebook or enc)), cfg), bit for bit,
+/// without the decoded tensor: each group's rows are decoded, and their errors formed,
+/// as the encoder gathers that group's points (one pass, in cache). The CPU packed
+/// cache's refinement layers. InvalidArgument as encode_refinement.
+EncodedTensor encode_refinement_of(ConstTensorView x, const EncodedTensor& enc, const EncodedTensor* codebook,
+                                   const CodecConfig& cfg);
+
 /// Quantizes one group's final residual r (S x D fp32, token rows) into the group's
 /// slices of enc.codes / scales / zeros and its factors (spec 1.2, 1.4). With
 /// ScaleSearch::Mse each block's stored scale (and zero) is the candidate of least

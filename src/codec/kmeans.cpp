@@ -207,9 +207,12 @@ std::vector<uint32_t> kmeanspp_init_indices(uint64_t seed, int stage, int64_t b,
 }
 
 void assign_to(const float* points, int64_t n, int64_t dim, const float* centroids, int k, uint8_t* ids,
-               AssignPath path, int threads, KMeansWorkspace& ws) {
+               AssignPath path, int threads, KMeansWorkspace& ws, bool centred) {
   QVG_CHECK(n >= 1 && dim >= 1 && k >= 1 && k <= 256);
-  centre(points, n, dim, ws);
+  if (centred)
+    QVG_CHECK(ws.xc.size() == size_t(n * dim) && ws.mu.size() == size_t(dim));
+  else
+    centre(points, n, dim, ws);
   std::vector<float>& c = ws.c;
   c.resize(static_cast<size_t>(k) * size_t(dim));
   for (int j = 0; j < k; ++j)
@@ -254,7 +257,9 @@ KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansPar
   if (p.record_inertia) res.inertia.push_back(inertia_fp64(xc.data(), n, c.data(), k, dim));
   const double stop_below = 1e-4 * double(n);
   for (int it = 0; it < p.iters; ++it) {
-    int64_t changed = assign(xc.data(), n, dim, c.data(), k, p.path, res.ids.data(), it == 0, p.threads);
+    // One centroid: every point is nearest to it (ids stay 0; the first pass counts all).
+    int64_t changed = k == 1 ? (it == 0 ? n : 0)
+                             : assign(xc.data(), n, dim, c.data(), k, p.path, res.ids.data(), it == 0, p.threads);
     update(xc.data(), n, dim, res.ids.data(), k, c.data(), ws);
     res.iterations = it + 1;
     if (p.record_inertia) res.inertia.push_back(inertia_fp64(xc.data(), n, c.data(), k, dim));

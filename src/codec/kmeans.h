@@ -75,9 +75,11 @@ std::vector<uint32_t> kmeanspp_init_indices(uint64_t seed, int stage, int64_t b,
 /// Assigns each of n points (n x dim, original coordinates) to the nearest of the
 /// first k of `centroids` (k x dim, original coordinates, fp32) with the same
 /// distances as kmeans() (group-centred, `path`); writes ids[0..n). No update.
+/// `centred`: ws already holds these points' centring (ws.mu, ws.xc), as the last
+/// kmeans() of the same points left it — not computed again.
 /// REQUIRES n >= 1, 1 <= k <= 256.
 void assign_to(const float* points, int64_t n, int64_t dim, const float* centroids, int k, uint8_t* ids,
-               AssignPath path, int threads, KMeansWorkspace& ws);
+               AssignPath path, int threads, KMeansWorkspace& ws, bool centred = false);
 
 /// Clusters n points of dimension dim (row-major n x dim, fp32). REQUIRES n >= 1,
 /// 1 <= k <= 256, iters >= 1, warm non-null when init == Warm.
