@@ -237,7 +237,7 @@ def test_two_threads(engine: Engine) -> None:
         barrier.wait()
         engine.dropin.install(INT2)
 
-    for _ in range(8):
+    for _ in range(5):
         run(both_install)
         assert not errors, errors
         once = engine.names()
@@ -248,7 +248,7 @@ def test_two_threads(engine: Engine) -> None:
         assert engine.names() == original and not engine.dropin.is_installed()
 
     def blocks() -> None:
-        for i in range(20):
+        for i in range(10):
             barrier.wait()
             with engine.dropin.installed():
                 assert engine.dropin.is_installed() and engine.names() != original
@@ -258,7 +258,7 @@ def test_two_threads(engine: Engine) -> None:
             barrier.wait()
 
     def other() -> None:
-        for i in range(20):
+        for i in range(10):
             barrier.wait()
             with engine.dropin.installed():
                 if i % 2:
