@@ -161,8 +161,8 @@ class DropIn:
 
     @property
     def settings(self) -> Any:
-        """The settings installed (None or a QVGKVQuantArgs); AttributeError-free:
-        None when not installed either (see :meth:`is_installed`)."""
+        """The settings installed (None or a QVGKVQuantArgs); None also when not
+        installed (see :meth:`is_installed`)."""
         return None if self._settings is _OFF else self._settings
 
     @property
