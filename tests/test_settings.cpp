@@ -207,5 +207,36 @@ TEST(Settings, OneParserOnEverySurface) {
   EXPECT_TRUE(parse_role_codec("", "k_config").empty());
 }
 
+// Issue 42, item 15: a misspelt engine flag (the settings' prefix, no setting of that
+// name) is an error naming the nearest known one, for every flag of the table; keys
+// outside the prefix stay ignored, as the engine ignores them.
+TEST(Settings, AMisspeltFlagIsRefusedNamingTheNearestSetting) {
+  auto message = [](const std::string& key) -> std::string {
+    try {
+      (void)QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {key, "64"}});
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message("kv_cache_quant_centriods").find("nearest known setting: kv_cache_quant_centroids"),
+            std::string::npos)
+      << message("kv_cache_quant_centriods");
+  int rows = 0;
+  for (const Setting& s : quant_settings()) {
+    if (s.flag.empty()) continue;
+    const std::string flag = "kv_cache_quant" + std::string(s.flag);
+    for (const std::string& typo : {flag + "s", flag.substr(0, flag.size() - 1) + "x"}) {
+      const std::string m = message(typo);
+      EXPECT_NE(m.find("unknown flag '" + typo + "'"), std::string::npos) << typo << ": " << m;
+      EXPECT_NE(m.find("nearest known setting: " + flag + ")"), std::string::npos) << typo << ": " << m;
+    }
+    ++rows;
+  }
+  EXPECT_GT(rows, 30);
+  EXPECT_NO_THROW((void)QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_qaunt_centroids", "64"}}));
+  EXPECT_NO_THROW((void)QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"other_centriods", "64"}}));
+}
+
 }  // namespace
 }  // namespace qvg

@@ -130,6 +130,19 @@ bool can_direct_current_attention(const Cache& c, int64_t n) {
   return c.sink_tokens() == 0 && c.cache_size() == n && c.attention_window_size() == n;
 }
 
+/// The checks update() makes first that read only the arguments' shapes and dtypes
+/// (spec 5.1: recent_window_tokens, dtypes, shapes, key/value agreement, n, the head
+/// slice, the chunk start), then the chunk's length against a cache of `cache_size`
+/// tokens (OutOfRange; with options.allow_growth, InvalidArgument when a cache grown
+/// to hold the chunk would pass the size limits): in update()'s order, with its
+/// errors. For a caller that must copy key and value before update() (the Python
+/// binding, for a strided or expanded torch tensor; issue 42, item 2): a call refused
+/// by its shapes then takes no memory first. Reads no element; the values and the
+/// placement against the cursors remain update()'s to check.
+void check_update_shapes(const CacheOptions& options, int64_t cache_size, DType key_dtype, Shape4 key,
+                         DType value_dtype, Shape4 value, int64_t current_chunk_start,
+                         std::optional<int64_t> cache_head_start, std::optional<int64_t> recent_window_tokens);
+
 /// The interface both caches share (spec 3.1).
 class CausalCache : public CacheDims {
  public:

@@ -27,6 +27,13 @@ which import it from there), so modules imported afterwards get it too::
     ... build the runner with use_cuda_graph=False ...
     qvg.flashdreams.uninstall()
 
+    with qvg.flashdreams.installed(quant_args={"kv_cache_quant": "int2"}):
+        ...                       # on exit, what was installed before is back
+
+install / uninstall / installed keep the contract of every qvg drop-in
+(:mod:`qvg.dropin`): all-or-nothing, idempotent, thread-safe, nestable, settings
+passed one way (``quant_args``).
+
 Semantics (flashdreams' class, read from the 0.1.0 wheel; docs/engines.md): the cache
 holds ``sink_size + window_size`` tokens; ``before_update(i)`` opens chunk ``i`` (the
 next one, ``prev + 1``, or the last one again, ``prev``, as denoising steps do);
@@ -55,15 +62,13 @@ silent change; docs/engines.md):
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from . import dropin as _dropin
 from . import torch as _qt
-from ._rebind import rebind
 
 __all__ = ["BlockKVCache", "install", "uninstall", "installed", "is_installed", "ENGINE_MODULE"]
 
@@ -82,14 +87,6 @@ def _capturing() -> bool:
 def _int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _quant_args(value: Any) -> Any:
-    """None (dense), a QVGKVQuantArgs (or the engine's), or a dict of the engine's flags."""
-    if isinstance(value, dict):
-        return _qt.QVGKVQuantArgs.from_dict(value)
-    _qt._config._check_quant_args(value)
     return value
 
 
@@ -154,7 +151,7 @@ class BlockKVCache:
             raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {dtype}")
         if quant_args is _DEFAULT:
             quant_args = type(self)._default_quant_args
-        quant_args = _quant_args(quant_args)
+        quant_args = _qt.as_quant_args(quant_args)
 
         self.k_shape, self.v_shape, self.seq_dim = k_shape, v_shape, seq_dim
         self.chunk_size, self.window_size, self.sink_size = chunk_size, window_size, sink_size
@@ -351,63 +348,53 @@ class BlockKVCache:
 
 
 # ---------------------------------------------------------------------------
-# install / uninstall
+# install / uninstall (the drop-in contract: qvg.dropin, docs/engines.md)
 # ---------------------------------------------------------------------------
 
-_state: dict[str, Any] = {}  # "original": flashdreams' class, "substitute": the class bound now
+
+def _find() -> _dropin.Found:
+    module = _dropin.engine_module(__name__, ENGINE_MODULE, "pip install flashdreams")
+    _dropin.engine_module(__name__, "flashdreams.core.attention", "pip install flashdreams")
+    original = _dropin.engine_attr(__name__, module, "BlockKVCache")
+    return _dropin.Found([_dropin.Rebind("flashdreams", original)])
+
+
+def _substitutes(quant_args: Any, found: _dropin.Found) -> list[type]:
+    if quant_args is None:
+        return [BlockKVCache]
+    return [type("BlockKVCache", (BlockKVCache,), {"_default_quant_args": quant_args, "__module__": __name__,
+                                                   "__doc__": BlockKVCache.__doc__})]
+
+
+_DROPIN = _dropin.DropIn(__name__, _find, _substitutes, result=lambda bound: bound[0])
 
 
 def is_installed() -> bool:
     """True between :func:`install` and :func:`uninstall`."""
-    return bool(_state)
+    return _DROPIN.is_installed()
 
 
 def install(quant_args: Any = None) -> type:
     """Makes flashdreams build qvg caches: rebinds ``BlockKVCache`` in every imported
     ``flashdreams.*`` module (and in its defining module and package, for modules
     imported later) to :class:`BlockKVCache` — dense with ``quant_args=None``, else a
-    subclass whose caches are packed with these settings (a QVGKVQuantArgs or a dict
-    of the engine's flags, validated here). Installing again replaces the settings.
-    Returns the class bound. ImportError when flashdreams is not installed."""
-    quant_args = _quant_args(quant_args)
-    if quant_args is not None:
-        _qt._config._quant_to_c(quant_args).validate()
-    try:
-        module = importlib.import_module(ENGINE_MODULE)
-        importlib.import_module("flashdreams.core.attention")
-    except ImportError as e:
-        raise ImportError(f"qvg.flashdreams needs flashdreams' module {ENGINE_MODULE} (pip install flashdreams); "
-                          f"importing it failed: {e}") from e
-    if quant_args is None:
-        substitute: type = BlockKVCache
-    else:
-        substitute = type("BlockKVCache", (BlockKVCache,), {"_default_quant_args": quant_args,
-                                                            "__module__": __name__,
-                                                            "__doc__": BlockKVCache.__doc__})
-    if _state:
-        rebind("flashdreams", {_state["substitute"]: substitute})
-    else:
-        _state["original"] = module.BlockKVCache
-        rebind("flashdreams", {module.BlockKVCache: substitute})
-    _state["substitute"] = substitute
-    return substitute
+    subclass whose caches are packed with these settings (anything
+    :func:`qvg.torch.as_quant_args` takes: a QVGKVQuantArgs, the engine's settings or a
+    dict of the engine's flags; validated first). Returns the class bound. The
+    contract of :mod:`qvg.dropin`: all-or-nothing (:class:`qvg.dropin.EngineNameError`,
+    an ImportError, naming what flashdreams lacks; nothing changed), idempotent (other
+    settings replace the installed ones), thread-safe."""
+    return _DROPIN.install(quant_args)
 
 
 def uninstall() -> None:
     """Puts flashdreams' class back in every ``flashdreams.*`` module holding qvg's
     (also modules imported while installed). A no-op when not installed."""
-    if not _state:
-        return
-    rebind("flashdreams", {_state["substitute"]: _state["original"]})
-    _state.clear()
+    _DROPIN.uninstall()
 
 
-@contextlib.contextmanager
-def installed(quant_args: Any = None) -> Iterator[type]:
-    """Context manager: :func:`install` on entry (yields the bound class),
-    :func:`uninstall` on exit, also when the block raises."""
-    cls = install(quant_args)
-    try:
-        yield cls
-    finally:
-        uninstall()
+def installed(quant_args: Any = None) -> contextlib.AbstractContextManager[type]:
+    """Context manager: :func:`install` on entry (yields the bound class); on exit,
+    also when the block raises, what was installed at entry is back (nothing, or the
+    settings then installed: blocks nest; :mod:`qvg.dropin`)."""
+    return _DROPIN.installed(quant_args)

@@ -24,6 +24,10 @@ path run on qvg's caches:
     qvg.vllm_omni.install(quant_args={"kv_cache_quant": "int4"})    # packed
     qvg.vllm_omni.uninstall()
 
+install / uninstall / installed keep the contract of every qvg drop-in
+(:mod:`qvg.dropin`): all-or-nothing, idempotent, thread-safe, nestable, settings
+passed one way (``quant_args``).
+
 The engine's rules are kept: every argument check of ``_update_cache`` is made first,
 with the engine's messages (ValueError); the returned views hold the engine's tokens
 in the engine's order (dense and packed without quantization: bit for bit; the
@@ -43,7 +47,9 @@ Differences (typed refusals, never a silent change; docs/engines.md):
   refused (NotImplementedError); LingBot's flow never makes one.
 * ``sink_tokens`` is fixed by the first call (NotImplementedError if it changes).
 * Views of the dense cache alias its buffers (the engine returns new tensors): use
-  them before the next call on the cache. Non-finite values are rejected (ValueError).
+  them before the next call on the cache. Non-finite values are rejected (ValueError),
+  also by a dense probe repeating the last committed start, which is checked as a
+  write would be (shapes, dtype, device, values) though nothing is written.
 * The realtime AR-diffusion engine (paged, ``experimental/ar_diffusion/kv_cache``) is
   not served: docs/engines.md says what it would need.
 """
@@ -51,28 +57,17 @@ Differences (typed refusals, never a silent change; docs/engines.md):
 from __future__ import annotations
 
 import contextlib
-import importlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from . import dropin as _dropin
 from . import torch as _qt
 
 __all__ = ["LingBotQVGCache", "install", "uninstall", "installed", "is_installed", "ENGINE_MODULE"]
 
 #: vLLM-Omni's module holding the replaced names.
 ENGINE_MODULE = "vllm_omni.diffusion.models.lingbot_world.transformer"
-
-
-def _quant_args(value: Any) -> Any:
-    """None (dense), a QVGKVQuantArgs (or the engine's), or a dict of the engine's flags."""
-    if isinstance(value, dict):
-        value = _qt.QVGKVQuantArgs.from_dict(value)
-    _qt._config._check_quant_args(value)
-    if value is not None:
-        _qt._config._quant_to_c(value).validate()
-    return value
 
 
 class LingBotQVGCache:
@@ -89,7 +84,7 @@ class LingBotQVGCache:
                 raise ValueError(f"{name} must be a positive integer, got {x!r}")
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be one of torch.float32, torch.bfloat16, torch.float16, got {dtype}")
-        self.quant_args = _quant_args(quant_args)
+        self.quant_args = _qt.as_quant_args(quant_args)
         self.shape = (batch_size, max_tokens, num_local_heads, head_dim)
         self.device, self.dtype = torch.device(device), dtype
         if self.quant_args is None:  # the engine allocates zeros
@@ -167,6 +162,27 @@ class LingBotQVGCache:
                                                      local_end_index_int=0, sink_tokens=sink, **cursors)
         self._origin = current_start
 
+    def _check_chunk(self, key: torch.Tensor, value: Any) -> None:
+        """What qvg's caches check of a chunk (spec 5), for the dense repeat probe, which
+        reads it without a cache call: key and value tensors of one shape ``[B, n, H, D]``
+        with the cache's batch, heads and head_dim, dtype and device; every value finite
+        with ``|x| <= 1e16``. ValueError naming the argument otherwise."""
+        b, _, h, d = self.shape
+        for name, x in (("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor [B, n, H, D], got {type(x).__name__}")
+            if x.dim() != 4 or (x.shape[0], x.shape[2], x.shape[3]) != (b, h, d) or x.shape != key.shape:
+                raise ValueError(f"{name} must have shape [{b}, n, {h}, {d}] (the cache's batch, heads and head_dim; "
+                                 f"value the shape of key {list(key.shape)}), got {list(x.shape)}")
+            if x.dtype != self.dtype:
+                raise ValueError(f"{name} dtype must be the cache dtype {self.dtype}, got {x.dtype}")
+            if x.device.type != self.device.type or self.device.index not in (None, x.device.index):
+                raise ValueError(f"{name} must be on the cache's device {self.device}, got {x.device}")
+            bad = ~(x.double().abs() <= 1e16)  # NaN compares False
+            if bool(bad.any()):
+                at = [int(i) for i in bad.nonzero()[0]]
+                raise ValueError(f"{name} must hold finite values with |x| <= 1e16, got {x[tuple(at)].item()} at {at}")
+
     def update(self, key: torch.Tensor, value: torch.Tensor, current_start: int, *, sink_tokens: int,
                update_cache: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The engine's ``_update_cache`` on this cache: writes the chunk ``key`` / ``value``
@@ -188,6 +204,7 @@ class LingBotQVGCache:
                 f"the qvg cache: the next call must be at that start with that size, got {n} tokens at "
                 f"{current_start} (qvg cannot take a probe back)")
         if kind == "repeat" and not update_cache:
+            self._check_chunk(key, value)  # issue 42, item 8: read without a cache call, checked as one
             if self.packed:
                 raise NotImplementedError(
                     "a probe (update_cache=False) repeating the last committed start is not supported by the packed "
@@ -217,39 +234,24 @@ class LingBotQVGCache:
 
 
 # ---------------------------------------------------------------------------
-# install / uninstall
+# install / uninstall (the drop-in contract: qvg.dropin, docs/engines.md)
 # ---------------------------------------------------------------------------
 
-_state: dict[str, Any] = {}
+
+def _find() -> _dropin.Found:
+    module = _dropin.engine_module(__name__, ENGINE_MODULE, "pip install vllm-omni, with vLLM")
+    _dropin.engine_attr(__name__, module, "allocate_lingbot_cache", own=True)
+    attention = _dropin.engine_attr(__name__, module, "LingBotSelfAttention")
+    _dropin.engine_attr(__name__, attention, "_update_cache", own=True)
+    transformer_cache = _dropin.engine_attr(__name__, module, "LingBotTransformerCache")
+    return _dropin.Found([_dropin.Attribute(module, "allocate_lingbot_cache"),
+                          _dropin.Attribute(attention, "_update_cache")],
+                         {"LingBotTransformerCache": transformer_cache})
 
 
-def is_installed() -> bool:
-    """True between :func:`install` and :func:`uninstall`."""
-    return bool(_state)
-
-
-def _module() -> Any:
-    try:
-        return importlib.import_module(ENGINE_MODULE)
-    except ImportError as e:
-        raise ImportError(f"qvg.vllm_omni needs vLLM-Omni's module {ENGINE_MODULE} (pip install vllm-omni, with "
-                          f"vLLM); importing it failed: {e}") from e
-
-
-def install(quant_args: Any = None) -> None:
-    """Makes vLLM-Omni's LingBot-World request path run on qvg: rebinds the module's
-    ``allocate_lingbot_cache`` to one building :class:`LingBotQVGCache` layers (dense
-    with ``quant_args=None``, else packed with these settings: a QVGKVQuantArgs or a
-    dict of the engine's flags) and wraps ``LingBotSelfAttention._update_cache``.
-    Installing again replaces the settings. ImportError when the module cannot be
-    imported."""
-    quant_args = _quant_args(quant_args)
-    module = _module()
-    if not _state:
-        _state["allocate"] = module.allocate_lingbot_cache
-        _state["update"] = module.LingBotSelfAttention.__dict__["_update_cache"]
-    engine_update = _state["update"]
-    transformer_cache = module.LingBotTransformerCache
+def _substitutes(quant_args: Any, found: _dropin.Found) -> list[Any]:
+    engine_update = found.bindings[1].original
+    transformer_cache = found.names["LingBotTransformerCache"]
 
     def allocate_lingbot_cache(*, batch_size: int, num_layers: int, max_tokens: int, num_local_heads: int,
                                head_dim: int, device: torch.device, dtype: torch.dtype) -> Any:
@@ -267,29 +269,38 @@ def install(quant_args: Any = None) -> None:
 
     allocate_lingbot_cache.__doc__ = "qvg.vllm_omni: the engine's allocate_lingbot_cache, with qvg caches."
     _update_cache.__doc__ = "qvg.vllm_omni: the engine's _update_cache, serving qvg caches."
-    module.allocate_lingbot_cache = allocate_lingbot_cache
-    module.LingBotSelfAttention._update_cache = _update_cache
-    _state["module"] = module
+    return [allocate_lingbot_cache, _update_cache]
+
+
+_DROPIN = _dropin.DropIn(__name__, _find, _substitutes)
+
+
+def is_installed() -> bool:
+    """True between :func:`install` and :func:`uninstall`."""
+    return _DROPIN.is_installed()
+
+
+def install(quant_args: Any = None) -> None:
+    """Makes vLLM-Omni's LingBot-World request path run on qvg: rebinds the module's
+    ``allocate_lingbot_cache`` to one building :class:`LingBotQVGCache` layers (dense
+    with ``quant_args=None``, else packed with these settings: anything
+    :func:`qvg.torch.as_quant_args` takes, validated first) and wraps
+    ``LingBotSelfAttention._update_cache``. The contract of :mod:`qvg.dropin`:
+    all-or-nothing (:class:`qvg.dropin.EngineNameError`, an ImportError, naming what
+    the engine lacks; nothing changed), idempotent (other settings replace the
+    installed ones), thread-safe."""
+    _DROPIN.install(quant_args)
 
 
 def uninstall() -> None:
     """Puts the engine's ``allocate_lingbot_cache`` and ``_update_cache`` back. A no-op
     when not installed. Caches allocated while installed keep working through the
     engine's method only if it is installed again."""
-    if not _state:
-        return
-    module = _state["module"]
-    module.allocate_lingbot_cache = _state["allocate"]
-    module.LingBotSelfAttention._update_cache = _state["update"]
-    _state.clear()
+    _DROPIN.uninstall()
 
 
-@contextlib.contextmanager
-def installed(quant_args: Any = None) -> Iterator[None]:
-    """Context manager: :func:`install` on entry, :func:`uninstall` on exit (also when
-    the block raises)."""
-    install(quant_args)
-    try:
-        yield
-    finally:
-        uninstall()
+def installed(quant_args: Any = None) -> contextlib.AbstractContextManager[None]:
+    """Context manager: :func:`install` on entry; on exit, also when the block raises,
+    what was installed at entry is back (nothing, or the settings then installed:
+    blocks nest; :mod:`qvg.dropin`)."""
+    return _DROPIN.installed(quant_args)

@@ -327,11 +327,20 @@ py::dict layout_dict(const qvg::EncodingLayout& l) {
 py::tuple encode_tensor(const at::Tensor& x, const qvg::QuantArgs& quant, int64_t head_offset) {
   if (!quant.enabled())
     throw qvg::InvalidArgument("encode needs quantization settings with bits 2 or 4, got bits None");
-  const Input in = as_input(x, "x", at::Device(at::kCPU));
+  // Issue 42, item 2: what encode() refuses by shape is refused before x is copied
+  // (an expanded or strided x is copied to contiguous memory first).
+  const qvg::DType dt = check_input(x, "x", at::Device(at::kCPU));
   if (quant.per_role())
     throw qvg::InvalidArgument(
         "encode encodes one tensor: per-role settings (k_config, v_config) do not apply; use the shared fields");
   qvg::CodecConfig cfg = quant.codec();
+  const qvg::Shape4 sh = shape4(x);
+  if (sh.b >= 1 && sh.s >= 1 && sh.h >= 1 && sh.d >= 1) {
+    cfg.validate_for_head_dim(sh.d);
+    if (sh.s > (int64_t(1) << 31) || sh.b * sh.h > (int64_t(1) << 31))
+      throw qvg::InvalidArgument(fmt::format("x shape {} is too large (tokens and groups must be < 2^31)", sh.str()));
+  }
+  const Input in = to_input(x, dt);
   cfg.head_offset = head_offset;
   qvg::EncodedTensor enc;
   {

@@ -115,9 +115,10 @@ inline qvg::DType require_dtype(const at::Tensor& t, const char* what) {
   return *dt;
 }
 
-/// key/value of an update on a cache on `device`: read in place when contiguous
-/// [B, n, h, D], else a contiguous copy (made by torch on the current stream).
-inline Input as_input(const at::Tensor& t, const char* what, const at::Device& device) {
+/// What can be checked of a key/value tensor `what` of an update on a cache on
+/// `device` without reading its elements: defined, strided, the device, 4-D, a dtype
+/// qvg supports (returned).
+inline qvg::DType check_input(const at::Tensor& t, const char* what, const at::Device& device) {
   if (!t.defined()) throw qvg::InvalidArgument(fmt::format("{} must be a tensor, got None", what));
   if (t.layout() != at::kStrided)
     throw qvg::InvalidArgument(
@@ -125,7 +126,15 @@ inline Input as_input(const at::Tensor& t, const char* what, const at::Device& d
   require_device(t, what, device);
   if (t.dim() != 4)
     throw qvg::InvalidArgument(fmt::format("{} must be a 4-D tensor [B, n, h, D], got shape {}", what, shape_str(t)));
-  const qvg::DType dt = require_dtype(t, what);
+  return require_dtype(t, what);
+}
+
+/// key/value (which passed check_input, of dtype `dt`) as a qvg view: read in place
+/// when contiguous [B, n, h, D], else a contiguous copy (made by torch on the current
+/// stream): memory proportional to the tensor's shape, whatever its storage (a
+/// stride-0 expanded tensor), so the call's shapes must have been checked first
+/// (check_call_shapes; issue 42, item 2).
+inline Input to_input(const at::Tensor& t, qvg::DType dt) {
   Input in;
   // A tensor with torch's negative or conjugate bit is a lazy view: its values are
   // not its raw storage (issue 27, item 12), so it is resolved first.
@@ -135,6 +144,25 @@ inline Input as_input(const at::Tensor& t, const char* what, const at::Device& d
   in.view.dtype = dt;
   in.view.shape = {in.owner.size(0), in.owner.size(1), in.owner.size(2), in.owner.size(3)};
   return in;
+}
+
+/// A tensor's sizes as qvg's [B, S, H, D] (REQUIRES a 4-D tensor).
+inline qvg::Shape4 shape4(const at::Tensor& t) {
+  return {t.size(0), t.size(1), t.size(2), t.size(3)};
+}
+
+/// An update's key and value as qvg views, for a cache of `options` holding
+/// `cache_size` tokens: everything update() would refuse by the arguments' metadata
+/// (check_input, then qvg::check_update_shapes: shapes, dtypes, head slice, chunk
+/// start, recent_window_tokens, the chunk's length) is refused before either tensor
+/// is copied (issue 42, item 2: an expanded key of 16M tokens over 8 bytes of storage
+/// is refused taking no memory).
+inline std::pair<Input, Input> call_inputs(const at::Tensor& key, const at::Tensor& value, const at::Device& device,
+                                           const qvg::CacheOptions& options, int64_t cache_size, int64_t c,
+                                           std::optional<int64_t> hs, std::optional<int64_t> rw) {
+  const qvg::DType kd = check_input(key, "key", device), vd = check_input(value, "value", device);
+  qvg::check_update_shapes(options, cache_size, kd, shape4(key), vd, shape4(value), c, hs, rw);
+  return {to_input(key, kd), to_input(value, vd)};
 }
 
 /// Checks a dense cache buffer handed in by the caller ([B, cache_size, H, D]) on a

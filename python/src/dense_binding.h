@@ -71,7 +71,7 @@ class DenseBinding {
                  std::optional<int64_t> rw, int64_t ge, int64_t le) {
     BusyGuard busy(mu_);
     check_buffers_unchanged();
-    const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
+    const auto [ki, vi] = call_inputs(key, value, device_, opt_, cache_->cache_size(), c, hs, rw);
     typename Backend::Call call(device_);
     backend_.before_mutation(call);  // first: adopting the cursors may free the view buffer of lent views
     if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
@@ -213,6 +213,14 @@ class DenseBinding {
           "the cache's k/v tensors must keep their storage and shape {} (they are the cache's buffers), got k shape "
           "{} after an in-place resize or set_()",
           shape_str(shape), shape_str(k_)));
+    // Issue 42, item 11: a buffer reinterpreted in place (k.data = k.view(torch.float16)
+    // on a bf16 cache) keeps its storage and shape but not its dtype.
+    const at::ScalarType want = to_torch_dtype(opt_.dtype);
+    if (k_.scalar_type() != want || v_.scalar_type() != want)
+      throw qvg::InvalidArgument(fmt::format(
+          "the cache's k/v tensors must keep their dtype {} (they are the cache's buffers), got k {} and v {} after "
+          "an in-place reinterpretation (.data = ....view(dtype) or set_())",
+          torch_dtype_name(want), torch_dtype_name(k_.scalar_type()), torch_dtype_name(v_.scalar_type())));
   }
 
   Backend backend_;

@@ -47,7 +47,7 @@ class PackedBinding {
   ViewOut update(const at::Tensor& key, const at::Tensor& value, int64_t c, std::optional<int64_t> hs,
                  std::optional<int64_t> rw) {
     BusyGuard busy(mu_);
-    const Input ki = as_input(key, "key", device_), vi = as_input(value, "value", device_);
+    const auto [ki, vi] = call_inputs(key, value, device_, options_, options_.cache_size, c, hs, rw);
     typename Backend::Call call(device_);
     backend_.before_mutation(call);
     [[maybe_unused]] const typename Backend::ViewLock view_lock;  // held until the view is copied out

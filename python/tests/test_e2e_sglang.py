@@ -13,7 +13,10 @@ after qvg.sglang.install().
   quant-videogen under Triton's interpreter), at the engine's default flags int2
   and int4, and with qvg's ``hq`` profile: qvg's mean deviation over the chunks
   that saw an encoded chunk, and its views' K/V error, are at most 1.1x the
-  engine's; hq's at most 0.7x. These rollouts (24 frames, 8 chunks) run in
+  engine's; hq's at most what holds over draws of the random inputs and the
+  codecs' seeds (int2 0.5x; int4 0.8x latents, 0.75x views; docs/compat.md), and
+  over the six pairs int4 deviates less than int2 and hq's views are closer than
+  qvg's, which are closer than the engine's. These rollouts (24 frames, 8 chunks) run in
   float32 (model, activations, caches; the stage's bf16 target dtype patched): in
   bf16 any perturbation of the views moves these tiny models' latents by about
   0.0046, a floor that hides the codec's share (docs/compat.md).
@@ -48,8 +51,14 @@ CASES = {"self_forcing": e2e.self_forcing, "longlive2": e2e.longlive2, "lingbot_
 REFUSED = ("self_forcing", "longlive2")  # the stages the engine refuses quantization in
 _CASES: dict = {}
 _DENSE: dict = {}
-#: Figures of the packed comparison (printed by the last test; docs/compat.md).
+#: Figures of the packed comparison (checked across pairs and printed by the last
+#: test; docs/compat.md).
 FIGURES: dict = {}
+#: hq's ratio to the engine's packed cache, (latents, views), as bounds that hold over
+#: draws of the random inputs and the codecs' k-means seeds, not only on the suite's
+#: draw (issue 42, item 21; docs/compat.md "Over draws and codec seeds": int2 0.33-0.38,
+#: int4 latents 0.63-0.73 per run, views 0.65-0.67): the suite's draw is one of them.
+HQ_BOUNDS = {2: (0.5, 0.5), 4: (0.8, 0.75)}
 #: The packed comparison's rollouts: 24 latent frames, 8 chunks, so that eviction
 #: happens at every chunk after the third and every model's context holds several
 #: encoded chunks (at 12 frames LongLive2's encoded context is mostly its sink chunk,
@@ -205,13 +214,18 @@ def test_packed_deviation_beside_the_engines_packed_cache(name, bits):
     mean, views = f["mean"], f["views"]
     assert mean["qvg"] <= 1.1 * mean["engine"], f
     assert views["qvg"] <= 1.1 * views["engine"], views
-    # hq: its latents' deviation and its K/V views within 0.7x of the engine's
-    assert mean["hq"] <= 0.7 * mean["engine"], f
-    assert views["hq"] <= 0.7 * views["engine"], views
+    # hq: its latents' deviation and its K/V views within what holds over draws
+    latents_bound, views_bound = HQ_BOUNDS[bits]
+    assert mean["hq"] <= latents_bound * mean["engine"], f
+    assert views["hq"] <= views_bound * views["engine"], views
 
 
 def test_zz_figures():
-    """Prints the packed comparison's figures (pytest -s; docs/compat.md)."""
+    """Across the six pairs (issue 42, item 20: this test only printed): for every model
+    and every run (the engine's packed cache, qvg's, hq), int4 deviates less than int2,
+    latents and views; for every pair the views' error orders hq < qvg < the engine's
+    (over draws: views 0.38 / 0.65-0.67 < 0.81-0.83 < 1, docs/compat.md). Prints the
+    figures (pytest -s; docs/compat.md). Skips unless every pair ran."""
     for (name, bits), f in sorted(FIGURES.items()):
         lat = {k: [round(x, 5) for x in v] for k, v in f["latents"].items()}
         views = {k: round(v, 4) for k, v in f["views"].items()}
@@ -219,3 +233,13 @@ def test_zz_figures():
         print(f"\n{name} int{bits}: latents' relative L2 per chunk {lat}; views' relative L2 {views}; mean "
               f"{ {k: float(f'{x:.3g}') for k, x in m.items()} }: qvg {m['qvg'] / m['engine']:.2f}x, hq "
               f"{m['hq'] / m['engine']:.2f}x (views {v['qvg'] / v['engine']:.2f}x, {v['hq'] / v['engine']:.2f}x)")
+    if set(FIGURES) != {(name, bits) for name in CASES for bits in (2, 4)}:
+        pytest.skip(f"not every pair ran: {sorted(FIGURES)}")
+    for name in CASES:
+        two, four = FIGURES[name, 2], FIGURES[name, 4]
+        for run in ("engine", "qvg", "hq"):
+            assert four["mean"][run] < two["mean"][run], (name, run, two["mean"], four["mean"])
+            assert four["views"][run] < two["views"][run], (name, run, two["views"], four["views"])
+    for key, f in FIGURES.items():
+        views = f["views"]
+        assert views["hq"] < views["qvg"] < views["engine"], (key, views)

@@ -44,6 +44,22 @@ StridedView StridedView::of(ConstTensorView v) {
   return {v.data, v.dtype, v.shape, v.shape.s * v.shape.h * v.shape.d, v.shape.h * v.shape.d, v.shape.d};
 }
 
+// ---- check_update_shapes ------------------------------------------------------
+void check_update_shapes(const CacheOptions& o, int64_t cache_size, DType key_dtype, Shape4 key, DType value_dtype,
+                         Shape4 value, int64_t current_chunk_start, std::optional<int64_t> cache_head_start,
+                         std::optional<int64_t> recent_window_tokens) {
+  static const std::byte probe{};  // validate_call reads no element: any non-null address
+  const detail::CallArgs a = detail::validate_call(o, {&probe, key_dtype, key}, {&probe, value_dtype, value},
+                                                   current_chunk_start, cache_head_start, recent_window_tokens);
+  if (!o.allow_growth && a.n > cache_size)
+    throw OutOfRange(fmt::format("chunk of n = {} tokens is longer than the cache (cache_size = {})", a.n, cache_size));
+  if (o.allow_growth && a.n > cache_size) {  // the grown cache holds at least n tokens: within the limits
+    CacheOptions grown = o;
+    grown.cache_size = a.n;
+    grown.validate();
+  }
+}
+
 // ---- CacheOptions -------------------------------------------------------------
 void CacheOptions::validate() const { detail::validate_options(*this); }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/core.h>
@@ -58,6 +59,35 @@ void check_head_dim(int block_size, int64_t head_dim) {
   if (head_dim % block_size != 0)
     throw InvalidArgument(
         fmt::format("block_size must divide head_dim ({}), got block_size={}", head_dim, block_size));
+}
+
+// Levenshtein distance between a and b (the flags are short: O(|a| |b|) is nothing).
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Issue 42, item 15: the known engine flag nearest to `key` (a misspelt one names it).
+std::string nearest_flag(std::string_view key) {
+  std::string best = "kv_cache_quant_profile";
+  size_t best_d = edit_distance(key, best);
+  for (const Setting& s : quant_settings()) {
+    if (s.flag.empty()) continue;
+    std::string flag = "kv_cache_quant" + std::string(s.flag);
+    const size_t d = edit_distance(key, flag);
+    if (d < best_d) best_d = d, best = std::move(flag);
+  }
+  return best;
 }
 
 }  // namespace
@@ -305,11 +335,13 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     const Setting* s = find_setting_by_flag(std::string_view(key).substr(kPrefix.size()));
     if (!s)
       throw InvalidArgument(fmt::format(
-          "unknown flag '{}'; accepted: kv_cache_quant, kv_cache_quant_centroids, _block_size, _stages, _iters, "
+          "unknown flag '{}' (nearest known setting: {}); accepted: kv_cache_quant, kv_cache_quant_centroids, "
+          "_block_size, _stages, _iters, "
           "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _span_mode, _span_break_ratio, "
-          "_refine_recent, _refine_bits, _scaling, _scale_dtype, _init, _seed, _scale_search, _profile, and per role _k_<f> / _v_<f> for f in "
+          "_refine_recent, _refine_bits, _scaling, _scale_dtype, _init, _seed, _scale_search, _profile, and per role "
+          "_k_<f> / _v_<f> for f in "
           "bits, centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling, scale_search",
-          key));
+          key, nearest_flag(key)));
     s->set(a, parse_setting(*s, value, key));
   }
   a.validate();

@@ -10,6 +10,9 @@ caches (``include/qvg/cache.h``) through the binding module ``qvg._C``:
 * :class:`CausalSelfAttentionKVCache` — the dense cache (spec 3.2) over the caller's
   ``k``/``v`` tensors ``[B, cache_size, H, D]``.
 * :class:`QVGPackedCausalKVCache` — the packed QVG cache (spec 4).
+* :func:`as_quant_args` — settings from any form callers pass (None, a
+  QVGKVQuantArgs, the engine's settings object, a dict of its flags), validated: the
+  one way the engine drop-ins take them (docs/engines.md).
 
 Switching is an import change::
 
@@ -21,7 +24,8 @@ Scope and differences from the engine (all deliberate):
 * CPU tensors, and CUDA tensors when the extension was built with its CUDA path
   (:data:`HAS_CUDA`; docs/python.md); dtype float32, bfloat16 or float16. Keys and
   values are read in place when contiguous ``[B, n, h, D]``; otherwise a
-  contiguous copy is made. A cache lives on one device: the dense cache on its
+  contiguous copy is made, after every check of the call's shapes and dtypes (a
+  call refused by its shapes takes no memory, whatever the tensors' strides). A cache lives on one device: the dense cache on its
   ``k``/``v`` buffers' device, the packed cache on ``device``.
 * Errors are typed as in spec 5: ``ValueError`` (bad argument, shape, dtype, values,
   configuration; key/value on another device than the cache), ``NotImplementedError``
@@ -86,7 +90,7 @@ from ._caches import (  # noqa: E402
     QVGPackedCausalKVCache,
 )
 from ._codec import Encoding, decode, encode, from_reference, to_reference  # noqa: E402
-from ._config import QVGKVQuantArgs, _quant_to_c  # noqa: E402,F401
+from ._config import QVGKVQuantArgs, _quant_to_c, as_quant_args  # noqa: E402,F401
 
 __all__ = [
     "HAS_CUDA",
@@ -94,6 +98,7 @@ __all__ = [
     "CausalSelfAttentionKVCache",
     "QVGKVQuantArgs",
     "QVGPackedCausalKVCache",
+    "as_quant_args",
     "Encoding",
     "encode",
     "decode",

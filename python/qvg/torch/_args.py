@@ -72,12 +72,31 @@ class _IndexTensor:
         setattr(obj, self.slot, _index_tensor(self.name, t, obj._device))
 
 
+class _IntCursor:
+    """A validated integer cursor (``global_end_index_int`` / ``local_end_index_int``):
+    each assignment is None or an int in [0, 2^63 - 1] (numpy integers too), else
+    ValueError naming the attribute (spec 5.1; issue 42, item 10), so that a float, a
+    string or an int past 64 bits never reaches the extension."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.slot, None)
+
+    def __set__(self, obj: Any, x: Any) -> None:
+        setattr(obj, self.slot, _int_arg(self.name, x, lo=0, none=True))
+
+
 class _IndexTensors:
-    """The engine's index tensors, validated when set (at construction and after)."""
+    """The engine's index tensors and integer cursors, validated when set (at
+    construction and after)."""
 
     _device: torch.device | None = None
     global_end_index = _IndexTensor()
     local_end_index = _IndexTensor()
+    global_end_index_int = _IntCursor()
+    local_end_index_int = _IntCursor()
 
     def _check_cursor_fits(self, end: int) -> None:
         """Before the cache changes: a cursor up to ``end`` must fit the index tensors

@@ -93,8 +93,6 @@ class _CacheInterface(_IndexTensors):
     and ``_set_cursors(global_end, local_end)``."""
 
     _c: Any  # the qvg._C cache
-    global_end_index_int: int | None
-    local_end_index_int: int | None
 
     def _update(self, key: torch.Tensor, value: torch.Tensor, chunk_start: int, head_start: int | None,
                 recent_window: int | None) -> Any:
@@ -254,8 +252,8 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         sink_tokens = _int_arg("sink_tokens", sink_tokens)
         attention_window_size = _int_arg("attention_window_size", attention_window_size, none=True)
         cache_size = _int_arg("cache_size", cache_size)
-        global_end_index_int = _int_arg("global_end_index_int", global_end_index_int, none=True)
-        local_end_index_int = _int_arg("local_end_index_int", local_end_index_int, none=True)
+        global_end_index_int = _int_arg("global_end_index_int", global_end_index_int, lo=0, none=True)
+        local_end_index_int = _int_arg("local_end_index_int", local_end_index_int, lo=0, none=True)
         if global_sink_tokens:
             raise NotImplementedError(
                 "CausalSelfAttentionKVCache: global_sink_tokens (the engine's pinned sink of longlive2) is not "

@@ -17,8 +17,6 @@ from .. import _C
 # order, made from it below (a setting is a row of the C++ table, nothing here);
 # per-role ones are the k_config / v_config texts.
 _SETTINGS = [s for s in _C.quant_settings() if not s[3]]
-# Engine flag name -> field.
-_FLAG_TO_FIELD = {"kv_cache_quant" + flag: name for name, flag, _kind, _role, _d, _a in _SETTINGS if flag}
 _PY_TYPES = {"bits": "int | None", "int": "int", "width": "int", "bool": "bool", "name": "str", "real": "float",
              "seed": "int"}
 # The fields of k_config / v_config: the per-role rows' flag suffixes ("_k_iters" -> iters).
@@ -61,7 +59,9 @@ class _QuantArgsMethods:
         the per-role ``_k_<f>`` / ``_v_<f>`` (f in bits, centroids, block_size, stages,
         iters, asymmetric, scale_dtype, scaling, scale_search)). Values may be typed (ints, bools) or strings; ``None`` means
         "not given". Without ``kv_cache_quant`` everything is default (off), as in
-        the engine. Other keys are ignored. Raises ValueError on bad values."""
+        the engine. A key starting with ``kv_cache_quant`` that names no setting is a
+        ValueError naming the nearest known one (``kv_cache_quant_config``, the engine's
+        own key, excepted); other keys are ignored. Raises ValueError on bad values."""
         if not isinstance(kwargs, dict):
             raise ValueError(f"kwargs must be a dict of the engine's flags (kv_cache_quant, ...), "
                              f"got {type(kwargs).__name__}")
@@ -69,19 +69,14 @@ class _QuantArgsMethods:
         if master is None:
             return cls()
         flags = {"kv_cache_quant": str(master).strip().lower()}
-        for flag in _FLAG_TO_FIELD:
-            value = kwargs.get(flag)
-            if value is not None:
-                flags[flag] = _flag_text(value)
-        # Issue 16: the profile (applied first; explicit flags override it), the scale
-        # search and the per-role keys kv_cache_quant_k_<f> / kv_cache_quant_v_<f>
-        # (an unknown <f> is a ValueError from the C++ parser).
+        # Every key with the settings' prefix goes to the C++ parser (QuantArgs::from_flags,
+        # the CLI's too), which reads the profile first (explicit flags override it) and
+        # refuses a key naming no setting, naming the nearest one (issue 42, item 15:
+        # kv_cache_quant_centriods was silently ignored); other keys are ignored.
         for flag, value in kwargs.items():
-            if value is None or not isinstance(flag, str):
+            if value is None or not isinstance(flag, str) or flag == "kv_cache_quant":
                 continue
-            if flag in ("kv_cache_quant_profile", "kv_cache_quant_scale_search") or flag.startswith(
-                ("kv_cache_quant_k_", "kv_cache_quant_v_")
-            ):
+            if flag.startswith("kv_cache_quant"):
                 flags[flag] = _flag_text(value)
         return cls(**_C.quant_args_from_flags(flags))
 
@@ -160,3 +155,24 @@ def _quant_to_c(q: Any, what: str = "quant_args") -> _C.QuantArgs:
         if x is not None and not -(2**31) < x < 2**31:
             raise ValueError(f"{name} must fit in 32 bits, got {x}")
     return _C.QuantArgs(v)
+
+
+def as_quant_args(value: Any, what: str = "quant_args") -> Any:
+    """The one way qvg takes K/V quantization settings from a caller (the engine
+    drop-ins' ``install(quant_args=...)``, :class:`qvg.flashdreams.BlockKVCache`,
+    :class:`qvg.vllm_omni.LingBotQVGCache`; docs/engines.md): ``None`` (no settings),
+    a :class:`QVGKVQuantArgs`, the engine's settings object (an object with the fields
+    of SGLang's ``QVGKVQuantArgs``; qvg's extensions it lacks take their defaults) or
+    a dict of the engine's flat flags (:meth:`QVGKVQuantArgs.from_dict`). Returns
+    ``None`` or a validated :class:`QVGKVQuantArgs` (a new one for the engine's object
+    or a dict; equal settings compare equal); anything else, or settings that do not
+    validate, is ValueError naming ``what``."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = QVGKVQuantArgs.from_dict(value)
+    _check_quant_args(value, what)
+    if not isinstance(value, QVGKVQuantArgs):
+        value = QVGKVQuantArgs(**{name: getattr(value, name, default) for name, default in _QUANT_DEFAULTS.items()})
+    _quant_to_c(value, what).validate()
+    return value
