@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "codec/encode_impl.h"
@@ -489,6 +490,38 @@ TEST(KMeans, FastPathAgreesWithReference) {
   double ir = inertia_fp64(p.data(), 2000, ref.centroids.data(), 64, 64);
   double iff = inertia_fp64(p.data(), 2000, fast.centroids.data(), 64, 64);
   EXPECT_NEAR(iff / ir, 1.0, 1e-3);
+}
+
+// One centroid (a refinement layer's stage) has its own path (no centred copy, no
+// assignment): its result equals the general Lloyd loop's — which runs when the
+// inertia is recorded — bit for bit, for every init, iteration count and size.
+TEST(KMeans, OneCentroidEqualsTheLloydLoop) {
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (const int64_t n : {1, 2, 7, 300})
+    for (const int64_t dim : {1, 16, 72})
+      for (const Init init : {Init::Random, Init::KMeansPlusPlus})
+        for (const int iters : {1, 2, 5}) {
+          std::vector<float> x(size_t(n * dim));
+          std::normal_distribution<float> nd(3.0f, 7.0f);
+          for (float& v : x) v = nd(rng) * (rng() % 4 == 0 ? 1e-30f : 1.0f);
+          detail::KMeansParams p;
+          p.k = 1;
+          p.iters = iters;
+          p.init = init;
+          p.seed = 11;
+          const detail::KMeansResult fast = detail::kmeans(x.data(), n, dim, p);
+          p.record_inertia = true;  // the general loop
+          const detail::KMeansResult loop = detail::kmeans(x.data(), n, dim, p);
+          ASSERT_EQ(fast.centroids.size(), loop.centroids.size());
+          for (size_t i = 0; i < fast.centroids.size(); ++i)
+            ASSERT_EQ(f32_bits(fast.centroids[i]), f32_bits(loop.centroids[i])) << n << " " << dim << " " << i;
+          ASSERT_EQ(fast.ids, loop.ids);
+          ASSERT_EQ(fast.iterations, loop.iterations) << n << " " << dim << " " << iters;
+          EXPECT_FALSE(fast.centred);
+          ++checked;
+        }
+  EXPECT_EQ(checked, 72);
 }
 
 TEST(KMeans, EarlyStopAndIterationsReported) {

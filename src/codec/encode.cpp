@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <memory>
 
 #include <fmt/core.h>
 
@@ -132,13 +133,32 @@ bool refinement_error_row(const float* x, const float* y, int64_t n, float lim, 
   return nan;
 }
 
+/// An uninitialized buffer that grows on demand (every element is written before it
+/// is read; value-initialized vectors would zero megabytes per encode for nothing).
+template <class T>
+class Scratch {
+ public:
+  T* get(size_t n) {
+    if (n > n_) {
+      p_ = std::make_unique_for_overwrite<T[]>(n);
+      n_ = n;
+    }
+    return p_.get();
+  }
+
+ private:
+  std::unique_ptr<T[]> p_;
+  size_t n_ = 0;
+};
+
 /// Scratch of one thread of the encoder, reused across the groups it encodes.
 struct GroupScratch {
   KMeansWorkspace ws;
-  std::vector<float> r, stored, warm_c;
-  std::vector<float> row;                // one row as fp32
-  std::vector<float> book;               // a codebook as fp32 (the decoded encoding's)
-  std::vector<uint8_t> decoded;          // a group's decoded rows (the decoded encoding's)
+  Scratch<float> r, stored;              // a group's points (then residuals); a stage's codebook as fp32
+  std::vector<float> warm_c;
+  Scratch<float> row;                    // one row as fp32
+  Scratch<float> book;                   // a codebook as fp32 (the decoded encoding's)
+  Scratch<uint8_t> decoded;              // a group's decoded rows (the decoded encoding's)
   std::vector<const float*> book_ptr;    // per stage
   std::vector<const uint8_t*> ids_ptr;   // per stage
 };
@@ -173,8 +193,8 @@ EncodedTensor encode_groups(Shape4 sh, DType et, const CodecConfig& cfg, const E
 #pragma omp parallel num_threads(inner ? 1 : nthreads)
   {
   GroupScratch sc;
-  sc.r.resize(size_t(S * D));
-  sc.stored.resize(size_t(K * D));
+  float* const r = sc.r.get(size_t(S * D));
+  float* const stored = sc.stored.get(size_t(K * D));
 #pragma omp for schedule(dynamic, 1)
   for (int64_t g = 0; g < G; ++g) {
     try {
@@ -183,7 +203,6 @@ EncodedTensor encode_groups(Shape4 sh, DType et, const CodecConfig& cfg, const E
         nan_error.store(true, std::memory_order_relaxed);
         continue;  // thrown by the caller, after the region
       }
-      std::vector<float>& r = sc.r;
       for (int st = 0; st < cfg.stages; ++st) {
         uint8_t* ids = enc.ids[size_t(st)].data() + size_t(g * S);
         // The stage's codebook: k-means centroids of this encoding (slots [0, K)), or
@@ -192,6 +211,7 @@ EncodedTensor encode_groups(Shape4 sh, DType et, const CodecConfig& cfg, const E
         const int k_train = span ? added : cfg.centroids;
         uint8_t* cbase = (span ? span->book.centroid[size_t(st)].data() : enc.centroid[size_t(st)].data()) +
                          size_t(g * K * D) * csz;
+        bool centred = false;  // sc.ws holds these points' centring (kmeans() made it)
         if (k_train > 0) {
           KMeansParams p;
           p.k = k_train;
@@ -209,28 +229,28 @@ EncodedTensor encode_groups(Shape4 sh, DType et, const CodecConfig& cfg, const E
               sc.warm_c[size_t(i)] = warm->centroid_at(st, b, h, first_new + i / D, i % D);
             p.warm = sc.warm_c.data();
           }
-          KMeansResult km = kmeans(r.data(), S, D, p, sc.ws);
+          KMeansResult km = kmeans(r, S, D, p, sc.ws);
+          centred = km.centred;
           if (stats) stats->iterations[size_t(st)][size_t(g)] = km.iterations;
           // Store centroids rounded to the input dtype; subtract the *stored* values.
           convert_from_f32(km.centroids.data(), et, cbase + size_t(first_new * D) * csz, size_t(k_train * D));
           if (!span) std::copy(km.ids.begin(), km.ids.end(), ids);
         }
-        convert_to_f32(cbase, et, sc.stored.data(), size_t(K * D));
+        convert_to_f32(cbase, et, stored, size_t(K * D));
         if (span)  // every point to the nearest slot in use (old and new centroids)
-          assign_to(r.data(), S, D, sc.stored.data(), int(used), ids, path, inner ? nthreads : 1, sc.ws,
-                    k_train > 0);  // kmeans() just centred these points
+          assign_to(r, S, D, stored, int(used), ids, path, inner ? nthreads : 1, sc.ws, centred);
         for (int64_t t = 0; t < S; ++t) {
-          const float* c = sc.stored.data() + int64_t(ids[t]) * D;
-          float* rt = r.data() + t * D;
+          const float* c = stored + int64_t(ids[t]) * D;
+          float* rt = r + t * D;
           for (int64_t d = 0; d < D; ++d) rt[d] = rt[d] - c[d];
         }
       }
       if (stats) {
         double e = 0;
-        for (float v : r) e += double(v) * double(v);
+        for (int64_t i = 0; i < S * D; ++i) e += double(r[i]) * double(r[i]);
         energy[size_t(g)] = e;
       }
-      quantize_residual_group(r.data(), g, enc, cfg.scale_search);
+      quantize_residual_group(r, g, enc, cfg.scale_search);
     } catch (...) {
 #pragma omp critical(qvg_encode_failure)
       if (!failure) failure = std::current_exception();
@@ -305,13 +325,13 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
       sh, et, cfg, warm, stats, path, span, added,
       [&](int64_t b, int64_t h, GroupScratch& sc) {
         bool ok = true;
-        if (minus) sc.row.resize(size_t(D));
+        float* const row = minus ? sc.row.get(size_t(D)) : nullptr;
         for (int64_t t = 0; t < S; ++t) {  // the group's S points (fp32, token rows)
-          float* rt = sc.r.data() + t * D;
+          float* rt = sc.r.get(size_t(S * D)) + t * D;
           gather_row(x, b, t, h, rt);
           if (minus) {  // the refinement error, one fp32 subtraction, clamped
-            gather_row(*minus, b, t, h, sc.row.data());
-            ok = !refinement_error_row(rt, sc.row.data(), D, lim, rt) && ok;
+            gather_row(*minus, b, t, h, row);
+            ok = !refinement_error_row(rt, row, D, lim, rt) && ok;
           }
         }
         return ok;
@@ -345,30 +365,31 @@ EncodedTensor encode_refinement_of(ConstTensorView x, const EncodedTensor& enc, 
         // The group's rows decoded as decode_ranges() decodes them (its codebook as
         // fp32, decode_rows into x's dtype), then e = clamp(x - decoded) row by row.
         const int64_t g = b * sh.h + h;
-        sc.book.resize(size_t(enc.stages * K * D));
+        float* const cb = sc.book.get(size_t(enc.stages * K * D));
         sc.book_ptr.resize(size_t(enc.stages));
         sc.ids_ptr.resize(size_t(enc.stages));
         for (int st = 0; st < enc.stages; ++st) {
-          float* c = sc.book.data() + size_t(st * K * D);
+          float* c = cb + size_t(st * K * D);
           convert_to_f32(book.centroid[size_t(st)].data() + size_t(g * K * D) * esz, x.dtype, c, size_t(K * D));
           sc.book_ptr[size_t(st)] = c;
           sc.ids_ptr[size_t(st)] = enc.ids[size_t(st)].data() + size_t(g * S);
         }
-        sc.decoded.resize(size_t(S * D) * esz);
+        uint8_t* const decoded = sc.decoded.get(size_t(S * D) * esz);
         kernels::DecodeRows job = rows_job(enc, g, 0, S);
         job.ids = sc.ids_ptr.data();
         job.centroids = sc.book_ptr.data();
-        job.out = sc.decoded.data();
+        job.out = decoded;
         job.out_dtype = x.dtype;
         job.out_token_stride = D;
         kernels::decode_rows(job);
-        sc.row.resize(size_t(D));
+        float* const row = sc.row.get(size_t(D));
+        float* const r = sc.r.get(size_t(S * D));
         bool ok = true;
         for (int64_t t = 0; t < S; ++t) {
-          float* rt = sc.r.data() + t * D;
+          float* rt = r + t * D;
           gather_row(x, b, t, h, rt);
-          convert_to_f32(sc.decoded.data() + size_t(t * D) * esz, x.dtype, sc.row.data(), size_t(D));
-          ok = !refinement_error_row(rt, sc.row.data(), D, lim, rt) && ok;
+          convert_to_f32(decoded + size_t(t * D) * esz, x.dtype, row, size_t(D));
+          ok = !refinement_error_row(rt, row, D, lim, rt) && ok;
         }
         return ok;
       },

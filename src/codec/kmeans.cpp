@@ -225,8 +225,38 @@ KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansPar
   return kmeans(points, n, dim, p, ws);
 }
 
+namespace {
+/// kmeans() with one centroid (a refinement layer's stage): whatever the initial
+/// centroid, the first update makes it the mean of the centred points and every later
+/// pass leaves it (all ids 0, nothing changes, so the loop stops after a second pass).
+/// The same fp64 sums in the same order as centre() and update() — mu from the
+/// points, then the centred points' sum — in two passes, without the centred copy.
+KMeansResult one_centroid(const float* points, int64_t n, int64_t dim, const KMeansParams& p, KMeansWorkspace& ws) {
+  KMeansResult res;
+  res.k_eff = 1;
+  res.centred = false;
+  std::vector<double>& sum = ws.sum;
+  sum.assign(size_t(dim), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) sum[size_t(d)] += double(points[i * dim + d]);
+  std::vector<float>& mu = ws.mu;
+  mu.resize(size_t(dim));
+  for (int64_t d = 0; d < dim; ++d) mu[size_t(d)] = float(sum[size_t(d)] / double(n));
+  sum.assign(size_t(dim), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dim; ++d) sum[size_t(d)] += double(points[i * dim + d] - mu[size_t(d)]);
+  const double inv = 1.0 / double(n);
+  res.centroids.resize(size_t(dim));
+  for (int64_t d = 0; d < dim; ++d) res.centroids[size_t(d)] = float(sum[size_t(d)] * inv) + mu[size_t(d)];
+  res.ids.assign(size_t(n), 0);
+  res.iterations = std::min(p.iters, 2);
+  return res;
+}
+}  // namespace
+
 KMeansResult kmeans(const float* points, int64_t n, int64_t dim, const KMeansParams& p, KMeansWorkspace& ws) {
   QVG_CHECK(n >= 1 && dim >= 1 && p.k >= 1 && p.k <= 256 && p.iters >= 1);
+  if (p.k == 1 && !p.record_inertia) return one_centroid(points, n, dim, p, ws);
   KMeansResult res;
   const int k = int(std::min<int64_t>(p.k, n));
   res.k_eff = k;

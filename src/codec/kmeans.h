@@ -38,6 +38,9 @@ struct KMeansResult {
   int iterations = 0;            ///< Lloyd iterations run
   /// inertia[0] of the initial centroids, inertia[i] after iteration i (fp64, spec 1.1).
   std::vector<double> inertia;
+  /// The workspace holds these points' centring (ws.mu, ws.xc) after the call (see
+  /// assign_to's `centred`); false when one centroid was computed without it.
+  bool centred = true;
 };
 
 /// Scratch memory reused across the groups one thread encodes (avoids page faults
