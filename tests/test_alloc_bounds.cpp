@@ -265,28 +265,39 @@ TEST(AllocBounds, HeadersClaimingTerabyteShapesAllocateNothingOfIt) {
   EXPECT_THROW((void)PackedCausalCache::from_snapshot_bytes(files[6].second), CorruptData);
 }
 
-// The committed seed corpora of the fuzz targets and random mutations of them.
-TEST(AllocBounds, SeedCorporaAndTheirMutations) {
-  (void)max_threads();
+// f(name, bytes, is_snapshot) for every file of the committed seed corpora of the
+// reader fuzz targets (a snapshot seed without the target's flags byte); returns how
+// many.
+int for_each_seed(const std::function<void(const std::string&, const Bytes&, bool)>& f) {
   const fs::path corpus = fs::path(QVG_SOURCE_DIR) / "fuzz" / "corpus";
-  std::mt19937_64 rng(9);
   int files = 0;
   for (const auto& dir : fs::directory_iterator(corpus)) {
     if (dir.path().filename() == "cache_api") continue;
-    for (const auto& f : fs::directory_iterator(dir.path())) {
-      std::ifstream in(f.path(), std::ios::binary);
+    const bool snapshot = dir.path().filename() == "snapshot";
+    for (const auto& file : fs::directory_iterator(dir.path())) {
+      std::ifstream in(file.path(), std::ios::binary);
       Bytes b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (dir.path().filename() == "snapshot" && !b.empty()) b.erase(b.begin());  // the target's flags byte
-      expect_bounded(b, f.path().filename().string());
-      for (int m = 0; m < 20; ++m) {
-        Bytes x = b;
-        for (int e = 0; e < 4 && !x.empty(); ++e) x[rng() % x.size()] = uint8_t(rng());
-        if (dir.path().filename() == "snapshot" && (m & 1)) testing::fix_snapshot_checksums(x);
-        expect_bounded(x, f.path().filename().string() + " mutated");
-      }
+      if (snapshot && !b.empty()) b.erase(b.begin());  // the target's flags byte
+      f(file.path().filename().string(), b, snapshot);
       ++files;
     }
   }
+  return files;
+}
+
+// The committed seed corpora of the fuzz targets and random mutations of them.
+TEST(AllocBounds, SeedCorporaAndTheirMutations) {
+  (void)max_threads();
+  std::mt19937_64 rng(9);
+  const int files = for_each_seed([&](const std::string& name, const Bytes& b, bool snapshot) {
+    expect_bounded(b, name);
+    for (int m = 0; m < 20; ++m) {
+      Bytes x = b;
+      for (int e = 0; e < 4 && !x.empty(); ++e) x[rng() % x.size()] = uint8_t(rng());
+      if (snapshot && (m & 1)) testing::fix_snapshot_checksums(x);
+      expect_bounded(x, name + " mutated");
+    }
+  });
   EXPECT_GT(files, 20);
 }
 
@@ -365,26 +376,19 @@ TEST(AllocBounds, SparseFilesAreRefusedBeforeTheirHoleIsRead) {
   expect_sparse_refused(npy, uint64_t(1) << 33, "a 4 GiB .npy header of zeros", checked);
   // Every seed file of the fuzz corpora, and mutations of its first 64 bytes (the
   // headers), followed by holes of about 2 GiB and 8 GiB.
-  const fs::path corpus = fs::path(QVG_SOURCE_DIR) / "fuzz" / "corpus";
   std::mt19937_64 rng(42);
-  int files = 0;
-  for (const auto& dir : fs::directory_iterator(corpus)) {
-    if (dir.path().filename() == "cache_api") continue;
-    for (const auto& f : fs::directory_iterator(dir.path())) {
-      Bytes b = testing::file_bytes(f.path());
-      if (dir.path().filename() == "snapshot" && !b.empty()) b.erase(b.begin());  // the target's flags byte
-      if (b.empty()) continue;
-      const uint64_t hole = (uint64_t(1) << (31 + 2 * (files % 2))) + rng() % 4096;
-      expect_sparse_refused(b, hole, f.path().filename().string(), checked);
-      for (int m = 0; m < 3; ++m) {
-        Bytes x = b;
-        for (int e = 0; e < 2; ++e) x[rng() % std::min<size_t>(x.size(), 64)] = uint8_t(rng());
-        if (dir.path().filename() == "snapshot") testing::fix_snapshot_checksums(x);
-        expect_sparse_refused(x, hole, f.path().filename().string() + " mutated", checked);
-      }
-      ++files;
+  int seeds = 0;
+  const int files = for_each_seed([&](const std::string& name, const Bytes& b, bool snapshot) {
+    if (b.empty()) return;
+    const uint64_t hole = (uint64_t(1) << (31 + 2 * (seeds++ % 2))) + rng() % 4096;
+    expect_sparse_refused(b, hole, name, checked);
+    for (int m = 0; m < 3; ++m) {
+      Bytes x = b;
+      for (int e = 0; e < 2; ++e) x[rng() % std::min<size_t>(x.size(), 64)] = uint8_t(rng());
+      if (snapshot) testing::fix_snapshot_checksums(x);
+      expect_sparse_refused(x, hole, name + " mutated", checked);
     }
-  }
+  });
   EXPECT_GT(files, 20);
   std::printf("[ sparse  ] %d reader runs on %d seed files (and mutations) with holes of 2-8 GiB\n", checked, files);
 }

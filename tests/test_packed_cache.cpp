@@ -346,18 +346,10 @@ TEST(PackedCachePolicy, AdaptiveSpanBreaksFollowTheEnergyComputedIndependently) 
   using namespace span_energy;
   constexpr int64_t kChunk = 32, kHeads = 2, kDim = 32, kChunks = 18;
   CacheOptions o;
-  o.heads = kHeads;
-  o.head_dim = kDim;
-  o.dtype = DType::F32;
-  o.cache_size = kChunk * (kChunks + 1);
-  QuantArgs q;
-  q.bits = 2;
-  q.centroids = 8;
-  q.block_size = 32;
-  q.span_chunks = 4;
-  q.span_mode = SpanMode::Incremental;
-  q.keep_recent_chunks = 0;
-  q.span_break_ratio = 3.0;
+  o.heads = kHeads, o.head_dim = kDim, o.dtype = DType::F32, o.cache_size = kChunk * (kChunks + 1);
+  QuantArgs q;  // incremental spans of 4 chunks, broken where a chunk's energy passes 3x
+  q.bits = 2, q.centroids = 8, q.block_size = 32, q.keep_recent_chunks = 0;
+  q.span_chunks = 4, q.span_mode = SpanMode::Incremental, q.span_break_ratio = 3.0;
   PackedCausalCache cache(o, q);
   // Scenes of 1-5 chunks: tokens near a scene's 3 centres (per head) with noise; a
   // new scene moves every centre, K and V alike or one of them only.

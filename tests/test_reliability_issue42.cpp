@@ -42,6 +42,13 @@ namespace fs = std::filesystem;
 using testing::put_file;
 using testing::TempDir;
 
+/// Options of a cache of `cache_size` tokens, `heads` x `head_dim`, in dtype dt.
+CacheOptions options(int64_t cache_size, int64_t heads, int64_t head_dim, DType dt = DType::BF16) {
+  CacheOptions o;
+  o.cache_size = cache_size, o.heads = heads, o.head_dim = head_dim, o.dtype = dt;
+  return o;
+}
+
 // ---- item 1: encoder output against the readers ------------------------------------------
 
 /// The f32 value of bits.
@@ -91,17 +98,9 @@ TEST(Item1, TinyAsymmetricZerosAreAcceptedByEveryReader) {
   EXPECT_NO_THROW(read_qvgt(dir / "x.qvgt"));
 
   // A cache of such values saves a snapshot it loads.
-  CacheOptions o;
-  o.cache_size = 64;
-  o.heads = 2;
-  o.head_dim = 64;
-  o.dtype = DType::F32;
   QuantArgs q;
-  q.bits = 2;
-  q.centroids = 4;
-  q.asymmetric = true;
-  q.keep_recent_chunks = 0;
-  PackedCausalCache cache(o, q);
+  q.bits = 2, q.centroids = 4, q.asymmetric = true, q.keep_recent_chunks = 0;
+  PackedCausalCache cache(options(64, 2, 64, DType::F32), q);
   for (int64_t c0 = 0; c0 < 48; c0 += 16) cache.update(x.view(), x.view(), c0);
   ASSERT_TRUE(cache.segment(0).packed);
   cache.save(dir / "tiny.snap");
@@ -226,11 +225,7 @@ RC_GTEST_PROP(Item1Property, EveryEncodingTheEncoderWritesIsAccepted, ()) {
 // policy settings) always writes a snapshot that both loaders accept.
 RC_GTEST_PROP(Item1Property, ACachesSnapshotOfExtremeValuesLoads, ()) {
   const DType dt = *rc::gen::element(DType::F32, DType::BF16, DType::F16);
-  CacheOptions o;
-  o.heads = 2;
-  o.head_dim = 16;
-  o.dtype = dt;
-  o.cache_size = 24;
+  CacheOptions o = options(24, 2, 16, dt);
   o.sink_tokens = *rc::gen::element<int64_t>(0, 4);
   const CodecConfig c = any_codec(o.head_dim);
   QuantArgs q;
@@ -268,15 +263,10 @@ TEST(Item5, APathWithANulByteIsRefusedByEveryReaderAndWriter) {
       EXPECT_NE(std::string(e.what()).find("NUL byte"), std::string::npos) << what << ": " << e.what();
     }
   };
-  CacheOptions o;
-  o.cache_size = 8;
-  o.head_dim = 8;
-  DenseCausalCache dense(o);
+  DenseCausalCache dense(options(8, 1, 8));
   QuantArgs q;
-  q.bits = 2;
-  q.centroids = 2;
-  q.block_size = 8;
-  PackedCausalCache packed(o, q);
+  q.bits = 2, q.centroids = 2, q.block_size = 8;
+  PackedCausalCache packed(options(8, 1, 8), q);
   Tensor t(DType::F32, {1, 2, 1, 8});
   refused("write_file_atomic", [&] { write_file_atomic(nul, std::vector<uint8_t>{1, 2}); });
   refused("DenseCausalCache::save", [&] { dense.save(nul); });
@@ -309,10 +299,7 @@ mode_t mode_of(const fs::path& p) {
 
 TEST(Item9, AReplacedFileKeepsItsModeANewOneFollowsTheUmask) {
   TempDir dir("qvg_issue42");
-  CacheOptions o;
-  o.cache_size = 8;
-  o.head_dim = 8;
-  DenseCausalCache cache(o);
+  DenseCausalCache cache(options(8, 1, 8));
   for (const mode_t m : {mode_t(0600), mode_t(0640), mode_t(0444), mode_t(0755)}) {
     const fs::path p = dir / ("m" + std::to_string(m) + ".snap");
     put_file(p, {1});
@@ -342,10 +329,7 @@ TEST(Item9, AReplacedFileKeepsItsModeANewOneFollowsTheUmask) {
 
 TEST(Item12, ADestinationNameOf255BytesIsWritten) {
   TempDir dir("qvg_issue42");
-  CacheOptions o;
-  o.cache_size = 8;
-  o.head_dim = 8;
-  DenseCausalCache cache(o);
+  const DenseCausalCache cache(options(8, 1, 8));
   for (const size_t n : {size_t(200), size_t(245), size_t(255)}) {
     const fs::path p = dir / (std::string(n - 5, 'a') + ".snap");
     ASSERT_EQ(p.filename().string().size(), n);
@@ -390,11 +374,7 @@ TEST(Item14, ARefusedValueVisiblyExceedsTheLimit) {
   EXPECT_EQ(detail::limit_value_text(-std::numeric_limits<float>::infinity()), "-inf");
   EXPECT_EQ(detail::limit_value_text(1.5f), "1.5");
   // Through a cache's update and the codec alike.
-  CacheOptions o;
-  o.cache_size = 8;
-  o.head_dim = 8;
-  o.dtype = DType::F32;
-  DenseCausalCache cache(o);
+  DenseCausalCache cache(options(8, 1, 8, DType::F32));
   Tensor k(DType::F32, {1, 2, 1, 8});
   k.set(0, 0, 0, 0, over);
   try {

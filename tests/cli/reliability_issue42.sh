@@ -13,23 +13,22 @@
 #    no blanks, no '+' (`--scale 0x.8p1` and `--step-noise ' 0x1p-4'` were accepted).
 # Usage: bash reliability_issue42.sh /path/to/qvg   (python3 standard library only)
 set -euo pipefail
-QVG=${1:?usage: reliability_issue42.sh /path/to/qvg}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-
 # one_error NAME PATTERN -- command...: exit status 1, exactly one stderr line
 # "qvg: error: ..." matching PATTERN (grep -E); stdout as the caller redirects it.
 one_error() {
-  local name=$1 pattern=$2
+  local name=$1 pattern=$2 rc=0
   shift 3
-  local rc=0
   "$@" 2> "$T/stderr.txt" || rc=$?
   [ "$rc" -eq 1 ] || fail "$name: exit status $rc, expected 1; stderr: $(head -c 300 "$T/stderr.txt")"
   [ "$(wc -l < "$T/stderr.txt")" -eq 1 ] || fail "$name: stderr is not one line: $(head -c 300 "$T/stderr.txt")"
   grep -q "^qvg: error: " "$T/stderr.txt" || fail "$name: stderr: $(cat "$T/stderr.txt")"
   grep -Eq -- "$pattern" "$T/stderr.txt" || fail "$name: stderr does not match '$pattern': $(cat "$T/stderr.txt")"
 }
+
+QVG=${1:?usage: reliability_issue42.sh /path/to/qvg}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
 
 # x.npy: float32 [16, 2, 64]; tiny.npy: the same shape, values k * 2^-149 (about 1e-44).
 python3 - "$T" <<'PY'
