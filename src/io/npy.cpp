@@ -159,10 +159,6 @@ class HeaderParser {
   size_t pos_ = 0;
 };
 
-}  // namespace
-
-namespace {
-
 // The fixed part of the header: magic, version, the header length field.
 struct NpyPrefix {
   uint8_t major = 0;

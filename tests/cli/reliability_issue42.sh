@@ -62,13 +62,18 @@ one_error "eval sparse .safetensors" "sparse\.safetensors" -- "$QVG" eval -i "$T
 one_error "decode sparse .qvgt" "sparse\.qvgt" -- "$QVG" decode -i "$T/sparse.qvgt" -o "$T/none.npy"
 one_error "inspect sparse .qvgt" "sparse\.qvgt" -- "$QVG" inspect "$T/sparse.qvgt"
 # Under a memory limit of 1 GiB (address space): the same errors, no std::bad_alloc.
-one_error "eval sparse .npy, 1 GiB" "sparse\.npy.*magic" -- bash -c "ulimit -v 1048576; exec '$QVG' eval -i '$T/sparse.npy'"
-one_error "decode sparse .qvgt, 1 GiB" "sparse\.qvgt" -- \
-  bash -c "ulimit -v 1048576; exec '$QVG' decode -i '$T/sparse.qvgt' -o '$T/none.npy'"
-# A valid header over 2 GiB of data (a hole): more than the limit allows; the file is named.
-truncate -s $(( $(stat -c %s "$T/huge.npy") + (1 << 31) )) "$T/huge.npy"
-one_error "eval 2 GiB .npy, 1 GiB" "huge\.npy.*do not fit in memory" -- \
-  bash -c "ulimit -v 1048576; exec '$QVG' eval -i '$T/huge.npy'"
+# (An AddressSanitizer build cannot start under such a limit: its shadow memory.)
+if bash -c "ulimit -v 1048576; exec '$QVG' --version" > /dev/null 2>&1; then
+  one_error "eval sparse .npy, 1 GiB" "sparse\.npy.*magic" -- bash -c "ulimit -v 1048576; exec '$QVG' eval -i '$T/sparse.npy'"
+  one_error "decode sparse .qvgt, 1 GiB" "sparse\.qvgt" -- \
+    bash -c "ulimit -v 1048576; exec '$QVG' decode -i '$T/sparse.qvgt' -o '$T/none.npy'"
+  # A valid header over 2 GiB of data (a hole): more than the limit allows; the file is named.
+  truncate -s $(( $(stat -c %s "$T/huge.npy") + (1 << 31) )) "$T/huge.npy"
+  one_error "eval 2 GiB .npy, 1 GiB" "huge\.npy.*do not fit in memory" -- \
+    bash -c "ulimit -v 1048576; exec '$QVG' eval -i '$T/huge.npy'"
+else
+  echo "reliability_issue42: this qvg does not start under ulimit -v (a sanitizer build?): the memory-limit checks skipped"
+fi
 [ ! -e "$T/none.npy" ] || fail "a refused input wrote an output"
 
 # ---- item 4 ----
