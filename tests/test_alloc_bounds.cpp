@@ -9,11 +9,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <new>
 #include <random>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include "qvg/cache.h"
 #include "qvg/error.h"
+#include "qvg/file.h"
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
 #include "support/files.h"
@@ -159,6 +161,41 @@ void set_entry(Bytes& b, const std::string& key, int64_t v) {
   std::memcpy(&*(it + std::ptrdiff_t(k.size())), &v, 8);
 }
 
+// The counter counts (issue 42, item 20: every other test here holds trivially if
+// it counted nothing): each form of operator new reaches the peak and the largest
+// request, frees leave the live count, nothing counts while off, and a reader's
+// known allocation (parse_npy copies an array's data) is seen.
+TEST(AllocBounds, TheCounterCounts) {
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  const Measure m = measure([] {
+    void* volatile a = ::operator new(size_t(3 * kMiB));
+    void* volatile b = ::operator new[](size_t(kMiB));
+    void* volatile c = ::operator new(size_t(kMiB), std::align_val_t(64));
+    void* volatile d = ::operator new(size_t(kMiB), std::nothrow);
+    ::operator delete(a);
+    ::operator delete[](b);
+    ::operator delete(c, std::align_val_t(64));
+    ::operator delete(d);
+    void* volatile e = ::operator new(size_t(2 * kMiB));  // after the frees: below the peak
+    ::operator delete(e);
+  });
+  EXPECT_GE(m.peak, 6 * kMiB);
+  EXPECT_LT(m.peak, 6 * kMiB + 64 * 1024);
+  EXPECT_EQ(m.max_request, 3 * kMiB);
+  EXPECT_EQ(g_live.load(), 0);
+  // Off: nothing counts.
+  void* volatile off = ::operator new(size_t(5 * kMiB));
+  ::operator delete(off);
+  EXPECT_EQ(g_max_request.load(), 3 * kMiB);
+  // A reader: a 1 MiB float32 array is copied out of its file.
+  NpyArray a;
+  a.shape = {int64_t(kMiB / 4)};
+  a.data = Bytes(size_t(kMiB), 1);
+  const Bytes file = serialize_npy(a);
+  const Measure r = measure([&] { (void)parse_npy(file); });
+  EXPECT_GE(r.peak, kMiB);
+  EXPECT_GE(r.max_request, kMiB);
+}
 
 TEST(AllocBounds, HeadersClaimingTerabyteShapesAllocateNothingOfIt) {
   (void)max_threads();  // the OpenMP runtime's one-time allocations are not a reader's
@@ -228,29 +265,132 @@ TEST(AllocBounds, HeadersClaimingTerabyteShapesAllocateNothingOfIt) {
   EXPECT_THROW((void)PackedCausalCache::from_snapshot_bytes(files[6].second), CorruptData);
 }
 
-// The committed seed corpora of the fuzz targets and random mutations of them.
-TEST(AllocBounds, SeedCorporaAndTheirMutations) {
-  (void)max_threads();
+// f(name, bytes, is_snapshot) for every file of the committed seed corpora of the
+// reader fuzz targets (a snapshot seed without the target's flags byte); returns how
+// many.
+int for_each_seed(const std::function<void(const std::string&, const Bytes&, bool)>& f) {
   const fs::path corpus = fs::path(QVG_SOURCE_DIR) / "fuzz" / "corpus";
-  std::mt19937_64 rng(9);
   int files = 0;
   for (const auto& dir : fs::directory_iterator(corpus)) {
     if (dir.path().filename() == "cache_api") continue;
-    for (const auto& f : fs::directory_iterator(dir.path())) {
-      std::ifstream in(f.path(), std::ios::binary);
+    const bool snapshot = dir.path().filename() == "snapshot";
+    for (const auto& file : fs::directory_iterator(dir.path())) {
+      std::ifstream in(file.path(), std::ios::binary);
       Bytes b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (dir.path().filename() == "snapshot" && !b.empty()) b.erase(b.begin());  // the target's flags byte
-      expect_bounded(b, f.path().filename().string());
-      for (int m = 0; m < 20; ++m) {
-        Bytes x = b;
-        for (int e = 0; e < 4 && !x.empty(); ++e) x[rng() % x.size()] = uint8_t(rng());
-        if (dir.path().filename() == "snapshot" && (m & 1)) testing::fix_snapshot_checksums(x);
-        expect_bounded(x, f.path().filename().string() + " mutated");
-      }
+      if (snapshot && !b.empty()) b.erase(b.begin());  // the target's flags byte
+      f(file.path().filename().string(), b, snapshot);
       ++files;
     }
   }
+  return files;
+}
+
+// The committed seed corpora of the fuzz targets and random mutations of them.
+TEST(AllocBounds, SeedCorporaAndTheirMutations) {
+  (void)max_threads();
+  std::mt19937_64 rng(9);
+  const int files = for_each_seed([&](const std::string& name, const Bytes& b, bool snapshot) {
+    expect_bounded(b, name);
+    for (int m = 0; m < 20; ++m) {
+      Bytes x = b;
+      for (int e = 0; e < 4 && !x.empty(); ++e) x[rng() % x.size()] = uint8_t(rng());
+      if (snapshot && (m & 1)) testing::fix_snapshot_checksums(x);
+      expect_bounded(x, name + " mutated");
+    }
+  });
   EXPECT_GT(files, 20);
+}
+
+// ---- issue 42, item 3: header checks before reads --------------------------------------
+// The path-taking readers check a file's header against the file's size before they
+// read the file: a sparse file — a file of a few bytes (a valid seed, or a mutation of
+// one) followed by a hole of gigabytes (its apparent size; nothing on disk) — is
+// refused by every reader, and neither the peak nor any single request grows with the
+// hole: at most 16 x the bytes before it + 1 MiB.
+
+// The path-taking readers, each with the extension it reads.
+struct PathReader {
+  const char* name;
+  const char* ext;
+  std::function<void(const fs::path&)> read;
+};
+const std::vector<PathReader>& path_readers() {
+  static const std::vector<PathReader> r = {
+      {"read_tensor_file (.npy)", ".npy", [](const fs::path& p) { (void)read_tensor_file(p); }},
+      {"read_tensor_file (.safetensors)", ".safetensors", [](const fs::path& p) { (void)read_tensor_file(p); }},
+      {"read_safetensors", ".safetensors", [](const fs::path& p) { (void)read_safetensors(p); }},
+      {"read_qvgt", ".qvgt", [](const fs::path& p) { (void)read_qvgt(p); }},
+      {"inspect_qvgt", ".qvgt", [](const fs::path& p) { (void)inspect_qvgt(p); }},
+      {"DenseCausalCache::load", ".snap", [](const fs::path& p) { (void)DenseCausalCache::load(p); }},
+      {"PackedCausalCache::load", ".snap", [](const fs::path& p) { (void)PackedCausalCache::load(p); }},
+      {"inspect_snapshot", ".snap", [](const fs::path& p) { (void)inspect_snapshot(p); }},
+      {"is_snapshot_file", ".snap", [](const fs::path& p) { (void)is_snapshot_file(p); }},
+  };
+  return r;
+}
+
+// `head` followed by a hole of `hole` bytes, at `p`.
+void put_sparse(const fs::path& p, const Bytes& head, uint64_t hole) {
+  testing::put_file(p, head);
+  fs::resize_file(p, head.size() + hole);
+}
+
+// Every path reader on `head` + a hole: refused (a reader of this library's errors,
+// or is_snapshot_file's false), within the bound of the bytes before the hole.
+void expect_sparse_refused(const Bytes& head, uint64_t hole, const std::string& what, int& checked) {
+  testing::TempDir dir("qvg_sparse");
+  const int64_t bound = kMultiple * int64_t(head.size()) + kSlack;
+  for (const PathReader& r : path_readers()) {
+    const fs::path p = dir / (std::string("f") + r.ext);
+    put_sparse(p, head, hole);
+    bool refused = false;
+    const Measure m = measure([&] {
+      try {
+        r.read(p);
+        refused = std::string(r.name) == "is_snapshot_file";  // it answers (without an error)
+      } catch (const Error&) {
+        refused = true;
+      }
+    });
+    EXPECT_TRUE(refused) << r.name << " accepted " << what << " with a hole of " << hole << " bytes";
+    EXPECT_LE(m.peak, bound) << r.name << " on " << what << " (" << head.size() << " bytes + a hole of " << hole << ")";
+    EXPECT_LE(m.max_request, bound) << r.name << " on " << what << " asked for " << m.max_request << " bytes at once";
+    ++checked;
+  }
+}
+
+TEST(AllocBounds, SparseFilesAreRefusedBeforeTheirHoleIsRead) {
+  (void)max_threads();
+  int checked = 0;
+  // The issue's case: nothing but a hole of 2 GiB (a zero header).
+  expect_sparse_refused({}, uint64_t(1) << 31, "a file of 2 GiB of zeros", checked);
+  // Headers whose length fields claim what the hole holds: a safetensors / .qvgt
+  // header of 100 MB, a .npy 2.0 dict of 4 GiB - 1; the hole reads as NUL bytes,
+  // refused after the first 64 KiB.
+  Bytes st(8, 0);
+  const uint64_t n = 100'000'000;
+  std::memcpy(st.data(), &n, 8);
+  st.push_back('{');
+  expect_sparse_refused(st, uint64_t(1) << 31, "a 100 MB safetensors header of zeros", checked);
+  const Bytes npy = {0x93, 'N', 'U', 'M', 'P', 'Y', 2, 0, 0xff, 0xff, 0xff, 0xff, '{'};
+  expect_sparse_refused(npy, uint64_t(1) << 33, "a 4 GiB .npy header of zeros", checked);
+  // Every seed file of the fuzz corpora, and mutations of its first 64 bytes (the
+  // headers), followed by holes of about 2 GiB and 8 GiB.
+  std::mt19937_64 rng(42);
+  int seeds = 0;
+  const int files = for_each_seed([&](const std::string& name, const Bytes& b, bool snapshot) {
+    if (b.empty()) return;
+    const uint64_t hole = (uint64_t(1) << (31 + 2 * (seeds++ % 2))) + rng() % 4096;
+    expect_sparse_refused(b, hole, name, checked);
+    for (int m = 0; m < 3; ++m) {
+      Bytes x = b;
+      for (int e = 0; e < 2; ++e) x[rng() % std::min<size_t>(x.size(), 64)] = uint8_t(rng());
+      if (snapshot) testing::fix_snapshot_checksums(x);
+      expect_sparse_refused(x, hole, name + " mutated", checked);
+    }
+  });
+  EXPECT_GT(files, 20);
+  std::printf("[ sparse  ] %d reader runs on %d seed files (and mutations) with holes of 2-8 GiB\n", checked, files);
 }
 
 }  // namespace

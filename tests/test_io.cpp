@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,16 +58,19 @@ Bytes f32_bytes(std::initializer_list<float> v) {
   return b;
 }
 
-// Calls f(bytes) on an exact-size heap copy; success or one of the allowed error types.
+// Calls f(bytes) on an exact-size heap copy: its result, or nullopt after one of the
+// allowed error types (any other error fails the test).
 template <class Parse>
-void parse_or_error(const Bytes& bytes, Parse parse, bool invalid_argument_allowed) {
+auto parse_outcome(const Bytes& bytes, Parse parse, bool invalid_argument_allowed)
+    -> std::optional<decltype(parse(std::span<const uint8_t>()))> {
   const Bytes copy(bytes);  // exact size: ASan flags any read past the end
   try {
-    (void)parse(std::span<const uint8_t>(copy.data(), copy.size()));
+    return parse(std::span<const uint8_t>(copy.data(), copy.size()));
   } catch (const CorruptData&) {
   } catch (const InvalidArgument&) {
     if (!invalid_argument_allowed) ADD_FAILURE() << "InvalidArgument where only CorruptData is allowed";
   }
+  return std::nullopt;
 }
 
 // ====================================================================================
@@ -204,22 +208,41 @@ TEST(Npy, RejectsMalformedHeadersWithCorruptData) {
   EXPECT_THROW(parse_npy(m), CorruptData);
 }
 
-TEST(Npy, EveryTruncationAndByteFlipIsAnErrorNeverACrash) {
+// Every truncation is CorruptData; every byte flip of the header (magic, version,
+// length, dict) is an error; a flip of a data byte reads back exactly: the same
+// array with that byte flipped (issue 42, item 19: the test checks what it says).
+TEST(Npy, EveryTruncationAndHeaderByteFlipIsAnErrorADataFlipReadsExactly) {
   NpyArray a;
   a.shape = {1, 2, 2, 3};
   a.data = Bytes(48, 0x3f);
   const Bytes good = serialize_npy(a);
+  const size_t data_start = good.size() - a.data.size();
   for (size_t n = 0; n < good.size(); ++n) {
     const Bytes cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
     EXPECT_THROW(parse_npy(cut), CorruptData) << "prefix " << n;
   }
+  int header_flips = 0, data_flips = 0;
   for (size_t i = 0; i < good.size(); ++i)
     for (uint8_t x : {0x01, 0x08, 0x20, 0x80, 0xff}) {
       Bytes m = good;
       m[i] ^= x;
-      parse_or_error(
+      const auto r = parse_outcome(
           m, [](auto s) { return parse_npy(s); }, /*invalid_argument_allowed=*/true);
+      if (i < data_start) {
+        EXPECT_FALSE(r.has_value()) << "header byte " << i << " ^ " << int(x) << " was accepted";
+        ++header_flips;
+      } else {
+        ASSERT_TRUE(r.has_value()) << "data byte " << i << " ^ " << int(x) << " was refused";
+        NpyArray want = a;
+        want.data[i - data_start] ^= x;
+        EXPECT_EQ(r->shape, want.shape);
+        EXPECT_EQ(r->dtype, want.dtype);
+        EXPECT_EQ(r->data, want.data) << "data byte " << i;
+        ++data_flips;
+      }
     }
+  EXPECT_EQ(header_flips, int(data_start) * 5);
+  EXPECT_EQ(data_flips, 48 * 5);
 }
 
 TEST(Npy, WriterRejectsBadInput) {
@@ -359,19 +382,93 @@ TEST(Safetensors, RejectsBadHeaderLengths) {
   }
 }
 
-TEST(Safetensors, EveryTruncationAndByteFlipIsAnErrorNeverACrash) {
-  const Bytes good = serialize_safetensors(sample_st());
+// Every truncation is CorruptData. A byte flip of the header is an error unless it
+// only renames a tensor, changes a metadata string or another dimension of a tensor
+// of zero elements (a valid file of other names: dtypes and data unchanged, and it
+// writes back to exactly the flipped bytes); a flip of a data byte reads back as that
+// byte of that tensor flipped (issue 42, item 19; it found a NUL byte in the header's
+// padding accepted: the JSON parser read a NUL as the end of its input).
+TEST(Safetensors, EveryTruncationIsAnErrorAndEveryByteFlipAnErrorOrReadExactly) {
+  const SafetensorsFile f = sample_st();
+  const Bytes good = serialize_safetensors(f);
+  uint64_t n_header = 0;
+  std::memcpy(&n_header, good.data(), 8);
+  const size_t data_start = 8 + size_t(n_header);
   for (size_t n = 0; n < good.size(); ++n) {
     const Bytes cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
     EXPECT_THROW(parse_safetensors(cut), CorruptData) << "prefix " << n;
   }
+  int refused = 0, renamed = 0, data_flips = 0;
   for (size_t i = 0; i < good.size(); ++i)
     for (uint8_t x : {0x01, 0x02, 0x10, 0x20, 0x80, 0xff}) {
       Bytes m = good;
       m[i] ^= x;
-      parse_or_error(
+      const auto r = parse_outcome(
           m, [](auto s) { return parse_safetensors(s); }, true);
+      if (!r) {
+        ++refused;
+        continue;
+      }
+      ASSERT_EQ(r->tensors.size(), f.tensors.size()) << "byte " << i << " ^ " << int(x);
+      ASSERT_EQ(r->metadata.size(), f.metadata.size()) << "byte " << i << " ^ " << int(x);
+      if (i < data_start) {
+        // A name or a metadata string changed: everything else is as it was, and the
+        // file is exactly what the writer writes for what was read.
+        EXPECT_EQ(serialize_safetensors(*r), m) << "header byte " << i << " ^ " << int(x);
+        int changed = 0;
+        for (const SafeTensor& t : r->tensors) {
+          const SafeTensor* o = f.find(t.name);
+          if (!o) {
+            ++changed;
+            continue;
+          }
+          EXPECT_EQ(t.dtype, o->dtype) << t.name;
+          EXPECT_EQ(t.data, o->data) << t.name;
+          if (t.shape != o->shape) {
+            EXPECT_TRUE(t.data.empty()) << t.name << ": a shape changed under data";
+            ++changed;
+          }
+        }
+        for (size_t k = 0; k < f.metadata.size(); ++k) changed += r->metadata[k] != f.metadata[k];
+        EXPECT_EQ(changed, 1) << "header byte " << i << " ^ " << int(x)
+                              << " changed other than one string or empty shape";
+        ++renamed;
+      } else {
+        // Exactly one byte of one tensor's data differs, by x.
+        int differing = 0;
+        for (size_t k = 0; k < f.tensors.size(); ++k) {
+          ASSERT_EQ(r->tensors[k].name, f.tensors[k].name);
+          ASSERT_EQ(r->tensors[k].data.size(), f.tensors[k].data.size());
+          for (size_t b = 0; b < f.tensors[k].data.size(); ++b)
+            if (r->tensors[k].data[b] != f.tensors[k].data[b]) {
+              EXPECT_EQ(r->tensors[k].data[b], uint8_t(f.tensors[k].data[b] ^ x));
+              ++differing;
+            }
+        }
+        EXPECT_EQ(differing, 1) << "data byte " << i << " ^ " << int(x);
+        ++data_flips;
+      }
     }
+  EXPECT_EQ(data_flips, int(good.size() - data_start) * 6);  // every data flip read, none refused
+  EXPECT_GT(refused, int(data_start) * 6 * 3 / 4);           // most header flips refused
+  EXPECT_GT(renamed, 0);
+}
+
+// A NUL byte anywhere in the header is refused (issue 42): JSON holds none raw, and
+// the JSON parser read one as the end of its input, so a header whose padding held a
+// NUL — or a NUL followed by anything — was accepted with the rest unread.
+TEST(Safetensors, ANulByteInTheHeaderIsRefused) {
+  const std::string h = R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  EXPECT_NO_THROW(parse_safetensors(st_raw(h + "  ", Bytes{7})));
+  for (const std::string& tail : {std::string("\0 ", 2), std::string(" \0", 2), std::string("\0garbage", 8)}) {
+    try {
+      (void)parse_safetensors(st_raw(h + tail, Bytes{7}));
+      ADD_FAILURE() << "accepted a NUL in the header";
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find("NUL byte"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_qvgt(st_raw(h + std::string("\0", 1), Bytes{7})), CorruptData);
 }
 
 TEST(Safetensors, WriterRejectsBadInput) {
@@ -800,8 +897,13 @@ TEST(Qvgt, UnsupportedSafetensorsDtypeIsCorruptData) {
   EXPECT_NO_THROW(parse_qvgt(st_raw(h, data)));
 }
 
-TEST(Qvgt, EveryTruncationAndByteFlipIsCorruptDataNeverACrash) {
+// Every truncation and every flip of a header byte is CorruptData (the header holds
+// only canonical spellings); a flip of a data byte is CorruptData or reads back as
+// an encoding holding exactly the flipped bytes — it writes back to them byte for
+// byte — that validates and decodes finite (issue 42, item 19).
+TEST(Qvgt, EveryTruncationAndHeaderFlipIsCorruptDataADataFlipIsRefusedOrReadExactly) {
   const std::vector<Bytes> bases = qvgt_bases();
+  int header_flips = 0, data_refused = 0, data_read = 0;
   for (size_t b = 0; b < bases.size(); ++b) {
     const Bytes& good = bases[b];
     const size_t header_end = 8 + header_text(good).size();
@@ -819,11 +921,24 @@ TEST(Qvgt, EveryTruncationAndByteFlipIsCorruptDataNeverACrash) {
         if (b != 0 && x != 0x01 && x != 0x80) continue;
         Bytes m = good;
         m[i] ^= x;
-        parse_or_error(
+        const auto r = parse_outcome(
             m, [](auto s) { return parse_qvgt(s); }, /*invalid_argument_allowed=*/false);
+        if (i < header_end) {
+          EXPECT_FALSE(r.has_value()) << "base " << b << ": header byte " << i << " ^ " << int(x) << " was accepted";
+          ++header_flips;
+        } else if (!r) {
+          ++data_refused;
+        } else {
+          EXPECT_EQ(serialize_qvgt(*r), m) << "base " << b << ": data byte " << i << " ^ " << int(x);
+          EXPECT_NO_THROW(r->validate_values());
+          ++data_read;
+        }
       }
     }
   }
+  EXPECT_GT(header_flips, 1000);
+  EXPECT_GT(data_read, 100);    // most data bytes may hold any value (codes, ids below K, scales)
+  EXPECT_GT(data_refused, 10);  // and some may not (an id >= K, a symmetric code above 2 qmax, NaN)
 }
 
 TEST(Qvgt, RejectsHeaderLengthPastTheEnd) {

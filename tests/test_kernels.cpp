@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
+#include <string>
 
 #include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
@@ -36,14 +38,42 @@ std::string target_label(const ::testing::TestParamInfo<kernels::Target>& i) {
   return s;
 }
 
+// The targets this CPU runs, best first: several of them (every attainable one is
+// compiled), each distinct, in Highway's order (a lower bit is a better target), each
+// dispatchable when forced, the best one by default, and each present exactly when
+// the CPU has its features (x86: SSE4 = SSE4.2 + AES/CLMUL, AVX2 = AVX2 + FMA + BMI2,
+// AVX3 = AVX-512 F/VL/DQ/BW), the portable fallback always (issue 42, item 20).
 TEST(Targets, SeveralCompiledAndDispatchable) {
   auto t = kernels::available_targets();
-  ASSERT_FALSE(t.empty());
+  ASSERT_GE(t.size(), 2u);
+  std::set<std::string> names;
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_TRUE(names.insert(t[i].name).second) << "listed twice: " << t[i].name;
+    EXPECT_EQ(t[i].id & (t[i].id - 1), 0) << t[i].name << " is not one target";
+    if (i > 0) {
+      EXPECT_LT(t[i - 1].id, t[i].id) << t[i - 1].name << " before " << t[i].name << ": not best first";
+    }
+  }
+  EXPECT_EQ(kernels::current_target_name(), t.front().name);  // the best one by default
   for (const auto& x : t) {
     kernels::force_target(x.id);
     EXPECT_EQ(kernels::current_target_name(), x.name);
   }
   kernels::force_target(0);
+  EXPECT_EQ(kernels::current_target_name(), t.front().name);
+  EXPECT_TRUE(names.count("EMU128") || names.count("SCALAR")) << "no portable target";
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool sse4 =
+      __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul");
+  const bool avx2 =
+      sse4 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
+  const bool avx3 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  EXPECT_EQ(names.count("SSE4") == 1, sse4);
+  EXPECT_EQ(names.count("AVX2") == 1, avx2);
+  EXPECT_EQ(names.count("AVX3") == 1, avx3);
+#endif
   std::printf("[ targets ] best: %s; available:", kernels::current_target_name().c_str());
   for (const auto& x : t) std::printf(" %s", x.name.c_str());
   std::printf("\n");

@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <deque>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
 #include "qvg/workload.h"
+#include "support/cache_model.h"
 
 namespace qvg {
 namespace {
@@ -412,6 +415,91 @@ TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
     const MemoryReport r = memory_report(MemoryShape::of(p), a);
     EXPECT_GE(r.policy_ratio(), w.keep1) << w.model << " refine_recent 4";
     EXPECT_GT(r.peak_step.refine_bytes, 0u);
+  }
+}
+
+// Issue 42, item 6: the peak of a long context is extrapolated from three short
+// replays. It must be exactly the peak of the replay from an empty cache (what
+// memory_report computed before, O(frames^2)), over contexts of every phase and
+// policy settings of every kind, and the chunks replayed must not grow with the
+// context.
+int64_t full_replay_chunks(const MemoryShape& s, const QuantArgs& a) {
+  const int64_t period = a.enabled() ? a.span_chunks : 1;
+  const int64_t window_chunks = (s.cache_tokens() + s.chunk_tokens - 1) / s.chunk_tokens;
+  return s.sink_chunks() + window_chunks + period + (a.enabled() ? a.keep_recent_chunks : 0) + 2 + 2 * period;
+}
+PolicyStep full_replay_peak(const MemoryShape& s, const QuantArgs& a) {
+  const int64_t period = a.enabled() ? a.span_chunks : 1;
+  PolicyReplay replay(s, a);
+  for (int64_t i = 0; i < full_replay_chunks(s, a); ++i) replay.advance();
+  PolicyStep peak;
+  const auto& st = replay.steps();
+  for (size_t i = st.size() - size_t(period); i < st.size(); ++i)
+    if (st[i].resident_bytes > peak.resident_bytes) peak = st[i];
+  return peak;
+}
+
+std::string step_text(const PolicyStep& p) {
+  return ::testing::PrintToString(std::vector<int64_t>{
+      p.chunk, p.global_end, int64_t(p.resident_bytes), int64_t(p.raw_bytes), int64_t(p.packed_bytes),
+      int64_t(p.codebook_bytes), int64_t(p.refine_bytes), p.raw_tokens, p.packed_tokens, p.segments});
+}
+
+TEST(Memory, PeakOfALongContextIsTheFullReplaysWithoutReplayingIt) {
+  std::vector<std::pair<std::string, QuantArgs>> settings;
+  settings.emplace_back("quantization off", QuantArgs{});
+  for (int span : {1, 3, 8})
+    for (int keep : {0, 2}) {
+      QuantArgs a = small_args();
+      a.span_chunks = span;
+      a.keep_recent_chunks = keep;
+      settings.emplace_back("deferred span " + std::to_string(span) + " keep " + std::to_string(keep), a);
+      a.span_mode = SpanMode::Incremental;
+      a.refine_recent = span == 3 ? 2 : 0;
+      settings.emplace_back("incremental span " + std::to_string(span) + " keep " + std::to_string(keep) + " refine " +
+                                std::to_string(a.refine_recent),
+                            a);
+    }
+  {
+    QuantArgs a = small_args();
+    a.span_chunks = 4;
+    a.sink_span = SinkSpan::Full;
+    settings.emplace_back("full sink span", a);
+    a.sink_keep_chunks = 1;
+    settings.emplace_back("full sink span, one kept raw", a);
+    a.sink = false;
+    settings.emplace_back("raw sink", a);
+  }
+  int compared = 0, extrapolated = 0;
+  const int64_t step = testing::scaled(7, 19);  // 17 contexts (7 under the sanitizers)
+  for (const auto& [what, a] : settings)
+    for (int64_t sink : {0, 7, 20})
+      for (int64_t chunks = 2; chunks <= 120; chunks += step)
+        for (int64_t part : {0, 3}) {  // a context ending inside a chunk too
+          const MemoryShape s = small_shape(chunks * 10 + part, std::min<int64_t>(sink, chunks * 10));
+          const MemoryReport r = memory_report(s, a);
+          const PolicyStep want = full_replay_peak(s, a);
+          ASSERT_EQ(step_text(r.peak_step), step_text(want))
+              << what << ", context " << s.context_tokens << ", sink " << s.sink_tokens;
+          ASSERT_EQ(r.policy_peak_bytes, want.resident_bytes);
+          ASSERT_EQ(r.peak_chunk, want.chunk);
+          ++compared;
+          extrapolated += r.replayed_chunks != full_replay_chunks(s, a);
+        }
+  EXPECT_EQ(compared, int(settings.size()) * 3 * int((120 - 2) / step + 1) * 2);
+  EXPECT_GT(extrapolated, compared / 2);  // most were extrapolated, not replayed in full
+  // The replay's cost does not grow with the context: a context longer by 1,000
+  // periods replays exactly as many chunks.
+  for (const auto& [what, a] : settings) {
+    const int64_t period = a.enabled() ? a.span_chunks : 1;
+    const MemoryReport near = memory_report(small_shape(2000 * 10 + 3, 7), a);
+    ASSERT_LT(near.replayed_chunks, 1000) << what;  // a window of 2,001 chunks: not replayed
+    const MemoryReport far = memory_report(small_shape((2000 + 1'000 * period) * 10 + 3, 7), a);
+    EXPECT_EQ(far.replayed_chunks, near.replayed_chunks) << what;
+    EXPECT_EQ(far.peak_step.packed_tokens + far.peak_step.raw_tokens - near.peak_step.packed_tokens -
+                  near.peak_step.raw_tokens,
+              1'000 * period * 10)
+        << what;
   }
 }
 

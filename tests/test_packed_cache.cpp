@@ -12,11 +12,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <deque>
-#include <set>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <random>
+#include <set>
 
 #include "qvg/cache.h"
 #include "qvg/codec.h"
@@ -289,6 +291,149 @@ KVView advance(PackedCausalCache& c, std::mt19937_64& rng, int64_t n, std::optio
 }
 
 }  // namespace
+
+// Adaptive span boundaries (docs/spans.md) against an energy computed here, from the
+// data and the cache's stored encodings, not by the cache or the codec (issue 42,
+// item 17). A chunk's energy is the mean over its elements of the squared final
+// residual, x minus its centroid by its stored id in its span's codebook (one stage);
+// a span's reference is its first chunk's energy. A chunk that joined its span must
+// have K and V energies within span_break_ratio x the references; a chunk that
+// started a new span although the open one had room must not have fitted: its energy
+// against the open span's slots (those its chunks use; the trial's new slots can
+// only lower it, one stage being a nearest-slot assignment) exceeds the ratio for K
+// or V — so a wrong energy, a wrong reference or a wrong comparison fails one of them.
+namespace span_energy {
+
+/// [t, h, d] residual energy of x (a [1, S, H, D] chunk) against `book` with the
+/// stored ids of `part` (stage 0), in double.
+double stored_energy(const Tensor& x, const EncodedTensor& part, const EncodedTensor& book) {
+  const Shape4 s = x.shape();
+  double e = 0;
+  for (int64_t h = 0; h < s.h; ++h)
+    for (int64_t t = 0; t < s.s; ++t) {
+      const int id = part.ids[0][size_t(h * s.s + t)];
+      for (int64_t d = 0; d < s.d; ++d) {
+        const double r = double(x.at(0, t, h, d)) - double(book.centroid_at(0, 0, h, id, d));
+        e += r * r;
+      }
+    }
+  return e / double(s.numel());
+}
+
+/// The same with every token at its nearest of `slots` (per head) of `book`.
+double nearest_energy(const Tensor& x, const EncodedTensor& book, const std::vector<std::set<int>>& slots) {
+  const Shape4 s = x.shape();
+  double e = 0;
+  for (int64_t h = 0; h < s.h; ++h)
+    for (int64_t t = 0; t < s.s; ++t) {
+      double best = INFINITY;
+      for (int k : slots[size_t(h)]) {
+        double dist = 0;
+        for (int64_t d = 0; d < s.d; ++d) {
+          const double r = double(x.at(0, t, h, d)) - double(book.centroid_at(0, 0, h, k, d));
+          dist += r * r;
+        }
+        best = std::min(best, dist);
+      }
+      e += best;
+    }
+  return e / double(s.numel());
+}
+
+}  // namespace span_energy
+
+TEST(PackedCachePolicy, AdaptiveSpanBreaksFollowTheEnergyComputedIndependently) {
+  using namespace span_energy;
+  constexpr int64_t kChunk = 32, kHeads = 2, kDim = 32, kChunks = 18;
+  CacheOptions o;
+  o.heads = kHeads, o.head_dim = kDim, o.dtype = DType::F32, o.cache_size = kChunk * (kChunks + 1);
+  QuantArgs q;  // incremental spans of 4 chunks, broken where a chunk's energy passes 3x
+  q.bits = 2, q.centroids = 8, q.block_size = 32, q.keep_recent_chunks = 0;
+  q.span_chunks = 4, q.span_mode = SpanMode::Incremental, q.span_break_ratio = 3.0;
+  PackedCausalCache cache(o, q);
+  // Scenes of 1-5 chunks: tokens near a scene's 3 centres (per head) with noise; a
+  // new scene moves every centre, K and V alike or one of them only.
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> nd(0, 1);
+  const int scene_of[kChunks] = {0, 0, 0, 1, 1, 2, 3, 3, 3, 3, 3, 4, 5, 5, 6, 6, 6, 7};
+  std::vector<std::vector<float>> centres;  // per scene: [role][head][3][D]
+  for (int sc = 0; sc < 8; ++sc) {
+    std::vector<float> c(size_t(2 * kHeads * 3 * kDim));
+    for (float& x : c) x = 3.0f * nd(rng);
+    centres.push_back(c);
+  }
+  std::vector<Tensor> ks, vs;
+  for (int64_t i = 0; i < kChunks; ++i) {
+    Tensor k(DType::F32, {1, kChunk, kHeads, kDim}), v(DType::F32, {1, kChunk, kHeads, kDim});
+    const std::vector<float>& c = centres[size_t(scene_of[i])];
+    // Scene 3 moves V only (K keeps scene 2's centres): a break for V's sake.
+    const std::vector<float>& ck = scene_of[i] == 3 ? centres[2] : c;
+    for (int64_t t = 0; t < kChunk; ++t)
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const int64_t m = int64_t(rng() % 3);
+        for (int64_t d = 0; d < kDim; ++d) {
+          k.set(0, t, h, d, ck[size_t(((0 * kHeads + h) * 3 + m) * kDim + d)] + 0.3f * nd(rng));
+          v.set(0, t, h, d, c[size_t(((1 * kHeads + h) * 3 + m) * kDim + d)] + 0.3f * nd(rng));
+        }
+      }
+    cache.update(k.view(), v.view(), i * kChunk);
+    ks.push_back(std::move(k));
+    vs.push_back(std::move(v));
+  }
+  // Walk the encoded chunks (oldest first); segment j holds chunk g0 / kChunk.
+  int joins = 0, breaks_checked = 0, breaks = 0;
+  std::map<int64_t, std::pair<double, double>> reference;          // span -> (K, V) energy of its first chunk
+  std::map<int64_t, int> chunks_in;                                // span -> chunks
+  std::map<int64_t, std::vector<std::set<int>>> k_slots, v_slots;  // span -> slots its chunks use, per head
+  for (size_t j = 0; j < cache.num_segments(); ++j) {
+    const auto sg = cache.segment(j);
+    if (sg.span < 0) continue;
+    ASSERT_EQ(sg.g1 - sg.g0, kChunk);
+    const int64_t i = sg.g0 / kChunk;
+    const double ek = stored_energy(ks[size_t(i)], *sg.k_enc, *sg.k_codebook);
+    const double ev = stored_energy(vs[size_t(i)], *sg.v_enc, *sg.v_codebook);
+    const bool joined = j > 0 && cache.segment(j - 1).span == sg.span;
+    if (joined) {
+      const auto [rk, rv] = reference.at(sg.span);
+      EXPECT_LE(std::max(ek / rk, ev / rv), q.span_break_ratio * (1 + 1e-6))
+          << "chunk " << i << " joined span " << sg.span << " with energies " << ek << ", " << ev << " against its "
+          << "first chunk's " << rk << ", " << rv;
+      ++joins;
+    } else {
+      reference[sg.span] = {ek, ev};
+      ++breaks;
+      // It could have joined the previous span (adjacent, room left): it must not have fitted it.
+      if (j > 0) {
+        const auto prev = cache.segment(j - 1);
+        if (prev.span >= 0 && prev.g1 == sg.g0 && chunks_in[prev.span] < q.span_chunks) {
+          const auto [rk, rv] = reference.at(prev.span);
+          const double tk = nearest_energy(ks[size_t(i)], *prev.k_codebook, k_slots[prev.span]);
+          const double tv = nearest_energy(vs[size_t(i)], *prev.v_codebook, v_slots[prev.span]);
+          EXPECT_GT(std::max(tk / rk, tv / rv), q.span_break_ratio * (1 - 1e-6))
+              << "chunk " << i << " started a new span although against span " << prev.span
+              << "'s codebook its energies " << tk << ", " << tv << " are within " << q.span_break_ratio
+              << " x the references " << rk << ", " << rv;
+          ++breaks_checked;
+        }
+      }
+    }
+    ++chunks_in[sg.span];
+    for (auto* m : {&k_slots, &v_slots}) {
+      auto& slots = (*m)[sg.span];
+      slots.resize(size_t(kHeads));
+      const EncodedTensor& part = m == &k_slots ? *sg.k_enc : *sg.v_enc;
+      for (int64_t h = 0; h < kHeads; ++h)
+        for (int64_t t = 0; t < kChunk; ++t) slots[size_t(h)].insert(part.ids[0][size_t(h * kChunk + t)]);
+    }
+  }
+  std::printf("[ spans   ] %d joins and %d adaptive breaks checked against the energies; %d spans\n", joins,
+              breaks_checked, breaks);
+  // Every span but those a full span ended was an adaptive break, and the cache counted each.
+  EXPECT_EQ(breaks_checked, cache.span_breaks());
+  EXPECT_GE(joins, 6);
+  EXPECT_GE(breaks_checked, 4);
+  EXPECT_GT(breaks, breaks_checked);  // spans ended by being full too
+}
 
 TEST(PackedCachePolicy, SpansFillOldestFirstAndKeepRecentStaysRaw) {
   QuantArgs q = one_stage_quant();

@@ -15,6 +15,7 @@
 #include "qvg/error.h"
 #include "qvg/frontier.h"
 #include "qvg/memory.h"
+#include "qvg/numeric.h"
 #include "qvg/test_access.h"
 #include "qvg/workload.h"
 #include "support/data.h"
@@ -58,14 +59,58 @@ Tensor v_like(uint64_t seed) {
   return random_tensor({1, 200, 2, 64}, DType::F32, seed, 300.0f, 20.0f);
 }
 
+// `off` is the default, and it changes no byte: its stored scales (and zeros) are
+// spec 1.2's block-maximum rule, recomputed here from the encoding's own final
+// residual (x minus its centroids) — while `mse` changes some of them.
 TEST(ScaleSearch, OffIsTheDefaultAndChangesNoByte) {
+  EXPECT_EQ(CodecConfig{}.scale_search, ScaleSearch::Off);
+  EXPECT_EQ(QuantArgs{}.scale_search, ScaleSearch::Off);
   const Tensor x = v_like(1);
+  int cases_where_mse_differs = 0;
   for (const Case& k : all_cases()) {
-    const CodecConfig a = config_of(k);
-    CodecConfig b = a;
-    b.scale_search = ScaleSearch::Off;
-    EXPECT_EQ(encode(x.view(), a), encode(x.view(), b));
+    SCOPED_TRACE(::testing::Message() << "bits " << k.bits << " asym " << k.asym << " scaling " << name(k.scaling)
+                                      << " scales " << name(k.sd));
+    const CodecConfig off = config_of(k);  // scale_search left at its default
+    const EncodedTensor e = encode(x.view(), off);
+    const bool fp8 = k.sd == ScaleDType::FP8_E4M3, divide = fp8 && k.scaling == Scaling::TwoLevel;
+    const int qmax = k.asym ? (1 << k.bits) - 1 : (1 << (k.bits - 1)) - 1;
+    const Shape4 sh = x.shape();
+    const int64_t nb = sh.d / e.block_size;
+    int64_t blocks = 0, equal = 0;
+    for (int64_t h = 0; h < sh.h; ++h) {
+      // The final residual of every block (one stage: x - centroid[id]) and its raw scale.
+      std::vector<float> raw_s, raw_z;
+      for (int64_t t = 0; t < sh.s; ++t)
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          float lo = INFINITY, hi = -INFINITY, amax = 0;
+          for (int64_t d = blk * e.block_size; d < (blk + 1) * e.block_size; ++d) {
+            const int id = e.ids[0][size_t(h * sh.s + t)];
+            const float r = x.at(0, t, h, d) - e.centroid_at(0, 0, h, id, d);
+            lo = std::min(lo, r), hi = std::max(hi, r), amax = std::max(amax, std::fabs(r));
+          }
+          raw_s.push_back(k.asym ? std::max((hi - lo) / float(qmax), 1e-10f) : std::max(amax, 1e-10f) / float(qmax));
+          raw_z.push_back(lo);
+        }
+      float ms = 0, mz = 0;
+      for (size_t i = 0; i < raw_s.size(); ++i) ms = std::max(ms, raw_s[i]), mz = std::max(mz, std::fabs(raw_z[i]));
+      const float g = divide ? (ms / 448.0f > 0 ? ms / 448.0f : 1.0f) : 1.0f;
+      const float gz = divide && k.asym ? (mz / 448.0f > 0 ? mz / 448.0f : 1.0f) : 1.0f;
+      auto stored = [&](float v) { return fp8 ? fp8e4m3_to_f32(f32_to_fp8e4m3(v)) : bf16_to_f32(f32_to_bf16(v)); };
+      for (int64_t t = 0; t < sh.s; ++t)
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          const size_t i = size_t(t * nb + blk);
+          const bool s_ok = e.scale_eff(0, h, t, blk) == stored(raw_s[i] / g) * g;
+          const bool z_ok = !k.asym || e.zero_eff(0, h, t, blk) == stored(raw_z[i] / gz) * gz;
+          ++blocks;
+          equal += s_ok && z_ok;
+        }
+    }
+    EXPECT_EQ(equal, blocks);  // every block: the block-maximum rule
+    CodecConfig mse = off;
+    mse.scale_search = ScaleSearch::Mse;
+    cases_where_mse_differs += !(encode(x.view(), mse) == e);
   }
+  EXPECT_EQ(cases_where_mse_differs, int(all_cases().size()));
 }
 
 TEST(ScaleSearch, WithinTheBoundAndNeverWorseThanTheBlockMaximum) {
@@ -320,7 +365,21 @@ TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem
   EXPECT_FALSE(s.k_enc->asymmetric);
   EXPECT_EQ(s.v_enc->bits, 2);
   EXPECT_TRUE(s.v_enc->asymmetric);
-  // The encodings are the codec's with each role's settings.
+  // The encodings are the codec's with each role's settings: segment 0 holds chunk
+  // [0, 16), encoded exactly as encode() encodes it with q.codec(Key) / q.codec(Value)
+  // (and not as with the other role's settings, which differ in bits and asymmetry).
+  {
+    const Tensor k0 = random_tensor({1, 16, 2, 64}, DType::F32, 10);
+    const Tensor v0 = random_tensor({1, 16, 2, 64}, DType::F32, 20, 50.0f);
+    ASSERT_EQ(s.g0, 0);
+    ASSERT_EQ(s.g1, 16);
+    EXPECT_TRUE(*s.k_enc == encode(k0.view(), q.codec(CacheRole::Key)));
+    EXPECT_TRUE(*s.v_enc == encode(v0.view(), q.codec(CacheRole::Value)));
+    EXPECT_FALSE(*s.k_enc == encode(k0.view(), q.codec(CacheRole::Value)));
+    EXPECT_FALSE(*s.v_enc == encode(v0.view(), q.codec(CacheRole::Key)));
+    EXPECT_EQ(q.codec(CacheRole::Key).scale_search, ScaleSearch::Mse);  // the shared setting reaches both
+    EXPECT_EQ(q.codec(CacheRole::Value).scale_search, ScaleSearch::Mse);
+  }
   // Snapshot format 1.3 holds the per-role settings and the scale search.
   const std::vector<uint8_t> bytes = c.snapshot_bytes();
   ASSERT_GE(bytes.size(), 12u);

@@ -297,13 +297,18 @@ double seconds_to_parse(const Bytes& b) {
 }
 
 TEST(Finding5, HeaderParsingIsLinearAndTheTensorCountBounded) {
-  // 300,000 tensors (20 MB of header): refused at the 100,001st, quickly.
+  // 300,000 tensors (20 MB of header): refused at the 100,001st.
   const Bytes huge = st_bytes(many_tensors_header(300000));
-  const auto t0 = std::chrono::steady_clock::now();
   const std::string m = error_text([&] { parse_safetensors(huge); });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(m.find("more than 100000 tensors"), std::string::npos) << m;
-  EXPECT_LT(s, 20.0);  // was > 60 s; ~0.1 s here in release, a few s under ASan
+  // Refused there, without reading on (was > 60 s): a header whose 100,001st entry
+  // is followed by bytes that are not JSON gets the same error, not the parser's
+  // (issue 42, item 21: checked so, not by a wall-clock limit).
+  std::string cut = many_tensors_header(100001);
+  cut.back() = ',';
+  cut += "\x01 not JSON at all";
+  const std::string m2 = error_text([&] { parse_safetensors(st_bytes(cut)); });
+  EXPECT_NE(m2.find("more than 100000 tensors"), std::string::npos) << m2;
   // A .qvgt holds at most 2 * 64 + 5 arrays: refused after 133.
   EXPECT_NE(error_text([&] { parse_qvgt(huge); }).find("more than 133 tensors"), std::string::npos);
   // Linear: 8x the tensors costs ~8x the time (quadratic was 64x).

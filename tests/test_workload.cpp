@@ -404,21 +404,34 @@ TEST(Workload, F32OutputRoundsToTheBf16Output) {
   EXPECT_TRUE(same_bytes(y.q.to(DType::BF16), x.q));
 }
 
-TEST(Workload, OneChunkLayerIsFast) {
-  // The streaming simulation calls this per chunk and layer; aim: well under 100 ms
-  // at scale 0.25 (measured ~20 ms per chunk-layer for lingbot on one core). The
-  // bound here is loose because test machines are shared.
+// The streaming simulation calls generate_into per chunk and layer, so a chunk of a
+// layer must cost only its tokens: the layer's parameters (the costly part) are
+// built once, on the layer's first use, and a streaming loop's buffers are reused,
+// not reallocated (issue 42, item 21: checked as such, not by a wall-clock limit;
+// the time is printed, ~20 ms per chunk-layer here, docs/performance.md).
+TEST(Workload, OneChunkLayerBuildsTheLayerOnceAndReusesTheBuffers) {
   WorkloadOptions o;
   o.scale = kScale;
   Workload w(find_model_preset("self-forcing-1.3b"), o);
+  EXPECT_EQ(w.layers_built(), 0);  // construction is cheap
   LayerChunk buf;
   w.generate_into(3, 0, buf);  // builds the layer's parameters
+  EXPECT_EQ(w.layers_built(), 1);
+  const void* k = buf.k.data();
+  const void* v = buf.v.data();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t c = 1; c <= 5; ++c) w.generate_into(3, c, buf);
+  for (int64_t c = 1; c <= 5; ++c) {
+    w.generate_into(3, c, buf);
+    EXPECT_EQ(buf.k.data(), k) << "chunk " << c << ": K reallocated";
+    EXPECT_EQ(buf.v.data(), v) << "chunk " << c << ": V reallocated";
+  }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 5;
+  EXPECT_EQ(w.layers_built(), 1);  // not rebuilt per chunk
   std::printf("self-forcing-1.3b at scale %.2f: %.1f ms per chunk-layer (%lld tokens x %d heads)\n", kScale, ms,
               static_cast<long long>(buf.k.shape().s), w.preset().heads);
-  EXPECT_LT(ms, 1000.0);
+  w.generate_into(4, 0, buf);
+  w.generate_into(3, 6, buf);
+  EXPECT_EQ(w.layers_built(), 2);  // one more layer, built once
 }
 
 TEST(Workload, TypedErrors) {

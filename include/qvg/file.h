@@ -3,11 +3,21 @@
 // a FIFO or a device, and atomic writes.
 //
 // Atomic write rule (the one place it is implemented): the bytes go to a temporary
-// file in the destination's directory (`<path>.tmp.<pid>.<n>`), which is flushed
-// and fsynced, closed, renamed over `path`, and the directory is fsynced. A crash at
-// any point leaves either the old file or the new one at `path` (a crash before the
-// rename may leave the temporary behind); an error removes the temporary and leaves
-// `path` untouched.
+// file in the destination's directory (`<name>.tmp.<pid>.<n>`, the name cut so that
+// the whole fits in 255 bytes: a destination name of up to 255 bytes is written), which
+// is flushed and fsynced, closed, renamed over `path`, and the directory is fsynced. A
+// crash at any point leaves either the old file or the new one at `path` (a crash
+// before the rename may leave the temporary behind); an error removes the temporary
+// and leaves `path` untouched.
+//
+// Permissions (issue 42, item 9): a file replaced keeps its permission bits (rwx for
+// user, group, others; set-user-ID, set-group-ID and sticky bits are not carried
+// over) and, where the process may set them (root), its owner and group; a new file
+// gets 0666 less the process's umask, as a file the process creates otherwise would.
+//
+// Paths (issue 42, item 5): a path holding a NUL byte is refused by every reader and
+// writer (InvalidArgument "... the path holds a NUL byte at byte N"): the system
+// would read it as the path before the NUL, another file.
 //
 // Destinations (issue 27, finding 14): `path` must not exist, or be a regular file,
 // or be a symlink whose final target is a regular file — such a symlink is
@@ -37,7 +47,9 @@ namespace qvg {
 
 /// Whole file contents. The path must name a regular file: a FIFO, socket, device or
 /// directory is refused before anything is read (the open never blocks). Throws
-/// InvalidArgument naming the path if it cannot be read.
+/// InvalidArgument naming the path if it cannot be read, or if its size does not fit
+/// in memory. It reads whatever the file holds: the format readers of qvg/io.h check
+/// a file's header against its size before they read the rest.
 std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path);
 
 /// Writes `bytes` atomically to `path` (see the rule above). Throws InvalidArgument

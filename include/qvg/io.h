@@ -39,6 +39,16 @@
 namespace qvg {
 
 // ---- raw files: read_file_bytes, write_file_atomic (qvg/file.h) -----------------
+//
+// The path-taking readers below (read_safetensors, read_qvgt, inspect_qvgt,
+// read_tensor_file) read a file's header first and check it against the file's size
+// before anything else of the file is read or allocated (issue 42, item 3): the
+// length fields, then the header itself read as text in pieces of 64 KiB (a NUL byte
+// ends it: a zero-filled or sparse file is refused after one piece), then that the
+// data the header describes fills the rest of the file exactly. So a sparse file of
+// gigabytes with a bad header costs no more than a small file; only a file whose
+// header accounts for every byte is read whole (the bound of docs/reliability.md
+// holds for its actual size).
 
 // ---- .npy (format versions 1.0, 2.0 and 3.0 read; 1.0 written, 2.0 if needed) ----
 
@@ -98,7 +108,8 @@ SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes);
 /// metadata keys, data sizes not matching shape x dtype, or strings that are not UTF-8.
 std::vector<uint8_t> serialize_safetensors(const SafetensorsFile& f);
 
-/// read_file_bytes + parse_safetensors; error messages are prefixed with the path.
+/// parse_safetensors of the file, read whole only after its header was checked
+/// against its size (above); error messages are prefixed with the path.
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
 /// serialize_safetensors + write_file_atomic.
 void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& f);
@@ -142,7 +153,8 @@ QvgtInfo inspect_qvgt(const std::filesystem::path& path);
 
 /// serialize_qvgt + write_file_atomic: nothing is written if `enc` is inconsistent.
 void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc);
-/// read_file_bytes + parse_qvgt; CorruptData messages are prefixed with the path.
+/// parse_qvgt of the file, read whole only after its header was checked against its
+/// size (above); CorruptData messages are prefixed with the path.
 EncodedTensor read_qvgt(const std::filesystem::path& path);
 
 // ---- K/V tensors for the CLI ------------------------------------------------------

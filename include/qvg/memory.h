@@ -140,9 +140,14 @@ struct MemoryReport {
   size_t policy_peak_bytes = 0;     ///< the packed cache's steady-state peak
   /// How the fully encoded context is cut (oldest first).
   std::vector<SegmentSize> context_layout;
-  /// Steady state: the replay ran `steady_from` chunks before the measured period of
-  /// `period_chunks` chunks; the peak was reached after chunk `peak_chunk` started.
+  /// Steady state: a replay from an empty cache reaches it after `steady_from`
+  /// chunks; over the measured period of `period_chunks` chunks the peak is reached
+  /// after chunk `peak_chunk` started.
   int64_t steady_from = 0, period_chunks = 1, peak_chunk = 0;
+  /// Chunks actually replayed to find the peak: a long context's peak is extrapolated
+  /// exactly from three short replays (a window of a few spans), so this does not
+  /// grow with the context (issue 42, item 6; docs/reliability.md).
+  int64_t replayed_chunks = 0;
   PolicyStep peak_step;  ///< the state at the peak
 
   double ratio() const;         ///< raw_context / packed_context

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -70,6 +71,11 @@ const Setting* find_setting_by_flag(std::string_view suffix);
 /// The one text parser: `text` as s's value. Throws InvalidArgument "<what> must be
 /// <allowed>, got '<text>'" (what: the flag or key as the caller names it).
 SettingValue parse_setting(const Setting& s, std::string_view text, std::string_view what);
+/// The one rule for real-valued text on every surface (settings, engine flags and
+/// every real-valued CLI flag: issue 42, item 13): the whole of `text` as a finite
+/// number in plain decimal or exponent form ("0.5", "1e-3", "-2"); nullopt for hex
+/// floats, inf/nan, a leading '+' or blank, or anything left over.
+std::optional<double> parse_real(std::string_view text);
 /// A value as text: "none", decimal integers, "true"/"false", shortest round-trip reals, names.
 std::string setting_text(const SettingValue& v);
 /// Throws InvalidArgument naming s unless `v` is of s's kind and inside its range

@@ -186,6 +186,9 @@ class Workload {
   /// are emptied. On error `out` is unspecified.
   void generate_into(int layer, int64_t chunk_index, LayerChunk& out, GenerateParts parts = {}) const;
   void generate_frames_into(int layer, int64_t frame0, int64_t frames, LayerChunk& out, GenerateParts parts = {}) const;
+  /// Layers whose parameters were built so far: each once, on its first use (the
+  /// costly part of a layer; a chunk of a built layer costs only its tokens).
+  int64_t layers_built() const;
 
  private:
   struct Impl;

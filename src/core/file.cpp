@@ -3,12 +3,16 @@
 #include "qvg/file.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -32,7 +36,7 @@ struct Fd {
 };
 
 [[noreturn]] void cannot_read(const std::filesystem::path& path, const std::string& why) {
-  throw InvalidArgument(fmt::format("cannot read '{}': {}", path.string(), why));
+  throw InvalidArgument(fmt::format("cannot read '{}': {}", detail::path_text(path), why));
 }
 
 // Writes all of `bytes` to fd; returns 0 or the errno of the failing write.
@@ -51,7 +55,7 @@ int write_all(int fd, std::span<const uint8_t> bytes) {
 }
 
 [[noreturn]] void cannot_write(const std::filesystem::path& path, const std::string& why) {
-  throw InvalidArgument(fmt::format("cannot write '{}': {}", path.string(), why));
+  throw InvalidArgument(fmt::format("cannot write '{}': {}", detail::path_text(path), why));
 }
 
 const char* file_kind(mode_t m) {
@@ -61,6 +65,29 @@ const char* file_kind(mode_t m) {
          : S_ISBLK(m)  ? "a block device"
          : S_ISSOCK(m) ? "a socket"
                        : "not a regular file";
+}
+
+// A path holding a NUL byte names another file to the system (its C string ends at
+// the NUL: "dir/victim\0.snap" is "dir/victim"): refused before anything is opened or
+// created (issue 42, item 5).
+void check_no_nul(const std::filesystem::path& path, bool write) {
+  const std::string& s = path.native();
+  const size_t z = s.find('\0');
+  if (z == std::string::npos) return;
+  throw InvalidArgument(fmt::format("cannot {} '{}': the path holds a NUL byte at byte {} (no file name can hold one)",
+                                    write ? "write" : "read", detail::path_text(path), z));
+}
+
+// The temporary write_file_atomic writes for `dest`: "<name>.tmp.<pid>.<n>" in the
+// destination's directory, the name cut so that the whole fits in NAME_MAX (255)
+// bytes — a destination name of up to 255 bytes is valid, its temporary must be too
+// (issue 42, item 12).
+std::string temporary_for(const std::filesystem::path& dest, unsigned n) {
+  const std::string suffix = fmt::format(".tmp.{}.{}", static_cast<long>(::getpid()), n);
+  std::string name = dest.filename().string();
+  const size_t room = NAME_MAX > suffix.size() ? NAME_MAX - suffix.size() : 0;
+  if (name.size() > room) name.resize(room);
+  return (dest.parent_path() / (name + suffix)).string();
 }
 
 constexpr const char* kAllowed = "a destination must be a regular file, a symlink to one, or a new name";
@@ -99,6 +126,7 @@ std::filesystem::path destination_of(const std::filesystem::path& path) {
 namespace detail {
 
 ReadOnlyFile::ReadOnlyFile(const std::filesystem::path& path) : path_(path) {
+  check_no_nul(path, false);
   // O_NONBLOCK: opening a FIFO (or a device) for reading must not wait for a writer;
   // the file type is checked on the descriptor, so there is no stat/open race.
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
@@ -141,19 +169,45 @@ bool ReadOnlyFile::read_at(uint64_t offset, void* dst, size_t n) const {
   return true;
 }
 
-}  // namespace detail
-
-std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
-  const detail::ReadOnlyFile f(path);
-  std::vector<uint8_t> out(static_cast<size_t>(f.size()));
+std::vector<uint8_t> ReadOnlyFile::read_all() const {
+  std::vector<uint8_t> out;
+  try {
+    out.resize(static_cast<size_t>(size_));
+  } catch (const std::bad_alloc&) {
+    cannot_read(path_, fmt::format("its {} bytes do not fit in memory", size_));
+  } catch (const std::length_error&) {
+    cannot_read(path_, fmt::format("its {} bytes do not fit in memory", size_));
+  }
   size_t done = 0;
   while (done < out.size()) {
-    const size_t r = f.read_some(done, out.data() + done, out.size() - done);
+    const size_t r = read_some(done, out.data() + done, out.size() - done);
     if (r == 0) break;  // the file shrank while we read it
     done += r;
   }
   out.resize(done);
   return out;
+}
+
+std::optional<uint64_t> ReadOnlyFile::append_text(uint64_t offset, uint64_t n, std::vector<uint8_t>& out) const {
+  constexpr uint64_t kPiece = uint64_t(1) << 16;
+  for (uint64_t done = 0; done < n;) {
+    const size_t want = static_cast<size_t>(std::min(kPiece, n - done));
+    const size_t at = out.size();
+    out.resize(at + want);
+    const size_t got = read_some(offset + done, out.data() + at, want);
+    out.resize(at + got);
+    if (got == 0) return std::nullopt;  // the file ends (shrank): the parser reports it
+    if (const void* z = std::memchr(out.data() + at, 0, got))
+      return offset + done + uint64_t(static_cast<const uint8_t*>(z) - (out.data() + at));
+    done += got;
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
+
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
+  return detail::ReadOnlyFile(path).read_all();
 }
 
 void write_file_atomic(const std::filesystem::path& path, std::span<const uint8_t> bytes) {
@@ -163,8 +217,14 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const uint8_
 
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const uint8_t>> pieces) {
   static std::atomic<unsigned> counter{0};
+  check_no_nul(path, true);
   const std::filesystem::path dest = destination_of(path);  // refuses what is not a regular file
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", dest.string(), static_cast<long>(::getpid()), counter++);
+  const std::string tmp = temporary_for(dest, counter++);
+  // A file replaced keeps its permission bits (and, where the process may set them,
+  // its owner and group); a new file gets 0666 less the process's umask (issue 42,
+  // item 9). Set-user-ID, set-group-ID and sticky bits are not carried over.
+  struct stat old {};
+  const bool replaces = ::stat(dest.c_str(), &old) == 0 && S_ISREG(old.st_mode);
   auto fail = [&](const char* what, int e) {
     ::unlink(tmp.c_str());
     if (e == EFBIG)  // RLIMIT_FSIZE (with SIGXFSZ ignored) or the file system's maximum
@@ -175,8 +235,14 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::s
   };
   {
     Fd f;
-    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (f.fd < 0) cannot_write(path, errno_text(errno));
+    if (replaces) {
+      // Best effort: only root may give a file away (or a member take its group).
+      if ((old.st_uid != ::geteuid() || old.st_gid != ::getegid()) && ::fchown(f.fd, old.st_uid, old.st_gid) != 0) {
+      }
+      if (::fchmod(f.fd, old.st_mode & 0777) != 0) fail("fchmod", errno);
+    }
     for (std::span<const uint8_t> p : pieces)
       if (const int e = write_all(f.fd, p)) fail("write", e);
     if (::fsync(f.fd) != 0) fail("fsync", errno);

@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -29,6 +32,16 @@ class ReadOnlyFile {
   bool read_at(uint64_t offset, void* dst, size_t n) const;
   /// Reads up to n bytes at `offset`; returns how many (0 at the end of the file).
   size_t read_some(uint64_t offset, void* dst, size_t n) const;
+  /// The whole file (size() bytes, fewer if it shrank since it was opened). A
+  /// reader calls it only once the file's header has justified size() (issue 42,
+  /// item 3); an allocation that fails is InvalidArgument naming the path and the size.
+  std::vector<uint8_t> read_all() const;
+  /// Appends bytes [offset, offset + n) of a text header to `out`, read in pieces of
+  /// at most 64 KiB, and stops after the first piece that holds a NUL byte, returning
+  /// that byte's offset (a text header holds none: a zero-filled or sparse region is
+  /// refused after one piece, never read whole); nullopt when all n bytes were
+  /// appended. Returns early, without a NUL, if the file ends first.
+  std::optional<uint64_t> append_text(uint64_t offset, uint64_t n, std::vector<uint8_t>& out) const;
   const std::filesystem::path& path() const { return path_; }
 
  private:
@@ -37,6 +50,19 @@ class ReadOnlyFile {
   uint64_t size_ = 0;
 };
 
+/// A path as messages print it: as it is, but a NUL byte written "\x00" (a message
+/// must not end where the path's NUL is; issue 42, item 5).
+inline std::string path_text(const std::filesystem::path& path) {
+  std::string out;
+  for (const char c : path.native()) {
+    if (c == '\0')
+      out += "\\x00";
+    else
+      out.push_back(c);
+  }
+  return out;
+}
+
 /// f(), with "'<path>': " in front of the message of a CorruptData or InvalidArgument
 /// it throws (the kind kept): how every path-taking reader reports errors.
 template <class F>
@@ -44,9 +70,9 @@ auto with_path(const std::filesystem::path& path, F&& f) {
   try {
     return f();
   } catch (const CorruptData& e) {
-    throw CorruptData(fmt::format("'{}': {}", path.string(), e.what()));
+    throw CorruptData(fmt::format("'{}': {}", path_text(path), e.what()));
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument(fmt::format("'{}': {}", path.string(), e.what()));
+    throw InvalidArgument(fmt::format("'{}': {}", path_text(path), e.what()));
   }
 }
 

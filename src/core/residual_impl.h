@@ -65,8 +65,14 @@ QVG_HD float raw_scale_sym(float absmax, int qmax) { return div_rn(max_f(absmax,
 QVG_HD float raw_scale_asym(float lo, float hi, int qmax) {
   return max_f(div_rn(sub_rn(hi, lo), int_to_float(qmax)), kTiny);
 }
-/// Two-level factor of a group whose largest raw scale (or |zero|) is m: m / 448, or 1 if m is 0.
-QVG_HD float two_level_factor(float m) { return m > 0.0f ? div_rn(m, numeric_impl::kFp8E4M3Max) : 1.0f; }
+/// Two-level factor of a group whose largest raw scale (or |zero|) is m: m / 448, or 1
+/// if that is 0 — m is 0, or m / 448 underflows (|z| up to about 3.1e-43: the zeros
+/// are then stored as they are, fp8 flushing them to 0). A factor is always finite and
+/// > 0, as every reader requires (issue 42, item 1).
+QVG_HD float two_level_factor(float m) {
+  const float g = div_rn(m, numeric_impl::kFp8E4M3Max);
+  return g > 0.0f ? g : 1.0f;
+}
 /// The value converted to the scale format: raw / factor when the factor applies (two_level with fp8).
 QVG_HD float to_store(float raw, bool divide, float factor) { return divide ? div_rn(raw, factor) : raw; }
 

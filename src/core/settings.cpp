@@ -242,11 +242,9 @@ SettingValue parse_setting(const Setting& s, std::string_view t, std::string_vie
       bad(what, "a boolean (true/false/1/0)", t);
     case SettingKind::Name: return s.parse_name(t);  // the enum's own message, naming the field
     case SettingKind::Real: {
-      // Plain decimal or exponent form only (std::from_chars' general format: no
-      // hex, no inf or nan, no leading '+' or spaces).
-      double x = 0;
-      if (!decimal(t, x) || !std::isfinite(x)) bad(what, "a number", t);
-      return x;
+      const std::optional<double> x = parse_real(t);
+      if (!x) bad(what, "a number", t);
+      return *x;
     }
     case SettingKind::Seed: {
       uint64_t x = 0;
@@ -255,6 +253,14 @@ SettingValue parse_setting(const Setting& s, std::string_view t, std::string_vie
     }
   }
   bad(what, s.allowed, t);
+}
+
+std::optional<double> parse_real(std::string_view text) {
+  // std::from_chars' general format: plain decimal or exponent form, no hex, no inf
+  // or nan, no leading '+' or spaces.
+  double x = 0;
+  if (!decimal(text, x) || !std::isfinite(x)) return std::nullopt;
+  return x;
 }
 
 std::string setting_text(const SettingValue& v) {

@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "core/enum_names.h"
+#include "core/input_limits.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
 
@@ -123,4 +124,24 @@ std::vector<float> Tensor::to_f32() const {
   return f;
 }
 
+namespace detail {
+
+std::string limit_value_text(float x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  std::string t = fmt::format("{}", x);  // the shortest text that reads back as x
+  // Out of the limit but printed as if inside it (the shortest form of float32(1e16)
+  // is "1e+16"): every digit of the double, so that it visibly exceeds 1e16.
+  if (std::fabs(double(x)) > kMaxAbsInput && std::fabs(std::strtod(t.c_str(), nullptr)) <= kMaxAbsInput)
+    t = fmt::format("{:.17g}", double(x));
+  return t;
+}
+
+std::string input_limit_message(std::string_view what, float x, Shape4 s, int64_t i) {
+  const int64_t d = i % s.d, h = (i / s.d) % s.h, t = (i / (s.d * s.h)) % s.s, b = i / (s.d * s.h * s.s);
+  return fmt::format("{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}]", what,
+                     limit_value_text(x), b, t, h, d);
+}
+
+}  // namespace detail
 }  // namespace qvg

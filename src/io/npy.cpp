@@ -6,6 +6,7 @@
 // padded with spaces and a final '\n', then the raw C-order data. The header dict is
 // parsed by a small strict parser: exactly the three keys, string / bool / int-tuple
 // values; anything else is CorruptData.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -158,54 +159,103 @@ class HeaderParser {
   size_t pos_ = 0;
 };
 
-}  // namespace
+// The fixed part of the header: magic, version, the header length field.
+struct NpyPrefix {
+  uint8_t major = 0;
+  size_t size = 0;          ///< bytes before the dict: 10 (1.0) or 12 (2.0, 3.0)
+  uint64_t header_len = 0;  ///< the dict's bytes, within the file
+};
 
-NpyArray parse_npy(std::span<const uint8_t> bytes) {
-  if (bytes.size() < kMagicLen + 2 || std::memcmp(bytes.data(), kMagic, kMagicLen) != 0)
+// From the first min(file_size, 12) bytes of a file of file_size bytes.
+NpyPrefix parse_prefix(std::span<const uint8_t> head, uint64_t file_size) {
+  if (file_size < kMagicLen + 2 || head.size() < kMagicLen + 2 || std::memcmp(head.data(), kMagic, kMagicLen) != 0)
     corrupt("missing the magic string \\x93NUMPY");
-  const uint8_t major = bytes[6], minor = bytes[7];
+  NpyPrefix p;
+  p.major = head[6];
+  const uint8_t minor = head[7];
   size_t len_size;
-  if (major == 1 && minor == 0) {
+  if (p.major == 1 && minor == 0) {
     len_size = 2;
-  } else if ((major == 2 || major == 3) && minor == 0) {
+  } else if ((p.major == 2 || p.major == 3) && minor == 0) {
     len_size = 4;
   } else {
-    corrupt(fmt::format("unsupported format version {}.{} (allowed: 1.0, 2.0, 3.0)", major, minor));
+    corrupt(fmt::format("unsupported format version {}.{} (allowed: 1.0, 2.0, 3.0)", p.major, minor));
   }
-  const size_t prefix = kMagicLen + 2 + len_size;
-  if (bytes.size() < prefix)
-    corrupt(fmt::format("file is {} bytes, too short for the header length field", bytes.size()));
-  const uint64_t header_len =
-      len_size == 2 ? io_detail::load_le16(bytes.data() + 8) : io_detail::load_le32(bytes.data() + 8);
-  if (header_len > bytes.size() - prefix)
-    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, bytes.size()));
-  const std::string_view header(reinterpret_cast<const char*>(bytes.data() + prefix), static_cast<size_t>(header_len));
+  p.size = kMagicLen + 2 + len_size;
+  if (file_size < p.size || head.size() < p.size)
+    corrupt(fmt::format("file is {} bytes, too short for the header length field", file_size));
+  p.header_len = len_size == 2 ? io_detail::load_le16(head.data() + 8) : io_detail::load_le32(head.data() + 8);
+  if (p.header_len > file_size - p.size)
+    corrupt(fmt::format("header length {} runs past the end of the file ({} bytes)", p.header_len, file_size));
+  return p;
+}
+
+// The header of a file of file_size bytes whose whole header is in `head`: the
+// array's dtype and shape, checked against the file's size (the data must fill the
+// rest exactly). data_start: where the data begins.
+struct NpyHeader {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  size_t data_start = 0;
+};
+
+NpyHeader parse_header(std::span<const uint8_t> head, uint64_t file_size) {
+  const NpyPrefix p = parse_prefix(head, file_size);
+  QVG_CHECK(head.size() >= p.size + p.header_len);
+  const std::string_view header(reinterpret_cast<const char*>(head.data() + p.size), static_cast<size_t>(p.header_len));
   for (char c : header) {
     const auto u = static_cast<unsigned char>(c);
-    if (u == 0 || (u >= 0x80 && major < 3)) corrupt("header contains a NUL or non-ASCII byte");
+    if (u == 0 || (u >= 0x80 && p.major < 3)) corrupt("header contains a NUL or non-ASCII byte");
   }
   const auto h = HeaderParser(header).parse();
 
-  NpyArray a;
+  NpyHeader r;
   if (h.descr == "<f4") {
-    a.dtype = DType::F32;
+    r.dtype = DType::F32;
   } else if (h.descr == "<f2") {
-    a.dtype = DType::F16;
+    r.dtype = DType::F16;
   } else {
     throw InvalidArgument(
         fmt::format("unsupported .npy dtype '{}' (only '<f4' float32 and '<f2' float16 are read)", printable(h.descr)));
   }
   if (h.fortran_order) throw InvalidArgument("unsupported .npy layout: fortran_order is True (only C order is read)");
-  a.shape = h.shape;
-  const auto nbytes = checked_nbytes(a.shape, dtype_size(a.dtype));
+  r.shape = h.shape;
+  const auto nbytes = checked_nbytes(r.shape, dtype_size(r.dtype));
   if (!nbytes) corrupt("shape overflows the addressable size");
-  const size_t data_start = prefix + static_cast<size_t>(header_len);
-  const size_t avail = bytes.size() - data_start;
+  r.data_start = p.size + static_cast<size_t>(p.header_len);
+  const uint64_t avail = file_size - r.data_start;
   if (*nbytes > avail) corrupt(fmt::format("data truncated: shape needs {} bytes, file has {}", *nbytes, avail));
   if (*nbytes < avail) corrupt(fmt::format("{} trailing bytes after the {} data bytes", avail - *nbytes, *nbytes));
-  a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data_start), bytes.end());
+  return r;
+}
+
+}  // namespace
+
+NpyArray parse_npy(std::span<const uint8_t> bytes) {
+  NpyHeader h = parse_header(bytes, bytes.size());
+  NpyArray a;
+  a.dtype = h.dtype;
+  a.shape = std::move(h.shape);
+  a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(h.data_start), bytes.end());
   return a;
 }
+
+namespace io_detail {
+
+std::vector<uint8_t> read_npy_bytes(const detail::ReadOnlyFile& f) {
+  // The header first (issue 42, item 3): the fixed prefix, then the dict read as
+  // text (a NUL ends it), checked against the file's size; only then the file.
+  std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(f.size(), kMagicLen + 6)));
+  if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
+  const NpyPrefix p = parse_prefix(head, f.size());
+  head.resize(p.size);
+  if (f.append_text(p.size, p.header_len, head)) corrupt("header contains a NUL or non-ASCII byte");
+  if (head.size() != p.size + p.header_len) corrupt("the file shrank while it was read");
+  (void)parse_header(head, f.size());
+  return f.read_all();
+}
+
+}  // namespace io_detail
 
 std::vector<uint8_t> serialize_npy(const NpyArray& a) {
   if (a.dtype == DType::BF16)

@@ -276,22 +276,24 @@ EncodedTensor parse_qvgt(std::span<const uint8_t> bytes) {
   return e;
 }
 
+namespace {
+// The safetensors header of the `.qvgt` file f, read before anything else of it
+// (io_detail::read_safetensors_header); every refusal is CorruptData.
+io_detail::SafetensorsHeader read_header(const detail::ReadOnlyFile& f) {
+  try {
+    return io_detail::read_safetensors_header(f, kMaxQvgtArrays);
+  } catch (const CorruptData& e) {
+    corrupt(e.what());
+  } catch (const InvalidArgument& e) {
+    corrupt(e.what());
+  }
+}
+}  // namespace
+
 QvgtInfo inspect_qvgt(const std::filesystem::path& path) {
   const detail::ReadOnlyFile f(path);
   return detail::with_path(path, [&] {
-    std::vector<uint8_t> head(size_t(std::min<uint64_t>(f.size(), 8)));
-    if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
-    io_detail::SafetensorsHeader h;
-    try {
-      const uint64_t n = io_detail::safetensors_header_length(head, f.size());
-      head.resize(size_t(8 + n));
-      if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
-      h = io_detail::parse_safetensors_header(head, f.size(), kMaxQvgtArrays);
-    } catch (const CorruptData& e) {
-      corrupt(e.what());
-    } catch (const InvalidArgument& e) {
-      corrupt(e.what());
-    }
+    const io_detail::SafetensorsHeader h = read_header(f);
     const QvgtHeader q = check_qvgt_header(h);
     QvgtInfo info;
     info.file_bytes = f.size();
@@ -311,7 +313,11 @@ void write_qvgt(const std::filesystem::path& path, const EncodedTensor& enc) {
 }
 
 EncodedTensor read_qvgt(const std::filesystem::path& path) {
-  return io_detail::parse_with_path(path, read_file_bytes(path), [](const auto& b) { return parse_qvgt(b); });
+  const detail::ReadOnlyFile f(path);
+  return detail::with_path(path, [&] {
+    (void)check_qvgt_header(read_header(f));  // the header, checked against the file's size, first
+    return parse_qvgt(f.read_all());
+  });
 }
 
 }  // namespace qvg

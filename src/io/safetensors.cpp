@@ -9,6 +9,7 @@
 // unknown fields.
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -266,6 +267,11 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64
   QVG_CHECK(head.size() >= 8 + n);
   const auto* hb = reinterpret_cast<const char*>(head.data() + 8);
   if (n < 2 || hb[0] != '{') corrupt("header is not a JSON object");
+  // JSON holds no raw NUL byte, and the JSON parser would read one as the end of its
+  // input: whatever followed it in the header (padding or not) went unread (issue 42).
+  if (const void* z = std::memchr(hb, 0, size_t(n)))
+    corrupt(fmt::format("header holds a NUL byte at byte {} (a JSON header holds none)",
+                        8 + (static_cast<const char*>(z) - hb)));
 
   HeaderReader reader(max_tensors);
   Json::sax_parse(hb, hb + n, &reader);  // throws on the first problem (the reader's or the parser's)
@@ -305,6 +311,16 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64
   }
   if (cursor != data_len) corrupt(fmt::format("tensors cover {} of the {} data bytes", cursor, data_len));
   return h;
+}
+
+SafetensorsHeader read_safetensors_header(const detail::ReadOnlyFile& f, size_t max_tensors) {
+  std::vector<uint8_t> head(size_t(std::min<uint64_t>(f.size(), 8)));
+  if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");
+  const uint64_t n = safetensors_header_length(head, f.size());
+  if (const auto nul = f.append_text(8, n, head))
+    corrupt(fmt::format("header holds a NUL byte at byte {} (a JSON header holds none)", *nul));
+  if (head.size() != 8 + n) corrupt("the file shrank while it was read");
+  return parse_safetensors_header(head, f.size(), max_tensors);
 }
 
 SafetensorsFile parse_safetensors_limited(std::span<const uint8_t> bytes, size_t max_tensors) {
@@ -373,7 +389,11 @@ std::vector<uint8_t> serialize_safetensors(const SafetensorsFile& f) {
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
-  return io_detail::parse_with_path(path, read_file_bytes(path), [](const auto& b) { return parse_safetensors(b); });
+  const detail::ReadOnlyFile f(path);
+  return detail::with_path(path, [&] {
+    (void)io_detail::read_safetensors_header(f, kMaxSafetensorsTensors);  // before the file is read
+    return parse_safetensors(f.read_all());
+  });
 }
 
 void write_safetensors(const std::filesystem::path& path, const SafetensorsFile& f) {

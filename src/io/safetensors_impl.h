@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/file_impl.h"
 #include "qvg/io.h"
 
 namespace qvg::io_detail {
@@ -43,6 +44,13 @@ uint64_t safetensors_header_length(std::span<const uint8_t> head, uint64_t file_
 /// Parses the header of a safetensors file of file_size bytes whose first
 /// 8 + N bytes are in `head` (what parse_safetensors checks, without the data).
 SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64_t file_size, size_t max_tensors);
+
+/// The header of the safetensors file f, read and checked before anything else of
+/// the file is (issue 42, item 3): the length field, then the JSON header read as
+/// text (a NUL byte ends it after at most 64 KiB), then parse_safetensors_header
+/// against f.size() (tensors tiling the rest of the file exactly). Throws what
+/// parse_safetensors throws on that header.
+SafetensorsHeader read_safetensors_header(const detail::ReadOnlyFile& f, size_t max_tensors);
 
 /// parse_safetensors() accepting at most `max_tensors` tensors (InvalidArgument as
 /// soon as the header holds more: a format with a known array count passes it).

@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "core/file_impl.h"
 #include "io/io_util.h"
 #include "io/safetensors_impl.h"
 #include "qvg/error.h"
@@ -27,7 +28,7 @@ FileKind kind_of(const std::filesystem::path& path) {
   if (ext == ".npy") return FileKind::Npy;
   if (ext == ".safetensors") return FileKind::Safetensors;
   throw InvalidArgument(
-      fmt::format("tensor file '{}' has extension '{}'; allowed: .npy, .safetensors", path.string(), ext));
+      fmt::format("tensor file '{}' has extension '{}'; allowed: .npy, .safetensors", detail::path_text(path), ext));
 }
 
 Shape4 shape4_of(const std::vector<int64_t>& s, const std::filesystem::path& path) {
@@ -38,7 +39,7 @@ Shape4 shape4_of(const std::vector<int64_t>& s, const std::filesystem::path& pat
   throw InvalidArgument(
       fmt::format("tensor in '{}' has rank {} (shape [{}]); allowed: 3 ([S, H, D], read as B = 1) or 4 "
                   "([B, S, H, D])",
-                  path.string(), s.size(), dims));
+                  detail::path_text(path), s.size(), dims));
 }
 
 Tensor tensor_of(DType dtype, const std::vector<int64_t>& shape, const std::vector<uint8_t>& data,
@@ -58,26 +59,25 @@ Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<s
       throw InvalidArgument(
           fmt::format("tensor name '{}' given for '{}', but a .npy file holds one unnamed array (names "
                       "apply to .safetensors)",
-                      *name, path.string()));
-    const auto bytes = read_file_bytes(path);
-    const NpyArray a = io_detail::parse_with_path(path, bytes, [](const auto& b) { return parse_npy(b); });
+                      *name, detail::path_text(path)));
+    const detail::ReadOnlyFile file(path);
+    const NpyArray a = detail::with_path(path, [&] { return parse_npy(io_detail::read_npy_bytes(file)); });
     return tensor_of(a.dtype, a.shape, a.data, path);
   }
 
-  const auto bytes = read_file_bytes(path);
-  const SafetensorsFile f = io_detail::parse_with_path(path, bytes, [](const auto& b) { return parse_safetensors(b); });
+  const SafetensorsFile f = read_safetensors(path);
   std::string names;
   for (const auto& t : f.tensors) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", t.name);
   const SafeTensor* t = nullptr;
   if (name) {
     t = f.find(*name);
     if (!t)
-      throw InvalidArgument(fmt::format("no tensor named '{}' in '{}'; it holds: {}", *name, path.string(),
+      throw InvalidArgument(fmt::format("no tensor named '{}' in '{}'; it holds: {}", *name, detail::path_text(path),
                                         f.tensors.empty() ? "nothing" : names));
   } else if (f.tensors.size() != 1) {
-    throw InvalidArgument(f.tensors.empty() ? fmt::format("'{}' holds no tensors", path.string())
+    throw InvalidArgument(f.tensors.empty() ? fmt::format("'{}' holds no tensors", detail::path_text(path))
                                             : fmt::format("'{}' holds {} tensors ({}); name the one to read",
-                                                          path.string(), f.tensors.size(), names));
+                                                          detail::path_text(path), f.tensors.size(), names));
   } else {
     t = &f.tensors.front();
   }
@@ -88,7 +88,7 @@ Tensor read_tensor_file(const std::filesystem::path& path, const std::optional<s
     case StDType::BF16: dtype = DType::BF16; break;
     default:
       throw InvalidArgument(fmt::format("tensor '{}' in '{}' has dtype {}; a K/V tensor must be F32, F16 or BF16",
-                                        t->name, path.string(), st_dtype_name(t->dtype)));
+                                        t->name, detail::path_text(path), st_dtype_name(t->dtype)));
   }
   return tensor_of(dtype, t->shape, t->data, path);
 }
@@ -118,7 +118,8 @@ void write_tensor_file(const std::filesystem::path& path, ConstTensorView t, std
     write_file_atomic(path, serialize_npy(a));
     return;
   }
-  if (name.empty()) throw InvalidArgument(fmt::format("tensor name for '{}' must not be empty", path.string()));
+  if (name.empty())
+    throw InvalidArgument(fmt::format("tensor name for '{}' must not be empty", detail::path_text(path)));
   const StDType st = t.dtype == DType::F32 ? StDType::F32 : t.dtype == DType::F16 ? StDType::F16 : StDType::BF16;
   std::vector<io_detail::TensorRef> refs = {
       {std::string(name), st, dims, std::span<const uint8_t>(raw, numel ? t.nbytes() : 0)}};

@@ -199,6 +199,89 @@ double MemoryReport::policy_ratio_vs_dense_window() const {
   return policy_peak_bytes > 0 ? double(dense_window_bytes) / double(policy_peak_bytes) : 0.0;
 }
 
+namespace {
+
+/// The chunks replayed before the measured period: after the sink is complete every
+/// chunk has the same size, so from here the state relative to global_end repeats
+/// with the span period.
+int64_t steady_from(const MemoryShape& shape, const QuantArgs& args, int64_t period) {
+  const int64_t window_chunks = (shape.cache_tokens() + shape.chunk_tokens - 1) / shape.chunk_tokens;
+  return shape.sink_chunks() + window_chunks + period + (args.enabled() ? args.keep_recent_chunks : 0) + 2;
+}
+
+/// The step of the steady-state peak, replayed from an empty cache: steady_from
+/// chunks, then the first maximum over one period (checked to repeat the period
+/// before); adds the chunks it replays to `replayed`. Costs O(window chunks x
+/// segments): quadratic in the context.
+PolicyStep replayed_peak(const MemoryShape& shape, const QuantArgs& args, int64_t period, int64_t& replayed) {
+  PolicyReplay replay(shape, args);
+  const int64_t from = steady_from(shape, args, period);
+  replayed += from + 2 * period;
+  for (int64_t i = 0; i < from + 2 * period; ++i) replay.advance();
+  const auto& steps = replay.steps();
+  const size_t end = steps.size();
+  PolicyStep peak;
+  for (size_t i = end - size_t(period); i < end; ++i) {
+    QVG_CHECK(steps[i].resident_bytes == steps[i - size_t(period)].resident_bytes);
+    if (steps[i].resident_bytes > peak.resident_bytes) peak = steps[i];
+  }
+  return peak;
+}
+
+/// a + k (b - a), field by field, for every figure of a step.
+PolicyStep extrapolated(const PolicyStep& a, const PolicyStep& b, int64_t k) {
+  const auto u = [k](size_t x, size_t y) { return size_t(int64_t(x) + k * (int64_t(y) - int64_t(x))); };
+  const auto i = [k](int64_t x, int64_t y) { return x + k * (y - x); };
+  PolicyStep r;
+  r.chunk = i(a.chunk, b.chunk);
+  r.global_end = i(a.global_end, b.global_end);
+  r.resident_bytes = u(a.resident_bytes, b.resident_bytes);
+  r.raw_bytes = u(a.raw_bytes, b.raw_bytes);
+  r.packed_bytes = u(a.packed_bytes, b.packed_bytes);
+  r.codebook_bytes = u(a.codebook_bytes, b.codebook_bytes);
+  r.refine_bytes = u(a.refine_bytes, b.refine_bytes);
+  r.raw_tokens = i(a.raw_tokens, b.raw_tokens);
+  r.packed_tokens = i(a.packed_tokens, b.packed_tokens);
+  r.segments = i(a.segments, b.segments);
+  return r;
+}
+
+/// The steady-state peak in time independent of the context length (issue 42, item
+/// 6: the replay from an empty cache is quadratic in the context, 60 s at 100,000
+/// frames). A longer context by one span period (period x chunk_tokens tokens) adds
+/// one full span in the middle of the window at the same phase: the steady state is
+/// the shorter one's with that span inserted (its bytes, tokens and segment; the peak
+/// one period later), so every figure of the peak step is linear in the number of
+/// periods. The peak is replayed on the context shortened by k periods to a window
+/// of about `base` chunks (the sink, the raw and refined tail and four periods), on
+/// that plus one and plus two periods, and extrapolated to k; the three replays must
+/// be exactly linear (else — never seen — the full replay is used). Exact: the tests
+/// compare it with the full replay over contexts and settings.
+PolicyStep policy_peak(const MemoryShape& shape, const QuantArgs& args, int64_t period, int64_t& replayed) {
+  const int64_t window_chunks = (shape.cache_tokens() + shape.chunk_tokens - 1) / shape.chunk_tokens;
+  const int64_t tail = args.enabled() ? args.keep_recent_chunks + args.refine_recent : 0;
+  const int64_t base = shape.sink_chunks() + tail + 4 * period + 8;
+  const int64_t k = (window_chunks - base) / period;
+  if (k < 3) return replayed_peak(shape, args, period, replayed);
+  auto shortened = [&](int64_t periods) {
+    MemoryShape s = shape;
+    s.context_tokens -= periods * period * shape.chunk_tokens;
+    return s;
+  };
+  const PolicyStep a = replayed_peak(shortened(k), args, period, replayed);
+  const PolicyStep b = replayed_peak(shortened(k - 1), args, period, replayed);
+  const PolicyStep c = replayed_peak(shortened(k - 2), args, period, replayed);
+  const PolicyStep c_pred = extrapolated(a, b, 2);
+  const bool linear = c.chunk == c_pred.chunk && c.global_end == c_pred.global_end &&
+                      c.resident_bytes == c_pred.resident_bytes && c.raw_bytes == c_pred.raw_bytes &&
+                      c.packed_bytes == c_pred.packed_bytes && c.codebook_bytes == c_pred.codebook_bytes &&
+                      c.refine_bytes == c_pred.refine_bytes && c.raw_tokens == c_pred.raw_tokens &&
+                      c.packed_tokens == c_pred.packed_tokens && c.segments == c_pred.segments;
+  return linear ? extrapolated(a, b, k) : replayed_peak(shape, args, period, replayed);
+}
+
+}  // namespace
+
 MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   PolicyReplay replay(shape, args);  // validates both
   MemoryReport r;
@@ -258,24 +341,13 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   }
   for (const SegmentSize& s : r.context_layout) r.packed_context_bytes += s.bytes();
 
-  // Policy peak: replay until steady, then take the maximum over one period. After
-  // the sink is complete every chunk has the same size, so the state relative to
-  // global_end repeats with the span period; the replay checks that it did.
+  // Policy peak: the steady state's maximum over one span period (policy_peak).
   const int64_t period = on ? detail::span_capacity(args) : 1;
-  const int64_t window_chunks = (shape.cache_tokens() + shape.chunk_tokens - 1) / shape.chunk_tokens;
-  r.steady_from = shape.sink_chunks() + window_chunks + period + (on ? args.keep_recent_chunks : 0) + 2;
+  r.steady_from = steady_from(shape, args, period);
   r.period_chunks = period;
-  for (int64_t i = 0; i < r.steady_from + 2 * period; ++i) replay.advance();
-  const auto& steps = replay.steps();
-  const size_t end = steps.size();
-  for (size_t i = end - size_t(period); i < end; ++i) {
-    QVG_CHECK(steps[i].resident_bytes == steps[i - size_t(period)].resident_bytes);
-    if (steps[i].resident_bytes > r.policy_peak_bytes) {
-      r.policy_peak_bytes = steps[i].resident_bytes;
-      r.peak_chunk = steps[i].chunk;
-      r.peak_step = steps[i];
-    }
-  }
+  r.peak_step = policy_peak(shape, args, period, r.replayed_chunks);
+  r.policy_peak_bytes = r.peak_step.resident_bytes;
+  r.peak_chunk = r.peak_step.chunk;
   return r;
 }
 

@@ -19,6 +19,7 @@
 // generated alone, in any order, on any number of threads, with identical bytes.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -107,6 +108,7 @@ struct Workload::Impl {
   Scene scene;
   mutable std::vector<std::unique_ptr<LayerParams>> layers;  // built once per layer, on first use
   std::unique_ptr<std::once_flag[]> once;
+  mutable std::atomic<int64_t> built{0};  // layers whose parameters exist
   // RoPE sections (in channel pairs) and per-pair inverse frequencies.
   int64_t pairs_t = 0, pairs_h = 0, pairs_w = 0;
   std::vector<double> inv_freq;  // [rope_dims / 2]
@@ -129,7 +131,10 @@ struct Workload::Impl {
   }
 
   const LayerParams& layer(int l) const {
-    std::call_once(once[size_t(l)], [&] { layers[size_t(l)] = calibrate_layer(preset, opts, scene, l); });
+    std::call_once(once[size_t(l)], [&] {
+      layers[size_t(l)] = calibrate_layer(preset, opts, scene, l);
+      built.fetch_add(1);
+    });
     return *layers[size_t(l)];
   }
 };
@@ -144,6 +149,10 @@ Workload::Workload(const ModelPreset& preset, const WorkloadOptions& options) {
 Workload::~Workload() = default;
 Workload::Workload(Workload&&) noexcept = default;
 Workload& Workload::operator=(Workload&&) noexcept = default;
+
+int64_t Workload::layers_built() const {
+  return impl_->built.load();
+}
 
 const ModelPreset& Workload::preset() const {
   return impl_->preset;

@@ -18,6 +18,7 @@
 #include "qvg/config.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
+#include "qvg/settings.h"
 
 namespace qvg::cli {
 
@@ -74,15 +75,7 @@ uint64_t parse_seed_flag(const char* flag, const std::string& value) {
 }
 
 std::optional<double> parse_number(const std::string& value) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(value, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  if (value.empty() || used != value.size() || !std::isfinite(x)) return std::nullopt;
-  return x;
+  return parse_real(value);
 }
 
 double parse_double_flag(const char* flag, const std::string& value, double lo, double hi, const char* allowed) {

@@ -35,7 +35,9 @@ int parse_threads_flag(const char* flag, const std::string& value);
 int parse_width_flag(const char* flag, const std::string& value);
 /// A seed: parse_int_flag in 0..INT64_MAX.
 uint64_t parse_seed_flag(const char* flag, const std::string& value);
-/// The whole string as a finite number (std::stod's syntax); nullopt otherwise.
+/// The whole string as a finite number, by the one rule of every real-valued setting
+/// and flag (qvg::parse_real: plain decimal or exponent form; no hex floats, blanks,
+/// '+', inf or nan); nullopt otherwise.
 std::optional<double> parse_number(const std::string& value);
 /// parse_number in [lo, hi]; throws InvalidArgument naming `flag` ("must be a number"
 /// or "must be <allowed>") otherwise.

@@ -5,10 +5,14 @@
 // SIGXFSZ is ignored: a write beyond a file-size limit (ulimit -f) fails with EFBIG,
 // which the writer reports as that one line and cleans up after (issue 27, finding
 // 15), instead of the process dying with status 153 and a temporary file left.
+// A write to standard output that fails (a full disk, /dev/full) is such an error
+// too (issue 42, item 4): the output is flushed and checked before exit.
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <iostream>
 #include <string>
 
 #include <fmt/core.h>
@@ -36,6 +40,23 @@ std::string subcommand_names(const CLI::App& app) {
 int error_exit(const std::string& message) {
   fmt::print(stderr, "qvg: error: {}\n", message);
   return 1;
+}
+
+// A command's status once its output is out: what it wrote to standard output (fmt,
+// and iostreams for --help) is flushed, and a failed write — a full disk, /dev/full,
+// a closed descriptor — is an error of its own (issue 42, item 4): one line, status 1.
+int flushed(int status) {
+  errno = 0;
+  std::cout.flush();  // (synchronised with stdio: flushes stdout too)
+  const bool stream_failed = !std::cout;
+  int e = errno;
+  errno = 0;
+  const bool flush_failed = std::fflush(stdout) != 0;
+  if (e == 0) e = errno;
+  if (!stream_failed && !flush_failed && !std::ferror(stdout)) return status;
+  if (status != 0) return status;  // the command's own error is the one line
+  return error_exit(
+      fmt::format("cannot write to standard output: {}", e != 0 ? std::strerror(e) : "an earlier write failed"));
 }
 
 }  // namespace
@@ -66,10 +87,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version print and exit 0; every other parse error is a usage
     // error: one line, exit status 1.
-    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return flushed(app.exit(e));
     return error_exit(e.what());
   } catch (const std::exception& e) {  // qvg::Error and the rest alike: one line
     return error_exit(e.what());
   }
-  return 0;
+  return flushed(0);
 }

@@ -6,6 +6,7 @@
 
 #include <fmt/core.h>
 
+#include "core/input_limits.h"
 #include "kernels/kernels.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
@@ -53,14 +54,8 @@ void check_finite_and_bounded(ConstTensorView v, std::string_view what) {
         kernels::first_out_of_limit(static_cast<const uint8_t*>(v.data) + lo * dtype_size(v.dtype), v.dtype, len);
     if (i < len) bad = std::min(bad, lo + i);
   }
-  if (bad < n) {
-    float x = load_f32(v.data, v.dtype, bad);
-    const auto& s = v.shape;
-    int64_t i = int64_t(bad);
-    int64_t d = i % s.d, h = (i / s.d) % s.h, t = (i / (s.d * s.h)) % s.s, b = i / (s.d * s.h * s.s);
-    throw InvalidArgument(
-        fmt::format("{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}]", what, x, b, t, h, d));
-  }
+  if (bad < n)
+    throw InvalidArgument(detail::input_limit_message(what, load_f32(v.data, v.dtype, bad), v.shape, int64_t(bad)));
 }
 
 }  // namespace qvg
