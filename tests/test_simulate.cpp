@@ -22,6 +22,7 @@
 #include "qvg/compare.h"
 #include "qvg/error.h"
 #include "qvg/error_sums.h"
+#include "qvg/memory.h"
 #include "qvg/simulate.h"
 #include "qvg/version.h"
 
@@ -161,6 +162,51 @@ TEST(Simulate, MemorySanityAndModel) {
   EXPECT_GT(s.full_dense_bytes, s.full_policy_peak_bytes);
 }
 
+// Issue 39: the model-level peak. The tiny run simulates every layer of its scaled
+// model; their packed caches share one ViewScratch. Right after each call the
+// simulation adds up what every layer's cache and the shared scratch hold
+// (model_bytes, measured); the records say what that must be (the layers are called
+// in order: after layer i's calls of chunk c, layers <= i hold chunk c's state, the
+// others chunk c-1's, plus the view the call copied); the memory model gives the same
+// at the steady state (MemoryReport::model_peak_bytes).
+TEST(Simulate, ModelLevelPeakIsWhatTheCachesAndTheSharedViewHoldAtOnce) {
+  const SimulationResult& r = tiny_result();
+  const ModelPreset& p = r.preset;
+  ASSERT_EQ(r.layers.size(), size_t(p.layers)) << "every layer of the scaled model is simulated";
+  const size_t window_view = 2 * size_t(p.cache_tokens() * p.heads * p.head_dim) * 2;  // K + V, bf16
+  std::vector<size_t> resident(r.layers.size(), 0);
+  size_t from_records = 0, steady = 0;
+  for (const ChunkRecord& c : r.chunks)
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      const PackedLayerRecord& pk = c.layers[i].packed[0];
+      resident[i] = pk.resident_bytes;
+      size_t held = pk.view_bytes;
+      for (const size_t b : resident) held += b;
+      EXPECT_EQ(pk.model_bytes, held) << "chunk " << c.chunk.index << ", layer " << i;
+      EXPECT_LE(pk.view_bytes, window_view);
+      from_records = std::max(from_records, held);
+      if (c.chunk.index >= r.window_full_chunk + 2) steady = std::max(steady, pk.model_bytes);
+    }
+  const PackedSummary& s = r.summary[0];
+  EXPECT_EQ(s.view_bytes, window_view) << "the full window's view";
+  EXPECT_EQ(s.measured_model_peak_bytes, from_records);
+  EXPECT_EQ(s.predicted_model_peak_bytes, s.measured_model_peak_bytes);
+  EXPECT_TRUE(s.model_peak_matches);
+  // Identical layers, all simulated: the scaled model's figure is the measured one.
+  EXPECT_EQ(s.model_peak_bytes, s.measured_model_peak_bytes);
+  EXPECT_EQ(s.model_peak_bytes, size_t(p.layers) * s.packed_peak_bytes + window_view);
+  EXPECT_EQ(s.model_dense_bytes, size_t(p.layers) * s.dense_bytes);
+  EXPECT_DOUBLE_EQ(s.ratio_model_peak, double(s.model_dense_bytes) / double(s.model_peak_bytes));
+  EXPECT_LT(s.ratio_model_peak, s.ratio_peak) << "the view costs the packed side, not the dense one";
+  // The memory model at the steady state, on the scaled shapes (2 layers).
+  const MemoryReport mr = memory_report(MemoryShape::of(p), r.config.packed[0].quant);
+  EXPECT_EQ(steady, mr.model_peak_bytes(ViewMemory::Shared));
+  // The full-size model: 30 layers at the policy peak + one view of its dense window.
+  EXPECT_EQ(s.full_model_peak_bytes, 30 * s.full_policy_peak_bytes + s.full_dense_bytes);
+  EXPECT_EQ(s.full_model_dense_bytes, 30 * s.full_dense_bytes);
+  EXPECT_DOUBLE_EQ(s.full_ratio_model_peak, double(s.full_model_dense_bytes) / double(s.full_model_peak_bytes));
+}
+
 TEST(Simulate, QualityZeroBeforeEncodingBoundedAfter) {
   const SimulationResult& r = tiny_result();
   bool seen = false;
@@ -206,7 +252,7 @@ std::string figures(const SimulationResult& r) {
         o << " | " << p.resident_bytes << ' ' << p.transient_peak_bytes << ' ' << p.encoded_tokens << ' '
           << p.encoded_visible << ' ' << p.encoded_bytes << ' ' << p.spans_encoded << ' ' << p.k.err << ' ' << p.k.ref
           << ' ' << p.v.err << ' ' << p.v.ref << ' ' << p.attention.err << ' ' << p.attention.ref << ' '
-          << p.attention.cos_sum << ' ' << p.attention.cos_min;
+          << p.attention.cos_sum << ' ' << p.attention.cos_min << ' ' << p.view_bytes << ' ' << p.model_bytes;
       o << '\n';
     }
   return o.str();
