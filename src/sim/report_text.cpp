@@ -104,11 +104,11 @@ std::string simulation_summary_text(const SimulationResult& r) {
       // Nothing encoded yet: the packed cache holds raw chunks only; a ratio would
       // compare the dense cache's up-front allocation with a cache still filling.
       o += fmt::format(
-          "  in short: nothing was encoded during these {} chunk{} (a span is encoded once its chunks have "
+          "  in short: nothing was encoded during {} (a span is encoded once its chunks have "
           "completed beyond the raw ones the policy keeps): the packed cache held raw chunks only, so no "
           "compression was measured yet; the ratios below only compare the dense cache's up-front allocation "
           "with a cache still filling. Stream more chunks (--chunks) to measure one.\n",
-          c.chunks, c.chunks == 1 ? "" : "s");
+          c.chunks == 1 ? std::string("this one chunk") : fmt::format("these {} chunks", c.chunks));
     } else if (s.quality_chunks > 0) {
       o += fmt::format(
           "  in short: {} needed {} memory at its peak than with dense caches ({} vs {}: every layer's packed "
@@ -144,9 +144,10 @@ std::string simulation_summary_text(const SimulationResult& r) {
                                                                                                       ? "equal"
                                                                                                       : "DIFFER from");
     o += fmt::format(
-        "; the {} simulated layer{}' caches and their shared view held at most {} at one instant ({} the memory "
-        "model's {})\n",
-        r.layers.size(), r.layers.size() == 1 ? "" : "s", sim::mib(s.measured_model_peak_bytes),
+        "; the {} held at most {} at one instant ({} the memory model's {})\n",
+        r.layers.size() == 1 ? std::string("simulated layer's cache and its view")
+                             : fmt::format("{} simulated layers' caches and their shared view", r.layers.size()),
+        sim::mib(s.measured_model_peak_bytes),
         s.model_peak_matches ? "equal to" : "NOT equal to", sim::mib(s.predicted_model_peak_bytes));
     o += fmt::format(
         "           transient: one layer's call holds up to {} beyond its resident bytes while it runs (the view "

@@ -3,7 +3,8 @@
 # axes, the Pareto set and the reference default marked) and summary.txt, with
 # progress on stderr; `--profile` with explicit flags overriding it in any order;
 # `--scale-search`; per-role settings in `qvg memory`.
-# Usage: bash quality.sh /path/to/qvg   (python3 standard library only)
+# frontier.svg draws nothing outside its canvas (svg_fit.py, rendered by rsvg-convert).
+# Usage: bash quality.sh /path/to/qvg   (python3 standard library, rsvg-convert)
 set -euo pipefail
 QVG=${1:?usage: quality.sh /path/to/qvg}
 T=$(mktemp -d)
@@ -17,6 +18,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 grep -q "coordinate descent" "$T/err.txt" || fail "no progress on stderr"
 grep -q "hq vs reference" "$T/out.txt" || fail "no summary: $(cat "$T/out.txt")"
 for f in frontier.json frontier.svg summary.txt; do [ -s "$T/rep/$f" ] || fail "missing $f"; done
+command -v rsvg-convert > /dev/null || fail "rsvg-convert is missing (librsvg2-bin: scripts/deps.sh installs it)"
+python3 "$(dirname "$0")/svg_fit.py" "$T/rep/frontier.svg" > "$T/fit.txt" || fail "frontier.svg: $(cat "$T/fit.txt")"
 python3 - "$T/rep/frontier.svg" "$T/rep/frontier.json" <<'PY' || fail "bad frontier report"
 import json, sys
 import xml.etree.ElementTree as ET
