@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "qvg/chart.h"
@@ -367,10 +368,13 @@ TEST(SimulateSvg, MemoryAndAttentionChartsAreWellFormed) {
     EXPECT_GE(seen.count("line"), 8u) << "grid, axes, legend";
     EXPECT_NE(s->find("window full"), std::string::npos);
   }
-  // memory: dense, packed, packed + transient.
-  EXPECT_NE(mem.find("dense cache (bf16)"), std::string::npos);
-  EXPECT_NE(mem.find("packed int2"), std::string::npos);
-  EXPECT_NE(mem.find("resident MiB per layer"), std::string::npos);
+  // memory, for the whole model: dense caches, packed caches + the shared view, and
+  // one layer's transient, labelled as such.
+  EXPECT_NE(mem.find("dense caches (bf16, 2 layers)"), std::string::npos);
+  EXPECT_NE(mem.find("packed int2: 2 layers'"), std::string::npos);
+  EXPECT_NE(mem.find("one shared view"), std::string::npos);
+  EXPECT_NE(mem.find("one layer only; not the model's peak"), std::string::npos);
+  EXPECT_NE(mem.find("MiB, all 2 layers"), std::string::npos);
   size_t n = 0;
   for (size_t i = 0; (i = mem.find("class=\"series\"", i)) != std::string::npos; ++i) ++n;
   EXPECT_EQ(n, 3u);
@@ -488,9 +492,107 @@ TEST(SimulateReport, WritesFourFilesOrNothing) {
 TEST(SimulateReport, SummaryTextSaysWhatAndHowToRead) {
   const std::string s = simulation_summary_text(tiny_result());
   for (const char* w : {"what was simulated", "self-forcing-1.3b", "x0.05", "context 15 frames", "(a)", "memory",
-                        "smaller", "bits per element", "quality", "attention output", "K SNR", "time", "wall time",
-                        "How to read it", "memory model"})
+                        "the whole model (2 layers at this scale, one shared view window)", "at its peak than with dense",
+                        "bits per element", "quality", "attention output", "K SNR", "time", "per denoising step",
+                        "wall time", "How to read it", "memory model", "one layer at a time"})
     EXPECT_NE(s.find(w), std::string::npos) << w << "\n" << s;
+  EXPECT_EQ(s.find("nothing was encoded"), std::string::npos);
+  EXPECT_EQ(tiny_result().summary[0].first_encoded_chunk, 3) << "spans of 2 after keep_recent 1: chunks 0-1 at 3";
+}
+
+// Issue 39, item 2: a run too short to encode anything says so instead of a saving.
+TEST(SimulateReport, ShortRunSaysNothingWasEncoded) {
+  SimulationConfig c = tiny_config();
+  c.chunks = 3;  // spans of 2 chunks after keep_recent 1: the first encoding comes with chunk 3
+  c.layers = 1;
+  const SimulationResult r = simulate(c);
+  EXPECT_EQ(r.summary[0].first_encoded_chunk, -1);
+  const std::string s = simulation_summary_text(r);
+  EXPECT_NE(s.find("nothing was encoded during these 3 chunks"), std::string::npos) << s;
+  EXPECT_NE(s.find("(nothing encoded yet)"), std::string::npos) << s;
+  EXPECT_EQ(s.find("memory at its peak than with dense"), std::string::npos) << "no saving claimed\n" << s;
+  EXPECT_NE(memory_chart_svg(r).find("nothing encoded yet"), std::string::npos);
+  const json doc = json::parse(simulation_json(r));
+  EXPECT_TRUE(doc["summary"][0]["first_encoded_chunk"].is_null());
+}
+
+// Issue 40, item 4: time per denoising step = the chunk's advance (the encoding) spread
+// over its steps + one view reconstruction, over the full-window chunks, per layer;
+// the side-by-side table shows it and its ratio to the first configuration's.
+TEST(SimulateReport, TimePerStepInTheSideBySideTable) {
+  SimulationConfig c = tiny_config();
+  c.chunks = 8;
+  c.layers = 1;
+  PackedConfig p4 = c.packed[0];
+  p4.label = "int4";
+  p4.quant.bits = 4;
+  c.packed.push_back(p4);
+  const SimulationResult r = simulate(c);
+  ASSERT_GE(r.window_full_chunk, 0);
+  for (size_t j = 0; j < 2; ++j) {
+    double t = 0;
+    int n = 0;
+    for (const ChunkRecord& ch : r.chunks)
+      if (ch.chunk.index >= r.window_full_chunk) {
+        t += (ch.layers[0].packed[j].encode_s + ch.layers[0].packed[j].decode_s) / c.steps;
+        ++n;
+      }
+    ASSERT_GT(n, 0);
+    EXPECT_NEAR(r.summary[j].step_s, t / n, 1e-12 * (1 + t));
+    EXPECT_GT(r.summary[j].step_s, 0);
+  }
+  const std::string s = simulation_summary_text(r);
+  const size_t table = s.find("== side by side (against int2");
+  ASSERT_NE(table, std::string::npos) << s;
+  EXPECT_NE(s.find("time per step", table), std::string::npos);
+  const std::string ratio = fmt::format("({:.2f}x)", r.summary[1].step_s / r.summary[0].step_s);
+  const size_t row = s.find("\n  int4 ", table);
+  ASSERT_NE(row, std::string::npos) << s;
+  const std::string line = s.substr(row + 1, s.find('\n', row + 1) - row - 1);
+  EXPECT_NE(line.find(fmt::format("{:.2f}x", r.summary[1].full_ratio_model_peak)), std::string::npos) << line;
+  EXPECT_NE(line.find(ratio), std::string::npos) << line;
+  EXPECT_NE(line.find(fmt::format("{:.2f} ms", 1e3 * r.summary[1].step_s)), std::string::npos) << line;
+}
+
+// The charts' text fits: wrap_chart_text cuts lines no wider than asked (DejaVu Sans
+// metrics), prefers separators, never splits a UTF-8 character, ends a cut-short last
+// line with an ellipsis; chart_text_width uses the font's advances.
+TEST(SimulateSvg, ChartTextWrapsToTheWidth) {
+  EXPECT_DOUBLE_EQ(chart_text_width("iW", 10, false), (278 + 989) / 100.0);
+  EXPECT_DOUBLE_EQ(chart_text_width("iW", 10, true), (343 + 1103) / 100.0);
+  EXPECT_GT(chart_text_width("a \u00b7 b", 12, false), chart_text_width("a b", 12, false));
+  const std::string text =
+      "engine: model peak 1.87 MiB vs dense 1.48 MiB (0.79x);  recommended int2: model peak 1.52 MiB vs dense "
+      "1.48 MiB (0.97x) \u00b7 and a longer tail of words \u2014 with non-ASCII \u00d7 characters";
+  for (const double width : {120.0, 300.0, 700.0}) {
+    const std::vector<std::string> lines = wrap_chart_text(text, 13, true, width, 20);
+    ASSERT_FALSE(lines.empty());
+    std::string joined;
+    for (const std::string& l : lines) {
+      EXPECT_LE(chart_text_width(l, 13, true), width) << l;
+      joined += (joined.empty() ? "" : " ") + l;
+    }
+    // Nothing lost but the spaces at the cuts (and the separators' middle dots).
+    std::string a = text, b = joined;
+    for (std::string* x : {&a, &b}) {
+      std::string y;
+      for (size_t i = 0; i < x->size(); ++i)
+        if ((*x)[i] != ' ' && x->compare(i, 2, "\u00b7") != 0) y += (*x)[i];
+        else if ((*x)[i] != ' ') ++i;
+      *x = y;
+    }
+    EXPECT_EQ(a, b) << width;
+  }
+  const std::vector<std::string> two = wrap_chart_text(text, 13, true, 300, 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].substr(two[1].size() - 3), "\u2026");
+  EXPECT_LE(chart_text_width(two[1], 13, true), 300.0);
+  const std::vector<std::string> first = wrap_chart_text(text, 13, true, 700, 3);
+  EXPECT_EQ(first[0].back(), ';') << "cut after the separator: " << first[0];
+  EXPECT_TRUE(wrap_chart_text("", 12, false, 100, 3).empty());
+  // A word wider than the line is cut inside, never inside a UTF-8 character.
+  for (const std::string& l : wrap_chart_text("\u00d7\u00d7\u00d7\u00d7\u00d7\u00d7", 12, false, 30, 10))
+    EXPECT_EQ(l.size() % 2, 0u) << l;
 }
 
 // ---- configuration ----------------------------------------------------------

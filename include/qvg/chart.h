@@ -82,7 +82,7 @@ std::string render_line_chart(const LineChart& chart);
 double chart_text_width(const std::string& text, double px, bool bold);
 
 /// `text` cut into lines no wider than `width` (chart_text_width): at a "; " or " · "
-/// separator where one fits in the line's last third, else at a space, else inside a
+/// separator where one fits in the line's second half, else at a space, else inside a
 /// word. At most `max_lines` (>= 1) lines; the last one that would not fit is shortened
 /// and ends with an ellipsis. Empty text: no line.
 std::vector<std::string> wrap_chart_text(const std::string& text, double px, bool bold, double width,

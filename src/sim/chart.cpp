@@ -121,7 +121,7 @@ std::vector<std::string> wrap_chart_text(const std::string& text, double px, boo
       if (t[i - 1] == ';' || t.compare(i, 4, " \u00b7 ") == 0) best_sep = i;
       best_sp = i;
     }
-    if (best_sep != std::string::npos && best_sep * 3 >= (best_sp == std::string::npos ? 0 : best_sp) * 2) {
+    if (best_sep != std::string::npos && best_sep * 2 >= (best_sp == std::string::npos ? 0 : best_sp)) {
       const size_t next = t.compare(best_sep, 4, " \u00b7 ") == 0 ? best_sep + 4 : best_sep + 1;
       return {best_sep, next};
     }
