@@ -230,9 +230,12 @@ void register_memory(CLI::App& root) {
       "memory", "Exact K/V cache memory of a model preset: bf16 vs packed (spec 1.5), and the packed cache's peak");
   o->cmd = cmd;
   add_model_flag(*cmd, o->model)->required();
-  add_value(*cmd, "--bits", o->bits, "residual code width: 2 or 4", "INT");
+  add_value(*cmd, "--bits", o->bits,
+            "residual code width: 2 or 4 (default 2 with 128 centroids: the engine's defaults, a cache built with "
+            "kv_cache_quant=int2)",
+            "INT");
   add_value(*cmd, "--frames", o->frames, "context length in frames (default: the preset's)", "INT");
-  add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256", "INT");
+  add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256 (default 128, the engine's)", "INT");
   add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");
   add_value(*cmd, "--stages", o->stages, "k-means stages", "INT");
   // The policy flags of the settings table but those the model does not take.
@@ -242,8 +245,8 @@ void register_memory(CLI::App& root) {
   add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");
   add_value(*cmd, "--scale-search", o->scale_search, "off | mse (the encoder's choice; no change in bytes)", "NAME");
   add_value(*cmd, "--profile", o->profile,
-            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec and a cache policy, "
-            "docs/quality.md); explicit flags override it",
+            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec, 8 k-means iterations "
+            "from random seeds, and a cache policy, docs/quality.md); explicit flags override it",
             "NAME");
   add_value(*cmd, "--k-config", o->k_config,
             "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "

@@ -257,7 +257,9 @@ void register_simulate(CLI::App& root) {
   // Replace the codec flags that mean something else here.
   cmd->remove_option(cmd->get_option("--bits"));
   cmd->remove_option(cmd->get_option("--init"));
-  add_value(*cmd, "--bits", o->bits, "residual code width: 2, 4, or a list (2,4) to stream several packed caches",
+  add_value(*cmd, "--bits", o->bits,
+            "residual code width: 2, 4, or a list (2,4) to stream several packed caches (default 2: the published "
+            "QVG runs' width, which this workload reproduces; encode and eval default to 4)",
             "LIST");
   add_video_seed_flag(*cmd, o->workload);
   add_value(*cmd, "--init", o->init, "k-means initialisation: random | kmeans++ | warm (previous span's codebook)",
