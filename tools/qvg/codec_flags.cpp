@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "qvg/codec.h"
 #include "qvg/error.h"
 
 namespace qvg::cli {
@@ -156,6 +157,16 @@ void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
 
 CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed) {
   return add_value(cmd, "--codec-seed", codec_seed, "seed of the codec's random choices", "UINT");
+}
+
+std::string codebook_dtype_note(const Shape4& shape, DType input, const CodecConfig& cfg) {
+  if (input != DType::F32) return {};
+  const double elements = double(shape.numel());
+  auto bpe = [&](DType t) { return double(EncodedTensor::predicted_nbytes(shape, t, cfg)) * 8.0 / elements; };
+  return fmt::format(
+      "codebooks stored in float32, the input's dtype ({:.4f} bits per element; in bf16 the same tensor would take "
+      "{:.4f})",
+      bpe(DType::F32), bpe(DType::BF16));
 }
 
 void check_codec_flags(const CodecConfig& cfg) {
