@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/core.h>
@@ -135,9 +136,33 @@ Measurement make(const std::string& name, const Timing& t) {
 
 }  // namespace
 
-std::vector<Measurement> run_suite(const BenchOptions& opt) {
+LoadCheck assess_load(const Timing& first_copy, const Timing& last_copy, double load_average, int cores) {
+  LoadCheck c;
+  c.cores = std::max(1, cores);
+  c.load_average = load_average;
+  c.copy_spread = first_copy.min_s > 0 ? first_copy.max_s / first_copy.min_s : 1;
+  c.copy_drift = first_copy.median_s > 0 ? last_copy.median_s / first_copy.median_s : 1;
+  auto add = [&](const std::string& why) {
+    c.loaded = true;
+    c.reason += (c.reason.empty() ? "" : "; ") + why;
+  };
+  if (c.copy_spread > LoadCheck::kSpreadLimit)
+    add(fmt::format("repetitions of one copy took from {:.3g} to {:.3g} s ({:.2f}x apart, where a quiet machine keeps "
+                    "them within {:.2f}x)",
+                    first_copy.min_s, first_copy.max_s, c.copy_spread, LoadCheck::kSpreadLimit));
+  if (c.copy_drift > LoadCheck::kDriftLimit || c.copy_drift < 1 / LoadCheck::kDriftLimit)
+    add(fmt::format("the same copy took {:.2f}x as long at the end of the run as at its start", c.copy_drift));
+  if (load_average > LoadCheck::kLoadPerCore * double(c.cores))
+    add(fmt::format("the 1-minute load average was {:.2f} on {} cores before the run started", load_average,
+                    c.cores));
+  return c;
+}
+
+std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
   check_threads("threads", opt.threads);
   const int threads = resolve_threads(opt.threads);
+  double load_average = -1;
+  if (double l[1]; load != nullptr && ::getloadavg(l, 1) == 1) load_average = l[0];
   auto step = [&](const std::string& s) {
     if (opt.progress) opt.progress(s);
   };
@@ -324,9 +349,10 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
                          window_chunks, view_bytes);
     out.push_back(m);
     if (bits == 2) {
-      // The name the issue asks for: the int2 window.
+      // The name the issue asks for: the int2 window (the same measurement, labelled).
       Measurement alias = m;
       alias.name = "reconstruct_window";
+      alias.alias_of = name;
       out.push_back(alias);
     }
     if (bits == 4) {
@@ -349,6 +375,12 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
       am.note = fmt::format("reference attention, {} queries x {} keys x {} heads, D {}", nq, view.k.shape.s, H, D);
       out.push_back(am);
     }
+  }
+  if (load != nullptr) {  // the first measurement's copy again, for the load check
+    step("copy_bandwidth (again, for the load check)");
+    std::vector<char> a(copy_bytes, 1), b(copy_bytes, 2);
+    const Timing again = time_it([&] { parallel_copy(b.data(), a.data(), copy_bytes, threads); }, 5, min_time);
+    *load = assess_load(out.front().t, again, load_average, omp_get_num_procs());
   }
   return out;
 }

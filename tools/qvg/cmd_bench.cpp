@@ -46,12 +46,20 @@ void run(const BenchArgs& a) {
 #endif
   opt.progress = [](const std::string& s) { fmt::print(stderr, "qvg bench: {} ...\n", s); };
   fmt::print("qvg bench — CPU target {}{}\n", perf::cpu_target_name(), a.quick ? " (quick: reduced shapes)" : "");
-  auto ms = perf::run_suite(opt);
+  perf::LoadCheck load;
+  auto ms = perf::run_suite(opt, &load);
   nlohmann::json j = nlohmann::json::object();
   fmt::print("{:<28} {:>11} {:>11} {:>11}  {}\n", "measurement", "median_s", "min_s", "max_s", "figures");
   for (const auto& m : ms) {
-    std::string figs;
     nlohmann::json o = {{"median_s", m.t.median_s}, {"min_s", m.t.min_s}, {"max_s", m.t.max_s}, {"reps", m.t.reps}};
+    if (!m.alias_of.empty()) {  // a second name for a row above: labelled, its figures not repeated
+      o["alias_of"] = m.alias_of;
+      j[m.name] = o;
+      fmt::print("{:<28} {:>11} {:>11} {:>11}  the row {} under the name issue 5 gave it\n", m.name, "=", "=", "=",
+                 m.alias_of);
+      continue;
+    }
+    std::string figs;
     for (const auto& [k, v] : m.figures) {
       o[k] = v;
       figs += fmt::format("{}={:.4g} ", k, v);
@@ -62,6 +70,20 @@ void run(const BenchArgs& a) {
   }
   j["target"] = perf::cpu_target_name();
   j["quick"] = a.quick;
+  j["machine_load"] = {{"loaded", load.loaded},
+                       {"copy_spread", load.copy_spread},
+                       {"copy_drift", load.copy_drift},
+                       {"load_average_1m", load.load_average >= 0 ? nlohmann::json(load.load_average) : nlohmann::json()},
+                       {"cores", load.cores},
+                       {"reason", load.reason}};
+  fmt::print("machine load: copy spread {:.2f}x, drift {:.2f}x, load average {} on {} cores: {}\n", load.copy_spread,
+             load.copy_drift, load.load_average >= 0 ? fmt::format("{:.2f}", load.load_average) : std::string("n/a"),
+             load.cores, load.loaded ? "BUSY" : "quiet");
+  if (load.loaded)
+    fmt::print(
+        "WARNING: this machine was busy during the run ({}): the times above and the ratios between rows can be off "
+        "several times; rerun when it is quiet\n",
+        load.reason);
   if (!a.json.empty()) {
     write_output_file(a.json, j.dump(2) + "\n", "--json");
     fmt::print("wrote {}\n", a.json);
