@@ -21,9 +21,18 @@ for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  echo "qvg: installing Debian packages: ${missing[*]}"
+  # apt's and dpkg's progress (hundreds of lines) goes to a log file, not to the job's
+  # output: one line before, one after, and the log's tail if apt fails.
+  log=$(mktemp "${TMPDIR:-/tmp}/qvg-apt.XXXXXX")
+  echo "qvg: installing Debian packages: ${missing[*]} (about a minute per 100 MB; apt's output: $log)"
   SUDO=""
   [[ $(id -u) -ne 0 ]] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if ! { $SUDO apt-get update -qq &&
+         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq -o Dpkg::Use-Pty=0 --no-install-recommends \
+           "${missing[@]}"; } > "$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "qvg: apt-get failed; its whole output is in $log" >&2
+    exit 1
+  fi
+  echo "qvg: installed ${#missing[@]} Debian package(s)"
 fi
