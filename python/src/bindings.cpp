@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -187,19 +188,29 @@ py::dict quant_args_dict(const qvg::QuantArgs& q) {
 /// the settings as QuantArgs.as_dict gives them). ValueError for a dense cache's
 /// snapshot, an unreadable config, or a file that is not a snapshot.
 py::tuple packed_snapshot_settings(const std::string& source, bool from_bytes) {
-  qvg::SnapshotInfo info;
-  {
+  const std::span<const uint8_t> bytes{reinterpret_cast<const uint8_t*>(source.data()), source.size()};
+  // A snapshot this cannot read, or of a dense cache: the load's own error (one message
+  // for every way of loading, naming the section or the kind).
+  const auto load_for_its_error = [&] {
     py::gil_scoped_release nogil;
-    info = from_bytes ? qvg::inspect_snapshot_bytes(
-                            {reinterpret_cast<const uint8_t*>(source.data()), source.size()}, false)
-                      : qvg::inspect_snapshot(source, false);
+    if (from_bytes)
+      (void)qvg::PackedCausalCache::from_snapshot_bytes(bytes);
+    else
+      (void)qvg::PackedCausalCache::load(source);
+  };
+  qvg::SnapshotInfo info;
+  try {
+    py::gil_scoped_release nogil;
+    info = from_bytes ? qvg::inspect_snapshot_bytes(bytes, false) : qvg::inspect_snapshot(source, false);
+  } catch (const qvg::Error&) {
+    load_for_its_error();
+    throw;
   }
-  if (info.config.empty())
-    throw qvg::CorruptData("snapshot: its config section is unreadable (checksum), the cache it holds is unknown");
-  if (info.cache != "packed")
-    throw qvg::InvalidArgument(
-        fmt::format("snapshot holds a {} cache, not a packed one (load it with CausalSelfAttentionKVCache.load)",
-                    info.cache));
+  if (info.config.empty() || info.cache != "packed") {
+    load_for_its_error();
+    throw qvg::CorruptData(fmt::format("snapshot: its config is unreadable or of a {} cache, not a packed one",
+                                       info.cache.empty() ? "unknown" : info.cache));
+  }
   static const std::map<std::string, std::string> kOptions = {
       {"batch", "batch_size"},   {"cache_size", "cache_size"},   {"num_heads", "num_heads"},
       {"head_dim", "head_dim"},  {"dtype", "dtype"},             {"sink_tokens", "sink_tokens"},
@@ -217,7 +228,8 @@ py::tuple packed_snapshot_settings(const std::string& source, bool from_bytes) {
         options[py::str(it->second)] = py::none();
       else
         options[py::str(it->second)] = std::stoll(text);
-    } else if (const qvg::Setting* s = qvg::find_setting(key)) {
+    } else if (const qvg::Setting* s = qvg::find_setting(key); s != nullptr && text != "none" && !text.empty()) {
+      // "none" / "": an unset value (bits with quantization off, a role without its own): the default
       s->set(q, qvg::parse_setting(*s, text, fmt::format("snapshot config entry '{}'", key)));
     }
   }

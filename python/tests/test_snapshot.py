@@ -121,7 +121,8 @@ def test_another_configuration_is_refused_naming_the_field(tmp_path):
 def test_a_head_shard_keeps_its_head_offset(tmp_path):
     # A shard's encodings draw its global heads' PRNG streams (init="random"): the
     # snapshot stores head_offset (format 1.2), the loaded cache continues bit for bit,
-    # and a caller expecting another offset is refused naming the field.
+    # and a caller expecting another offset is refused naming the field; one who does
+    # not say gets the snapshot's (issue 39: keyword arguments are an expectation).
     quant = qt.QVGKVQuantArgs(bits=2, centroids=4, block_size=8, keep_recent_chunks=0, init="random")
     a = qt.QVGPackedCausalKVCache(**kwargs(quant), head_offset=3)
     g = torch.Generator().manual_seed(9)
@@ -129,7 +130,8 @@ def test_a_head_shard_keeps_its_head_offset(tmp_path):
         step(a, g, c, 8, None, torch.bfloat16)
     a.save(tmp_path / "shard.qvgs")
     with pytest.raises(ValueError, match=r"the snapshot's cache has head_offset = 3, the caller expects 0"):
-        qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant))
+        qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant), head_offset=0)
+    assert qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant)).head_offset == 3
     b = qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant), head_offset=3)
     for c in range(24, 64, 8):
         k = torch.randn(B, 8, H, D, generator=g).to(torch.bfloat16)
@@ -157,8 +159,17 @@ def test_damaged_bytes_are_value_errors_naming_the_section(tmp_path):
             qt.QVGPackedCausalKVCache.from_snapshot_bytes(bytes(bad), **kwargs(QUANTS[1]))
     with pytest.raises(ValueError, match=r"data must be bytes"):
         qt.QVGPackedCausalKVCache.from_snapshot_bytes("not bytes", **kwargs(QUANTS[1]))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"missing"):
+    with pytest.raises(FileNotFoundError, match=r"missing"):
         qt.QVGPackedCausalKVCache.load(tmp_path / "missing.qvgs", **kwargs(QUANTS[1]))
+    # The same errors without keyword arguments (the settings come from the snapshot).
+    for cut in (0, 10, len(data) // 2):
+        with pytest.raises(ValueError, match=r"invalid snapshot"):
+            qt.QVGPackedCausalKVCache.from_snapshot_bytes(bytes(data[:cut]))
+    for _ in range(50):
+        bad = bytearray(data)
+        bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
+        with pytest.raises(ValueError, match=r"invalid snapshot"):
+            qt.QVGPackedCausalKVCache.from_snapshot_bytes(bytes(bad))
 
 
 def test_a_failed_restore_leaves_the_cache_as_it_was():
@@ -241,13 +252,22 @@ def test_dense_snapshot_of_another_size_or_kind_is_refused(tmp_path):
 # ---- load(path) without keyword arguments (issue 39, item 8) --------------------------
 
 
-@pytest.mark.parametrize("qi", range(len(QUANTS)))
+# Every kind of setting the config holds: per-role overrides, incremental spans with
+# adaptive breaks and refinement layers, the scale search.
+LOAD_QUANTS = QUANTS + [
+    qt.QVGKVQuantArgs(bits=4, centroids=8, block_size=16, k_config="bits=2,scale_search=mse", v_config="centroids=4",
+                      span_mode="incremental", span_chunks=2, span_break_ratio=0.5, refine_recent=1, refine_bits=2,
+                      keep_recent_chunks=0, scale_search="mse", seed=7),
+]
+
+
+@pytest.mark.parametrize("qi", range(len(LOAD_QUANTS)))
 def test_load_rebuilds_from_the_snapshot_alone(tmp_path, qi):
     """The snapshot holds the whole configuration: load(path) and
     from_snapshot_bytes(data) need no keyword argument (as the C++ load(path)), give a
     CPU cache of the saved options and quant args with the saved cursors, and answer
     later calls bit for bit as the saved cache."""
-    quant = QUANTS[qi]
+    quant = LOAD_QUANTS[qi]
     a = qt.QVGPackedCausalKVCache(**kwargs(quant, window=24 if qi % 2 else None, sink=4))
     g = torch.Generator().manual_seed(qi)
     for c in range(0, 5 * 6, 6):
@@ -309,7 +329,7 @@ def test_load_of_a_missing_file_is_file_not_found(tmp_path):
         qt.CausalSelfAttentionKVCache.load(missing, k=torch.zeros(B, S, H, D), v=torch.zeros(B, S, H, D),
                                            global_end_index=index_tensor(), local_end_index=index_tensor())
     dense.save(tmp_path / "dense.qvgs")
-    with pytest.raises(ValueError, match="dense cache, not a packed one"):
+    with pytest.raises(ValueError, match="holds a dense cache; a packed cache cannot be loaded"):
         qt.QVGPackedCausalKVCache.load(tmp_path / "dense.qvgs")
     (tmp_path / "junk.qvgs").write_bytes(b"not a snapshot at all, just some bytes" * 4)
     with pytest.raises(ValueError):
