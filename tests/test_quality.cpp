@@ -392,15 +392,14 @@ TEST(Frontier, QuickRunMarksParetoReferenceAndProfile) {
   EXPECT_NEAR(v4->bits_per_element, hq.bits_per_element + 1.0, 1e-9) << "V's codes: 2 more bits, half the elements";
   EXPECT_NEAR(hq4->bits_per_element, hq.bits_per_element + 2.0, 1e-9);
   EXPECT_GT(ref4->bits_per_element, 4.0);
-  EXPECT_EQ(refined->codec.refine_bits, 2);
+  EXPECT_EQ(refined->codec.refinement_layer_bits, 2);
   const int64_t ct = r.preset.chunk_tokens(), H = r.preset.heads, D = r.preset.head_dim;
-  const size_t layer = EncodedTensor::predicted_nbytes({1, ct, H, D}, DType::F32,
-                                                       refinement_config(2, hq.codec.k.block_size, 1234));
+  const size_t layer =
+      EncodedTensor::predicted_nbytes({1, ct, H, D}, DType::F32, refinement_config(2, hq.codec.k.block_size, 1234));
   const double elements = 2.0 * double(r.context_tokens * H * D) * double(r.layers.size());
   const double layers = 2.0 * double(r.context_chunks) * double(r.layers.size());  // K and V, every chunk and layer
   EXPECT_NEAR(refined->bits_per_element - hq.bits_per_element, layers * double(layer) * 8.0 / elements, 1e-9);
-  for (const FrontierPoint* p : {v4, hq4, refined})
-    EXPECT_LT(p->attention.rel_l2(), hq.attention.rel_l2()) << p->label;
+  for (const FrontierPoint* p : {v4, hq4, refined}) EXPECT_LT(p->attention.rel_l2(), hq.attention.rel_l2()) << p->label;
   const std::string svg = frontier_svg(r);
   EXPECT_NE(svg.find("id=\"x-label\""), std::string::npos);
   EXPECT_NE(svg.find("bits per element"), std::string::npos);

@@ -491,10 +491,11 @@ TEST(SimulateReport, WritesFourFilesOrNothing) {
 
 TEST(SimulateReport, SummaryTextSaysWhatAndHowToRead) {
   const std::string s = simulation_summary_text(tiny_result());
-  for (const char* w : {"what was simulated", "self-forcing-1.3b", "x0.05", "context 15 frames", "(a)", "memory",
-                        "the whole model (2 layers at this scale, one shared view window)", "at its peak than with dense",
-                        "bits per element", "quality", "attention output", "K SNR", "time", "per denoising step",
-                        "wall time", "How to read it", "memory model", "one layer at a time"})
+  for (const char* w :
+       {"what was simulated", "self-forcing-1.3b", "x0.05", "context 15 frames", "(a)", "memory",
+        "the whole model (2 layers at this scale, one shared view window)", "at its peak than with dense",
+        "bits per element", "quality", "attention output", "K SNR", "time", "per denoising step", "wall time",
+        "How to read it", "memory model", "one layer at a time"})
     EXPECT_NE(s.find(w), std::string::npos) << w << "\n" << s;
   EXPECT_EQ(s.find("nothing was encoded"), std::string::npos);
   EXPECT_EQ(tiny_result().summary[0].first_encoded_chunk, 3) << "spans of 2 after keep_recent 1: chunks 0-1 at 3";
@@ -577,8 +578,10 @@ TEST(SimulateSvg, ChartTextWrapsToTheWidth) {
     for (std::string* x : {&a, &b}) {
       std::string y;
       for (size_t i = 0; i < x->size(); ++i)
-        if ((*x)[i] != ' ' && x->compare(i, 2, "\u00b7") != 0) y += (*x)[i];
-        else if ((*x)[i] != ' ') ++i;
+        if ((*x)[i] != ' ' && x->compare(i, 2, "\u00b7") != 0)
+          y += (*x)[i];
+        else if ((*x)[i] != ' ')
+          ++i;
       *x = y;
     }
     EXPECT_EQ(a, b) << width;

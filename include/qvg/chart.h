@@ -85,8 +85,7 @@ double chart_text_width(const std::string& text, double px, bool bold);
 /// separator where one fits in the line's second half, else at a space, else inside a
 /// word. At most `max_lines` (>= 1) lines; the last one that would not fit is shortened
 /// and ends with an ellipsis. Empty text: no line.
-std::vector<std::string> wrap_chart_text(const std::string& text, double px, bool bold, double width,
-                                         size_t max_lines);
+std::vector<std::string> wrap_chart_text(const std::string& text, double px, bool bold, double width, size_t max_lines);
 
 /// Tick positions from lo to hi with a 1/2/5 x 10^k step, about `target` of them.
 std::vector<double> nice_ticks(double lo, double hi, int target = 6);

@@ -211,10 +211,15 @@ py::tuple packed_snapshot_settings(const std::string& source, bool from_bytes) {
     throw qvg::CorruptData(fmt::format("snapshot: its config is unreadable or of a {} cache, not a packed one",
                                        info.cache.empty() ? "unknown" : info.cache));
   }
-  static const std::map<std::string, std::string> kOptions = {
-      {"batch", "batch_size"},   {"cache_size", "cache_size"},   {"num_heads", "num_heads"},
-      {"head_dim", "head_dim"},  {"dtype", "dtype"},             {"sink_tokens", "sink_tokens"},
-      {"allow_growth", "allow_growth"}, {"head_offset", "head_offset"}, {"attention_window_size", "attention_window_size"}};
+  static const std::map<std::string, std::string> kOptions = {{"batch", "batch_size"},
+                                                              {"cache_size", "cache_size"},
+                                                              {"num_heads", "num_heads"},
+                                                              {"head_dim", "head_dim"},
+                                                              {"dtype", "dtype"},
+                                                              {"sink_tokens", "sink_tokens"},
+                                                              {"allow_growth", "allow_growth"},
+                                                              {"head_offset", "head_offset"},
+                                                              {"attention_window_size", "attention_window_size"}};
   py::dict options;
   options["head_offset"] = 0;  // files before the entry existed: a whole cache
   qvg::QuantArgs q;

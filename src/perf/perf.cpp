@@ -147,14 +147,14 @@ LoadCheck assess_load(const Timing& first_copy, const Timing& last_copy, double 
     c.reason += (c.reason.empty() ? "" : "; ") + why;
   };
   if (c.copy_spread > LoadCheck::kSpreadLimit)
-    add(fmt::format("repetitions of one copy took from {:.3g} to {:.3g} s ({:.2f}x apart, where a quiet machine keeps "
+    add(
+        fmt::format("repetitions of one copy took from {:.3g} to {:.3g} s ({:.2f}x apart, where a quiet machine keeps "
                     "them within {:.2f}x)",
                     first_copy.min_s, first_copy.max_s, c.copy_spread, LoadCheck::kSpreadLimit));
   if (c.copy_drift > LoadCheck::kDriftLimit || c.copy_drift < 1 / LoadCheck::kDriftLimit)
     add(fmt::format("the same copy took {:.2f}x as long at the end of the run as at its start", c.copy_drift));
   if (load_average > LoadCheck::kLoadPerCore * double(c.cores))
-    add(fmt::format("the 1-minute load average was {:.2f} on {} cores before the run started", load_average,
-                    c.cores));
+    add(fmt::format("the 1-minute load average was {:.2f} on {} cores before the run started", load_average, c.cores));
   return c;
 }
 

@@ -47,12 +47,12 @@ struct Measurement {
 /// of the suite (its median over the first one's), and the 1-minute load average read
 /// before the suite started against the cores.
 struct LoadCheck {
-  double copy_spread = 1;     ///< first copy: max_s / min_s
-  double copy_drift = 1;      ///< last copy's median / first copy's median
-  double load_average = -1;   ///< 1-minute load average at the start; < 0: unavailable
-  int cores = 1;              ///< hardware threads
-  bool loaded = false;        ///< any signal past its limit (kSpreadLimit, kDriftLimit, kLoadPerCore)
-  std::string reason;         ///< the signals past their limits, in words; empty when quiet
+  double copy_spread = 1;    ///< first copy: max_s / min_s
+  double copy_drift = 1;     ///< last copy's median / first copy's median
+  double load_average = -1;  ///< 1-minute load average at the start; < 0: unavailable
+  int cores = 1;             ///< hardware threads
+  bool loaded = false;       ///< any signal past its limit (kSpreadLimit, kDriftLimit, kLoadPerCore)
+  std::string reason;        ///< the signals past their limits, in words; empty when quiet
   static constexpr double kSpreadLimit = 1.5, kDriftLimit = 1.25, kLoadPerCore = 0.5;
 };
 /// The verdict from the two copy timings and the load average (< 0: not used).

@@ -76,7 +76,8 @@ std::string FrontierCodec::describe(bool short_form) const {
   if (!short_form || chunks_per_span != 0)
     o += std::string(o.empty() ? "" : " | ") +
          (chunks_per_span == 0 ? std::string("span=all") : fmt::format("span={}", chunks_per_span));
-  if (refine_bits != 0) o += std::string(o.empty() ? "" : " | ") + fmt::format("refine={}", refine_bits);
+  if (refinement_layer_bits != 0)
+    o += std::string(o.empty() ? "" : " | ") + fmt::format("refine={}", refinement_layer_bits);
   return o.empty() ? "reference" : o;
 }
 
@@ -99,10 +100,10 @@ using clock_type = std::chrono::steady_clock;
 using LayerData = sim::ScoredLayer;
 
 /// x encoded span by span (span_tokens each, the last maybe fewer; warm-started from
-/// the previous span with init = warm) and decoded; with refine_bits, each chunk
+/// the previous span with init = warm) and decoded; with refinement_layer_bits, each chunk
 /// (chunk_tokens) of a span also gets a refinement layer over its decoding, added to
 /// it. Bytes and times added.
-Tensor span_round_trip(const Tensor& x, int64_t span_tokens, int64_t chunk_tokens, int refine_bits,
+Tensor span_round_trip(const Tensor& x, int64_t span_tokens, int64_t chunk_tokens, int refinement_layer_bits,
                        const CodecConfig& cfg, size_t& bytes, double& enc_s, double& dec_s) {
   const Shape4 sh = x.shape();
   const size_t row = size_t(sh.h * sh.d) * dtype_size(x.dtype());
@@ -120,14 +121,15 @@ Tensor span_round_trip(const Tensor& x, int64_t span_tokens, int64_t chunk_token
     std::byte* dst = static_cast<std::byte*>(out.data()) + size_t(t0) * row;
     decode(e, TensorView{dst, x.dtype(), {1, n, sh.h, sh.d}}, cfg.threads);
     dec_s += sim::seconds_since(t);
-    for (int64_t c0 = 0; refine_bits != 0 && c0 < n; c0 += chunk_tokens) {
+    for (int64_t c0 = 0; refinement_layer_bits != 0 && c0 < n; c0 += chunk_tokens) {
       const int64_t m = std::min(chunk_tokens, n - c0);
       const Shape4 cs{1, m, sh.h, sh.d};
       const ConstTensorView xc{static_cast<const std::byte*>(part.data) + size_t(c0) * row, x.dtype(), cs};
       std::byte* dc = dst + size_t(c0) * row;
       t = clock_type::now();
-      const EncodedTensor r = encode_refinement(
-          xc, ConstTensorView{dc, x.dtype(), cs}, refinement_config(refine_bits, cfg.block_size, cfg.seed, cfg.threads));
+      const EncodedTensor r =
+          encode_refinement(xc, ConstTensorView{dc, x.dtype(), cs},
+                            refinement_config(refinement_layer_bits, cfg.block_size, cfg.seed, cfg.threads));
       enc_s += sim::seconds_since(t);
       bytes += r.nbytes();
       t = clock_type::now();
@@ -163,8 +165,10 @@ struct Evaluator {
     size_t bytes = 0;
     for (const LayerData& d : data) {
       const int64_t span = c.chunks_per_span == 0 ? d.k.shape().s : int64_t(c.chunks_per_span) * chunk_tokens;
-      const Tensor kq = span_round_trip(d.k, span, chunk_tokens, c.refine_bits, c.k, bytes, pt.encode_s, pt.decode_s);
-      const Tensor vq = span_round_trip(d.v, span, chunk_tokens, c.refine_bits, c.v, bytes, pt.encode_s, pt.decode_s);
+      const Tensor kq =
+          span_round_trip(d.k, span, chunk_tokens, c.refinement_layer_bits, c.k, bytes, pt.encode_s, pt.decode_s);
+      const Tensor vq =
+          span_round_trip(d.v, span, chunk_tokens, c.refinement_layer_bits, c.v, bytes, pt.encode_s, pt.decode_s);
       score(pt, kq, vq, d);
     }
     pt.bits_per_element = double(bytes) * 8.0 / elements;
@@ -460,7 +464,7 @@ struct Search {
     r4.k.bits = r4.v.bits = 4;
     evaluate(r4, "range", "reference at 4 bits");
     FrontierCodec refined = hq;
-    refined.refine_bits = 2;
+    refined.refinement_layer_bits = 2;
     evaluate(refined, "range", "hq + 2-bit refinement layers");
   }
 

@@ -241,13 +241,13 @@ ojson summary_json(const PackedSummary& s) {
                   {"step_s", num(s.step_s)},
                   {"first_encoded_chunk", s.first_encoded_chunk >= 0 ? ojson(s.first_encoded_chunk) : ojson()},
                   {"view_bytes", s.view_bytes}});
-  sj["model"] = {{"dense_bytes", s.model_dense_bytes},
-                 {"peak_bytes", s.model_peak_bytes},
-                 {"ratio", ratio_json(s.model_dense_bytes, s.model_peak_bytes)},
-                 {"measured_peak_bytes", s.measured_model_peak_bytes},
-                 {"predicted_peak_bytes", s.predicted_model_peak_bytes > 0 ? ojson(s.predicted_model_peak_bytes)
-                                                                           : ojson()},
-                 {"matches", s.model_peak_matches}};
+  sj["model"] = {
+      {"dense_bytes", s.model_dense_bytes},
+      {"peak_bytes", s.model_peak_bytes},
+      {"ratio", ratio_json(s.model_dense_bytes, s.model_peak_bytes)},
+      {"measured_peak_bytes", s.measured_model_peak_bytes},
+      {"predicted_peak_bytes", s.predicted_model_peak_bytes > 0 ? ojson(s.predicted_model_peak_bytes) : ojson()},
+      {"matches", s.model_peak_matches}};
   sj["full_size"] = s.full_layers > 0 ? ojson{{"layers", s.full_layers},
                                               {"dense_bytes_per_layer", s.full_dense_bytes},
                                               {"policy_peak_bytes_per_layer", s.full_policy_peak_bytes},

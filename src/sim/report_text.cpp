@@ -140,15 +140,14 @@ std::string simulation_summary_text(const SimulationResult& r) {
           s.full_layers, full.context_frames, sim::mib(s.full_model_dense_bytes), sim::mib(s.full_model_peak_bytes),
           s.full_ratio_model_peak, sim::mib(s.full_dense_bytes), sim::mib(s.full_policy_peak_bytes),
           s.full_policy_peak_bytes > 0 ? double(s.full_dense_bytes) / double(s.full_policy_peak_bytes) : 0.0);
-    o += fmt::format("           measured sizes {} the memory model's prediction at every chunk", s.memory_model_matches
-                                                                                                      ? "equal"
-                                                                                                      : "DIFFER from");
-    o += fmt::format(
-        "; the {} held at most {} at one instant ({} the memory model's {})\n",
-        r.layers.size() == 1 ? std::string("simulated layer's cache and its view")
-                             : fmt::format("{} simulated layers' caches and their shared view", r.layers.size()),
-        sim::mib(s.measured_model_peak_bytes),
-        s.model_peak_matches ? "equal to" : "NOT equal to", sim::mib(s.predicted_model_peak_bytes));
+    o += fmt::format("           measured sizes {} the memory model's prediction at every chunk",
+                     s.memory_model_matches ? "equal" : "DIFFER from");
+    o += fmt::format("; the {} held at most {} at one instant ({} the memory model's {})\n",
+                     r.layers.size() == 1
+                         ? std::string("simulated layer's cache and its view")
+                         : fmt::format("{} simulated layers' caches and their shared view", r.layers.size()),
+                     sim::mib(s.measured_model_peak_bytes), s.model_peak_matches ? "equal to" : "NOT equal to",
+                     sim::mib(s.predicted_model_peak_bytes));
     o += fmt::format(
         "           transient: one layer's call holds up to {} beyond its resident bytes while it runs (the view "
         "it builds, a span's encoding buffers): one layer at a time, not per layer\n",
@@ -185,7 +184,8 @@ std::string simulation_summary_text(const SimulationResult& r) {
         "better); time: per layer and denoising step, encoding amortised + view reconstruction (lower is better); "
         "error: attention output vs the dense cache (lower is better)\n",
         b.label, b.label);
-    o += fmt::format("  {:<20} {:>18} {:>22} {:>20}\n", "configuration", "peak ratio", "time per step", "attention error");
+    o += fmt::format("  {:<20} {:>18} {:>22} {:>20}\n", "configuration", "peak ratio", "time per step",
+                     "attention error");
     for (const PackedSummary& s : r.summary) {
       const double e = s.attention.rel_l2(), be = b.attention.rel_l2();
       const bool q = s.quality_chunks > 0 && b.quality_chunks > 0;

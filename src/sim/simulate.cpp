@@ -552,8 +552,8 @@ void report_progress(const ProgressFn& progress, const SimulationConfig& cfg, in
 
 /// Chunk ci through every layer of `states` (progress after each layer but the
 /// last); the record's wall_s is the whole chunk's time.
-ChunkRecord simulate_chunk(const SimulationConfig& cfg, const Workload& workload, Model& m, int64_t ci,
-                           LayerChunk& lc, const ProgressFn& progress, Clock::time_point t_start) {
+ChunkRecord simulate_chunk(const SimulationConfig& cfg, const Workload& workload, Model& m, int64_t ci, LayerChunk& lc,
+                           const ProgressFn& progress, Clock::time_point t_start) {
   const auto t_chunk = Clock::now();
   ChunkRecord rec;
   rec.chunk = workload.chunk(ci);

@@ -70,12 +70,13 @@ void run(const BenchArgs& a) {
   }
   j["target"] = perf::cpu_target_name();
   j["quick"] = a.quick;
-  j["machine_load"] = {{"loaded", load.loaded},
-                       {"copy_spread", load.copy_spread},
-                       {"copy_drift", load.copy_drift},
-                       {"load_average_1m", load.load_average >= 0 ? nlohmann::json(load.load_average) : nlohmann::json()},
-                       {"cores", load.cores},
-                       {"reason", load.reason}};
+  j["machine_load"] = {
+      {"loaded", load.loaded},
+      {"copy_spread", load.copy_spread},
+      {"copy_drift", load.copy_drift},
+      {"load_average_1m", load.load_average >= 0 ? nlohmann::json(load.load_average) : nlohmann::json()},
+      {"cores", load.cores},
+      {"reason", load.reason}};
   fmt::print("machine load: copy spread {:.2f}x, drift {:.2f}x, load average {} on {} cores: {}\n", load.copy_spread,
              load.copy_drift, load.load_average >= 0 ? fmt::format("{:.2f}", load.load_average) : std::string("n/a"),
              load.cores, load.loaded ? "BUSY" : "quiet");
