@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "codec/kmeans.h"
 #include "kernels/kernels.h"
@@ -156,6 +157,53 @@ LoadCheck assess_load(const Timing& first_copy, const Timing& last_copy, double 
   if (load_average > LoadCheck::kLoadPerCore * double(c.cores))
     add(fmt::format("the 1-minute load average was {:.2f} on {} cores before the run started", load_average, c.cores));
   return c;
+}
+
+BenchReport bench_report(const std::vector<Measurement>& ms, const LoadCheck& load, const std::string& target,
+                         bool quick) {
+  BenchReport r;
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  r.table = fmt::format("{:<28} {:>11} {:>11} {:>11}  {}\n", "measurement", "median_s", "min_s", "max_s", "figures");
+  for (const Measurement& m : ms) {
+    nlohmann::ordered_json o = {
+        {"median_s", m.t.median_s}, {"min_s", m.t.min_s}, {"max_s", m.t.max_s}, {"reps", m.t.reps}};
+    if (!m.alias_of.empty()) {  // a second name for a row above: labelled, its figures not repeated
+      o["alias_of"] = m.alias_of;
+      j[m.name] = o;
+      r.table += fmt::format("{:<28} {:>11} {:>11} {:>11}  the row {} under the name issue 5 gave it\n", m.name, "=",
+                             "=", "=", m.alias_of);
+      continue;
+    }
+    std::string figs;
+    for (const auto& [k, v] : m.figures) {
+      o[k] = v;
+      figs += fmt::format("{}={:.4g} ", k, v);
+    }
+    if (!m.note.empty()) o["note"] = m.note;
+    j[m.name] = o;
+    r.table +=
+        fmt::format("{:<28} {:>11.6f} {:>11.6f} {:>11.6f}  {}\n", m.name, m.t.median_s, m.t.min_s, m.t.max_s, figs);
+  }
+  j["target"] = target;
+  j["quick"] = quick;
+  j["machine_load"] = {{"loaded", load.loaded},
+                       {"copy_spread", load.copy_spread},
+                       {"copy_drift", load.copy_drift},
+                       {"load_average_1m",
+                        load.load_average >= 0 ? nlohmann::ordered_json(load.load_average) : nlohmann::ordered_json()},
+                       {"cores", load.cores},
+                       {"reason", load.reason}};
+  r.table += fmt::format("machine load: copy spread {:.2f}x, drift {:.2f}x, load average {} on {} cores: {}\n",
+                         load.copy_spread, load.copy_drift,
+                         load.load_average >= 0 ? fmt::format("{:.2f}", load.load_average) : std::string("n/a"),
+                         load.cores, load.loaded ? "BUSY" : "quiet");
+  if (load.loaded)
+    r.table += fmt::format(
+        "WARNING: this machine was busy during the run ({}): the times above and the ratios between rows can be off "
+        "several times; rerun when it is quiet\n",
+        load.reason);
+  r.json = j.dump(2) + "\n";
+  return r;
 }
 
 std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {

@@ -72,6 +72,20 @@ struct BenchOptions {
   std::function<void(const std::string&)> progress;  ///< called before each measurement
 };
 
+/// What `qvg bench` prints and writes for a suite's measurements: `table`, one row per
+/// measurement (median, min, max and its figures; a row with alias_of labelled as that
+/// row under a second name, its figures not repeated), then a "machine load:" line and,
+/// when `load` says busy, a "WARNING: this machine was busy during the run (reason)"
+/// line; `json`, one object (two-space indent, ending with a newline): per measurement
+/// its timing, figures and note (an alias: its timing and "alias_of"), "target",
+/// "quick" and "machine_load" {loaded, copy_spread, copy_drift, load_average_1m (null
+/// when unavailable), cores, reason}.
+struct BenchReport {
+  std::string table, json;
+};
+BenchReport bench_report(const std::vector<Measurement>& ms, const LoadCheck& load, const std::string& target,
+                         bool quick);
+
 /// Runs the suite of issue 5 (machine limits, decode, k-means vs faiss, encode,
 /// window reconstruction, attention) and returns the measurements in order; with
 /// `load`, also the machine's load while it ran (the copy of copy_bandwidth is

@@ -1,7 +1,6 @@
 // `qvg bench`: the performance suite of src/perf, as a table and as JSON.
 
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
 #include "cli_util.h"
 #include "command.h"
@@ -48,45 +47,10 @@ void run(const BenchArgs& a) {
   fmt::print("qvg bench — CPU target {}{}\n", perf::cpu_target_name(), a.quick ? " (quick: reduced shapes)" : "");
   perf::LoadCheck load;
   auto ms = perf::run_suite(opt, &load);
-  nlohmann::json j = nlohmann::json::object();
-  fmt::print("{:<28} {:>11} {:>11} {:>11}  {}\n", "measurement", "median_s", "min_s", "max_s", "figures");
-  for (const auto& m : ms) {
-    nlohmann::json o = {{"median_s", m.t.median_s}, {"min_s", m.t.min_s}, {"max_s", m.t.max_s}, {"reps", m.t.reps}};
-    if (!m.alias_of.empty()) {  // a second name for a row above: labelled, its figures not repeated
-      o["alias_of"] = m.alias_of;
-      j[m.name] = o;
-      fmt::print("{:<28} {:>11} {:>11} {:>11}  the row {} under the name issue 5 gave it\n", m.name, "=", "=", "=",
-                 m.alias_of);
-      continue;
-    }
-    std::string figs;
-    for (const auto& [k, v] : m.figures) {
-      o[k] = v;
-      figs += fmt::format("{}={:.4g} ", k, v);
-    }
-    if (!m.note.empty()) o["note"] = m.note;
-    j[m.name] = o;
-    fmt::print("{:<28} {:>11.6f} {:>11.6f} {:>11.6f}  {}\n", m.name, m.t.median_s, m.t.min_s, m.t.max_s, figs);
-  }
-  j["target"] = perf::cpu_target_name();
-  j["quick"] = a.quick;
-  j["machine_load"] = {
-      {"loaded", load.loaded},
-      {"copy_spread", load.copy_spread},
-      {"copy_drift", load.copy_drift},
-      {"load_average_1m", load.load_average >= 0 ? nlohmann::json(load.load_average) : nlohmann::json()},
-      {"cores", load.cores},
-      {"reason", load.reason}};
-  fmt::print("machine load: copy spread {:.2f}x, drift {:.2f}x, load average {} on {} cores: {}\n", load.copy_spread,
-             load.copy_drift, load.load_average >= 0 ? fmt::format("{:.2f}", load.load_average) : std::string("n/a"),
-             load.cores, load.loaded ? "BUSY" : "quiet");
-  if (load.loaded)
-    fmt::print(
-        "WARNING: this machine was busy during the run ({}): the times above and the ratios between rows can be off "
-        "several times; rerun when it is quiet\n",
-        load.reason);
+  const perf::BenchReport report = perf::bench_report(ms, load, perf::cpu_target_name(), a.quick);
+  fmt::print("{}", report.table);
   if (!a.json.empty()) {
-    write_output_file(a.json, j.dump(2) + "\n", "--json");
+    write_output_file(a.json, report.json, "--json");
     fmt::print("wrote {}\n", a.json);
   }
 }
