@@ -23,8 +23,10 @@ echo "=== qvg: each setting named in few source files (scripts/check-setting-nam
 python3 scripts/check-setting-names.py
 step_done "deps and layers"
 
+# Each step's header says about how long it takes on a 2-core machine (quiet - busy).
+declare -A estimate=([ci]="8-15 min" [asan]="8-16 min")
 for preset in ci asan; do
-  echo "=== qvg: configure, build and test the '$preset' preset ==="
+  echo "=== qvg: configure, build and test the '$preset' preset (about ${estimate[$preset]} on 2 cores) ==="
   cmake --preset "$preset" >/dev/null
   cmake --build --preset "$preset" -j "$jobs"
   ctest --preset "$preset"
@@ -34,7 +36,7 @@ done
 # The libFuzzer targets (a separate clang 14 build with ASan + UBSan, the 'fuzz' preset):
 # every target replays its committed corpus and runs a fixed, seeded number of inputs;
 # a crash fails the run and prints the reproducer (docs/reliability.md).
-echo "=== qvg: fuzz targets (clang 14, libFuzzer + ASan + UBSan): corpus replay and seeded runs ==="
+echo "=== qvg: fuzz targets (clang 14, libFuzzer + ASan + UBSan): corpus replay and seeded runs (about 3 min) ==="
 bash scripts/fuzz.sh --ci
 step_done "fuzz"
 
@@ -43,7 +45,7 @@ step_done "fuzz"
 # machine through scripts/gpu-check (docs/cuda.md).
 if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 if command -v nvcc >/dev/null; then
-  echo "=== qvg: compile the CUDA backend (cuda-compile preset, sm_90a) and run its host-side test ==="
+  echo "=== qvg: compile the CUDA backend (cuda-compile preset, sm_90a) and run its host-side test (about 4-6 min) ==="
   cmake --preset cuda-compile >/dev/null
   cmake --build --preset cuda-compile -j "$jobs"  # every target of the preset: library, host tests, GPU binaries, CLI
   ctest --preset cuda-compile
@@ -54,6 +56,6 @@ fi
 
 # The Python package (qvg.torch, qvg.distributed): built and installed by pip into a
 # virtual environment with torch from PyPI, then its pytest suite (scripts/python.sh).
-echo "=== qvg: the Python package: pip install into build/venv and pytest ==="
+echo "=== qvg: the Python package: pip install into build/venv and pytest (about 6-10 min; a first run 3 min more) ==="
 bash scripts/python.sh
 step_done "python"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
+#include "qvg/tensor.h"
 #include "qvg/workload.h"
 #include "support/cache_model.h"
 
@@ -381,6 +383,83 @@ TEST(Memory, ReplayMatchesThePackedCache) {
   }
   EXPECT_GT(breaks_seen, 0);
   EXPECT_GT(adaptive_breaks, 0);  // the break case broke spans, and the replay followed
+}
+
+// Issue 39: the model-level peak is what the caches of every layer and the view memory
+// hold at one instant. Three layers of real packed caches stream chunks in layer order
+// (each a denoising step with the full window, as the model calls them); right after
+// every call the test adds up every cache's resident bytes and the bytes of the view
+// scratches they use at that instant. Over the steady state the most of these equals
+// MemoryReport::model_peak_bytes: one shared ViewScratch -> Shared, one scratch per
+// layer (held by the test, as a binding would hold it) -> PerLayer.
+TEST(Memory, ModelPeakIsWhatTheLayersAndTheirViewsHoldAtOnce) {
+  struct Case {
+    const char* what;
+    int64_t context, sink;
+    QuantArgs args;
+  };
+  std::vector<Case> cases;
+  QuantArgs a = small_args();
+  cases.push_back({"span 1, keep 1", 30, 0, a});
+  a.span_chunks = 2;
+  a.sink_span = SinkSpan::Full;
+  cases.push_back({"span 2, sink", 50, 20, a});
+  a = small_args();
+  a.span_chunks = 3;
+  a.span_mode = SpanMode::Incremental;
+  a.keep_recent_chunks = 0;
+  a.refine_recent = 2;
+  cases.push_back({"incremental spans of 3, 2 refined chunks", 50, 0, a});
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Case& c : cases)
+    for (const ViewMemory views : {ViewMemory::Shared, ViewMemory::PerLayer}) {
+      SCOPED_TRACE(std::string(c.what) + (views == ViewMemory::Shared ? ", shared view" : ", a view per layer"));
+      const MemoryShape s = small_shape(c.context, c.sink);  // 3 layers
+      const MemoryReport r = memory_report(s, c.args);
+      CacheOptions o;
+      o.cache_size = s.cache_tokens();
+      o.heads = s.heads;
+      o.head_dim = s.head_dim;
+      o.sink_tokens = s.sink_tokens;
+      std::vector<std::shared_ptr<ViewScratch>> scratch;
+      std::vector<PackedCausalCache> layers;
+      for (int64_t l = 0; l < s.layers; ++l) {
+        if (views == ViewMemory::PerLayer || scratch.empty()) scratch.push_back(std::make_shared<ViewScratch>());
+        o.view_scratch = scratch.back();
+        layers.emplace_back(o, c.args);
+      }
+      auto held = [&] {
+        size_t n = 0;
+        for (const auto& v : scratch) n += v->size();
+        for (const PackedCausalCache& l : layers) n += l.resident_nbytes();
+        return n;
+      };
+      size_t steady_peak = 0;
+      int64_t g = 0;
+      const int64_t chunks = r.steady_from + 2 * r.period_chunks;
+      for (int64_t i = 0; i < chunks; ++i) {
+        const int64_t n = s.chunk_size(i);
+        Tensor k(DType::BF16, {1, n, s.heads, s.head_dim}), v(DType::BF16, {1, n, s.heads, s.head_dim});
+        std::vector<float> f(size_t(k.shape().numel()));
+        for (Tensor* t : {&k, &v}) {
+          for (float& x : f) x = nd(rng);
+          convert_from_f32(f.data(), DType::BF16, t->data(), f.size());
+        }
+        for (int step = 0; step < 2; ++step)  // the advance, then a rewrite: both return the full window
+          for (PackedCausalCache& l : layers) {
+            l.update(k, v, g);
+            if (i >= r.steady_from) steady_peak = std::max(steady_peak, held());
+          }
+        g += n;
+      }
+      EXPECT_EQ(steady_peak, r.model_peak_bytes(views));
+      EXPECT_EQ(r.view_window_bytes, s.raw_bytes(s.cache_tokens()));
+      const size_t view_windows = views == ViewMemory::Shared ? 1 : 3;
+      EXPECT_EQ(r.model_peak_bytes(views), 3 * r.policy_peak_bytes + view_windows * r.view_window_bytes);
+      EXPECT_EQ(r.dense_model_bytes(), 3 * r.dense_window_bytes);
+      EXPECT_DOUBLE_EQ(r.model_peak_ratio(views), double(r.dense_model_bytes()) / double(r.model_peak_bytes(views)));
+    }
 }
 
 // Issue 17's targets: incremental spans (int2, 256 centroids, spans of 8) bring the

@@ -437,6 +437,28 @@ TEST(Frontier, QuickRunMarksParetoReferenceAndProfile) {
   int baselines = 0;
   for (const FrontierPoint& p : r.points) baselines += p.method != "qvg";
   EXPECT_EQ(baselines, 18);
+  // qvg's own points cover the baselines' range of rates (issue 39, item 5), quick runs
+  // included: hq with V at 4 bits, hq at 4 bits, the reference at 4 bits, and hq with a
+  // 2-bit refinement layer on every chunk, whose bytes are exactly the layers'.
+  std::map<std::string, const FrontierPoint*> range;
+  for (const FrontierPoint& p : r.points)
+    if (p.stage == "range") range[p.label] = &p;
+  ASSERT_EQ(range.size(), 4u);
+  const FrontierPoint& hq = r.points[r.profile];
+  const FrontierPoint *v4 = range["hq, V at 4 bits"], *hq4 = range["hq at 4 bits"],
+                      *ref4 = range["reference at 4 bits"], *refined = range["hq + 2-bit refinement layers"];
+  ASSERT_TRUE(v4 && hq4 && ref4 && refined);
+  EXPECT_NEAR(v4->bits_per_element, hq.bits_per_element + 1.0, 1e-9) << "V's codes: 2 more bits, half the elements";
+  EXPECT_NEAR(hq4->bits_per_element, hq.bits_per_element + 2.0, 1e-9);
+  EXPECT_GT(ref4->bits_per_element, 4.0);
+  EXPECT_EQ(refined->codec.refinement_layer_bits, 2);
+  const int64_t ct = r.preset.chunk_tokens(), H = r.preset.heads, D = r.preset.head_dim;
+  const size_t layer =
+      EncodedTensor::predicted_nbytes({1, ct, H, D}, DType::F32, refinement_config(2, hq.codec.k.block_size, 1234));
+  const double elements = 2.0 * double(r.context_tokens * H * D) * double(r.layers.size());
+  const double layers = 2.0 * double(r.context_chunks) * double(r.layers.size());  // K and V, every chunk and layer
+  EXPECT_NEAR(refined->bits_per_element - hq.bits_per_element, layers * double(layer) * 8.0 / elements, 1e-9);
+  for (const FrontierPoint* p : {v4, hq4, refined}) EXPECT_LT(p->attention.rel_l2(), hq.attention.rel_l2()) << p->label;
   const std::string svg = frontier_svg(r);
   EXPECT_NE(svg.find("id=\"x-label\""), std::string::npos);
   EXPECT_NE(svg.find("bits per element"), std::string::npos);

@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "qvg/chart.h"
 #include "qvg/compare.h"
 #include "qvg/error.h"
 #include "qvg/error_sums.h"
+#include "qvg/memory.h"
 #include "qvg/simulate.h"
 #include "qvg/version.h"
 
@@ -161,6 +163,51 @@ TEST(Simulate, MemorySanityAndModel) {
   EXPECT_GT(s.full_dense_bytes, s.full_policy_peak_bytes);
 }
 
+// Issue 39: the model-level peak. The tiny run simulates every layer of its scaled
+// model; their packed caches share one ViewScratch. Right after each call the
+// simulation adds up what every layer's cache and the shared scratch hold
+// (model_bytes, measured); the records say what that must be (the layers are called
+// in order: after layer i's calls of chunk c, layers <= i hold chunk c's state, the
+// others chunk c-1's, plus the view the call copied); the memory model gives the same
+// at the steady state (MemoryReport::model_peak_bytes).
+TEST(Simulate, ModelLevelPeakIsWhatTheCachesAndTheSharedViewHoldAtOnce) {
+  const SimulationResult& r = tiny_result();
+  const ModelPreset& p = r.preset;
+  ASSERT_EQ(r.layers.size(), size_t(p.layers)) << "every layer of the scaled model is simulated";
+  const size_t window_view = 2 * size_t(p.cache_tokens() * p.heads * p.head_dim) * 2;  // K + V, bf16
+  std::vector<size_t> resident(r.layers.size(), 0);
+  size_t from_records = 0, steady = 0;
+  for (const ChunkRecord& c : r.chunks)
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      const PackedLayerRecord& pk = c.layers[i].packed[0];
+      resident[i] = pk.resident_bytes;
+      size_t held = pk.view_bytes;
+      for (const size_t b : resident) held += b;
+      EXPECT_EQ(pk.model_bytes, held) << "chunk " << c.chunk.index << ", layer " << i;
+      EXPECT_LE(pk.view_bytes, window_view);
+      from_records = std::max(from_records, held);
+      if (c.chunk.index >= r.window_full_chunk + 2) steady = std::max(steady, pk.model_bytes);
+    }
+  const PackedSummary& s = r.summary[0];
+  EXPECT_EQ(s.view_bytes, window_view) << "the full window's view";
+  EXPECT_EQ(s.measured_model_peak_bytes, from_records);
+  EXPECT_EQ(s.predicted_model_peak_bytes, s.measured_model_peak_bytes);
+  EXPECT_TRUE(s.model_peak_matches);
+  // Identical layers, all simulated: the scaled model's figure is the measured one.
+  EXPECT_EQ(s.model_peak_bytes, s.measured_model_peak_bytes);
+  EXPECT_EQ(s.model_peak_bytes, size_t(p.layers) * s.packed_peak_bytes + window_view);
+  EXPECT_EQ(s.model_dense_bytes, size_t(p.layers) * s.dense_bytes);
+  EXPECT_DOUBLE_EQ(s.ratio_model_peak, double(s.model_dense_bytes) / double(s.model_peak_bytes));
+  EXPECT_LT(s.ratio_model_peak, s.ratio_peak) << "the view costs the packed side, not the dense one";
+  // The memory model at the steady state, on the scaled shapes (2 layers).
+  const MemoryReport mr = memory_report(MemoryShape::of(p), r.config.packed[0].quant);
+  EXPECT_EQ(steady, mr.model_peak_bytes(ViewMemory::Shared));
+  // The full-size model: 30 layers at the policy peak + one view of its dense window.
+  EXPECT_EQ(s.full_model_peak_bytes, 30 * s.full_policy_peak_bytes + s.full_dense_bytes);
+  EXPECT_EQ(s.full_model_dense_bytes, 30 * s.full_dense_bytes);
+  EXPECT_DOUBLE_EQ(s.full_ratio_model_peak, double(s.full_model_dense_bytes) / double(s.full_model_peak_bytes));
+}
+
 TEST(Simulate, QualityZeroBeforeEncodingBoundedAfter) {
   const SimulationResult& r = tiny_result();
   bool seen = false;
@@ -206,7 +253,7 @@ std::string figures(const SimulationResult& r) {
         o << " | " << p.resident_bytes << ' ' << p.transient_peak_bytes << ' ' << p.encoded_tokens << ' '
           << p.encoded_visible << ' ' << p.encoded_bytes << ' ' << p.spans_encoded << ' ' << p.k.err << ' ' << p.k.ref
           << ' ' << p.v.err << ' ' << p.v.ref << ' ' << p.attention.err << ' ' << p.attention.ref << ' '
-          << p.attention.cos_sum << ' ' << p.attention.cos_min;
+          << p.attention.cos_sum << ' ' << p.attention.cos_min << ' ' << p.view_bytes << ' ' << p.model_bytes;
       o << '\n';
     }
   return o.str();
@@ -321,10 +368,13 @@ TEST(SimulateSvg, MemoryAndAttentionChartsAreWellFormed) {
     EXPECT_GE(seen.count("line"), 8u) << "grid, axes, legend";
     EXPECT_NE(s->find("window full"), std::string::npos);
   }
-  // memory: dense, packed, packed + transient.
-  EXPECT_NE(mem.find("dense cache (bf16)"), std::string::npos);
-  EXPECT_NE(mem.find("packed int2"), std::string::npos);
-  EXPECT_NE(mem.find("resident MiB per layer"), std::string::npos);
+  // memory, for the whole model: dense caches, packed caches + the shared view, and
+  // one layer's transient, labelled as such.
+  EXPECT_NE(mem.find("dense caches (bf16, 2 layers)"), std::string::npos);
+  EXPECT_NE(mem.find("packed int2: 2 layers'"), std::string::npos);
+  EXPECT_NE(mem.find("one shared view"), std::string::npos);
+  EXPECT_NE(mem.find("one layer only; not the model's peak"), std::string::npos);
+  EXPECT_NE(mem.find("MiB, all 2 layers"), std::string::npos);
   size_t n = 0;
   for (size_t i = 0; (i = mem.find("class=\"series\"", i)) != std::string::npos; ++i) ++n;
   EXPECT_EQ(n, 3u);
@@ -441,10 +491,111 @@ TEST(SimulateReport, WritesFourFilesOrNothing) {
 
 TEST(SimulateReport, SummaryTextSaysWhatAndHowToRead) {
   const std::string s = simulation_summary_text(tiny_result());
-  for (const char* w : {"what was simulated", "self-forcing-1.3b", "x0.05", "context 15 frames", "(a)", "memory",
-                        "smaller", "bits per element", "quality", "attention output", "K SNR", "time", "wall time",
-                        "How to read it", "memory model"})
+  for (const char* w :
+       {"what was simulated", "self-forcing-1.3b", "x0.05", "context 15 frames", "(a)", "memory",
+        "the whole model (2 layers at this scale, one shared view window)", "at its peak than with dense",
+        "bits per element", "quality", "attention output", "K SNR", "time", "per denoising step", "wall time",
+        "How to read it", "memory model", "one layer at a time"})
     EXPECT_NE(s.find(w), std::string::npos) << w << "\n" << s;
+  EXPECT_EQ(s.find("nothing was encoded"), std::string::npos);
+  EXPECT_EQ(tiny_result().summary[0].first_encoded_chunk, 3) << "spans of 2 after keep_recent 1: chunks 0-1 at 3";
+}
+
+// Issue 39, item 2: a run too short to encode anything says so instead of a saving.
+TEST(SimulateReport, ShortRunSaysNothingWasEncoded) {
+  SimulationConfig c = tiny_config();
+  c.chunks = 3;  // spans of 2 chunks after keep_recent 1: the first encoding comes with chunk 3
+  c.layers = 1;
+  const SimulationResult r = simulate(c);
+  EXPECT_EQ(r.summary[0].first_encoded_chunk, -1);
+  const std::string s = simulation_summary_text(r);
+  EXPECT_NE(s.find("nothing was encoded during these 3 chunks"), std::string::npos) << s;
+  EXPECT_NE(s.find("(nothing encoded yet)"), std::string::npos) << s;
+  EXPECT_EQ(s.find("memory at its peak than with dense"), std::string::npos) << "no saving claimed\n" << s;
+  EXPECT_NE(memory_chart_svg(r).find("nothing encoded yet"), std::string::npos);
+  const json doc = json::parse(simulation_json(r));
+  EXPECT_TRUE(doc["summary"][0]["first_encoded_chunk"].is_null());
+}
+
+// Issue 40, item 4: time per denoising step = the chunk's advance (the encoding) spread
+// over its steps + one view reconstruction, over the full-window chunks, per layer;
+// the side-by-side table shows it and its ratio to the first configuration's.
+TEST(SimulateReport, TimePerStepInTheSideBySideTable) {
+  SimulationConfig c = tiny_config();
+  c.chunks = 8;
+  c.layers = 1;
+  PackedConfig p4 = c.packed[0];
+  p4.label = "int4";
+  p4.quant.bits = 4;
+  c.packed.push_back(p4);
+  const SimulationResult r = simulate(c);
+  ASSERT_GE(r.window_full_chunk, 0);
+  for (size_t j = 0; j < 2; ++j) {
+    double t = 0;
+    int n = 0;
+    for (const ChunkRecord& ch : r.chunks)
+      if (ch.chunk.index >= r.window_full_chunk) {
+        t += (ch.layers[0].packed[j].encode_s + ch.layers[0].packed[j].decode_s) / c.steps;
+        ++n;
+      }
+    ASSERT_GT(n, 0);
+    EXPECT_NEAR(r.summary[j].step_s, t / n, 1e-12 * (1 + t));
+    EXPECT_GT(r.summary[j].step_s, 0);
+  }
+  const std::string s = simulation_summary_text(r);
+  const size_t table = s.find("== side by side (against int2");
+  ASSERT_NE(table, std::string::npos) << s;
+  EXPECT_NE(s.find("time per step", table), std::string::npos);
+  const std::string ratio = fmt::format("({:.2f}x)", r.summary[1].step_s / r.summary[0].step_s);
+  const size_t row = s.find("\n  int4 ", table);
+  ASSERT_NE(row, std::string::npos) << s;
+  const std::string line = s.substr(row + 1, s.find('\n', row + 1) - row - 1);
+  EXPECT_NE(line.find(fmt::format("{:.2f}x", r.summary[1].full_ratio_model_peak)), std::string::npos) << line;
+  EXPECT_NE(line.find(ratio), std::string::npos) << line;
+  EXPECT_NE(line.find(fmt::format("{:.2f} ms", 1e3 * r.summary[1].step_s)), std::string::npos) << line;
+}
+
+// The charts' text fits: wrap_chart_text cuts lines no wider than asked (DejaVu Sans
+// metrics), prefers separators, never splits a UTF-8 character, ends a cut-short last
+// line with an ellipsis; chart_text_width uses the font's advances.
+TEST(SimulateSvg, ChartTextWrapsToTheWidth) {
+  EXPECT_DOUBLE_EQ(chart_text_width("iW", 10, false), (278 + 989) / 100.0);
+  EXPECT_DOUBLE_EQ(chart_text_width("iW", 10, true), (343 + 1103) / 100.0);
+  EXPECT_GT(chart_text_width("a \u00b7 b", 12, false), chart_text_width("a b", 12, false));
+  const std::string text =
+      "engine: model peak 1.87 MiB vs dense 1.48 MiB (0.79x);  recommended int2: model peak 1.52 MiB vs dense "
+      "1.48 MiB (0.97x) \u00b7 and a longer tail of words \u2014 with non-ASCII \u00d7 characters";
+  for (const double width : {120.0, 300.0, 700.0}) {
+    const std::vector<std::string> lines = wrap_chart_text(text, 13, true, width, 20);
+    ASSERT_FALSE(lines.empty());
+    std::string joined;
+    for (const std::string& l : lines) {
+      EXPECT_LE(chart_text_width(l, 13, true), width) << l;
+      joined += (joined.empty() ? "" : " ") + l;
+    }
+    // Nothing lost but the spaces at the cuts (and the separators' middle dots).
+    std::string a = text, b = joined;
+    for (std::string* x : {&a, &b}) {
+      std::string y;
+      for (size_t i = 0; i < x->size(); ++i)
+        if ((*x)[i] != ' ' && x->compare(i, 2, "\u00b7") != 0)
+          y += (*x)[i];
+        else if ((*x)[i] != ' ')
+          ++i;
+      *x = y;
+    }
+    EXPECT_EQ(a, b) << width;
+  }
+  const std::vector<std::string> two = wrap_chart_text(text, 13, true, 300, 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].substr(two[1].size() - 3), "\u2026");
+  EXPECT_LE(chart_text_width(two[1], 13, true), 300.0);
+  const std::vector<std::string> first = wrap_chart_text(text, 13, true, 700, 3);
+  EXPECT_EQ(first[0].back(), ';') << "cut after the separator: " << first[0];
+  EXPECT_TRUE(wrap_chart_text("", 12, false, 100, 3).empty());
+  // A word wider than the line is cut inside, never inside a UTF-8 character.
+  for (const std::string& l : wrap_chart_text("\u00d7\u00d7\u00d7\u00d7\u00d7\u00d7", 12, false, 30, 10))
+    EXPECT_EQ(l.size() % 2, 0u) << l;
 }
 
 // ---- configuration ----------------------------------------------------------

@@ -75,6 +75,18 @@ struct LineChart {
 /// in length or width/height < 200.
 std::string render_line_chart(const LineChart& chart);
 
+/// The width in px of `text` (UTF-8) at font size `px` in DejaVu Sans (bold or not),
+/// the first font the charts name (Helvetica and Arial, the fallbacks, are narrower):
+/// each ASCII character's advance from the font; any other character 1 em (the widest
+/// of those the reports use), except the middle dot.
+double chart_text_width(const std::string& text, double px, bool bold);
+
+/// `text` cut into lines no wider than `width` (chart_text_width): at a "; " or " · "
+/// separator where one fits in the line's second half, else at a space, else inside a
+/// word. At most `max_lines` (>= 1) lines; the last one that would not fit is shortened
+/// and ends with an ellipsis. Empty text: no line.
+std::vector<std::string> wrap_chart_text(const std::string& text, double px, bool bold, double width, size_t max_lines);
+
 /// Tick positions from lo to hi with a 1/2/5 x 10^k step, about `target` of them.
 std::vector<double> nice_ticks(double lo, double hi, int target = 6);
 

@@ -37,6 +37,11 @@ namespace qvg {
 struct FrontierCodec {
   CodecConfig k, v;
   int chunks_per_span = 0;  ///< chunks per span (each its own codebook), oldest first; 0 = the whole context
+  /// 0, or 2 / 4: every chunk of the context also gets a refinement layer of that width
+  /// over its span's decoding (encode_refinement with refinement_config(refinement_layer_bits,
+  /// the role's block size, seed, threads); the packed cache's layers, docs/spans.md,
+  /// given to every chunk): the rates above the codec's own.
+  int refinement_layer_bits = 0;
   /// "k: bits=2 ... | v: ... | span=all" (only what differs from the reference when `short_form`).
   std::string describe(bool short_form = false) const;
   bool operator==(const FrontierCodec&) const = default;
@@ -73,7 +78,7 @@ struct FrontierConfig {
 struct FrontierPoint {
   std::string method;       ///< "qvg" | "rtn" | "kivi" | "quarot"
   std::string label;        ///< "reference", "hq", the descent's move, or "rtn 3b g32"
-  std::string stage;        ///< "reference" | "descent" | "ladder" | "profile" | "baseline"
+  std::string stage;        ///< "reference" | "descent" | "ladder" | "profile" | "range" | "baseline"
   FrontierCodec codec;      ///< qvg points
   BaselineConfig baseline;  ///< baseline points
   double bits_per_element = 0;

@@ -129,6 +129,15 @@ class PolicyReplay {
   std::unique_ptr<Impl> impl_;
 };
 
+/// How the layers of a model hold the views their caches return (the model-level peak).
+///  - Shared: one window of view memory for the whole model — the layers' packed caches
+///    share one ViewScratch (CacheOptions::view_scratch; qvg.torch does it for every
+///    packed cache of a process), or, as the engine's packed cache does, each layer's
+///    view is a fresh tensor freed after that layer's attention.
+///  - PerLayer: one window per layer — C++ packed caches that each own their scratch
+///    (the default without CacheOptions::view_scratch) keep it between calls.
+enum class ViewMemory { Shared, PerLayer };
+
 /// The `qvg memory` figures for one layer and for all layers.
 struct MemoryReport {
   MemoryShape shape;
@@ -149,6 +158,25 @@ struct MemoryReport {
   /// grow with the context (issue 42, item 6; docs/reliability.md).
   int64_t replayed_chunks = 0;
   PolicyStep peak_step;  ///< the state at the peak
+
+  /// One decoded view of the full window (context + chunk, K and V in the cache dtype):
+  /// what a packed cache's update() assembles at steady state (decoded spans and raw
+  /// chunks copied into one buffer), the size of the dense window.
+  size_t view_window_bytes = 0;
+
+  // --- the model: every layer at once (docs/simulate.md, "The model-level peak") ---
+  /// The most bytes the whole model's packed caches hold at once between calls (while
+  /// a layer attends over its view): every layer's resident bytes at the policy peak
+  /// (all layers have the same shapes and reach it at the same chunk) plus the view
+  /// memory held at once: one window (ViewMemory::Shared) or one per layer (PerLayer).
+  /// A call that encodes holds more while it runs (a span's input and its encodings:
+  /// the cache's peak_transient_nbytes()), for the one layer running it.
+  size_t model_peak_bytes(ViewMemory views = ViewMemory::Shared) const;
+  /// The dense caches of every layer (their views are ranges of their buffers: no copy).
+  size_t dense_model_bytes() const { return total(dense_window_bytes); }
+  /// dense_model_bytes / model_peak_bytes(views): the headline ratio of `qvg memory`,
+  /// `qvg simulate` and the main job.
+  double model_peak_ratio(ViewMemory views = ViewMemory::Shared) const;
 
   double ratio() const;         ///< raw_context / packed_context
   /// raw_context / policy_peak: bf16 / packed as `qvg memory --json` defines its ratios.

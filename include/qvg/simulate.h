@@ -52,7 +52,10 @@ namespace qvg {
 // ---------------------------------------------------------------------------
 // simulate()
 
-/// One packed-cache configuration streamed next to the dense cache.
+/// One packed-cache configuration streamed next to the dense cache. The simulated
+/// layers' caches of one configuration share one ViewScratch (CacheOptions::
+/// view_scratch, as qvg.torch's packed caches do): the model holds one window of view
+/// memory, which the model-level figures count (PackedSummary).
 struct PackedConfig {
   std::string label;  ///< shown in tables, JSON and legends, e.g. "int2"; non-empty, unique
   QuantArgs quant;    ///< must be enabled (bits set); used as given (`qvg simulate` sets
@@ -117,6 +120,12 @@ struct PackedLayerRecord {
   double encode_s = 0;                             ///< the advance call (pack-and-evict; see top)
   double decode_s = 0;                             ///< the step calls (view reconstruction), summed over steps
   double attention_s = 0;                          ///< reference attention over the packed views
+  /// The model-level figures of the simulated layers (see PackedSummary): right after
+  /// each of this layer's calls in the chunk, the resident bytes of every simulated
+  /// layer's cache of this configuration plus the bytes of the view scratch they share,
+  /// at that instant; the most of these. view_bytes: the shared scratch after the call.
+  size_t model_bytes = 0;
+  size_t view_bytes = 0;
 };
 
 /// One simulated layer during one chunk.
@@ -181,6 +190,43 @@ struct PackedSummary {
   /// from the memory model (qvg/memory.h): dense cache and policy peak, per layer.
   size_t full_dense_bytes = 0, full_policy_peak_bytes = 0;
   int full_layers = 0;
+
+  // --- the model level (docs/simulate.md, "The model-level peak") ---------------
+  // What the model's GPU (or host) holds at once: every layer's cache plus the view
+  // memory. The packed caches of one configuration share one view window (the
+  // engine's packed cache, which frees its view after each layer's attention, holds one
+  // too); dense views are ranges of the dense buffers (no copy).
+  /// The largest shared view scratch of the run (the decoded full window).
+  size_t view_bytes = 0;
+  /// The scaled model, all ModelPreset::layers layers: dense = layers x dense_bytes;
+  /// packed = the most, over the chunks, of layers x resident bytes (mean of the
+  /// simulated layers) + the shared view after that chunk's calls.
+  size_t model_dense_bytes = 0, model_peak_bytes = 0;
+  double ratio_model_peak = 0;  ///< model_dense_bytes / model_peak_bytes
+  /// Measured on the simulated layers: the most, over every instant right after a
+  /// cache call, of the resident bytes of all simulated layers' caches plus the shared
+  /// view scratch's bytes at that instant (PackedLayerRecord::model_bytes)...
+  size_t measured_model_peak_bytes = 0;
+  /// ... and the same sum from the memory model (each layer's PolicyReplay prediction,
+  /// in the order the layers are called, plus the window's view), 0 when the memory
+  /// model does not cover the shapes; model_peak_matches when the two are equal.
+  size_t predicted_model_peak_bytes = 0;
+  bool model_peak_matches = false;
+  /// The full-size model (full_layers layers, one shared view window, the memory
+  /// model: MemoryReport::model_peak_bytes and dense_model_bytes).
+  size_t full_model_dense_bytes = 0, full_model_peak_bytes = 0;
+  double full_ratio_model_peak = 0;
+
+  // --- time per denoising step (issue 40) -----------------------------------------
+  /// Per layer and denoising step, over the full-window chunks (all chunks when the
+  /// window never fills): the advance call's time (pack-and-evict: the encoding)
+  /// amortised over the chunk's steps plus one view reconstruction, i.e. (advance +
+  /// all step calls) / steps, averaged over chunks and simulated layers. Wall clock.
+  double step_s = 0;
+  /// Chunk (0-based) whose advance encoded the configuration's first span or chunk; -1
+  /// when nothing was encoded during the run (its ratios then compare the dense cache's
+  /// up-front allocation with raw chunks).
+  int64_t first_encoded_chunk = -1;
 };
 
 /// The result of simulate().

@@ -36,6 +36,8 @@ class QuantArgs:
     def enabled(self) -> bool: ...
 
 def quant_args_from_flags(flags: dict[str, str], /) -> dict[str, Any]: ...
+def packed_snapshot_settings(source: str | bytes, from_bytes: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(options, settings) of the packed cache a snapshot holds, from its config section only."""
 def quant_settings() -> list[tuple[str, str, str, bool, Any, str]]:
     """The settings table: (name, flag suffix, kind, per_role, default, allowed) per setting."""
 def engine_quant_fields() -> list[str]:

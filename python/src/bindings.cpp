@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,7 @@
 #include "qvg/encoding_layout.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
+#include "qvg/snapshot.h"
 #include "qvg/tensor.h"
 #include "qvg/test_access.h"
 #include "qvg/version.h"
@@ -176,6 +178,67 @@ py::dict quant_args_dict(const qvg::QuantArgs& q) {
   d["k_config"] = role_spec(q, "k_");
   d["v_config"] = role_spec(q, "v_");
   return d;
+}
+
+/// What a packed cache's snapshot (a path, or its bytes when from_bytes) says it holds,
+/// read from its header, table and config section only (qvg::inspect_snapshot without
+/// the checksums of the payload: a load verifies those): (the constructor's options as
+/// a dict: batch_size, cache_size, num_heads, head_dim, dtype "f32"|"bf16"|"f16",
+/// sink_tokens, attention_window_size (None: the cache size), allow_growth, head_offset;
+/// the settings as QuantArgs.as_dict gives them). ValueError for a dense cache's
+/// snapshot, an unreadable config, or a file that is not a snapshot.
+py::tuple packed_snapshot_settings(const std::string& source, bool from_bytes) {
+  const std::span<const uint8_t> bytes{reinterpret_cast<const uint8_t*>(source.data()), source.size()};
+  // A snapshot this cannot read, or of a dense cache: the load's own error (one message
+  // for every way of loading, naming the section or the kind).
+  const auto load_for_its_error = [&] {
+    py::gil_scoped_release nogil;
+    if (from_bytes)
+      (void)qvg::PackedCausalCache::from_snapshot_bytes(bytes);
+    else
+      (void)qvg::PackedCausalCache::load(source);
+  };
+  qvg::SnapshotInfo info;
+  try {
+    py::gil_scoped_release nogil;
+    info = from_bytes ? qvg::inspect_snapshot_bytes(bytes, false) : qvg::inspect_snapshot(source, false);
+  } catch (const qvg::Error&) {
+    load_for_its_error();
+    throw;
+  }
+  if (info.config.empty() || info.cache != "packed") {
+    load_for_its_error();
+    throw qvg::CorruptData(fmt::format("snapshot: its config is unreadable or of a {} cache, not a packed one",
+                                       info.cache.empty() ? "unknown" : info.cache));
+  }
+  static const std::map<std::string, std::string> kOptions = {{"batch", "batch_size"},
+                                                              {"cache_size", "cache_size"},
+                                                              {"num_heads", "num_heads"},
+                                                              {"head_dim", "head_dim"},
+                                                              {"dtype", "dtype"},
+                                                              {"sink_tokens", "sink_tokens"},
+                                                              {"allow_growth", "allow_growth"},
+                                                              {"head_offset", "head_offset"},
+                                                              {"attention_window_size", "attention_window_size"}};
+  py::dict options;
+  options["head_offset"] = 0;  // files before the entry existed: a whole cache
+  qvg::QuantArgs q;
+  for (const auto& [key, text] : info.config) {
+    if (const auto it = kOptions.find(key); it != kOptions.end()) {
+      if (key == "dtype")
+        options[py::str(it->second)] = text;
+      else if (key == "allow_growth")
+        options[py::str(it->second)] = text == "true";
+      else if (text == "none")
+        options[py::str(it->second)] = py::none();
+      else
+        options[py::str(it->second)] = std::stoll(text);
+    } else if (const qvg::Setting* s = qvg::find_setting(key); s != nullptr && text != "none" && !text.empty()) {
+      // "none" / "": an unset value (bits with quantization off, a role without its own): the default
+      s->set(q, qvg::parse_setting(*s, text, fmt::format("snapshot config entry '{}'", key)));
+    }
+  }
+  return py::make_tuple(options, quant_args_dict(q));
 }
 
 /// The table for qvg.torch: (name, flag suffix, kind, per-role, default, allowed) per setting.
@@ -492,6 +555,8 @@ PYBIND11_MODULE(_C, m) {
         return quant_args_dict(qvg::QuantArgs::from_flags(flags));
       },
       "The engine's flat kv_cache_quant* flags (strings) -> validated fields (spec 2).");
+  m.def("packed_snapshot_settings", &packed_snapshot_settings, py::arg("source"), py::arg("from_bytes"),
+        "(options dict, settings dict) of the packed cache a snapshot holds, from its config section only.");
   m.def("quant_settings", &quant_settings_list,
         "The settings table (qvg/settings.h): (name, flag suffix, kind, per_role, default, allowed) per setting.");
   m.def(

@@ -241,3 +241,68 @@ def test_qvg_float32_encoding_decoded_by_the_reference_quantizers_dequantizer(bi
     enc = compat_encoding(40 + bits, bits, False, "fp8_e4m3", 1, dtype=torch.float32)
     r32 = dequantize(qt.to_reference(enc), 64, bits, output_dtype=torch.float32)
     assert torch.equal(_f32_bits(r32), _f32_bits(qt.decode(enc).permute(0, 2, 1, 3)))
+
+
+def _record_divisions(monkeypatch) -> list[int]:
+    """Spies on the Triton interpreter's floating-point divisions (what raises its
+    'invalid value encountered in divide' RuntimeWarning, interpreter.py's binary_op):
+    every division that gives NaN must be 0 / 0, lane by lane; the list receives the
+    number of NaN lanes of each such division."""
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    nan_lanes: list[int] = []
+    original = interp.InterpreterBuilder.binary_op
+
+    def spy(self, lhs, rhs, op):
+        out = original(self, lhs, rhs, op)
+        if op is np.divide:
+            bad = np.isnan(out.data)
+            if bad.any():
+                a, b = np.broadcast_arrays(lhs.data, rhs.data)
+                assert (a[bad] == 0).all() and (b[bad] == 0).all(), "a NaN that is not 0 / 0"
+                nan_lanes.append(int(bad.sum()))
+        return out
+
+    monkeypatch.setattr(interp.InterpreterBuilder, "binary_op", spy)
+    return nan_lanes
+
+
+@pytest.mark.parametrize("heads,zero_head,asym", [(1, False, False), (3, False, False), (3, True, False),
+                                                  (3, True, True)])
+def test_reference_divide_warning_is_padding_and_zero_blocks_never_a_compared_nan(monkeypatch, heads, zero_head,
+                                                                                   asym):
+    """Issue 39, item 10 (docs/compat.md, "The interpreter's divide warning"): the
+    RuntimeWarning 'invalid value encountered in divide' of test_compat_reference.py and
+    test_e2e_sglang.py is quant_pack.py's ``y = x / scale_x`` (asymmetric: ``(x - zero)
+    / scale_x``) on lanes whose block scale is 0 and whose value is 0: 0 / 0. The scale
+    is clamped to 1e-10 and then rounded to fp8 e4m3, whose smallest step is 2^-9, so a
+    zero block's scale becomes 0. Such lanes are (a) the padding of the kernel's last
+    tile (reference_cpu fixes the autotuner to its largest tile, BLOCK_D = 512; lanes
+    past H * D load 0.0 and are masked at the store) and (b) blocks whose residual is
+    zero: a token equal to its centroid (a cluster of one token) or zero data. Every NaN
+    lane is one of those, and no NaN reaches a stored scale or a dequantized value (a
+    zero-scale block decodes to its centroid whatever its codes): what the tests compare
+    is finite and equal to qvg's decode."""
+    quantize, dequantize, _ = _reference_cpu()
+    nan_lanes = _record_divisions(monkeypatch)
+    B, S, D, tile = 1, 24, 128, 512
+    g = torch.Generator().manual_seed(heads * 10 + zero_head)
+    x = (torch.randn(B, heads, S, D, generator=g) * 3).to(torch.bfloat16).float()
+    if zero_head:
+        x[:, 1] = 0.0  # a head whose K/V are zero: every block of it, in every row
+    packed = quantize(x, num_stages=1, num_clusters=8, block_size=64, max_iters=2, quantize_fn=lambda _t: 2,
+                      asymmetric=asym)
+    hd = heads * D
+    padding = B * S * (-hd % tile)  # lanes past H * D of each row's last tile
+    zero_scale_lanes = 64 * int((packed["scales"].float() == 0).sum())  # blocks stored with scale 0
+    assert (padding > 0) == (hd % tile != 0)
+    assert padding <= sum(nan_lanes) <= padding + zero_scale_lanes, (nan_lanes, padding, zero_scale_lanes)
+    if zero_head:
+        assert zero_scale_lanes >= S * D and sum(nan_lanes) >= padding + S * D
+    ref = dequantize(packed, 64, 2, output_dtype=torch.float32)
+    assert torch.isfinite(ref).all() and torch.isfinite(packed["scales"].float()).all()
+    if zero_head:
+        assert torch.equal(ref[:, 1], torch.zeros_like(ref[:, 1])), "a zero block decodes to zeros"
+    ours = qt.decode(qt.from_reference(packed, 64, 2)).permute(0, 2, 1, 3)
+    assert torch.equal(_f32_bits(ours), _f32_bits(ref))

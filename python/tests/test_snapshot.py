@@ -121,7 +121,8 @@ def test_another_configuration_is_refused_naming_the_field(tmp_path):
 def test_a_head_shard_keeps_its_head_offset(tmp_path):
     # A shard's encodings draw its global heads' PRNG streams (init="random"): the
     # snapshot stores head_offset (format 1.2), the loaded cache continues bit for bit,
-    # and a caller expecting another offset is refused naming the field.
+    # and a caller expecting another offset is refused naming the field; one who does
+    # not say gets the snapshot's (issue 39: keyword arguments are an expectation).
     quant = qt.QVGKVQuantArgs(bits=2, centroids=4, block_size=8, keep_recent_chunks=0, init="random")
     a = qt.QVGPackedCausalKVCache(**kwargs(quant), head_offset=3)
     g = torch.Generator().manual_seed(9)
@@ -129,7 +130,8 @@ def test_a_head_shard_keeps_its_head_offset(tmp_path):
         step(a, g, c, 8, None, torch.bfloat16)
     a.save(tmp_path / "shard.qvgs")
     with pytest.raises(ValueError, match=r"the snapshot's cache has head_offset = 3, the caller expects 0"):
-        qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant))
+        qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant), head_offset=0)
+    assert qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant)).head_offset == 3
     b = qt.QVGPackedCausalKVCache.load(tmp_path / "shard.qvgs", **kwargs(quant), head_offset=3)
     for c in range(24, 64, 8):
         k = torch.randn(B, 8, H, D, generator=g).to(torch.bfloat16)
@@ -157,8 +159,17 @@ def test_damaged_bytes_are_value_errors_naming_the_section(tmp_path):
             qt.QVGPackedCausalKVCache.from_snapshot_bytes(bytes(bad), **kwargs(QUANTS[1]))
     with pytest.raises(ValueError, match=r"data must be bytes"):
         qt.QVGPackedCausalKVCache.from_snapshot_bytes("not bytes", **kwargs(QUANTS[1]))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"missing"):
+    with pytest.raises(FileNotFoundError, match=r"missing"):
         qt.QVGPackedCausalKVCache.load(tmp_path / "missing.qvgs", **kwargs(QUANTS[1]))
+    # The same errors without keyword arguments (the settings come from the snapshot).
+    for cut in (0, 10, len(data) // 2):
+        with pytest.raises(ValueError, match=r"invalid snapshot"):
+            qt.QVGPackedCausalKVCache.from_snapshot_bytes(bytes(data[:cut]))
+    for _ in range(50):
+        bad = bytearray(data)
+        bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
+        with pytest.raises(ValueError, match=r"invalid snapshot"):
+            qt.QVGPackedCausalKVCache.from_snapshot_bytes(bytes(bad))
 
 
 def test_a_failed_restore_leaves_the_cache_as_it_was():
@@ -236,3 +247,90 @@ def test_dense_snapshot_of_another_size_or_kind_is_refused(tmp_path):
     data = a.snapshot_bytes()
     with pytest.raises(ValueError, match=r"invalid snapshot"):
         qt.CausalSelfAttentionKVCache.from_snapshot_bytes(data[: len(data) // 2], **dense_kwargs(16))
+
+
+# ---- load(path) without keyword arguments (issue 39, item 8) --------------------------
+
+
+# Every kind of setting the config holds: per-role overrides, incremental spans with
+# adaptive breaks and refinement layers, the scale search.
+LOAD_QUANTS = QUANTS + [
+    qt.QVGKVQuantArgs(bits=4, centroids=8, block_size=16, k_config="bits=2,scale_search=mse", v_config="centroids=4",
+                      span_mode="incremental", span_chunks=2, span_break_ratio=0.5, refine_recent=1, refine_bits=2,
+                      keep_recent_chunks=0, scale_search="mse", seed=7),
+]
+
+
+@pytest.mark.parametrize("qi", range(len(LOAD_QUANTS)))
+def test_load_rebuilds_from_the_snapshot_alone(tmp_path, qi):
+    """The snapshot holds the whole configuration: load(path) and
+    from_snapshot_bytes(data) need no keyword argument (as the C++ load(path)), give a
+    CPU cache of the saved options and quant args with the saved cursors, and answer
+    later calls bit for bit as the saved cache."""
+    quant = LOAD_QUANTS[qi]
+    a = qt.QVGPackedCausalKVCache(**kwargs(quant, window=24 if qi % 2 else None, sink=4))
+    g = torch.Generator().manual_seed(qi)
+    for c in range(0, 5 * 6, 6):
+        step(a, g, c, 6, None, torch.bfloat16)
+    path = tmp_path / "cache.qvgs"
+    a.save(path)
+    for b in (qt.QVGPackedCausalKVCache.load(path), qt.QVGPackedCausalKVCache.load(str(path)),
+              qt.QVGPackedCausalKVCache.from_snapshot_bytes(a.snapshot_bytes())):
+        assert (b.batch_size, b.cache_size, b.num_heads, b.head_dim, b.dtype, b.sink_tokens) == (B, S, H, D,
+                                                                                                 torch.bfloat16, 4)
+        assert b.attention_window_size == a.attention_window_size and b.device == torch.device("cpu")
+        assert b.q == (quant if quant is not None else qt.QVGKVQuantArgs())
+        assert cursors(b) == cursors(a) and b.resident_nbytes() == a.resident_nbytes()
+        assert b.snapshot_bytes() == a.snapshot_bytes()
+    b = qt.QVGPackedCausalKVCache.load(path)
+    for c in range(30, 48, 6):
+        k = torch.randn(B, 6, H, D, generator=g).to(torch.bfloat16)
+        v = torch.randn(B, 6, H, D, generator=g).to(torch.bfloat16)
+        va = a.update_and_get_attention_kv(key=k, value=v, current_chunk_start=c)
+        vb = b.update_and_get_attention_kv(key=k, value=v, current_chunk_start=c)
+        assert bits_equal(va.k, vb.k) and bits_equal(va.v, vb.v)
+
+
+def test_load_keyword_arguments_are_an_optional_expectation(tmp_path):
+    """Given keyword arguments must match the snapshot (ValueError naming the field);
+    the runtime ones (index tensors, int cursors) are taken as given."""
+    quant = QUANTS[1]
+    a = qt.QVGPackedCausalKVCache(**kwargs(quant))
+    g = torch.Generator().manual_seed(3)
+    for c in range(0, 24, 6):
+        step(a, g, c, 6, None, torch.bfloat16)
+    path = tmp_path / "cache.qvgs"
+    a.save(path)
+    b = qt.QVGPackedCausalKVCache.load(path, use_int_indices=True, num_heads=H, quant_args=quant)
+    assert b.global_end_index_int == 24 and cursors(b) == cursors(a)
+    gi, li = index_tensor(), index_tensor()
+    b = qt.QVGPackedCausalKVCache.load(path, global_end_index=gi, local_end_index=li)
+    assert b.global_end_index is gi and int(gi) == 24 and int(li) == 24
+    with pytest.raises(ValueError, match="cache_size"):
+        qt.QVGPackedCausalKVCache.load(path, cache_size=S + 8)
+    with pytest.raises(ValueError, match="centroids"):
+        qt.QVGPackedCausalKVCache.load(path, quant_args=qt.QVGKVQuantArgs(bits=2, centroids=8, block_size=8,
+                                                                          keep_recent_chunks=0))
+
+
+def test_load_of_a_missing_file_is_file_not_found(tmp_path):
+    """A path that names no file: FileNotFoundError (an OSError with errno ENOENT and the
+    path), with or without keyword arguments; a dense snapshot or a file that is not a
+    snapshot stays ValueError."""
+    import errno
+    missing = tmp_path / "nope.qvgs"
+    for kw in ({}, kwargs(QUANTS[1])):
+        with pytest.raises(FileNotFoundError) as e:
+            qt.QVGPackedCausalKVCache.load(missing, **kw)
+        assert e.value.errno == errno.ENOENT and e.value.filename == str(missing)
+    dense = qt.CausalSelfAttentionKVCache(torch.zeros(B, S, H, D), torch.zeros(B, S, H, D), index_tensor(),
+                                          index_tensor())
+    with pytest.raises(FileNotFoundError):
+        qt.CausalSelfAttentionKVCache.load(missing, k=torch.zeros(B, S, H, D), v=torch.zeros(B, S, H, D),
+                                           global_end_index=index_tensor(), local_end_index=index_tensor())
+    dense.save(tmp_path / "dense.qvgs")
+    with pytest.raises(ValueError, match="holds a dense cache; a packed cache cannot be loaded"):
+        qt.QVGPackedCausalKVCache.load(tmp_path / "dense.qvgs")
+    (tmp_path / "junk.qvgs").write_bytes(b"not a snapshot at all, just some bytes" * 4)
+    with pytest.raises(ValueError):
+        qt.QVGPackedCausalKVCache.load(tmp_path / "junk.qvgs")

@@ -282,6 +282,16 @@ PolicyStep policy_peak(const MemoryShape& shape, const QuantArgs& args, int64_t 
 
 }  // namespace
 
+// The model-level peak (reporting only: computed from the per-layer figures above).
+size_t MemoryReport::model_peak_bytes(ViewMemory views) const {
+  const size_t view_windows = views == ViewMemory::Shared ? 1 : size_t(shape.layers);
+  return total(policy_peak_bytes) + view_windows * view_window_bytes;
+}
+double MemoryReport::model_peak_ratio(ViewMemory views) const {
+  const size_t peak = model_peak_bytes(views);
+  return peak > 0 ? double(dense_model_bytes()) / double(peak) : 0.0;
+}
+
 MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   PolicyReplay replay(shape, args);  // validates both
   MemoryReport r;
@@ -289,6 +299,7 @@ MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   r.args = args;
   r.raw_context_bytes = shape.raw_bytes(shape.context_tokens);
   r.dense_window_bytes = shape.raw_bytes(shape.cache_tokens());
+  r.view_window_bytes = r.dense_window_bytes;  // the view is in the cache dtype, K and V
 
   // Fully encoded context.
   auto raw_seg = [&](int64_t g0, int64_t g1, bool sink, int64_t chunks) {

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "codec/kmeans.h"
 #include "kernels/kernels.h"
@@ -135,9 +137,80 @@ Measurement make(const std::string& name, const Timing& t) {
 
 }  // namespace
 
-std::vector<Measurement> run_suite(const BenchOptions& opt) {
+LoadCheck assess_load(const Timing& first_copy, const Timing& last_copy, double load_average, int cores) {
+  LoadCheck c;
+  c.cores = std::max(1, cores);
+  c.load_average = load_average;
+  c.copy_spread = first_copy.min_s > 0 ? first_copy.max_s / first_copy.min_s : 1;
+  c.copy_drift = first_copy.median_s > 0 ? last_copy.median_s / first_copy.median_s : 1;
+  auto add = [&](const std::string& why) {
+    c.loaded = true;
+    c.reason += (c.reason.empty() ? "" : "; ") + why;
+  };
+  if (c.copy_spread > LoadCheck::kSpreadLimit)
+    add(
+        fmt::format("repetitions of one copy took from {:.3g} to {:.3g} s ({:.2f}x apart, where a quiet machine keeps "
+                    "them within {:.2f}x)",
+                    first_copy.min_s, first_copy.max_s, c.copy_spread, LoadCheck::kSpreadLimit));
+  if (c.copy_drift > LoadCheck::kDriftLimit || c.copy_drift < 1 / LoadCheck::kDriftLimit)
+    add(fmt::format("the same copy took {:.2f}x as long at the end of the run as at its start", c.copy_drift));
+  if (load_average > LoadCheck::kLoadPerCore * double(c.cores))
+    add(fmt::format("the 1-minute load average was {:.2f} on {} cores before the run started", load_average, c.cores));
+  return c;
+}
+
+BenchReport bench_report(const std::vector<Measurement>& ms, const LoadCheck& load, const std::string& target,
+                         bool quick) {
+  BenchReport r;
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  r.table = fmt::format("{:<28} {:>11} {:>11} {:>11}  {}\n", "measurement", "median_s", "min_s", "max_s", "figures");
+  for (const Measurement& m : ms) {
+    nlohmann::ordered_json o = {
+        {"median_s", m.t.median_s}, {"min_s", m.t.min_s}, {"max_s", m.t.max_s}, {"reps", m.t.reps}};
+    if (!m.alias_of.empty()) {  // a second name for a row above: labelled, its figures not repeated
+      o["alias_of"] = m.alias_of;
+      j[m.name] = o;
+      r.table += fmt::format("{:<28} {:>11} {:>11} {:>11}  the row {} under the name issue 5 gave it\n", m.name, "=",
+                             "=", "=", m.alias_of);
+      continue;
+    }
+    std::string figs;
+    for (const auto& [k, v] : m.figures) {
+      o[k] = v;
+      figs += fmt::format("{}={:.4g} ", k, v);
+    }
+    if (!m.note.empty()) o["note"] = m.note;
+    j[m.name] = o;
+    r.table +=
+        fmt::format("{:<28} {:>11.6f} {:>11.6f} {:>11.6f}  {}\n", m.name, m.t.median_s, m.t.min_s, m.t.max_s, figs);
+  }
+  j["target"] = target;
+  j["quick"] = quick;
+  j["machine_load"] = {{"loaded", load.loaded},
+                       {"copy_spread", load.copy_spread},
+                       {"copy_drift", load.copy_drift},
+                       {"load_average_1m",
+                        load.load_average >= 0 ? nlohmann::ordered_json(load.load_average) : nlohmann::ordered_json()},
+                       {"cores", load.cores},
+                       {"reason", load.reason}};
+  r.table += fmt::format("machine load: copy spread {:.2f}x, drift {:.2f}x, load average {} on {} cores: {}\n",
+                         load.copy_spread, load.copy_drift,
+                         load.load_average >= 0 ? fmt::format("{:.2f}", load.load_average) : std::string("n/a"),
+                         load.cores, load.loaded ? "BUSY" : "quiet");
+  if (load.loaded)
+    r.table += fmt::format(
+        "WARNING: this machine was busy during the run ({}): the times above and the ratios between rows can be off "
+        "several times; rerun when it is quiet\n",
+        load.reason);
+  r.json = j.dump(2) + "\n";
+  return r;
+}
+
+std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
   check_threads("threads", opt.threads);
   const int threads = resolve_threads(opt.threads);
+  double load_average = -1;
+  if (double l[1]; load != nullptr && ::getloadavg(l, 1) == 1) load_average = l[0];
   auto step = [&](const std::string& s) {
     if (opt.progress) opt.progress(s);
   };
@@ -324,9 +397,10 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
                          window_chunks, view_bytes);
     out.push_back(m);
     if (bits == 2) {
-      // The name the issue asks for: the int2 window.
+      // The name the issue asks for: the int2 window (the same measurement, labelled).
       Measurement alias = m;
       alias.name = "reconstruct_window";
+      alias.alias_of = name;
       out.push_back(alias);
     }
     if (bits == 4) {
@@ -349,6 +423,12 @@ std::vector<Measurement> run_suite(const BenchOptions& opt) {
       am.note = fmt::format("reference attention, {} queries x {} keys x {} heads, D {}", nq, view.k.shape.s, H, D);
       out.push_back(am);
     }
+  }
+  if (load != nullptr) {  // the first measurement's copy again, for the load check
+    step("copy_bandwidth (again, for the load check)");
+    std::vector<char> a(copy_bytes, 1), b(copy_bytes, 2);
+    const Timing again = time_it([&] { parallel_copy(b.data(), a.data(), copy_bytes, threads); }, 5, min_time);
+    *load = assess_load(out.front().t, again, load_average, omp_get_num_procs());
   }
   return out;
 }

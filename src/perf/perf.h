@@ -37,7 +37,26 @@ struct Measurement {
   Timing t;
   std::map<std::string, double> figures;  ///< derived figures (gbps, ratios, ...)
   std::string note;
+  std::string alias_of;  ///< set: the same measurement as that row, under a second name
 };
+
+/// Whether the machine was busy while the suite ran (issue 39, item 7): under load the
+/// rows' times move by up to 10x and their ratios with them. Three signals: the spread
+/// of the repeated copies of copy_bandwidth (slowest / fastest repetition of the same
+/// memcpy: near 1 on a quiet machine), the drift of the same copy repeated at the end
+/// of the suite (its median over the first one's), and the 1-minute load average read
+/// before the suite started against the cores.
+struct LoadCheck {
+  double copy_spread = 1;    ///< first copy: max_s / min_s
+  double copy_drift = 1;     ///< last copy's median / first copy's median
+  double load_average = -1;  ///< 1-minute load average at the start; < 0: unavailable
+  int cores = 1;             ///< hardware threads
+  bool loaded = false;       ///< any signal past its limit (kSpreadLimit, kDriftLimit, kLoadPerCore)
+  std::string reason;        ///< the signals past their limits, in words; empty when quiet
+  static constexpr double kSpreadLimit = 1.5, kDriftLimit = 1.25, kLoadPerCore = 0.5;
+};
+/// The verdict from the two copy timings and the load average (< 0: not used).
+LoadCheck assess_load(const Timing& first_copy, const Timing& last_copy, double load_average, int cores);
 
 /// The peer k-means (faiss), when the build has it: clusters each of `groups`
 /// point sets (n x d, contiguous one after the other) into k centroids with
@@ -53,9 +72,25 @@ struct BenchOptions {
   std::function<void(const std::string&)> progress;  ///< called before each measurement
 };
 
+/// What `qvg bench` prints and writes for a suite's measurements: `table`, one row per
+/// measurement (median, min, max and its figures; a row with alias_of labelled as that
+/// row under a second name, its figures not repeated), then a "machine load:" line and,
+/// when `load` says busy, a "WARNING: this machine was busy during the run (reason)"
+/// line; `json`, one object (two-space indent, ending with a newline): per measurement
+/// its timing, figures and note (an alias: its timing and "alias_of"), "target",
+/// "quick" and "machine_load" {loaded, copy_spread, copy_drift, load_average_1m (null
+/// when unavailable), cores, reason}.
+struct BenchReport {
+  std::string table, json;
+};
+BenchReport bench_report(const std::vector<Measurement>& ms, const LoadCheck& load, const std::string& target,
+                         bool quick);
+
 /// Runs the suite of issue 5 (machine limits, decode, k-means vs faiss, encode,
-/// window reconstruction, attention) and returns the measurements in order.
-std::vector<Measurement> run_suite(const BenchOptions& opt);
+/// window reconstruction, attention) and returns the measurements in order; with
+/// `load`, also the machine's load while it ran (the copy of copy_bandwidth is
+/// repeated at the end for it).
+std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load = nullptr);
 
 // ---- the pieces (also used by the Google Benchmark suite) ----
 

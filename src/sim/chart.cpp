@@ -76,9 +76,97 @@ std::string tick_label(double v, double step) {
   return s;
 }
 
-/// Rough text width of `s` at font size `px` (sans-serif average glyph ~0.56 em).
+// Advance widths of DejaVu Sans (Book and Bold) for ASCII 32..126 in thousandths of
+// an em, read from the fonts' hmtx tables (fonts-dejavu-core 2.37). The charts name
+// DejaVu Sans first; Helvetica and Arial, the fallbacks, are narrower, so text laid
+// out with these widths fits with either.
+// clang-format off
+constexpr short kDejaVu[2][95] = {
+    {// Book
+     318, 401, 460, 838, 636, 950, 780, 275, 390, 390, 500, 838, 318, 361, 318, 337, 636, 636, 636, 636,
+     636, 636, 636, 636, 636, 636, 337, 337, 838, 838, 838, 531, 1000, 684, 686, 698, 770, 632, 575, 775,
+     752, 295, 295, 656, 557, 863, 748, 787, 603, 787, 695, 635, 611, 732, 684, 989, 685, 611, 685, 390,
+     337, 390, 838, 500, 500, 613, 635, 550, 635, 615, 352, 635, 634, 278, 278, 579, 278, 974, 634, 612,
+     635, 635, 411, 521, 392, 634, 592, 818, 592, 592, 525, 636, 337, 636, 838},
+    {// Bold
+     348, 456, 521, 838, 696, 1002, 872, 306, 457, 457, 523, 838, 380, 415, 380, 365, 696, 696, 696, 696,
+     696, 696, 696, 696, 696, 696, 400, 400, 838, 838, 838, 580, 1000, 774, 762, 734, 830, 683, 683, 821,
+     837, 372, 372, 775, 637, 995, 837, 850, 733, 850, 770, 720, 682, 812, 774, 1103, 771, 724, 725, 457,
+     365, 457, 838, 500, 500, 675, 716, 593, 716, 678, 435, 716, 712, 343, 343, 665, 343, 1042, 712, 687,
+     716, 716, 493, 595, 478, 712, 652, 924, 645, 652, 582, 712, 365, 712, 838}};
+// clang-format on
+
+}  // namespace
+
+double chart_text_width(const std::string& s, double px, bool bold) {
+  double em = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 32 && c < 127) {
+      em += kDejaVu[bold ? 1 : 0][c - 32] / 1000.0;
+    } else if (c >= 0xC0) {  // the first byte of a UTF-8 sequence: a whole em (the widest
+      em += c == 0xC2 && i + 1 < s.size() && s[i + 1] == '\xB7' ? 0.38 : 1.0;  // of ·, —, ×, ≥, →)
+    }  // continuation bytes and controls add nothing
+  }
+  return em * px;
+}
+
+std::vector<std::string> wrap_chart_text(const std::string& text, double px, bool bold, double width,
+                                         size_t max_lines) {
+  std::vector<std::string> lines;
+  std::string rest = text;
+  // Break points, best first: after a "; " or " · " separator, else at a space.
+  auto cut_at = [&](const std::string& t) -> std::pair<size_t, size_t> {  // (end of line, start of the next)
+    size_t best_sep = std::string::npos, best_sp = std::string::npos;
+    for (size_t i = 1; i < t.size(); ++i) {
+      if (t[i] != ' ') continue;
+      if (chart_text_width(t.substr(0, i), px, bold) > width) break;
+      if (t[i - 1] == ';' || t.compare(i, 4, " \u00b7 ") == 0) best_sep = i;
+      best_sp = i;
+    }
+    if (best_sep != std::string::npos && best_sep * 2 >= (best_sp == std::string::npos ? 0 : best_sp)) {
+      const size_t next = t.compare(best_sep, 4, " \u00b7 ") == 0 ? best_sep + 4 : best_sep + 1;
+      return {best_sep, next};
+    }
+    if (best_sp != std::string::npos) return {best_sp, best_sp + 1};
+    // No space fits: cut inside the word (never splitting a UTF-8 sequence).
+    size_t i = 1;
+    while (i < t.size() && chart_text_width(t.substr(0, i + 1), px, bold) <= width) ++i;
+    while (i > 1 && i < t.size() && (static_cast<unsigned char>(t[i]) & 0xC0) == 0x80) --i;
+    return {i, i};
+  };
+  while (!rest.empty()) {
+    while (!rest.empty() && rest.front() == ' ') rest.erase(0, 1);
+    if (rest.empty()) break;
+    if (chart_text_width(rest, px, bold) <= width) {
+      lines.push_back(rest);
+      break;
+    }
+    if (lines.size() + 1 >= max_lines) {  // the last line allowed: shortened with an ellipsis
+      std::string t = rest;
+      while (!t.empty() && chart_text_width(t + "\u2026", px, bold) > width) {
+        unsigned char c;
+        do {  // one whole UTF-8 character
+          c = static_cast<unsigned char>(t.back());
+          t.pop_back();
+        } while ((c & 0xC0) == 0x80 && !t.empty());
+      }
+      lines.push_back(t + "\u2026");
+      break;
+    }
+    const auto [end, next] = cut_at(rest);
+    std::string line = rest.substr(0, end);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    lines.push_back(line);
+    rest = rest.substr(std::min(rest.size(), next));
+  }
+  return lines;
+}
+
+namespace {
+
 double text_width(const std::string& s, double px) {
-  return double(s.size()) * px * 0.56;
+  return chart_text_width(s, px, false);
 }
 
 }  // namespace
@@ -157,42 +245,36 @@ std::string render_line_chart(const LineChart& c) {
   std::vector<const ChartSeries*> leg;
   for (const ChartSeries& s : c.series)
     if (s.legend && !s.name.empty()) leg.push_back(&s);
+  // Text lines, wrapped to the width right of the plot's left edge (DejaVu Sans
+  // metrics: chart_text_width): the title (bold 18 px, up to 2 lines), the subtitle
+  // (12 px, up to 3), the note (bold 13 px, up to 3), legend entries (12 px, one line
+  // each, shortened with an ellipsis when one alone is wider than a row).
   const double W = c.width, H = c.height;
   double ylab_w = 0;
   for (double v : yt) ylab_w = std::max(ylab_w, text_width(y_tick_label(v), 12));
   const double left = std::max(64.0, ylab_w + 40);
   const double right = 28;
-  // Legend rows: entries flow left to right under the subtitle.
-  const double leg_px = 12, swatch = 26, gap = 22;
-  std::vector<std::vector<const ChartSeries*>> rows(1);
-  double row_w = 0;
   const double avail = W - left - right;
+  const std::vector<std::string> title = wrap_chart_text(c.title, 18, true, avail, 2);
+  const std::vector<std::string> sub = wrap_chart_text(c.subtitle, 12, false, avail, 3);
+  const std::vector<std::string> note = wrap_chart_text(c.note, 13, true, avail, 3);
+  // Legend rows: entries flow left to right under the note.
+  const double leg_px = 12, swatch = 26, gap = 22;
+  std::vector<std::vector<std::pair<const ChartSeries*, std::string>>> rows(1);
+  double row_w = 0;
   for (const ChartSeries* s : leg) {
-    const double w = swatch + 6 + text_width(s->name, leg_px) + gap;
+    const std::string name = wrap_chart_text(s->name, leg_px, false, avail - swatch - 6, 1).front();
+    const double w = swatch + 6 + text_width(name, leg_px) + gap;
     if (row_w + w > avail && !rows.back().empty()) rows.emplace_back(), row_w = 0;
-    rows.back().push_back(s);
+    rows.back().emplace_back(s, name);
     row_w += w;
   }
   if (leg.empty()) rows.clear();
-  // Subtitle lines: wrapped at " · " (else a space) to fit the width.
-  std::vector<std::string> sub;
-  {
-    std::string rest = c.subtitle;
-    while (!rest.empty() && sub.size() < 3) {
-      if (text_width(rest, 12) <= W - left - right || sub.size() == 2) {
-        sub.push_back(rest);
-        break;
-      }
-      const size_t fit = size_t(std::max(1.0, (W - left - right) / (12 * 0.56)));
-      size_t cut = rest.rfind(" \u00b7 ", fit);
-      size_t skip = 4;  // " · " is 4 bytes in UTF-8
-      if (cut == std::string::npos || cut == 0) cut = rest.rfind(' ', fit), skip = 1;
-      if (cut == std::string::npos || cut == 0) cut = fit, skip = 0;
-      sub.push_back(rest.substr(0, cut));
-      rest = rest.substr(std::min(rest.size(), cut + skip));
-    }
-  }
-  const double title_h = 40 + 18 * double(sub.size()) + (c.note.empty() ? 0 : 20);
+  // Baselines: title lines 22 px apart from y = 28, then the subtitle and note lines
+  // 18 px apart, then the legend rows 20 px apart.
+  const double title_y = 28, sub_y = title_y + 22 * double(std::max<size_t>(title.size(), 1) - 1) + 20;
+  const double note_y = sub_y + 18 * double(sub.size()) + 2;
+  const double title_h = note_y - 10 + 18 * double(note.size());
   const double top = title_h + double(rows.size()) * 20 + 14;
   const double bottom = 58;
   const double px0 = left, px1 = W - right, py0 = top, py1 = H - bottom;
@@ -212,21 +294,23 @@ std::string render_line_chart(const LineChart& c) {
       c.width, c.height);
   o += fmt::format("<title>{}</title>\n", esc(c.title));
   o += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", c.width, c.height);
-  o += fmt::format("<text x=\"{:.1f}\" y=\"28\" font-size=\"18\" font-weight=\"bold\" fill=\"#222222\">{}</text>\n",
-                   px0, esc(c.title));
+  for (size_t i = 0; i < title.size(); ++i)
+    o += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"18\" font-weight=\"bold\" fill=\"#222222\">{}</text>\n", px0,
+        title_y + 22 * double(i), esc(title[i]));
   for (size_t i = 0; i < sub.size(); ++i)
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" fill=\"#555555\">{}</text>\n", px0,
-                     48 + 18 * double(i), esc(sub[i]));
-  if (!c.note.empty())
+                     sub_y + 18 * double(i), esc(sub[i]));
+  for (size_t i = 0; i < note.size(); ++i)
     o += fmt::format(
         "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\" fill=\"#1f4e79\">{}</text>\n", px0,
-        50 + 18 * double(sub.size()), esc(c.note));
+        note_y + 18 * double(i), esc(note[i]));
 
   // Legend.
   for (size_t r = 0; r < rows.size(); ++r) {
     double lx = px0;
     const double ly = title_h + 12 + double(r) * 20;
-    for (const ChartSeries* s : rows[r]) {
+    for (const auto& [s, name] : rows[r]) {
       if (s->line)
         o += fmt::format(
             "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
@@ -238,8 +322,8 @@ std::string render_line_chart(const LineChart& c) {
         o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" {}/>\n", lx + swatch / 2, ly - 4,
                          marker_paint(*s));
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" fill=\"#333333\">{}</text>\n", lx + swatch + 6,
-                       ly, leg_px, esc(s->name));
-      lx += swatch + 6 + text_width(s->name, leg_px) + gap;
+                       ly, leg_px, esc(name));
+      lx += swatch + 6 + text_width(name, leg_px) + gap;
     }
   }
 

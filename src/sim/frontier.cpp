@@ -1,6 +1,7 @@
 // The rate-distortion frontier (qvg/simulate.h, frontier(); docs/quality.md):
 // coordinate descent over qvg's knobs from the reference default, a ladder of rates
-// around its result, the hq profile and the baselines at 2, 3 and 4 bits, all scored
+// around its result, the hq profile, qvg's own configurations over the whole range of
+// rates (4 bits, refinement layers) and the baselines at 2, 3 and 4 bits, all scored
 // on the same context and queries as compare(). Reports: frontier_report.cpp.
 #include <algorithm>
 #include <chrono>
@@ -75,6 +76,8 @@ std::string FrontierCodec::describe(bool short_form) const {
   if (!short_form || chunks_per_span != 0)
     o += std::string(o.empty() ? "" : " | ") +
          (chunks_per_span == 0 ? std::string("span=all") : fmt::format("span={}", chunks_per_span));
+  if (refinement_layer_bits != 0)
+    o += std::string(o.empty() ? "" : " | ") + fmt::format("refine={}", refinement_layer_bits);
   return o.empty() ? "reference" : o;
 }
 
@@ -97,9 +100,11 @@ using clock_type = std::chrono::steady_clock;
 using LayerData = sim::ScoredLayer;
 
 /// x encoded span by span (span_tokens each, the last maybe fewer; warm-started from
-/// the previous span with init = warm) and decoded; bytes and times added.
-Tensor span_round_trip(const Tensor& x, int64_t span_tokens, const CodecConfig& cfg, size_t& bytes, double& enc_s,
-                       double& dec_s) {
+/// the previous span with init = warm) and decoded; with refinement_layer_bits, each chunk
+/// (chunk_tokens) of a span also gets a refinement layer over its decoding, added to
+/// it. Bytes and times added.
+Tensor span_round_trip(const Tensor& x, int64_t span_tokens, int64_t chunk_tokens, int refinement_layer_bits,
+                       const CodecConfig& cfg, size_t& bytes, double& enc_s, double& dec_s) {
   const Shape4 sh = x.shape();
   const size_t row = size_t(sh.h * sh.d) * dtype_size(x.dtype());
   Tensor out(x.dtype(), sh);
@@ -113,9 +118,24 @@ Tensor span_round_trip(const Tensor& x, int64_t span_tokens, const CodecConfig& 
     enc_s += sim::seconds_since(t);
     bytes += e.nbytes();
     t = clock_type::now();
-    decode(e, TensorView{static_cast<std::byte*>(out.data()) + size_t(t0) * row, x.dtype(), {1, n, sh.h, sh.d}},
-           cfg.threads);
+    std::byte* dst = static_cast<std::byte*>(out.data()) + size_t(t0) * row;
+    decode(e, TensorView{dst, x.dtype(), {1, n, sh.h, sh.d}}, cfg.threads);
     dec_s += sim::seconds_since(t);
+    for (int64_t c0 = 0; refinement_layer_bits != 0 && c0 < n; c0 += chunk_tokens) {
+      const int64_t m = std::min(chunk_tokens, n - c0);
+      const Shape4 cs{1, m, sh.h, sh.d};
+      const ConstTensorView xc{static_cast<const std::byte*>(part.data) + size_t(c0) * row, x.dtype(), cs};
+      std::byte* dc = dst + size_t(c0) * row;
+      t = clock_type::now();
+      const EncodedTensor r =
+          encode_refinement(xc, ConstTensorView{dc, x.dtype(), cs},
+                            refinement_config(refinement_layer_bits, cfg.block_size, cfg.seed, cfg.threads));
+      enc_s += sim::seconds_since(t);
+      bytes += r.nbytes();
+      t = clock_type::now();
+      add_refinement(r, 0, m, 0, sh.h, DecodeTarget{dc, x.dtype(), m * sh.h * sh.d, sh.h * sh.d}, cfg.threads);
+      dec_s += sim::seconds_since(t);
+    }
     if (cfg.init == Init::Warm) prev = std::move(e);
   }
   return out;
@@ -145,8 +165,10 @@ struct Evaluator {
     size_t bytes = 0;
     for (const LayerData& d : data) {
       const int64_t span = c.chunks_per_span == 0 ? d.k.shape().s : int64_t(c.chunks_per_span) * chunk_tokens;
-      const Tensor kq = span_round_trip(d.k, span, c.k, bytes, pt.encode_s, pt.decode_s);
-      const Tensor vq = span_round_trip(d.v, span, c.v, bytes, pt.encode_s, pt.decode_s);
+      const Tensor kq =
+          span_round_trip(d.k, span, chunk_tokens, c.refinement_layer_bits, c.k, bytes, pt.encode_s, pt.decode_s);
+      const Tensor vq =
+          span_round_trip(d.v, span, chunk_tokens, c.refinement_layer_bits, c.v, bytes, pt.encode_s, pt.decode_s);
       score(pt, kq, vq, d);
     }
     pt.bits_per_element = double(bytes) * 8.0 / elements;
@@ -413,9 +435,8 @@ struct Search {
     res.points[res.profile].stage = "profile";
   }
 
-  /// A ladder of rates around the descent's result (bits 2/4 x centroids 64/256) and
-  /// the reference at 4 bits.
-  void add_ladder(const FrontierCodec& best, const FrontierCodec& ref) {
+  /// A ladder of rates around the descent's result (bits 2/4 x centroids 64/256).
+  void add_ladder(const FrontierCodec& best) {
     for (const int bits : {2, 4})
       for (const int k : {64, 256}) {
         FrontierCodec c = best;
@@ -423,9 +444,28 @@ struct Search {
         c.k.centroids = c.v.centroids = k;
         evaluate(c, "ladder", fmt::format("best, bits={} centroids={}", bits, k));
       }
+  }
+
+  /// qvg's own configurations over the baselines' whole range of rates (issue 39,
+  /// item 5; quick runs too): hq with V at 4 bits (about 3.4 bits per element), hq at 4
+  /// bits (about 4.4), the reference at 4 bits, and hq with a 2-bit refinement layer on
+  /// every chunk (about 4.6).
+  void add_range(const FrontierCodec& ref) {
+    QuantArgs q;
+    q.apply_profile("hq");
+    const FrontierCodec hq = frontier_codec_of(q);
+    FrontierCodec v4 = hq;
+    v4.v.bits = 4;
+    evaluate(v4, "range", "hq, V at 4 bits");
+    FrontierCodec hq4 = hq;
+    hq4.k.bits = hq4.v.bits = 4;
+    evaluate(hq4, "range", "hq at 4 bits");
     FrontierCodec r4 = ref;
     r4.k.bits = r4.v.bits = 4;
-    evaluate(r4, "ladder", "reference, bits=4");
+    evaluate(r4, "range", "reference at 4 bits");
+    FrontierCodec refined = hq;
+    refined.refinement_layer_bits = 2;
+    evaluate(refined, "range", "hq + 2-bit refinement layers");
   }
 
   /// Every baseline at 2, 3 and 4 bits, groups of 32 and 64.
@@ -499,7 +539,8 @@ FrontierResult frontier(const FrontierConfig& cfg, const std::function<void(cons
   const FrontierCodec ref = search.start_at_reference();
   const FrontierCodec best = search.descend(ref);
   search.add_profile();
-  if (!cfg.quick) search.add_ladder(best, ref);
+  if (!cfg.quick) search.add_ladder(best);
+  search.add_range(ref);
   search.add_baselines();
   search.summarize();
   std::tie(res.ref_encode_eps, res.ref_decode_eps) = search.throughput(res.reference);

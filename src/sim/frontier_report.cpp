@@ -82,6 +82,7 @@ std::string frontier_json(const FrontierResult& r, int indent) {
       o["v"] = codec_json(q.codec.v);
       o["chunks_per_span"] =
           q.codec.chunks_per_span == 0 ? nlohmann::ordered_json("all") : nlohmann::ordered_json(q.codec.chunks_per_span);
+      o["refinement_layer_bits"] = q.codec.refinement_layer_bits;
       o["encode_s"] = q.encode_s;
       o["decode_s"] = q.decode_s;
     } else {

@@ -103,7 +103,9 @@ ojson packed_json(const std::string& label, size_t dense_bytes, const PackedLaye
              {"encoded_visible_tokens", p.encoded_visible},
              {"encoded_bytes", p.encoded_bytes},
              {"spans_encoded", p.spans_encoded},
-             {"chunks_encoded", p.chunks_encoded}};
+             {"chunks_encoded", p.chunks_encoded},
+             {"view_bytes", p.view_bytes},
+             {"model_bytes", p.model_bytes}};
   put_kv_errors(j, p.k, p.v);
   put_attention(j, p.attention, true);
   j["encode_s"] = num(p.encode_s / layers);
@@ -235,11 +237,24 @@ ojson summary_json(const PackedSummary& s) {
                   {"span_breaks", s.span_breaks},
                   {"decode_s_per_step", num(s.decode_s_per_step)},
                   {"attention_s_per_chunk", num(s.attention_s_per_chunk)},
-                  {"memory_model_matches", s.memory_model_matches}});
+                  {"memory_model_matches", s.memory_model_matches},
+                  {"step_s", num(s.step_s)},
+                  {"first_encoded_chunk", s.first_encoded_chunk >= 0 ? ojson(s.first_encoded_chunk) : ojson()},
+                  {"view_bytes", s.view_bytes}});
+  sj["model"] = {
+      {"dense_bytes", s.model_dense_bytes},
+      {"peak_bytes", s.model_peak_bytes},
+      {"ratio", ratio_json(s.model_dense_bytes, s.model_peak_bytes)},
+      {"measured_peak_bytes", s.measured_model_peak_bytes},
+      {"predicted_peak_bytes", s.predicted_model_peak_bytes > 0 ? ojson(s.predicted_model_peak_bytes) : ojson()},
+      {"matches", s.model_peak_matches}};
   sj["full_size"] = s.full_layers > 0 ? ojson{{"layers", s.full_layers},
                                               {"dense_bytes_per_layer", s.full_dense_bytes},
                                               {"policy_peak_bytes_per_layer", s.full_policy_peak_bytes},
-                                              {"ratio", ratio_json(s.full_dense_bytes, s.full_policy_peak_bytes)}}
+                                              {"ratio", ratio_json(s.full_dense_bytes, s.full_policy_peak_bytes)},
+                                              {"model_dense_bytes", s.full_model_dense_bytes},
+                                              {"model_peak_bytes", s.full_model_peak_bytes},
+                                              {"model_ratio", num(s.full_ratio_model_peak)}}
                                       : ojson();
   return sj;
 }

@@ -30,8 +30,9 @@ std::string preset_line(const ModelPreset& p, double scale) {
 
 std::string memory_chart_svg(const SimulationResult& r) {
   LineChart ch;
-  ch.title = "K/V cache memory per layer: dense vs packed";
   const ModelPreset& p = r.preset;
+  ch.title = fmt::format("K/V memory of the model ({} layers at this scale): dense vs packed", p.layers);
+  ch.height = 540;  // room for the legend's two rows per configuration
   std::string cfgs;
   for (const PackedConfig& pc : r.config.packed) {
     if (!cfgs.empty()) cfgs += "; ";
@@ -41,47 +42,49 @@ std::string memory_chart_svg(const SimulationResult& r) {
   }
   ch.subtitle =
       fmt::format("{} · window {} tokens · {}", preset_line(p, r.config.scale), sim::grouped(p.cache_tokens()), cfgs);
-  ch.x_label = fmt::format("chunk ({} frames = {} tokens each)", p.frames_per_chunk, sim::grouped(p.chunk_tokens()));
-  ch.y_label = "resident MiB per layer";
+  ch.x_label = fmt::format("chunk ({} frames = {} tokens each), numbered from 1 as the progress lines count",
+                           p.frames_per_chunk, sim::grouped(p.chunk_tokens()));
+  ch.y_label = fmt::format("MiB, all {} layers", p.layers);
   const double MiB = double(1 << 20);
+  const double layers = double(p.layers);
   ChartSeries dense;
-  dense.name = "dense cache (bf16)";
+  dense.name = fmt::format("dense caches (bf16, {} layers)", p.layers);
   dense.color = "#444444";
-  dense.steps = true;
   dense.width = 2.5;
-  std::vector<ChartSeries> packed(r.config.packed.size()), trans(r.config.packed.size());
-  for (size_t j = 0; j < packed.size(); ++j) {
-    packed[j].name = "packed " + r.config.packed[j].label;
-    packed[j].color = color_of(j);
-    packed[j].steps = true;
-    packed[j].width = 2.5;
-    trans[j].name = "packed " + r.config.packed[j].label + " + transient peak of a call (decoded bf16 view)";
+  const size_t n = r.config.packed.size();
+  std::vector<ChartSeries> model(n), trans(n);
+  for (size_t j = 0; j < n; ++j) {
+    model[j].name = fmt::format("packed {}: {} layers' caches + one shared view", r.config.packed[j].label, p.layers);
+    model[j].color = color_of(j);
+    model[j].width = 2.5;
+    trans[j].name = fmt::format("packed {}: transient of one layer's call (one layer only; not the model's peak)",
+                                r.config.packed[j].label);
     trans[j].color = color_of(j);
-    trans[j].steps = true;
     trans[j].dashed = true;
     trans[j].width = 1.5;
     trans[j].opacity = 0.55;
   }
   for (const ChunkRecord& c : r.chunks) {
     if (c.layers.empty()) continue;
-    const double x = double(c.chunk.index);
+    const double x = double(c.chunk.index + 1);
     dense.x.push_back(x);
-    dense.y.push_back(double(c.layers.front().dense_resident_bytes) / MiB);
-    for (size_t j = 0; j < packed.size(); ++j) {
+    dense.y.push_back(layers * double(c.layers.front().dense_resident_bytes) / MiB);
+    for (size_t j = 0; j < n; ++j) {
       const PackedLayerRecord a = sim::pooled(c, j);
-      packed[j].x.push_back(x);
-      packed[j].y.push_back(double(a.resident_bytes) / MiB);
+      model[j].x.push_back(x);
+      model[j].y.push_back((layers * double(a.resident_bytes) + double(a.view_bytes)) / MiB);
       trans[j].x.push_back(x);
-      trans[j].y.push_back(double(a.resident_bytes + a.transient_peak_bytes) / MiB);
+      trans[j].y.push_back(double(a.transient_peak_bytes) / MiB);
     }
   }
   ch.series.push_back(dense);
-  for (size_t j = 0; j < packed.size(); ++j) ch.series.push_back(packed[j]);
-  for (size_t j = 0; j < packed.size(); ++j) ch.series.push_back(trans[j]);
-  if (r.window_full_chunk >= 0) ch.markers.push_back({double(r.window_full_chunk), "window full"});
+  for (size_t j = 0; j < n; ++j) ch.series.push_back(model[j]);
+  for (size_t j = 0; j < n; ++j) ch.series.push_back(trans[j]);
+  if (r.window_full_chunk >= 0) ch.markers.push_back({double(r.window_full_chunk + 1), "window full"});
   for (const PackedSummary& s : r.summary)
-    ch.note += fmt::format("{}{}: peak {} vs dense {} (dense / packed = {:.2f}x)", ch.note.empty() ? "" : ";  ",
-                           s.label, sim::mib(s.packed_peak_bytes), sim::mib(s.dense_bytes), s.ratio_peak);
+    ch.note += fmt::format("{}{}: model peak {} vs dense {} ({:.2f}x{})", ch.note.empty() ? "" : ";  ", s.label,
+                           sim::mib(s.model_peak_bytes), sim::mib(s.model_dense_bytes), s.ratio_model_peak,
+                           s.first_encoded_chunk < 0 ? ", nothing encoded yet" : "");
   return render_line_chart(ch);
 }
 
@@ -92,7 +95,8 @@ std::string attention_chart_svg(const SimulationResult& r) {
   ch.subtitle = fmt::format("{} · {} queries per chunk and head (every {}{}) · relative L2 error, pooled over heads",
                             preset_line(p, r.config.scale), r.chunks.empty() ? 0 : r.chunks.front().queries,
                             r.config.query_stride, r.config.query_stride == 1 ? "" : "th");
-  ch.x_label = fmt::format("chunk ({} frames = {} tokens each)", p.frames_per_chunk, sim::grouped(p.chunk_tokens()));
+  ch.x_label = fmt::format("chunk ({} frames = {} tokens each), numbered from 1 as the progress lines count",
+                           p.frames_per_chunk, sim::grouped(p.chunk_tokens()));
   ch.y_label = "attention relative error (%)";
   const size_t ncfg = r.config.packed.size();
   // Per-layer lines (thin) when there is one configuration and several layers.
@@ -105,7 +109,7 @@ std::string attention_chart_svg(const SimulationResult& r) {
       s.width = 1.5;
       for (const ChunkRecord& c : r.chunks) {
         if (li >= c.layers.size()) continue;
-        s.x.push_back(double(c.chunk.index));
+        s.x.push_back(double(c.chunk.index + 1));
         s.y.push_back(100.0 * c.layers[li].packed[0].attention.rel_l2());
       }
       ch.series.push_back(s);
@@ -119,7 +123,7 @@ std::string attention_chart_svg(const SimulationResult& r) {
     s.markers = true;
     for (const ChunkRecord& c : r.chunks) {
       if (c.layers.empty()) continue;
-      s.x.push_back(double(c.chunk.index));
+      s.x.push_back(double(c.chunk.index + 1));
       s.y.push_back(100.0 * sim::pooled(c, j).attention.rel_l2());
     }
     ch.series.push_back(s);
@@ -129,11 +133,11 @@ std::string attention_chart_svg(const SimulationResult& r) {
     bool enc = false;
     for (size_t j = 0; j < ncfg && !enc; ++j) enc = sim::pooled(c, j).encoded_visible > 0;
     if (enc) {
-      ch.markers.push_back({double(c.chunk.index), "first span encoded"});
+      ch.markers.push_back({double(c.chunk.index + 1), "first span encoded"});
       break;
     }
   }
-  if (r.window_full_chunk >= 0) ch.markers.push_back({double(r.window_full_chunk), "window full"});
+  if (r.window_full_chunk >= 0) ch.markers.push_back({double(r.window_full_chunk + 1), "window full"});
   for (const PackedSummary& s : r.summary)
     if (s.quality_chunks > 0)
       ch.note += fmt::format("{}{}: {:.2f}% on average, cosine {:.5f}", ch.note.empty() ? "" : ";  ", s.label,

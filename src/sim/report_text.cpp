@@ -38,6 +38,12 @@ std::string describe_quant(const QuantArgs& q) {
   return s;
 }
 
+/// "3.12x less" for a dense / packed ratio >= 1, else "1.25x more" (its inverse).
+std::string less_or_more(double ratio) {
+  if (ratio >= 1 || ratio <= 0) return fmt::format("{:.2f}x less", ratio);
+  return fmt::format("{:.2f}x more", 1 / ratio);
+}
+
 std::string pct(double v) {
   return fmt::format("{:.2f}%", 100.0 * v);
 }
@@ -92,21 +98,35 @@ std::string simulation_summary_text(const SimulationResult& r) {
 
   for (const PackedSummary& s : r.summary) {
     o += fmt::format("\n== results: {} ==\n", s.label);
-    if (s.quality_chunks > 0)
+    const std::string model_what =
+        fmt::format("the whole model ({} layers at this scale, one shared view window)", p.layers);
+    if (s.first_encoded_chunk < 0) {
+      // Nothing encoded yet: the packed cache holds raw chunks only; a ratio would
+      // compare the dense cache's up-front allocation with a cache still filling.
       o += fmt::format(
-          "  in short: the packed cache needed {:.1f}x less memory than the dense cache at its peak ({} vs {} "
-          "per layer) and changed the attention output by {:.2f}% on average (cosine {:.5f})\n",
-          s.ratio_peak, sim::mib(s.packed_peak_bytes), sim::mib(s.dense_bytes), 100 * s.attention.rel_l2(),
-          s.attention.cosine());
+          "  in short: nothing was encoded during {} (a span is encoded once its chunks have "
+          "completed beyond the raw ones the policy keeps): the packed cache held raw chunks only, so no "
+          "compression was measured yet; the ratios below only compare the dense cache's up-front allocation "
+          "with a cache still filling. Stream more chunks (--chunks) to measure one.\n",
+          c.chunks == 1 ? std::string("this one chunk") : fmt::format("these {} chunks", c.chunks));
+    } else if (s.quality_chunks > 0) {
+      o += fmt::format(
+          "  in short: {} needed {} memory at its peak than with dense caches ({} vs {}: every layer's packed "
+          "cache plus the view it attends over) and changed the attention output by {:.2f}% on average (cosine "
+          "{:.5f})\n",
+          model_what, less_or_more(s.ratio_model_peak), sim::mib(s.model_peak_bytes), sim::mib(s.model_dense_bytes),
+          100 * s.attention.rel_l2(), s.attention.cosine());
+    }
     o += fmt::format(
-        "  memory   dense cache {} per layer (bf16, allocated up front); packed cache {} at its peak "
-        "-> {:.2f}x smaller",
-        sim::mib(s.dense_bytes), sim::mib(s.packed_peak_bytes), s.ratio_peak);
+        "  memory   {}: dense caches {} (bf16, allocated up front; their views need no copy); packed {} at the "
+        "peak = {} x {} resident + {} of shared view; dense / packed = {:.2f}x{}\n",
+        model_what, sim::mib(s.model_dense_bytes), sim::mib(s.model_peak_bytes), p.layers,
+        sim::mib(s.packed_peak_bytes), sim::mib(s.view_bytes), s.ratio_model_peak,
+        s.first_encoded_chunk < 0 ? " (nothing encoded yet)" : "");
+    o += fmt::format("           per layer, resident only: dense cache {}; packed cache {} at its peak -> {:.2f}x",
+                     sim::mib(s.dense_bytes), sim::mib(s.packed_peak_bytes), s.ratio_peak);
     if (r.window_full_chunk >= 0) o += fmt::format(" ({:.2f}x on average once the window is full)", s.ratio_full);
     o += "\n";
-    o += fmt::format("           all {} layers at this scale: {} -> {} (saves {})\n", p.layers,
-                     sim::mib(s.dense_bytes * size_t(p.layers)), sim::mib(s.packed_peak_bytes * size_t(p.layers)),
-                     sim::mib((s.dense_bytes - std::min(s.dense_bytes, s.packed_peak_bytes)) * size_t(p.layers)));
     if (s.bits_per_element)
       o += fmt::format(
           "           encoded spans cost {:.3f} bits per element (bf16: 16; codebooks, ids and scales "
@@ -114,15 +134,23 @@ std::string simulation_summary_text(const SimulationResult& r) {
           *s.bits_per_element);
     if (s.full_layers > 0)
       o += fmt::format(
-          "           full-size model ({} layers, its {}-frame context, this configuration; the memory "
-          "model of `qvg memory`): {} -> {} per layer, {:.2f}x\n",
-          s.full_layers, full.context_frames, sim::mib(s.full_dense_bytes), sim::mib(s.full_policy_peak_bytes),
+          "           full-size model ({} layers, its {}-frame context, this configuration; the memory model of "
+          "`qvg memory`): dense {} -> packed {} (one shared view window included), {:.2f}x; per layer, "
+          "resident only: {} -> {}, {:.2f}x\n",
+          s.full_layers, full.context_frames, sim::mib(s.full_model_dense_bytes), sim::mib(s.full_model_peak_bytes),
+          s.full_ratio_model_peak, sim::mib(s.full_dense_bytes), sim::mib(s.full_policy_peak_bytes),
           s.full_policy_peak_bytes > 0 ? double(s.full_dense_bytes) / double(s.full_policy_peak_bytes) : 0.0);
-    o += fmt::format("           measured sizes {} the memory model's prediction at every chunk\n",
+    o += fmt::format("           measured sizes {} the memory model's prediction at every chunk",
                      s.memory_model_matches ? "equal" : "DIFFER from");
+    o += fmt::format("; the {} held at most {} at one instant ({} the memory model's {})\n",
+                     r.layers.size() == 1
+                         ? std::string("simulated layer's cache and its view")
+                         : fmt::format("{} simulated layers' caches and their shared view", r.layers.size()),
+                     sim::mib(s.measured_model_peak_bytes), s.model_peak_matches ? "equal to" : "NOT equal to",
+                     sim::mib(s.predicted_model_peak_bytes));
     o += fmt::format(
-        "           transient: up to {} per layer beyond the resident bytes while a call runs (the "
-        "decoded bf16 view, encoding buffers)\n",
+        "           transient: one layer's call holds up to {} beyond its resident bytes while it runs (the view "
+        "it builds, a span's encoding buffers): one layer at a time, not per layer\n",
         sim::mib(s.transient_peak_bytes));
     if (s.quality_chunks > 0) {
       o += fmt::format(
@@ -134,28 +162,39 @@ std::string simulation_summary_text(const SimulationResult& r) {
           "over {} chunks whose window held encoded tokens\n",
           db(s.k.snr_db()), db(s.v.snr_db()), s.k.rel_mse().value_or(0), s.v.rel_mse().value_or(0), s.quality_chunks);
     } else {
-      o += "  quality  no span was encoded during the run (too few chunks for a full span beyond keep_recent): "
-           "packed and dense views were identical\n";
+      o += "  quality  no encoded token was visible during the run (too few chunks for a full span beyond the raw "
+           "ones kept): packed and dense views were identical\n";
     }
     o += fmt::format(
-        "  time     per layer: encoding {:.3f} s per span ({} span{}), view reconstruction {:.4f} s per "
+        "  time     per layer: {:.4f} s per denoising step (the chunk's encoding spread over its {} step{} + one "
+        "view reconstruction); encoding {:.4f} s per chunk encoded ({} span{}), view reconstruction {:.4f} s per "
         "step, reference attention {:.3f} s per chunk\n",
-        s.encode_s_per_span, s.spans, s.spans == 1 ? "" : "s", s.decode_s_per_step, s.attention_s_per_chunk);
+        s.step_s, c.steps, c.steps == 1 ? "" : "s", s.encode_s_per_chunk, s.spans, s.spans == 1 ? "" : "s",
+        s.decode_s_per_step, s.attention_s_per_chunk);
   }
   if (r.summary.size() > 1) {
     // Side by side, each against the first configuration (`--engine-baseline` puts the
-    // engine's default first): the full-size policy peak and the attention error.
+    // engine's default first): the full-size model-level peak, the time per step and
+    // the attention error.
     const PackedSummary& b = r.summary.front();
-    auto full_ratio = [](const PackedSummary& s) {
-      return s.full_policy_peak_bytes > 0 ? double(s.full_dense_bytes) / double(s.full_policy_peak_bytes) : 0.0;
-    };
-    o += fmt::format("\n== side by side (against {}) ==\n", b.label);
-    o += fmt::format("  {:<16} {:>22} {:>24}\n", "configuration", "full-size peak ratio", "attention error");
+    auto vs = [](double x, double base) { return base > 0 ? fmt::format("({:.2f}x)", x / base) : std::string("(-)"); };
+    o += fmt::format(
+        "\n== side by side (against {}; the ratio in parentheses is each figure over {}'s) ==\n"
+        "  peak: the full-size model's dense caches over its packed caches plus one shared view window (higher is "
+        "better); time: per layer and denoising step, encoding amortised + view reconstruction (lower is better); "
+        "error: attention output vs the dense cache (lower is better)\n",
+        b.label, b.label);
+    o += fmt::format("  {:<20} {:>18} {:>22} {:>20}\n", "configuration", "peak ratio", "time per step",
+                     "attention error");
     for (const PackedSummary& s : r.summary) {
       const double e = s.attention.rel_l2(), be = b.attention.rel_l2();
-      o += fmt::format("  {:<16} {:>14.2f}x ({:.2f}x) {:>14} ({})\n", s.label, full_ratio(s),
-                       full_ratio(b) > 0 ? full_ratio(s) / full_ratio(b) : 0.0, s.quality_chunks > 0 ? pct(e) : "-",
-                       s.quality_chunks > 0 && be > 0 ? fmt::format("{:.2f}x", e / be) : std::string("-"));
+      const bool q = s.quality_chunks > 0 && b.quality_chunks > 0;
+      o += fmt::format("  {:<20} {:>10} {:>7} {:>13} {:>8} {:>11} {:>8}\n", s.label,
+                       s.full_layers > 0 ? fmt::format("{:.2f}x", s.full_ratio_model_peak) : std::string("-"),
+                       s.full_layers > 0 && b.full_layers > 0 ? vs(s.full_ratio_model_peak, b.full_ratio_model_peak)
+                                                              : std::string("(-)"),
+                       fmt::format("{:.2f} ms", 1e3 * s.step_s), vs(s.step_s, b.step_s),
+                       s.quality_chunks > 0 ? pct(e) : "-", q ? vs(e, be) : std::string("(-)"));
     }
   }
   const double per_chunk = r.chunks.empty() ? 0 : r.wall_s / double(r.chunks.size());

@@ -24,6 +24,9 @@ PackedLayerRecord pooled(const ChunkRecord& c, size_t j) {
     else
       pred.reset();
     spans = std::max(spans, p.spans_encoded);
+    a.chunks_encoded = std::max(a.chunks_encoded, p.chunks_encoded);
+    a.view_bytes = std::max(a.view_bytes, p.view_bytes);
+    a.model_bytes = std::max(a.model_bytes, p.model_bytes);
     a.k.add(p.k);
     a.v.add(p.v);
     a.attention.add(p.attention);

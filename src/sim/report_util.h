@@ -55,8 +55,8 @@ inline std::string policy_text(const QuantArgs& q, std::span<const std::string_v
 }
 
 /// Configuration j of chunk c over its layers: resident, encoded and predicted bytes
-/// and token counts are means (rounded), the transient peak and spans encoded the
-/// largest, errors pooled, times summed.
+/// and token counts are means (rounded); the transient peak, spans and chunks encoded,
+/// view bytes and model bytes the largest; errors pooled, times summed.
 PackedLayerRecord pooled(const ChunkRecord& c, size_t j);
 
 /// -10 log10 of the mean of a comparison row's K and V relative MSEs; nullopt when

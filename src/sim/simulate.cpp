@@ -21,6 +21,7 @@
 #include "qvg/cache.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
+#include "sim/report_util.h"
 #include "sim/sim_common.h"
 
 namespace qvg {
@@ -281,7 +282,8 @@ void encoded_view_error(const StridedView& want, const StridedView& got, const E
 }
 
 /// One simulated layer: its dense cache, one packed cache per configuration, and the
-/// memory model's replay of each packed cache.
+/// memory model's replay of each packed cache. The packed caches of one configuration
+/// share one ViewScratch across the layers (Model::views).
 struct LayerState {
   int layer = 0;
   std::unique_ptr<DenseCausalCache> dense;
@@ -292,9 +294,42 @@ struct LayerState {
   std::vector<std::deque<bool>> joins;
 };
 
-/// Empty caches (bf16, batch 1, window = the scaled preset's cache) for each of `layers`.
+/// The simulated layers and, per packed configuration, the view scratch their caches
+/// share (held here too, as qvg.torch's binding holds its shared scratch: a scratch
+/// shared this way is kept between calls, never released by an encoding advance).
+struct Model {
+  std::vector<LayerState> layers;
+  std::vector<std::shared_ptr<ViewScratch>> views;  // one per configuration
+
+  /// Configuration j's bytes at this instant: every simulated layer's resident bytes
+  /// plus the shared view scratch.
+  size_t held_bytes(size_t j) const {
+    size_t n = views[j]->size();
+    for (const LayerState& st : layers) n += st.packed[j]->resident_nbytes();
+    return n;
+  }
+};
+
+/// Bytes a view holds outside the cache's resident storage: K and V of a copied view
+/// (the scratch), 0 for a zero-copy view.
+size_t copied_view_bytes(const KVView& v) {
+  if (v.zero_copy) return 0;
+  const Shape4& s = v.k.shape;
+  return 2 * size_t(s.b * s.s * s.h * s.d) * dtype_size(v.k.dtype);
+}
+
+/// After a call of configuration j on one layer: the call's view bytes and the model's
+/// bytes at this instant, into `pr` (the most over the chunk's calls).
+void record_instant(const Model& m, size_t j, const KVView& v, PackedLayerRecord& pr) {
+  pr.view_bytes = std::max(pr.view_bytes, copied_view_bytes(v));
+  pr.model_bytes = std::max(pr.model_bytes, m.held_bytes(j));
+}
+
+/// Empty caches (bf16, batch 1, window = the scaled preset's cache) for each of `layers`;
+/// the packed caches of configuration j share views[j].
 std::vector<LayerState> build_layer_states(const SimulationConfig& cfg, const ModelPreset& p,
-                                           const std::vector<int>& layers) {
+                                           const std::vector<int>& layers,
+                                           const std::vector<std::shared_ptr<ViewScratch>>& views) {
   CacheOptions co;
   co.batch = 1;
   co.cache_size = p.cache_tokens();
@@ -317,10 +352,12 @@ std::vector<LayerState> build_layer_states(const SimulationConfig& cfg, const Mo
     LayerState st;
     st.layer = layer;
     st.dense = std::make_unique<DenseCausalCache>(co);
-    for (const PackedConfig& pc : cfg.packed) {
-      QuantArgs q = pc.quant;
+    for (size_t j = 0; j < cfg.packed.size(); ++j) {
+      QuantArgs q = cfg.packed[j].quant;
       if (cfg.threads > 0 && q.threads == 0) q.threads = cfg.threads;
-      st.packed.push_back(std::make_unique<PackedCausalCache>(co, q));
+      CacheOptions shared = co;
+      shared.view_scratch = views[j];
+      st.packed.push_back(std::make_unique<PackedCausalCache>(shared, q));
       std::unique_ptr<PolicyReplay> r;
       try {
         r = std::make_unique<PolicyReplay>(ms, q);
@@ -362,7 +399,7 @@ StepTensors make_step(const SimulationConfig& cfg, const LayerChunk& lc, int lay
 /// update time, each packed cache's encode time, spans encoded and transient peak.
 /// Returns the packed caches' full-window ranges at the new global_end (the same
 /// for every configuration: one cache geometry).
-WindowRanges advance(LayerState& st, const StepTensors& step0, int64_t c, LayerRecord& lr) {
+WindowRanges advance(const Model& m, LayerState& st, const StepTensors& step0, int64_t c, LayerRecord& lr) {
   auto t0 = Clock::now();
   st.dense->update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
   lr.dense_update_s += sim::seconds_since(t0);
@@ -370,9 +407,10 @@ WindowRanges advance(LayerState& st, const StepTensors& step0, int64_t c, LayerR
   for (size_t j = 0; j < st.packed.size(); ++j) {
     PackedCausalCache& pk = *st.packed[j];
     t0 = Clock::now();
-    pk.update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
+    const KVView v = pk.update(step0.k.view(), step0.v.view(), c, std::nullopt, int64_t(0));
     lr.packed[j].encode_s = sim::seconds_since(t0);
     lr.packed[j].transient_peak_bytes = pk.peak_transient_nbytes();
+    record_instant(m, j, v, lr.packed[j]);
     // What the advance's plan encoded: whole spans, and incremental chunks that
     // joined the open span or started one (their decisions go to the memory model).
     const detail::PackOutcome& done = detail::PlanAccess::last_advance(pk);
@@ -411,8 +449,8 @@ void score_encoded(const PackedCausalCache& pk, const KVView& dv, const KVView& 
 /// of `st`, each returning its full view (ranges `w`). With `score`, the reference
 /// attention of t.qsub over the dense view and over each packed view; on the `last`
 /// step, score_encoded(). Times, peaks and errors go into `lr`.
-void denoising_step(const SimulationConfig& cfg, LayerState& st, const StepTensors& t, int64_t c, const WindowRanges& w,
-                    bool score, bool last, LayerRecord& lr) {
+void denoising_step(const SimulationConfig& cfg, const Model& m, LayerState& st, const StepTensors& t, int64_t c,
+                    const WindowRanges& w, bool score, bool last, LayerRecord& lr) {
   auto t0 = Clock::now();
   const KVView dv = st.dense->update(t.k.view(), t.v.view(), c);
   lr.dense_update_s += sim::seconds_since(t0);
@@ -432,6 +470,7 @@ void denoising_step(const SimulationConfig& cfg, LayerState& st, const StepTenso
     const KVView pv = pk.update(t.k.view(), t.v.view(), c);
     pr.decode_s += sim::seconds_since(t0);
     pr.transient_peak_bytes = std::max(pr.transient_peak_bytes, pk.peak_transient_nbytes());
+    record_instant(m, j, pv, pr);
     // Both caches are built from the same validated preset, so their views always
     // show the same tokens: a difference is a bug (an invariant), not a user error.
     QVG_CHECK(pv.k.shape.s == dv.k.shape.s);
@@ -469,8 +508,8 @@ void record_resident(LayerState& st, LayerRecord& lr) {
 /// Layer `st` during chunk `rec.chunk`: generation (into the reused buffer `lc`),
 /// the advance, the denoising steps and the records. Appends the layer's record to
 /// rec.layers and sets rec.window_tokens and rec.queries.
-void simulate_layer(const SimulationConfig& cfg, const Workload& workload, LayerState& st, LayerChunk& lc,
-                    ChunkRecord& rec) {
+void simulate_layer(const SimulationConfig& cfg, const Workload& workload, const Model& m, LayerState& st,
+                    LayerChunk& lc, ChunkRecord& rec) {
   const int64_t ci = rec.chunk.index, c = rec.chunk.token0;
   LayerRecord lr;
   lr.layer = st.layer;
@@ -484,13 +523,13 @@ void simulate_layer(const SimulationConfig& cfg, const Workload& workload, Layer
   lr.generate_s += sim::seconds_since(t0);
 
   StepTensors step0 = make_step(cfg, lc, st.layer, ci, 0, lr.generate_s);
-  const WindowRanges w = advance(st, step0, c, lr);
+  const WindowRanges w = advance(m, st, step0, c, lr);
   rec.window_tokens = w.tokens();
   for (int s = 0; s < cfg.steps; ++s) {
     const bool last = s + 1 == cfg.steps;
     const StepTensors cur = s == 0 ? std::move(step0) : make_step(cfg, lc, st.layer, ci, s, lr.generate_s);
     rec.queries = cur.qsub.shape().s;
-    denoising_step(cfg, st, cur, c, w, last || cfg.attention_every_step, last, lr);
+    denoising_step(cfg, m, st, cur, c, w, last || cfg.attention_every_step, last, lr);
   }
   record_resident(st, lr);
   rec.layers.push_back(std::move(lr));
@@ -513,14 +552,15 @@ void report_progress(const ProgressFn& progress, const SimulationConfig& cfg, in
 
 /// Chunk ci through every layer of `states` (progress after each layer but the
 /// last); the record's wall_s is the whole chunk's time.
-ChunkRecord simulate_chunk(const SimulationConfig& cfg, const Workload& workload, std::vector<LayerState>& states,
-                           int64_t ci, LayerChunk& lc, const ProgressFn& progress, Clock::time_point t_start) {
+ChunkRecord simulate_chunk(const SimulationConfig& cfg, const Workload& workload, Model& m, int64_t ci, LayerChunk& lc,
+                           const ProgressFn& progress, Clock::time_point t_start) {
   const auto t_chunk = Clock::now();
   ChunkRecord rec;
   rec.chunk = workload.chunk(ci);
   rec.global_end = rec.chunk.token0 + rec.chunk.tokens;
+  std::vector<LayerState>& states = m.layers;
   for (size_t li = 0; li < states.size(); ++li) {
-    simulate_layer(cfg, workload, states[li], lc, rec);
+    simulate_layer(cfg, workload, m, states[li], lc, rec);
     if (li + 1 < states.size()) report_progress(progress, cfg, ci, int(li + 1), int(states.size()), t_start, nullptr);
   }
   rec.wall_s = sim::seconds_since(t_chunk);
@@ -544,15 +584,17 @@ SimulationResult simulate(const SimulationConfig& cfg, const ProgressFn& progres
   res.config = cfg;
   res.preset = workload.preset();
   res.layers = select_layers(res.preset.layers, cfg.layers);
-  std::vector<LayerState> states = build_layer_states(cfg, res.preset, res.layers);
-  const int64_t window = states.front().packed.front()->attention_window_size();
+  Model m;
+  for (size_t j = 0; j < cfg.packed.size(); ++j) m.views.push_back(std::make_shared<ViewScratch>());
+  m.layers = build_layer_states(cfg, res.preset, res.layers, m.views);
+  const int64_t window = m.layers.front().packed.front()->attention_window_size();
 
   LayerChunk lc;
   for (int64_t ci = 0; ci < cfg.chunks; ++ci) {
-    res.chunks.push_back(simulate_chunk(cfg, workload, states, ci, lc, progress, t_start));
+    res.chunks.push_back(simulate_chunk(cfg, workload, m, ci, lc, progress, t_start));
     const ChunkRecord& rec = res.chunks.back();
     if (res.window_full_chunk < 0 && rec.window_tokens >= window) res.window_full_chunk = ci;
-    report_progress(progress, cfg, ci + 1, 0, int(states.size()), t_start, &rec);
+    report_progress(progress, cfg, ci + 1, 0, int(m.layers.size()), t_start, &rec);
   }
   res.wall_s = sim::seconds_since(t_start);
   summarize(res);
@@ -561,6 +603,60 @@ SimulationResult simulate(const SimulationConfig& cfg, const ProgressFn& progres
 
 // ---------------------------------------------------------------------------
 // Summary
+
+namespace {
+
+/// The model-level figures of configuration j (PackedSummary, "the model level").
+void summarize_model_level(const SimulationResult& r, size_t j, PackedSummary& s) {
+  const size_t n_model = size_t(std::max(1, r.preset.layers));
+  std::vector<size_t> prev;  // each simulated layer's predicted resident bytes after the previous chunk
+  bool predicted = true;
+  for (const ChunkRecord& c : r.chunks) {
+    if (c.layers.empty()) continue;
+    size_t view = 0;
+    for (const LayerRecord& l : c.layers) {
+      const PackedLayerRecord& p = l.packed[j];
+      view = std::max(view, p.view_bytes);
+      s.measured_model_peak_bytes = std::max(s.measured_model_peak_bytes, p.model_bytes);
+      predicted = predicted && p.predicted_resident_bytes.has_value();
+    }
+    s.view_bytes = std::max(s.view_bytes, view);
+    s.model_peak_bytes = std::max(s.model_peak_bytes, n_model * sim::pooled(c, j).resident_bytes + view);
+    if (!predicted) continue;
+    // The layers are called in order: while layer i runs its calls, the layers before
+    // it hold this chunk's state and those after it the previous chunk's.
+    if (prev.empty()) prev.assign(c.layers.size(), 0);
+    for (size_t i = 0; i < c.layers.size(); ++i) {
+      prev[i] = *c.layers[i].packed[j].predicted_resident_bytes;
+      size_t held = c.layers[i].packed[j].view_bytes;
+      for (const size_t b : prev) held += b;
+      s.predicted_model_peak_bytes = std::max(s.predicted_model_peak_bytes, held);
+    }
+  }
+  if (!predicted) s.predicted_model_peak_bytes = 0;
+  s.model_peak_matches = predicted && s.predicted_model_peak_bytes == s.measured_model_peak_bytes;
+  s.model_dense_bytes = n_model * s.dense_bytes;
+  s.ratio_model_peak = s.model_peak_bytes > 0 ? double(s.model_dense_bytes) / double(s.model_peak_bytes) : 0;
+}
+
+/// Time per denoising step of configuration j (PackedSummary::step_s) and the chunk of
+/// its first encoding.
+void summarize_step_time(const SimulationResult& r, size_t j, PackedSummary& s) {
+  const int64_t first_full = r.window_full_chunk >= 0 ? r.window_full_chunk : 0;
+  double t = 0;
+  int64_t n = 0;
+  for (const ChunkRecord& c : r.chunks)
+    for (const LayerRecord& l : c.layers) {
+      const PackedLayerRecord& p = l.packed[j];
+      if (s.first_encoded_chunk < 0 && p.chunks_encoded > 0) s.first_encoded_chunk = c.chunk.index;
+      if (c.chunk.index < first_full) continue;
+      t += p.encode_s + p.decode_s;
+      ++n;
+    }
+  s.step_s = n > 0 ? t / double(n) / double(std::max(1, r.config.steps)) : 0;
+}
+
+}  // namespace
 
 void summarize(SimulationResult& r) {
   r.summary.clear();
@@ -642,9 +738,14 @@ void summarize(SimulationResult& r) {
       s.full_dense_bytes = mr.dense_window_bytes;
       s.full_policy_peak_bytes = mr.policy_peak_bytes;
       s.full_layers = full.layers;
+      s.full_model_dense_bytes = mr.dense_model_bytes();
+      s.full_model_peak_bytes = mr.model_peak_bytes(ViewMemory::Shared);
+      s.full_ratio_model_peak = mr.model_peak_ratio(ViewMemory::Shared);
     } catch (const InvalidArgument&) {
       s.full_layers = 0;  // not covered by the memory model: left out of the report
     }
+    summarize_model_level(r, j, s);
+    summarize_step_time(r, j, s);
     r.summary.push_back(std::move(s));
   }
 }

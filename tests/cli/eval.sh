@@ -32,6 +32,31 @@ flags=(--centroids 16 --block-size 32)
 for w in "bits per element" "compression" "relative MSE" "SNR" "encode / decode" "baseline rtn"; do
   grep -q "$w" "$T/text.txt" || fail "text output lacks '$w'"
 done
+# A float32 input stores float32 codebooks (spec 1.5): the ratio line says so, with the
+# bits per element the same tensor takes in bf16 (fewer); a float16 input does not.
+python3 - "$T/text.txt" <<'PY' || fail "float32 codebooks not stated: $(cat "$T/text.txt")"
+import re, sys
+t = open(sys.argv[1]).read()
+bpe = float(re.search(r"bits per element +([0-9.]+)", t).group(1))
+m = re.search(r"codebooks stored in float32, the input's dtype \(([0-9.]+) bits per element; in bf16 the same "
+              r"tensor would take ([0-9.]+)\)", t)
+assert m, t
+assert abs(float(m.group(1)) - bpe) < 1e-4 and float(m.group(2)) < bpe, (bpe, m.groups())
+PY
+python3 - "$T/x16.npy" <<'PY'
+import random, struct, sys
+random.seed(3)
+S, H, D = 64, 2, 64
+vals = [random.gauss(0, 1) for i in range(S * H * D)]
+d = "{'descr': '<f2', 'fortran_order': False, 'shape': (1, %d, %d, %d), }" % (S, H, D)
+d += " " * ((64 - (10 + len(d) + 1) % 64) % 64) + "\n"
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(d)) + d.encode()
+                              + struct.pack("<%de" % len(vals), *vals))
+PY
+"$QVG" eval -i "$T/x16.npy" "${flags[@]}" > "$T/text16.txt"
+grep -q "codebooks stored" "$T/text16.txt" && fail "a float16 input's codebooks are 16-bit: no note expected"
+"$QVG" encode -i "$T/x.npy" -o "$T/x.qvgt" "${flags[@]}" | grep -q "codebooks stored in float32" \
+  || fail "encode does not say its float32 codebooks"
 
 # JSON: one object with the agreed keys; figures consistent with each other.
 check_json() {  # file method
@@ -49,6 +74,7 @@ assert 0 <= j["rel_mse"] < 1, j["rel_mse"]
 assert abs(j["snr_db"] + 10 * math.log10(j["rel_mse"])) < 1e-9
 assert j["encode_s"] >= 0
 assert (j["decode_s"] is None) == (method != "qvg"), j["decode_s"]
+assert j["codebook_dtype"] == ("f32" if method == "qvg" else None), j["codebook_dtype"]
 r = j["baselines"]["rtn"]
 assert set(r) == {"bits_per_element", "rel_mse", "snr_db"}, r
 assert r["bits_per_element"] == 4.5, r  # int4 codes + one bf16 scale (16 bits) per 32 channels

@@ -23,16 +23,35 @@ python3 - "$T" <<'PY'
 import json, sys, os
 T = sys.argv[1]
 MiB = 2.0 ** 20
-keys = ["per_layer_bf16_mib", "per_layer_packed_mib", "total_bf16_mib", "total_packed_mib", "ratio",
+def close(a, b, what):
+    assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), f"{what}: {a} != {b}"
+
+keys = ["model", "layers", "context_frames", "bits", "centroids",
+        "per_layer_bf16_mib", "per_layer_packed_mib", "total_bf16_mib", "total_packed_mib", "ratio",
         "per_layer_policy_mib", "policy_ratio", "policy_ratio_vs_dense_window", "keep_recent_chunks", "sink",
         "sink_span", "sink_keep_chunks", "span_chunks", "span_mode", "refine_recent", "refine_bits",
-        "per_layer_policy_refine_mib"]
+        "per_layer_policy_refine_mib", "per_layer_view_mib", "model_dense_mib", "model_peak_mib", "model_peak_ratio",
+        "model_peak_views_per_layer_mib", "model_peak_ratio_views_per_layer", "engine_model_peak_mib",
+        "engine_model_peak_ratio"]
 
 def load(name):
     j = json.load(open(os.path.join(T, name)))
     assert list(j.keys()) == keys, (name, list(j.keys()))
     assert abs(j["ratio"] - j["per_layer_bf16_mib"] / j["per_layer_packed_mib"]) < 1e-9, name
     assert abs(j["policy_ratio"] - j["per_layer_bf16_mib"] / j["per_layer_policy_mib"]) < 1e-9, name
+    # The model level: every layer's cache + one view of the window (the dense window's
+    # size) shared by the layers, or one per layer; the dense caches' views need no copy.
+    L = j["layers"]
+    dense_window = j["per_layer_policy_mib"] * j["policy_ratio_vs_dense_window"]
+    close(j["per_layer_view_mib"], dense_window, name + " view = the dense window")
+    close(j["model_dense_mib"], L * dense_window, name + " model dense")
+    close(j["model_peak_mib"], L * j["per_layer_policy_mib"] + j["per_layer_view_mib"], name + " model peak")
+    close(j["model_peak_views_per_layer_mib"], L * (j["per_layer_policy_mib"] + j["per_layer_view_mib"]),
+          name + " model peak, a view per layer")
+    close(j["model_peak_ratio"], j["model_dense_mib"] / j["model_peak_mib"], name + " model ratio")
+    close(j["model_peak_ratio_views_per_layer"], j["model_dense_mib"] / j["model_peak_views_per_layer_mib"],
+          name + " model ratio, a view per layer")
+    assert j["model_peak_ratio_views_per_layer"] < j["model_peak_ratio"] < j["policy_ratio_vs_dense_window"] + 1e-9, name
     return j
 
 def enc(S, H, D, bits=2, K=128, block=64, stages=1, scale_bytes=1, asym=False, two_level=True):
@@ -44,11 +63,17 @@ def enc(S, H, D, bits=2, K=128, block=64, stages=1, scale_bytes=1, asym=False, t
         n += H * 4 * (2 if asym else 1)            # per-group fp32 factors
     return n
 
-def close(a, b, what):
-    assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), f"{what}: {a} != {b}"
-
 # Self-Forcing, defaults: 56 chunks of 4680 tokens, each its own span; 12 heads x 128.
 sf = load("sf.json")
+assert (sf["model"], sf["layers"], sf["context_frames"], sf["bits"], sf["centroids"]) == \
+    ("self-forcing-1.3b", 30, 168, 2, 128), sf
+# The engine's default on Self-Forcing: this very configuration but compat scaling (no
+# two-level factors: 4 bytes per head less per encoding) and the preset's sink policy
+# (no sink): 55 packed one-chunk spans + kept + current raw; one view.
+eng_policy = 55 * 2 * enc(4680, 12, 128, two_level=False) + 2 * 4680 * 12 * 128 * 4
+close(sf["engine_model_peak_mib"], (30 * eng_policy + 57 * 4680 * 12 * 128 * 4) / MiB, "sf engine model peak")
+close(sf["engine_model_peak_ratio"], 30 * 57 * 4680 * 12 * 128 * 4 / (30 * eng_policy + 57 * 4680 * 12 * 128 * 4),
+      "sf engine model ratio")
 close(sf["per_layer_bf16_mib"], 262080 * 12 * 128 * 2 * 2 / MiB, "sf bf16")
 close(sf["per_layer_packed_mib"], 56 * 2 * enc(4680, 12, 128) / MiB, "sf packed")
 close(sf["total_packed_mib"], 30 * sf["per_layer_packed_mib"], "sf total")
@@ -106,7 +131,8 @@ PY
 # The table marks assumptions and shows the four figures.
 "$QVG" memory --model hy-worldplay-8b > "$T/hy.txt"
 grep -q "16 (a) heads" "$T/hy.txt" || fail "table: assumed heads not marked"
-for row in "bf16 context" "fully encoded context" "dense cache" "policy peak"; do
+for row in "bf16 context" "fully encoded context" "dense cache" "policy peak" "one decoded view" \
+           "all 30 layers at once" "packed caches + one shared view" "one view per layer" "engine's default"; do
   grep -q "$row" "$T/hy.txt" || fail "table: no '$row' row"
 done
 grep -q "990.00 MiB" "$T/hy.txt" || fail "table: HY-WorldPlay bf16 context is not 990 MiB"

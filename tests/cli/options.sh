@@ -47,4 +47,24 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d.get("refine_recent") == 2 and d.get("refine_bits") == 2, {k: d.get(k) for k in ("refine_recent", "refine_bits")}
 PY
+# Defaults by command (issue 39, item 4): each command's help gives its default width
+# and codebook size and why they differ; --profile recommended's help says what the
+# profile sets (8 iterations from random seeds, as QuantArgs::apply_profile does).
+cmd_help() { "$QVG" "$1" --help | tr -s ' \n' ' '; }
+while IFS='|' read -r commands flag pattern; do
+  for c in $commands; do
+    cmd_help "$c" | grep -q -- "$pattern" || fail "$c --help: the $flag default is not explained"
+  done
+done <<'TABLE'
+encode eval|--bits|--bits INT=4 .*default 4 for a tensor file.*simulate, compare and memory default to 2
+encode eval|--centroids|--centroids INT=128 .*default 128.*simulate and compare default to 256
+simulate compare|--bits|--bits [A-Z]*=2 .*default 2: the published QVG runs' width.*encode and eval default to 4
+simulate compare|--centroids|--centroids INT=256 .*default 256.*encode, eval and memory default to 128
+TABLE
+cmd_help memory | grep -q -- "--bits INT=2 .*the engine's defaults" || fail "memory --help: --bits default not explained"
+for c in encode eval simulate compare memory; do
+  cmd_help "$c" | grep -q "recommended (hq's codec, 8 k-means iterations from random seeds" \
+    || fail "$c --help: --profile recommended not described as the profile is"
+  cmd_help "$c" | grep -q "kmeans++, and" && fail "$c --help: the profile's help still names kmeans++ seeds"
+done
 echo "options: ok"

@@ -3,7 +3,8 @@
 # axes, the Pareto set and the reference default marked) and summary.txt, with
 # progress on stderr; `--profile` with explicit flags overriding it in any order;
 # `--scale-search`; per-role settings in `qvg memory`.
-# Usage: bash quality.sh /path/to/qvg   (python3 standard library only)
+# frontier.svg draws nothing outside its canvas (svg_fit.py, rendered by rsvg-convert).
+# Usage: bash quality.sh /path/to/qvg   (python3 standard library, rsvg-convert)
 set -euo pipefail
 QVG=${1:?usage: quality.sh /path/to/qvg}
 T=$(mktemp -d)
@@ -17,6 +18,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 grep -q "coordinate descent" "$T/err.txt" || fail "no progress on stderr"
 grep -q "hq vs reference" "$T/out.txt" || fail "no summary: $(cat "$T/out.txt")"
 for f in frontier.json frontier.svg summary.txt; do [ -s "$T/rep/$f" ] || fail "missing $f"; done
+command -v rsvg-convert > /dev/null || fail "rsvg-convert is missing (librsvg2-bin: scripts/deps.sh installs it)"
+python3 "$(dirname "$0")/svg_fit.py" "$T/rep/frontier.svg" > "$T/fit.txt" || fail "frontier.svg: $(cat "$T/fit.txt")"
 python3 - "$T/rep/frontier.svg" "$T/rep/frontier.json" <<'PY' || fail "bad frontier report"
 import json, sys
 import xml.etree.ElementTree as ET
@@ -85,7 +88,28 @@ b=$(pol --profile recommended --keep-recent 1)
 [ "$(pol --profile hq)" = "1 deferred 1 0 4" ] || fail "memory --profile hq changed the policy: $(pol --profile hq)"
 "$QVG" simulate --scale 0.05 --chunks 6 --layers 1 --context-frames 9 --profile recommended --engine-baseline \
   --quiet --json "$T/s.json" > "$T/s.txt" || fail "simulate --profile recommended --engine-baseline"
-grep -q "side by side (against engine)" "$T/s.txt" || fail "no side-by-side table: $(cat "$T/s.txt")"
+grep -q "side by side (against engine;" "$T/s.txt" || fail "no side-by-side table: $(cat "$T/s.txt")"
+# The table: per configuration the full-size model-level peak ratio, the time per step
+# and the attention error, each with its ratio to the engine's (the engine's own: 1.00x).
+python3 - "$T/s.txt" "$T/s.json" <<'PY' || fail "side-by-side table: $(sed -n '/side by side/,$p' "$T/s.txt")"
+import json, re, sys
+t = open(sys.argv[1]).read()
+s = json.load(open(sys.argv[2]))["summary"]
+table = t[t.index("side by side (against engine;"):]
+assert re.search(r"configuration +peak ratio +time per step +attention error", table), table
+for i, row in enumerate(s):
+    m = re.search(r"\n  %s +([0-9.]+)x \(([0-9.]+)x\) +([0-9.]+) ms +\(([0-9.]+)x\) +([0-9.]+)%% +\(([0-9.]+)x\)"
+                  % re.escape(row["label"]), table)
+    assert m, (row["label"], table)
+    peak, peak_r, ms, ms_r, err, err_r = map(float, m.groups())
+    e = s[0]
+    assert abs(peak - row["full_size"]["model_ratio"]) < 0.006, (peak, row["full_size"])
+    assert abs(peak_r - row["full_size"]["model_ratio"] / e["full_size"]["model_ratio"]) < 0.006
+    assert abs(ms - 1e3 * row["step_s"]) < 0.006 and abs(ms_r - row["step_s"] / e["step_s"]) < 0.006
+    assert abs(err - 100 * row["attention_rel_l2"]) < 0.006
+    assert abs(err_r - row["attention_rel_l2"] / e["attention_rel_l2"]) < 0.006
+    assert i > 0 or (peak_r, ms_r, err_r) == (1.0, 1.0, 1.0)
+PY
 python3 - "$T/s.json" <<'PY' || fail "simulate --engine-baseline configurations"
 import json, sys
 c = json.load(open(sys.argv[1]))["configs"]

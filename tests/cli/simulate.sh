@@ -32,8 +32,9 @@ PY
 # A run with --json and --report; progress goes to stderr as plain lines (not a TTY).
 "$QVG" simulate "${tiny[@]}" --chunks 8 --json "$T/r.json" --report "$T/rep" > "$T/out.txt" 2> "$T/err.txt" \
   || fail "simulate failed: $(cat "$T/err.txt")"
-for w in "what was simulated" "self-forcing-1.3b" "(a)" "memory" "smaller" "bits per element" "quality" \
-         "attention output" "K SNR" "time" "wall time" "How to read it" "report.json"; do
+for w in "what was simulated" "self-forcing-1.3b" "(a)" "memory" "the whole model (2 layers" "memory at its peak than with dense caches" \
+         "one shared view window" "per denoising step" "bits per element" "quality" \
+         "attention output" "K SNR" "time" "wall time" "How to read it" "report: $T/rep/report.json,"; do
   grep -qF "$w" "$T/out.txt" || fail "summary lacks '$w'"
 done
 [ "$(grep -c 'chunk [0-9]*/8 done' "$T/err.txt")" -eq 8 ] || fail "expected 8 progress lines: $(cat "$T/err.txt")"
@@ -46,7 +47,8 @@ validate "$T/rep/report.json"
 "$PY" - "$T/rep" <<'PY' || fail "SVG check failed"
 import sys, xml.etree.ElementTree as ET
 ns = "{http://www.w3.org/2000/svg}"
-for name, words in (("memory.svg", ["dense cache (bf16)", "packed int2", "resident MiB per layer", "window full"]),
+for name, words in (("memory.svg", ["dense caches (bf16, 2 layers)", "packed int2: 2 layers' caches + one shared view",
+                                     "not the model's peak", "MiB, all 2 layers", "window full", "numbered from 1"]),
                     ("attention.svg", ["int2", "attention relative error (%)", "first span encoded"])):
     root = ET.parse(f"{sys.argv[1]}/{name}").getroot()
     assert root.tag == ns + "svg", root.tag
@@ -89,6 +91,31 @@ doc["configs"][0]["bits"] = 3                        # not in the enum
 errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
 assert len(errors) == 4, [e.message for e in errors]
 PY
+
+# Every chunk numbered from 1 wherever a person reads it: progress lines "chunk k/8"
+# (the first 1), the charts' x values 1..8 (the memory chart's points, the attention
+# chart's markers). Progress lines give every configuration's figures under its label.
+head -1 "$T/err.txt" | grep -q "chunk 1/8 done.*dense .* MiB per layer; int2: packed .* MiB, attention error" \
+  || fail "progress line: $(head -1 "$T/err.txt")"
+"$PY" - "$T/rep" <<'PY' || fail "chart numbering"
+import re, sys
+for name in ("memory.svg", "attention.svg"):
+    s = open(f"{sys.argv[1]}/{name}").read()
+    ticks = [int(t) for t in re.findall(r'text-anchor="middle">(\d+)</text>', s)]
+    assert ticks and min(ticks) >= 1 and max(ticks) == 8, (name, ticks)
+PY
+
+# Charts fit their canvas, with three configurations' long labels and headlines
+# (rendered by rsvg-convert, svg_fit.py). And a run that encodes nothing says so.
+command -v rsvg-convert > /dev/null || fail "rsvg-convert is missing (librsvg2-bin: scripts/deps.sh installs it)"
+"$QVG" simulate --scale 0.05 --context-frames 15 --centroids 32 --query-stride 8 --threads 2 --chunks 1 --layers 1 --engine-baseline --profile recommended --bits 2,4 \
+  -q --report "$T/three/" > "$T/three.txt" 2>&1 || fail "three configurations: $(cat "$T/three.txt")"
+"$PY" "$HERE/svg_fit.py" "$T/three/memory.svg" "$T/three/attention.svg" "$T/rep/memory.svg" \
+  "$T/rep/attention.svg" > "$T/fit.txt" || fail "charts: $(cat "$T/fit.txt")"
+grep -qF "report: $T/three/report.json," "$T/three.txt" || fail "report path: $(grep report: "$T/three.txt")"
+grep -q "nothing was encoded during this one chunk" "$T/three.txt" || fail "short run: $(cat "$T/three.txt")"
+grep -q "memory at its peak than" "$T/three.txt" && fail "a run that encoded nothing claims a saving"
+grep -q "nothing encoded yet" "$T/three/memory.svg" || fail "the memory chart claims a ratio before any encoding"
 
 # --quiet: nothing on stderr. Several configurations: one entry each.
 "$QVG" simulate "${tiny[@]}" --chunks 4 --bits 2,4 --layers 1 -q --json "$T/two.json" > /dev/null 2> "$T/err2.txt" \

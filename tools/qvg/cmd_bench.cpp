@@ -1,7 +1,6 @@
 // `qvg bench`: the performance suite of src/perf, as a table and as JSON.
 
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
 #include "cli_util.h"
 #include "command.h"
@@ -46,24 +45,12 @@ void run(const BenchArgs& a) {
 #endif
   opt.progress = [](const std::string& s) { fmt::print(stderr, "qvg bench: {} ...\n", s); };
   fmt::print("qvg bench — CPU target {}{}\n", perf::cpu_target_name(), a.quick ? " (quick: reduced shapes)" : "");
-  auto ms = perf::run_suite(opt);
-  nlohmann::json j = nlohmann::json::object();
-  fmt::print("{:<28} {:>11} {:>11} {:>11}  {}\n", "measurement", "median_s", "min_s", "max_s", "figures");
-  for (const auto& m : ms) {
-    std::string figs;
-    nlohmann::json o = {{"median_s", m.t.median_s}, {"min_s", m.t.min_s}, {"max_s", m.t.max_s}, {"reps", m.t.reps}};
-    for (const auto& [k, v] : m.figures) {
-      o[k] = v;
-      figs += fmt::format("{}={:.4g} ", k, v);
-    }
-    if (!m.note.empty()) o["note"] = m.note;
-    j[m.name] = o;
-    fmt::print("{:<28} {:>11.6f} {:>11.6f} {:>11.6f}  {}\n", m.name, m.t.median_s, m.t.min_s, m.t.max_s, figs);
-  }
-  j["target"] = perf::cpu_target_name();
-  j["quick"] = a.quick;
+  perf::LoadCheck load;
+  auto ms = perf::run_suite(opt, &load);
+  const perf::BenchReport report = perf::bench_report(ms, load, perf::cpu_target_name(), a.quick);
+  fmt::print("{}", report.table);
   if (!a.json.empty()) {
-    write_output_file(a.json, j.dump(2) + "\n", "--json");
+    write_output_file(a.json, report.json, "--json");
     fmt::print("wrote {}\n", a.json);
   }
 }

@@ -33,8 +33,10 @@ void run_encode(const EncodeOptions& o) {
   const EncodedTensor enc = encode(x, o.cfg);
   const double secs = seconds_since(t0);
   write_qvgt(out, enc);
-  fmt::print("{}: {} {} -> {} bytes ({:.4f} bits/element, {:.2f}x vs bf16) in {:.3f} s\n", o.output, x.shape().str(),
-             dtype_name(x.dtype()), enc.nbytes(), enc.bits_per_element(), 16.0 / enc.bits_per_element(), secs);
+  const std::string note = codebook_dtype_note(x.shape(), x.dtype(), o.cfg);
+  fmt::print("{}: {} {} -> {} bytes ({:.4f} bits/element, {:.2f}x vs bf16{}) in {:.3f} s\n", o.output, x.shape().str(),
+             dtype_name(x.dtype()), enc.nbytes(), enc.bits_per_element(), 16.0 / enc.bits_per_element(),
+             note.empty() ? "" : "; " + note, secs);
 }
 
 void register_encode(CLI::App& root) {

@@ -132,6 +132,7 @@ void run_eval(const EvalOptions& o) {
         {"config", o.cfg.describe()},
         {"bits_per_element", num(primary.bits_per_element)},
         {"compression_ratio", num(ratio)},
+        {"codebook_dtype", baseline ? nlohmann::json() : nlohmann::json(dtype_name(x.dtype()))},
         {"rel_mse", num(primary.rel_mse)},
         {"snr_db", num(primary.snr_db)},
         {"encode_s", num(primary.encode_s)},
@@ -151,6 +152,9 @@ void run_eval(const EvalOptions& o) {
       baseline ? fmt::format("bits={} block_size={} role={}", o.cfg.bits, o.cfg.block_size, o.role) : o.cfg.describe());
   fmt::print("bits per element   {:.4f}\n", primary.bits_per_element);
   fmt::print("compression        {:.3f}x vs bf16\n", ratio);
+  if (!baseline)
+    if (const std::string note = codebook_dtype_note(x.shape(), x.dtype(), o.cfg); !note.empty())
+      fmt::print("                   {}\n", note);
   fmt::print("relative MSE       {}\n", txt(primary.rel_mse, "{:.6e}"));
   fmt::print("SNR                {} dB\n", txt(primary.snr_db, "{:.3f}"));
   if (primary.decode_s) {

@@ -3,6 +3,7 @@
 // (and, for snapshots, its sections streamed through their checksums) without
 // loading the payload. A snapshot whose checksums fail is reported in full, then the
 // command exits 1 naming the failing sections.
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,18 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+/// An entry's text value as JSON: a number, true/false or an array of numbers when the
+/// whole text is one ("1", "true", "[1,24,2,64]"), null for "none" (an absent value:
+/// attention_window_size, bits with quantization off), else the text as a string
+/// ("fp8_e4m3", "chunk").
+nlohmann::ordered_json typed_value(const std::string& v) {
+  if (v == "none") return nullptr;
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(v, nullptr, /*allow_exceptions=*/false);
+  if (j.is_number() || j.is_boolean()) return j;
+  if (j.is_array() && std::all_of(j.begin(), j.end(), [](const auto& x) { return x.is_number(); })) return j;
+  return v;
+}
+
 std::string entries_text(const std::vector<std::pair<std::string, std::string>>& e) {
   std::string r;
   for (const auto& [k, v] : e) r += fmt::format("{}{}={}", r.empty() ? "" : " ", k, v);
@@ -51,7 +64,7 @@ void inspect_snapshot_file(const InspectOptions& o) {
                                 {"device", info.device}};
     for (const char* part : {"config", "state"}) {
       nlohmann::ordered_json e = nlohmann::ordered_json::object();
-      for (const auto& [k, v] : std::string(part) == "config" ? info.config : info.state) e[k] = v;
+      for (const auto& [k, v] : std::string(part) == "config" ? info.config : info.state) e[k] = typed_value(v);
       j[part] = e;
     }
     nlohmann::ordered_json secs = nlohmann::ordered_json::array();
@@ -91,7 +104,7 @@ void inspect_qvgt_file(const InspectOptions& o) {
   const double bpe = double(info.encoded_bytes) * 8.0 / double(l.shape.numel());
   if (o.json) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : info.metadata) meta[k] = v;
+    for (const auto& [k, v] : info.metadata) meta[k] = typed_value(v);
     nlohmann::ordered_json arrays = nlohmann::ordered_json::array();
     for (const auto& a : info.arrays) arrays.push_back({{"name", a.name}, {"dtype", a.dtype}, {"shape", a.shape}, {"bytes", a.bytes}});
     const nlohmann::ordered_json j = {{"file", o.file},

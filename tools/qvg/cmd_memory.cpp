@@ -8,7 +8,10 @@
 // encoded context, and dense cache / policy peak. With --json exactly
 //   {per_layer_bf16_mib, per_layer_packed_mib, total_bf16_mib, total_packed_mib,
 //    ratio, per_layer_policy_mib, policy_ratio}
-// (MiB = 2^20 bytes). Defaults: the preset's context and sink policy, --bits 2 and
+// (MiB = 2^20 bytes) preceded by the model, its layers, context frames, bits and
+// centroids, followed by the policy settings and the model-level figures (every
+// layer's cache + the view memory, MemoryReport::model_peak_bytes; the engine's default
+// computed the same way). Defaults: the preset's context and sink policy, --bits 2 and
 // the codec and cache defaults of spec section 2.
 #include <cmath>
 #include <cstdio>
@@ -24,6 +27,7 @@
 #include "command.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
+#include "qvg/simulate.h"
 #include "qvg/workload.h"
 #include "sim/report_util.h"
 #include "sim/sim_common.h"
@@ -103,7 +107,14 @@ QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
   return a;
 }
 
-void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport& r, bool frames_overridden) {
+/// The engine's default configuration (qvg/simulate.h) on the same shapes, for the
+/// model-level comparison.
+MemoryReport engine_report(const ModelPreset& p, const MemoryShape& s) {
+  return memory_report(s, engine_default_packed_config(p).quant);
+}
+
+void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport& r, const MemoryReport& engine,
+                 bool frames_overridden) {
   const QuantArgs& a = r.args;
   const auto& as = p.assumed;
   const std::string_view A = assumed_mark(true);
@@ -144,12 +155,32 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   row("fully encoded context", r.packed_context_bytes, fmt::format("{:.2f}x", r.ratio()));
   row("dense cache: context + chunk, bf16", r.dense_window_bytes, "");
   row("packed cache: policy peak", r.policy_peak_bytes, fmt::format("{:.2f}x", r.policy_ratio()));
+  fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", "one decoded view of the window (K+V)", mib(r.view_window_bytes),
+             "shared: one", "");
+  // The model level: what the device holds at once (MemoryReport::model_peak_bytes).
+  fmt::print("\n  the model, all {} layers at once (every layer's cache + the view memory):\n", s.layers);
+  auto model_row = [&](const std::string& label, size_t bytes, const std::string& ratio) {
+    fmt::print("  {:<58} {:>18} {:>9}\n", label, mib(bytes), ratio);
+  };
+  model_row("dense caches (views are ranges of the buffers: no copy)", r.dense_model_bytes(), "1.00x");
+  model_row("packed caches + one shared view (the headline)", r.model_peak_bytes(ViewMemory::Shared),
+            fmt::format("{:.2f}x", r.model_peak_ratio(ViewMemory::Shared)));
+  model_row("packed caches + one view per layer (no shared scratch)", r.model_peak_bytes(ViewMemory::PerLayer),
+            fmt::format("{:.2f}x", r.model_peak_ratio(ViewMemory::PerLayer)));
+  model_row("the engine's default, computed the same way (one view)", engine.model_peak_bytes(ViewMemory::Shared),
+            fmt::format("{:.2f}x", engine.model_peak_ratio(ViewMemory::Shared)));
   fmt::print("\n  fully encoded context: {}\n", describe_layout(r.context_layout));
   fmt::print(
       "  policy peak: {} encoded + {} raw tokens resident ({} segments) at the steady-state peak; its ratio "
       "is vs the bf16 context (vs the dense cache of the same window, context + chunk: {:.2f}x)\n",
       grouped(r.peak_step.packed_tokens), grouped(r.peak_step.raw_tokens), r.peak_step.segments,
       r.policy_ratio_vs_dense_window());
+  fmt::print(
+      "  model level: ratios are the dense caches over the packed ones; the layers share one view when their caches "
+      "share a ViewScratch (qvg.torch does; the engine frees its view after each layer's attention), else each "
+      "keeps one; a call that encodes holds a span's buffers beyond this for the one layer running it "
+      "(docs/simulate.md). The engine's default: int2, 128 centroids, compat scaling, spans of one chunk, "
+      "keep_recent 1.\n");
   fmt::print("  MiB = 2^20 bytes; {} = an assumption where the public material is silent (docs/workload.md)\n",
              A.substr(1));
 }
@@ -161,8 +192,14 @@ void run_memory(const MemoryOptions& o) {
   const QuantArgs args = build_args(o, p);
   const MemoryShape shape = MemoryShape::of(p, frames);
   const MemoryReport r = memory_report(shape, args);
+  const MemoryReport engine = engine_report(p, shape);
   if (o.json) {
     nlohmann::ordered_json j;
+    j["model"] = p.name;
+    j["layers"] = shape.layers;
+    j["context_frames"] = shape.context_tokens / p.tokens_per_frame();
+    j["bits"] = r.args.codec().bits;
+    j["centroids"] = r.args.codec().centroids;
     j["per_layer_bf16_mib"] = to_mib(r.raw_context_bytes);
     j["per_layer_packed_mib"] = to_mib(r.packed_context_bytes);
     j["total_bf16_mib"] = to_mib(r.total(r.raw_context_bytes));
@@ -173,10 +210,18 @@ void run_memory(const MemoryOptions& o) {
     j["policy_ratio_vs_dense_window"] = r.policy_ratio_vs_dense_window();
     j.update(sim::policy_json(r.args, kSettingsNotModelled));  // the policy settings memory takes
     j["per_layer_policy_refine_mib"] = to_mib(r.peak_step.refine_bytes);
+    j["per_layer_view_mib"] = to_mib(r.view_window_bytes);
+    j["model_dense_mib"] = to_mib(r.dense_model_bytes());
+    j["model_peak_mib"] = to_mib(r.model_peak_bytes(ViewMemory::Shared));
+    j["model_peak_ratio"] = r.model_peak_ratio(ViewMemory::Shared);
+    j["model_peak_views_per_layer_mib"] = to_mib(r.model_peak_bytes(ViewMemory::PerLayer));
+    j["model_peak_ratio_views_per_layer"] = r.model_peak_ratio(ViewMemory::PerLayer);
+    j["engine_model_peak_mib"] = to_mib(engine.model_peak_bytes(ViewMemory::Shared));
+    j["engine_model_peak_ratio"] = engine.model_peak_ratio(ViewMemory::Shared);
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  print_table(p, shape, r, frames.has_value());
+  print_table(p, shape, r, engine, frames.has_value());
 }
 
 void register_memory(CLI::App& root) {
@@ -185,9 +230,12 @@ void register_memory(CLI::App& root) {
       "memory", "Exact K/V cache memory of a model preset: bf16 vs packed (spec 1.5), and the packed cache's peak");
   o->cmd = cmd;
   add_model_flag(*cmd, o->model)->required();
-  add_value(*cmd, "--bits", o->bits, "residual code width: 2 or 4", "INT");
+  add_value(*cmd, "--bits", o->bits,
+            "residual code width: 2 or 4 (default 2 with 128 centroids: the engine's defaults, a cache built with "
+            "kv_cache_quant=int2)",
+            "INT");
   add_value(*cmd, "--frames", o->frames, "context length in frames (default: the preset's)", "INT");
-  add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256", "INT");
+  add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256 (default 128, the engine's)", "INT");
   add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");
   add_value(*cmd, "--stages", o->stages, "k-means stages", "INT");
   // The policy flags of the settings table but those the model does not take.
@@ -197,8 +245,8 @@ void register_memory(CLI::App& root) {
   add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");
   add_value(*cmd, "--scale-search", o->scale_search, "off | mse (the encoder's choice; no change in bytes)", "NAME");
   add_value(*cmd, "--profile", o->profile,
-            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec and a cache policy, "
-            "docs/quality.md); explicit flags override it",
+            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec, 8 k-means iterations "
+            "from random seeds, and a cache policy, docs/quality.md); explicit flags override it",
             "NAME");
   add_value(*cmd, "--k-config", o->k_config,
             "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "

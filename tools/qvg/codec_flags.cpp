@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "qvg/codec.h"
 #include "qvg/error.h"
 
 namespace qvg::cli {
@@ -57,8 +58,12 @@ void add_named(CLI::App& cmd, const char* flag, E& target, Parse parse, const st
 void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
   cfg = CodecConfig{};
   cfg.bits = 4;
-  add_int(cmd, "--bits", cfg.bits, "residual code width: 2 or 4");
-  add_int(cmd, "--centroids", cfg.centroids, "k-means codebook size per stage and group: 1..256");
+  add_int(cmd, "--bits", cfg.bits,
+          "residual code width: 2 or 4 (default 4 for a tensor file, the finer width; simulate, compare and memory "
+          "default to 2, the width of the engine's int2 mode and of the published runs)");
+  add_int(cmd, "--centroids", cfg.centroids,
+          "k-means codebook size per stage and group: 1..256 (default 128, spec 1 and the engine's; simulate and "
+          "compare default to 256, the published runs')");
   add_int(cmd, "--block-size", cfg.block_size,
           "channels sharing one residual scale; divides head_dim, multiple of 8/bits");
   add_int(cmd, "--stages", cfg.stages, "k-means (progressive residual) stages: >= 1");
@@ -96,9 +101,9 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
   auto profile = std::make_shared<std::string>();
   cmd.add_option("--profile", *profile,
                  "settings by name: reference (the engine's defaults, compat scaling) | hq (a codec, "
-                 "docs/quality.md) | recommended (hq's codec, 8 k-means iterations from kmeans++, and a cache policy "
-                 "where the command has one, "
-                 "docs/quality.md); explicit flags override it, whatever their order")
+                 "docs/quality.md) | recommended (hq's codec, 8 k-means iterations from random seeds, and a cache "
+                 "policy where the command has one, docs/quality.md); explicit flags override it, whatever their "
+                 "order")
       ->type_name("NAME");
   // After parsing: the profile's value for every codec field whose flag was not given.
   cmd.parse_complete_callback([&cmd, &cfg, profile] {
@@ -139,12 +144,29 @@ void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
   cmd.remove_option(cmd.get_option("--seed"));
   cfg.bits = 2;
   cfg.centroids = 256;
-  cmd.get_option("--bits")->default_str("2");
-  cmd.get_option("--centroids")->default_str("256");
+  // The published QVG configuration these workloads reproduce (default_packed_config).
+  cmd.get_option("--bits")->default_str("2")->description(
+      "residual code width: 2 or 4 (default 2: the published QVG runs' width, which these workloads reproduce; "
+      "encode and eval default to 4)");
+  cmd.get_option("--centroids")
+      ->default_str("256")
+      ->description(
+          "k-means codebook size per stage and group: 1..256 (default 256: the published QVG runs'; encode, eval "
+          "and memory default to 128, spec 1 and the engine's)");
 }
 
 CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed) {
   return add_value(cmd, "--codec-seed", codec_seed, "seed of the codec's random choices", "UINT");
+}
+
+std::string codebook_dtype_note(const Shape4& shape, DType input, const CodecConfig& cfg) {
+  if (input != DType::F32) return {};
+  const double elements = double(shape.numel());
+  auto bpe = [&](DType t) { return double(EncodedTensor::predicted_nbytes(shape, t, cfg)) * 8.0 / elements; };
+  return fmt::format(
+      "codebooks stored in float32, the input's dtype ({:.4f} bits per element; in bf16 the same tensor would take "
+      "{:.4f})",
+      bpe(DType::F32), bpe(DType::BF16));
 }
 
 void check_codec_flags(const CodecConfig& cfg) {

@@ -17,6 +17,7 @@
 
 #include "cli_util.h"
 #include "qvg/config.h"
+#include "qvg/tensor.h"
 
 namespace qvg::cli {
 
@@ -40,6 +41,12 @@ void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg);
 
 /// Adds `--codec-seed UINT` (the codec's seed as text; parse with parse_seed_flag).
 CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed);
+
+/// For a float32 input: the sentence saying that its codebooks are stored in float32
+/// (the input's dtype, spec 1.5) and what the same tensor would cost in bf16, e.g.
+/// "codebooks stored in float32, the input's dtype (3.94 bits per element; in bf16 the
+/// same tensor would take 3.06)". Empty for 16-bit inputs.
+std::string codebook_dtype_note(const Shape4& shape, DType input, const CodecConfig& cfg);
 
 /// Post-parse checks before any input is read: cfg.validate() (bits, centroids, ...).
 /// Throws InvalidArgument ("invalid codec flags: ...").

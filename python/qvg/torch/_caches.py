@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import threading
@@ -104,9 +105,13 @@ class _CacheInterface(_IndexTensors):
     # -- snapshots (docs/snapshot.md): load is each cache's, with its contract ----------
     @classmethod
     def _restored(cls, source: str | bytes, from_bytes: bool, what: str, kwargs: dict) -> Any:
-        """A cache built from ``kwargs`` whose state is then replaced by the snapshot's
-        (on any error nothing is left: the new cache is dropped)."""
-        cache = cls(**kwargs)
+        """A cache built from ``kwargs`` (completed from the snapshot where the class can:
+        :meth:`_snapshot_kwargs`) whose state is then replaced by the snapshot's (on any
+        error nothing is left: the new cache is dropped). A path that names no file is
+        FileNotFoundError."""
+        if not from_bytes and not os.path.exists(source):
+            raise FileNotFoundError(errno.ENOENT, f"{cls.__name__}.{what}: no snapshot file at '{source}'", source)
+        cache = cls(**cls._snapshot_kwargs(source, from_bytes, kwargs))
         cache._before_restore(what)
         cache._c.restore(source, from_bytes)
         cache._adopt_loaded_cursors()
@@ -118,6 +123,12 @@ class _CacheInterface(_IndexTensors):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ValueError(f"data must be bytes, got {type(data).__name__}")
         return cls._restored(bytes(data), True, "from_snapshot_bytes", kwargs)
+
+    @classmethod
+    def _snapshot_kwargs(cls, source: str | bytes, from_bytes: bool, given: dict) -> dict:
+        """The constructor's keyword arguments for a load: ``given`` as it is (the dense
+        cache needs its buffers from the caller)."""
+        return given
 
     def _before_restore(self, what: str) -> None:
         """What must hold before a restore (packed: a CPU cache)."""
@@ -493,17 +504,39 @@ class QVGPackedCausalKVCache(_CacheInterface):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> QVGPackedCausalKVCache:
-        """A cache restored from a snapshot written by :meth:`save`. ``kwargs`` are the
-        constructor's (the model's configuration, cursor tensors included): the snapshot
-        must hold a cache of exactly these options and quant args, else ValueError naming
-        the first differing field. A truncated or altered file is ValueError naming the
-        section (spec 5: corrupt data). The cursors are set from the snapshot. Every later
-        call returns what the saved cache would have returned, bit for bit (a CUDA cache
-        loading a CPU snapshot: the same stored data, its later encodings the device
-        encoder's). ``device`` may differ from the saved cache's; a CUDA device needs the
-        CUDA path and the device (else the constructor's NotImplementedError or
-        RuntimeError, before anything is read)."""
+        """A cache restored from a snapshot written by :meth:`save`, as the C++
+        ``PackedCausalCache::load(path)``: the snapshot holds the cache's whole
+        configuration, so ``QVGPackedCausalKVCache.load(path)`` needs nothing else (a
+        CPU cache with new cursor tensors, ``torch.zeros(1, dtype=torch.long)``).
+        ``kwargs`` (the constructor's) are an optional expectation: each one given must
+        match the snapshot (``batch_size``, ``cache_size``, ``num_heads``, ``head_dim``,
+        ``dtype``, ``sink_tokens``, ``attention_window_size``, ``head_offset``,
+        ``quant_args``; else ValueError naming the first differing field), and the
+        runtime ones are taken as given (``device``, ``global_end_index`` /
+        ``local_end_index``, ``use_int_indices``). A path that names no file is
+        FileNotFoundError; a truncated or altered file is ValueError naming the section
+        (spec 5: corrupt data); a dense cache's snapshot is ValueError. The cursors are set
+        from the snapshot. Every later call returns what the saved cache would have
+        returned, bit for bit (a CUDA cache loading a CPU snapshot: the same stored data,
+        its later encodings the device encoder's). ``device`` may differ from the saved
+        cache's; a CUDA device needs the CUDA path and the device (else the constructor's
+        NotImplementedError or RuntimeError, before the payload is read)."""
         return cls._restored(os.fspath(path), False, "load", kwargs)
+
+    @classmethod
+    def _snapshot_kwargs(cls, source: str | bytes, from_bytes: bool, given: dict) -> dict:
+        """The snapshot's own configuration (its config section: _C.packed_snapshot_settings)
+        under what ``given`` sets: a CPU cache with new index tensors unless given."""
+        options, settings = _C.packed_snapshot_settings(source, from_bytes)
+        dtypes = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+        if options["dtype"] not in dtypes:
+            raise ValueError(f"snapshot: dtype must be one of f32, bf16, f16, got '{options['dtype']}'")
+        kwargs: dict[str, Any] = dict(options, dtype=dtypes[options["dtype"]], device="cpu",
+                                      global_end_index=torch.zeros(1, dtype=torch.long),
+                                      local_end_index=torch.zeros(1, dtype=torch.long),
+                                      quant_args=QVGKVQuantArgs(**settings))
+        kwargs.update(given)
+        return kwargs
 
     def _adopt_loaded_cursors(self) -> None:
         self._set_cursors(self._c.global_end, self._c.local_end)
