@@ -502,6 +502,47 @@ TEST_P(PerTarget, BlockErrorsMatchTheReference) {
   }
 }
 
+// The kernel forms most quotients (x - z) / s as (x - z) * (1 / s) and takes the
+// division only near a rounding breakpoint: elements whose exact quotient is a
+// half-integer or within a few ulps of one on either side (where the two forms could
+// round to different codes), with scales of every size (tiny and huge ones take the
+// division throughout), against the scalar reference, bit for bit.
+TEST_P(PerTarget, BlockErrorsAtRoundingBreakpointsMatchTheReference) {
+  std::mt19937 rng(91);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int checked = 0;
+  for (int rep = 0; rep < 200; ++rep) {
+    const int bits = rep % 2 ? 4 : 2;
+    const bool asym = (rep / 2) % 2;
+    const int qmax = asym ? (1 << bits) - 1 : (1 << (bits - 1)) - 1;
+    const int ncand = 1 + rep % 16;
+    const float smag = std::vector<float>{1e-3f, 1.0f, 3e4f, 1e-39f, 3e38f}[size_t(rep % 5)];
+    std::vector<float> s(static_cast<size_t>(ncand)), z(s.size());
+    for (int c = 0; c < ncand; ++c) {
+      s[size_t(c)] = std::fabs(nd(rng)) * smag + (smag < 1e-30f ? 0.0f : smag * 1e-3f);
+      z[size_t(c)] = asym ? nd(rng) * smag : 0.0f;
+    }
+    // x: a half-integer (or integer) multiple of candidate c's scale, nudged by a few ulps.
+    const int64_t n = 64;
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const int c = int(rng() % unsigned(ncand));
+      const float k = float(int(rng() % unsigned(2 * qmax + 4)) - (qmax + 2)) + (rng() % 3 ? 0.5f : 0.0f);
+      float v = z[size_t(c)] + k * s[size_t(c)];
+      for (int u = int(rng() % 9) - 4; u != 0; u += u > 0 ? -1 : 1) v = std::nextafter(v, u > 0 ? INFINITY : -INFINITY);
+      x[size_t(i)] = std::isfinite(v) ? v : 0.0f;
+    }
+    std::vector<float> got(s.size()), want(s.size());
+    kernels::block_errors(x.data(), n, qmax, asym, s.data(), z.data(), ncand, got.data());
+    kernels::ref::block_errors(x.data(), n, qmax, asym, s.data(), z.data(), ncand, want.data());
+    for (int c = 0; c < ncand; ++c)
+      ASSERT_EQ(f32_bits(got[size_t(c)]), f32_bits(want[size_t(c)]))
+          << "rep " << rep << " candidate " << c << " bits " << bits << " asym " << asym << " scale " << smag;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 200);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
 
 // The benchmark's FMA loop (src/perf, compiled per target like the kernels).

@@ -169,11 +169,25 @@ void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float
     const auto sv = hn::Load(df, sb), zv = hn::Load(df, zb);
     const auto s_zero = hn::Eq(sv, zero);
     const auto sdiv = hn::IfThenElse(s_zero, one, sv);  // no 0/0 in the lanes that do not use it
+    // The quotient (x - z) / s decides only the code, round-half-away-from-zero of the
+    // clamped quotient, whose breakpoints are the half-integers. (x - z) * (1 / s) is
+    // within 2^-23 relative of the rounded quotient, so it gives the same code unless it
+    // lies within `tol` of a half-integer (|quotient| <= 17 after the clamp: 2^-16 is
+    // several times that bound); such an element (rare) takes the division. Needs 1 / s
+    // normal in every lane (tiny or huge scales: the division throughout).
+    const auto inv = hn::Div(one, sdiv);
+    const bool recip = hn::AllTrue(df, hn::And(hn::IsFinite(inv), hn::Ge(hn::Abs(inv), hn::Set(df, 1.17549435e-38f))));
+    const auto tol = hn::Set(df, 0x1p-16f);
     auto acc = zero;
     for (int64_t i = 0; i < n; ++i) {
       const auto xv = hn::Set(df, x[i]);
-      auto v = hn::Div(hn::Sub(xv, zv), sdiv);
-      v = hn::Min(hn::Max(v, vlo), vhi);
+      const auto num = hn::Sub(xv, zv);
+      auto v = hn::Min(hn::Max(recip ? hn::Mul(num, inv) : hn::Div(num, sdiv), vlo), vhi);
+      if (recip) {
+        const auto fr0 = hn::Sub(v, hn::ConvertTo(df, hn::ConvertTo(di, v)));  // exact: |v| <= 2^bits + 1
+        if (!hn::AllFalse(df, hn::Le(hn::Abs(hn::Sub(hn::Abs(fr0), half)), tol)))
+          v = hn::Min(hn::Max(hn::Div(num, sdiv), vlo), vhi);  // near a breakpoint: the rounded quotient
+      }
       const auto t = hn::ConvertTo(df, hn::ConvertTo(di, v));
       const auto fr = hn::Sub(v, t);
       const auto adj = hn::IfThenElse(hn::Ge(fr, half), one, hn::IfThenElseZero(hn::Le(fr, neg_half), neg_one));
