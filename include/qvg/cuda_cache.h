@@ -43,7 +43,7 @@
 // per-role K/V settings. Not supported (typed errors, raised before any state
 // change): a shared CacheOptions::view_scratch (host memory; Unsupported),
 // allow_growth (Unsupported, as on the CPU). The one setting that makes update()
-// wait: incremental spans with adaptive breaks (span_break_ratio above 0) read each
+// wait: incremental spans with adaptive breaks (a span break ratio above 0) read each
 // encoded chunk's residual energy on the host to decide its span — the advance
 // synchronizes `stream` once per chunk (not capturable). Without a break ratio the
 // energies stay on the device until a snapshot reads them.
@@ -110,7 +110,7 @@ class PackedCausalCache : public CacheDims {
   /// InvalidArgument / Unsupported / OutOfRange, or whose allocations fail, changes
   /// nothing (segments, cursors, the previous view's memory). After that only a
   /// CudaError can interrupt the call; the cache then stays consistent (basic
-  /// guarantee). Makes no synchronizing call (but with span_break_ratio > 0).
+  /// guarantee). Makes no synchronizing call (but with adaptive span breaks).
   ///
   /// The returned KVView has the CPU cache's indices (local_start_index = T - n,
   /// ...); its k.data and v.data are DEVICE pointers: either into the current

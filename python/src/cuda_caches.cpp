@@ -18,7 +18,7 @@
 //   * CUDA graph capture: update() makes no synchronizing call, so it can be
 //     captured (torch.cuda.graph) once a first update() ran outside the capture
 //     (it allocates the cache's pinned check record); the settings that wait
-//     (span_break_ratio > 0) raise NotImplementedError under a capture, before
+//     (a span break ratio above 0) raise NotImplementedError under a capture, before
 //     anything changes (the C++ cache refuses them).
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>

@@ -110,12 +110,23 @@ inline bool packs_sink_chunk(const QuantArgs& q, int64_t index) {
 /// A chunk's fit to the open span is measured (a break ratio above 0); else every
 /// chunk that may join fits.
 inline bool measures_span_fit(const QuantArgs& q) { return q.span_break_ratio > 0; }
+/// Why a cache that measures the span fit cannot update under a CUDA graph capture
+/// (the device cache's refusal names the setting and the two ways out).
+inline const char* span_fit_capture_refusal() {
+  return "span_break_ratio > 0 reads each encoded chunk's residual energy on the host (a synchronization), which a "
+         "CUDA graph capture forbids: set span_break_ratio = 0 or run this update() outside the capture";
+}
 /// fits_open_span (packed_plan.h) under q's break ratio.
 inline bool fits_open_span(const QuantArgs& q, double k_energy, double v_energy, double ref_k, double ref_v) {
   return fits_open_span(q.span_break_ratio, k_energy, v_energy, ref_k, ref_v);
 }
 /// How many of the newest chunks holding refinement layers keep them.
 inline int64_t refined_chunks_kept(const QuantArgs& q) { return q.refine_recent; }
+/// The same settings without refinement layers (a benchmark's or a model's peer).
+inline QuantArgs without_refinement(QuantArgs q) {
+  q.refine_recent = 0;
+  return q;
+}
 
 /// The aging rule of refinement layers (one home: plan_pack and the snapshot reader):
 /// over segments 0..n-1, newest first, a segment's layers go once

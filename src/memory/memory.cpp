@@ -259,7 +259,7 @@ PolicyStep extrapolated(const PolicyStep& a, const PolicyStep& b, int64_t k) {
 /// compare it with the full replay over contexts and settings.
 PolicyStep policy_peak(const MemoryShape& shape, const QuantArgs& args, int64_t period, int64_t& replayed) {
   const int64_t window_chunks = (shape.cache_tokens() + shape.chunk_tokens - 1) / shape.chunk_tokens;
-  const int64_t tail = args.enabled() ? args.keep_recent_chunks + args.refine_recent : 0;
+  const int64_t tail = args.enabled() ? args.keep_recent_chunks + detail::refined_chunks_kept(args) : 0;
   const int64_t base = shape.sink_chunks() + tail + 4 * period + 8;
   const int64_t k = (window_chunks - base) / period;
   if (k < 3) return replayed_peak(shape, args, period, replayed);

@@ -23,6 +23,7 @@
 
 #include <fmt/core.h>
 
+#include "cache/cache_policy.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "perf/cuda_bench.h"
@@ -234,7 +235,7 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
     size_t view_bytes = 0;
     for (int refine = 0; refine < 2; ++refine) {
       QuantArgs q = QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
-      if (!refine) q.refine_recent = 0;
+      if (!refine) q = qvg::detail::without_refinement(q);
       qvg::cuda::PackedCausalCache c(o, q);
       for (int i = 0; i < 10; ++i) {
         kernels::fill_clustered(kv.data(), 0, 1, 2 * chunk.s, chunk.h, chunk.d, 100 + uint64_t(i), 1.0f, s);

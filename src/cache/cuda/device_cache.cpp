@@ -155,9 +155,7 @@ struct PackedCausalCache::Impl {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     QVG_CUDA(cudaStreamIsCapturing(s, &st));
     if (st != cudaStreamCaptureStatusNone)
-      throw Unsupported(
-          "span_break_ratio > 0 reads each encoded chunk's residual energy on the host (a synchronization), which a "
-          "CUDA graph capture forbids: set span_break_ratio = 0 or run this update() outside the capture");
+      throw Unsupported(qvg::detail::span_fit_capture_refusal());
     const int64_t G = opt.batch * opt.heads;
     std::vector<double> h(size_t(2 * G));
     QVG_CUDA(cudaMemcpyAsync(h.data(), e.data(), h.size() * 8, cudaMemcpyDeviceToHost, s));
@@ -274,8 +272,8 @@ struct PackedCausalCache::Impl {
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
     guard.raise_published();  // an earlier call's input found out of limits (no waiting)
-    guard.prepare(s);         // the first call: the pinned record
     const qvg::detail::PackedPlan plan = pol.plan(key, value, chunk_start, head_start, recent_window);
+    guard.prepare(s);  // the first call: the pinned record (after the arguments' checks, which make no CUDA call)
     const qvg::detail::CallPlan& p = plan.call;
 
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;

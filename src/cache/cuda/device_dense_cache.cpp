@@ -77,9 +77,9 @@ struct DenseCausalCache::Impl {
                 std::optional<int64_t> head_start, std::optional<int64_t> recent_window) {
     // --- validation: throws, changes nothing ---------------------------------
     guard.raise_published();  // an earlier call's input found out of limits (no waiting)
-    guard.prepare(s);         // the first call: the pinned record
     const qvg::detail::DensePlan p = qvg::detail::plan_dense_update(opt, {capacity, window, global_end, local_end}, key,
                                                                     value, chunk_start, head_start, recent_window);
+    guard.prepare(s);  // the first call: the pinned record (after the arguments' checks, which make no CUDA call)
     const int64_t B = opt.batch, h_in = p.call.heads, head0 = p.call.head_start, T = p.view_tokens();
     const bool copy = p.second.size() > 0;
     const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * opt.head_dim) * esz : 0;

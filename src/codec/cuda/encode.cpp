@@ -18,6 +18,7 @@
 #include "codec/cuda/encode_traced.h"
 #include "codec/cuda/range_args.h"
 #include "codec/encode_impl.h"
+#include "core/input_limits.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -322,10 +323,7 @@ void check_limits(std::initializer_list<std::pair<ConstTensorView, const char*>>
       unsigned char elem[8] = {};
       QVG_CUDA(cudaMemcpy(elem, static_cast<const unsigned char*>(x.data) + first[i] * es, es, cudaMemcpyDeviceToHost));
       const float v = load_f32(elem, x.dtype, 0);
-      const auto& s = x.shape;
-      const int64_t k = int64_t(first[i]);
-      throw InvalidArgument(fmt::format("{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}]", what,
-                                        v, k / (s.d * s.h * s.s), (k / (s.d * s.h)) % s.s, (k / s.d) % s.h, k % s.d));
+      throw InvalidArgument(qvg::detail::input_limit_message(what, v, x.shape, int64_t(first[i])));
     }
     ++i;
   }
