@@ -250,8 +250,11 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   EXPECT_TRUE(r.asymmetric);
   EXPECT_EQ(r.centroids, QuantArgs{}.centroids);
   EXPECT_EQ(r.block_size, QuantArgs{}.block_size);
-  EXPECT_FALSE(r.per_role());
-  EXPECT_EQ(r.kmeans_iters, 8);
+  // Issue 40: V's scale search off (per role), 2 k-means iterations (the default).
+  EXPECT_TRUE(r.per_role());
+  EXPECT_EQ(r.codec(CacheRole::Key).scale_search, ScaleSearch::Mse);
+  EXPECT_EQ(r.codec(CacheRole::Value).scale_search, ScaleSearch::Off);
+  EXPECT_EQ(r.kmeans_iters, QuantArgs{}.kmeans_iters);
   EXPECT_EQ(r.init, Init::Random);  // what the device cache runs too
   EXPECT_EQ(r.span_chunks, 4);
   EXPECT_EQ(r.span_mode, SpanMode::Incremental);
@@ -262,11 +265,12 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   EXPECT_EQ(r.refine_bits, 4);
   EXPECT_TRUE(r.sink);
   EXPECT_NO_THROW(r.validate());
-  // Its codec is hq's with 8 k-means iterations.
+  // Its codec is hq's, V's without the scale search.
   QuantArgs hq;
   hq.apply_profile("hq");
-  hq.kmeans_iters = 8;
-  EXPECT_EQ(r.codec(), hq.codec());
+  EXPECT_EQ(r.codec(CacheRole::Key), hq.codec(CacheRole::Key));
+  hq.v.scale_search = ScaleSearch::Off;
+  EXPECT_EQ(r.codec(CacheRole::Value), hq.codec(CacheRole::Value));
   // hq and reference leave the policy as it is.
   QuantArgs p;
   p.span_chunks = 3;

@@ -170,8 +170,8 @@ struct QuantArgs {
   void set_codec(const CodecConfig& c);
   /// Applies a named profile: "reference" (issue 16: the engine's defaults, every codec
   /// field as a default-constructed QuantArgs, `compat` scaling), "hq" (issue 16: a
-  /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with 8 k-means
-  /// iterations from random seeds, plus a cache policy — incremental spans of 4
+  /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with V's scale
+  /// search off — per role, issue 40 —, plus a cache policy — incremental spans of 4
   /// chunks, keep_recent 0, sink_keep 0, 4-bit refinement layers on the 4 newest
   /// encoded chunks; docs/quality.md, "The recommended profile"). Every
   /// profile sets every codec field (shared and per-role) and sets bits if unset;

@@ -164,10 +164,10 @@ def test_from_dict_recommended_profile_sets_codec_and_policy():
     explicit flags override any of it; the engine's defaults are unchanged without it."""
     r = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_profile": "recommended"})
     assert (r.bits, r.asymmetric, r.scaling, r.scale_search, r.centroids) == (2, True, "two_level", "mse", 128)
-    assert (r.kmeans_iters, r.init) == (8, "random")
+    assert (r.kmeans_iters, r.init) == (2, "random")
     assert (r.span_chunks, r.span_mode, r.keep_recent_chunks, r.sink_keep_chunks) == (4, "incremental", 0, 0)
     assert (r.refine_recent, r.refine_bits, r.span_break_ratio) == (4, 4, 0.0)
-    assert (r.k_config, r.v_config) == ("", "")
+    assert (r.k_config, r.v_config) == ("", "scale_search=off")  # issue 40: V's search off
     o = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant_keep_recent": 1, "kv_cache_quant_profile": "recommended",
                                      "kv_cache_quant": "int4", "kv_cache_quant_refine_recent": 0})
     assert (o.bits, o.keep_recent_chunks, o.refine_recent, o.span_mode) == (4, 1, 0, "incremental")

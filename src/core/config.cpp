@@ -259,10 +259,17 @@ void QuantArgs::apply_profile(std::string_view profile) {
     // self-forcing, and its seeding is k - 1 sequential rounds over a group's points (on the
     // device one thread block per group with a sequential fp64 sum per round: an estimated ~6 ms
     // per stage at self-forcing's chunk, src/kernels/cuda/kmeanspp_kernels.cu), for ~1 % less error.
+    //
+    // Issue 40 (time per step): 2 k-means iterations (the default) and V's scale search off.
+    // On `qvg simulate --model self-forcing-1.3b --chunks 14 --layers 1 --engine-baseline`
+    // the search cost ~3.7 ms per role and chunk of a 5.4 ms encode, and 8 iterations
+    // ~4.5 ms; time per step 2.1x the engine default's -> 1.30x, attention error (scale
+    // 0.25, 40 chunks, 2 layers) 0.40/0.42/0.44x -> 0.38/0.45/0.46x on self-forcing,
+    // lingbot-world, hy-worldplay, peaks unchanged (docs/quality.md).
     scaling = Scaling::TwoLevel;
     scale_search = ScaleSearch::Mse;
     asymmetric = true;
-    kmeans_iters = 8;
+    v.scale_search = ScaleSearch::Off;
     set_recommended_policy(*this);
   }
 }

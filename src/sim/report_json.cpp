@@ -66,6 +66,11 @@ ojson quant_json(const std::string& label, const QuantArgs& q) {
   const CodecConfig c = q.codec();
   ojson j = {{"label", label}, {"bits", c.bits}, {"centroids", c.centroids}, {"block_size", c.block_size}};
   put_codec_settings(j, c);
+  // The encoder's scale choice and K's and V's own settings over the shared ones
+  // ("" when none; RoleCodec::describe, e.g. "scale_search=off").
+  j.update(ojson{{"scale_search", std::string(name(c.scale_search))},
+                 {"k_settings", q.k.describe("")},
+                 {"v_settings", q.v.describe("")}});
   j.update(sim::policy_json(q));
   return j;
 }

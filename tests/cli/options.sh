@@ -49,7 +49,7 @@ assert d.get("refine_recent") == 2 and d.get("refine_bits") == 2, {k: d.get(k) f
 PY
 # Defaults by command (issue 39, item 4): each command's help gives its default width
 # and codebook size and why they differ; --profile recommended's help says what the
-# profile sets (8 iterations from random seeds, as QuantArgs::apply_profile does).
+# profile sets (V's scale search off, as QuantArgs::apply_profile does).
 cmd_help() { "$QVG" "$1" --help | tr -s ' \n' ' '; }
 while IFS='|' read -r commands flag pattern; do
   for c in $commands; do
@@ -63,7 +63,7 @@ simulate compare|--centroids|--centroids INT=256 .*default 256.*encode, eval and
 TABLE
 cmd_help memory | grep -q -- "--bits INT=2 .*the engine's defaults" || fail "memory --help: --bits default not explained"
 for c in encode eval simulate compare memory; do
-  cmd_help "$c" | grep -q "recommended (hq's codec, 8 k-means iterations from random seeds" \
+  cmd_help "$c" | grep -q "recommended (hq's codec with V's scale search off" \
     || fail "$c --help: --profile recommended not described as the profile is"
   cmd_help "$c" | grep -q "kmeans++, and" && fail "$c --help: the profile's help still names kmeans++ seeds"
 done

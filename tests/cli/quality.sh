@@ -117,6 +117,8 @@ assert [x["label"] for x in c] == ["engine", "recommended int2"], c
 e, r = c
 assert (e["centroids"], e["scaling"], e["span_chunks"], e["keep_recent_chunks"]) == (128, "compat", 1, 1), e
 assert (r["span_mode"], r["span_chunks"], r["keep_recent_chunks"], r["refine_recent"]) == ("incremental", 4, 0, 4), r
-assert (r["asymmetric"], r["kmeans_iters"], r["init"]) == (True, 8, "random"), r
+assert (r["asymmetric"], r["kmeans_iters"], r["init"]) == (True, 2, "random"), r
+assert (r["scale_search"], r["k_settings"], r["v_settings"]) == ("mse", "", "scale_search=off"), r
+assert (e["scale_search"], e["k_settings"], e["v_settings"]) == ("off", "", ""), e
 PY
 echo "quality.sh: ok"

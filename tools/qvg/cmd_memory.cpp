@@ -245,8 +245,8 @@ void register_memory(CLI::App& root) {
   add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");
   add_value(*cmd, "--scale-search", o->scale_search, "off | mse (the encoder's choice; no change in bytes)", "NAME");
   add_value(*cmd, "--profile", o->profile,
-            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec, 8 k-means iterations "
-            "from random seeds, and a cache policy, docs/quality.md); explicit flags override it",
+            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec with V's scale search "
+            "off, and a cache policy, docs/quality.md); explicit flags override it",
             "NAME");
   add_value(*cmd, "--k-config", o->k_config,
             "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "

@@ -101,8 +101,8 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
   auto profile = std::make_shared<std::string>();
   cmd.add_option("--profile", *profile,
                  "settings by name: reference (the engine's defaults, compat scaling) | hq (a codec, "
-                 "docs/quality.md) | recommended (hq's codec, 8 k-means iterations from random seeds, and a cache "
-                 "policy where the command has one, docs/quality.md); explicit flags override it, whatever their "
+                 "docs/quality.md) | recommended (hq's codec with V's scale search off, and a "
+                 "cache policy where the command has one, docs/quality.md); explicit flags override it, whatever their "
                  "order")
       ->type_name("NAME");
   // After parsing: the profile's value for every codec field whose flag was not given.
