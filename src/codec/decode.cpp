@@ -36,16 +36,11 @@ kernels::DecodeRows rows_job(const EncodedTensor& enc, int64_t g, int64_t t0, in
 }
 
 kernels::RefineRows refine_rows(const EncodedTensor& ref, int64_t g, int64_t t0) {
+  // A refinement layer is symmetric, one stage, one centroid: the decode job's codes
+  // and scales with the group's centroid row.
   const kernels::DecodeRows r = rows_job(ref, g, t0, t0);
-  kernels::RefineRows j;
-  j.codes = r.codes;
-  j.scales = r.scales;
-  j.scale_dtype = r.scale_dtype;
-  j.scale_factor = r.scale_factor;
-  j.bits = r.bits;
-  j.block = r.block;
-  j.centroid = reinterpret_cast<const float*>(ref.centroid[0].data()) + g * ref.shape.d;
-  return j;
+  const float* centroid = reinterpret_cast<const float*>(ref.centroid[0].data()) + g * ref.shape.d;
+  return {r.codes, r.scales, r.scale_dtype, r.scale_factor, r.bits, r.block, centroid};  // RefineRows' order
 }
 
 }  // namespace detail

@@ -364,15 +364,8 @@ QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
 void publish(int64_t call, int64_t chunk_start, int which, float value) {
   auto* slots = static_cast<qvg::cuda::kernels::CheckSlot*>(fake::last_host_alloc());
   qvg::cuda::kernels::CheckSlot& s = slots[call % qvg::cuda::kernels::kCheckSlots];
-  s.chunk_start = chunk_start;
-  s.n = kChunk;
-  s.b = 0;
-  s.t = 5;
-  s.h = 1;
-  s.d = 7;
-  s.which = which;
-  s.value = value;
-  s.call = (unsigned long long)call;
+  s = {0, chunk_start, kChunk, 0, 5, 1, 7, which, value};  // call (0 while written), chunk, n, [b, t, h, d], ...
+  s.call = (unsigned long long)call;                       // last, as the kernel publishes it
 }
 
 QVG_TEST(a_published_bad_call_is_raised_by_the_next_call_and_check) {

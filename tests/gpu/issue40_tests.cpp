@@ -34,14 +34,7 @@ constexpr int64_t kN = 96, kH = 4, kD = 64;
 const qvg::Shape4 kChunk{1, kN, kH, kD};
 
 qvg::CacheOptions options() {
-  qvg::CacheOptions o;
-  o.batch = 1;
-  o.heads = kH;
-  o.head_dim = kD;
-  o.dtype = qvg::DType::BF16;
-  o.sink_tokens = kN;
-  o.cache_size = 6 * kN;
-  return o;
+  return {.batch = 1, .cache_size = 6 * kN, .heads = kH, .head_dim = kD, .dtype = qvg::DType::BF16, .sink_tokens = kN};
 }
 qvg::QuantArgs recommended() {
   qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
