@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu/call_kind.h"
@@ -34,7 +35,9 @@ constexpr int64_t kN = 96, kH = 4, kD = 64;
 const qvg::Shape4 kChunk{1, kN, kH, kD};
 
 qvg::CacheOptions options() {
-  return {.batch = 1, .cache_size = 6 * kN, .heads = kH, .head_dim = kD, .dtype = qvg::DType::BF16, .sink_tokens = kN};
+  qvg::CacheOptions o;  // batch 1, bf16 (the defaults)
+  std::tie(o.heads, o.head_dim, o.sink_tokens, o.cache_size) = std::tuple{kH, kD, kN, 6 * kN};
+  return o;
 }
 qvg::QuantArgs recommended() {
   qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
