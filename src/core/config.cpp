@@ -262,8 +262,9 @@ void QuantArgs::apply_profile(std::string_view profile) {
     //
     // Issue 40 (time per step): 2 k-means iterations (the default) and V's scale search off.
     // On `qvg simulate --model self-forcing-1.3b --chunks 14 --layers 1 --engine-baseline`
-    // the search cost ~3.7 ms per role and chunk of a 5.4 ms encode, and 8 iterations
-    // ~4.5 ms; time per step 2.1x the engine default's -> 1.30x, attention error (scale
+    // the search costs ~3.7 ms per role and chunk (the encode without it and without
+    // refinement layers: 5.4 ms) and 8 iterations ~4.5 ms more than 2; time per step 2.1x
+    // the engine default's -> 1.30x (two threads; 1.80x on one), attention error (scale
     // 0.25, 40 chunks, 2 layers) 0.40/0.42/0.44x -> 0.38/0.45/0.46x on self-forcing,
     // lingbot-world, hy-worldplay, peaks unchanged (docs/quality.md).
     scaling = Scaling::TwoLevel;
