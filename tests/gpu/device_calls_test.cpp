@@ -398,7 +398,8 @@ QVG_TEST(a_published_bad_call_is_raised_by_the_next_call_and_check) {
              msg.find("chunk [32, 64)") != std::string::npos)
       << msg;
   QVG_EXPECT(qvg::testing::call_kind([&] { cache.check(kStream); }, &msg) == Kind::InvalidArgument) << msg;
-  QVG_EXPECT(msg.find("chunk [64, 96)") != std::string::npos && msg.find("got 10000000272564224 at") != std::string::npos)
+  QVG_EXPECT(msg.find("chunk [64, 96)") != std::string::npos &&
+             msg.find("got 10000000272564224 at") != std::string::npos)
       << msg;
   QVG_EXPECT(qvg::testing::call_kind([&] { cache.check(kStream); }) == Kind::Ok);
 }

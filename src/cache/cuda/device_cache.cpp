@@ -154,8 +154,7 @@ struct PackedCausalCache::Impl {
   std::pair<double, double> energies(const DeviceBuffer& e, int64_t S, Stream s) const {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     QVG_CUDA(cudaStreamIsCapturing(s, &st));
-    if (st != cudaStreamCaptureStatusNone)
-      throw Unsupported(qvg::detail::span_fit_capture_refusal());
+    if (st != cudaStreamCaptureStatusNone) throw Unsupported(qvg::detail::span_fit_capture_refusal());
     const int64_t G = opt.batch * opt.heads;
     std::vector<double> h(size_t(2 * G));
     QVG_CUDA(cudaMemcpyAsync(h.data(), e.data(), h.size() * 8, cudaMemcpyDeviceToHost, s));

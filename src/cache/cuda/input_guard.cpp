@@ -95,8 +95,8 @@ void InputGuard::raise_published() {
       "{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}] (the update() of chunk [{}, {}), "
       "checked on the device after it returned: its rows were not written into the cache; a new chunk's rows are "
       "zeros)",
-      got.which == 0 ? "key" : "value", qvg::detail::limit_value_text(got.value), got.b, got.t, got.h, got.d, got.chunk_start,
-      got.chunk_start + got.n));
+      got.which == 0 ? "key" : "value", qvg::detail::limit_value_text(got.value), got.b, got.t, got.h, got.d,
+      got.chunk_start, got.chunk_start + got.n));
 }
 
 void InputGuard::wait_and_raise(Stream s) {
