@@ -164,6 +164,9 @@ def _find_stage() -> list[_dropin.Attribute]:
 
 
 def _find() -> _dropin.Found:
+    if _STAGE_ONLY.is_installed():  # its methods would be taken as the engine's originals
+        raise RuntimeError("qvg.sglang: the stage-only patch (_patch_stage) is installed; "
+                           "_unpatch_stage() before install()")
     stage = _find_stage()  # imports the stage module first, so that the rebinding reaches it
     originals = [_dropin.engine_attr(__name__, _dropin.engine_module(__name__, module, _PIP), name)
                  for module, name in ENGINE_MODULES]
@@ -188,7 +191,11 @@ _STAGE_ONLY = _dropin.DropIn(__name__, lambda: _dropin.Found(_find_stage()),
 
 
 def _patch_stage() -> bool:
-    """Only the base stage's two methods (tests); False when its module does not import."""
+    """Only the base stage's two methods (tests); False when its module does not import.
+    While install() holds them the stage is already patched: a second DropIn over the
+    same methods would take install()'s as the originals, so nothing is done then."""
+    if _DROPIN.is_installed():
+        return stage_patched()
     _STAGE_ONLY.install()
     return bool(_STAGE_ONLY.found and _STAGE_ONLY.found.bindings)
 

@@ -209,14 +209,13 @@ void register_cuda(py::module_& m) {
 
   def_dense<CudaDense>(m, "CudaDenseCache", [](auto& c) {
     using D = CudaDenseCache;
-    c.def("view_buffer_nbytes", [](const D& d) {
-       return d.cache().view_buffer_nbytes();
-     }).def("check", [](D& d) { d.with_call([](auto& x, DeviceCall& call) { x.check(call.stream); }); })
+    c.def("view_buffer_nbytes", [](const D& d) { return d.cache().view_buffer_nbytes(); })
+        .def("check", [](D& d) { d.with_call_mut([](auto& x, DeviceCall& call) { x.check(call.stream); }); })
         .def("debug_state", [](const D& d) {
-      return py::make_tuple(d.k().to(at::kCPU), d.v().to(at::kCPU), d.cache().cache_size(),
-                            d.cache().attention_window_size(), d.cache().global_end(), d.cache().local_end(),
-                            d.cache().resident_nbytes(), d.cache().view_buffer_nbytes());
-    });
+          return py::make_tuple(d.k().to(at::kCPU), d.v().to(at::kCPU), d.cache().cache_size(),
+                                d.cache().attention_window_size(), d.cache().global_end(), d.cache().local_end(),
+                                d.cache().resident_nbytes(), d.cache().view_buffer_nbytes());
+        });
   });
 
   def_packed<CudaPacked>(m, "CudaPackedCache", [](auto& c) {

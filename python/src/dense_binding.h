@@ -170,7 +170,7 @@ class DenseBinding {
   /// f(cache, call) under the one-caller guard with the call's device set up, the
   /// cache mutable (the CUDA cache's check()).
   template <class F>
-  auto with_call(F&& f) {
+  auto with_call_mut(F&& f) {
     BusyGuard busy(mu_);
     typename Backend::Call call(device_);
     return f(*cache_, call);

@@ -326,8 +326,9 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
       [&](int64_t b, int64_t h, GroupScratch& sc) {
         bool ok = true;
         float* const row = minus ? sc.row.get(size_t(D)) : nullptr;
+        float* const r = sc.r.get(size_t(S * D));
         for (int64_t t = 0; t < S; ++t) {  // the group's S points (fp32, token rows)
-          float* rt = sc.r.get(size_t(S * D)) + t * D;
+          float* rt = r + t * D;
           gather_row(x, b, t, h, rt);
           if (minus) {  // the refinement error, one fp32 subtraction, clamped
             gather_row(*minus, b, t, h, row);

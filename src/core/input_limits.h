@@ -21,5 +21,7 @@ std::string limit_value_text(float x);
 /// "<what> must hold finite values with |x| <= 1e16, got <limit_value_text(x)> at
 /// [b, t, h, d]" for the element at flat index i of a [B, S, H, D] tensor of shape s.
 std::string input_limit_message(std::string_view what, float x, Shape4 s, int64_t i);
+/// The same for the element at [b, t, h, d].
+std::string input_limit_message(std::string_view what, float x, int64_t b, int64_t t, int64_t h, int64_t d);
 
 }  // namespace qvg::detail

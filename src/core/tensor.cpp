@@ -137,10 +137,13 @@ std::string limit_value_text(float x) {
   return t;
 }
 
-std::string input_limit_message(std::string_view what, float x, Shape4 s, int64_t i) {
-  const int64_t d = i % s.d, h = (i / s.d) % s.h, t = (i / (s.d * s.h)) % s.s, b = i / (s.d * s.h * s.s);
+std::string input_limit_message(std::string_view what, float x, int64_t b, int64_t t, int64_t h, int64_t d) {
   return fmt::format("{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}]", what,
                      limit_value_text(x), b, t, h, d);
+}
+
+std::string input_limit_message(std::string_view what, float x, Shape4 s, int64_t i) {
+  return input_limit_message(what, x, i / (s.d * s.h * s.s), (i / (s.d * s.h)) % s.s, (i / s.d) % s.h, i % s.d);
 }
 
 }  // namespace detail

@@ -30,11 +30,4 @@ using detail::printable;
 /// parse_npy throws on that header.
 std::vector<uint8_t> read_npy_bytes(const detail::ReadOnlyFile& f);
 
-/// parse(bytes) with the path in front of the message of a CorruptData or
-/// InvalidArgument it throws (detail::with_path).
-template <class Parse>
-auto parse_with_path(const std::filesystem::path& path, const std::vector<uint8_t>& bytes, Parse&& parse) {
-  return detail::with_path(path, [&] { return parse(bytes); });
-}
-
 }  // namespace qvg::io_detail

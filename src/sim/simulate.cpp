@@ -613,15 +613,11 @@ void summarize_model_level(const SimulationResult& r, size_t j, PackedSummary& s
   bool predicted = true;
   for (const ChunkRecord& c : r.chunks) {
     if (c.layers.empty()) continue;
-    size_t view = 0;
-    for (const LayerRecord& l : c.layers) {
-      const PackedLayerRecord& p = l.packed[j];
-      view = std::max(view, p.view_bytes);
-      s.measured_model_peak_bytes = std::max(s.measured_model_peak_bytes, p.model_bytes);
-      predicted = predicted && p.predicted_resident_bytes.has_value();
-    }
-    s.view_bytes = std::max(s.view_bytes, view);
-    s.model_peak_bytes = std::max(s.model_peak_bytes, n_model * sim::pooled(c, j).resident_bytes + view);
+    const PackedLayerRecord a = sim::pooled(c, j);  // the largest view and model bytes, the mean resident
+    s.view_bytes = std::max(s.view_bytes, a.view_bytes);
+    s.measured_model_peak_bytes = std::max(s.measured_model_peak_bytes, a.model_bytes);
+    s.model_peak_bytes = std::max(s.model_peak_bytes, n_model * a.resident_bytes + a.view_bytes);
+    predicted = predicted && a.predicted_resident_bytes.has_value();
     if (!predicted) continue;
     // The layers are called in order: while layer i runs its calls, the layers before
     // it hold this chunk's state and those after it the previous chunk's.

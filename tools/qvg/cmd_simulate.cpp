@@ -31,6 +31,7 @@
 #include "qvg/error_sums.h"
 #include "qvg/simulate.h"
 #include "qvg/workload.h"
+#include "sim/report_util.h"
 #include "workload_flags.h"
 
 namespace qvg::cli {
@@ -187,14 +188,9 @@ class Progress {
     const LayerRecord& l = c.layers.front();
     std::string s = fmt::format("dense {:.1f} MiB per layer", double(l.dense_resident_bytes) / double(1 << 20));
     for (size_t j = 0; j < packed.size() && j < l.packed.size(); ++j) {
-      AttentionSums a;
-      double resident = 0;
-      for (const LayerRecord& x : c.layers) {
-        a.add(x.packed[j].attention);
-        resident += double(x.packed[j].resident_bytes);
-      }
+      const PackedLayerRecord a = sim::pooled(c, j);
       s += fmt::format("; {}: packed {:.1f} MiB, attention error {:.2f}%", packed[j].label,
-                       resident / double(c.layers.size()) / double(1 << 20), 100 * a.rel_l2());
+                       double(a.resident_bytes) / double(1 << 20), 100 * a.attention.rel_l2());
     }
     return s;
   }

@@ -22,8 +22,10 @@ def _int_arg(what: str, x: Any, *, lo: int = -(2**63), hi: int = _I64_MAX, none:
     ``recent_window_tokens must be >= 0 or None``) come after."""
     if x is None and none:
         return None
-    allowed = ("an integer" if lo == -(2**63) and hi == _I64_MAX else f"an integer in [{lo}, {hi}]") + (
-        " (64-bit)" if lo == -(2**63) else "") + (" or None" if none else "")
+
+    def allowed() -> str:  # built only for a refusal (this check runs on every update)
+        return ("an integer" if lo == -(2**63) and hi == _I64_MAX else f"an integer in [{lo}, {hi}]") + (
+            " (64-bit)" if lo == -(2**63) else "") + (" or None" if none else "")
     if isinstance(x, bool) or not isinstance(x, int):
         try:
             import numpy as np  # numpy integers are integers too
@@ -32,9 +34,9 @@ def _int_arg(what: str, x: Any, *, lo: int = -(2**63), hi: int = _I64_MAX, none:
             else:
                 raise ValueError
         except (ImportError, ValueError):
-            raise ValueError(f"{what} must be {allowed}, got {type(x).__name__} {x!r:.60}") from None
+            raise ValueError(f"{what} must be {allowed()}, got {type(x).__name__} {x!r:.60}") from None
     if not lo <= x <= hi:
-        raise ValueError(f"{what} must be {allowed}, got {x}")
+        raise ValueError(f"{what} must be {allowed()}, got {x}")
     return x
 
 

@@ -272,7 +272,8 @@ struct PackedCausalCache::Impl {
     // --- validation: throws, changes nothing ---------------------------------
     guard.raise_published();  // an earlier call's input found out of limits (no waiting)
     const qvg::detail::PackedPlan plan = pol.plan(key, value, chunk_start, head_start, recent_window);
-    guard.prepare(s);  // the first call: the pinned record (after the arguments' checks, which make no CUDA call)
+    // The first call: the pinned ring and the flags (after the argument checks: no CUDA call).
+    guard.prepare(s, *alloc);
     const qvg::detail::CallPlan& p = plan.call;
 
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
@@ -292,7 +293,7 @@ struct PackedCausalCache::Impl {
     // --- from here on state changes; only CUDA errors can interrupt it ---------
     // The input check of spec 1, on the device: the chunk's rows are written only if
     // it passes (the advance's encodings above read older chunks only).
-    guard.enqueue(key, value, chunk_start, s, *alloc);
+    guard.enqueue(key, value, chunk_start, s);
     if (!view_bytes) view = DeviceBuffer();
     if (new_view.size()) view = std::move(new_view);
     if (p.advance) {

@@ -79,7 +79,8 @@ struct DenseCausalCache::Impl {
     guard.raise_published();  // an earlier call's input found out of limits (no waiting)
     const qvg::detail::DensePlan p = qvg::detail::plan_dense_update(opt, {capacity, window, global_end, local_end}, key,
                                                                     value, chunk_start, head_start, recent_window);
-    guard.prepare(s);  // the first call: the pinned record (after the arguments' checks, which make no CUDA call)
+    // The first call: the pinned ring and the flags (after the argument checks: no CUDA call).
+    guard.prepare(s, *alloc);
     const int64_t B = opt.batch, h_in = p.call.heads, head0 = p.call.head_start, T = p.view_tokens();
     const bool copy = p.second.size() > 0;
     const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * opt.head_dim) * esz : 0;
@@ -102,7 +103,7 @@ struct DenseCausalCache::Impl {
     if (copy && view.size() != view_bytes) new_view = DeviceBuffer(view_bytes, s, *alloc);
 
     // --- from here on state changes; only CUDA errors can interrupt it -------
-    guard.enqueue(key, value, chunk_start, s, *alloc);  // the chunk is written only if it passes
+    guard.enqueue(key, value, chunk_start, s);  // the chunk is written only if it passes
     if (growing) {
       const size_t old_b = batch_bytes(capacity), new_b = batch_bytes(p.new_capacity);
       copy2d(grown.k, new_b, k, old_b, old_b, size_t(B), s);

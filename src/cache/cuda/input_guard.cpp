@@ -20,14 +20,20 @@ namespace qvg::cuda::detail {
 using kernels::CheckSlot;
 using kernels::kCheckSlots;
 
-void InputGuard::prepare(Stream s) {
-  if (slots_ != nullptr) return;
+void InputGuard::prepare(Stream s, Allocator& alloc) {
+  if (slots_ != nullptr && flags_.size() != 0) return;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   QVG_CUDA(cudaStreamIsCapturing(s, &st));
   if (st != cudaStreamCaptureStatusNone)
     throw Unsupported(
         "the first update() of a device cache allocates its pinned input-check record (cudaHostAlloc), which a CUDA "
         "graph capture cannot hold: run one update() before capturing");
+  if (flags_.size() == 0) {  // zeroed once: bad_calls counts for the cache's lifetime
+    DeviceBuffer f(sizeof(kernels::CheckFlags), s, alloc);
+    QVG_CUDA(cudaMemsetAsync(f.data(), 0, sizeof(kernels::CheckFlags), s));
+    flags_ = std::move(f);
+  }
+  if (slots_ != nullptr) return;
   void* p = nullptr;
   QVG_CUDA(cudaHostAlloc(&p, sizeof(CheckSlot) * kCheckSlots, cudaHostAllocMapped));
   std::memset(p, 0, sizeof(CheckSlot) * kCheckSlots);
@@ -92,10 +98,9 @@ void InputGuard::raise_published() {
   if (best == 0) return;
   reported_ = best;
   throw InvalidArgument(fmt::format(
-      "{} must hold finite values with |x| <= 1e16, got {} at [{}, {}, {}, {}] (the update() of chunk [{}, {}), "
-      "checked on the device after it returned: its rows were not written into the cache; a new chunk's rows are "
-      "zeros)",
-      got.which == 0 ? "key" : "value", qvg::detail::limit_value_text(got.value), got.b, got.t, got.h, got.d,
+      "{} (the update() of chunk [{}, {}), checked on the device after it returned: its rows were not written into "
+      "the cache; a new chunk's rows are zeros)",
+      qvg::detail::input_limit_message(got.which == 0 ? "key" : "value", got.value, got.b, got.t, got.h, got.d),
       got.chunk_start, got.chunk_start + got.n));
 }
 
@@ -104,14 +109,8 @@ void InputGuard::wait_and_raise(Stream s) {
   raise_published();
 }
 
-void InputGuard::enqueue(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
-                         Allocator& alloc) {
-  QVG_CHECK(slots_ != nullptr);  // prepare() first
-  if (flags_.size() == 0) {
-    DeviceBuffer f(sizeof(kernels::CheckFlags), s, alloc);
-    QVG_CUDA(cudaMemsetAsync(f.data(), 0, sizeof(kernels::CheckFlags), s));
-    flags_ = std::move(f);
-  }
+void InputGuard::enqueue(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s) {
+  QVG_CHECK(slots_ != nullptr && flags_.size() != 0);  // prepare() first
   auto* f = static_cast<kernels::CheckFlags*>(flags_.data());
   QVG_CUDA(cudaMemsetAsync(f->first, 0xFF, sizeof f->first, s));
   n_key_ = uint64_t(key.shape.numel());

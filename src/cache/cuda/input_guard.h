@@ -21,8 +21,8 @@ namespace qvg::cuda::detail {
 
 class InputGuard {
  public:
-  /// No CUDA call: the first prepare() allocates the pinned ring (cudaHostAlloc, mapped),
-  /// the first enqueue() the flags.
+  /// No CUDA call: the first prepare() allocates the pinned ring (cudaHostAlloc, mapped)
+  /// and the flags.
   InputGuard() = default;
   ~InputGuard();
   InputGuard(InputGuard&& o) noexcept;
@@ -39,22 +39,20 @@ class InputGuard {
   /// Synchronizes `s` (the stream of the cache's calls), then raise_published().
   void wait_and_raise(Stream s);
   /// Before a call changes anything: the first call allocates the pinned ring
-  /// (cudaHostAlloc), which a CUDA graph capture cannot hold — Unsupported then, on
-  /// a capturing `s`; later calls make no CUDA call here. Throws CudaError.
-  void prepare(Stream s);
+  /// (cudaHostAlloc) and the flags (device memory from `alloc`, zeroed on `s`), which a
+  /// CUDA graph capture cannot hold — Unsupported then, on a capturing `s` (also when
+  /// an earlier first call failed before both existed); later calls make no CUDA call
+  /// here. Throws CudaError.
+  void prepare(Stream s, Allocator& alloc);
   /// Enqueues on `s` the limit scans of key and value (dense [B, n, h, D] device
   /// tensors of one dtype) of the call of chunk `chunk_start`, and the publication
-  /// of a bad call. REQUIRES prepare() before; the first call allocates the flags
-  /// (device memory, from `alloc`, stream-ordered). Throws CudaError.
-  void enqueue(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s, Allocator& alloc);
+  /// of a bad call. REQUIRES prepare() before. Throws CudaError.
+  void enqueue(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s);
   /// cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows), device to device, done
   /// on the device only when the last enqueue()'s scans found nothing; else zeros
   /// (zero_if_bad) or nothing written. REQUIRES enqueue() before, on `s`.
   void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, bool zero_if_bad,
               Stream s) const;
-
-  /// The pinned ring's host address (tests: a fake runtime writes slots itself).
-  kernels::CheckSlot* slots() const { return slots_; }
 
  private:
   kernels::CheckSlot* slots_ = nullptr;      ///< host address of the ring

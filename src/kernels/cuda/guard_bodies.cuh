@@ -51,7 +51,6 @@ QVG_HD bool input_ok(const CheckFlags& f, unsigned long long n_key, unsigned lon
 /// dense, of `dtype` (cuda_arith::kBF16 / kF16 / kF32). `call` is left 0.
 QVG_HD CheckSlot bad_call_slot(const CheckFlags& f, const void* key, const void* value, int dtype, long long B,
                                long long n, long long H, long long D, long long chunk_start) {
-  (void)B;
   const unsigned long long numel = (unsigned long long)(B * n * H * D);
   CheckSlot s{};
   s.which = f.first[0] < numel ? 0 : 1;
