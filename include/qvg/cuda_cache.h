@@ -26,7 +26,9 @@
 // call's chunk, before doing anything; check(stream) waits for the stream and raises
 // it at once. Between the bad call and the report, the cache behaves as if the bad
 // call had not written its chunk (an advance's positions did advance: its chunk holds
-// zeros until rewritten). Buffers are allocated from the cache's
+// zeros until rewritten) — except the packed cache's view returned by the bad call
+// itself when it is a copy: its last n tokens are copied from the call's input, bad
+// values included (a zero-copy view shows the cache's rows). Buffers are allocated from the cache's
 // Allocator on the stream of the call that creates them and are freed on that same
 // stream. REQUIRES: all calls on one cache, and all reads of its views, are
 // ordered on the device — in practice one stream per cache; to switch streams,
