@@ -58,6 +58,7 @@ struct EncodingLayout {
 
   int64_t groups() const { return shape.b * shape.h; }
   int64_t blocks_per_token() const { return shape.d / block_size; }
+  /// D * bits / 8 (spec 1.5), exact: D is a multiple of the width's code group.
   int64_t code_bytes_per_token() const { return shape.d * bits / 8; }
   size_t scale_elem_size() const { return scale_dtype == ScaleDType::FP8_E4M3 ? 1 : 2; }
   bool two_level() const { return scaling == Scaling::TwoLevel; }
@@ -72,7 +73,7 @@ struct EncodingLayout {
 
   /// Throws CorruptData ("encoded tensor: ...") unless bits, centroids, stages,
   /// block_size and shape are in range and consistent (block_size divides D and is a
-  /// multiple of 8 / bits; every dimension >= 1 and small enough that no size
+  /// multiple of the width's code group (qvg/code_format.h); every dimension >= 1 and small enough that no size
   /// computed from them can overflow).
   void check() const;
 

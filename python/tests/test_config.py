@@ -73,7 +73,7 @@ def test_from_dict_defaults_and_strings():
     ({"kv_cache_quant_sink_keep": -2}, r"^sink_keep_chunks must be >= 0, got -2$"),
     ({"kv_cache_quant_sink_span": "half"}, r"^sink_span must be one of chunk, full, got 'half'$"),
     ({"kv_cache_quant": "int2", "kv_cache_quant_block_size": 6},
-     r"^block_size must be a multiple of 4 \(8/bits, so codes fill whole bytes\) at bits=2, got 6$"),
+     r"^block_size must be a multiple of 4 \(the 2-bit code group, so codes fill whole bytes\) at bits=2, got 6$"),
     ({"kv_cache_quant_span_chunks": 0}, r"^span_chunks must be >= 1, got 0$"),
     ({"kv_cache_quant_iters": "two"}, r"^kv_cache_quant_iters must be an integer, got 'two'$"),
     ({"kv_cache_quant_asymmetric": "maybe"}, r"^kv_cache_quant_asymmetric must be a boolean"),

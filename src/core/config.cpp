@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include "qvg/code_format.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
 
@@ -27,9 +28,12 @@ int resolve_threads(int threads) { return threads > 0 ? threads : std::min(omp_g
 
 namespace {
 
-void check_bits(int bits) {
-  if (bits != 2 && bits != 4)
-    throw InvalidArgument(fmt::format("bits must be 2 or 4 (or none to disable quantization), got {}", bits));
+const CodeFormat& check_bits(int bits) {
+  const CodeFormat* f = find_code_format(bits);
+  if (!f)
+    throw InvalidArgument(
+        fmt::format("bits must be {} (or none to disable quantization), got {}", known_code_widths(), bits));
+  return *f;
 }
 
 // The codec fields of spec 2 that do not depend on bits (checked with quantization
@@ -45,13 +49,12 @@ void check_sizes(int centroids, int block_size, int stages, int iters) {
 
 // Shared by CodecConfig and QuantArgs: the codec fields of spec 2.
 void check_codec_fields(int bits, int centroids, int block_size, int stages, int iters) {
-  check_bits(bits);
+  const CodeFormat& f = check_bits(bits);
   check_sizes(centroids, block_size, stages, iters);
-  const int per_byte = 8 / bits;
-  if (block_size % per_byte != 0)
+  if (block_size % f.group_codes != 0)
     throw InvalidArgument(fmt::format(
-        "block_size must be a multiple of {} (8/bits, so codes fill whole bytes) at bits={}, got {}", per_byte,
-        bits, block_size));
+        "block_size must be a multiple of {} (the {}-bit code group, so codes fill whole bytes) at bits={}, got {}",
+        f.group_codes, bits, bits, block_size));
 }
 
 void check_head_dim(int block_size, int64_t head_dim) {

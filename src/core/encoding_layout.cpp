@@ -3,9 +3,23 @@
 
 #include <fmt/core.h>
 
+#include "qvg/code_format.h"
 #include "qvg/error.h"
 
 namespace qvg {
+
+void unknown_code_width(int bits) {
+  throw InvalidArgument(fmt::format("no code format for {}-bit codes (known: {})", bits, known_code_widths()));
+}
+
+std::string known_code_widths(bool as_modes) {
+  std::string out;
+  for (int i = 0; i < kCodeFormatCount; ++i) {
+    if (i > 0) out += i + 1 == kCodeFormatCount ? " or " : ", ";
+    out += as_modes ? std::string(kCodeFormats[i].mode) : std::to_string(kCodeFormats[i].bits);
+  }
+  return out;
+}
 
 std::string ArrayDesc::name() const {
   switch (kind) {
@@ -44,9 +58,10 @@ std::vector<ArrayDesc> EncodingLayout::arrays() const {
   for (int s = 0; s < stages; ++s)
     r.push_back({EncodedArray::Centroids, s, ArrayElem::Input, dtype_size(dtype), {x.b, x.h, centroids, x.d}});
   for (int s = 0; s < stages; ++s) r.push_back({EncodedArray::Ids, s, ArrayElem::U8, 1, {x.b, x.h, x.s}});
-  // D * bits / 8 written as D / (8 / bits): no overflow, and exact once block_size
-  // (a multiple of 8 / bits) divides D.
-  r.push_back({EncodedArray::Codes, 0, ArrayElem::U8, 1, {x.b, x.h, x.s, x.d / (8 / bits)}});
+  // D * bits / 8 as whole groups (code_bytes): no overflow, and exact once block_size
+  // (a multiple of the group) divides D. An unknown width (unchecked values) gives 0.
+  const CodeFormat* f = find_code_format(bits);
+  r.push_back({EncodedArray::Codes, 0, ArrayElem::U8, 1, {x.b, x.h, x.s, f ? code_bytes(*f, x.d) : 0}});
   const int64_t blocks = block_size > 0 ? x.d / block_size : 0;
   r.push_back({EncodedArray::Scales, 0, ArrayElem::Scale, ssz, {x.b, x.h, x.s, blocks}});
   if (asymmetric) r.push_back({EncodedArray::Zeros, 0, ArrayElem::Scale, ssz, {x.b, x.h, x.s, blocks}});
@@ -65,7 +80,8 @@ size_t EncodingLayout::total_bytes() const {
 
 void EncodingLayout::check() const {
   auto bad = [](const std::string& m) { throw CorruptData("encoded tensor: " + m); };
-  if (bits != 2 && bits != 4) bad(fmt::format("bits must be 2 or 4, got {}", bits));
+  const CodeFormat* f = find_code_format(bits);
+  if (!f) bad(fmt::format("bits must be {}, got {}", known_code_widths(), bits));
   if (centroids < 1 || centroids > 256) bad(fmt::format("centroids must be in 1..256, got {}", centroids));
   if (stages < 1 || stages > kMaxStages) bad(fmt::format("stages must be in 1..{}, got {}", kMaxStages, stages));
   if (shape.b < 1 || shape.s < 1 || shape.h < 1 || shape.d < 1)
@@ -75,9 +91,9 @@ void EncodingLayout::check() const {
   if (shape.b > kMaxDim || shape.s > kMaxDim || shape.h > kMaxDim || shape.d > 65536 ||
       double(shape.b) * double(shape.s) * double(shape.h) * double(shape.d) > 1e15)
     bad(fmt::format("shape {} is too large", shape.str()));
-  if (block_size < 1 || shape.d % block_size != 0 || block_size % (8 / bits) != 0)
+  if (block_size < 1 || shape.d % block_size != 0 || block_size % f->group_codes != 0)
     bad(fmt::format("block_size {} must divide head_dim {} and be a multiple of {}", block_size, shape.d,
-                    8 / bits));
+                    f->group_codes));
 }
 
 }  // namespace qvg

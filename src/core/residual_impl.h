@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "core/numeric_impl.h"
+#include "qvg/code_format.h"
 
 namespace qvg::residual_impl {
 
@@ -26,8 +27,13 @@ using numeric_impl::sub_rn;
 /// The smallest raw scale (spec 1.2: tiny).
 inline constexpr float kTiny = 1e-10f;
 
-/// Largest code magnitude: symmetric 2^(bits-1) - 1 (int2: 1, int4: 7); asymmetric 2^bits - 1.
-QVG_HD int qmax_of(int bits, bool asymmetric) { return asymmetric ? (1 << bits) - 1 : (1 << (bits - 1)) - 1; }
+/// Largest code of a width with a row in qvg/code_format.h: its qmax_sym (int2: 1,
+/// int3: 3, int4: 7) or qmax_asym (spec 1.2). A width without a row fails loudly.
+template <class W>
+QVG_HD constexpr int qmax_of(bool asymmetric) { return asymmetric ? W::kQmaxAsym : W::kQmaxSym; }
+QVG_HD int qmax_of(int bits, bool asymmetric) {
+  return dispatch_width(bits, [&](auto w) { return qmax_of<decltype(w)>(asymmetric); });
+}
 
 // ---- stored scales and zeros (spec 1.4) -------------------------------------------
 
@@ -210,16 +216,8 @@ QVG_HD int scale_search_best(const float* err, int m) {
   return best;
 }
 
-/// Code of channel i of a packed row (spec 1.5 order: int4 byte j = code[2j] << 4 |
-/// code[2j+1]; int2 byte j = code[4j] << 6 | code[4j+1] << 4 | code[4j+2] << 2 | code[4j+3]).
-QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) {
-  if (bits == 4) {
-    const uint8_t byte = row[i >> 1];
-    return (i & 1) ? (byte & 0xF) : (byte >> 4);
-  }
-  const uint8_t byte = row[i >> 2];
-  return (byte >> (6 - 2 * (i & 3))) & 0x3;
-}
+/// Code of channel i of a packed row (spec 1.5; qvg::code_at of qvg/code_format.h).
+QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) { return code_at(row, bits, i); }
 /// Code i (0..7) of an 8-channel code word: the 4 (int4) or 2 (int2) bytes of the
 /// row starting at that word, little-endian.
 QVG_HD int code_of_word(uint32_t word, int bits, int i) {
