@@ -52,7 +52,7 @@ struct CodeFormat {
 // clang-format off
 #define QVG_CODE_WIDTHS(X) \
   X(2, 4, 1, 1, 0, true)   \
-  X(3, 8, 3, 2, 7, false)  \
+  X(3, 8, 3, 2, 5, false)  \
   X(4, 2, 1, 1, 0, true)
 // clang-format on
 
