@@ -74,12 +74,12 @@ Setup make_setup(FuzzedDataProvider& fdp) {
   if (fdp.ConsumeBool()) o.attention_window_size = fdp.ConsumeIntegralInRange<int64_t>(1, o.cache_size);
   if (fdp.ConsumeBool()) {
     QuantArgs& q = s.q;
-    q.bits = fdp.ConsumeBool() ? 4 : 2;
-    q.block_size = 8;
-    q.centroids = fdp.ConsumeIntegralInRange<int>(1, 4);
-    q.stages = fdp.ConsumeIntegralInRange<int>(1, 2);
-    q.kmeans_iters = 1;
-    q.asymmetric = fdp.ConsumeBool();
+    q.enable(fdp.ConsumeBool() ? 4 : 2);
+    q.codec.block_size = 8;
+    q.codec.centroids = fdp.ConsumeIntegralInRange<int>(1, 4);
+    q.codec.stages = fdp.ConsumeIntegralInRange<int>(1, 2);
+    q.codec.kmeans_iters = 1;
+    q.codec.asymmetric = fdp.ConsumeBool();
     q.keep_recent_chunks = fdp.ConsumeIntegralInRange<int>(0, 2);
     q.sink = fdp.ConsumeBool();
     q.sink_span = fdp.ConsumeBool() ? SinkSpan::Full : SinkSpan::Chunk;
@@ -92,13 +92,13 @@ Setup make_setup(FuzzedDataProvider& fdp) {
       q.refine_recent = fdp.ConsumeIntegralInRange<int>(0, 2);  // refinement layers of the newest chunks
       q.refine_bits = fdp.ConsumeBool() ? 4 : 2;
     }
-    q.scaling = fdp.ConsumeBool() ? Scaling::Compat : Scaling::TwoLevel;
-    q.scale_dtype = fdp.ConsumeBool() ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
+    q.codec.scaling = fdp.ConsumeBool() ? Scaling::Compat : Scaling::TwoLevel;
+    q.codec.scale_dtype = fdp.ConsumeBool() ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
     const Init inits[] = {Init::Random, Init::KMeansPlusPlus, Init::Warm};
-    q.init = inits[fdp.ConsumeIntegralInRange<int>(0, 2)];
-    q.seed = fdp.ConsumeIntegral<uint16_t>();
+    q.codec.init = inits[fdp.ConsumeIntegralInRange<int>(0, 2)];
+    q.codec.seed = fdp.ConsumeIntegral<uint16_t>();
   }
-  s.q.threads = 1;
+  s.q.codec.threads = 1;
   s.p.B = o.batch;
   s.p.H = o.heads;
   s.p.D = o.head_dim;

@@ -130,11 +130,11 @@ int main(int argc, char** argv) {
     snap("seed_packed_warm_fix.snap", 1, p.snapshot_bytes());
     CacheOptions o = testing::small_cache_options();
     QuantArgs q2 = testing::small_quant();
-    q2.bits = 2;
-    q2.asymmetric = true;
-    q2.scale_dtype = ScaleDType::BF16;
-    q2.scaling = Scaling::Compat;
-    q2.init = Init::Random;
+    q2.enable(2);
+    q2.codec.asymmetric = true;
+    q2.codec.scale_dtype = ScaleDType::BF16;
+    q2.codec.scaling = Scaling::Compat;
+    q2.codec.init = Init::Random;
     q2.span_chunks = 2;
     q2.sink_span = SinkSpan::Full;
     o.dtype = DType::BF16;
@@ -177,10 +177,10 @@ int main(int argc, char** argv) {
     // Per-role codec settings and the MSE scale search (format 1.3: the config entries
     // scale_search and the k_/v_ overrides; each role's encodings with its own layout).
     QuantArgs q4 = q2;
-    q4.scale_search = ScaleSearch::Mse;
-    q4.k.bits = 4;
-    q4.v.asymmetric = false;
-    q4.v.scale_dtype = ScaleDType::FP8_E4M3;
+    q4.codec.scale_search = ScaleSearch::Mse;
+    q4.k.set(&CodecConfig::bits, 4);
+    q4.v.set(&CodecConfig::asymmetric, false);
+    q4.v.set(&CodecConfig::scale_dtype, ScaleDType::FP8_E4M3);
     const PackedCausalCache roles = streamed(o, q4, 40, 6, 8);
     snap("seed_packed_roles.snap", 0, roles.snapshot_bytes());
     snap("seed_packed_roles_fix.snap", 1, roles.snapshot_bytes());

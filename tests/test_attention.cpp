@@ -148,10 +148,10 @@ TEST(Attention, PackedVsDenseOnClusteredData) {
   o.sink_tokens = chunk;
   auto quant = [](int bits) {
     QuantArgs q;
-    q.bits = bits;
-    q.centroids = 32;
-    q.block_size = 32;
-    q.kmeans_iters = 2;
+    q.enable(bits);
+    q.codec.centroids = 32;
+    q.codec.block_size = 32;
+    q.codec.kmeans_iters = 2;
     return q;
   };
   DenseCausalCache dense(o);

@@ -54,10 +54,10 @@ Setup random_setup(std::mt19937_64& rng, bool packed, const Needs& need) {
   else if (ri(0, 3) == 0)
     s.o.attention_window_size = ri(s.o.sink_tokens + s.base + 1, s.o.cache_size);
   if (packed && ri(0, 1)) {
-    s.q.bits = ri(0, 1) ? 2 : 4;
-    s.q.centroids = int(ri(1, 4));
-    s.q.block_size = 8;
-    s.q.kmeans_iters = 1;
+    s.q.enable(ri(0, 1) ? 2 : 4);
+    s.q.codec.centroids = int(ri(1, 4));
+    s.q.codec.block_size = 8;
+    s.q.codec.kmeans_iters = 1;
     s.q.keep_recent_chunks = int(ri(0, 1));
     s.q.span_chunks = int(ri(1, 2));
     if (ri(0, 1)) {  // incremental spans (the error calls must not touch the open span either)
@@ -65,8 +65,8 @@ Setup random_setup(std::mt19937_64& rng, bool packed, const Needs& need) {
       s.q.span_break_ratio = ri(0, 1) ? 0.0 : 1.2;
       s.q.refine_recent = int(ri(0, 2));  // refinement layers: error calls must leave them too
     }
-    s.q.init = ri(0, 1) ? Init::Warm : Init::Random;
-    s.q.threads = 1;
+    s.q.codec.init = ri(0, 1) ? Init::Warm : Init::Random;
+    s.q.codec.threads = 1;
   }
   return s;
 }
@@ -498,23 +498,23 @@ TEST(CacheErrors, PackedRejectsGrowthAndInvalidConfiguration) {
             std::string::npos);
   o = ok_opts();
   QuantArgs q;
-  q.bits = 3;
+  q.enable(3);
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("bits"), std::string::npos);
   q = QuantArgs();
-  q.bits = 2;
-  q.block_size = 12;  // multiple of 4, does not divide 16
+  q.enable(2);
+  q.codec.block_size = 12;  // multiple of 4, does not divide 16
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("block_size"),
             std::string::npos);
-  q.block_size = 64;  // larger than head_dim 16
+  q.codec.block_size = 64;  // larger than head_dim 16
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("block_size"),
             std::string::npos);
   q = QuantArgs();
-  q.bits = 4;
-  q.block_size = 16;
-  q.centroids = 300;
+  q.enable(4);
+  q.codec.block_size = 16;
+  q.codec.centroids = 300;
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("centroids"),
             std::string::npos);
-  q.centroids = 16;
+  q.codec.centroids = 16;
   q.keep_recent_chunks = -1;
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("keep_recent_chunks"),
             std::string::npos);

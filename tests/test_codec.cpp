@@ -702,8 +702,13 @@ void expect_invalid(const CodecConfig& c, const std::string& needle) {
 
 TEST(Config, CodecValidation) {
   CodecConfig c;
-  c.bits = 3;
-  expect_invalid(c, "bits must be 2 or 4");
+  c.bits = 5;
+  expect_invalid(c, "bits must be 2, 3 or 4 (or none to disable quantization), got 5");
+  c.bits = 3;  // qvg's extension: a row of qvg/code_format.h
+  c.block_size = 64;
+  EXPECT_NO_THROW(c.validate());
+  c.block_size = 36;
+  expect_invalid(c, "block_size must be a multiple of 8");
   c = {};
   c.centroids = 0;
   expect_invalid(c, "centroids must be in 1..256, got 0");
@@ -744,7 +749,7 @@ TEST(Config, EngineFlags) {
   // Without the master flag nothing else is read (spec 2).
   QuantArgs none = QuantArgs::from_flags({{"kv_cache_quant_centroids", "300"}, {"kv_cache_quant_bogus", "x"}});
   EXPECT_FALSE(none.enabled());
-  EXPECT_EQ(none.centroids, 128);
+  EXPECT_EQ(none.codec.centroids, 128);
   EXPECT_NO_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_config", "{}"}}));
   for (const char* off : {"off", "none", "bf16"}) EXPECT_FALSE(QuantArgs::from_flags({{"kv_cache_quant", off}}).enabled());
   QuantArgs a = QuantArgs::from_flags({{"kv_cache_quant", "int2"},
@@ -758,19 +763,20 @@ TEST(Config, EngineFlags) {
                                        {"kv_cache_quant_sink", "false"},
                                        {"kv_cache_quant_sink_span", "full"},
                                        {"other_flag", "ignored"}});
-  EXPECT_EQ(a.bits, 2);
-  EXPECT_EQ(a.centroids, 256);
-  EXPECT_EQ(a.block_size, 16);
-  EXPECT_EQ(a.stages, 2);
-  EXPECT_EQ(a.kmeans_iters, 4);
+  EXPECT_TRUE(a.enabled());
+  EXPECT_EQ(a.codec.bits, 2);
+  EXPECT_EQ(a.codec.centroids, 256);
+  EXPECT_EQ(a.codec.block_size, 16);
+  EXPECT_EQ(a.codec.stages, 2);
+  EXPECT_EQ(a.codec.kmeans_iters, 4);
   EXPECT_EQ(a.keep_recent_chunks, 2);
   EXPECT_EQ(a.sink_keep_chunks, 1);
-  EXPECT_TRUE(a.asymmetric);
+  EXPECT_TRUE(a.codec.asymmetric);
   EXPECT_FALSE(a.sink);
   EXPECT_EQ(a.sink_span, SinkSpan::Full);
   QuantArgs d = QuantArgs::from_flags({{"kv_cache_quant", "int4"}});
-  EXPECT_EQ(d.centroids, 128);
-  EXPECT_EQ(d.block_size, 64);
+  EXPECT_EQ(d.codec.centroids, 128);
+  EXPECT_EQ(d.codec.block_size, 64);
   EXPECT_EQ(d.keep_recent_chunks, 1);
   EXPECT_TRUE(d.sink);
   EXPECT_EQ(d.sink_span, SinkSpan::Chunk);
@@ -783,7 +789,12 @@ TEST(Config, EngineFlags) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  bad({{"kv_cache_quant", "int3"}}, "kv_cache_quant must be one of off, none, bf16, int4, int2, got 'int3'");
+  bad({{"kv_cache_quant", "int5"}}, "kv_cache_quant must be one of off, none, bf16, int2, int3 or int4, got 'int5'");
+  bad({{"kv_cache_quant", "3"}}, "kv_cache_quant must be one of off, none, bf16, int2, int3 or int4, got '3'");
+  // int3: qvg's extension, a row of qvg/code_format.h (block sizes a multiple of 8).
+  EXPECT_EQ(QuantArgs::from_flags({{"kv_cache_quant", "int3"}}).codec.bits, 3);
+  EXPECT_EQ(QuantArgs::from_flags({{"kv_cache_quant", "int3"}}).describe().substr(0, 20), "kv_cache_quant=int3 ");
+  bad({{"kv_cache_quant", "int3"}, {"kv_cache_quant_block_size", "36"}}, "block_size must be a multiple of 8");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "0"}}, "centroids must be in 1..256, got 0");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "300"}}, "got 300");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_block_size", "-64"}}, "block_size must be > 0");
@@ -800,7 +811,7 @@ TEST(Config, EngineFlags) {
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_refine_recent", "2"}},
       "refine_recent must be 0 unless span_mode is incremental");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_span_mode", "incremental"}, {"kv_cache_quant_refine_bits", "8"}},
-      "refine_bits must be 2 or 4, got 8");
+      "refine_bits must be 2, 3 or 4, got 8");
   {
     const QuantArgs r = QuantArgs::from_flags({{"kv_cache_quant", "int2"},
                                                {"kv_cache_quant_span_mode", "incremental"},
@@ -815,12 +826,14 @@ TEST(Config, EngineFlags) {
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "-5"}},
       "kv_cache_quant_seed must be an integer in 0..2^64-1, got '-5'");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551616"}}, "got '18446744073709551616'");
-  EXPECT_EQ(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551615"}}).seed,
+  EXPECT_EQ(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551615"}}).codec.seed,
             UINT64_MAX);
   QuantArgs h = QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_block_size", "48"}});
   EXPECT_THROW(h.validate_for_head_dim(128), InvalidArgument);
   QuantArgs bits;
-  bits.bits = 3;
+  bits.enable(3);
+  EXPECT_NO_THROW(bits.validate());
+  bits.enable(5);
   EXPECT_THROW(bits.validate(), InvalidArgument);
 }
 

@@ -35,9 +35,9 @@ MemoryShape small_shape(int64_t context, int64_t sink) {
 // int2, 4 centroids, block 32, one stage, fp8 scales, two-level scaling.
 QuantArgs small_args() {
   QuantArgs a;
-  a.bits = 2;
-  a.centroids = 4;
-  a.block_size = 32;
+  a.enable(2);
+  a.codec.centroids = 4;
+  a.codec.block_size = 32;
   return a;
 }
 // Hand-computed size of one encoded [1, S, 2, 64] tensor with small_args():
@@ -51,7 +51,7 @@ constexpr size_t kRawChunk = 2 * 10 * 2 * 64 * 2;  // K+V of one 10-token chunk 
 TEST(Memory, HandComputedSpanSizeMatchesPredictedNbytes) {
   const QuantArgs a = small_args();
   for (int64_t S : {1, 3, 10, 20, 25}) {
-    EXPECT_EQ(EncodedTensor::predicted_nbytes({1, S, 2, 64}, DType::BF16, a.codec()), enc_bytes(S)) << S;
+    EXPECT_EQ(EncodedTensor::predicted_nbytes({1, S, 2, 64}, DType::BF16, a.codec), enc_bytes(S)) << S;
     PolicyReplay r(small_shape(30, 0), a);
     EXPECT_EQ(r.span_bytes(S), 2 * enc_bytes(S));
   }
@@ -271,9 +271,9 @@ TEST(Memory, PresetShapesFollowTheFormat) {
   EXPECT_EQ(s.context_tokens, 262080);
   EXPECT_EQ(s.chunk_tokens, 4680);
   QuantArgs a;
-  a.bits = 2;
+  a.enable(2);
   MemoryReport r = memory_report(s, a);
-  const size_t span = EncodedTensor::predicted_nbytes({1, 4680, 12, 128}, DType::BF16, a.codec());
+  const size_t span = EncodedTensor::predicted_nbytes({1, 4680, 12, 128}, DType::BF16, a.codec);
   // By hand: centroids 12*128*128*2 = 393216; ids 12*4680 = 56160; codes 12*4680*32 = 1797120;
   // scales 12*4680*2 = 112320; factors 48.
   EXPECT_EQ(span, 393216u + 56160u + 1797120u + 112320u + 48u);
@@ -472,8 +472,8 @@ TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
   for (const Want& w : {Want{"self-forcing-1.3b", 5.0, 4.5}, Want{"lingbot-world-14b", 4.5, 3.8},
                         Want{"hy-worldplay-8b", 4.3, 3.5}}) {
     QuantArgs a;
-    a.bits = 2;
-    a.centroids = 256;
+    a.enable(2);
+    a.codec.centroids = 256;
     a.span_chunks = 8;
     a.span_mode = SpanMode::Incremental;
     const ModelPreset& p = find_model_preset(w.model);
@@ -587,7 +587,7 @@ TEST(Memory, TypedErrors) {
   EXPECT_THROW(memory_report(s, small_args()), InvalidArgument);
   s = small_shape(30, 0);
   QuantArgs a = small_args();
-  a.block_size = 48;  // does not divide 64
+  a.codec.block_size = 48;  // does not divide 64
   EXPECT_THROW(memory_report(s, a), InvalidArgument);
   a = small_args();
   a.span_chunks = 0;

@@ -267,9 +267,9 @@ CacheOptions small_opts(int64_t cs, int64_t sink = 0, std::optional<int64_t> win
 QuantArgs one_stage_quant() {
   const QuantArgs d;
   QuantArgs q = qvg::testing::small_quant();
-  q.stages = d.stages;
-  q.kmeans_iters = 1;
-  q.init = d.init;
+  q.codec.stages = d.codec.stages;
+  q.codec.kmeans_iters = 1;
+  q.codec.init = d.codec.init;
   q.keep_recent_chunks = d.keep_recent_chunks;
   return q;
 }
@@ -348,7 +348,7 @@ TEST(PackedCachePolicy, AdaptiveSpanBreaksFollowTheEnergyComputedIndependently) 
   CacheOptions o;
   o.heads = kHeads, o.head_dim = kDim, o.dtype = DType::F32, o.cache_size = kChunk * (kChunks + 1);
   QuantArgs q;  // incremental spans of 4 chunks, broken where a chunk's energy passes 3x
-  q.bits = 2, q.centroids = 8, q.block_size = 32, q.keep_recent_chunks = 0;
+  q.enable(2), q.codec.centroids = 8, q.codec.block_size = 32, q.keep_recent_chunks = 0;
   q.span_chunks = 4, q.span_mode = SpanMode::Incremental, q.span_break_ratio = 3.0;
   PackedCausalCache cache(o, q);
   // Scenes of 1-5 chunks: tokens near a scene's 3 centres (per head) with noise; a
@@ -525,9 +525,9 @@ TEST(PackedCachePolicy, WindowTooSmallForAFullSpanPacksNothing) {
 
 TEST(PackedCachePolicy, WarmInitChainsCodebooksPerTensor) {
   QuantArgs q = one_stage_quant();
-  q.init = Init::Warm;
+  q.codec.init = Init::Warm;
   q.keep_recent_chunks = 0;
-  q.kmeans_iters = 2;
+  q.codec.kmeans_iters = 2;
   PackedCausalCache c(small_opts(100), q);
   std::mt19937_64 rng(7);
   std::vector<Tensor> ks, vs;
@@ -537,7 +537,7 @@ TEST(PackedCachePolicy, WarmInitChainsCodebooksPerTensor) {
     c.update(ks.back(), vs.back(), c.global_end());
   }
   // Expected chain: the first encoding random, each next one warm from the previous (same tensor).
-  CodecConfig cfg = q.codec();
+  CodecConfig cfg = q.codec;
   EncodedTensor k0 = encode(ks[0], cfg), v0 = encode(vs[0], cfg);
   EncodedTensor k1 = encode(ks[1], cfg, &k0), v1 = encode(vs[1], cfg, &v0);
   EncodedTensor k2 = encode(ks[2], cfg, &k1), v2 = encode(vs[2], cfg, &v1);
@@ -563,7 +563,7 @@ TEST(PackedCachePolicy, WarmInitChainsCodebooksPerTensor) {
 TEST(PackedCachePolicy, RefinementLeavesTheBaseEncodingsAsWithout) {
   for (const int refine_bits : {2, 4}) {
     QuantArgs q = one_stage_quant();
-    q.bits = 2;
+    q.enable(2);
     q.span_chunks = 3;
     q.span_mode = SpanMode::Incremental;
     q.keep_recent_chunks = 1;
@@ -684,9 +684,9 @@ void memory_run(int span_chunks) {
   o.cache_size = window;
   o.sink_tokens = chunk;
   QuantArgs q;
-  q.bits = 2;
-  q.centroids = 256;
-  q.block_size = 64;
+  q.enable(2);
+  q.codec.centroids = 256;
+  q.codec.block_size = 64;
   q.span_chunks = span_chunks;
   PackedCausalCache packed(o, q);
   PackedModel model(o, q);

@@ -41,9 +41,9 @@ CacheOptions options(int64_t cache_size, int64_t sink = 0) {
 
 QuantArgs quant(int span_chunks, int keep_recent, SpanMode mode = SpanMode::Deferred) {
   QuantArgs q;
-  q.bits = 2;
-  q.block_size = 8;
-  q.centroids = 4;
+  q.enable(2);
+  q.codec.block_size = 8;
+  q.codec.centroids = 4;
   q.span_chunks = span_chunks;
   q.keep_recent_chunks = keep_recent;
   q.span_mode = mode;

@@ -64,7 +64,7 @@ Tensor v_like(uint64_t seed) {
 // residual (x minus its centroids) — while `mse` changes some of them.
 TEST(ScaleSearch, OffIsTheDefaultAndChangesNoByte) {
   EXPECT_EQ(CodecConfig{}.scale_search, ScaleSearch::Off);
-  EXPECT_EQ(QuantArgs{}.scale_search, ScaleSearch::Off);
+  EXPECT_EQ(QuantArgs{}.codec.scale_search, ScaleSearch::Off);
   const Tensor x = v_like(1);
   int cases_where_mse_differs = 0;
   for (const Case& k : all_cases()) {
@@ -189,12 +189,12 @@ TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
                                        {"kv_cache_quant_k_centroids", "64"},
                                        {"kv_cache_quant_scale_search", "mse"}});
   EXPECT_TRUE(a.per_role());
-  EXPECT_EQ(a.codec(CacheRole::Key).bits, 4);
-  EXPECT_EQ(a.codec(CacheRole::Key).centroids, 64);
-  EXPECT_FALSE(a.codec(CacheRole::Key).asymmetric);
-  EXPECT_EQ(a.codec(CacheRole::Value).bits, 2);
-  EXPECT_TRUE(a.codec(CacheRole::Value).asymmetric);
-  EXPECT_EQ(a.codec(CacheRole::Value).scale_search, ScaleSearch::Mse);
+  EXPECT_EQ(a.codec_for(CacheRole::Key).bits, 4);
+  EXPECT_EQ(a.codec_for(CacheRole::Key).centroids, 64);
+  EXPECT_FALSE(a.codec_for(CacheRole::Key).asymmetric);
+  EXPECT_EQ(a.codec_for(CacheRole::Value).bits, 2);
+  EXPECT_TRUE(a.codec_for(CacheRole::Value).asymmetric);
+  EXPECT_EQ(a.codec_for(CacheRole::Value).scale_search, ScaleSearch::Mse);
   EXPECT_NE(a.describe().find("k_bits=4"), std::string::npos);
   // Unknown per-role fields are still errors, naming the key.
   try {
@@ -214,27 +214,28 @@ TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
   // The profile: applied first, explicit keys override it (std::map orders the keys,
   // so "_asymmetric" precedes "_profile" and must still win).
   const QuantArgs hq = QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "hq"}});
-  EXPECT_EQ(hq.scale_search, ScaleSearch::Mse);
-  EXPECT_TRUE(hq.asymmetric);
+  EXPECT_EQ(hq.codec.scale_search, ScaleSearch::Mse);
+  EXPECT_TRUE(hq.codec.asymmetric);
   const QuantArgs o = QuantArgs::from_flags(
       {{"kv_cache_quant", "int4"}, {"kv_cache_quant_asymmetric", "false"}, {"kv_cache_quant_profile", "hq"}});
-  EXPECT_FALSE(o.asymmetric);
-  EXPECT_EQ(o.bits, 4);
-  EXPECT_EQ(o.scale_search, ScaleSearch::Mse);
+  EXPECT_FALSE(o.codec.asymmetric);
+  EXPECT_EQ(o.codec.bits, 4);
+  EXPECT_EQ(o.codec.scale_search, ScaleSearch::Mse);
   const QuantArgs ref = QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "reference"}});
-  EXPECT_EQ(ref.scaling, Scaling::Compat);
-  EXPECT_EQ(ref.scale_search, ScaleSearch::Off);
+  EXPECT_EQ(ref.codec.scaling, Scaling::Compat);
+  EXPECT_EQ(ref.codec.scale_search, ScaleSearch::Off);
   EXPECT_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "best"}}),
                InvalidArgument);
   // The engine's defaults are unchanged.
   const QuantArgs d = QuantArgs::from_flags({{"kv_cache_quant", "int2"}});
-  EXPECT_EQ(d.scaling, Scaling::TwoLevel);
+  EXPECT_EQ(d.codec.scaling, Scaling::TwoLevel);
   EXPECT_FALSE(d.per_role());
-  EXPECT_EQ(d.codec(CacheRole::Key), d.codec());
+  EXPECT_EQ(d.codec_for(CacheRole::Key), d.codec);
   // parse_role_codec.
   const RoleCodec r = parse_role_codec("bits=4,asymmetric=true", "--k-config");
-  EXPECT_EQ(r.bits, 4);
-  EXPECT_EQ(r.asymmetric, true);
+  EXPECT_TRUE(r.has(&CodecConfig::bits) && r.has(&CodecConfig::asymmetric) && !r.has(&CodecConfig::centroids));
+  EXPECT_EQ(r.values.bits, 4);
+  EXPECT_EQ(r.values.asymmetric, true);
   EXPECT_THROW(parse_role_codec("nope=1", "--k-config"), InvalidArgument);
   EXPECT_THROW(parse_role_codec("bits", "--k-config"), InvalidArgument);
 }
@@ -244,18 +245,19 @@ TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
 TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   QuantArgs r;
   r.apply_profile("recommended");
-  EXPECT_EQ(r.bits, 2);
-  EXPECT_EQ(r.scaling, Scaling::TwoLevel);
-  EXPECT_EQ(r.scale_search, ScaleSearch::Mse);
-  EXPECT_TRUE(r.asymmetric);
-  EXPECT_EQ(r.centroids, QuantArgs{}.centroids);
-  EXPECT_EQ(r.block_size, QuantArgs{}.block_size);
+  EXPECT_TRUE(r.enabled());
+  EXPECT_EQ(r.codec.bits, 2);
+  EXPECT_EQ(r.codec.scaling, Scaling::TwoLevel);
+  EXPECT_EQ(r.codec.scale_search, ScaleSearch::Mse);
+  EXPECT_TRUE(r.codec.asymmetric);
+  EXPECT_EQ(r.codec.centroids, QuantArgs{}.codec.centroids);
+  EXPECT_EQ(r.codec.block_size, QuantArgs{}.codec.block_size);
   // Issue 40: V's scale search off (per role), 2 k-means iterations (the default).
   EXPECT_TRUE(r.per_role());
-  EXPECT_EQ(r.codec(CacheRole::Key).scale_search, ScaleSearch::Mse);
-  EXPECT_EQ(r.codec(CacheRole::Value).scale_search, ScaleSearch::Off);
-  EXPECT_EQ(r.kmeans_iters, QuantArgs{}.kmeans_iters);
-  EXPECT_EQ(r.init, Init::Random);  // what the device cache runs too
+  EXPECT_EQ(r.codec_for(CacheRole::Key).scale_search, ScaleSearch::Mse);
+  EXPECT_EQ(r.codec_for(CacheRole::Value).scale_search, ScaleSearch::Off);
+  EXPECT_EQ(r.codec.kmeans_iters, QuantArgs{}.codec.kmeans_iters);
+  EXPECT_EQ(r.codec.init, Init::Random);  // what the device cache runs too
   EXPECT_EQ(r.span_chunks, 4);
   EXPECT_EQ(r.span_mode, SpanMode::Incremental);
   EXPECT_EQ(r.span_break_ratio, 0.0);
@@ -268,9 +270,9 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   // Its codec is hq's, V's without the scale search.
   QuantArgs hq;
   hq.apply_profile("hq");
-  EXPECT_EQ(r.codec(CacheRole::Key), hq.codec(CacheRole::Key));
-  hq.v.scale_search = ScaleSearch::Off;
-  EXPECT_EQ(r.codec(CacheRole::Value), hq.codec(CacheRole::Value));
+  EXPECT_EQ(r.codec_for(CacheRole::Key), hq.codec_for(CacheRole::Key));
+  hq.v.set(&CodecConfig::scale_search, ScaleSearch::Off);
+  EXPECT_EQ(r.codec_for(CacheRole::Value), hq.codec_for(CacheRole::Value));
   // hq and reference leave the policy as it is.
   QuantArgs p;
   p.span_chunks = 3;
@@ -285,11 +287,11 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
                                              {"kv_cache_quant_keep_recent", "1"},
                                              {"kv_cache_quant_refine_recent", "2"},
                                              {"kv_cache_quant_profile", "recommended"}});
-  EXPECT_EQ(f.bits, 4);
+  EXPECT_EQ(f.codec.bits, 4);
   EXPECT_EQ(f.keep_recent_chunks, 1);
   EXPECT_EQ(f.refine_recent, 2);
   EXPECT_EQ(f.span_mode, SpanMode::Incremental);
-  EXPECT_EQ(f.scale_search, ScaleSearch::Mse);
+  EXPECT_EQ(f.codec.scale_search, ScaleSearch::Mse);
   // Without kv_cache_quant nothing is read (the engine's default: off).
   EXPECT_FALSE(QuantArgs::from_flags({{"kv_cache_quant_profile", "recommended"}}).enabled());
   // An unknown name: InvalidArgument naming the accepted ones; nothing changed.
@@ -303,7 +305,7 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
     EXPECT_NE(std::string(e.what()).find("reference, hq, recommended, got 'recommend'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(u.describe(), before);
-  EXPECT_FALSE(u.bits.has_value());
+  EXPECT_FALSE(u.enabled());
 }
 
 // Issue 25's memory half: at full size the recommended profile's policy peak is at
@@ -314,7 +316,7 @@ TEST(Profiles, RecommendedPeaksNoHigherThanTheEnginesDefault) {
   for (const char* name : {"self-forcing-1.3b", "lingbot-world-14b", "hy-worldplay-8b"}) {
     const ModelPreset& preset = find_model_preset(name);
     QuantArgs engine, rec;
-    engine.bits = 2;
+    engine.enable(2);
     engine.apply_profile("reference");
     rec.apply_profile("recommended");
     engine.sink_span = rec.sink_span = preset.sink_policy;
@@ -333,10 +335,10 @@ TEST(QuantArgsPerRole, MemoryModelCountsEachRole) {
   s.context_tokens = 800;
   s.dtype = DType::BF16;
   QuantArgs a;
-  a.bits = 2;
+  a.enable(2);
   const MemoryReport base = memory_report(s, a);
   QuantArgs b = a;
-  b.v.bits = 4;
+  b.v.set(&CodecConfig::bits, 4);
   const MemoryReport r = memory_report(s, b);
   // V's codes double: the difference is V's extra 2 bits per element.
   EXPECT_EQ(r.packed_context_bytes - base.packed_context_bytes,
@@ -350,12 +352,12 @@ TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem
   o.head_dim = 64;
   o.dtype = DType::F32;
   QuantArgs q;
-  q.bits = 2;
-  q.centroids = 8;
+  q.enable(2);
+  q.codec.centroids = 8;
   q.keep_recent_chunks = 0;
-  q.scale_search = ScaleSearch::Mse;
-  q.k.bits = 4;
-  q.v.asymmetric = true;
+  q.codec.scale_search = ScaleSearch::Mse;
+  q.k.set(&CodecConfig::bits, 4);
+  q.v.set(&CodecConfig::asymmetric, true);
   PackedCausalCache c(o, q);
   for (int i = 0; i < 3; ++i) {
     const Tensor k = random_tensor({1, 16, 2, 64}, DType::F32, uint64_t(10 + i));
@@ -377,12 +379,12 @@ TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem
     const Tensor v0 = random_tensor({1, 16, 2, 64}, DType::F32, 20, 50.0f);
     ASSERT_EQ(s.g0, 0);
     ASSERT_EQ(s.g1, 16);
-    EXPECT_TRUE(*s.k_enc == encode(k0.view(), q.codec(CacheRole::Key)));
-    EXPECT_TRUE(*s.v_enc == encode(v0.view(), q.codec(CacheRole::Value)));
-    EXPECT_FALSE(*s.k_enc == encode(k0.view(), q.codec(CacheRole::Value)));
-    EXPECT_FALSE(*s.v_enc == encode(v0.view(), q.codec(CacheRole::Key)));
-    EXPECT_EQ(q.codec(CacheRole::Key).scale_search, ScaleSearch::Mse);  // the shared setting reaches both
-    EXPECT_EQ(q.codec(CacheRole::Value).scale_search, ScaleSearch::Mse);
+    EXPECT_TRUE(*s.k_enc == encode(k0.view(), q.codec_for(CacheRole::Key)));
+    EXPECT_TRUE(*s.v_enc == encode(v0.view(), q.codec_for(CacheRole::Value)));
+    EXPECT_FALSE(*s.k_enc == encode(k0.view(), q.codec_for(CacheRole::Value)));
+    EXPECT_FALSE(*s.v_enc == encode(v0.view(), q.codec_for(CacheRole::Key)));
+    EXPECT_EQ(q.codec_for(CacheRole::Key).scale_search, ScaleSearch::Mse);  // the shared setting reaches both
+    EXPECT_EQ(q.codec_for(CacheRole::Value).scale_search, ScaleSearch::Mse);
   }
   // Snapshot format 1.3 holds the per-role settings and the scale search.
   const std::vector<uint8_t> bytes = c.snapshot_bytes();
@@ -404,8 +406,8 @@ TEST(QuantArgsPerRole, PackedCacheEncodesEachRoleWithItsSettingsAndSnapshotsThem
   EXPECT_TRUE(same(l, c));
   // Without the new settings a snapshot stays 1.0.
   QuantArgs plain;
-  plain.bits = 2;
-  plain.centroids = 8;
+  plain.enable(2);
+  plain.codec.centroids = 8;
   PackedCausalCache p(o, plain);
   const std::vector<uint8_t> pb = p.snapshot_bytes();
   EXPECT_EQ(pb[10] | (pb[11] << 8), 0);

@@ -127,7 +127,7 @@ TEST(Finding2, ThreadCountsAreCappedEverywhere) {
   c.threads = 100000;
   EXPECT_THROW(c.validate(), InvalidArgument);
   QuantArgs q;
-  q.threads = 32768;
+  q.codec.threads = 32768;
   EXPECT_THROW(q.validate(), InvalidArgument);
   CacheOptions o;
   o.cache_size = 8;
@@ -368,9 +368,9 @@ TEST(Finding11, PackedKeyThatIsAnEarlierViewActsAsAClone) {
   o.cache_size = 16;
   o.sink_tokens = 0;
   QuantArgs q;
-  q.bits = 4;
-  q.block_size = 8;
-  q.centroids = 4;
+  q.enable(4);
+  q.codec.block_size = 8;
+  q.codec.centroids = 4;
   q.keep_recent_chunks = 0;
   PackedCausalCache a(o, q), b(o, q);
   const Tensor k0 = testing::random_tensor(rng, DType::F32, {1, 4, 2, 8});

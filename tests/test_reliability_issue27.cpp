@@ -201,9 +201,9 @@ CacheOptions f16_opts() {
 
 QuantArgs f16_quant(int keep_recent) {
   QuantArgs q;
-  q.bits = 2;
-  q.centroids = 4;
-  q.block_size = 8;
+  q.enable(2);
+  q.codec.centroids = 4;
+  q.codec.block_size = 8;
   q.keep_recent_chunks = keep_recent;
   return q;
 }

@@ -99,7 +99,7 @@ TEST(Item1, TinyAsymmetricZerosAreAcceptedByEveryReader) {
 
   // A cache of such values saves a snapshot it loads.
   QuantArgs q;
-  q.bits = 2, q.centroids = 4, q.asymmetric = true, q.keep_recent_chunks = 0;
+  q.enable(2), q.codec.centroids = 4, q.codec.asymmetric = true, q.keep_recent_chunks = 0;
   PackedCausalCache cache(options(64, 2, 64, DType::F32), q);
   for (int64_t c0 = 0; c0 < 48; c0 += 16) cache.update(x.view(), x.view(), c0);
   ASSERT_TRUE(cache.segment(0).packed);
@@ -229,7 +229,8 @@ RC_GTEST_PROP(Item1Property, ACachesSnapshotOfExtremeValuesLoads, ()) {
   o.sink_tokens = *rc::gen::element<int64_t>(0, 4);
   const CodecConfig c = any_codec(o.head_dim);
   QuantArgs q;
-  q.set_codec(c);
+  q.quantize = true;
+  q.codec = c;
   q.keep_recent_chunks = *rc::gen::inRange(0, 2);
   q.span_chunks = *rc::gen::inRange(1, 3);
   q.span_mode = *rc::gen::element(SpanMode::Deferred, SpanMode::Incremental);
@@ -265,7 +266,7 @@ TEST(Item5, APathWithANulByteIsRefusedByEveryReaderAndWriter) {
   };
   DenseCausalCache dense(options(8, 1, 8));
   QuantArgs q;
-  q.bits = 2, q.centroids = 2, q.block_size = 8;
+  q.enable(2), q.codec.centroids = 2, q.codec.block_size = 8;
   PackedCausalCache packed(options(8, 1, 8), q);
   Tensor t(DType::F32, {1, 2, 1, 8});
   refused("write_file_atomic", [&] { write_file_atomic(nul, std::vector<uint8_t>{1, 2}); });

@@ -153,7 +153,7 @@ TEST(Settings, TheTablesRangesAreValidatesRanges) {
   for (const Setting& s : quant_settings()) {
     if (s.kind != SettingKind::Int && s.kind != SettingKind::Real) continue;
     QuantArgs q = base_quant();
-    q.block_size = 8;
+    q.codec.block_size = 8;
     auto valid = [&](double x) {
       QuantArgs t = q;
       s.set(t, s.kind == SettingKind::Real ? SettingValue(x) : SettingValue(int64_t(x)));
@@ -173,7 +173,7 @@ TEST(Settings, TheTablesRangesAreValidatesRanges) {
     }
   }
   QuantArgs q = base_quant();
-  q.block_size = 0;
+  q.codec.block_size = 0;
   EXPECT_THROW(q.validate(), InvalidArgument);
 }
 
@@ -200,10 +200,15 @@ TEST(Settings, OneParserOnEverySurface) {
   for (const char* spec : {"bits=4,", ",bits=4", "bits=4,,centroids=8", "bits=4,bits=2", "centroids=8,centroids=8"})
     EXPECT_THROW((void)parse_role_codec(spec, "k_config"), InvalidArgument) << spec;
   const RoleCodec r = parse_role_codec("bits=int2,iters=3,asymmetric=1,scale_search=mse", "k_config");
-  EXPECT_EQ(r.bits, 2);
-  EXPECT_EQ(r.kmeans_iters, 3);
-  EXPECT_EQ(r.asymmetric, true);
-  EXPECT_EQ(r.scale_search, ScaleSearch::Mse);
+  EXPECT_EQ(r.values.bits, 2);
+  EXPECT_EQ(r.values.kmeans_iters, 3);
+  EXPECT_EQ(r.values.asymmetric, true);
+  EXPECT_EQ(r.values.scale_search, ScaleSearch::Mse);
+  EXPECT_EQ(r, RoleCodec{}
+                   .set(&CodecConfig::bits, 2)
+                   .set(&CodecConfig::kmeans_iters, 3)
+                   .set(&CodecConfig::asymmetric, true)
+                   .set(&CodecConfig::scale_search, ScaleSearch::Mse));
   EXPECT_TRUE(parse_role_codec("", "k_config").empty());
 }
 

@@ -44,7 +44,7 @@ SimulationConfig tiny_config() {
   c.layers = 2;
   c.query_stride = 8;
   PackedConfig p = default_packed_config();
-  p.quant.centroids = 64;
+  p.quant.codec.centroids = 64;
   p.quant.span_chunks = 2;
   c.packed = {p};
   c.threads = 2;
@@ -280,7 +280,7 @@ TEST(Simulate, SeveralConfigurationsAndStepNoise) {
   c.attention_every_step = true;
   PackedConfig p4 = c.packed[0];
   p4.label = "int4";
-  p4.quant.bits = 4;
+  p4.quant.enable(4);
   c.packed.push_back(p4);
   const SimulationResult r = simulate(c);
   ASSERT_EQ(r.summary.size(), 2u);
@@ -526,7 +526,7 @@ TEST(SimulateReport, TimePerStepInTheSideBySideTable) {
   c.layers = 1;
   PackedConfig p4 = c.packed[0];
   p4.label = "int4";
-  p4.quant.bits = 4;
+  p4.quant.enable(4);
   c.packed.push_back(p4);
   const SimulationResult r = simulate(c);
   ASSERT_GE(r.window_full_chunk, 0);
@@ -630,8 +630,8 @@ TEST(SimulateConfig, ErrorsNameTheField) {
   expect_invalid(with([](SimulationConfig& x) { x.packed.clear(); }), "packed");
   expect_invalid(with([](SimulationConfig& x) { x.packed.push_back(x.packed[0]); }), "unique");
   expect_invalid(with([](SimulationConfig& x) { x.packed[0].label.clear(); }), "label");
-  expect_invalid(with([](SimulationConfig& x) { x.packed[0].quant.bits.reset(); }), "bits");
-  expect_invalid(with([](SimulationConfig& x) { x.packed[0].quant.block_size = 48; }), "block_size");
+  expect_invalid(with([](SimulationConfig& x) { x.packed[0].quant.quantize = false; }), "bits");
+  expect_invalid(with([](SimulationConfig& x) { x.packed[0].quant.codec.block_size = 48; }), "block_size");
   EXPECT_THROW(simulate(with([](SimulationConfig& x) { x.chunks = 0; })), InvalidArgument);
 }
 
@@ -645,9 +645,10 @@ TEST(SimulateConfig, SelectLayers) {
 
 TEST(SimulateConfig, DefaultsAreThePublishedConfiguration) {
   const PackedConfig p = default_packed_config();
-  EXPECT_EQ(p.quant.bits, 2);
-  EXPECT_EQ(p.quant.centroids, 256);
-  EXPECT_EQ(p.quant.block_size, 64);
+  EXPECT_TRUE(p.quant.enabled());
+  EXPECT_EQ(p.quant.codec.bits, 2);
+  EXPECT_EQ(p.quant.codec.centroids, 256);
+  EXPECT_EQ(p.quant.codec.block_size, 64);
   EXPECT_EQ(p.quant.span_chunks, 8);
   const SimulationConfig c;
   EXPECT_NO_THROW(c.validate());

@@ -936,7 +936,7 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   x.quant = testing::small_quant();
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
   x.options->attention_window_size = 16;  // equal to cache_size: the same window
-  x.quant->threads = 2;                   // not part of the configuration
+  x.quant->codec.threads = 2;                   // not part of the configuration
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
   auto refused = [&](auto edit, const std::string& field) {
     SnapshotExpectation y;
@@ -955,12 +955,12 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   refused([](auto& y) { y.options->sink_tokens = 0; }, "sink_tokens");
   refused([](auto& y) { y.options->attention_window_size = 12; }, "attention_window_size");
   refused([](auto& y) { y.options->head_offset = 4; }, "head_offset");
-  refused([](auto& y) { y.quant->bits = 2; }, "bits");
-  refused([](auto& y) { y.quant->bits.reset(); }, "bits");
-  refused([](auto& y) { y.quant->centroids = 8; }, "centroids");
-  refused([](auto& y) { y.quant->stages = 1; }, "stages");
-  refused([](auto& y) { y.quant->kmeans_iters = 3; }, "kmeans_iters");
-  refused([](auto& y) { y.quant->asymmetric = true; }, "asymmetric");
+  refused([](auto& y) { y.quant->codec.bits = 2; }, "bits");
+  refused([](auto& y) { y.quant->quantize = false; }, "bits");
+  refused([](auto& y) { y.quant->codec.centroids = 8; }, "centroids");
+  refused([](auto& y) { y.quant->codec.stages = 1; }, "stages");
+  refused([](auto& y) { y.quant->codec.kmeans_iters = 3; }, "kmeans_iters");
+  refused([](auto& y) { y.quant->codec.asymmetric = true; }, "asymmetric");
   refused([](auto& y) { y.quant->keep_recent_chunks = 1; }, "keep_recent_chunks");
   refused([](auto& y) { y.quant->sink = false; }, "sink");
   refused([](auto& y) { y.quant->sink_span = SinkSpan::Full; }, "sink_span");
@@ -968,10 +968,10 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   refused([](auto& y) { y.quant->span_chunks = 2; }, "span_chunks");
   refused([](auto& y) { y.quant->span_mode = SpanMode::Incremental; }, "span_mode");
   refused([](auto& y) { y.quant->span_break_ratio = 0.5; }, "span_break_ratio");
-  refused([](auto& y) { y.quant->scaling = Scaling::Compat; }, "scaling");
-  refused([](auto& y) { y.quant->scale_dtype = ScaleDType::BF16; }, "scale_dtype");
-  refused([](auto& y) { y.quant->init = Init::Random; }, "init");
-  refused([](auto& y) { y.quant->seed = 1; }, "seed");
+  refused([](auto& y) { y.quant->codec.scaling = Scaling::Compat; }, "scaling");
+  refused([](auto& y) { y.quant->codec.scale_dtype = ScaleDType::BF16; }, "scale_dtype");
+  refused([](auto& y) { y.quant->codec.init = Init::Random; }, "init");
+  refused([](auto& y) { y.quant->codec.seed = 1; }, "seed");
   SnapshotExpectation g;
   g.options = testing::small_cache_options();
   g.options->cache_size = 8;
@@ -991,7 +991,7 @@ TEST(SnapshotFormat, RuntimeSettingsAndCallerStorage) {
   x.view_scratch = scratch;
   x.threads = 2;
   PackedCausalCache p = PackedCausalCache::from_snapshot_bytes(testing::small_packed_cache().snapshot_bytes(), x);
-  EXPECT_EQ(p.quant_args().threads, 2);
+  EXPECT_EQ(p.quant_args().codec.threads, 2);
   const KVView v = p.update(testing::lcg_kv(4, 50), testing::lcg_kv(4, 51), 16);
   EXPECT_EQ(v.k.data, static_cast<const void*>(scratch->data()));
   // Dense buffers in caller storage, asked for once with the snapshot's cache_size.
@@ -1154,9 +1154,9 @@ TEST(SnapshotFormat, AHeadShardIsFormat1_2AndKeepsItsHeadOffset) {
   CacheOptions o = testing::small_cache_options();
   o.head_offset = 5;
   QuantArgs q = testing::small_quant();
-  q.init = Init::Random;  // every chunk draws from the head's stream: 2 of 4 tokens,
-  q.centroids = 2;        // one Lloyd step, so the drawn points show in the result
-  q.kmeans_iters = 1;
+  q.codec.init = Init::Random;  // every chunk draws from the head's stream: 2 of 4 tokens,
+  q.codec.centroids = 2;        // one Lloyd step, so the drawn points show in the result
+  q.codec.kmeans_iters = 1;
   PackedCausalCache a(o, q), plain(testing::small_cache_options(), q);
   for (int i = 0; i < 3; ++i) {
     const Tensor k = testing::lcg_kv(4, 2 * i), v = testing::lcg_kv(4, 2 * i + 1);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 namespace qvg {
 
@@ -65,13 +66,16 @@ SinkSpan parse_sink_span(std::string_view s);
 SpanMode parse_span_mode(std::string_view s);
 ScaleSearch parse_scale_search(std::string_view s);
 
-/// Parameters of one PRQ encoding (spec 1).
+/// Parameters of one PRQ encoding (spec 1). The one definition of the codec's fields:
+/// QuantArgs holds one for the shared codec and one per role for the overrides
+/// (RoleCodec); the settings table (qvg/settings.h) reads and writes them through
+/// member pointers (CodecField).
 struct CodecConfig {
-  int bits = 4;                 ///< residual code width: 2 or 4
+  int bits = 4;                 ///< residual code width: a width of qvg/code_format.h (2, 3 or 4)
   int centroids = 128;          ///< K, codebook size per stage and group: 1..256
   int stages = 1;               ///< k-means stages: 1..64
   int kmeans_iters = 2;         ///< Lloyd iterations per stage: >= 1
-  int block_size = 64;          ///< channels sharing one scale; divides D, multiple of 8/bits
+  int block_size = 64;          ///< channels sharing one scale; divides D, a multiple of the width's code group
   bool asymmetric = false;      ///< min/max + zero point instead of absmax
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   Scaling scaling = Scaling::TwoLevel;
@@ -83,7 +87,8 @@ struct CodecConfig {
   /// stream (seed, stage, b, h + head_offset) of spec 1.1. An encoding of heads
   /// [o, o + H) of a wider tensor made with head_offset = o therefore equals that
   /// tensor's encoding of those heads byte for byte (a head-sharded cache, e.g.
-  /// qvg.distributed). 0 <= head_offset <= 2^40; 0 changes nothing.
+  /// qvg.distributed). 0 <= head_offset <= 2^40; 0 changes nothing. Not a setting of
+  /// QuantArgs: a cache takes it from its CacheOptions.
   int64_t head_offset = 0;
 
   /// Throws InvalidArgument for any field outside its range.
@@ -94,21 +99,44 @@ struct CodecConfig {
   bool operator==(const CodecConfig&) const = default;
 };
 
-/// Per-role overrides of QuantArgs' codec fields (issue 16): a field set here replaces
-/// the shared value for that role's tensor (K or V); unset fields take the shared one.
-/// Flags `kv_cache_quant_k_<field>` / `kv_cache_quant_v_<field>` (QuantArgs::from_flags).
-/// `init` and `seed` stay shared (one warm-start chain per cache).
-struct RoleCodec {
-  std::optional<int> bits, centroids, block_size, stages, kmeans_iters;
-  std::optional<bool> asymmetric;
-  std::optional<ScaleDType> scale_dtype;
-  std::optional<Scaling> scaling;
-  std::optional<ScaleSearch> scale_search;
+/// A member of CodecConfig, as a row of the settings table names it (none for the
+/// cache-policy rows).
+using CodecField = std::variant<std::monostate, int CodecConfig::*, bool CodecConfig::*, ScaleDType CodecConfig::*,
+                                Scaling CodecConfig::*, Init CodecConfig::*, ScaleSearch CodecConfig::*,
+                                uint64_t CodecConfig::*>;
 
-  bool empty() const;
+/// Per-role overrides of QuantArgs' shared codec (issue 16): a field set here replaces
+/// the shared value for that role's tensor (K or V); unset fields take the shared one.
+/// The fields that may be overridden are the per-role rows of the settings table
+/// (`k_<field>` / `v_<field>`, flags `kv_cache_quant_k_<suffix>`, qvg/settings.h): bit
+/// i of `overridden` says that the field of the role's i-th row is set, its value in
+/// `values`. `init` and `seed` have no per-role row (one warm-start chain per cache).
+struct RoleCodec {
+  CodecConfig values;        ///< the overriding values (only the fields in `overridden` count)
+  uint32_t overridden = 0;   ///< the fields set, one bit per per-role row of the settings table
+
+  bool empty() const { return overridden == 0; }
+  /// Whether `field` is overridden. REQUIRES a field with a per-role row.
+  template <class T>
+  bool has(T CodecConfig::*field) const {
+    return (overridden & field_bit(field)) != 0;
+  }
+  /// Overrides `field` with `value`. REQUIRES a field with a per-role row.
+  template <class T>
+  RoleCodec& set(T CodecConfig::*field, T value) {
+    values.*field = value;
+    overridden |= field_bit(field);
+    return *this;
+  }
+  /// `shared` with the overridden fields replaced (walks the settings table).
+  CodecConfig over(CodecConfig shared) const;
   /// The fields set, as "k_bits=4 k_asymmetric=true" (prefix "k_" or "v_"); "" if empty.
   std::string describe(std::string_view prefix) const;
-  bool operator==(const RoleCodec&) const = default;
+  /// The same fields overridden, with the same values.
+  bool operator==(const RoleCodec&) const;
+  /// The bit of `overridden` for `field`; throws LogicError for a field without a
+  /// per-role row.
+  static uint32_t field_bit(const CodecField& field);
 };
 
 /// Parses "bits=4,asymmetric=true,centroids=64" (fields as the flag suffixes: bits,
@@ -116,14 +144,16 @@ struct RoleCodec {
 /// scale_search); "" is empty. Throws InvalidArgument naming `what` (e.g. "--k-config").
 RoleCodec parse_role_codec(std::string_view spec, std::string_view what);
 
-/// The engine's QVGKVQuantArgs plus qvg's extensions (spec 2).
+/// The engine's QVGKVQuantArgs plus qvg's extensions (spec 2): whether the cache
+/// quantizes, the shared codec, the per-role overrides and the cache policy. Every
+/// setting but `threads` (and the codec's head_offset, a cache's) is a row of the
+/// settings table (qvg/settings.h), which names them for every surface.
 struct QuantArgs {
-  std::optional<int> bits;      ///< nullopt = quantization off (every segment stays raw)
-  int centroids = 128;
-  int block_size = 64;
-  int stages = 1;
-  int kmeans_iters = 2;
-  bool asymmetric = false;
+  bool quantize = false;        ///< false: quantization off (every segment stays raw); codec.bits is then unused
+  CodecConfig codec;            ///< the shared codec (bits, seed and threads included)
+  /// Per-role overrides (K, V) of codec's fields; empty = both roles use codec.
+  RoleCodec k, v;
+  // The cache policy (spec 4).
   int keep_recent_chunks = 1;   ///< completed non-sink chunks kept raw
   bool sink = true;             ///< quantize sink chunks too
   SinkSpan sink_span = SinkSpan::Chunk;
@@ -141,54 +171,46 @@ struct QuantArgs {
   /// when refine_recent newer chunks are encoded, which leaves its base encoding
   /// exactly as without refinement. 0 = none. 0..1000000.
   int refine_recent = 0;
-  int refine_bits = 4;  ///< the refinement layer's code width: 2 or 4
-  Scaling scaling = Scaling::TwoLevel;
-  ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
-  Init init = Init::Random;     ///< Warm: seed each encoding from the previous one's centroids
-  ScaleSearch scale_search = ScaleSearch::Off;
-  uint64_t seed = 1234;
-  int threads = 0;              ///< 0..max_threads(), 0 = all cores
-  /// Per-role overrides (K, V) of the codec fields above; empty = both roles use them.
-  RoleCodec k, v;
+  int refine_bits = 4;  ///< the refinement layer's code width: a width of qvg/code_format.h
 
-  bool enabled() const { return bits.has_value(); }
+  bool enabled() const { return quantize; }
+  /// Turns quantization on with `bits`-bit codes (the engine's `kv_cache_quant=int<bits>`).
+  void enable(int bits) {
+    quantize = true;
+    codec.bits = bits;
+  }
   /// True when K and V are encoded with different settings or any role override is set.
   bool per_role() const { return !k.empty() || !v.empty(); }
   void validate() const;
   /// validate() plus block_size dividing head_dim (checked when a cache is built).
   void validate_for_head_dim(int64_t head_dim) const;
   std::string describe() const;
-  /// The shared codec parameters, without the per-role overrides (requires enabled()).
-  CodecConfig codec() const;
-  /// The codec parameters of one role's encodings: the shared ones with that role's
-  /// overrides applied (requires enabled()).
-  CodecConfig codec(CacheRole role) const;
-  /// The inverse of codec(): sets the shared codec fields (bits included) and threads
-  /// from c; the per-role overrides and the cache policy stay as they are. The way code
-  /// outside the settings table sets codec fields (issue 23: a codec setting's name is
-  /// written in the table, the struct and codec()/set_codec(), not in every caller).
-  void set_codec(const CodecConfig& c);
+  /// The codec parameters of one role's encodings: the shared codec with that role's
+  /// overrides applied (RoleCodec::over).
+  CodecConfig codec_for(CacheRole role) const;
   /// Applies a named profile: "reference" (issue 16: the engine's defaults, every codec
-  /// field as a default-constructed QuantArgs, `compat` scaling), "hq" (issue 16: a
+  /// field as a default-constructed CodecConfig, `compat` scaling), "hq" (issue 16: a
   /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with V's scale
   /// search off — per role, issue 40 —, plus a cache policy — incremental spans of 4
   /// chunks, keep_recent 0, sink_keep 0, 4-bit refinement layers on the 4 newest
   /// encoded chunks; docs/quality.md, "The recommended profile"). Every
-  /// profile sets every codec field (shared and per-role) and sets bits if unset;
+  /// profile sets every codec setting (shared and per-role) but bits and seed, and turns
+  /// quantization on at 2 bits if it is off;
   /// "recommended" also sets span_chunks, span_mode, span_break_ratio,
   /// keep_recent_chunks, sink_keep_chunks, refine_recent and refine_bits (the other
   /// two leave the policy as it is). sink, sink_span, seed and threads are never set.
   /// Throws InvalidArgument for another name, leaving *this unchanged.
   void apply_profile(std::string_view profile);
 
-  /// Reads the engine's flat flags: `kv_cache_quant` in {off, none, bf16, int4, int2},
+  /// Reads the engine's flat flags: `kv_cache_quant` in {off, none, bf16} or a code
+  /// width's mode (int2, int4, and qvg's int3: qvg/code_format.h),
   /// `kv_cache_quant_centroids`, `_block_size`, `_stages`, `_iters`, `_keep_recent`,
   /// `_sink_keep`, `_asymmetric`, `_sink`, `_sink_span`, and qvg's `_span_chunks`,
   /// `_span_mode`, `_span_break_ratio`, `_refine_recent`, `_refine_bits`,
   /// `_scaling`, `_scale_dtype`, `_init`, `_seed`, `_scale_search`, `_profile` (applied
   /// first, whatever the order: explicit keys override it), and the per-role codec
-  /// keys `kv_cache_quant_k_<f>` / `kv_cache_quant_v_<f>` for f in bits (2 or 4, or
-  /// int2/int4), centroids, block_size, stages, iters, asymmetric, scale_dtype,
+  /// keys `kv_cache_quant_k_<f>` / `kv_cache_quant_v_<f>` for f in bits (a width, as
+  /// 4 or int4), centroids, block_size, stages, iters, asymmetric, scale_dtype,
   /// scaling, scale_search. Values are strings as on a command
   /// line ("true"/"false"/"1"/"0" for booleans). Without `kv_cache_quant` the
   /// result is the default (off) and no other flag is read (spec 2, as the engine).

@@ -3,8 +3,10 @@
 // Every setting of QuantArgs (and of its per-role overrides RoleCodec k/v) is one row:
 // its name (the member, the snapshot key, the Python field and the binding's dict key),
 // its flag suffix (after "kv_cache_quant"), its kind and range, the first snapshot
-// format minor that stores it, and how to read and write it. The places that list the
+// format minor that stores it, and how to read and write it (a codec setting: its
+// member of CodecConfig; a policy setting: accessors of QuantArgs). The places that list the
 // settings walk this table instead of naming fields: QuantArgs::from_flags, the
+// per-role overrides (RoleCodec), the profiles, the CLI's codec and policy flags, the
 // snapshot's config record (write, read, minor_needed, the caller's expectation), the
 // binding's dict <-> struct and the Python dataclass (checked against the table by a
 // test). `threads` is not a row: it is how a call runs, never a property of the data.
@@ -29,9 +31,9 @@ namespace qvg {
 
 /// What a setting's value is.
 enum class SettingKind : uint8_t {
-  Bits,   ///< optional 2 or 4 (none = quantization off); text also "int2"/"int4"
+  Bits,   ///< optional code width (none = quantization off); text also its mode "int2"
   Int,    ///< a 32-bit integer in [lo, hi]
-  Width,  ///< 2 or 4
+  Width,  ///< a code width: one with a row of qvg/code_format.h (2, 3 or 4)
   Bool,
   Name,  ///< an enumeration, by name
   Real,  ///< a finite double in [lo, hi]
@@ -41,6 +43,10 @@ enum class SettingKind : uint8_t {
 /// none, integer, unsigned (seed), boolean, real, name.
 using SettingValue = std::variant<std::monostate, int64_t, uint64_t, bool, double, std::string>;
 
+/// One setting. A codec row (`field` set) reads and writes its member of CodecConfig:
+/// QuantArgs::codec's for a shared row (bits: none when quantization is off), the
+/// role's RoleCodec for a per-role row (none when not overridden); a cache-policy row
+/// reads and writes QuantArgs through get_policy / set_policy.
 struct Setting {
   std::string_view name;  ///< "centroids", "k_bits"; the member, snapshot key, Python field
   std::string_view flag;  ///< suffix of the engine flag: "_centroids" -> kv_cache_quant_centroids
@@ -49,24 +55,47 @@ struct Setting {
   int64_t lo = 0, hi = 0;       ///< Int, Real: the allowed range (QuantArgs::validate checks the same)
   uint16_t snapshot_minor = 0;  ///< the first snapshot format 1.x that stores it
   std::string_view allowed;     ///< what is allowed, for messages ("1..256", "off, mse")
-  SettingValue (*get)(const QuantArgs&) = nullptr;
-  /// Sets the value (REQUIRES a value of the setting's kind; none only for Bits and roles).
-  void (*set)(QuantArgs&, const SettingValue&) = nullptr;
+  CodecField field = {};        ///< a codec row's member of CodecConfig; none for a policy row
+  CacheRole tensor = CacheRole::Key;  ///< a per-role row's role
+  /// A policy row's accessors (REQUIRES a value of the setting's kind).
+  SettingValue (*get_policy)(const QuantArgs&) = nullptr;
+  void (*set_policy)(QuantArgs&, const SettingValue&) = nullptr;
   /// Names accepted for a Name setting, canonical first per value (parse); empty otherwise.
   SettingValue (*parse_name)(std::string_view) = nullptr;
-  /// The cache-policy settings of the CLI (`qvg simulate`, `qvg memory`): the flag
-  /// ("--span-chunks") and its help; "" for settings the CLI sets otherwise.
+  /// The flag of the CLI ("--span-chunks", "--centroids") and its help; "" for settings
+  /// the CLI does not set by a flag of their own. The cache-policy flags of `qvg
+  /// simulate` and `qvg memory` (tools/qvg/cache_flags.h) and the codec flags of every
+  /// command (tools/qvg/codec_flags.h) are registered from these.
   std::string_view cli = {};
   std::string_view cli_help = {};
+  /// A Name setting's value that needs a cache (the previous segment's state: init's
+  /// "warm"): the CLI's commands on one tensor refuse it.
+  std::string_view cache_only = {};
+
+  bool codec_row() const { return field.index() != 0; }
+  /// q's value (none: quantization off for bits, an override not set for a role's row).
+  SettingValue get(const QuantArgs& q) const;
+  /// Sets q's value (REQUIRES a value of the setting's kind; none only for Bits and roles).
+  void set(QuantArgs& q, const SettingValue& v) const;
 };
 
 /// Every setting, in the snapshot's config order (the order of the stored entries):
 /// the shared ones, then k_*, then v_*.
 std::span<const Setting> quant_settings();
+/// The per-role rows of `role`, in the table's order (bit i of RoleCodec::overridden
+/// is the i-th of them).
+std::span<const Setting> role_settings(CacheRole role);
 /// The row named `name` ("centroids", "k_bits"), or nullptr.
 const Setting* find_setting(std::string_view name);
 /// The row whose flag suffix is `suffix` ("_iters", "_k_bits"), or nullptr.
 const Setting* find_setting_by_flag(std::string_view suffix);
+
+/// A codec row's member of `c` (REQUIRES s.codec_row()), as a value of s's kind.
+SettingValue get_codec_field(const Setting& s, const CodecConfig& c);
+/// Sets a codec row's member of `c` (REQUIRES s.codec_row() and a value of s's kind).
+void set_codec_field(const Setting& s, CodecConfig& c, const SettingValue& v);
+/// Copies a codec row's member from `from` to `to` (REQUIRES s.codec_row()).
+void copy_codec_field(const Setting& s, const CodecConfig& from, CodecConfig& to);
 
 /// The one text parser: `text` as s's value. Throws InvalidArgument "<what> must be
 /// <allowed>, got '<text>'" (what: the flag or key as the caller names it).

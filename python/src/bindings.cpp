@@ -134,7 +134,7 @@ qvg::QuantArgs quant_args_from_dict(const py::dict& d) {
   for (const auto& [key, value] : d) {
     const std::string k = py::str(key);
     if (k == "threads") {
-      q.threads = value.cast<int>();
+      q.codec.threads = value.cast<int>();
     } else if (k == "k_config" || k == "v_config") {
       (k == "k_config" ? q.k : q.v) = qvg::parse_role_codec(value.cast<std::string>(), k);
     } else if (const qvg::Setting* s = qvg::find_setting(k); s && !s->role) {
@@ -396,7 +396,7 @@ py::tuple encode_tensor(const at::Tensor& x, const qvg::QuantArgs& quant, int64_
   if (quant.per_role())
     throw qvg::InvalidArgument(
         "encode encodes one tensor: per-role settings (k_config, v_config) do not apply; use the shared fields");
-  qvg::CodecConfig cfg = quant.codec();
+  qvg::CodecConfig cfg = quant.codec;
   const qvg::Shape4 sh = shape4(x);
   if (sh.b >= 1 && sh.s >= 1 && sh.h >= 1 && sh.d >= 1) {
     cfg.validate_for_head_dim(sh.d);

@@ -94,7 +94,7 @@ class PackedBinding {
     qvg::SnapshotExpectation x;
     x.options = options_;
     x.quant = quant_;
-    x.threads = quant_.threads;
+    x.threads = quant_.codec.threads;
     backend_.expect(x, options_);
     typename Backend::Call call(device_);
     const std::string src = source.cast<std::string>();

@@ -83,8 +83,8 @@ struct PackedCausalCache::Impl {
       : opt(o), quant(q), esz(dtype_size(o.dtype)), capacity(o.cache_size), window(o.window()), pol(o, q) {
     scratch = o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>();
     if (q.enabled()) {
-      codec_k = q.codec(CacheRole::Key);
-      codec_v = q.codec(CacheRole::Value);
+      codec_k = q.codec_for(CacheRole::Key);
+      codec_v = q.codec_for(CacheRole::Value);
       codec_k.head_offset = codec_v.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
     }
   }
@@ -347,7 +347,7 @@ struct PackedCausalCache::Impl {
                   to);
           }
         }
-        void decode(const std::vector<DecodeTask>& tasks) const { decode_ranges(tasks, m.quant.threads); }
+        void decode(const std::vector<DecodeTask>& tasks) const { decode_ranges(tasks, m.quant.codec.threads); }
       } be{*this, p, key, value, vk, vv, segs.back()};
       detail::assemble_view<DecodeTask>(segs, plan, be);
       out.k = detail::dense_view(vk);

@@ -244,7 +244,7 @@ Opened open_snapshot(const Source& src, const char* want_kind, const SnapshotExp
         fmt::format("the snapshot holds a {} cache; a {} cache cannot be loaded from it", o.config.cache, want_kind));
   check_expectation(o.config, x);
   o.config.options.view_scratch = x.view_scratch;
-  if (o.config.quant) o.config.quant->threads = x.threads;
+  if (o.config.quant) o.config.quant->codec.threads = x.threads;
   return o;
 }
 

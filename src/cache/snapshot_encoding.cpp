@@ -137,7 +137,7 @@ void check_span_chunk(EncodedTensor& part, SpanCodebook& book, const char* what)
 
 void check_layout_fits(const EncodingLayout& l, const CacheOptions& o, const QuantArgs& q, CacheRole role,
                        bool check_tokens, int64_t tokens, const char* what) {
-  const CodecConfig c = q.codec(role);
+  const CodecConfig c = q.codec_for(role);
   const bool ok = l.dtype == o.dtype && l.shape.b == o.batch && l.shape.h == o.heads && l.shape.d == o.head_dim &&
                   (!check_tokens || l.shape.s == tokens) && l.bits == c.bits && l.block_size == c.block_size &&
                   l.stages == c.stages && l.centroids == c.centroids && l.asymmetric == c.asymmetric &&

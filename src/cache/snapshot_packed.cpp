@@ -185,7 +185,7 @@ void get_refinement(ByteReader& r, PackedSegmentData& s, const CacheOptions& o, 
   for (std::optional<EncodedTensor>* ref : {&s.k_ref, &s.v_ref}) {
     const bool is_k = ref == &s.k_ref;
     *ref = get_encoded(r, Arrays::All);
-    const CodecConfig want = refinement_config(q, q.codec(is_k ? CacheRole::Key : CacheRole::Value));
+    const CodecConfig want = refinement_config(q, q.codec_for(is_k ? CacheRole::Key : CacheRole::Value));
     const EncodingLayout expect = EncodingLayout::of({o.batch, n, o.heads, o.head_dim}, DType::F32, want);
     if (!(static_cast<const EncodingLayout&>(**ref) == expect))
       r.fail(

@@ -191,7 +191,7 @@ void check_packed_state(const PackedStateData& d) {
     check_encoding_order(d);
     check_refinements(d);
     if (d.warm_k.has_value() != d.warm_v.has_value()) bad("warm-start codebooks for only one of K and V");
-    if (d.warm_k && (!d.quant.enabled() || d.quant.init != Init::Warm))
+    if (d.warm_k && (!d.quant.enabled() || d.quant.codec.init != Init::Warm))
       bad("warm-start codebooks in a cache with init != warm");
   }
   check_span_state(d);

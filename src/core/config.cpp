@@ -93,6 +93,22 @@ std::string nearest_flag(std::string_view key) {
   return best;
 }
 
+// The per-role fields as k_config and the role flags name them: "bits, centroids, ...".
+std::string role_fields() {
+  std::string o;
+  for (const Setting& s : role_settings(CacheRole::Key))
+    o += fmt::format("{}{}", o.empty() ? "" : ", ", s.flag.substr(3));  // "_k_iters" -> "iters"
+  return o;
+}
+
+// The engine flags from_flags reads, for its message on an unknown one.
+std::string accepted_flags() {
+  std::string o = "kv_cache_quant";
+  for (const Setting& s : quant_settings())
+    if (!s.role && !s.flag.empty()) o += fmt::format(", {}{}", o == "kv_cache_quant" ? "kv_cache_quant" : "", s.flag);
+  return o + fmt::format(", _profile, and per role _k_<f> / _v_<f> for f in {}", role_fields());
+}
+
 }  // namespace
 
 void CodecConfig::validate() const {
@@ -116,20 +132,25 @@ std::string CodecConfig::describe() const {
          (scale_search == ScaleSearch::Off ? std::string() : fmt::format(" scale_search={}", name(scale_search)));
 }
 
-bool RoleCodec::empty() const {
-  return *this == RoleCodec{};
+CodecConfig RoleCodec::over(CodecConfig shared) const {
+  for (const Setting& s : role_settings(CacheRole::Key))
+    if (overridden & field_bit(s.field)) copy_codec_field(s, values, shared);
+  return shared;
+}
+
+bool RoleCodec::operator==(const RoleCodec& o) const {
+  if (overridden != o.overridden) return false;
+  for (const Setting& s : role_settings(CacheRole::Key))
+    if ((overridden & field_bit(s.field)) && get_codec_field(s, values) != get_codec_field(s, o.values)) return false;
+  return true;
 }
 
 std::string RoleCodec::describe(std::string_view p) const {
   // The role's rows of the settings table ("k_bits=4 k_asymmetric=true").
-  QuantArgs q;
-  (p == "v_" ? q.v : q.k) = *this;
   std::string out;
-  for (const Setting& s : quant_settings()) {
-    if (!s.role || !s.name.starts_with(p == "v_" ? "v_" : "k_")) continue;
-    const SettingValue v = s.get(q);
-    if (std::holds_alternative<std::monostate>(v)) continue;
-    out += fmt::format("{}{}{}={}", out.empty() ? "" : " ", p, s.name.substr(2), setting_text(v));
+  for (const Setting& s : role_settings(CacheRole::Key)) {
+    if (!(overridden & field_bit(s.field))) continue;
+    out += fmt::format("{}{}{}={}", out.empty() ? "" : " ", p, s.name.substr(2), setting_text(get_codec_field(s, values)));
   }
   return out;
 }
@@ -139,42 +160,39 @@ void QuantArgs::validate() const {
   // field, the same the CLI and the binding use); then the rules across fields.
   for (const Setting& s : quant_settings())
     if (!s.role) check_setting(s, s.get(*this), s.name);
-  if (bits) check_codec_fields(*bits, centroids, block_size, stages, kmeans_iters);  // codes fill whole bytes
+  if (quantize) check_codec_fields(codec.bits, codec.centroids, codec.block_size, codec.stages, codec.kmeans_iters);
   // Per-role overrides: each role's merged fields, the message naming the role's key.
   for (const CacheRole role : {CacheRole::Key, CacheRole::Value}) {
     const RoleCodec& r = role == CacheRole::Key ? k : v;
     if (r.empty()) continue;
     try {
-      const int b = r.bits.value_or(bits.value_or(2));
-      if (r.bits || bits) {
-        check_codec_fields(b, r.centroids.value_or(centroids), r.block_size.value_or(block_size),
-                           r.stages.value_or(stages), r.kmeans_iters.value_or(kmeans_iters));
-      } else {
-        check_sizes(r.centroids.value_or(centroids), r.block_size.value_or(block_size), r.stages.value_or(stages),
-                    r.kmeans_iters.value_or(kmeans_iters));
-      }
+      const CodecConfig c = r.over(codec);
+      if (quantize || r.has(&CodecConfig::bits))
+        check_codec_fields(c.bits, c.centroids, c.block_size, c.stages, c.kmeans_iters);
+      else
+        check_sizes(c.centroids, c.block_size, c.stages, c.kmeans_iters);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(fmt::format("{} settings ({}): {}", role == CacheRole::Key ? "K" : "V",
                                         r.describe(role == CacheRole::Key ? "k_" : "v_"), e.what()));
     }
   }
   check_policy_settings(*this);
-  check_threads("threads", threads);
+  check_threads("threads", codec.threads);
 }
 
 void QuantArgs::validate_for_head_dim(int64_t head_dim) const {
   validate();
-  if (bits) {
-    check_head_dim(block_size, head_dim);
+  if (quantize) {
+    check_head_dim(codec.block_size, head_dim);
     for (const RoleCodec* r : {&k, &v})
-      if (r->block_size) check_head_dim(*r->block_size, head_dim);
+      if (r->has(&CodecConfig::block_size)) check_head_dim(r->values.block_size, head_dim);
   }
 }
 
 std::string QuantArgs::describe() const {
-  if (!bits) return "kv_cache_quant=off";
+  if (!quantize) return "kv_cache_quant=off";
   // The settings of format 1.0 always, later ones and per-role overrides when set.
-  std::string out = fmt::format("kv_cache_quant=int{}", *bits);
+  std::string out = fmt::format("kv_cache_quant=int{}", codec.bits);
   for (const Setting& s : quant_settings()) {
     if (s.kind == SettingKind::Bits) continue;
     const SettingValue x = s.get(*this);
@@ -184,77 +202,31 @@ std::string QuantArgs::describe() const {
   return out;
 }
 
-CodecConfig QuantArgs::codec() const {
-  QVG_CHECK(bits.has_value());
-  return {.bits = *bits,
-          .centroids = centroids,
-          .stages = stages,
-          .kmeans_iters = kmeans_iters,
-          .block_size = block_size,
-          .asymmetric = asymmetric,
-          .scale_dtype = scale_dtype,
-          .scaling = scaling,
-          .init = init,
-          .scale_search = scale_search,
-          .seed = seed,
-          .threads = threads};
-}
-
-void QuantArgs::set_codec(const CodecConfig& c) {
-  bits = c.bits;
-  centroids = c.centroids;
-  stages = c.stages;
-  kmeans_iters = c.kmeans_iters;
-  block_size = c.block_size;
-  asymmetric = c.asymmetric;
-  scale_dtype = c.scale_dtype;
-  scaling = c.scaling;
-  init = c.init;
-  scale_search = c.scale_search;
-  seed = c.seed;
-  threads = c.threads;
-}
-
-CodecConfig QuantArgs::codec(CacheRole role) const {
-  CodecConfig c = codec();
-  const RoleCodec& r = role == CacheRole::Key ? k : v;
-  if (r.bits) c.bits = *r.bits;
-  if (r.centroids) c.centroids = *r.centroids;
-  if (r.block_size) c.block_size = *r.block_size;
-  if (r.stages) c.stages = *r.stages;
-  if (r.kmeans_iters) c.kmeans_iters = *r.kmeans_iters;
-  if (r.asymmetric) c.asymmetric = *r.asymmetric;
-  if (r.scale_dtype) c.scale_dtype = *r.scale_dtype;
-  if (r.scaling) c.scaling = *r.scaling;
-  if (r.scale_search) c.scale_search = *r.scale_search;
-  return c;
+CodecConfig QuantArgs::codec_for(CacheRole role) const {
+  return (role == CacheRole::Key ? k : v).over(codec);
 }
 
 void QuantArgs::apply_profile(std::string_view profile) {
   // An unknown name leaves the settings unchanged.
   if (profile != "reference" && profile != "hq" && profile != "recommended")
     throw InvalidArgument(fmt::format("profile must be one of reference, hq, recommended, got '{}'", profile));
-  // Every profile starts from the engine's defaults of every codec field (spec 2),
-  // with the reference's `compat` scaling (the QVG Triton layout).
-  const QuantArgs d;
-  if (!bits) bits = 2;
-  centroids = d.centroids;
-  block_size = d.block_size;
-  stages = d.stages;
-  kmeans_iters = d.kmeans_iters;
-  asymmetric = d.asymmetric;
-  scale_dtype = d.scale_dtype;
-  init = d.init;
+  // Every profile starts from the engine's defaults of every codec setting (spec 2)
+  // but the width and the seed, with the reference's `compat` scaling (the QVG Triton
+  // layout); no per-role override.
+  for (const Setting& s : quant_settings())
+    if (s.codec_row() && !s.role && s.kind != SettingKind::Bits && s.kind != SettingKind::Seed)
+      copy_codec_field(s, CodecConfig{}, codec);
+  if (!quantize) enable(2);
   k = RoleCodec{};
   v = RoleCodec{};
   if (profile == "reference") {
-    scaling = Scaling::Compat;
-    scale_search = ScaleSearch::Off;
+    codec.scaling = Scaling::Compat;
+    codec.scale_search = ScaleSearch::Off;
   } else if (profile == "hq") {
     // Chosen from the rate-distortion frontier of docs/quality.md.
-    scaling = Scaling::TwoLevel;
-    scale_search = ScaleSearch::Mse;
-    asymmetric = true;
+    codec.scaling = Scaling::TwoLevel;
+    codec.scale_search = ScaleSearch::Mse;
+    codec.asymmetric = true;
   } else {  // "recommended"
     // Issue 25: hq's codec (more k-means) in a cache policy, chosen from `qvg simulate` on the four
     // presets against the engine's default (docs/quality.md, "The recommended profile"). Random
@@ -270,10 +242,10 @@ void QuantArgs::apply_profile(std::string_view profile) {
     // the engine default's -> 1.30x (two threads; 1.80x on one), attention error (scale
     // 0.25, 40 chunks, 2 layers) 0.40/0.42/0.44x -> 0.38/0.45/0.46x on self-forcing,
     // lingbot-world, hy-worldplay, peaks unchanged (docs/quality.md).
-    scaling = Scaling::TwoLevel;
-    scale_search = ScaleSearch::Mse;
-    asymmetric = true;
-    v.scale_search = ScaleSearch::Off;
+    codec.scaling = Scaling::TwoLevel;
+    codec.scale_search = ScaleSearch::Mse;
+    codec.asymmetric = true;
+    v.set(&CodecConfig::scale_search, ScaleSearch::Off);
     set_recommended_policy(*this);
   }
 }
@@ -297,11 +269,7 @@ RoleCodec parse_role_codec(std::string_view spec, std::string_view what) {
           fmt::format("{} must be a list of field=value separated by commas (no empty items), got '{}'", what, sp));
     const std::string field = item.substr(0, eq), value = item.substr(eq + 1);
     const Setting* s = find_setting_by_flag("_k_" + field);
-    if (!s)
-      throw InvalidArgument(
-          fmt::format("{}: unknown field '{}'; accepted: bits, centroids, block_size, stages, iters, "
-                      "asymmetric, scale_dtype, scaling, scale_search",
-                      what, field));
+    if (!s) throw InvalidArgument(fmt::format("{}: unknown field '{}'; accepted: {}", what, field, role_fields()));
     if (std::find(seen.begin(), seen.end(), field) != seen.end())
       throw InvalidArgument(fmt::format("{}: field '{}' is given twice, got '{}'", what, field, sp));
     seen.push_back(field);
@@ -319,23 +287,24 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
   // sub-flags are then not read.
   if (it == flags.end()) return a;
   {
+    // off (and the engine's spellings of it) or a width's mode: int2, int4, qvg's int3
+    // (qvg/code_format.h).
     const std::string& m = it->second;
-    if (m == "off" || m == "none" || m == "bf16" || m == "None") {
-      a.bits.reset();
-    } else if (m == "int4") {
-      a.bits = 4;
-    } else if (m == "int2") {
-      a.bits = 2;
-    } else {
-      throw InvalidArgument(
-          fmt::format("kv_cache_quant must be one of off, none, bf16, int4, int2, got '{}'", m));
-    }
+    const CodeFormat* mode = nullptr;
+    for (const CodeFormat& f : kCodeFormats)
+      if (m == f.mode) mode = &f;
+    if (mode != nullptr)
+      a.enable(mode->bits);
+    else if (m != "off" && m != "none" && m != "bf16" && m != "None")
+      throw InvalidArgument(fmt::format("kv_cache_quant must be one of off, none, bf16, {}, got '{}'",
+                                        known_code_widths(true), m));
   }
   // The profile first, whatever the keys' order: explicit keys override it.
   if (auto pf = flags.find("kv_cache_quant_profile"); pf != flags.end()) {
-    const std::optional<int> mode_bits = a.bits;
+    const QuantArgs mode = a;
     a.apply_profile(pf->second);
-    a.bits = mode_bits;  // kv_cache_quant decides whether (and at which width) quantization runs
+    a.quantize = mode.quantize;  // kv_cache_quant decides whether (and at which width) quantization runs
+    a.codec.bits = mode.codec.bits;
   }
   constexpr std::string_view kPrefix = "kv_cache_quant";
   for (const auto& [key, value] : flags) {
@@ -345,14 +314,8 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     if (key == "kv_cache_quant_config") continue;  // the engine's own key: no cache setting in it
     const Setting* s = find_setting_by_flag(std::string_view(key).substr(kPrefix.size()));
     if (!s)
-      throw InvalidArgument(fmt::format(
-          "unknown flag '{}' (nearest known setting: {}); accepted: kv_cache_quant, kv_cache_quant_centroids, "
-          "_block_size, _stages, _iters, "
-          "_keep_recent, _sink_keep, _asymmetric, _sink, _sink_span, _span_chunks, _span_mode, _span_break_ratio, "
-          "_refine_recent, _refine_bits, _scaling, _scale_dtype, _init, _seed, _scale_search, _profile, and per role "
-          "_k_<f> / _v_<f> for f in "
-          "bits, centroids, block_size, stages, iters, asymmetric, scale_dtype, scaling, scale_search",
-          key, nearest_flag(key)));
+      throw InvalidArgument(fmt::format("unknown flag '{}' (nearest known setting: {}); accepted: {}", key,
+                                        nearest_flag(key), accepted_flags()));
     s->set(a, parse_setting(*s, value, key));
   }
   a.validate();

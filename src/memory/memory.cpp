@@ -85,7 +85,7 @@ struct PolicyReplay::Impl {
     return o;
   }
   Impl(const MemoryShape& s, const QuantArgs& q) : shape(s), args(q), pol(cache_options(s), q) {
-    if (q.enabled()) codec = q.codec();
+    if (q.enabled()) codec = q.codec;
   }
 };
 
@@ -105,11 +105,11 @@ namespace {
 // One role's bytes (per-role settings: K and V may be encoded differently).
 size_t role_span_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role, int64_t tokens) {
   const Shape4 s{1, tokens, m.heads, m.head_dim};
-  return EncodedTensor::predicted_nbytes(s, m.dtype, a.codec(role));
+  return EncodedTensor::predicted_nbytes(s, m.dtype, a.codec_for(role));
 }
 size_t role_codebook_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role) {
   const Shape4 s{1, 1, m.heads, m.head_dim};
-  const EncodingLayout l = EncodingLayout::of(s, m.dtype, a.codec(role));
+  const EncodingLayout l = EncodingLayout::of(s, m.dtype, a.codec_for(role));
   size_t n = 0;
   for (const ArrayDesc& d : l.arrays())
     if (d.kind == EncodedArray::Centroids) n += d.bytes();
@@ -121,7 +121,7 @@ size_t role_chunk_data_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole
 /// A refinement layer of one role's chunk: an f32 encoding (refinement_config).
 size_t role_refine_bytes(const MemoryShape& m, const QuantArgs& a, CacheRole role, int64_t tokens) {
   const Shape4 s{1, tokens, m.heads, m.head_dim};
-  return EncodedTensor::predicted_nbytes(s, DType::F32, refinement_config(a, a.codec(role)));
+  return EncodedTensor::predicted_nbytes(s, DType::F32, refinement_config(a, a.codec_for(role)));
 }
 }  // namespace
 

@@ -373,12 +373,10 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
     co.head_dim = D;
     co.dtype = DType::BF16;
     co.sink_tokens = chunk;
-    CodecConfig codec_cfg;
-    codec_cfg.bits = bits;
-    codec_cfg.centroids = 256;
-    codec_cfg.threads = threads;
     QuantArgs qa;
-    qa.set_codec(codec_cfg);
+    qa.enable(bits);
+    qa.codec.centroids = 256;
+    qa.codec.threads = threads;
     PackedCausalCache cache(co, qa);
     // Stream until the window is full and one chunk has slid out.
     for (int64_t c = 0; c <= window_chunks; ++c) cache.update(kx, lc.v, c * chunk);

@@ -57,8 +57,8 @@ FrontierCodec reference_codec() {
 
 FrontierCodec frontier_codec_of(const QuantArgs& q) {
   FrontierCodec c;
-  c.k = q.codec(CacheRole::Key);
-  c.v = q.codec(CacheRole::Value);
+  c.k = q.codec_for(CacheRole::Key);
+  c.v = q.codec_for(CacheRole::Value);
   c.chunks_per_span = 0;
   return c;
 }

@@ -63,7 +63,7 @@ void put_codec_settings(ojson& j, const CodecConfig& c) {
 /// One packed configuration's codec and policy settings (REQUIRES q.enabled(), as
 /// SimulationConfig::validate does of every packed configuration).
 ojson quant_json(const std::string& label, const QuantArgs& q) {
-  const CodecConfig c = q.codec();
+  const CodecConfig c = q.codec;
   ojson j = {{"label", label}, {"bits", c.bits}, {"centroids", c.centroids}, {"block_size", c.block_size}};
   put_codec_settings(j, c);
   // The encoder's scale choice and K's and V's own settings over the shared ones

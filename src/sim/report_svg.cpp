@@ -36,7 +36,7 @@ std::string memory_chart_svg(const SimulationResult& r) {
   std::string cfgs;
   for (const PackedConfig& pc : r.config.packed) {
     if (!cfgs.empty()) cfgs += "; ";
-    const CodecConfig c = pc.quant.codec();  // packed: bits are set (SimulationConfig::validate)
+    const CodecConfig c = pc.quant.codec;  // packed: bits are set (SimulationConfig::validate)
     cfgs += fmt::format("{}: {} centroids, block {}, spans of {} chunks", pc.label, c.centroids, c.block_size,
                         detail::span_capacity(pc.quant));
   }

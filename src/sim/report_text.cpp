@@ -26,7 +26,7 @@ std::string label_list(const std::vector<int>& v) {
 
 /// REQUIRES q.enabled() (SimulationConfig::validate's rule for every packed configuration).
 std::string describe_quant(const QuantArgs& q) {
-  const CodecConfig c = q.codec();
+  const CodecConfig c = q.codec;
   std::string s = fmt::format(
       "{}-bit residuals, {} centroids, block {}, {} stage{}, {} k-means iteration{}, {} scales ({}), {}", c.bits,
       c.centroids, c.block_size, c.stages, c.stages == 1 ? "" : "s", c.kmeans_iters, c.kmeans_iters == 1 ? "" : "s",

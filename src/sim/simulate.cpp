@@ -354,7 +354,7 @@ std::vector<LayerState> build_layer_states(const SimulationConfig& cfg, const Mo
     st.dense = std::make_unique<DenseCausalCache>(co);
     for (size_t j = 0; j < cfg.packed.size(); ++j) {
       QuantArgs q = cfg.packed[j].quant;
-      if (cfg.threads > 0 && q.threads == 0) q.threads = cfg.threads;
+      if (cfg.threads > 0 && q.codec.threads == 0) q.codec.threads = cfg.threads;
       CacheOptions shared = co;
       shared.view_scratch = views[j];
       st.packed.push_back(std::make_unique<PackedCausalCache>(shared, q));

@@ -283,7 +283,7 @@ const qvg::cuda::Stream kStream = reinterpret_cast<qvg::cuda::Stream>(0x1);
 QVG_TEST(packed_update_never_waits_and_runs_under_capture) {
   for (const char* profile : {"reference", "recommended"}) {
     qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", profile}});
-    q.centroids = 8;
+    q.codec.centroids = 8;
     qvg::cuda::PackedCausalCache cache(options(), q);
     int updates = 0, launches_total = 0;
     for (int c = 0; c < 12; ++c) {
@@ -317,7 +317,7 @@ QVG_TEST(packed_update_never_waits_and_runs_under_capture) {
 
 QVG_TEST(the_first_update_refuses_a_capture_before_any_change) {
   qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}});
-  q.centroids = 8;
+  q.codec.centroids = 8;
   qvg::cuda::PackedCausalCache cache(options(), q);
   const Chunk ch({1, kChunk, 2, 64}, 7);
   fake::capturing() = true;
@@ -334,7 +334,7 @@ QVG_TEST(the_first_update_refuses_a_capture_before_any_change) {
 QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
   qvg::QuantArgs q =
       qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
-  q.centroids = 8;
+  q.codec.centroids = 8;
   q.span_break_ratio = 1.5;
   qvg::cuda::PackedCausalCache cache(options(), q);
   for (int c = 0; c < 6; ++c) {
@@ -370,7 +370,7 @@ void publish(int64_t call, int64_t chunk_start, int which, float value) {
 
 QVG_TEST(a_published_bad_call_is_raised_by_the_next_call_and_check) {
   qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}});
-  q.centroids = 8;
+  q.codec.centroids = 8;
   qvg::cuda::PackedCausalCache cache(options(), q);
   const Chunk a({1, kChunk, 2, 64}, 1), b({1, kChunk, 2, 64}, 2);
   (void)cache.update(a.key, a.value, 0, kStream);

@@ -33,17 +33,17 @@ QVG_TEST(device_cache_constructor_errors) {
   o.cache_size = 16;
   o.head_dim = 64;
   qvg::QuantArgs q;
-  q.bits = 4;
+  q.enable(4);
   std::string msg;
   QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }) == Kind::Ok);
-  q.init = qvg::Init::Warm;
+  q.codec.init = qvg::Init::Warm;
   QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }) == Kind::Ok);
-  q.init = qvg::Init::KMeansPlusPlus;  // the device encoder seeds with kmeans++ too
+  q.codec.init = qvg::Init::KMeansPlusPlus;  // the device encoder seeds with kmeans++ too
   QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }, &msg) == Kind::Ok) << msg;
-  q.init = qvg::Init::Random;
-  q.block_size = 48;  // does not divide 64
+  q.codec.init = qvg::Init::Random;
+  q.codec.block_size = 48;  // does not divide 64
   QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(o, q); }) == Kind::InvalidArgument);
-  q.block_size = 64;
+  q.codec.block_size = 64;
   qvg::CacheOptions g = o;
   g.allow_growth = true;
   QVG_EXPECT(kind_of([&] { qvg::cuda::PackedCausalCache c(g, q); }) == Kind::Unsupported);
@@ -109,7 +109,7 @@ QVG_TEST(device_cache_accepts_every_setting_the_cpu_cache_accepts) {
   o.head_dim = 64;
   o.heads = 2;
   std::vector<qvg::QuantArgs> bases(3);
-  for (qvg::QuantArgs& b : bases) b.bits = 4;
+  for (qvg::QuantArgs& b : bases) b.enable(4);
   bases[1].span_mode = qvg::SpanMode::Incremental;
   bases[1].span_chunks = 4;
   bases[2] = bases[1];
@@ -134,7 +134,7 @@ QVG_TEST(device_cache_accepts_every_setting_the_cpu_cache_accepts) {
         bool pp = false;
         if (q.enabled())
           for (const qvg::CacheRole r : {qvg::CacheRole::Key, qvg::CacheRole::Value})
-            pp = pp || q.codec(r).init == qvg::Init::KMeansPlusPlus;
+            pp = pp || q.codec_for(r).init == qvg::Init::KMeansPlusPlus;
         kmeanspp += cpu == Kind::Ok && pp;
         QVG_EXPECT(dev == cpu) << what << "cpu:" << cpu_msg << "device:" << dev_msg;
         accepted += cpu == Kind::Ok;

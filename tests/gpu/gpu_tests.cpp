@@ -502,9 +502,9 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
   o.cache_size = 192;
   o.attention_window_size = 160;
   qvg::QuantArgs q;
-  q.bits = 2;
-  q.centroids = 16;
-  q.block_size = 32;
+  q.enable(2);
+  q.codec.centroids = 16;
+  q.codec.block_size = 32;
   q.keep_recent_chunks = 1;
   q.span_chunks = 2;
   q.sink = true;
@@ -521,7 +521,7 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
   const size_t tok_bytes = size_t(o.heads * o.head_dim) * 2;
   std::vector<uint8_t> written(size_t(2 * o.batch * max_tokens) * tok_bytes);
   std::set<std::tuple<int, int64_t, int64_t>> encodings_checked;
-  const qvg::CodecConfig codec = q.codec();
+  const qvg::CodecConfig codec = q.codec;
   for (int step = 0; step < 36; ++step) {
     const bool rewrite = step % 3 == 2;
     const int64_t c = rewrite ? cpu.segment(cpu.num_segments() - 1).g0 : cpu.global_end();

@@ -81,9 +81,9 @@ qvg::Tensor drifting(qvg::DType dt, qvg::Shape4 sh, uint32_t seed, float drift) 
 /// The issue's profile at test scale (with another init: the same policy).
 qvg::QuantArgs profile(double break_ratio, qvg::Init init = qvg::Init::Warm) {
   qvg::QuantArgs q;
-  q.bits = 2;
-  q.centroids = 16;
-  q.block_size = 32;
+  q.enable(2);
+  q.codec.centroids = 16;
+  q.codec.block_size = 32;
   q.span_mode = qvg::SpanMode::Incremental;
   q.span_chunks = 4;
   q.span_break_ratio = break_ratio;
@@ -92,9 +92,9 @@ qvg::QuantArgs profile(double break_ratio, qvg::Init init = qvg::Init::Warm) {
   q.keep_recent_chunks = 1;
   q.sink = true;
   q.sink_keep_chunks = 1;
-  q.init = init;
-  q.scale_search = qvg::ScaleSearch::Mse;
-  q.k.bits = 4;  // per role: K at int4
+  q.codec.init = init;
+  q.codec.scale_search = qvg::ScaleSearch::Mse;
+  q.k.set(&qvg::CodecConfig::bits, 4);  // per role: K at int4
   return q;
 }
 
@@ -473,9 +473,9 @@ int issue25_measure(int argc, char** argv) {
     o.sink_tokens = n;
     o.cache_size = 7 * n;
     qvg::QuantArgs q;
-    q.bits = 2;
-    q.centroids = 256;
-    q.block_size = 64;
+    q.enable(2);
+    q.codec.centroids = 256;
+    q.codec.block_size = 64;
     q.span_mode = qvg::SpanMode::Incremental;
     q.span_chunks = 8;
     q.keep_recent_chunks = 1;

@@ -41,7 +41,7 @@ qvg::CacheOptions options() {
 }
 qvg::QuantArgs recommended() {
   qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
-  q.centroids = 16;
+  q.codec.centroids = 16;
   return q;
 }
 

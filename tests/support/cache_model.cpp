@@ -343,19 +343,19 @@ size_t PackedModel::expected_resident(DType dt) const {
   size_t total = 0;
   const int64_t B = o_.batch, H = o_.heads, D = o_.head_dim;
   // An encoding's codebook bytes: stages x [B, H, K, D] of the cache dtype (spec 1.5).
-  const size_t codebooks = q_.enabled() ? size_t(q_.stages * B * H * q_.centroids * D) * dtype_size(dt) : 0;
+  const size_t codebooks = q_.enabled() ? size_t(q_.codec.stages * B * H * q_.codec.centroids * D) * dtype_size(dt) : 0;
   for (const Seg& s : segments()) {
     const Shape4 sh{B, s.g1 - s.g0, H, D};
     if (!s.packed) {
       total += 2 * size_t(sh.numel()) * dtype_size(dt);
       continue;
     }
-    total += 2 * EncodedTensor::predicted_nbytes(sh, dt, q_.codec());
+    total += 2 * EncodedTensor::predicted_nbytes(sh, dt, q_.codec);
     if (s.joins_prev) total -= 2 * codebooks;  // an incremental span's codebooks count once
     // A refinement layer: an f32 encoding of one stage of one centroid (K and V).
     if (s.refined)
       total += 2 * EncodedTensor::predicted_nbytes(sh, DType::F32,
-                                                   refinement_config(q_.refine_bits, q_.block_size, q_.seed));
+                                                   refinement_config(q_.refine_bits, q_.codec.block_size, q_.codec.seed));
   }
   return total;
 }
@@ -566,12 +566,12 @@ Outcome run_call(CausalCache& cache, const Call& call) {
 QuantArgs random_quant(std::mt19937_64& rng, int bits, int64_t D) {
   auto ri = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   QuantArgs q;
-  q.bits = bits;
-  q.block_size = (D % 16 == 0 && ri(0, 1)) ? 16 : 8;
-  q.centroids = int(ri(1, 8));
-  q.stages = int(ri(1, 2));
-  q.kmeans_iters = 1;
-  q.asymmetric = ri(0, 1) == 1;
+  q.enable(bits);
+  q.codec.block_size = (D % 16 == 0 && ri(0, 1)) ? 16 : 8;
+  q.codec.centroids = int(ri(1, 8));
+  q.codec.stages = int(ri(1, 2));
+  q.codec.kmeans_iters = 1;
+  q.codec.asymmetric = ri(0, 1) == 1;
   q.keep_recent_chunks = int(ri(0, 2));
   q.sink = ri(0, 3) != 0;
   q.sink_span = ri(0, 1) ? SinkSpan::Full : SinkSpan::Chunk;
@@ -585,12 +585,12 @@ QuantArgs random_quant(std::mt19937_64& rng, int bits, int64_t D) {
     if (q.refine_recent < 0) q.refine_recent = 0;
     q.refine_bits = ri(0, 1) ? 4 : 2;
   }
-  q.scaling = ri(0, 1) ? Scaling::Compat : Scaling::TwoLevel;
-  q.scale_dtype = ri(0, 2) == 0 ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
+  q.codec.scaling = ri(0, 1) ? Scaling::Compat : Scaling::TwoLevel;
+  q.codec.scale_dtype = ri(0, 2) == 0 ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
   const Init inits[] = {Init::Random, Init::KMeansPlusPlus, Init::Warm};
-  q.init = inits[ri(0, 2)];
-  q.seed = uint64_t(ri(0, 1 << 20));
-  q.threads = 1;
+  q.codec.init = inits[ri(0, 2)];
+  q.codec.seed = uint64_t(ri(0, 1 << 20));
+  q.codec.threads = 1;
   return q;
 }
 

@@ -32,20 +32,23 @@ CacheOptions small_cache_options() {
 
 QuantArgs small_quant() {
   QuantArgs q;
-  q.bits = 4;
-  q.block_size = 8;
-  q.centroids = 4;
-  q.stages = 2;
-  q.kmeans_iters = 2;
+  q.enable(4);
+  q.codec.block_size = 8;
+  q.codec.centroids = 4;
+  q.codec.stages = 2;
+  q.codec.kmeans_iters = 2;
   q.keep_recent_chunks = 0;
-  q.init = Init::Warm;
-  q.threads = 1;
+  q.codec.init = Init::Warm;
+  q.codec.threads = 1;
   return q;
 }
 
 PackedCausalCache small_packed_cache(std::optional<int> bits) {
   QuantArgs q = small_quant();
-  q.bits = bits;
+  if (bits)
+    q.enable(*bits);
+  else
+    q.quantize = false;
   PackedCausalCache c(small_cache_options(), q);
   for (int64_t i = 0; i < 4; ++i) c.update(lcg_kv(4, uint64_t(2 * i)), lcg_kv(4, uint64_t(2 * i + 1)), 4 * i);
   return c;

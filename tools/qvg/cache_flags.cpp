@@ -11,7 +11,7 @@ namespace qvg::cli {
 void add_cache_flags(CLI::App& cmd, CacheFlags& f, std::string_view no_sink_help,
                      std::span<const std::string_view> skip) {
   for (const Setting& s : quant_settings()) {
-    if (s.cli.empty() || std::find(skip.begin(), skip.end(), s.name) != skip.end()) continue;
+    if (s.codec_row() || s.cli.empty() || std::find(skip.begin(), skip.end(), s.name) != skip.end()) continue;
     const std::string key(s.name);
     auto* o = cmd.add_option_function<std::string>(
         std::string(s.cli), [&f, key](const std::string& v) { f.given[key] = v; }, std::string(s.cli_help));
@@ -33,7 +33,7 @@ void apply_cache_flags(const CacheFlags& f, const ModelPreset& preset, QuantArgs
       return 0;
     });
   for (const Setting& s : quant_settings())
-    if (!s.cli.empty()) s.set(q, s.get(d));
+    if (!s.codec_row() && !s.cli.empty()) s.set(q, s.get(d));
   for (const auto& [key, text] : f.given) {
     const Setting& s = *find_setting(key);
     const SettingValue v = parse_setting(s, text, s.cli);

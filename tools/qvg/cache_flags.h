@@ -1,6 +1,6 @@
 // tools/qvg/cache_flags.h — the packed-cache policy flags of `simulate` and `memory`:
-// every row of the settings table (qvg/settings.h) with a CLI flag (Setting::cli),
-// plus --no-sink. Registered and read from the table: one
+// every cache-policy row of the settings table (qvg/settings.h) with a CLI flag
+// (Setting::cli; the codec rows' flags are codec_flags.h's), plus --no-sink. Registered and read from the table: one
 // rule (the engine flags' parser and ranges) for every command; a new policy setting
 // is a row of the table.
 #pragma once

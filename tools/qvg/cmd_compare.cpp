@@ -103,9 +103,7 @@ void check_flag_combinations(const CompareOptions& o, const CLI::App& cmd) {
 }
 
 void run_compare(const CompareOptions& o) {
-  check_codec_flags(o.cfg);
-  if (o.cfg.bits != 2 && o.cfg.bits != 4)
-    throw InvalidArgument(fmt::format("--bits must be 2 or 4, got {}", o.cfg.bits));
+  check_codec_flags(o.cfg);  // a width of qvg/code_format.h: the baselines take any
   CompareConfig c;
   c.model = o.workload.model;
   find_model_preset(o.workload.model);
@@ -139,7 +137,9 @@ void register_compare(CLI::App& root) {
             "chunks of context quantized together (default: the fewest holding 64 x centroids tokens)", "N");
   add_scoring_flags(*cmd, o->scoring, "layers scored, spread evenly over the model",
                     "score every N-th query of the next chunk");
-  add_stream_codec_flags(*cmd, o->cfg);
+  // The codec flags but --seed (the video's: --codec-seed is the codec's).
+  static constexpr std::string_view kOwnFlags[] = {"seed"};
+  add_codec_flags(*cmd, o->cfg, {CodecDefaults::Stream, false, kOwnFlags});
   add_video_seed_flag(*cmd, o->workload);
   add_value(*cmd, "--span-mode", o->spans,
             "how qvg encodes the context's chunks: deferred (one span, one codebook trained on all) | incremental "

@@ -24,6 +24,7 @@
 
 #include "cache_flags.h"
 #include "cli_util.h"
+#include "codec_flags.h"
 #include "command.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
@@ -38,20 +39,12 @@ namespace {
 
 struct MemoryOptions {
   std::string model;
-  std::string bits = "2";
   std::optional<std::string> frames;
-  std::string centroids = "128";
-  std::string block_size = "64";
-  std::string stages = "1";
+  CodecConfig codec;  // the codec flags (the profile's values where not given: add_profile_flag)
   CacheFlags cache;
-  bool asymmetric = false;
-  std::string scale_dtype = "fp8_e4m3";
-  std::string scaling = "two_level";
-  std::string scale_search = "off";
-  std::optional<std::string> profile;
   std::string k_config, v_config;  // per-role codec settings (field=value,...)
   bool json = false;
-  CLI::App* cmd = nullptr;  // to tell which flags were given (explicit flags override --profile)
+  CLI::App* cmd = nullptr;  // to read --profile (its per-role and policy settings)
 };
 
 using sim::grouped;
@@ -77,30 +70,14 @@ std::string describe_layout(const std::vector<SegmentSize>& segs) {
 
 QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
   QuantArgs a;
-  // The profile first; a flag given on the command line overrides it (any order).
-  if (o.profile)
-    named("--profile", [&] {
-      a.apply_profile(*o.profile);
-      return 0;
-    });
-  auto given = [&](const char* flag) {
-    if (!o.profile || o.cmd == nullptr) return true;
-    const CLI::Option* opt = o.cmd->get_option_no_throw(flag);
-    return opt != nullptr && opt->count() > 0;
-  };
-  // The codec: the profile's (which sets bits), else the defaults; then the flags given.
-  CodecConfig c = o.profile ? a.codec() : CodecConfig{};
-  if (given("--bits")) c.bits = parse_width_flag("--bits", o.bits);
-  apply_cache_flags(o.cache, p, a, o.profile);
-  if (given("--centroids")) c.centroids = int(parse_int_flag("--centroids", o.centroids, 1, 256));
-  if (given("--block-size")) c.block_size = int(parse_int_flag("--block-size", o.block_size, 1, 65536));
-  if (given("--stages")) c.stages = int(parse_int_flag("--stages", o.stages, 1, 64));
-  if (given("--asymmetric")) c.asymmetric = o.asymmetric;
-  if (given("--scale-dtype")) c.scale_dtype = named("--scale-dtype", [&] { return parse_scale_dtype(o.scale_dtype); });
-  if (given("--scaling")) c.scaling = named("--scaling", [&] { return parse_scaling(o.scaling); });
-  if (given("--scale-search"))
-    c.scale_search = named("--scale-search", [&] { return parse_scale_search(o.scale_search); });
-  a.set_codec(c);
+  // The profile first (its per-role settings); the codec flags given override its codec
+  // (add_profile_flag), and the policy flags its policy (apply_cache_flags).
+  const std::optional<std::string> profile = o.cmd ? given_profile(*o.cmd) : std::nullopt;
+  if (profile) a.apply_profile(*profile);  // a valid name: add_profile_flag checked it
+  check_codec_flags(o.codec);
+  a.codec = o.codec;
+  a.quantize = true;
+  apply_cache_flags(o.cache, p, a, profile);
   if (!o.k_config.empty()) a.k = parse_role_codec(o.k_config, "--k-config");
   if (!o.v_config.empty()) a.v = parse_role_codec(o.v_config, "--v-config");
   a.validate_for_head_dim(p.head_dim);
@@ -134,7 +111,7 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
   fmt::print("  context  {} frames = {} tokens{}, {}; window = context + 1 chunk = {} tokens\n", ctx_frames,
              grouped(s.context_tokens), frames_overridden ? " (--frames)" : assumed_mark(as.context), sink,
              grouped(s.cache_tokens()));
-  const CodecConfig c = a.codec();
+  const CodecConfig c = a.codec;
   fmt::print("  codec    int{}, {} centroids, block {}, {} stage{}, {} scales, {} scaling, {}{}\n", c.bits,
              c.centroids, c.block_size, c.stages, c.stages == 1 ? "" : "s", name(c.scale_dtype), name(c.scaling),
              c.asymmetric ? "asymmetric" : "symmetric", c.scale_search == ScaleSearch::Mse ? ", scale search mse" : "");
@@ -198,8 +175,8 @@ void run_memory(const MemoryOptions& o) {
     j["model"] = p.name;
     j["layers"] = shape.layers;
     j["context_frames"] = shape.context_tokens / p.tokens_per_frame();
-    j["bits"] = r.args.codec().bits;
-    j["centroids"] = r.args.codec().centroids;
+    j["bits"] = r.args.codec.bits;
+    j["centroids"] = r.args.codec.centroids;
     j["per_layer_bf16_mib"] = to_mib(r.raw_context_bytes);
     j["per_layer_packed_mib"] = to_mib(r.packed_context_bytes);
     j["total_bf16_mib"] = to_mib(r.total(r.raw_context_bytes));
@@ -230,24 +207,12 @@ void register_memory(CLI::App& root) {
       "memory", "Exact K/V cache memory of a model preset: bf16 vs packed (spec 1.5), and the packed cache's peak");
   o->cmd = cmd;
   add_model_flag(*cmd, o->model)->required();
-  add_value(*cmd, "--bits", o->bits,
-            "residual code width: 2 or 4 (default 2 with 128 centroids: the engine's defaults, a cache built with "
-            "kv_cache_quant=int2)",
-            "INT");
   add_value(*cmd, "--frames", o->frames, "context length in frames (default: the preset's)", "INT");
-  add_value(*cmd, "--centroids", o->centroids, "k-means codebook size: 1..256 (default 128, the engine's)", "INT");
-  add_value(*cmd, "--block-size", o->block_size, "channels per residual scale", "INT");
-  add_value(*cmd, "--stages", o->stages, "k-means stages", "INT");
+  // The codec flags but those memory does not model (the encoder's choices, --threads).
+  static constexpr std::string_view kNotModelled[] = {"kmeans_iters", "init", "seed", "threads"};
+  add_codec_flags(*cmd, o->codec, {CodecDefaults::Engine, true, kNotModelled});
   // The policy flags of the settings table but those the model does not take.
   add_cache_flags(*cmd, o->cache, "keep the sink chunks raw (sink = false)", kSettingsNotModelled);
-  cmd->add_flag("--asymmetric", o->asymmetric, "min/max + zero point per block");
-  add_value(*cmd, "--scale-dtype", o->scale_dtype, "fp8_e4m3 | bf16", "NAME");
-  add_value(*cmd, "--scaling", o->scaling, "two_level | compat", "NAME");
-  add_value(*cmd, "--scale-search", o->scale_search, "off | mse (the encoder's choice; no change in bytes)", "NAME");
-  add_value(*cmd, "--profile", o->profile,
-            "settings by name: reference | hq (docs/quality.md) | recommended (hq's codec with V's scale search "
-            "off, and a cache policy, docs/quality.md); explicit flags override it",
-            "NAME");
   add_value(*cmd, "--k-config", o->k_config,
             "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "
             "iters, asymmetric, scale_dtype, scaling, scale_search)",

@@ -27,6 +27,7 @@
 #include "cli_util.h"
 #include "codec_flags.h"
 #include "command.h"
+#include "qvg/code_format.h"
 #include "qvg/error.h"
 #include "qvg/error_sums.h"
 #include "qvg/simulate.h"
@@ -48,7 +49,6 @@ struct SimulateOptions {
   std::string step_noise = "0.05";
   bool attention_every_step = false;
   std::string bits = "2";
-  std::string init = "random";
   std::string k_config, v_config;  // per-role codec settings (field=value,...)
   std::string codec_seed = "1234";
   CacheFlags cache{default_packed_config().quant, {}, false};  // the library's policy defaults (docs/spans.md)
@@ -60,20 +60,22 @@ struct SimulateOptions {
   const CLI::App* cmd = nullptr;  // to read --profile (its policy settings: apply_cache_flags)
 };
 
-/// "2" | "4" | "2,4" | "4,2" -> [2] ...
+/// "2" | "4" | "2,4" | "4,2" -> [2] ...: widths of qvg/code_format.h, each once.
 std::vector<int> parse_bits_list(const std::string& v) {
   std::vector<int> out;
   std::stringstream ss(v);
   std::string item;
+  const auto bad = [&] {
+    return InvalidArgument(fmt::format("--bits must be {} or a list like 2,4, got '{}'", known_code_widths(), v));
+  };
   while (std::getline(ss, item, ',')) {
     const int64_t b = parse_int_flag("--bits", item, 0, 64);
-    if (b != 2 && b != 4) throw InvalidArgument(fmt::format("--bits must be 2, 4 or a list like 2,4, got '{}'", v));
+    if (find_code_format(int(b)) == nullptr) throw bad();
     if (std::find(out.begin(), out.end(), int(b)) != out.end())
       throw InvalidArgument(fmt::format("--bits lists {} twice: '{}'", b, v));
     out.push_back(int(b));
   }
-  if (out.empty() || v.back() == ',')
-    throw InvalidArgument(fmt::format("--bits must be 2, 4 or a list like 2,4, got '{}'", v));
+  if (out.empty() || v.back() == ',') throw bad();
   return out;
 }
 
@@ -98,9 +100,8 @@ SimulationConfig build_config(const SimulateOptions& o) {
   check_threads("--threads", c.threads);
 
   // The codec flags (the profile's values where not given: add_profile_flag), with
-  // simulate's own --init (it accepts warm) and --codec-seed; bits per configuration.
+  // --codec-seed; bits per configuration.
   CodecConfig codec = o.cfg;
-  codec.init = named("--init", [&] { return parse_init(o.init); });
   QuantArgs q;
   // The profile's per-role settings (if any) unless --k-config / --v-config replace them.
   const std::optional<std::string> profile = o.cmd ? given_profile(*o.cmd) : std::nullopt;
@@ -109,9 +110,6 @@ SimulationConfig build_config(const SimulateOptions& o) {
     p.apply_profile(*profile);  // a valid name: add_profile_flag checked it
     q.k = p.k;
     q.v = p.v;
-    // The profile's init unless --init is given.
-    const CLI::Option* init = o.cmd->get_option_no_throw("--init");
-    if (init == nullptr || init->count() == 0) codec.init = p.codec().init;
   }
   if (!o.k_config.empty()) q.k = parse_role_codec(o.k_config, "--k-config");
   if (!o.v_config.empty()) q.v = parse_role_codec(o.v_config, "--v-config");
@@ -120,18 +118,16 @@ SimulationConfig build_config(const SimulateOptions& o) {
   c.packed.clear();  // replace the library's default configuration
   if (o.engine_baseline) {
     PackedConfig e = engine_default_packed_config(preset);
-    CodecConfig engine = e.quant.codec();  // the engine's codec with this run's seed and threads
-    engine.seed = codec.seed;
-    engine.threads = codec.threads;
-    e.quant.set_codec(engine);
+    e.quant.codec.seed = codec.seed;  // the engine's codec with this run's seed and threads
+    e.quant.codec.threads = codec.threads;
     c.packed.push_back(e);
   }
   for (int b : parse_bits_list(o.bits)) {
     PackedConfig pc;
     pc.label = profile ? fmt::format("{} int{}", *profile, b) : fmt::format("int{}", b);
     pc.quant = q;
-    codec.bits = b;
-    pc.quant.set_codec(codec);
+    pc.quant.codec = codec;
+    pc.quant.enable(b);
     c.packed.push_back(pc);
   }
   c.validate();
@@ -249,17 +245,16 @@ void register_simulate(CLI::App& root) {
   cmd->add_flag("--attention-every-step", o->attention_every_step,
                 "score attention at every denoising step (default: the last, clean step)");
 
-  add_stream_codec_flags(*cmd, o->cfg);
-  // Replace the codec flags that mean something else here.
-  cmd->remove_option(cmd->get_option("--bits"));
-  cmd->remove_option(cmd->get_option("--init"));
+  // The codec flags but --bits (a list here) and --seed (the video's: --codec-seed is
+  // the codec's); a cache, so init=warm is accepted.
+  static constexpr std::string_view kOwnFlags[] = {"bits", "seed"};
+  add_codec_flags(*cmd, o->cfg, {CodecDefaults::Stream, true, kOwnFlags});
   add_value(*cmd, "--bits", o->bits,
-            "residual code width: 2, 4, or a list (2,4) to stream several packed caches (default 2: the published "
-            "QVG runs' width, which this workload reproduces; encode and eval default to 4)",
+            fmt::format("residual code width: {}, or a list (2,4) to stream several packed caches (default 2: the "
+                        "published QVG runs' width, which this workload reproduces; encode and eval default to 4)",
+                        known_code_widths()),
             "LIST");
   add_video_seed_flag(*cmd, o->workload);
-  add_value(*cmd, "--init", o->init, "k-means initialisation: random | kmeans++ | warm (previous span's codebook)",
-            "NAME");
   add_codec_seed_flag(*cmd, o->codec_seed);
   add_value(*cmd, "--k-config", o->k_config,
             "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "

@@ -1,99 +1,132 @@
 // The shared codec flags (see codec_flags.h).
 #include "codec_flags.h"
 
+#include <algorithm>
 #include <charconv>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/core.h>
 
 #include "qvg/codec.h"
 #include "qvg/error.h"
+#include "qvg/settings.h"
+#include "qvg/simulate.h"
 
 namespace qvg::cli {
 
 namespace {
 
-uint64_t parse_u64_flag(const char* flag, const std::string& value) {
-  uint64_t v = 0;
-  const char* end = value.data() + value.size();
-  const auto [p, ec] = std::from_chars(value.data(), end, v);
-  if (value.empty() || ec != std::errc() || p != end)
-    throw InvalidArgument(fmt::format("{} must be an unsigned 64-bit integer, got '{}'", flag, value));
-  return v;
-}
-
-// An integer flag bound to `target`. Only "is it an int" is checked here; the
-// ranges are CodecConfig::validate's (one place, one message per field).
-void add_int(CLI::App& cmd, const char* flag, int& target, const std::string& help) {
+// --threads (how a call runs, not a setting of the table). Only "is it an int" is
+// checked here; the range is CodecConfig::validate's (one place, one message).
+void add_threads(CLI::App& cmd, int& target) {
   cmd.add_option_function<std::string>(
-         flag,
-         [flag, &target](const std::string& v) {
+         "--threads",
+         [&target](const std::string& v) {
            int x = 0;
            const char* end = v.data() + v.size();
            const auto [p, ec] = std::from_chars(v.data(), end, x);
            if (ec == std::errc::result_out_of_range)
-             throw InvalidArgument(fmt::format("{} is out of range, got '{}'", flag, v));
+             throw InvalidArgument(fmt::format("--threads is out of range, got '{}'", v));
            if (v.empty() || ec != std::errc() || p != end)
-             throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", flag, v));
+             throw InvalidArgument(fmt::format("--threads must be an integer, got '{}'", v));
            target = x;
          },
-         help)
+         "worker threads (0 = all cores); never changes bytes")
       ->type_name("INT")
       ->default_str(std::to_string(target));
 }
 
-// A flag naming an enum value, bound to `target` and read with `parse` (the enum's own
-// parser: one list of names and one message); the default shown is the target's name.
-template <class E, class Parse>
-void add_named(CLI::App& cmd, const char* flag, E& target, Parse parse, const std::string& help) {
-  cmd.add_option_function<std::string>(
-         flag, [flag, &target, parse](const std::string& v) { target = named(flag, [&] { return parse(v); }); }, help)
-      ->type_name("NAME")
-      ->default_str(std::string(name(target)));
+// The groups of commands with their own defaults, and why (issue 39, item 4).
+struct Group {
+  CodecDefaults which;
+  std::vector<std::string_view> commands;
+  std::string_view why;
+};
+const std::vector<Group>& groups() {
+  static const std::vector<Group> g = {
+      {CodecDefaults::TensorFile, {"encode", "eval"}, "spec 1's, for a tensor file (the finer width)"},
+      {CodecDefaults::Stream, {"simulate", "compare"}, "the published QVG runs', which these workloads reproduce"},
+      {CodecDefaults::Engine, {"memory"}, "the engine's defaults, a cache built with kv_cache_quant=int2"}};
+  return g;
+}
+
+// "a", "a and b", "a, b and c".
+std::string listed(const std::vector<std::string_view>& v) {
+  std::string o;
+  for (size_t i = 0; i < v.size(); ++i) o += fmt::format("{}{}", i == 0 ? "" : i + 1 == v.size() ? " and " : ", ", v[i]);
+  return o;
+}
+
+// The row's help, with the group's default and the other groups' where they differ:
+// "... (default 4: spec 1's, for a tensor file; simulate, compare and memory default to 2)".
+std::string help_of(const Setting& s, CodecDefaults which) {
+  const SettingValue mine = get_codec_field(s, codec_defaults(which));
+  std::vector<std::pair<std::string, std::vector<std::string_view>>> others;  // value -> commands
+  std::string_view why;
+  for (const Group& g : groups()) {
+    if (g.which == which) {
+      why = g.why;
+      continue;
+    }
+    const std::string v = setting_text(get_codec_field(s, codec_defaults(g.which)));
+    if (v == setting_text(mine)) continue;
+    auto it = std::find_if(others.begin(), others.end(), [&](const auto& o) { return o.first == v; });
+    if (it == others.end()) it = others.insert(others.end(), {v, {}});
+    it->second.insert(it->second.end(), g.commands.begin(), g.commands.end());
+  }
+  std::string h(s.cli_help);
+  if (others.empty()) return h;
+  h += fmt::format(" (default {}: {}", setting_text(mine), why);
+  for (const auto& [v, commands] : others) h += fmt::format("; {} default to {}", listed(commands), v);
+  return h + ")";
+}
+
+bool skipped(const CodecFlagsOf& how, std::string_view name) {
+  return std::find(how.skip.begin(), how.skip.end(), name) != how.skip.end();
 }
 
 }  // namespace
 
-void add_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
-  cfg = CodecConfig{};
-  cfg.bits = 4;
-  add_int(cmd, "--bits", cfg.bits,
-          "residual code width: 2 or 4 (default 4 for a tensor file, the finer width; simulate, compare and memory "
-          "default to 2, the width of the engine's int2 mode and of the published runs)");
-  add_int(cmd, "--centroids", cfg.centroids,
-          "k-means codebook size per stage and group: 1..256 (default 128, spec 1 and the engine's; simulate and "
-          "compare default to 256, the published runs')");
-  add_int(cmd, "--block-size", cfg.block_size,
-          "channels sharing one residual scale; divides head_dim, multiple of 8/bits");
-  add_int(cmd, "--stages", cfg.stages, "k-means (progressive residual) stages: >= 1");
-  add_int(cmd, "--iters", cfg.kmeans_iters, "Lloyd iterations per stage: >= 1");
-  cmd.add_flag("--asymmetric", cfg.asymmetric, "min/max + zero point per block instead of absmax");
-  add_named(cmd, "--scale-dtype", cfg.scale_dtype, parse_scale_dtype,
-            "storage of block scales and zeros: fp8_e4m3 (or fp8) | bf16");
-  add_named(cmd, "--scaling", cfg.scaling, parse_scaling,
-            "two_level (fp32 factor per group) | compat (the QVG Triton layout)");
-  add_named(cmd, "--scale-search", cfg.scale_search, parse_scale_search,
-            "the encoder's choice of each block's stored scale: off (the block maximum, spec 1.2) | mse (the "
-            "least-squared-error candidate among shrunk ranges; same stored form, docs/quality.md)");
-  cmd.add_option_function<std::string>(
-         "--init",
-         [&cfg](const std::string& v) {
-           if (v == "warm")
-             throw InvalidArgument(
-                 "--init must be random or kmeans++, got 'warm' (warm starts need the previous "
-                 "segment of a cache)");
-           cfg.init = named("--init", [&] { return parse_init(v); });
-         },
-         "k-means initialisation: random | kmeans++")
-      ->type_name("NAME")
-      ->default_str("random");
-  cmd.add_option_function<std::string>(
-         "--seed", [&cfg](const std::string& v) { cfg.seed = parse_u64_flag("--seed", v); },
-         "seed every random choice derives from")
-      ->type_name("UINT")
-      ->default_str(std::to_string(cfg.seed));
-  add_int(cmd, "--threads", cfg.threads, "worker threads (0 = all cores); never changes bytes");
+CodecConfig codec_defaults(CodecDefaults which) {
+  switch (which) {
+    case CodecDefaults::Stream: return default_packed_config().quant.codec;
+    case CodecDefaults::Engine: return QuantArgs::from_flags({{"kv_cache_quant", "int2"}}).codec;
+    case CodecDefaults::TensorFile: break;
+  }
+  return CodecConfig{};
+}
+
+void add_codec_flags(CLI::App& cmd, CodecConfig& cfg, const CodecFlagsOf& how) {
+  cfg = codec_defaults(how.defaults);
+  // One flag per shared codec row with a CLI name, read by the table's parser.
+  for (const Setting& s : quant_settings()) {
+    if (!s.codec_row() || s.role || s.cli.empty() || skipped(how, s.name)) continue;
+    const std::string flag(s.cli), help = help_of(s, how.defaults);
+    if (s.kind == SettingKind::Bool) {
+      cmd.add_flag(flag, cfg.*std::get<bool CodecConfig::*>(s.field), help);
+      continue;
+    }
+    const bool cache = how.cache;
+    auto* o = cmd.add_option_function<std::string>(
+        flag,
+        [&cfg, &s, flag, cache](const std::string& text) {
+          // A name's message is its enum's (naming the field): prefixed with the flag.
+          const SettingValue v = s.kind == SettingKind::Name ? named(flag.c_str(), [&] { return parse_setting(s, text, flag); })
+                                                             : parse_setting(s, text, flag);
+          if (!cache && !s.cache_only.empty() && v == SettingValue(std::string(s.cache_only)))
+            throw InvalidArgument(fmt::format(
+                "{} must not be {} here, got '{}' ({} needs the previous segment of a cache; this command has none)",
+                flag, s.cache_only, text, s.cache_only));
+          set_codec_field(s, cfg, v);
+        },
+        help);
+    o->type_name(s.kind == SettingKind::Name ? "NAME" : s.kind == SettingKind::Seed ? "UINT" : "INT");
+    o->default_str(setting_text(get_codec_field(s, cfg)));
+  }
+  if (!skipped(how, "threads")) add_threads(cmd, cfg.threads);
   add_profile_flag(cmd, cfg);
 }
 
@@ -105,7 +138,7 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
                  "cache policy where the command has one, docs/quality.md); explicit flags override it, whatever their "
                  "order")
       ->type_name("NAME");
-  // After parsing: the profile's value for every codec field whose flag was not given.
+  // After parsing: the profile's value for every codec setting whose flag was not given.
   cmd.parse_complete_callback([&cmd, &cfg, profile] {
     // Not given: nothing to apply. Given, even as '' (issue 27, item 13): a name that
     // apply_profile accepts, or its error, as from the engine's flags.
@@ -115,21 +148,12 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
       q.apply_profile(*profile);
       return 0;
     });
-    const CodecConfig p = q.codec(CacheRole::Key);
-    auto given = [&cmd](const char* flag) {
-      const CLI::Option* o = cmd.get_option_no_throw(flag);
-      return o != nullptr && o->count() > 0;
-    };
-    if (!given("--bits")) cfg.bits = p.bits;
-    if (!given("--centroids")) cfg.centroids = p.centroids;
-    if (!given("--block-size")) cfg.block_size = p.block_size;
-    if (!given("--stages")) cfg.stages = p.stages;
-    if (!given("--iters")) cfg.kmeans_iters = p.kmeans_iters;
-    if (!given("--asymmetric")) cfg.asymmetric = p.asymmetric;
-    if (!given("--scale-dtype")) cfg.scale_dtype = p.scale_dtype;
-    if (!given("--scaling")) cfg.scaling = p.scaling;
-    if (!given("--scale-search")) cfg.scale_search = p.scale_search;
-    if (!given("--init")) cfg.init = p.init;
+    const CodecConfig p = q.codec_for(CacheRole::Key);
+    for (const Setting& s : quant_settings()) {
+      if (!s.codec_row() || s.role || s.cli.empty()) continue;
+      const CLI::Option* o = cmd.get_option_no_throw(std::string(s.cli));
+      if (o != nullptr && o->count() == 0) copy_codec_field(s, p, cfg);
+    }
   });
 }
 
@@ -137,22 +161,6 @@ std::optional<std::string> given_profile(const CLI::App& cmd) {
   const CLI::Option* o = cmd.get_option_no_throw("--profile");
   if (o == nullptr || o->count() == 0) return std::nullopt;
   return o->as<std::string>();
-}
-
-void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg) {
-  add_codec_flags(cmd, cfg);
-  cmd.remove_option(cmd.get_option("--seed"));
-  cfg.bits = 2;
-  cfg.centroids = 256;
-  // The published QVG configuration these workloads reproduce (default_packed_config).
-  cmd.get_option("--bits")->default_str("2")->description(
-      "residual code width: 2 or 4 (default 2: the published QVG runs' width, which these workloads reproduce; "
-      "encode and eval default to 4)");
-  cmd.get_option("--centroids")
-      ->default_str("256")
-      ->description(
-          "k-means codebook size per stage and group: 1..256 (default 256: the published QVG runs'; encode, eval "
-          "and memory default to 128, spec 1 and the engine's)");
 }
 
 CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed) {

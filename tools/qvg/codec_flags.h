@@ -1,17 +1,25 @@
-// tools/qvg/codec_flags.h — the codec flags shared by `encode`, `eval` and later
-// commands: --bits --centroids --block-size --stages --iters --asymmetric
-// --scale-dtype --scaling --init --seed --threads.
+// tools/qvg/codec_flags.h — the codec flags shared by `encode`, `eval`, `simulate`,
+// `compare` and `memory`: one flag per shared codec row of the settings table
+// (qvg/settings.h: Setting::cli, e.g. --bits --centroids --block-size --stages --iters
+// --asymmetric --scaling --scale-dtype --init --seed --scale-search), plus --threads
+// and --profile. Registered, read and explained from the table: a new codec setting is
+// a row, not a flag here.
 //
-// Defaults are those of spec section 1, with --bits 4. Values are parsed while the
-// command line is parsed, into the CodecConfig given to add_codec_flags (which must
-// outlive the CLI::App). A malformed value (not an integer, a name outside its set)
-// throws qvg::InvalidArgument naming the flag, the value and what is allowed; range
-// checks that need the data (block size vs head_dim) run in check_codec_flags.
+// Defaults are those of the command's group (CodecDefaults; the help says each
+// group's default and why they differ). Values are parsed while the command line is
+// parsed, into the CodecConfig given to add_codec_flags (which must outlive the
+// CLI::App), by the table's one parser (parse_setting): a malformed value (not an
+// integer, a name outside its set, a width without a code format) throws
+// qvg::InvalidArgument naming the flag, the value and what is allowed; range checks
+// run in check_codec_flags (those that need the data, block size vs head_dim, once the
+// input is read).
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -21,23 +29,39 @@
 
 namespace qvg::cli {
 
-/// Adds the codec flags to `cmd`, writing into `cfg` (reset to the defaults here).
-void add_codec_flags(CLI::App& cmd, CodecConfig& cfg);
+/// The groups of commands with their own codec defaults (issue 39, item 4).
+enum class CodecDefaults : uint8_t {
+  TensorFile,  ///< encode, eval: spec 1's (CodecConfig{}), the finer 4-bit width for a tensor file
+  Stream,      ///< simulate, compare: the published QVG runs' (default_packed_config()), which they reproduce
+  Engine,      ///< memory: the engine's (a cache built with kv_cache_quant=int2)
+};
+
+/// Which codec flags a command has and how they read.
+struct CodecFlagsOf {
+  CodecDefaults defaults = CodecDefaults::TensorFile;
+  /// The command runs a cache: a value that needs one (Setting::cache_only, init=warm)
+  /// is accepted; the others refuse it naming the flag.
+  bool cache = false;
+  /// The settings (rows' names, or "threads") without a flag here.
+  std::span<const std::string_view> skip = {};
+};
+
+/// The codec defaults of a group of commands.
+CodecConfig codec_defaults(CodecDefaults which);
+
+/// Adds the codec flags and --profile to `cmd`, writing into `cfg` (reset to the
+/// group's defaults here).
+void add_codec_flags(CLI::App& cmd, CodecConfig& cfg, const CodecFlagsOf& how = {});
 
 /// Adds `--profile NAME` (QuantArgs::apply_profile: reference | hq | recommended); once
-/// the command line is parsed, every codec field of cfg whose flag was not given takes
-/// the profile's value, so explicit flags override the profile whatever their order.
-/// add_codec_flags calls it. The profile's policy settings (recommended's) are the
-/// caller's to apply: apply_cache_flags with given_profile(cmd).
+/// the command line is parsed, every codec setting of cfg with a flag that was not given
+/// takes the profile's value (of K's codec), so explicit flags override the profile
+/// whatever their order. add_codec_flags calls it. The profile's policy settings
+/// (recommended's) are the caller's to apply: apply_cache_flags with given_profile(cmd).
 void add_profile_flag(CLI::App& cmd, CodecConfig& cfg);
 
 /// The name given to cmd's `--profile` (after parsing), or nullopt when it was not given.
 std::optional<std::string> given_profile(const CLI::App& cmd);
-
-/// add_codec_flags for the commands that stream a workload (simulate, compare): the
-/// published QVG configuration's defaults (--bits 2, --centroids 256), and no --seed
-/// (theirs names the workload's video; add_codec_seed_flag adds the codec's).
-void add_stream_codec_flags(CLI::App& cmd, CodecConfig& cfg);
 
 /// Adds `--codec-seed UINT` (the codec's seed as text; parse with parse_seed_flag).
 CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed);

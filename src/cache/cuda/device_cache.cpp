@@ -88,8 +88,8 @@ struct PackedCausalCache::Impl {
   Impl(const CacheOptions& o, const QuantArgs& q, Allocator& a)
       : opt(o), quant(q), alloc(&a), esz(dtype_size(o.dtype)), pol(o, q) {
     if (q.enabled()) {
-      codec_k = q.codec(CacheRole::Key);
-      codec_v = q.codec(CacheRole::Value);
+      codec_k = q.codec_for(CacheRole::Key);
+      codec_v = q.codec_for(CacheRole::Value);
       codec_k.head_offset = codec_v.head_offset = o.head_offset;  // a head shard draws the wide cache's PRNG streams
     }
   }
@@ -229,7 +229,7 @@ struct PackedCausalCache::Impl {
       DeviceDecodeTask t{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book};
       decode_ranges({t}, s);
       const CodecConfig& c = codec(is_k);
-      CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.threads);
+      CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.codec.threads);
       rc.head_offset = c.head_offset;
       const ConstTensorView x = raw_view(raw, is_k);
       (is_k ? d.k_ref : d.v_ref) = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc, s, *alloc);
