@@ -8,13 +8,19 @@
 //     refused), so the CLI and the binding, which read the table, agree with it;
 //   * one text parser on every surface (issue 27, item 13): engine flags and
 //     k_config/v_config read booleans, integers and reals by the same rule;
-//     duplicate and empty k_config items are refused.
+//     duplicate and empty k_config items are refused;
+//   * one codec struct (issue 36, item 2): the codec rows read and write CodecConfig
+//     members, RoleCodec is a CodecConfig plus a mask of the rows overridden, and the
+//     overrides, equality, the profiles and the CLI walk the table;
+//   * every width surface accepts exactly the widths of qvg/code_format.h (int3, qvg's
+//     extension, included) and lists them in its messages.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "qvg/cache.h"
+#include "qvg/code_format.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
 #include "support/snapshot_fixtures.h"
@@ -241,6 +247,167 @@ TEST(Settings, AMisspeltFlagIsRefusedNamingTheNearestSetting) {
   EXPECT_GT(rows, 30);
   EXPECT_NO_THROW((void)QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_qaunt_centroids", "64"}}));
   EXPECT_NO_THROW((void)QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"other_centriods", "64"}}));
+}
+
+// Issue 36, item 2: the codec's fields are CodecConfig's alone; the table's codec rows
+// name its members, a per-role row reads and writes the role's RoleCodec::values plus
+// its bit of RoleCodec::overridden, and the overrides apply by walking the table.
+TEST(Settings, TheCodecRowsAreMembersOfOneCodecConfig) {
+  std::vector<CodecField> shared;
+  for (const Setting& s : quant_settings()) {
+    if (!s.codec_row() || s.role) continue;
+    for (const CodecField& f : shared) EXPECT_FALSE(f == s.field) << s.name << ": a member named twice";
+    shared.push_back(s.field);
+  }
+  EXPECT_EQ(shared.size(), 11u);  // every member of CodecConfig but threads and head_offset
+  for (const CacheRole role : {CacheRole::Key, CacheRole::Value}) {
+    const std::span<const Setting> rows = role_settings(role);
+    ASSERT_EQ(rows.size(), 9u);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Setting& r = rows[i];
+      EXPECT_TRUE(r.role && r.tensor == role && r.codec_row()) << r.name;
+      // The same member as the shared row of its name, the same bit in both roles.
+      const Setting* sh = find_setting(r.name.substr(2));
+      ASSERT_NE(sh, nullptr) << r.name;
+      EXPECT_TRUE(sh->field == r.field) << r.name;
+      EXPECT_EQ(RoleCodec::field_bit(r.field), 1u << i) << r.name;
+      EXPECT_TRUE(role_settings(role == CacheRole::Key ? CacheRole::Value : CacheRole::Key)[i].field == r.field);
+    }
+  }
+  // Through the table: setting a role's row sets its value and bit; none clears both.
+  QuantArgs q;
+  const Setting& kb = *find_setting("k_centroids");
+  kb.set(q, int64_t(16));
+  EXPECT_TRUE(q.k.has(&CodecConfig::centroids));
+  EXPECT_FALSE(q.k.has(&CodecConfig::bits));
+  EXPECT_EQ(q.k.values.centroids, 16);
+  EXPECT_TRUE(q.v.empty());
+  EXPECT_EQ(q.k, RoleCodec{}.set(&CodecConfig::centroids, 16));
+  EXPECT_EQ(kb.get(q), SettingValue(int64_t(16)));
+  kb.set(q, SettingValue());
+  EXPECT_TRUE(q.k.empty());
+  EXPECT_EQ(kb.get(q), SettingValue());
+  EXPECT_EQ(q.k, RoleCodec{});
+  // Equality looks at the overridden fields only.
+  RoleCodec a, b;
+  a.values.stages = 3;  // not overridden: does not count
+  EXPECT_EQ(a, b);
+  EXPECT_FALSE(a == RoleCodec{}.set(&CodecConfig::stages, 3));
+  // codec_for = the shared codec with the role's overridden fields, and only those.
+  q.enable(2);
+  q.codec.centroids = 64;
+  q.codec.seed = 9;
+  q.k.set(&CodecConfig::bits, 4).set(&CodecConfig::scaling, Scaling::Compat);
+  q.k.values.centroids = 200;  // not overridden: K keeps the shared 64
+  CodecConfig want = q.codec;
+  want.bits = 4;
+  want.scaling = Scaling::Compat;
+  EXPECT_EQ(q.codec_for(CacheRole::Key), want);
+  EXPECT_EQ(q.codec_for(CacheRole::Value), q.codec);
+  EXPECT_EQ(q.k.describe("k_"), "k_bits=4 k_scaling=compat");
+  // The bits row: none is quantization off (the width is kept for when it is on again).
+  const Setting& bits = *find_setting("bits");
+  EXPECT_EQ(bits.get(q), SettingValue(int64_t(2)));
+  bits.set(q, SettingValue());
+  EXPECT_FALSE(q.enabled());
+  EXPECT_EQ(bits.get(q), SettingValue());
+  EXPECT_EQ(q.describe(), "kv_cache_quant=off");
+  bits.set(q, int64_t(3));
+  EXPECT_TRUE(q.enabled());
+  EXPECT_EQ(q.codec.bits, 3);
+}
+
+// Issue 36: every surface accepts exactly the widths of qvg/code_format.h, from the
+// rows alone (int3 is qvg's; int2 and int4 the engine's), and names them in its messages.
+TEST(Settings, EveryWidthSurfaceTakesTheCodeFormatTable) {
+  auto error_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const CodeFormat& f : kCodeFormats) {
+    const std::string mode = f.mode, w = std::to_string(f.bits);
+    SCOPED_TRACE(mode);
+    // The engine's master flag, the per-role flags (number or mode) and refine_bits.
+    const QuantArgs q = QuantArgs::from_flags({{"kv_cache_quant", mode},
+                                               {"kv_cache_quant_k_bits", mode},
+                                               {"kv_cache_quant_v_bits", w},
+                                               {"kv_cache_quant_span_mode", "incremental"},
+                                               {"kv_cache_quant_refine_recent", "1"},
+                                               {"kv_cache_quant_refine_bits", w}});
+    EXPECT_TRUE(q.enabled());
+    EXPECT_EQ(q.codec.bits, f.bits);
+    EXPECT_EQ(q.codec_for(CacheRole::Key).bits, f.bits);
+    EXPECT_EQ(q.codec_for(CacheRole::Value).bits, f.bits);
+    EXPECT_EQ(q.refine_bits, f.bits);
+    EXPECT_EQ(q.describe().substr(0, 20), "kv_cache_quant=" + mode + " ");
+    // k_config / v_config.
+    EXPECT_EQ(parse_role_codec("bits=" + mode, "k_config").values.bits, f.bits);
+    EXPECT_EQ(parse_role_codec("bits=" + w, "k_config").values.bits, f.bits);
+    // The table's own checks.
+    for (const char* name : {"bits", "k_bits", "v_bits", "refine_bits"})
+      EXPECT_NO_THROW(check_setting(*find_setting(name), int64_t(f.bits), name)) << name;
+    // The block-size rule is the row's group.
+    QuantArgs b = q;
+    b.codec.block_size = f.group_codes * 8;
+    EXPECT_NO_THROW(b.validate());
+    if (f.group_codes > 1) {
+      b.codec.block_size = f.group_codes * 8 + 1;
+      EXPECT_NE(error_of([&] { b.validate(); }).find("block_size must be a multiple of " + std::to_string(f.group_codes)),
+                std::string::npos);
+    }
+  }
+  // Widths without a row: refused everywhere, the message listing the table's.
+  const std::string widths = known_code_widths(), modes = known_code_widths(true);
+  EXPECT_EQ(widths, "2, 3 or 4");
+  EXPECT_EQ(error_of([] { (void)QuantArgs::from_flags({{"kv_cache_quant", "int5"}}); }),
+            "kv_cache_quant must be one of off, none, bf16, " + modes + ", got 'int5'");
+  EXPECT_EQ(error_of([] { (void)QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_k_bits", "8"}}); }),
+            "kv_cache_quant_k_bits must be " + widths + " (or " + modes + "), got '8'");
+  EXPECT_EQ(error_of([] {
+              (void)QuantArgs::from_flags({{"kv_cache_quant", "int4"},
+                                           {"kv_cache_quant_span_mode", "incremental"},
+                                           {"kv_cache_quant_refine_bits", "5"}});
+            }),
+            "refine_bits must be " + widths + ", got 5");
+  EXPECT_NE(error_of([] { (void)parse_role_codec("bits=int1", "--k-config"); }).find("must be " + widths),
+            std::string::npos);
+  QuantArgs q;
+  q.enable(5);
+  EXPECT_EQ(error_of([&] { q.validate(); }), "bits must be " + widths + " (or none to disable quantization), got 5");
+  for (const char* name : {"bits", "k_bits", "refine_bits"})
+    EXPECT_THROW(check_setting(*find_setting(name), int64_t(1), name), InvalidArgument) << name;
+}
+
+// The profiles set every codec setting but the width and the seed (walking the table),
+// and leave threads alone.
+TEST(Settings, AProfileSetsEveryCodecSettingButWidthAndSeed) {
+  QuantArgs q;
+  q.enable(3);
+  q.codec.centroids = 7;
+  q.codec.block_size = 16;
+  q.codec.stages = 3;
+  q.codec.kmeans_iters = 9;
+  q.codec.scale_dtype = ScaleDType::BF16;
+  q.codec.init = Init::KMeansPlusPlus;
+  q.codec.seed = 77;
+  q.codec.threads = 2;
+  q.k.set(&CodecConfig::centroids, 5);
+  q.apply_profile("reference");
+  CodecConfig want;
+  want.bits = 3;
+  want.seed = 77;
+  want.threads = 2;
+  want.scaling = Scaling::Compat;
+  EXPECT_EQ(q.codec, want);
+  EXPECT_TRUE(q.k.empty() && q.v.empty());
+  QuantArgs off;
+  off.apply_profile("hq");
+  EXPECT_TRUE(off.enabled());
+  EXPECT_EQ(off.codec.bits, 2);  // a profile turns quantization on at the engine's int2
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ namespace qvg {
 // every value is evaluated with the other knobs at the current configuration, and the
 // one of least attention error within the budget (the reference's bits per element
 // + bpe_slack) is kept. Rounds repeat until one changes nothing (at most max_rounds).
-// Then a ladder of rates around the result (bits 2/4 x centroids 64/256), the hq
+// Then a ladder of rates around the result (every code width x centroids 64/256), the hq
 // profile and the baselines (RTN, KIVI-style, QuaRot-style at 2, 3 and 4 bits, groups
 // of 32 and 64) are evaluated. Every evaluated point is reported; the Pareto set
 // (no other point has both fewer bits and less error) is marked.

@@ -55,6 +55,7 @@
 #include "dense_binding.h"
 #include "packed_binding.h"
 #include "qvg/cache.h"
+#include "qvg/code_format.h"
 #include "qvg/codec.h"
 #include "qvg/config.h"
 #include "qvg/encoding_layout.h"
@@ -389,7 +390,8 @@ py::dict layout_dict(const qvg::EncodingLayout& l) {
 /// `quant` (bits required) -> (layout dict, {array name: raw bytes as a 1-D uint8 tensor}).
 py::tuple encode_tensor(const at::Tensor& x, const qvg::QuantArgs& quant, int64_t head_offset) {
   if (!quant.enabled())
-    throw qvg::InvalidArgument("encode needs quantization settings with bits 2 or 4, got bits None");
+    throw qvg::InvalidArgument(
+        fmt::format("encode needs quantization settings with bits {}, got bits None", qvg::known_code_widths()));
   // Issue 42, item 2: what encode() refuses by shape is refused before x is copied
   // (an expanded or strided x is copied to contiguous memory first).
   const qvg::DType dt = check_input(x, "x", at::Device(at::kCPU));

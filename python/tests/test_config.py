@@ -27,7 +27,7 @@ def test_defaults_are_spec_2():
 
 
 @pytest.mark.parametrize("mode,bits", [("off", None), ("none", None), ("bf16", None), ("int4", 4), ("int2", 2),
-                                       ("INT4", 4), (" int2 ", 2), ("None", None)])
+                                       ("INT4", 4), (" int2 ", 2), ("None", None), ("int3", 3), ("INT3", 3)])
 def test_from_dict_modes(mode, bits):
     q = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": mode})
     assert q.bits == bits and q.enabled == (bits is not None)
@@ -52,6 +52,24 @@ def test_from_dict_reads_every_flag():
         scale_search="off", k_config="", v_config="")
 
 
+def test_int3_is_accepted_on_every_width_setting():
+    """qvg's int3 (a row of qvg/code_format.h): the master flag, the per-role flags,
+    refine_bits, the dataclass fields and k_config / v_config, all from the table."""
+    q = qt.QVGKVQuantArgs.from_dict({
+        "kv_cache_quant": "int3", "kv_cache_quant_k_bits": "int3", "kv_cache_quant_v_bits": 3,
+        "kv_cache_quant_span_mode": "incremental", "kv_cache_quant_refine_recent": 2,
+        "kv_cache_quant_refine_bits": 3})
+    assert (q.bits, q.k_config, q.v_config, q.refine_bits) == (3, "bits=3", "bits=3", 3)
+    assert q.describe().startswith("kv_cache_quant=int3 ")
+    assert q.validate() is q
+    kw = dict(bits=3, centroids=16, block_size=32, span_mode="incremental", refine_recent=1, refine_bits=3,
+              k_config="bits=int3,asymmetric=true", v_config="bits=4")
+    assert qt.QVGKVQuantArgs(**kw).validate() == qt.QVGKVQuantArgs(**kw)
+    # The engine's widths keep their meaning.
+    assert qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2"}).bits == 2
+    assert qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int4"}).bits == 4
+
+
 def test_from_dict_defaults_and_strings():
     assert qt.QVGKVQuantArgs.from_dict({}) == qt.QVGKVQuantArgs()
     # Without the master flag everything is default (off), as in the engine.
@@ -63,7 +81,12 @@ def test_from_dict_defaults_and_strings():
 
 
 @pytest.mark.parametrize("flags,message", [
-    ({"kv_cache_quant": "int8"}, r"^kv_cache_quant must be one of off, none, bf16, int4, int2, got 'int8'$"),
+    ({"kv_cache_quant": "int8"}, r"^kv_cache_quant must be one of off, none, bf16, int2, int3 or int4, got 'int8'$"),
+    ({"kv_cache_quant": "3"}, r"^kv_cache_quant must be one of off, none, bf16, int2, int3 or int4, got '3'$"),
+    ({"kv_cache_quant": "int3", "kv_cache_quant_block_size": 36},
+     r"^block_size must be a multiple of 8 \(the 3-bit code group, so codes fill whole bytes\) at bits=3, got 36$"),
+    ({"kv_cache_quant_k_bits": "int5"},
+     r"^kv_cache_quant_k_bits must be 2, 3 or 4 \(or int2, int3 or int4\), got 'int5'$"),
     ({"kv_cache_quant_centroids": 0}, r"^centroids must be in 1\.\.256, got 0$"),
     ({"kv_cache_quant_centroids": 257}, r"^centroids must be in 1\.\.256, got 257$"),
     ({"kv_cache_quant_block_size": 0}, r"^block_size must be > 0, got 0$"),
@@ -81,8 +104,8 @@ def test_from_dict_defaults_and_strings():
     ({"kv_cache_quant_span_break_ratio": -1}, r"^span_break_ratio must be in \[0, 1e6\] .*got -1$"),
     ({"kv_cache_quant_refine_recent": 2},
      r"^refine_recent must be 0 unless span_mode is incremental .*got refine_recent = 2 with span_mode = deferred$"),
-    ({"kv_cache_quant_span_mode": "incremental", "kv_cache_quant_refine_recent": 1, "kv_cache_quant_refine_bits": 3},
-     r"^refine_bits must be 2 or 4, got 3$"),
+    ({"kv_cache_quant_span_mode": "incremental", "kv_cache_quant_refine_recent": 1, "kv_cache_quant_refine_bits": 5},
+     r"^refine_bits must be 2, 3 or 4, got 5$"),
     ({"kv_cache_quant_span_mode": "incremental", "kv_cache_quant_refine_recent": -1},
      r"^refine_recent must be in 0\.\.1000000 \(0 = no refinement\), got -1$"),
     # reliability finding 9: a negative seed is refused, not wrapped to 2^64 - 1
@@ -94,8 +117,11 @@ def test_from_dict_errors(flags, message):
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(bits=3), r"^bits must be 2 or 4 \(or none to disable quantization\), got 3$"),
-    (dict(bits="4"), r"^bits must be 2 or 4 \(or none to disable quantization\), got '4'$"),
+    (dict(bits=5), r"^bits must be 2, 3 or 4 \(or none to disable quantization\), got 5$"),
+    (dict(bits="4"), r"^bits must be 2, 3 or 4 \(or none to disable quantization\), got '4'$"),
+    (dict(bits=3, block_size=12), r"^block_size must be a multiple of 8 .* at bits=3, got 12$"),
+    (dict(bits=4, k_config="bits=3,block_size=12"), r"^K settings \(k_bits=3 k_block_size=12\): block_size must be a "
+                                                    r"multiple of 8 .* at bits=3, got 12$"),
     (dict(bits=4, centroids=0), r"^centroids must be in 1\.\.256, got 0$"),
     (dict(centroids=300), r"^centroids must be in 1\.\.256, got 300$"),
     (dict(bits=4, block_size=0), r"^block_size must be > 0, got 0$"),
@@ -115,7 +141,7 @@ def test_from_dict_errors(flags, message):
     (dict(span_mode="incremental", span_break_ratio=-0.5), r"^span_break_ratio must be in \[0, 1e6\]"),
     (dict(span_break_ratio="2"), r"^span_break_ratio must be a number, got '2'$"),
     (dict(refine_recent=1), r"^refine_recent must be 0 unless span_mode is incremental"),
-    (dict(span_mode="incremental", refine_recent=1, refine_bits=8), r"^refine_bits must be 2 or 4, got 8$"),
+    (dict(span_mode="incremental", refine_recent=1, refine_bits=8), r"^refine_bits must be 2, 3 or 4, got 8$"),
     (dict(refine_recent="1"), r"^refine_recent must be an integer, got '1'$"),
     (dict(seed=-1), r"^seed must be in \[0, 2\^64\), got -1$"),
 ])

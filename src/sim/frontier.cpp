@@ -17,6 +17,7 @@
 
 #include "qvg/attention.h"
 #include "qvg/baselines.h"
+#include "qvg/code_format.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/error_sums.h"
@@ -266,6 +267,13 @@ Knob span_knob() {
   return kn;
 }
 
+/// The code widths of qvg/code_format.h (2, 3, 4): the bits knob's values.
+std::vector<int> code_widths() {
+  std::vector<int> w;
+  for (const CodeFormat& f : kCodeFormats) w.push_back(f.bits);
+  return w;
+}
+
 /// The knobs in the descent's fixed order (`quick`: the first three only).
 std::vector<Knob> knobs(bool quick) {
   std::vector<Knob> out;
@@ -273,7 +281,7 @@ std::vector<Knob> knobs(bool quick) {
   add_member_knob(out, Roles::Each, "scale_search", &CodecConfig::scale_search, {ScaleSearch::Off, ScaleSearch::Mse});
   add_member_knob(out, Roles::Each, "asymmetric", &CodecConfig::asymmetric, {false, true});
   if (quick) return out;
-  add_member_knob(out, Roles::Each, "bits", &CodecConfig::bits, {2, 4});
+  add_member_knob(out, Roles::Each, "bits", &CodecConfig::bits, code_widths());
   add_member_knob(out, Roles::Each, "centroids", &CodecConfig::centroids, {32, 64, 128, 256});
   add_member_knob(out, Roles::Each, "stages", &CodecConfig::stages, {1, 2});
   add_member_knob(out, Roles::Each, "block_size", &CodecConfig::block_size, {32, 64, 128});
@@ -435,9 +443,9 @@ struct Search {
     res.points[res.profile].stage = "profile";
   }
 
-  /// A ladder of rates around the descent's result (bits 2/4 x centroids 64/256).
+  /// A ladder of rates around the descent's result (every code width x centroids 64/256).
   void add_ladder(const FrontierCodec& best) {
-    for (const int bits : {2, 4})
+    for (const int bits : code_widths())
       for (const int k : {64, 256}) {
         FrontierCodec c = best;
         c.k.bits = c.v.bits = bits;

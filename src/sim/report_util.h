@@ -21,10 +21,10 @@
 
 namespace qvg::sim {
 
-/// True for the settings table's cache-policy rows (those with a CLI flag, and
-/// `sink`) that `skip` does not name.
+/// True for the settings table's cache-policy rows (those that are no codec row)
+/// that `skip` does not name.
 inline bool is_policy_row(const Setting& s, std::span<const std::string_view> skip) {
-  return (!s.cli.empty() || s.name == "sink") && std::find(skip.begin(), skip.end(), s.name) == skip.end();
+  return !s.codec_row() && std::find(skip.begin(), skip.end(), s.name) == skip.end();
 }
 
 /// The cache-policy settings of q (is_policy_row), each under its name, as JSON

@@ -19,6 +19,7 @@
 #include "core/rng_impl.h"
 #include "qvg/attention.h"
 #include "qvg/cache.h"
+#include "qvg/code_format.h"
 #include "qvg/error.h"
 #include "qvg/memory.h"
 #include "sim/report_util.h"
@@ -166,7 +167,7 @@ void SimulationConfig::validate() const {
   for (const PackedConfig& c : packed) {
     need(!c.label.empty(), "packed configuration label", "''", "non-empty");
     need(labels.insert(c.label).second, "packed configuration labels", "'" + c.label + "' twice", "unique");
-    need(c.quant.enabled(), fmt::format("packed configuration '{}': bits", c.label), "none", "2 or 4");
+    need(c.quant.enabled(), fmt::format("packed configuration '{}': bits", c.label), "none", known_code_widths());
     try {
       c.quant.validate_for_head_dim(p.head_dim);
     } catch (const InvalidArgument& e) {

@@ -37,11 +37,11 @@ expect_error() {
 
 # Bad codec flag values, for encode and eval.
 bad_flags=(
-  "--bits 3" "--bits 8" "--bits abc" "--bits 4.5" "--bits ''" "--centroids 0" "--centroids 257"
+  "--bits 5" "--bits 1" "--bits int5" "--bits 8" "--bits abc" "--bits 4.5" "--bits ''" "--centroids 0" "--centroids 257"
   "--centroids -1" "--block-size 48" "--block-size 3" "--block-size 0" "--block-size 128"
   "--stages 0" "--iters 0" "--iters 99999999999" "--scale-dtype fp16" "--scale-dtype FP8"
   "--scaling foo" "--init warm" "--init kmeans" "--seed -1" "--seed x" "--threads -1"
-  "--bits 2 --block-size 2"
+  "--bits 2 --block-size 2" "--bits 3 --block-size 4" "--bits int3 --block-size 12"
 )
 for f in "${bad_flags[@]}"; do
   eval "args=($f)"
@@ -54,10 +54,16 @@ grep -q "block_size" "$T/e.txt" && grep -q "48" "$T/e.txt" && grep -q "64" "$T/e
   || fail "block-size message: $(cat "$T/e.txt")"
 "$QVG" encode -i "$T/x.npy" -o "$T/y.qvgt" --scale-dtype fp16 2> "$T/e.txt" || true
 grep -q -- "--scale-dtype" "$T/e.txt" && grep -q "fp16" "$T/e.txt" || fail "scale-dtype message: $(cat "$T/e.txt")"
+# A width without a code format: the message lists the table's (qvg/code_format.h).
+"$QVG" encode -i "$T/x.npy" -o "$T/y.qvgt" --bits 5 2> "$T/e.txt" || true
+grep -q -- "--bits must be 2, 3 or 4" "$T/e.txt" && grep -q "'5'" "$T/e.txt" || fail "bits message: $(cat "$T/e.txt")"
+# --init warm needs a cache: refused naming the flag.
+"$QVG" encode -i "$T/x.npy" -o "$T/y.qvgt" --init warm 2> "$T/e.txt" || true
+grep -q -- "--init must not be warm" "$T/e.txt" || fail "init message: $(cat "$T/e.txt")"
 
 # An existing output is untouched by a failing encode.
 cp "$T/good.qvgt" "$T/keep.qvgt"
-if "$QVG" encode -i "$T/x.npy" -o "$T/keep.qvgt" --bits 3 2> /dev/null; then fail "bits 3 accepted"; fi
+if "$QVG" encode -i "$T/x.npy" -o "$T/keep.qvgt" --bits 5 2> /dev/null; then fail "bits 5 accepted"; fi
 cmp -s "$T/good.qvgt" "$T/keep.qvgt" || fail "failing encode modified the existing output"
 
 # Bad inputs and outputs.

@@ -52,7 +52,7 @@ expect_error() {  # name -- command...
   [ "$(wc -l < "$T/stderr.txt")" -eq 1 ] || fail "$name: stderr not one line: $(cat "$T/stderr.txt")"
   grep -q "error" "$T/stderr.txt" || fail "$name: stderr: $(cat "$T/stderr.txt")"
 }
-expect_error bits3 -- "$QVG" compare "${tiny[@]}" --bits 3
+expect_error bits5 -- "$QVG" compare "${tiny[@]}" --bits 5
 expect_error bits8 -- "$QVG" compare "${tiny[@]}" --bits 8
 expect_error scale0 -- "$QVG" compare "${tiny[@]}" --scale 0
 expect_error model -- "$QVG" compare "${tiny[@]}" --model nope

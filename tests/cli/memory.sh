@@ -17,6 +17,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
   --keep-recent 0 --refine-recent 4 --refine-bits 2 > "$T/sf8r.json"
 "$QVG" memory --model hy-worldplay-8b --json --frames 10 > "$T/hy10.json"
 "$QVG" memory --model longcat-video-13.6b --json --bits 4 --no-sink > "$T/lc4.json"
+"$QVG" memory --model self-forcing-1.3b --json --bits 3 > "$T/sf3.json"  # qvg's int3 (qvg/code_format.h)
+"$QVG" memory --model self-forcing-1.3b --json --bits int3 > "$T/sf3m.json"
 "$QVG" memory --model lingbot-world-14b --json --scale-dtype bf16 --asymmetric --block-size 32 > "$T/lb.json"
 
 python3 - "$T" <<'PY'
@@ -83,6 +85,12 @@ close(sf["per_layer_policy_mib"], policy / MiB, "sf policy")
 close(sf["policy_ratio"], 56 * 4680 * 12 * 128 * 4 / policy, "sf policy ratio (bf16 context / policy)")
 close(sf["policy_ratio_vs_dense_window"], 57 * 4680 * 12 * 128 * 4 / policy, "sf policy ratio vs dense window")
 
+# int3, qvg's width: 8 codes in 3 bytes (spec 1.5), the rest as int2's.
+sf3 = load("sf3.json")
+assert sf3["bits"] == 3, sf3["bits"]
+close(sf3["per_layer_packed_mib"], 56 * 2 * enc(4680, 12, 128, bits=3) / MiB, "sf3 packed")
+assert load("sf3m.json") == sf3, "--bits int3 reads as --bits 3"
+
 # The published Self-Forcing run: 256 centroids, spans of 8 chunks (7 spans).
 sf8 = load("sf8.json")
 close(sf8["per_layer_packed_mib"], 7 * 2 * enc(8 * 4680, 12, 128, K=256) / MiB, "sf8 packed")
@@ -138,9 +146,9 @@ done
 grep -q "990.00 MiB" "$T/hy.txt" || fail "table: HY-WorldPlay bf16 context is not 990 MiB"
 
 # Errors: non-zero exit, one line on stderr.
-bad=("--bits 3" "--bits x" "--frames 0" "--span-chunks 0" "--centroids 257" "--block-size 48"
+bad=("--bits 5" "--bits 1" "--bits int8" "--bits x" "--frames 0" "--span-chunks 0" "--centroids 257" "--block-size 48"
      "--keep-recent -1" "--sink-span half" "--scale-dtype fp16" "--scaling odd" "--stages 0"
-     "--refine-recent 2" "--span-mode incremental --refine-bits 3" "--span-mode incremental --refine-recent -1")
+     "--refine-recent 2" "--span-mode incremental --refine-bits 5" "--span-mode incremental --refine-recent -1")
 for flags in "${bad[@]}"; do
   # shellcheck disable=SC2086
   if "$QVG" memory --model self-forcing-1.3b $flags > /dev/null 2> "$T/err.txt"; then fail "accepted $flags"; fi

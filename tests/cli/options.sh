@@ -30,7 +30,7 @@ done
 refused "--span-break-ratio must be in \[0, 1e6\]" -- "$QVG" "${S[@]}" --span-break-ratio 2e6
 [[ ! -e "$T/never" ]] || fail "a refused simulate wrote its report"
 refused "--span-chunks must be an integer" -- "$QVG" "${M[@]}" --span-chunks 0x8
-refused "--refine-bits must be 2 or 4" -- "$QVG" "${M[@]}" --span-mode incremental --refine-recent 2 --refine-bits 3
+refused "--refine-bits must be 2, 3 or 4, got 5" -- "$QVG" "${M[@]}" --span-mode incremental --refine-recent 2 --refine-bits 5
 for spec in "bits=4,bits=2" "bits=4," ",bits=4" "bits=4,,stages=2"; do
   refused "--k-config" -- "$QVG" "${M[@]}" --k-config "$spec"
 done
@@ -47,6 +47,16 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d.get("refine_recent") == 2 and d.get("refine_bits") == 2, {k: d.get(k) for k in ("refine_recent", "refine_bits")}
 PY
+# int3, qvg's width (a row of qvg/code_format.h), on every width setting of the CLI.
+"$QVG" "${M[@]}" --span-mode incremental --refine-recent 2 --refine-bits 3 --k-config bits=int3 --v-config bits=3 \
+  --json > "$T/ok3.json" || fail "int3 refused"
+python3 - "$T/ok3.json" <<'PY' || fail "values of int3"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d.get("refine_bits") == 3, d.get("refine_bits")
+PY
+refused "--k-config field 'bits' must be 2, 3 or 4 \(or int2, int3 or int4\), got 'int5'" -- \
+  "$QVG" "${M[@]}" --k-config bits=int5
 # Defaults by command (issue 39, item 4): each command's help gives its default width
 # and codebook size and why they differ; --profile recommended's help says what the
 # profile sets (V's scale search off, as QuantArgs::apply_profile does).
@@ -56,9 +66,9 @@ while IFS='|' read -r commands flag pattern; do
     cmd_help "$c" | grep -q -- "$pattern" || fail "$c --help: the $flag default is not explained"
   done
 done <<'TABLE'
-encode eval|--bits|--bits INT=4 .*default 4 for a tensor file.*simulate, compare and memory default to 2
+encode eval|--bits|--bits INT=4 .*default 4: spec 1's, for a tensor file.*simulate, compare and memory default to 2
 encode eval|--centroids|--centroids INT=128 .*default 128.*simulate and compare default to 256
-simulate compare|--bits|--bits [A-Z]*=2 .*default 2: the published QVG runs' width.*encode and eval default to 4
+simulate compare|--bits|--bits [A-Z]*=2 .*default 2: the published QVG runs'.*encode and eval default to 4
 simulate compare|--centroids|--centroids INT=256 .*default 256.*encode, eval and memory default to 128
 TABLE
 cmd_help memory | grep -q -- "--bits INT=2 .*the engine's defaults" || fail "memory --help: --bits default not explained"

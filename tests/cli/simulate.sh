@@ -143,7 +143,7 @@ expect_error scaleabc -- "$QVG" simulate "${tiny[@]}" --scale abc "${out[@]}"
 expect_error chunks0 -- "$QVG" simulate "${tiny[@]}" --chunks 0 --json "$T/e.json" -q
 expect_error twice -- "$QVG" simulate "${tiny[@]}" --chunks 2 --chunks 3 --json "$T/e.json" -q
 expect_error steps0 -- "$QVG" simulate "${tiny[@]}" --steps 0 "${out[@]}"
-expect_error bits3 -- "$QVG" simulate "${tiny[@]}" --bits 3 "${out[@]}"
+expect_error bits5 -- "$QVG" simulate "${tiny[@]}" --bits 5 "${out[@]}"
 expect_error bits22 -- "$QVG" simulate "${tiny[@]}" --bits 2,2 "${out[@]}"
 expect_error model -- "$QVG" simulate "${tiny[@]}" --model nope "${out[@]}"
 expect_error layers -- "$QVG" simulate "${tiny[@]}" --layers 3 "${out[@]}"

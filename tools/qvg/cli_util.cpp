@@ -52,12 +52,6 @@ int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, i
   return v;
 }
 
-int parse_width_flag(const char* flag, const std::string& value) {
-  const int64_t b = parse_int_flag(flag, value, 0, 64);
-  if (b != 2 && b != 4) throw InvalidArgument(fmt::format("{} must be 2 or 4, got {}", flag, b));
-  return int(b);
-}
-
 int parse_threads_flag(const char* flag, const std::string& value) {
   int64_t v = 0;
   const char* end = value.data() + value.size();

@@ -31,8 +31,6 @@ CLI::Option* add_tensor_name_flag(CLI::App& cmd, std::optional<std::string>& ten
 int64_t parse_int_flag(const char* flag, const std::string& value, int64_t lo, int64_t hi);
 /// A thread count: an integer in 0..max_threads() (qvg/config.h), 0 = all cores.
 int parse_threads_flag(const char* flag, const std::string& value);
-/// A code width: 2 or 4 (InvalidArgument naming `flag` otherwise).
-int parse_width_flag(const char* flag, const std::string& value);
 /// A seed: parse_int_flag in 0..INT64_MAX.
 uint64_t parse_seed_flag(const char* flag, const std::string& value);
 /// The whole string as a finite number, by the one rule of every real-valued setting

@@ -213,11 +213,7 @@ void register_memory(CLI::App& root) {
   add_codec_flags(*cmd, o->codec, {CodecDefaults::Engine, true, kNotModelled});
   // The policy flags of the settings table but those the model does not take.
   add_cache_flags(*cmd, o->cache, "keep the sink chunks raw (sink = false)", kSettingsNotModelled);
-  add_value(*cmd, "--k-config", o->k_config,
-            "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "
-            "iters, asymmetric, scale_dtype, scaling, scale_search)",
-            "LIST");
-  add_value(*cmd, "--v-config", o->v_config, "V's own codec settings (as --k-config)", "LIST");
+  add_role_config_flags(*cmd, o->k_config, o->v_config);
   cmd->add_flag("--json", o->json, "print the figures as JSON");
   cmd->callback([o] { run_memory(*o); });
 }

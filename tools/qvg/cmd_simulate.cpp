@@ -256,11 +256,7 @@ void register_simulate(CLI::App& root) {
             "LIST");
   add_video_seed_flag(*cmd, o->workload);
   add_codec_seed_flag(*cmd, o->codec_seed);
-  add_value(*cmd, "--k-config", o->k_config,
-            "K's own codec settings over the shared ones: field=value,... (bits, centroids, block_size, stages, "
-            "iters, asymmetric, scale_dtype, scaling, scale_search)",
-            "LIST");
-  add_value(*cmd, "--v-config", o->v_config, "V's own codec settings (as --k-config)", "LIST");
+  add_role_config_flags(*cmd, o->k_config, o->v_config);
 
   add_cache_flags(*cmd, o->cache, "keep the sink chunks bf16 (sink = false)");
   add_value(*cmd, "--json", o->json, "write the report JSON (docs/simulate.schema.json) to FILE", "FILE");

@@ -47,7 +47,7 @@ struct Group {
 };
 const std::vector<Group>& groups() {
   static const std::vector<Group> g = {
-      {CodecDefaults::TensorFile, {"encode", "eval"}, "spec 1's, for a tensor file (the finer width)"},
+      {CodecDefaults::TensorFile, {"encode", "eval"}, "spec 1's, for a tensor file"},
       {CodecDefaults::Stream, {"simulate", "compare"}, "the published QVG runs', which these workloads reproduce"},
       {CodecDefaults::Engine, {"memory"}, "the engine's defaults, a cache built with kv_cache_quant=int2"}};
   return g;
@@ -161,6 +161,15 @@ std::optional<std::string> given_profile(const CLI::App& cmd) {
   const CLI::Option* o = cmd.get_option_no_throw("--profile");
   if (o == nullptr || o->count() == 0) return std::nullopt;
   return o->as<std::string>();
+}
+
+void add_role_config_flags(CLI::App& cmd, std::string& k_config, std::string& v_config) {
+  std::string fields;
+  for (const Setting& s : role_settings(CacheRole::Key))
+    fields += fmt::format("{}{}", fields.empty() ? "" : ", ", s.flag.substr(3));  // "_k_iters" -> "iters"
+  add_value(cmd, "--k-config", k_config,
+            fmt::format("K's own codec settings over the shared ones: field=value,... ({})", fields), "LIST");
+  add_value(cmd, "--v-config", v_config, "V's own codec settings (as --k-config)", "LIST");
 }
 
 CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed) {

@@ -63,6 +63,11 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg);
 /// The name given to cmd's `--profile` (after parsing), or nullopt when it was not given.
 std::optional<std::string> given_profile(const CLI::App& cmd);
 
+/// Adds `--k-config LIST` and `--v-config LIST`: K's and V's own codec settings over the
+/// shared ones, as "field=value,..." text (read with parse_role_codec; the fields are
+/// the settings table's per-role rows).
+void add_role_config_flags(CLI::App& cmd, std::string& k_config, std::string& v_config);
+
 /// Adds `--codec-seed UINT` (the codec's seed as text; parse with parse_seed_flag).
 CLI::Option* add_codec_seed_flag(CLI::App& cmd, std::string& codec_seed);
 

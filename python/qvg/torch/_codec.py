@@ -39,7 +39,7 @@ class Encoding:
 
 def encode(x: torch.Tensor, quant: QVGKVQuantArgs) -> Encoding:
     """Encodes ``x`` (``[B, S, H, D]``, CPU, float32/bfloat16/float16) with the codec
-    settings of ``quant`` (bits 2 or 4; centroids, block_size, stages, kmeans_iters,
+    settings of ``quant`` (bits a width of qvg's code formats, 2, 3 or 4; centroids, block_size, stages, kmeans_iters,
     asymmetric, scale_dtype, scaling, init random or kmeans++, seed), as the packed
     cache encodes a segment. ValueError for bad settings or input."""
     if not isinstance(x, torch.Tensor):

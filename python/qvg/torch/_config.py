@@ -48,7 +48,8 @@ class _QuantArgsMethods:
 
     @classmethod
     def from_dict(cls, kwargs: dict) -> Any:
-        """Builds the settings from the engine's flat flags (``kv_cache_quant``,
+        """Builds the settings from the engine's flat flags (``kv_cache_quant``: off, none,
+        bf16, or a code width's mode: the engine's int2 and int4, qvg's int3;
         ``kv_cache_quant_centroids``, ``_block_size``, ``_stages``, ``_iters``,
         ``_keep_recent``, ``_sink_keep``, ``_asymmetric``, ``_sink``, ``_sink_span``,
         and qvg's ``_span_chunks``, ``_span_mode``, ``_span_break_ratio``, ``_refine_recent``, ``_refine_bits``,
@@ -101,6 +102,7 @@ QVGKVQuantArgs = _make_quant_args()
 
 _QUANT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QVGKVQuantArgs)}
 _KIND = {name: kind for name, _flag, kind, _role, _d, _a in _SETTINGS}
+_ALLOWED = {name: allowed for name, _flag, _kind, _role, _d, allowed in _SETTINGS}
 _INT_FIELDS = tuple(n for n, k in _KIND.items() if k in ("int", "width"))
 _BOOL_FIELDS = tuple(n for n, k in _KIND.items() if k == "bool")
 _STR_FIELDS = tuple(n for n, k in _KIND.items() if k == "name") + ("k_config", "v_config")
@@ -134,7 +136,7 @@ def _quant_to_c(q: Any, what: str = "quant_args") -> _C.QuantArgs:
         q = QVGKVQuantArgs()
     v = {name: getattr(q, name, default) for name, default in _QUANT_DEFAULTS.items()}
     if v["bits"] is not None and (isinstance(v["bits"], bool) or not isinstance(v["bits"], int)):
-        raise ValueError(f"bits must be 2 or 4 (or none to disable quantization), got {v['bits']!r}")
+        raise ValueError(f"bits must be {_ALLOWED['bits']}, got {v['bits']!r}")
     for name in _INT_FIELDS + ("seed",):
         if isinstance(v[name], bool) or not isinstance(v[name], int):
             raise ValueError(f"{name} must be an integer, got {v[name]!r}")
