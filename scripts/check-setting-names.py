@@ -17,7 +17,9 @@ own parameter names and "sink" (WORDS) are counted and shown but never fail: the
 are ordinary words of the codec and of every cache (CodecConfig, EncodingLayout, the
 kernels, the engines' drop-ins), so a word count cannot tell the setting from them,
 and a ceiling on them would fail every new file that quantizes or keeps sinks.
-As members of QuantArgs / RoleCodec they are held to LIMIT files by
+The codec's are members of CodecConfig alone (issue 36: QuantArgs holds one for the
+shared codec, RoleCodec one for each role's overrides, and the table reads them through
+member pointers); "sink", a member of QuantArgs, is held to LIMIT files by
 scripts/setting-member-uses.py, which asks the compiler (a build of a renamed copy,
 about 4 minutes on 2 cores, so not here).
 
@@ -40,8 +42,8 @@ SUFFIXES = {".h", ".cpp", ".cu", ".cuh", ".py", ".pyi", ".in"}
 CUDA = ("src/cache/cuda/", "src/kernels/cuda/", "python/src/cuda_", "include/qvg/cuda")
 
 # name -> (the most files it may be in, why more than LIMIT).
-CODEC = ("a codec parameter (CodecConfig, EncodingLayout, kernels, codec flags) as well as a setting; "
-         "as a QuantArgs member at most 4 files: scripts/setting-member-uses.py")
+CODEC = ("a codec parameter (CodecConfig, EncodingLayout, kernels) as well as a setting; a member of "
+         "CodecConfig alone (QuantArgs::codec, RoleCodec::values), read through the table's member pointers")
 SINK = ("also the word of the sink tokens every cache keeps (spec 3), in prose and code; as a QuantArgs member "
         "at most 4 files: scripts/setting-member-uses.py")
 WORDS: dict[str, str] = {
@@ -59,9 +61,11 @@ def table_names() -> list[str]:
     """The row names of the settings table, in its order (src/core/settings.cpp)."""
     text = (ROOT / "src/core/settings.cpp").read_text()
     rows = text[text.index("const Setting kSettings[]"):]
-    shared = re.findall(r'^\s*\{"(\w+)", "', rows, re.M)
-    role = re.findall(r'Setting[\s\\]*\{[\s\\]*P "(\w+)"', text)
-    prefixes = re.findall(r'QVG_ROLE_ROWS\("(\w+)", &QuantArgs::\w+\)', rows)
+    # Policy rows {"name", ...}, shared codec rows QVG_CODEC_ROW("name", ...), and the
+    # per-role rows QVG_ROLE_ROW(P, R, "name", ...) of each QVG_ROLE_ROWS("k_", ...).
+    shared = re.findall(r'^\s*(?:\{|QVG_CODEC_ROW\()"(\w+)", "', rows, re.M)
+    role = re.findall(r'QVG_ROLE_ROW\(P, R, "(\w+)"', text)
+    prefixes = re.findall(r'QVG_ROLE_ROWS\("(\w+)", CacheRole::\w+\)', rows)
     if not shared or not role or not prefixes:
         sys.exit("check-setting-names: cannot read the settings table of src/core/settings.cpp")
     return shared + [p + r for p in prefixes for r in role]
