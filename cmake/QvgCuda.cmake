@@ -77,7 +77,7 @@ if(QVG_HAVE_CUDA)
                             src/cache/cuda/input_guard.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
-  target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(qvg_cuda_kernels PRIVATE CUDA::cudart)
   target_compile_options(qvg_cuda_kernels PRIVATE ${QVG_CUDA_FLAGS})
 

@@ -134,8 +134,9 @@ struct RoleCodec {
   std::string describe(std::string_view prefix) const;
   /// The same fields overridden, with the same values.
   bool operator==(const RoleCodec&) const;
-  /// The bit of `overridden` for `field`; throws LogicError for a field without a
-  /// per-role row.
+  /// The bit of `overridden` for `field`: the index of its per-role row among its
+  /// role's rows. A field without a per-role row (init, seed, threads, head_offset) is a
+  /// programming error (QVG_CHECK aborts).
   static uint32_t field_bit(const CodecField& field);
 };
 
