@@ -301,10 +301,12 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
   }
   // The profile first, whatever the keys' order: explicit keys override it.
   if (auto pf = flags.find("kv_cache_quant_profile"); pf != flags.end()) {
-    const QuantArgs mode = a;
+    // kv_cache_quant decides whether (and at which width) quantization runs.
+    const bool on = a.quantize;
+    const int width = a.codec.bits;
     a.apply_profile(pf->second);
-    a.quantize = mode.quantize;  // kv_cache_quant decides whether (and at which width) quantization runs
-    a.codec.bits = mode.codec.bits;
+    a.quantize = on;
+    a.codec.bits = width;
   }
   constexpr std::string_view kPrefix = "kv_cache_quant";
   for (const auto& [key, value] : flags) {
