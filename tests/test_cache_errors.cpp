@@ -498,8 +498,9 @@ TEST(CacheErrors, PackedRejectsGrowthAndInvalidConfiguration) {
             std::string::npos);
   o = ok_opts();
   QuantArgs q;
-  q.enable(3);
-  EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("bits"), std::string::npos);
+  q.enable(5);  // no code format (qvg/code_format.h)
+  EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument).find("bits must be 2, 3 or 4"),
+            std::string::npos);
   q = QuantArgs();
   q.enable(2);
   q.codec.block_size = 12;  // multiple of 4, does not divide 16
@@ -530,16 +531,16 @@ TEST(CacheErrors, PackedRejectsGrowthAndInvalidConfiguration) {
         << bad;
   }
   q.span_break_ratio = 0;
-  // Refinement layers: incremental spans only, a count in range, 2 or 4 bits.
+  // Refinement layers: incremental spans only, a count in range, a code width.
   q.refine_recent = 1;
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument)
                 .find("refine_recent must be 0 unless span_mode is incremental"),
             std::string::npos);
   q.span_mode = SpanMode::Incremental;
   EXPECT_NO_THROW(PackedCausalCache c(o, q));
-  q.refine_bits = 3;
+  q.refine_bits = 5;
   EXPECT_NE(error_of([&] { PackedCausalCache c(o, q); }, ErrorKind::InvalidArgument)
-                .find("refine_bits must be 2 or 4, got 3"),
+                .find("refine_bits must be 2, 3 or 4, got 5"),
             std::string::npos);
   q.refine_bits = 4;
   q.refine_recent = -1;

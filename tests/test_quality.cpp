@@ -203,7 +203,7 @@ TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("kv_cache_quant_k_seed"), std::string::npos);
   }
-  EXPECT_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_v_bits", "3"}}), InvalidArgument);
+  EXPECT_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_v_bits", "5"}}), InvalidArgument);
   // A per-role value out of range names the role.
   try {
     QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_v_centroids", "300"}});
