@@ -826,8 +826,9 @@ TEST(Config, EngineFlags) {
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "-5"}},
       "kv_cache_quant_seed must be an integer in 0..2^64-1, got '-5'");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551616"}}, "got '18446744073709551616'");
-  EXPECT_EQ(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551615"}}).codec.seed,
-            UINT64_MAX);
+  EXPECT_EQ(
+      QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551615"}}).codec.seed,
+      UINT64_MAX);
   QuantArgs h = QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_block_size", "48"}});
   EXPECT_THROW(h.validate_for_head_dim(128), InvalidArgument);
   QuantArgs bits;

@@ -356,16 +356,21 @@ TEST(Settings, EveryWidthSurfaceTakesTheCodeFormatTable) {
     EXPECT_NO_THROW(b.validate());
     if (f.group_codes > 1) {
       b.codec.block_size = f.group_codes * 8 + 1;
-      EXPECT_NE(error_of([&] { b.validate(); }).find("block_size must be a multiple of " + std::to_string(f.group_codes)),
-                std::string::npos);
+      EXPECT_NE(
+          error_of([&] { b.validate(); }).find("block_size must be a multiple of " + std::to_string(f.group_codes)),
+          std::string::npos);
     }
   }
   // Widths without a row: refused everywhere, the message listing the table's.
   const std::string widths = known_code_widths(), modes = known_code_widths(true);
   EXPECT_EQ(widths, "2, 3 or 4");
-  EXPECT_EQ(error_of([] { (void)QuantArgs::from_flags({{"kv_cache_quant", "int5"}}); }),
+  EXPECT_EQ(error_of([] {
+              (void)QuantArgs::from_flags({{"kv_cache_quant", "int5"}});
+            }),
             "kv_cache_quant must be one of off, none, bf16, " + modes + ", got 'int5'");
-  EXPECT_EQ(error_of([] { (void)QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_k_bits", "8"}}); }),
+  EXPECT_EQ(error_of([] {
+              (void)QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_k_bits", "8"}});
+            }),
             "kv_cache_quant_k_bits must be " + widths + " (or " + modes + "), got '8'");
   EXPECT_EQ(error_of([] {
               (void)QuantArgs::from_flags({{"kv_cache_quant", "int4"},

@@ -936,7 +936,7 @@ TEST(SnapshotFormat, AnotherConfigurationThanExpectedIsRefusedNamingTheField) {
   x.quant = testing::small_quant();
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
   x.options->attention_window_size = 16;  // equal to cache_size: the same window
-  x.quant->codec.threads = 2;                   // not part of the configuration
+  x.quant->codec.threads = 2;             // not part of the configuration
   EXPECT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(b, x));
   auto refused = [&](auto edit, const std::string& field) {
     SnapshotExpectation y;

@@ -101,9 +101,9 @@ struct CodecConfig {
 
 /// A member of CodecConfig, as a row of the settings table names it (none for the
 /// cache-policy rows).
-using CodecField = std::variant<std::monostate, int CodecConfig::*, bool CodecConfig::*, ScaleDType CodecConfig::*,
-                                Scaling CodecConfig::*, Init CodecConfig::*, ScaleSearch CodecConfig::*,
-                                uint64_t CodecConfig::*>;
+using CodecField =
+    std::variant<std::monostate, int CodecConfig::*, bool CodecConfig::*, ScaleDType CodecConfig::*,
+                 Scaling CodecConfig::*, Init CodecConfig::*, ScaleSearch CodecConfig::*, uint64_t CodecConfig::*>;
 
 /// Per-role overrides of QuantArgs' shared codec (issue 16): a field set here replaces
 /// the shared value for that role's tensor (K or V); unset fields take the shared one.
@@ -112,8 +112,8 @@ using CodecField = std::variant<std::monostate, int CodecConfig::*, bool CodecCo
 /// i of `overridden` says that the field of the role's i-th row is set, its value in
 /// `values`. `init` and `seed` have no per-role row (one warm-start chain per cache).
 struct RoleCodec {
-  CodecConfig values;        ///< the overriding values (only the fields in `overridden` count)
-  uint32_t overridden = 0;   ///< the fields set, one bit per per-role row of the settings table
+  CodecConfig values;       ///< the overriding values (only the fields in `overridden` count)
+  uint32_t overridden = 0;  ///< the fields set, one bit per per-role row of the settings table
 
   bool empty() const { return overridden == 0; }
   /// Whether `field` is overridden. REQUIRES a field with a per-role row.
@@ -150,8 +150,8 @@ RoleCodec parse_role_codec(std::string_view spec, std::string_view what);
 /// setting but `threads` (and the codec's head_offset, a cache's) is a row of the
 /// settings table (qvg/settings.h), which names them for every surface.
 struct QuantArgs {
-  bool quantize = false;        ///< false: quantization off (every segment stays raw); codec.bits is then unused
-  CodecConfig codec;            ///< the shared codec (bits, seed and threads included)
+  bool quantize = false;  ///< false: quantization off (every segment stays raw); codec.bits is then unused
+  CodecConfig codec;      ///< the shared codec (bits, seed and threads included)
   /// Per-role overrides (K, V) of codec's fields; empty = both roles use codec.
   RoleCodec k, v;
   // The cache policy (spec 4).

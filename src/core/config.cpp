@@ -150,7 +150,8 @@ std::string RoleCodec::describe(std::string_view p) const {
   std::string out;
   for (const Setting& s : role_settings(CacheRole::Key)) {
     if (!(overridden & field_bit(s.field))) continue;
-    out += fmt::format("{}{}{}={}", out.empty() ? "" : " ", p, s.name.substr(2), setting_text(get_codec_field(s, values)));
+    out +=
+        fmt::format("{}{}{}={}", out.empty() ? "" : " ", p, s.name.substr(2), setting_text(get_codec_field(s, values)));
   }
   return out;
 }
@@ -296,8 +297,8 @@ QuantArgs QuantArgs::from_flags(const std::map<std::string, std::string>& flags)
     if (mode != nullptr)
       a.enable(mode->bits);
     else if (m != "off" && m != "none" && m != "bf16" && m != "None")
-      throw InvalidArgument(fmt::format("kv_cache_quant must be one of off, none, bf16, {}, got '{}'",
-                                        known_code_widths(true), m));
+      throw InvalidArgument(
+          fmt::format("kv_cache_quant must be one of off, none, bf16, {}, got '{}'", known_code_widths(true), m));
   }
   // The profile first, whatever the keys' order: explicit keys override it.
   if (auto pf = flags.find("kv_cache_quant_profile"); pf != flags.end()) {

@@ -164,10 +164,10 @@ constexpr std::string_view kBools = "true, false, 1 or 0";
 
 // A shared codec row: NAME and FLAG, KIND, range, first snapshot minor, allowed text,
 // the CodecConfig member M, the CLI flag and its help (and, for a name, a value that needs a cache).
-#define QVG_CODEC_ROW(NAME, FLAG, KIND, LO, HI, MINOR, ALLOWED, M, CLI, HELP, ...)                        \
-  Setting {                                                                                                \
-    NAME, FLAG, SettingKind::KIND, false, LO, HI, MINOR, ALLOWED, CodecField(M), CacheRole::Key, nullptr, \
-        nullptr, codec_name_parser(M), CLI, HELP, __VA_ARGS__                                              \
+#define QVG_CODEC_ROW(NAME, FLAG, KIND, LO, HI, MINOR, ALLOWED, M, CLI, HELP, ...)                                 \
+  Setting {                                                                                                        \
+    NAME, FLAG, SettingKind::KIND, false, LO, HI, MINOR, ALLOWED, CodecField(M), CacheRole::Key, nullptr, nullptr, \
+        codec_name_parser(M), CLI, HELP, __VA_ARGS__                                                               \
   }
 // clang-format off
 // The per-role rows of one role (prefix "k_"/"v_", flag "_k_"/"_v_", role R):

@@ -354,8 +354,8 @@ size_t PackedModel::expected_resident(DType dt) const {
     if (s.joins_prev) total -= 2 * codebooks;  // an incremental span's codebooks count once
     // A refinement layer: an f32 encoding of one stage of one centroid (K and V).
     if (s.refined)
-      total += 2 * EncodedTensor::predicted_nbytes(sh, DType::F32,
-                                                   refinement_config(q_.refine_bits, q_.codec.block_size, q_.codec.seed));
+      total += 2 * EncodedTensor::predicted_nbytes(
+                       sh, DType::F32, refinement_config(q_.refine_bits, q_.codec.block_size, q_.codec.seed));
   }
   return total;
 }

@@ -56,7 +56,8 @@ const std::vector<Group>& groups() {
 // "a", "a and b", "a, b and c".
 std::string listed(const std::vector<std::string_view>& v) {
   std::string o;
-  for (size_t i = 0; i < v.size(); ++i) o += fmt::format("{}{}", i == 0 ? "" : i + 1 == v.size() ? " and " : ", ", v[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    o += fmt::format("{}{}", i == 0 ? "" : i + 1 == v.size() ? " and " : ", ", v[i]);
   return o;
 }
 
@@ -114,8 +115,9 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg, const CodecFlagsOf& how) {
         flag,
         [&cfg, &s, flag, cache](const std::string& text) {
           // A name's message is its enum's (naming the field): prefixed with the flag.
-          const SettingValue v = s.kind == SettingKind::Name ? named(flag.c_str(), [&] { return parse_setting(s, text, flag); })
-                                                             : parse_setting(s, text, flag);
+          const SettingValue v = s.kind == SettingKind::Name
+                                     ? named(flag.c_str(), [&] { return parse_setting(s, text, flag); })
+                                     : parse_setting(s, text, flag);
           if (!cache && !s.cache_only.empty() && v == SettingValue(std::string(s.cache_only)))
             throw InvalidArgument(fmt::format(
                 "{} must not be {} here, got '{}' ({} needs the previous segment of a cache; this command has none)",
