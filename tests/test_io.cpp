@@ -777,6 +777,41 @@ TEST(Qvgt, RejectsMissingUnknownAndBadMetadata) {
   }
 }
 
+// A width stored in a later form carries its row's version (qvg/code_format.h, spec
+// 1.6): an int3 file is `qvg.prq/2` and reads back exactly; the same bytes labelled
+// /1, an int4 file labelled /2 and a version no reader knows are refused, by name.
+TEST(Qvgt, Int3FilesCarryTheirFormatVersion) {
+  EncodedTensor e = tiny_enc();
+  e.bits = 3;
+  e.shape = {1, 2, 1, 8};
+  e.codes = {0x05, 0x39, 0x73, 0x6D, 0xB6, 0xDB};  // codes 0 1 2 3 4 5 6 3, then eight 3s (spec 1.5)
+  ASSERT_NO_THROW(e.validate());
+  const Bytes b = serialize_qvgt(e);
+  EXPECT_NE(header_text(b).find(R"("format":"qvg.prq/2")"), std::string::npos) << header_text(b);
+  EXPECT_NE(header_text(b).find(R"("codes":{"dtype":"U8","shape":[1,1,2,3])"), std::string::npos);
+  EXPECT_EQ(parse_qvgt(b), e);
+  EXPECT_EQ(qvgt_format(e), "qvg.prq/2");
+  EXPECT_EQ(qvgt_format(tiny_enc()), "qvg.prq/1");
+  auto refused = [](const Bytes& file, const std::string& want) {
+    try {
+      parse_qvgt(file);
+      ADD_FAILURE() << "accepted; wanted " << want;
+    } catch (const CorruptData& err) {
+      EXPECT_NE(std::string(err.what()).find(want), std::string::npos) << err.what();
+    }
+  };
+  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "format", "qvg.prq/1"); }),
+          "metadata 'format' is 'qvg.prq/1' but bits=3 is stored as 'qvg.prq/2'");
+  refused(mutated(serialize_qvgt(tiny_enc()), [](SafetensorsFile& st) { set_meta(st, "format", "qvg.prq/2"); }),
+          "bits=4 is stored as 'qvg.prq/1'");
+  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "format", "qvg.prq/3"); }),
+          "must be one of 'qvg.prq/1', 'qvg.prq/2' (the versions this reader knows), got 'qvg.prq/3'");
+  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "bits", "5"); }), "metadata 'bits' must be one of 2, 3 or 4");
+  EncodedTensor odd = e;  // an int3 block must fill whole 3-byte groups: 8 channels
+  odd.block_size = 4;
+  EXPECT_THROW(odd.validate(), CorruptData);
+}
+
 TEST(Qvgt, RejectsMissingUnknownAndMisshapedArrays) {
   for (const Bytes& base : qvgt_bases()) {
     const SafetensorsFile st0 = parse_safetensors(base);

@@ -782,6 +782,28 @@ TEST(SnapshotFormat, RefinementLayersAreFormat1_4AndRefusedWhereTheCacheWouldHol
   EXPECT_NE(m.find("refine_recent = 2, the caller expects 1"), std::string::npos) << m;
 }
 
+// A width added after the reference's is stored from its row's minor
+// (qvg/code_format.h): an int3 cache is format 1.5 and loads back exactly; the same
+// file labelled 1.4 is refused naming the entry, as an older reader refuses 1.5.
+TEST(SnapshotFormat, AThreeBitCacheIsFormat1_5AndRefusedUnderAnOlderMinor) {
+  const PackedCausalCache c = testing::small_packed_cache(3);
+  const Bytes good = c.snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(good);
+  EXPECT_EQ(info.minor, 5);
+  EXPECT_EQ(entry_text(info.config, "bits"), "3");
+  const PackedCausalCache b = PackedCausalCache::from_snapshot_bytes(good);
+  EXPECT_TRUE(qvg::detail::debug_state(b).segments == qvg::detail::debug_state(c).segments);
+  EXPECT_EQ(b.snapshot_bytes(), good);
+  EXPECT_EQ(inspect_snapshot_bytes(testing::small_packed_cache(4).snapshot_bytes()).minor, 0);
+  Bytes older = good;
+  older[10] = 4;  // the header's minor (u16, little-endian, offset 10: docs/snapshot.md)
+  older[11] = 0;
+  testing::fix_snapshot_checksums(older);
+  const std::string m =
+      error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(older); }, ErrorKind::CorruptData);
+  EXPECT_NE(m.find("entry 'bits' = 3 is stored from format 1.5, but the file is 1.4"), std::string::npos) << m;
+}
+
 TEST(SnapshotFormat, ImpossibleIncrementalStatesAreRefused) {
   const Bytes good = testing::small_incremental_cache().snapshot_bytes();
   ASSERT_NO_THROW((void)PackedCausalCache::from_snapshot_bytes(good));

@@ -12,6 +12,7 @@
 
 #include "cache/cache_common.h"
 #include "core/bytes_impl.h"
+#include "qvg/code_format.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
 
@@ -83,6 +84,14 @@ CacheOptions get_options(KvReader& kv, uint16_t minor) {
     });
   }
   return o;
+}
+
+// The format minor a code width stored as s's value needs (its row in
+// qvg/code_format.h: 0 for the engine's widths); 0 for other settings and for none.
+uint16_t width_minor(const Setting& s, const SettingValue& v) {
+  if ((s.kind != SettingKind::Bits && s.kind != SettingKind::Width) || !std::holds_alternative<int64_t>(v)) return 0;
+  const CodeFormat* f = find_code_format(int(std::get<int64_t>(v)));
+  return f ? uint16_t(f->snapshot_minor) : 0;
 }
 
 // ---- the QuantArgs entries (packed caches) --------------------------------------------
@@ -158,6 +167,9 @@ QuantArgs get_quant(KvReader& kv, uint16_t minor) {
       case SettingKind::Real: v = kv.real(s.name); break;
       case SettingKind::Seed: v = kv.u64(s.name); break;
     }
+    if (width_minor(s, v) > minor)
+      corrupt("config", fmt::format("{} = {} is stored from format 1.{}, but the file is 1.{}", what,
+                                    setting_text(v), width_minor(s, v), minor));
     s.set(q, v);
   }
   return q;
@@ -217,7 +229,7 @@ uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
   // (issue 27, item 3: the refinement width is stored whenever it is not 4, with no refined chunk too).
   if (q)
     for (const Setting& s : quant_settings())
-      if (!is_default(s, *q)) m = std::max(m, s.snapshot_minor);
+      if (!is_default(s, *q)) m = std::max({m, s.snapshot_minor, width_minor(s, s.get(*q))});
   return m;
 }
 
