@@ -210,7 +210,7 @@ TEST(Npy, RejectsMalformedHeadersWithCorruptData) {
 
 // Every truncation is CorruptData; every byte flip of the header (magic, version,
 // length, dict) is an error; a flip of a data byte reads back exactly: the same
-// array with that byte flipped (issue 42, item 19: the test checks what it says).
+// array with that byte flipped (each flip is checked, not only that nothing crashes).
 TEST(Npy, EveryTruncationAndHeaderByteFlipIsAnErrorADataFlipReadsExactly) {
   NpyArray a;
   a.shape = {1, 2, 2, 3};
@@ -386,8 +386,8 @@ TEST(Safetensors, RejectsBadHeaderLengths) {
 // only renames a tensor, changes a metadata string or another dimension of a tensor
 // of zero elements (a valid file of other names: dtypes and data unchanged, and it
 // writes back to exactly the flipped bytes); a flip of a data byte reads back as that
-// byte of that tensor flipped (issue 42, item 19; it found a NUL byte in the header's
-// padding accepted: the JSON parser read a NUL as the end of its input).
+// byte of that tensor flipped (this found a NUL byte in the header's padding
+// accepted: the JSON parser read a NUL as the end of its input).
 TEST(Safetensors, EveryTruncationIsAnErrorAndEveryByteFlipAnErrorOrReadExactly) {
   const SafetensorsFile f = sample_st();
   const Bytes good = serialize_safetensors(f);
@@ -454,7 +454,7 @@ TEST(Safetensors, EveryTruncationIsAnErrorAndEveryByteFlipAnErrorOrReadExactly) 
   EXPECT_GT(renamed, 0);
 }
 
-// A NUL byte anywhere in the header is refused (issue 42): JSON holds none raw, and
+// A NUL byte anywhere in the header is refused: JSON holds none raw, and
 // the JSON parser read one as the end of its input, so a header whose padding held a
 // NUL — or a NUL followed by anything — was accepted with the rest unread.
 TEST(Safetensors, ANulByteInTheHeaderIsRefused) {
@@ -675,7 +675,7 @@ std::vector<Bytes> qvgt_bases() {
 }
 
 // Reordered arrays and metadata are the same file; a `shape` spelled otherwise than
-// the writer spells it is not (issue 15, finding 10: io.h promises canonical values).
+// the writer spells it is not (qvg/io.h promises canonical values).
 TEST(Qvgt, ReorderedArraysAreAcceptedNonCanonicalShapeIsNot) {
   for (const Bytes& base : qvgt_bases()) {
     const EncodedTensor e = parse_qvgt(base);
@@ -935,7 +935,7 @@ TEST(Qvgt, UnsupportedSafetensorsDtypeIsCorruptData) {
 // Every truncation and every flip of a header byte is CorruptData (the header holds
 // only canonical spellings); a flip of a data byte is CorruptData or reads back as
 // an encoding holding exactly the flipped bytes — it writes back to them byte for
-// byte — that validates and decodes finite (issue 42, item 19).
+// byte — that validates and decodes finite.
 TEST(Qvgt, EveryTruncationAndHeaderFlipIsCorruptDataADataFlipIsRefusedOrReadExactly) {
   const std::vector<Bytes> bases = qvgt_bases();
   int header_flips = 0, data_refused = 0, data_read = 0;

@@ -34,10 +34,10 @@
 
 #include "kernels/kernels.h"
 #include "qvg/cache.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
-#include "qvg/test_access.h"
 #include "support/cache_model.h"
 #include "support/errors.h"
 #include "support/files.h"
@@ -204,7 +204,7 @@ Cache load_twin(const Cache& a, int64_t head_offset, std::mt19937_64& rng, const
     for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(bytes, false).sections)
       st.spans_saved += s.name.starts_with("span ");
     // The lowest version the cache needs: 1.4 for refinement layers (or a refine_bits
-    // other than the default: every setting is stored, issue 27 item 3), 1.2 for a
+    // other than the default: every setting not at its default is stored), 1.2 for a
     // head_offset, 1.1 for spans, else 1.0.
     const bool v11 = a.quant_args().span_mode == SpanMode::Incremental || a.quant_args().span_break_ratio != 0;
     const bool v14 = a.quant_args().refine_recent > 0 || a.quant_args().refine_bits != 4;

@@ -42,7 +42,7 @@ namespace qvg {
 //
 // The path-taking readers below (read_safetensors, read_qvgt, inspect_qvgt,
 // read_tensor_file) read a file's header first and check it against the file's size
-// before anything else of the file is read or allocated (issue 42, item 3): the
+// before anything else of the file is read or allocated (spec 5.1, "Files"): the
 // length fields, then the header itself read as text in pieces of 64 KiB (a NUL byte
 // ends it: a zero-filled or sparse file is refused after one piece), then that the
 // data the header describes fills the rest of the file exactly. So a sparse file of

@@ -225,8 +225,9 @@ uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
   const CacheOptions defaults;
   for (const OptionEntry& e : kOptionEntries)
     if (e.get(o).text() != e.get(defaults).text()) m = std::max(m, e.minor);
-  // Every setting whose value is not the default needs the format that stores it
-  // (issue 27, item 3: the refinement width is stored whenever it is not 4, with no refined chunk too).
+  // Every setting whose value is not the default needs the format that stores it (so
+  // the refinement width is stored whenever it is not 4, with no refined chunk too: a
+  // snapshot loads into a cache of exactly its configuration, docs/snapshot.md).
   if (q)
     for (const Setting& s : quant_settings())
       if (!is_default(s, *q)) m = std::max({m, s.snapshot_minor, width_minor(s, s.get(*q))});
