@@ -129,70 +129,94 @@ struct DecodeMode {
 
 // Whether the vector path of this target takes codes of width W: a vector of L
 // channels must hold whole code groups (L a multiple of G; channel offsets are then
-// multiples of G, so a vector's codes start at a group) and at most 64 bits of code
-// words (CodeUnpack). int3 (G = 8) on 4-lane targets (SSE4, NEON, EMU128) does not
-// qualify: those take the generic path for it.
+// multiples of G, so a vector's codes start at a group) in at most 8 bytes (one code
+// word, CodeUnpack). int3 (G = 8) on 4-lane targets (SSE4, SSSE3, NEON, EMU128) does
+// not qualify: those take the generic path for it.
 template <class W>
 constexpr bool VectorWidth() {
   constexpr size_t L = hn::MaxLanes(hn::ScalableTag<float>());
-  constexpr size_t kGroups = L / size_t(W::kGroupCodes);
-  return L >= 4 && L % size_t(W::kGroupCodes) == 0 && kGroups * (W::kGroupBytes == 1 ? 8 : 32) <= 64;
+  return L >= 4 && L % size_t(W::kGroupCodes) == 0 && L / size_t(W::kGroupCodes) * size_t(W::kGroupBytes) <= 8;
 }
 bool VectorWidth(int bits) {
   return dispatch_width(bits, [](auto w) { return VectorWidth<decltype(w)>(); });
 }
 
+// The N <= 8 bytes at p as a little-endian word. A size that is not a power of two
+// (int3: 3 or 6 bytes) is read in power-of-two pieces combined in a register: a copy
+// through memory would make the following 8-byte load wait for the narrower stores.
+template <size_t N>
+HWY_INLINE uint64_t LoadWord(const uint8_t* p) {
+  static_assert(N >= 1 && N <= 8, "one word");
+  if constexpr ((N & (N - 1)) == 0) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, N);
+    return w;
+  } else {
+    constexpr size_t kLow = N >= 4 ? 4 : N >= 2 ? 2 : 1;
+    return LoadWord<kLow>(p) | (LoadWord<N - kLow>(p + kLow) << (8 * kLow));
+  }
+}
+
 // The codes of one vector of L channels, for codes of width kBits (a row W of
-// qvg/code_format.h: G codes per group of B bytes). They are L / G whole groups,
-// gathered into one code word that is broadcast; every lane then shifts its own code
-// down (per-lane shift amounts), so no byte shuffles or tables are needed:
-// - a group of one byte (int2, int4): the L*bits/8 bytes loaded as one little-endian
-//   word, group g in bits [8g, 8g + 8);
-// - a group of several bytes (int3: 8 codes in 3): each group's value V (its bytes
-//   most significant first, spec 1.5) in its own 32-bit half of the word.
-// Code j of group g lies at bit slot(g) + W::shift(j). When the word spans two 32-bit
-// lanes, each lane picks its half (TableLookupLanes).
+// qvg/code_format.h: G codes per group of B bytes). They are the L / G whole groups
+// of L*kBits/8 bytes, loaded as one little-endian word (LoadWord); every lane then holds a word
+// in which its code lies at a per-lane bit position and shifts it down (per-lane shift
+// amounts), so no per-element byte work is needed:
+// - a group of one byte (int2, int4): the word broadcast; group g is byte g, its
+//   code j at bit 8g + W::shift(j) (words over 32 bits: each lane picks its half);
+// - a group of several bytes (int3: 8 codes in 3): one byte shuffle puts in lane i the
+//   value V of its group g = i / G (bytes most significant first, spec 1.5), so its
+//   code j = i mod G is at bit W::shift(j).
 // When the 2^kBits code values fit one vector (kLut), a block's values are looked
 // up in a per-block table whose entry c holds (c - qmax) * s_eff (symmetric) or
 // c * s_eff + z_eff (asymmetric), computed with the very operations of spec 1.3 on
 // the very operands, so looking a code up gives the bits of computing it; else the
-// codes are converted and scaled per element. (Only for VectorWidth<W>().)
-template <int kBits, bool kAsym>
+// codes are converted and scaled per element. (Only for VectorWidth<W>(); DF a
+// template parameter so that nothing is formed for targets that never instantiate it.)
+template <int kBits, bool kAsym, class DF = hn::ScalableTag<float>>
 struct CodeUnpack {
   using W = Width<kBits>;
-  using DF = hn::ScalableTag<float>;
   using V = hn::Vec<DF>;
   using DU = hn::RebindToUnsigned<DF>;
   using DI = hn::RebindToSigned<DF>;
+  using DU8 = hn::Repartition<uint8_t, DU>;
+  using DU64 = hn::Repartition<uint64_t, DU>;
   static constexpr size_t L = hn::MaxLanes(DF());
   static_assert(VectorWidth<W>(), "the vector path does not take this width on this target");
   static constexpr size_t G = size_t(W::kGroupCodes), B = size_t(W::kGroupBytes);
-  static constexpr size_t kGroups = L / G;                    // code groups per vector
-  static constexpr size_t kSlotBits = B == 1 ? 8 : 32;        // bits of the word per group
-  static constexpr size_t kCodeBytes = kGroups * B;           // bytes per vector
-  static constexpr bool kTwoWords = kGroups * kSlotBits > 32;  // the word spans two 32-bit lanes
+  static constexpr size_t kCodeBytes = L / G * B;                 // bytes per vector
+  static constexpr bool kShuffle = B > 1;                          // groups of several bytes
+  static constexpr bool kTwoWords = !kShuffle && kCodeBytes > 4;   // the word spans two 32-bit lanes
   static constexpr bool kLut = (size_t(1) << kBits) <= L;
 
   hn::Vec<DU> shifts, mask;
   hn::Vec<DI> qoff;
   decltype(hn::SetTableIndices(DU(), static_cast<const int32_t*>(nullptr))) words;
+  hn::Vec<DU8> group_bytes;  // kShuffle: lane i's bytes (little-endian) from its group's bytes
   V lut_codes;  // lane i: code i (mod 2^kBits) minus the offset, as an exact float
 
   HWY_INLINE CodeUnpack() {
     const DF df;
     const DU du;
     const DI di;
+    const DU8 du8;
     alignas(64) uint32_t shift_arr[L];
     alignas(64) int32_t word_arr[L];
     alignas(64) int32_t iota_arr[L];
+    alignas(64) uint8_t byte_arr[4 * L];
     for (size_t i = 0; i < L; ++i) {
-      const uint32_t p = uint32_t(kSlotBits * (i / G) + size_t(W::shift(int(i % G))));
+      const size_t g = i / G, j = i % G;
+      const uint32_t p = uint32_t((kShuffle ? 0 : 8 * g) + size_t(W::shift(int(j))));
       shift_arr[i] = p % 32;
       word_arr[i] = int32_t(p / 32);
       iota_arr[i] = int32_t(i % (size_t(1) << kBits));
+      // The word is broadcast to every 64-bit lane, so each 16-byte block holds it at
+      // bytes 0-7: byte k of lane i is byte g * B + (B - 1 - k) of the word, or 0.
+      for (size_t k = 0; k < 4; ++k) byte_arr[4 * i + k] = k < B ? uint8_t(g * B + (B - 1 - k)) : uint8_t(0x80);
     }
     shifts = hn::Load(du, shift_arr);
     words = hn::SetTableIndices(du, word_arr);
+    group_bytes = hn::Load(du8, byte_arr);
     mask = hn::Set(du, W::kMask);
     qoff = hn::Set(di, kAsym ? 0 : W::kQmaxSym);
     lut_codes = hn::ConvertTo(df, hn::Sub(hn::Load(di, iota_arr), qoff));
@@ -203,27 +227,17 @@ struct CodeUnpack {
     if constexpr (kAsym) tab = hn::Add(tab, zv);
     return tab;
   }
-  /// The code word of the vector of channels starting at d (a multiple of L).
-  static HWY_INLINE uint64_t Word(const uint8_t* code, int64_t d) {
-    uint64_t w = 0;
-    if constexpr (B == 1) {
-      std::memcpy(&w, code + size_t(d) * kBits / 8, kCodeBytes);
-    } else {
-      const uint8_t* p = code + size_t(d) / G * B;
-      for (size_t g = 0; g < kGroups; ++g) w |= uint64_t(GroupValue<W>(p + g * B)) << (kSlotBits * g);
-    }
-    return w;
-  }
   /// The dequantized codes of channels [d, d + L) of a row of codes `code`.
   HWY_INLINE V Values(const uint8_t* code, int64_t d, V tab, V sv, V zv) const {
     const DF df;
     const DU du;
     const DI di;
-    const uint64_t w = Word(code, d);
+    const uint64_t w = LoadWord<kCodeBytes>(code + size_t(d) / G * B);
     hn::Vec<DU> wv;
-    if constexpr (kTwoWords) {
-      const hn::Repartition<uint64_t, DU> du64;
-      wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
+    if constexpr (kShuffle) {
+      wv = hn::BitCast(du, hn::TableLookupBytesOr0(hn::BitCast(DU8(), hn::Set(DU64(), w)), group_bytes));
+    } else if constexpr (kTwoWords) {
+      wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(DU64(), w)), words);
     } else {
       wv = hn::Set(du, uint32_t(w));
     }
