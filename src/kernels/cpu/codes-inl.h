@@ -28,8 +28,13 @@ HWY_INLINE uint32_t GroupValue(const uint8_t* p) {
 
 template <class W, size_t... J, size_t... K>
 HWY_INLINE void PackGroupOf(const uint8_t* q, uint8_t* out, std::index_sequence<J...>, std::index_sequence<K...>) {
-  const uint32_t v = ((uint32_t(q[J]) << W::shift(int(J))) | ...);
-  ((out[K] = uint8_t(v >> (8 * (W::kGroupBytes - 1 - int(K))))), ...);
+  if constexpr (W::kGroupBytes == 1) {
+    // One byte (int2, int4): in int, as the byte it is (the compiler then ORs bytes).
+    out[0] = uint8_t(((q[J] << W::shift(int(J))) | ...));
+  } else {
+    const uint32_t v = ((uint32_t(q[J]) << W::shift(int(J))) | ...);
+    ((out[K] = uint8_t(v >> (8 * (W::kGroupBytes - 1 - int(K))))), ...);
+  }
 }
 /// Codes q[0, G) (each < 2^bits) packed into the group's W::kGroupBytes bytes at out:
 /// qvg::pack_group<W>.
