@@ -159,9 +159,9 @@ HWY_INLINE uint64_t LoadWord(const uint8_t* p) {
 
 // The codes of one vector of L channels, for codes of width kBits (a row W of
 // qvg/code_format.h: G codes per group of B bytes). They are the L / G whole groups
-// of L*kBits/8 bytes, loaded as one little-endian word (LoadWord); every lane then holds a word
-// in which its code lies at a per-lane bit position and shifts it down (per-lane shift
-// amounts), so no per-element byte work is needed:
+// of L*kBits/8 bytes, loaded as one little-endian word (LoadWord); every lane then
+// holds a word in which its code lies at a per-lane bit position and shifts it down
+// (per-lane shift amounts), so no per-element byte work is needed:
 // - a group of one byte (int2, int4): the word broadcast; group g is byte g, its
 //   code j at bit 8g + W::shift(j) (words over 32 bits: each lane picks its half);
 // - a group of several bytes (int3: 8 codes in 3): one byte shuffle puts in lane i the
@@ -493,8 +493,9 @@ void AddLayerScalar(const RefineRows& r, int64_t t, int64_t D, DType out, float*
 }
 
 // Any job: per token, the codes are expanded to floats (ExpandCodeRow: a byte table
-// for one-byte groups, else group by group), scaled block by block (per vector when a block spans whole vectors, else per element) and the
-// centroids added, with the operations and order of the vector path.
+// for one-byte groups, else group by group), scaled block by block (per vector when
+// a block spans whole vectors, else per element) and the centroids added, with the
+// operations and order of the vector path. Also int3 on 4-lane targets (VectorWidth).
 void DecodeRowsGeneric(const DecodeRows& j) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
