@@ -77,7 +77,7 @@ void BM_Decode(benchmark::State& st) {
   st.counters["fraction_of_copy_bw"] =
       benchmark::Counter(bytes / limits().copy_bps, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Decode)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode)->Arg(2)->Arg(3)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 std::vector<float> centred_group(int64_t h) {
   const Tensor& k = chunk().k;
