@@ -18,6 +18,7 @@
 #include <span>
 
 #include "fuzz_support.h"
+#include "qvg/code_format.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
@@ -31,7 +32,9 @@ void encode_job(const uint8_t* data, size_t size) {
   if (size < 3 || (data[0] & 0x80) == 0) return;  // a job only when the first byte's top bit is set
   CodecConfig c;
   const uint8_t a = data[0], b = data[1], d = data[2];
-  c.bits = (a & 1) ? 4 : 2;
+  // The engine's widths as the seeds always chose them; with d's bit 4 set, any row of
+  // the code-format table (int3 included).
+  c.bits = (d & 16) ? kCodeFormats[size_t((d >> 5) + (a & 1)) % size_t(kCodeFormatCount)].bits : (a & 1) ? 4 : 2;
   c.asymmetric = (a & 2) != 0;
   c.scale_dtype = (a & 4) ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
   c.scaling = (a & 8) ? Scaling::Compat : Scaling::TwoLevel;
