@@ -45,7 +45,8 @@ message(STATUS "qvg: CUDA backend: ${QVG_HAVE_CUDA} (QVG_ENABLE_CUDA=${QVG_ENABL
 if(QVG_HAVE_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES ${QVG_CUDA_ARCHS})
   # Device code is C++17 (CMake 3.25 does not know nvcc 13's C++20 flag); the .cu
-  # files include no qvg public header (those are C++20), only src/kernels/cuda/*.
+  # files include only src/kernels/cuda/* and, through src/core/residual_impl.h, the
+  # one public header written for nvcc: qvg/code_format.h (C++17, QVG_HD).
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
@@ -77,7 +78,7 @@ if(QVG_HAVE_CUDA)
                             src/cache/cuda/input_guard.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
-  target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(qvg_cuda_kernels PRIVATE CUDA::cudart)
   target_compile_options(qvg_cuda_kernels PRIVATE ${QVG_CUDA_FLAGS})
 
