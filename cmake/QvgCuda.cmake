@@ -10,6 +10,8 @@
 #                         layer), linked to qvg_cuda and CUDA::cublas
 #   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
 #                         (runs without a GPU; registered with ctest)
+#   qvg_cuda_code_format_test  host-only test of the bodies' code formats (every
+#                         row of qvg/code_format.h against spec 1.5; ctest)
 #   qvg_cuda_replay_test  host-only test of the GPU tests' encode check: the device
 #                         encoder's rules replayed from given assignments (ctest)
 #   qvg_cuda_device_errors_test  host-only test of the device packed cache's
@@ -96,6 +98,14 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_host_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
+  # Host-side test of the bodies' code formats (issue 36): every row of
+  # qvg/code_format.h (int2, int3, int4) through the code words, the quantizer's pack
+  # passes, the scale search and whole decode launches, against spec 1.5 written in the test.
+  add_executable(qvg_cuda_code_format_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_code_format_test.cpp)
+  target_include_directories(qvg_cuda_code_format_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_code_format_test PRIVATE qvg_core)
+  target_compile_options(qvg_cuda_code_format_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
+
   # Host-side test of the GPU tests' encode check (issue 24): the device encoder's
   # rules replayed on the host from given assignments (tests/gpu/encode_replay.h).
   add_executable(qvg_cuda_replay_test ${PROJECT_SOURCE_DIR}/tests/gpu/encode_replay_test.cpp)
@@ -140,6 +150,7 @@ if(QVG_HAVE_CUDA)
 
   enable_testing()
   add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
+  add_test(NAME cuda.host_code_format COMMAND qvg_cuda_code_format_test)
   add_test(NAME cuda.host_device_errors COMMAND qvg_cuda_device_errors_test)
   add_test(NAME cuda.host_encode_replay COMMAND qvg_cuda_replay_test)
   add_test(NAME cuda.host_device_calls COMMAND qvg_cuda_calls_test)

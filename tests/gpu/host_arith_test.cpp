@@ -6,7 +6,7 @@
 // - the codec's PRNG (one definition, host and device) against known answers;
 // - decode_vec8 / decode_one over every element of CPU-encoded tensors in all
 //   modes against kernels::ref::decode_rows, into dense and strided sub-range targets;
-// - block_stats + pack_byte against quantize_residual_group, and the scale search
+// - block_stats + pack_word / pack_group_at against quantize_residual_group, and the scale search
 //   (search_block) against quantize_residual_group with ScaleSearch::Mse;
 // - issue 25's bodies (span_bodies.cuh): a span chunk's quantizer inputs from its
 //   span's codebook against encode_span_chunk (same bytes given its assignments, and
@@ -130,7 +130,7 @@ size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks, int32_t min_
         for (int tid = 0; tid < K::kDecodeThreads; ++tid) K::decode_block_generic(L, ti, local, tid);
         continue;
       }
-      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref != 0,
+      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits,
                           [&](auto b, auto f, auto c, auto o, auto r) {
                             modes_run().insert(decltype(r)::value * 10000 + decltype(b)::value * 1000 +
                                                decltype(f)::value * 100 + decltype(c)::value * 10 + decltype(o)::value);
@@ -505,7 +505,12 @@ namespace {
 /// stats_lane per thread, the segment merge of the kernel's shfl_down loop over
 /// each warp of 32 lanes, stats_leader; else stats_scan per block), the group
 /// maxima, the stored scales (scale_block per block), the pack (pack_word per 8
-/// channels, else pack_byte per byte).
+/// channels, else pack_group_at per group of codes).
+/// search_block of a's width (the instantiation search_scales launches).
+void search_block_of_width(const K::QuantizeArgs& a, int64_t si) {
+  qvg::dispatch_width(a.bits, [&](auto w) { K::search_block<decltype(w)>(a, si); });
+}
+
 void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256) {
   std::fill(a.group_max, a.group_max + 2 * a.G, 0.0f);
   const int64_t nb = a.D / a.block;
@@ -542,10 +547,13 @@ void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256)
       }
   }
   for (int64_t si = 0; si < a.G * a.S * nb; ++si) K::scale_block(a, si);
-  if (K::quantize_vectorizable(a.D, a.block))
-    for (int64_t w = 0; w < a.G * a.S * (a.D / 8); ++w) K::pack_word(a, w);
-  else
-    for (int64_t e = 0; e < a.G * a.S * a.D * a.bits / 8; ++e) K::pack_byte(a, e);
+  qvg::dispatch_width(a.bits, [&](auto wd) {  // as quantize_residual picks the pack kernel
+    using W = decltype(wd);
+    if (K::kCodeWordFits<W> && K::quantize_vectorizable(a.D, a.block))
+      for (int64_t w = 0; w < a.G * a.S * (a.D / 8); ++w) K::pack_word<W>(a, w);
+    else
+      for (int64_t e = 0; e < K::code_groups<W>(a); ++e) K::pack_group_at<W>(a, e);
+  });
 }
 
 }  // namespace
@@ -706,7 +714,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         qvg::EncodedTensor refm = e;
         for (int64_t g = 0; g < G; ++g)
           qvg::detail::quantize_residual_group(fin.data() + g * S * D, g, refm, qvg::ScaleSearch::Mse);
-        for (int64_t si = 0; si < G * S * nb; ++si) K::search_block(a, si);
+        for (int64_t si = 0; si < G * S * nb; ++si) search_block_of_width(a, si);
         QVG_EXPECT(got.codes == refm.codes) << what << "mse codes";
         QVG_EXPECT(got.scales == refm.scales) << what << "mse scales";
         QVG_EXPECT(got.zeros == refm.zeros) << what << "mse zeros";
@@ -834,7 +842,7 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
                 got, r.data(), stored.data(), cpu.ids[size_t(stages - 1)].data(), int(Kc), raw_s, raw_z, gmax);
             run_quantize_kernels(a);
             if (search == qvg::ScaleSearch::Mse)
-              for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si) K::search_block(a, si);
+              for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si) search_block_of_width(a, si);
             QVG_EXPECT(got.codes == cpu.codes) << what << "codes";
             QVG_EXPECT(got.scales == cpu.scales) << what << "scales";
             QVG_EXPECT(got.zeros == cpu.zeros) << what << "zeros";
