@@ -211,7 +211,7 @@ QVG_TEST(pack8_codes_are_quantize_codes) {
         const float z = asym ? n01(rng) * 3.0f : 0.0f;
         float v[8];
         for (float& x : v) x = rep % 5 == 0 ? z + s * float(int(n01(rng) * 4)) * 0.5f : n01(rng) * s * float(qmax);
-        const uint32_t word = K::pack8<W>(v, asym, s, z);
+        const uint32_t word = K::pack8<W>(v, qmax, asym, s, z);
         bool ok = true;
         for (int i = 0; i < 8; ++i)
           ok = ok && K::code_of_word<W>(word, i) == uint32_t(A::quantize_code(v[i], qmax, asym, s, z));

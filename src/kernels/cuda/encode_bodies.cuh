@@ -360,11 +360,10 @@ QVG_HD void scale_block(const QuantizeArgs& a, int64_t si) {
 
 /// The code word (bodies.cuh: the codes of 8 channels, spec 1.5 order) of 8
 /// consecutive channels v of one block with effective scale s_eff (and zero z_eff),
-/// codes of width W: code i at bit code_word_shift<W>(i).
+/// codes of width W (qmax = qmax_of<W>(asym)): code i at bit code_word_shift<W>(i).
 template <class W>
-QVG_HD uint32_t pack8(const float (&v)[8], bool asym, float s_eff, float z_eff) {
+QVG_HD uint32_t pack8(const float (&v)[8], int qmax, bool asym, float s_eff, float z_eff) {
   namespace A = qvg::cuda_arith;
-  const int qmax = A::qmax_of<W>(asym);
   uint32_t w = 0;
   QVG_UNROLL
   for (int i = 0; i < 8; ++i) w |= uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff)) << code_word_shift<W>(i);
@@ -380,7 +379,10 @@ QVG_HD void pack_word(const QuantizeArgs& a, int64_t w) {
   residual8(a, row, c, v);
   const int64_t si = row * (a.D / a.block) + (c * 8) / a.block;
   const bool asym = a.asymmetric;
-  const uint32_t word = pack8<W>(v, asym, a.raw_s[si], asym ? a.raw_z[si] : 0.0f);
+  // qmax from the argument's width (== W's), not the constant qmax_of<W>: pack_vec_kernel
+  // then takes 34 registers, with the constant 48 (nvcc 13, sm_90a; 40 before issue 36).
+  const int qmax = qvg::cuda_arith::qmax_of(a.bits, asym);
+  const uint32_t word = pack8<W>(v, qmax, asym, a.raw_s[si], asym ? a.raw_z[si] : 0.0f);
   store_code_word<W>(a.codes + row * (cpr * kCodeWordBytes<W>) + c * kCodeWordBytes<W>, word);
 }
 /// Group e (flat index over the rows' groups of W::kGroupCodes channels) of the
