@@ -38,7 +38,9 @@ namespace {
 
 // ---- the reference: spec 1.2 / 1.5, written from the text ---------------------------
 
-int spec_qmax(int bits, bool asym) { return asym ? (1 << bits) - 1 : (1 << (bits - 1)) - 1; }
+int spec_qmax(int bits, bool asym) {
+  return asym ? (1 << bits) - 1 : (1 << (bits - 1)) - 1;
+}
 
 /// Bytes of one row of `code.size()` codes packed as spec 1.5 says.
 std::vector<uint8_t> spec_pack(const std::vector<int>& code, int bits) {
@@ -386,9 +388,8 @@ QVG_TEST(quantizer_passes_of_every_width) {
           const int64_t nb = D / block, nblk = q.G * q.S * nb;
           std::vector<uint8_t> codes(size_t(q.G * q.S * D * bits / 8), 0xA5), scales(size_t(nblk) * (fp8 ? 1 : 2)),
               zeros(asym ? scales.size() : 0);
-          std::vector<float> sf(static_cast<size_t>(q.G)), zf(static_cast<size_t>(q.G)), raw_s(static_cast<size_t>(nblk)),
-              raw_z(static_cast<size_t>(nblk)),
-              gmax(size_t(2 * q.G));
+          std::vector<float> sf(static_cast<size_t>(q.G)), zf(static_cast<size_t>(q.G)),
+              raw_s(static_cast<size_t>(nblk)), raw_z(static_cast<size_t>(nblk)), gmax(size_t(2 * q.G));
           K::QuantizeArgs a;
           a.r = q.r.data();
           a.stored = fused ? q.stored.data() : nullptr;
@@ -586,7 +587,8 @@ uint32_t reference_element(const Synth& e, int odt, int64_t b, int64_t h, int64_
     const int64_t rsi = row * (e.D / e.rblock) + d / e.rblock;
     const float rs = A::effective(A::stored_value(e.rscales.data(), e.rfp8, rsi), e.rfactor ? e.rsf[size_t(g)] : 1.0f);
     const int rcode = spec_unpack(e.rcodes.data() + row * (e.D * e.rbits / 8), e.rbits, d);
-    const float layer = A::add_rn(A::mul_rn(float(rcode - spec_qmax(e.rbits, false)), rs), e.rcent[size_t(g * e.D + d)]);
+    const float layer =
+        A::add_rn(A::mul_rn(float(rcode - spec_qmax(e.rbits, false)), rs), e.rcent[size_t(g * e.D + d)]);
     acc = A::add_rn(A::round_trip(acc, odt), layer);
   }
   return A::encode_elem(acc, odt);
@@ -718,8 +720,9 @@ QVG_TEST(decode_launches_of_every_width) {
   struct GenericCase {
     int D, block, rbits, rblock, odt_other;
   };
-  for (const GenericCase gc : {GenericCase{2056, 8, 0, 0, 0}, GenericCase{64, 16, 3, 8, 1}, GenericCase{24, 8, 2, 12, 0},
-                               GenericCase{48, 24, 4, 6, 0}, GenericCase{64, 32, 3, 16, 1}})
+  for (const GenericCase gc :
+       {GenericCase{2056, 8, 0, 0, 0}, GenericCase{64, 16, 3, 8, 1}, GenericCase{24, 8, 2, 12, 0},
+        GenericCase{48, 24, 4, 6, 0}, GenericCase{64, 32, 3, 16, 1}})
     for (int bits : widths) {
       if (gc.block % qvg::find_code_format(bits)->group_codes != 0) continue;
       Synth e;
@@ -769,7 +772,8 @@ QVG_TEST(one_decode_call_mixes_widths) {
   Buf out(size_t(per * 2 * int64_t(es.size())) + 64, 0, 0xA5);
   std::vector<K::DecodeArgs> tasks;
   for (size_t i = 0; i < es.size(); ++i)
-    tasks.push_back(synth_task(es[i], A::kBF16, 0, es[i].S, 0, es[i].H, es[i].H * es[i].D, out.p + 2 * per * int64_t(i)));
+    tasks.push_back(
+        synth_task(es[i], A::kBF16, 0, es[i].S, 0, es[i].H, es[i].H * es[i].D, out.p + 2 * per * int64_t(i)));
   const std::vector<K::DecodeLaunch> plan = K::plan_decode(tasks.data(), int(tasks.size()));
   std::set<int> modes;
   for (const K::DecodeArgs& t : tasks) modes.insert(t.bits * 10 + (t.ref_codes ? t.ref_bits : 0));
@@ -791,4 +795,6 @@ QVG_TEST(one_decode_call_mixes_widths) {
   QVG_EXPECT(out.p[2 * per * int64_t(es.size())] == 0xA5) << "written past the last target";
 }
 
-int main(int argc, char** argv) { return qvg::testing::run_all(argc, argv); }
+int main(int argc, char** argv) {
+  return qvg::testing::run_all(argc, argv);
+}

@@ -28,7 +28,9 @@ inline std::vector<Mode> modes_of_widths(const std::vector<int>& widths) {
   return m;
 }
 /// The engine's widths, bits 2/4 (what the host tests compare with the CPU codec).
-inline std::vector<Mode> all_modes() { return modes_of_widths({2, 4}); }
+inline std::vector<Mode> all_modes() {
+  return modes_of_widths({2, 4});
+}
 /// Every row of qvg/code_format.h (int2, int3, int4): the device tests' sweep. A mode's
 /// block size must be a multiple of its row's group_codes (int3: 8).
 inline std::vector<Mode> every_width_modes() {

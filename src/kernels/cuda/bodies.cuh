@@ -150,7 +150,8 @@ QVG_HD uint32_t load_code_word(const uint8_t* p) {
   } else {
     uint32_t w = 0;
     QVG_UNROLL
-    for (int k = 0; k < 8 / W::kGroupCodes; ++k) w |= qvg::group_value<W>(p + k * W::kGroupBytes) << (8 * W::kGroupBytes * k);
+    for (int k = 0; k < 8 / W::kGroupCodes; ++k)
+      w |= qvg::group_value<W>(p + k * W::kGroupBytes) << (8 * W::kGroupBytes * k);
     return w;
   }
 }
@@ -519,8 +520,7 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
       const float z_eff = asym ? A::effective(stored_scale<FP8>(zraw[k]), gz) : 0.0f;
       float acc[8];
       QVG_UNROLL
-      for (int i = 0; i < 8; ++i)
-        acc[i] = A::dequant_biased(code_of_word<W>(word[k], i), qbias, asym, s_eff, z_eff);
+      for (int i = 0; i < 8; ++i) acc[i] = A::dequant_biased(code_of_word<W>(word[k], i), qbias, asym, s_eff, z_eff);
       for (int st = 0; st < T.stages; ++st) {
         Word4 w0 = c0[k], w1 = c1[k];
         if (st > 0) {  // later stages (rare): loaded here
