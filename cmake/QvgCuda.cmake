@@ -17,7 +17,7 @@
 #   qvg_cuda_device_errors_test  host-only test of the device packed cache's
 #                         argument errors, raised before any CUDA call (ctest;
 #                         the policy it runs is checked by the ci preset's
-#                         tests/gpu/cache_plan_test.cpp, GoogleTest)
+#                         tests/test_cache_plan.cpp, GoogleTest)
 #   qvg_cuda_calls_test   host-only test of the device caches' runtime calls over a
 #                         recording fake runtime: update() never waits (ctest)
 #   qvg_gpu_tests         GPU tests (tiny in-repo harness, no gtest)
@@ -98,16 +98,17 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_host_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
-  # Host-side test of the bodies' code formats (issue 36): every row of
-  # qvg/code_format.h (int2, int3, int4) through the code words, the quantizer's pack
-  # passes, the scale search and whole decode launches, against spec 1.5 written in the test.
+  # Host-side test of the bodies' code formats: every row of qvg/code_format.h (int2,
+  # int3, int4) through the code words, the quantizer's pack passes, the scale search
+  # and whole decode launches, against spec 1.5 written in the test.
   add_executable(qvg_cuda_code_format_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_code_format_test.cpp)
   target_include_directories(qvg_cuda_code_format_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_code_format_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_code_format_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
-  # Host-side test of the GPU tests' encode check (issue 24): the device encoder's
-  # rules replayed on the host from given assignments (tests/gpu/encode_replay.h).
+  # Host-side test of the GPU tests' encode check: the device encoder's rules
+  # replayed on the host from given assignments (tests/gpu/encode_replay.h) must
+  # accept every near-tie order and reject every corruption.
   add_executable(qvg_cuda_replay_test ${PROJECT_SOURCE_DIR}/tests/gpu/encode_replay_test.cpp)
   target_include_directories(qvg_cuda_replay_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_replay_test PRIVATE qvg_core)
@@ -120,18 +121,20 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_device_errors_test PRIVATE qvg_cuda)
   target_compile_options(qvg_cuda_device_errors_test PRIVATE ${QVG_WARNINGS})
 
-  # Host-side test of the device caches' runtime calls (issue 40): the executable
-  # defines a recording fake of every CUDA runtime function the library calls, so the
-  # caches' host code runs without a GPU and each update()'s calls are checked (no
-  # synchronization, no host copy); the deferred input check's host half.
+  # Host-side test of the device caches' runtime calls (update() never waits,
+  # docs/cuda.md): the executable defines a recording fake of every CUDA runtime
+  # function the library calls, so the caches' host code runs without a GPU and each
+  # update()'s calls are checked (no synchronization, no host copy); the deferred
+  # input check's host half.
   add_executable(qvg_cuda_calls_test ${PROJECT_SOURCE_DIR}/tests/gpu/device_calls_test.cpp)
   target_include_directories(qvg_cuda_calls_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_calls_test PRIVATE qvg_cuda)
   target_compile_options(qvg_cuda_calls_test PRIVATE ${QVG_WARNINGS})
 
-  add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp ${PROJECT_SOURCE_DIR}/tests/gpu/issue25_tests.cpp
+  add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp
+                               ${PROJECT_SOURCE_DIR}/tests/gpu/all_settings_tests.cpp
                                ${PROJECT_SOURCE_DIR}/tests/gpu/kmeanspp_gpu_tests.cpp
-                               ${PROJECT_SOURCE_DIR}/tests/gpu/issue40_tests.cpp)
+                               ${PROJECT_SOURCE_DIR}/tests/gpu/async_update_tests.cpp)
   target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_gpu_tests PRIVATE qvg_cuda)
   target_compile_options(qvg_gpu_tests PRIVATE ${QVG_WARNINGS})

@@ -1,13 +1,13 @@
 // libFuzzer target: the `.qvgt` reader, then the decoder on what it accepted.
 // Properties: no crash or sanitizer report; parse_qvgt throws only CorruptData;
-// allocation within the stated bound; an accepted file re-serialises byte for byte
-// to a file that parses back equal; its decode is finite in every output dtype.
-// And the other way round (issue 42, item 1): an input whose first byte has its top
-// bit set is also read as an encoder's job — a configuration from the first 3 bytes
-// (every bit width, dtype, scale dtype, scaling, asymmetric or not, scale search, 1-8
-// centroids, 1-2 stages), then up to 8 tokens of values of the job's dtype taken bit
-// for bit (denormals, the smallest normals, up to 1e16: every value the input limits
-// allow; one outside them is read as 0) — is encoded, and the reader accepts the
+// allocation within the stated bound; an accepted file re-serialises byte for byte to a
+// file that parses back equal; its decode is finite in every output dtype. And the
+// other way round (every encoding the encoder writes is readable): an input whose first
+// byte has its top bit set is also read as an encoder's job — a configuration from the
+// first 3 bytes (every bit width, dtype, scale dtype, scaling, asymmetric or not, scale
+// search, 1-8 centroids, 1-2 stages), then up to 8 tokens of values of the job's dtype
+// taken bit for bit (denormals, the smallest normals, up to 1e16: every value the input
+// limits allow; one outside them is read as 0) — is encoded, and the reader accepts the
 // encoding: parse_qvgt of its serialisation equals it.
 #include <algorithm>
 #include <cmath>

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
 """Counts the source files that use each codec setting as a member of QuantArgs / RoleCodec.
 
-Issue 23 asks that a setting's name be in at most 4 source files outside tests, docs and
-fuzz. For the policy settings scripts/check-setting-names.py counts the word. The codec
-settings (bits, centroids, block_size, stages, kmeans_iters, asymmetric, sink, scaling,
-scale_dtype, init, scale_search, seed) are also the codec's own vocabulary (CodecConfig,
-EncodingLayout, the kernels, the codec flags), so a word count cannot tell the setting
-from the codec. This script asks the compiler instead: in a copy of the tree it renames
-those members of QuantArgs and RoleCodec (include/qvg/config.h), compiles everything with
-`ninja -k 0` (the CPU library, the CLI, the tests' objects, and the PyTorch binding when
---python names an interpreter with torch), and lists, per setting, the files where the
-compiler finds the old member name. A file in that list reads or writes the setting
-itself; CodecConfig's and EncodingLayout's members of the same name do not count.
+The rule (docs/design.md, "One home for each rule": the settings table): a setting's name
+is in at most 4 source files outside tests, docs and fuzz. For the policy settings
+scripts/check-setting-names.py counts the word. The codec settings (bits, centroids,
+block_size, stages, kmeans_iters, asymmetric, sink, scaling, scale_dtype, init,
+scale_search, seed) are also the codec's own vocabulary (CodecConfig, EncodingLayout, the
+kernels, the codec flags), so a word count cannot tell the setting from the codec. This
+script asks the compiler instead: in a copy of the tree it renames those members of
+QuantArgs and RoleCodec (include/qvg/config.h), compiles everything with `ninja -k 0` (the
+CPU library, the CLI, the tests' objects, and the PyTorch binding when --python names an
+interpreter with torch), and lists, per setting, the files where the compiler finds the
+old member name. A file in that list reads or writes the setting itself; CodecConfig's and
+EncodingLayout's members of the same name do not count.
 
 The CUDA backend is not compiled here (nvcc and minutes); it holds no QuantArgs member
 access today (grep: it takes CodecConfig from QuantArgs::codec()).

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One option parser on every surface (issue 27, item 13; docs/reliability.md finding
-# 27): the CLI reads the cache flags and the per-role --k-config/--v-config through the
-# settings table's parser, as the engine's flags are read: no hex reals, booleans
-# true/false/1/0 only, no duplicate or empty --k-config items, and --profile '' is an
-# error, not "no profile". Each refusal is exit status 1 with one "qvg: error:" line.
+# One option parser on every surface (docs/reliability.md, finding 27): the CLI reads
+# the cache flags and the per-role --k-config/--v-config through the settings table's
+# parser, as the engine's flags are read: no hex reals, booleans true/false/1/0 only, no
+# duplicate or empty --k-config items, and --profile '' is an error, not "no profile".
+# Each refusal is exit status 1 with one "qvg: error:" line.
 # Usage: bash options.sh /path/to/qvg
 set -euo pipefail
 QVG=${1:?usage: options.sh /path/to/qvg}
@@ -47,7 +47,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d.get("refine_recent") == 2 and d.get("refine_bits") == 2, {k: d.get(k) for k in ("refine_recent", "refine_bits")}
 PY
-# Defaults by command (issue 39, item 4): each command's help gives its default width
+# Defaults by command: each command's help gives its default width
 # and codebook size and why they differ; --profile recommended's help says what the
 # profile sets (V's scale search off, as QuantArgs::apply_profile does).
 cmd_help() { "$QVG" "$1" --help | tr -s ' \n' ' '; }

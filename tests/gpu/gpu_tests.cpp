@@ -18,10 +18,10 @@
 //   cache, raw view tokens equal to the CPU's, packed ones equal to the CPU decode of
 //   the device's own encodings, and each encoding the device encoder's of the
 //   segment's values, equal to the host replay of its assignments.
-// Issue 25's tests (names issue25_*: the device cache with every setting) and
-// measurements (--issue25-measure) are in tests/gpu/issue25_tests.cpp; init kmeans++
-// on the device (its picks against the CPU rule, its encodings against the host
-// replay) in tests/gpu/kmeanspp_gpu_tests.cpp.
+// The device cache with every setting of the CPU cache (tests all_settings_*, the
+// measurements --all-settings-measure) is in tests/gpu/all_settings_tests.cpp; init
+// kmeans++ on the device (its picks against the CPU rule, its encodings against the
+// host replay) in tests/gpu/kmeanspp_gpu_tests.cpp.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -191,7 +191,7 @@ QVG_TEST(window_decode_tasks_match_cpu) {
   }
 }
 
-// The device encoder against its own rules replayed on the host (issue 24, item 5):
+// The device encoder against its own rules replayed on the host (no error margin):
 // the replay (tests/gpu/encode_replay.h) is fed the GPU's assignments of every
 // k-means iteration and must give the same bytes in every array (group means,
 // initial indices, fixed-point centroid updates, early stops, stored centroids,
@@ -564,7 +564,7 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
           qvg::decode(e, dec->view());
           if (encodings_checked.insert({kv, sg.g0, sg.g1}).second) {
             // The encoding is the device encoder's of the segment's values, and that is
-            // the host replay of its own assignments (no error margin: issue 24, item 5).
+            // the host replay of its own assignments (no error margin).
             const qvg::Shape4 ssh{o.batch, sg.g1 - sg.g0, o.heads, o.head_dim};
             qvg::Tensor in(o.dtype, ssh);
             for (int64_t b = 0; b < o.batch; ++b)
@@ -623,8 +623,8 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
   QVG_EXPECT(packed_rows > 1000 && raw_rows > 500 && replayed > 10) << packed_rows << raw_rows << replayed;
 }
 
-// tests/gpu/issue25_tests.cpp: issue 25's measurements (scripts/gpu-check, part 2).
-int issue25_measure(int argc, char** argv);
+// tests/gpu/all_settings_tests.cpp: the every-setting measurements (scripts/gpu-check, part 2).
+int all_settings_measure(int argc, char** argv);
 
 int main(int argc, char** argv) {
   const int n = qvg::cuda::device_count();
@@ -636,6 +636,6 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
     std::printf("device 0: %s, sm_%d%d, %d SMs, %.1f GiB\n", p.name, p.major, p.minor, p.multiProcessorCount,
                 double(p.totalGlobalMem) / (1u << 30));
-  if (argc > 1 && std::string(argv[1]) == "--issue25-measure") return issue25_measure(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "--all-settings-measure") return all_settings_measure(argc, argv);
   return qvg::testing::run_all(argc, argv);
 }

@@ -8,10 +8,11 @@
 //   modes against kernels::ref::decode_rows, into dense and strided sub-range targets;
 // - block_stats + pack_word / pack_group_at against quantize_residual_group, and the scale search
 //   (search_block) against quantize_residual_group with ScaleSearch::Mse;
-// - issue 25's bodies (span_bodies.cuh): a span chunk's quantizer inputs from its
-//   span's codebook against encode_span_chunk (same bytes given its assignments, and
-//   the same residual energy), the refinement error against encode_refinement and
-//   the layer added in the view (refine_one) against add_refinement.
+// - the incremental spans' and refinement layers' bodies (span_bodies.cuh): a span
+//   chunk's quantizer inputs from its span's codebook against encode_span_chunk (same
+//   bytes given its assignments, and the same residual energy), the refinement error
+//   against encode_refinement and the layer added in the view (refine_one) against
+//   add_refinement.
 // What this cannot check: the kernels' block/thread mapping, the tensor-core
 // assignment and the centroid update (tests/gpu/gpu_tests.cpp, on a GPU).
 #include <algorithm>
@@ -621,7 +622,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
             }
             if (i >= 3 * D && i < 4 * D) {  // token 3: the first zero in lane 1 (channel 8), the other in
               const int64_t d = i - 3 * D;  // lane 4 (channel 32), which a merge in the lane order 0, 4, 2,
-              v = std::fabs(v) + s;         // 6, 1, 5, 3, 7 takes first (issue 24, item 4)
+              v = std::fabs(v) + s;         // 6, 1, 5, 3, 7 takes first
               if (d == 8) v = g == 1 ? 0.0f : -0.0f;
               if (d == 32) v = g == 1 ? -0.0f : 0.0f;
             }
@@ -709,7 +710,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         QVG_EXPECT(got.scale_factor == ref.scale_factor) << what << "factors";
         QVG_EXPECT(got.zero_factor == ref.zero_factor) << what << "zero factors";
         ++checked;
-        // The scale search (issue 25): search_block over every block of what the
+        // The scale search: search_block over every block of what the
         // kernels left, against the CPU's choice with ScaleSearch::Mse.
         qvg::EncodedTensor refm = e;
         for (int64_t g = 0; g < G; ++g)
@@ -758,7 +759,7 @@ K::QuantizeArgs host_quantize_args(qvg::EncodedTensor& got, const float* r, cons
 
 }  // namespace
 
-// Issue 25: a chunk of an incremental span, encoded by the CPU (encode_span_chunk,
+// A chunk of an incremental span, encoded by the CPU (encode_span_chunk,
 // a first chunk and a later one, one and two stages, scale search off and mse), is
 // reproduced byte for byte by the device's bodies given its assignments: the span's
 // codebook read back (book_entry: stored fp32 values, the centred copy), the
@@ -857,7 +858,7 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
   QVG_EXPECT(checked == 32) << checked;
 }
 
-// Issue 25: refinement layers on the device's bodies. refinement_error gives the
+// Refinement layers on the device's bodies. refinement_error gives the
 // error encode_refinement encodes (the encodings of both are the same bytes), and
 // refine_one adds a layer to a decoded range as add_refinement does, bit for bit,
 // into bf16, f16 and f32 targets, whole and strided sub-ranges (t0 > 0, h0 > 0).
@@ -927,7 +928,7 @@ QVG_TEST(refinement_bodies_match_the_cpu) {
   QVG_EXPECT(checked == 36) << checked;
 }
 
-// Issue 40: the layer fused into the decode launch (DecodeArgs::ref_*): every mode's
+// The refinement layer fused into the decode launch (DecodeArgs::ref_*): every mode's
 // vectorised launch with a layer (output in the centroids' dtype), the generic launch
 // (another output dtype, or a block not a multiple of 8), in launches that mix refined
 // and unrefined tasks over whole and strided sub-ranges — the bytes of the CPU's
@@ -983,10 +984,11 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
   QVG_EXPECT(refined_modes == 12) << refined_modes;  // every (bits, scale format, dtype) with output == centroids
 }
 
-// Issue 40: the deferred input check's bodies (guard_bodies.cuh). input_ok passes a
-// call only when both scans found nothing; bad_call_slot names the element the CPU's
-// check_finite_and_bounded names (the key's first bad element before the value's),
-// with its value, for every dtype and a bad element anywhere in [B, n, H, D].
+// The deferred input check's bodies (guard_bodies.cuh; docs/cuda.md, "update() does not
+// wait"). input_ok passes a call only when both scans found nothing; bad_call_slot
+// names the element the CPU's check_finite_and_bounded names (the key's first bad
+// element before the value's), with its value, for every dtype and a bad element
+// anywhere in [B, n, H, D].
 QVG_TEST(input_guard_bodies_name_the_cpu_checks_element) {
   namespace K = qvg::cuda::kernels;
   const qvg::Shape4 sh{2, 5, 3, 8};

@@ -380,7 +380,7 @@ QVG_HD void pack_word(const QuantizeArgs& a, int64_t w) {
   const int64_t si = row * (a.D / a.block) + (c * 8) / a.block;
   const bool asym = a.asymmetric;
   // qmax from the argument's width (== W's), not the constant qmax_of<W>: pack_vec_kernel
-  // then takes 34 registers, with the constant 48 (nvcc 13, sm_90a; 40 before issue 36).
+  // then takes 34 registers, with the constant 48 (nvcc 13, sm_90a; 40 with the former run-time-width pack8).
   const int qmax = qvg::cuda_arith::qmax_of(a.bits, asym);
   const uint32_t word = pack8<W>(v, qmax, asym, a.raw_s[si], asym ? a.raw_z[si] : 0.0f);
   store_code_word<W>(a.codes + row * (cpr * kCodeWordBytes<W>) + c * kCodeWordBytes<W>, word);
