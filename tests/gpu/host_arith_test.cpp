@@ -4,10 +4,11 @@
 // - every format conversion against src/core/numeric.cpp (exhaustive for 8/16-bit
 //   inputs, a 4M-point sweep plus special values for fp32 inputs);
 // - the codec's PRNG (one definition, host and device) against known answers;
-// - decode_vec8 / decode_one over every element of CPU-encoded tensors in all
-//   modes against kernels::ref::decode_rows, into dense and strided sub-range targets;
-// - block_stats + pack_word / pack_group_at against quantize_residual_group, and the scale search
-//   (search_block) against quantize_residual_group with ScaleSearch::Mse;
+// - decode_block_vec / decode_one over every element of CPU-encoded tensors in all
+//   modes (every code width: int2, int3, int4) against kernels::ref::decode_rows,
+//   into dense and strided sub-range targets;
+// - block_stats + pack_word / pack_group_at against quantize_residual_group, and the
+//   scale search (search_block) against quantize_residual_group with ScaleSearch::Mse;
 // - the incremental spans' and refinement layers' bodies (span_bodies.cuh): a span
 //   chunk's quantizer inputs from its span's codebook against encode_span_chunk (same
 //   bytes given its assignments, and the same residual energy), the refinement error
@@ -170,7 +171,7 @@ struct Target {
   }
 };
 
-using qvg::testing::all_modes;
+using qvg::testing::every_width_modes;
 using qvg::testing::Mode;
 std::string describe(const Mode& m, qvg::DType in) {
   return "bits=" + std::to_string(m.bits) + (m.asym ? " asym" : " sym") + " scale=" + std::string(qvg::name(m.sd)) +
@@ -258,10 +259,10 @@ QVG_TEST(mul64wide_matches_limb_product) {
 }
 
 // The whole decode launch on the host (plan_decode, every block and thread of the
-// grid, the templated bodies) against the CPU codec's decode, bit for bit: all 32
-// modes x input (= centroid) dtype x output dtype (so all 36 instantiations of
-// decode_block_vec), D = 64, 128, 256 and 24 on the vectorised path and D = 12
-// (block 4) on the generic one; the whole tensor into a dense target (aligned:
+// grid, the templated bodies) against the CPU codec's decode, bit for bit: all 48
+// modes (int2, int3, int4) x input (= centroid) dtype x output dtype (so all 54
+// unrefined instantiations of decode_block_vec), D = 64, 128, 256 and 24 on the
+// vectorised path and D = 12 (block 4, int2/int4) on the generic one; the whole tensor into a dense target (aligned:
 // 128-bit stores; misaligned: element stores), and a strided sub-range (t0 > 0,
 // h0 > 0, padded token stride) whose padding must stay untouched.
 QVG_TEST(decode_launches_match_cpu_decode) {
@@ -275,9 +276,9 @@ QVG_TEST(decode_launches_match_cpu_decode) {
   uint32_t seed = 1;
   modes_run().clear();
   for (const ShapeCase& sc : shapes)
-    for (const Mode& m : all_modes())
+    for (const Mode& m : every_width_modes())
       for (qvg::DType in : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}) {
-        if (sc.block % (8 / m.bits) != 0) continue;
+        if (sc.block % qvg::find_code_format(m.bits)->group_codes != 0) continue;
         qvg::CodecConfig cfg;
         cfg.bits = m.bits;
         cfg.asymmetric = m.asym;
@@ -332,7 +333,7 @@ QVG_TEST(decode_launches_match_cpu_decode) {
           ++checked;
         }
       }
-  QVG_EXPECT(modes_run().size() == 36) << "instantiations run:" << modes_run().size();
+  QVG_EXPECT(modes_run().size() == 54) << "instantiations run:" << modes_run().size();
   QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
   QVG_EXPECT(checked > 3000) << checked;
   std::printf("  %d decode comparisons, %zu instantiations\n", checked, modes_run().size());
@@ -348,7 +349,7 @@ QVG_TEST(decode_plan_groups_tasks_by_mode) {
   std::vector<qvg::DType> outs;
   for (int i = 0; i < 40; ++i) {
     qvg::CodecConfig cfg;
-    cfg.bits = i % 3 == 0 ? 2 : 4;  // 2 bit modes
+    cfg.bits = i % 3 == 0 ? 2 : (i % 3 == 1 ? 4 : 3);  // 3 widths (i == 7, block 4: int4)
     cfg.scale_dtype = i % 5 == 0 ? qvg::ScaleDType::BF16 : qvg::ScaleDType::FP8_E4M3;
     cfg.asymmetric = i % 2 == 1;  // runtime-uniform, not part of the mode
     cfg.centroids = 8;
@@ -578,11 +579,11 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
                               {256, 64}, {256, 256}, {48, 24}, {64, 4},   {64, 2}};
   int checked = 0, vec_cases = 0, zero_signs = 0, mse_checked = 0, mse_changed = 0;
   uint32_t seed = 100;
-  for (const Mode& m : all_modes()) {
+  for (const Mode& m : every_width_modes()) {
     if (m.stages != 1) continue;
     for (const BlockCase& bc : blocks)
       for (bool fused : {false, true}) {
-        if (bc.block % (8 / m.bits) != 0) continue;
+        if (bc.block % qvg::find_code_format(m.bits)->group_codes != 0) continue;
         const qvg::Shape4 sh{1, 29, 3, bc.D};
         const int block = bc.block;
         qvg::EncodedTensor e;
@@ -727,9 +728,10 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
   QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
   std::printf("  %d quantizer comparisons (%d vectorised), %d signed zero minima checked\n", checked, vec_cases,
               zero_signs);
-  QVG_EXPECT(checked == 336 && vec_cases == 256 && zero_signs == 1008) << checked << vec_cases << zero_signs;
+  // 8 scale modes x 2 (fused or not) x the blocks of each width (int4 11, int2 10, int3 9).
+  QVG_EXPECT(checked == 480 && vec_cases == 384 && zero_signs == 1440) << checked << vec_cases << zero_signs;
   std::printf("  %d scale-search comparisons (%d where mse chose other scales than off)\n", mse_checked, mse_changed);
-  QVG_EXPECT(mse_checked == 336 && mse_changed > 200) << mse_checked << mse_changed;
+  QVG_EXPECT(mse_checked == 480 && mse_changed > 280) << mse_checked << mse_changed;
 }
 
 namespace {
@@ -865,7 +867,7 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
 QVG_TEST(refinement_bodies_match_the_cpu) {
   int checked = 0;
   for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
-    for (const int bits : {2, 4}) {
+    for (const int bits : {2, 3, 4}) {
       const qvg::Shape4 sh{2, 12, 3, 64};
       const qvg::Tensor x = make_data(dt, sh, uint32_t(900 + bits), 20.0f);
       qvg::CodecConfig base;
@@ -925,7 +927,7 @@ QVG_TEST(refinement_bodies_match_the_cpu) {
         }
     }
   std::printf("  %d refined ranges compared\n", checked);
-  QVG_EXPECT(checked == 36) << checked;
+  QVG_EXPECT(checked == 54) << checked;
 }
 
 // The refinement layer fused into the decode launch (DecodeArgs::ref_*): every mode's
@@ -937,9 +939,10 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
   modes_run().clear();
   int checked = 0;
   for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
-    for (const int bits : {2, 4})
+    for (const int bits : {2, 3, 4})
       for (const bool fp8 : {true, false})
         for (const int block : {32, 12}) {
+          if (block % qvg::find_code_format(bits)->group_codes != 0) continue;  // int3: 32 only
           const qvg::Shape4 sh{2, 40, 3, 96};
           const qvg::Tensor x = make_data(dt, sh, uint32_t(1000 + bits + 7 * block + (fp8 ? 1 : 0)), 20.0f);
           qvg::CodecConfig base;
@@ -980,8 +983,9 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
   int refined_modes = 0;
   for (const int m : modes_run()) refined_modes += m >= 10000;
   std::printf("  %d fused launches compared, %d refined vectorised modes\n", checked, refined_modes);
-  QVG_EXPECT(checked == 48) << checked;
-  QVG_EXPECT(refined_modes == 12) << refined_modes;  // every (bits, scale format, dtype) with output == centroids
+  QVG_EXPECT(checked == 60) << checked;
+  // every (bits, scale format, dtype) with output == centroids, the layer of width 6 - bits
+  QVG_EXPECT(refined_modes == 18) << refined_modes;
 }
 
 // The deferred input check's bodies (guard_bodies.cuh; docs/cuda.md, "update() does not

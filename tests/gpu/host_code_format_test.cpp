@@ -13,8 +13,8 @@
 //   with_decode_mode: all 108 vectorised instantiations — each width, scale format,
 //   centroid and output dtype, and a refinement layer of each width — and the generic
 //   path) on random encodings against a spec 1.3 decode written here.
-// Randomized, bit for bit. The CPU codec is not used: its int3 kernels are separate
-// work; tests/gpu/host_arith_test.cpp checks int2/int4 against it.
+// Randomized, bit for bit. The CPU codec is not used here (an independent reference);
+// tests/gpu/host_arith_test.cpp checks the same bodies against it, every width.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
