@@ -10,6 +10,8 @@
 #                         layer), linked to qvg_cuda and CUDA::cublas
 #   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
 #                         (runs without a GPU; registered with ctest)
+#   qvg_cuda_code_format_test  host-only test of the bodies' code formats (every
+#                         row of qvg/code_format.h against spec 1.5; ctest)
 #   qvg_cuda_replay_test  host-only test of the GPU tests' encode check: the device
 #                         encoder's rules replayed from given assignments (ctest)
 #   qvg_cuda_device_errors_test  host-only test of the device packed cache's
@@ -45,7 +47,8 @@ message(STATUS "qvg: CUDA backend: ${QVG_HAVE_CUDA} (QVG_ENABLE_CUDA=${QVG_ENABL
 if(QVG_HAVE_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES ${QVG_CUDA_ARCHS})
   # Device code is C++17 (CMake 3.25 does not know nvcc 13's C++20 flag); the .cu
-  # files include no qvg public header (those are C++20), only src/kernels/cuda/*.
+  # files include only src/kernels/cuda/* and, through src/core/residual_impl.h, the
+  # one public header written for nvcc: qvg/code_format.h (C++17, QVG_HD).
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
@@ -77,7 +80,7 @@ if(QVG_HAVE_CUDA)
                             src/cache/cuda/input_guard.cpp)
   add_library(qvg_cuda_kernels OBJECT ${QVG_CUDA_KERNEL_SOURCES})
   set_target_properties(qvg_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
-  target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(qvg_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(qvg_cuda_kernels PRIVATE CUDA::cudart)
   target_compile_options(qvg_cuda_kernels PRIVATE ${QVG_CUDA_FLAGS})
 
@@ -94,6 +97,14 @@ if(QVG_HAVE_CUDA)
   target_include_directories(qvg_cuda_host_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_host_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
+
+  # Host-side test of the bodies' code formats: every row of qvg/code_format.h (int2,
+  # int3, int4) through the code words, the quantizer's pack passes, the scale search
+  # and whole decode launches, against spec 1.5 written in the test.
+  add_executable(qvg_cuda_code_format_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_code_format_test.cpp)
+  target_include_directories(qvg_cuda_code_format_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_code_format_test PRIVATE qvg_core)
+  target_compile_options(qvg_cuda_code_format_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
   # Host-side test of the GPU tests' encode check: the device encoder's rules
   # replayed on the host from given assignments (tests/gpu/encode_replay.h) must
@@ -142,6 +153,7 @@ if(QVG_HAVE_CUDA)
 
   enable_testing()
   add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
+  add_test(NAME cuda.host_code_format COMMAND qvg_cuda_code_format_test)
   add_test(NAME cuda.host_device_errors COMMAND qvg_cuda_device_errors_test)
   add_test(NAME cuda.host_encode_replay COMMAND qvg_cuda_replay_test)
   add_test(NAME cuda.host_device_calls COMMAND qvg_cuda_calls_test)
