@@ -1,8 +1,8 @@
-// Google Benchmark suite: the kernels of issue 5 with rates and ratios against
-// this machine's limits, measured once at start-up in the same process
-// (copy bandwidth and FMA peak, all threads). `qvg bench` runs the same
-// measurements with medians and writes JSON; this suite is for profiling single
-// kernels (--benchmark_filter) and for Google Benchmark's own statistics.
+// Google Benchmark suite: the kernels of docs/performance.md with rates and ratios
+// against this machine's limits, measured once at start-up in the same process (copy
+// bandwidth and FMA peak, all threads). `qvg bench` runs the same measurements with
+// medians and writes JSON; this suite is for profiling single kernels
+// (--benchmark_filter) and for Google Benchmark's own statistics.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -12,7 +12,7 @@
 #include "perf/perf.h"
 #include "qvg/attention.h"
 #include "qvg/codec.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 
 namespace {
 
@@ -77,7 +77,7 @@ void BM_Decode(benchmark::State& st) {
   st.counters["fraction_of_copy_bw"] =
       benchmark::Counter(bytes / limits().copy_bps, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Decode)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode)->Arg(2)->Arg(3)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 std::vector<float> centred_group(int64_t h) {
   const Tensor& k = chunk().k;

@@ -1,4 +1,4 @@
-"""The packed comparison of python/tests/test_e2e_sglang.py over draws and codec seeds (issue 26).
+"""The packed comparison of python/tests/test_e2e_sglang.py over draws and codec seeds.
 
 The test suite compares the final latents' deviation from the dense rollout for the
 engine's packed cache, qvg's with the engine's settings and qvg's `hq` profile on one

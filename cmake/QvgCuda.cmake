@@ -10,12 +10,14 @@
 #                         layer), linked to qvg_cuda and CUDA::cublas
 #   qvg_cuda_host_test    host-only test of the __host__ __device__ arithmetic
 #                         (runs without a GPU; registered with ctest)
+#   qvg_cuda_code_format_test  host-only test of the bodies' code formats (every
+#                         row of qvg/code_format.h against spec 1.5; ctest)
 #   qvg_cuda_replay_test  host-only test of the GPU tests' encode check: the device
 #                         encoder's rules replayed from given assignments (ctest)
 #   qvg_cuda_device_errors_test  host-only test of the device packed cache's
 #                         argument errors, raised before any CUDA call (ctest;
 #                         the policy it runs is checked by the ci preset's
-#                         tests/gpu/cache_plan_test.cpp, GoogleTest)
+#                         tests/test_cache_plan.cpp, GoogleTest)
 #   qvg_cuda_calls_test   host-only test of the device caches' runtime calls over a
 #                         recording fake runtime: update() never waits (ctest)
 #   qvg_gpu_tests         GPU tests (tiny in-repo harness, no gtest)
@@ -45,7 +47,8 @@ message(STATUS "qvg: CUDA backend: ${QVG_HAVE_CUDA} (QVG_ENABLE_CUDA=${QVG_ENABL
 if(QVG_HAVE_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES ${QVG_CUDA_ARCHS})
   # Device code is C++17 (CMake 3.25 does not know nvcc 13's C++20 flag); the .cu
-  # files include no qvg public header (those are C++20), only src/kernels/cuda/*.
+  # files include only src/kernels/cuda/* and, through src/core/residual_impl.h, the
+  # one public header written for nvcc: qvg/code_format.h (C++17, QVG_HD).
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
@@ -95,8 +98,17 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_host_test PRIVATE qvg_core)
   target_compile_options(qvg_cuda_host_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
 
-  # Host-side test of the GPU tests' encode check (issue 24): the device encoder's
-  # rules replayed on the host from given assignments (tests/gpu/encode_replay.h).
+  # Host-side test of the bodies' code formats: every row of qvg/code_format.h (int2,
+  # int3, int4) through the code words, the quantizer's pack passes, the scale search
+  # and whole decode launches, against spec 1.5 written in the test.
+  add_executable(qvg_cuda_code_format_test ${PROJECT_SOURCE_DIR}/tests/gpu/host_code_format_test.cpp)
+  target_include_directories(qvg_cuda_code_format_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(qvg_cuda_code_format_test PRIVATE qvg_core)
+  target_compile_options(qvg_cuda_code_format_test PRIVATE ${QVG_WARNINGS} -ffp-contract=off)
+
+  # Host-side test of the GPU tests' encode check: the device encoder's rules
+  # replayed on the host from given assignments (tests/gpu/encode_replay.h) must
+  # accept every near-tie order and reject every corruption.
   add_executable(qvg_cuda_replay_test ${PROJECT_SOURCE_DIR}/tests/gpu/encode_replay_test.cpp)
   target_include_directories(qvg_cuda_replay_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_replay_test PRIVATE qvg_core)
@@ -109,18 +121,20 @@ if(QVG_HAVE_CUDA)
   target_link_libraries(qvg_cuda_device_errors_test PRIVATE qvg_cuda)
   target_compile_options(qvg_cuda_device_errors_test PRIVATE ${QVG_WARNINGS})
 
-  # Host-side test of the device caches' runtime calls (issue 40): the executable
-  # defines a recording fake of every CUDA runtime function the library calls, so the
-  # caches' host code runs without a GPU and each update()'s calls are checked (no
-  # synchronization, no host copy); the deferred input check's host half.
+  # Host-side test of the device caches' runtime calls (update() never waits,
+  # docs/cuda.md): the executable defines a recording fake of every CUDA runtime
+  # function the library calls, so the caches' host code runs without a GPU and each
+  # update()'s calls are checked (no synchronization, no host copy); the deferred
+  # input check's host half.
   add_executable(qvg_cuda_calls_test ${PROJECT_SOURCE_DIR}/tests/gpu/device_calls_test.cpp)
   target_include_directories(qvg_cuda_calls_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_cuda_calls_test PRIVATE qvg_cuda)
   target_compile_options(qvg_cuda_calls_test PRIVATE ${QVG_WARNINGS})
 
-  add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp ${PROJECT_SOURCE_DIR}/tests/gpu/issue25_tests.cpp
+  add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp
+                               ${PROJECT_SOURCE_DIR}/tests/gpu/all_settings_tests.cpp
                                ${PROJECT_SOURCE_DIR}/tests/gpu/kmeanspp_gpu_tests.cpp
-                               ${PROJECT_SOURCE_DIR}/tests/gpu/issue40_tests.cpp)
+                               ${PROJECT_SOURCE_DIR}/tests/gpu/async_update_tests.cpp)
   target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_gpu_tests PRIVATE qvg_cuda)
   target_compile_options(qvg_gpu_tests PRIVATE ${QVG_WARNINGS})
@@ -139,6 +153,7 @@ if(QVG_HAVE_CUDA)
 
   enable_testing()
   add_test(NAME cuda.host_arith COMMAND qvg_cuda_host_test)
+  add_test(NAME cuda.host_code_format COMMAND qvg_cuda_code_format_test)
   add_test(NAME cuda.host_device_errors COMMAND qvg_cuda_device_errors_test)
   add_test(NAME cuda.host_encode_replay COMMAND qvg_cuda_replay_test)
   add_test(NAME cuda.host_device_calls COMMAND qvg_cuda_calls_test)

@@ -25,8 +25,8 @@
 
 #include "fuzz_support.h"
 #include "qvg/cache.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
-#include "qvg/test_access.h"
 #include "support/cache_model.h"
 
 namespace {

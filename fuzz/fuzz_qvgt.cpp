@@ -1,13 +1,13 @@
 // libFuzzer target: the `.qvgt` reader, then the decoder on what it accepted.
 // Properties: no crash or sanitizer report; parse_qvgt throws only CorruptData;
-// allocation within the stated bound; an accepted file re-serialises byte for byte
-// to a file that parses back equal; its decode is finite in every output dtype.
-// And the other way round (issue 42, item 1): an input whose first byte has its top
-// bit set is also read as an encoder's job — a configuration from the first 3 bytes
-// (every bit width, dtype, scale dtype, scaling, asymmetric or not, scale search, 1-8
-// centroids, 1-2 stages), then up to 8 tokens of values of the job's dtype taken bit
-// for bit (denormals, the smallest normals, up to 1e16: every value the input limits
-// allow; one outside them is read as 0) — is encoded, and the reader accepts the
+// allocation within the stated bound; an accepted file re-serialises byte for byte to a
+// file that parses back equal; its decode is finite in every output dtype. And the
+// other way round (every encoding the encoder writes is readable): an input whose first
+// byte has its top bit set is also read as an encoder's job — a configuration from the
+// first 3 bytes (every bit width, dtype, scale dtype, scaling, asymmetric or not, scale
+// search, 1-8 centroids, 1-2 stages), then up to 8 tokens of values of the job's dtype
+// taken bit for bit (denormals, the smallest normals, up to 1e16: every value the input
+// limits allow; one outside them is read as 0) — is encoded, and the reader accepts the
 // encoding: parse_qvgt of its serialisation equals it.
 #include <algorithm>
 #include <cmath>
@@ -18,6 +18,7 @@
 #include <span>
 
 #include "fuzz_support.h"
+#include "qvg/code_format.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
@@ -31,7 +32,9 @@ void encode_job(const uint8_t* data, size_t size) {
   if (size < 3 || (data[0] & 0x80) == 0) return;  // a job only when the first byte's top bit is set
   CodecConfig c;
   const uint8_t a = data[0], b = data[1], d = data[2];
-  c.bits = (a & 1) ? 4 : 2;
+  // The engine's widths as the seeds always chose them; with d's bit 4 set, any row of
+  // the code-format table (int3 included).
+  c.bits = (d & 16) ? kCodeFormats[size_t((d >> 5) + (a & 1)) % size_t(kCodeFormatCount)].bits : (a & 1) ? 4 : 2;
   c.asymmetric = (a & 2) != 0;
   c.scale_dtype = (a & 4) ? ScaleDType::BF16 : ScaleDType::FP8_E4M3;
   c.scaling = (a & 8) ? Scaling::Compat : Scaling::TwoLevel;

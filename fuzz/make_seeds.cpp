@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
       {DType::F16, {2, 4, 1, 8}, cfg(4, 2, 8, 1, true, ScaleDType::BF16, Scaling::Compat)},
       {DType::F32, {1, 3, 1, 16}, cfg(2, 8, 8, 1, false, ScaleDType::BF16, Scaling::TwoLevel)},
       {DType::BF16, {1, 9, 1, 8}, cfg(4, 4, 8, 3, false, ScaleDType::FP8_E4M3, Scaling::Compat)},
+      // int3 (a `qvg.prq/2` file): appended, so the seeds above keep their bytes.
+      {DType::BF16, {1, 7, 2, 16}, cfg(3, 4, 8, 1, false, ScaleDType::FP8_E4M3, Scaling::TwoLevel)},
+      {DType::F32, {1, 5, 1, 24}, cfg(3, 2, 24, 2, true, ScaleDType::BF16, Scaling::Compat)},
   };
   n = 0;
   for (const Q& q : qs) {

@@ -12,9 +12,14 @@ checked against the layer of the including file:
   eval     (src/workload, baselines, memory, sim, perf)   everything above and eval
   tools    (tools/, bench/, python/src)   public headers (qvg/...) and eval
 
-Public headers (include/qvg/*.h) belong to a layer too (PUBLIC below) and may be
-included only from that layer or a higher one. Besides includes, src/core must not
-call into qvg::kernels (no `kernels::` in its code).
+Public headers belong to a layer too (PUBLIC below, keyed by the path under
+include/qvg) and may be included only from that layer or a higher one. Their folder
+says who they are for: include/qvg/*.h is what a user links (layers core to io),
+include/qvg/eval/ the evaluation layer's API (simulator, workload, memory model,
+frontier, charts, comparison, baselines), include/qvg/detail/ test hooks; a header
+of the evaluation layer outside eval/, or of another layer inside it, is a
+violation, and so is a public header outside detail/ that includes a detail/ one. Besides includes, src/core must not call into qvg::kernels (no
+`kernels::` in its code).
 
 The build's libraries are checked too: every source file under src/ is listed in
 exactly one library (CMakeLists.txt, cmake/QvgCuda.cmake), the core library
@@ -47,7 +52,7 @@ for e in EVAL:
     ALLOWED[e] = {"core", "kernels", "codec", "cache", "io"} | EVAL
 ALLOWED["tools"] = EVAL  # plus public headers (checked separately) and their own files
 
-# The layer of each public header: what it declares.
+# The layer of each public header (its path under include/qvg): what it declares.
 PUBLIC = {
     "error.h": "core", "numeric.h": "core", "tensor.h": "core", "config.h": "core", "settings.h": "core", "file.h": "core",
     "encoding_layout.h": "core", "code_format.h": "core", "version.h": "core",
@@ -56,11 +61,15 @@ PUBLIC = {
     "codec.h": "codec",
     # The CUDA backend's codec (the device encoded tensor, encode, decode).
     "cuda.h": "codec",
-    "cache.h": "cache", "cache_options.h": "cache", "view.h": "cache", "test_access.h": "cache", "attention.h": "cache", "cuda_cache.h": "cache",
+    "cache.h": "cache", "cache_options.h": "cache", "view.h": "cache", "attention.h": "cache", "cuda_cache.h": "cache",
     "snapshot.h": "cache",
     "io.h": "io",
-    "workload.h": "workload", "baselines.h": "baselines", "memory.h": "memory", "simulate.h": "sim",
-    "compare.h": "sim", "frontier.h": "sim", "chart.h": "sim", "error_sums.h": "sim",
+    # Test hooks (a cache's whole state as a value): not for users.
+    "detail/test_access.h": "cache",
+    # The evaluation tools' API: not part of what a user links (libqvg.a).
+    "eval/workload.h": "workload", "eval/baselines.h": "baselines", "eval/memory.h": "memory",
+    "eval/simulate.h": "sim", "eval/compare.h": "sim", "eval/frontier.h": "sim", "eval/chart.h": "sim",
+    "eval/error_sums.h": "sim",
 }
 # Public headers a layer may include although they belong to a higher layer: none
 # (the CUDA codec, which moves EncodedTensor between host and device, is in the codec
@@ -70,12 +79,28 @@ PUBLIC_EXCEPTIONS: dict[str, set[str]] = {}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
+def public_name(path: pathlib.Path) -> str:
+    """A public header's name as included after "qvg/": its path under include/qvg."""
+    return path.relative_to(ROOT / "include" / "qvg").as_posix()
+
+
+def folder_rule(name: str) -> str | None:
+    """What is wrong with where the public header `name` lies, or None."""
+    layer = PUBLIC[name]
+    if name.startswith("eval/") != (layer in EVAL):
+        where = "include/qvg/eval/" if layer in EVAL else "include/qvg/ (what a user links)"
+        return f"include/qvg/{name} is of layer {layer}: it belongs in {where}"
+    if "/" in name and not name.startswith(("eval/", "detail/")):
+        return f"include/qvg/{name}: public headers lie in include/qvg, include/qvg/eval or include/qvg/detail"
+    return None
+
+
 def layer_of(path: pathlib.Path) -> str | None:
     rel = path.relative_to(ROOT).parts
     if rel[0] == "src":
         return rel[1]
     if rel[0] == "include":
-        return PUBLIC.get(rel[-1], "?")
+        return PUBLIC.get(public_name(path), "?")
     if rel[0] in ("tools", "bench") or rel[:2] == ("python", "src"):
         return "tools"
     return None
@@ -135,7 +160,7 @@ def check_libraries() -> list[str]:
 
 def main() -> int:
     files = []
-    for pattern in ("src/**/*", "include/qvg/*.h", "tools/**/*", "bench/**/*", "python/src/**/*"):
+    for pattern in ("src/**/*", "include/qvg/**/*.h", "tools/**/*", "bench/**/*", "python/src/**/*"):
         files += [p for p in ROOT.glob(pattern) if p.suffix in {".h", ".cpp", ".cu", ".cuh", ".in"} and p.is_file()]
     bad: list[str] = []
     checked = 0
@@ -143,6 +168,11 @@ def main() -> int:
         layer = layer_of(f)
         if layer is None:
             continue
+        if layer == "?":
+            bad.append(f"{f.relative_to(ROOT)}: a public header of no layer (add it to PUBLIC in scripts/check-layers.py)")
+            continue
+        if f.parts[len(ROOT.parts)] == "include" and (rule := folder_rule(public_name(f))):
+            bad.append(rule)
         if layer not in ALLOWED and layer not in PUBLIC.values():
             bad.append(f"{f.relative_to(ROOT)}: folder src/{layer} belongs to no layer (add it to scripts/check-layers.py)")
             continue
@@ -156,6 +186,9 @@ def main() -> int:
                 header = inc[len("qvg/"):]
                 if not public_allowed(layer, header):
                     bad.append(f'{where}: layer {layer} includes "{inc}" (layer {PUBLIC.get(header, "unknown")})')
+                elif (header.startswith("detail/") and f.parts[len(ROOT.parts)] == "include"
+                      and not public_name(f).startswith("detail/")):
+                    bad.append(f'{where}: a public header includes the test hook "{inc}"')
                 continue
             top = inc.split("/", 1)[0]
             if "/" not in inc or not (ROOT / "src" / top).is_dir():

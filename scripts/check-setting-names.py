@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Checks that each setting of the settings table is named in few source files.
 
-Issue 23: the settings of QuantArgs are one table (include/qvg/settings.h,
-src/core/settings.cpp); the reports, the CLI, the memory model, the snapshot's
-config record, the binding and the Python dataclass walk it instead of naming the
-fields, so that adding a setting is one row plus its use. This script keeps it so:
+The rule (docs/design.md, "One home for each rule"): the settings of QuantArgs are one
+table (include/qvg/settings.h, src/core/settings.cpp); the reports, the CLI, the memory
+model, the snapshot's config record, the binding and the Python dataclass walk it
+instead of naming the fields, so that adding a setting is one row plus its use. This script keeps it so:
 for every row name of the table (the shared rows and the k_/v_ per-role rows) it
 counts the source files outside tests, docs and fuzz that contain the name as a
 word (as `grep -rlw NAME src include python/qvg python/src tools` does, comments and

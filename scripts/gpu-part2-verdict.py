@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Brings the exit statuses of gpu-check's second part into its verdict (issue 42, item 22).
+"""Brings the exit statuses of gpu-check's second part into its verdict: a part-2 test
+that failed or did not run is an unmet acceptance and fails the run.
 
     gpu-part2-verdict.py OUT/gpu-check.json STATUS_FILE
 

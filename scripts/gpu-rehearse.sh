@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rehearses scripts/gpu-check on a machine without a GPU (issues 14, 24). Makes a fresh
+# Rehearses scripts/gpu-check on a machine without a GPU (docs/cuda.md). Makes a fresh
 # virtual environment with the GPU image's torch (torch==2.11.0 from PyPI, its CUDA 13.0
 # build, as on the device machine) plus pytest and numpy, and NONE of the reference's
 # dependencies (termcolor, loguru, einops: the device image lacks some of them, so the

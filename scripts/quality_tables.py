@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables of docs/quality.md from the frontier reports (issue 16).
+"""Markdown tables of docs/quality.md from the frontier reports.
 
 Usage: python3 scripts/quality_tables.py docs/quality   (reads <dir>/<preset>/frontier.json)
 """

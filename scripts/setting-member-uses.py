@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
 """Counts the source files that use `sink` (and any other ordinary word) as a member of QuantArgs.
 
-Issue 23 asks that a setting's name be in at most 4 source files outside tests, docs and
-fuzz. For the policy settings scripts/check-setting-names.py counts the word. `sink` is
-also every cache's word for its sink tokens, so a word count cannot tell the setting
-from it. The codec settings (bits, centroids, ...) are no members of QuantArgs or
-RoleCodec any more (issue 36: one CodecConfig, QuantArgs::codec and RoleCodec::values,
-read by the settings table through member pointers): they are the codec's own fields.
-This script asks the compiler: in a copy of the tree it renames NAMES' members of
-QuantArgs and RoleCodec (include/qvg/config.h), compiles everything with
-`ninja -k 0` (the CPU library, the CLI, the tests' objects, and the PyTorch binding when
---python names an interpreter with torch), and lists, per setting, the files where the
-compiler finds the old member name. A file in that list reads or writes the setting
-itself; CodecConfig's and EncodingLayout's members of the same name do not count.
+The rule (docs/design.md, "One home for each rule": the settings table): a setting's name
+is in at most 4 source files outside tests, docs and fuzz. For the policy settings
+scripts/check-setting-names.py counts the word. `sink` is also every cache's word for its
+sink tokens, so a word count cannot tell the setting from it. The codec settings (bits,
+centroids, ...) are no members of QuantArgs or RoleCodec any more (one CodecConfig,
+QuantArgs::codec and RoleCodec::values, read by the settings table through member
+pointers): they are the codec's own fields. This script asks the compiler: in a copy of
+the tree it renames NAMES' members of QuantArgs and RoleCodec (include/qvg/config.h),
+compiles everything with `ninja -k 0` (the CPU library, the CLI, the tests' objects, and
+the PyTorch binding when --python names an interpreter with torch), and lists, per
+setting, the files where the compiler finds the old member name. A file in that list
+reads or writes the setting itself; CodecConfig's and EncodingLayout's members of the
+same name do not count.
 
 The CUDA backend is not compiled here (nvcc and minutes); it holds no QuantArgs member
 access of NAMES today (grep: it takes CodecConfig from QuantArgs::codec_for()).

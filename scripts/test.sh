@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 jobs=$(nproc)
-# Wall time of each step, printed as it ends and once more at the end (the budgets of
-# the issues are per step: e.g. the fuzz step at most 8 minutes).
+# Wall time of each step, printed as it ends and once more at the end (the time budgets
+# are per step: e.g. the fuzz step at most 8 minutes).
 declare -a step_times=()
 step_begin=$SECONDS
 step_done() {

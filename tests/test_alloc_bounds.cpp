@@ -161,8 +161,8 @@ void set_entry(Bytes& b, const std::string& key, int64_t v) {
   std::memcpy(&*(it + std::ptrdiff_t(k.size())), &v, 8);
 }
 
-// The counter counts (issue 42, item 20: every other test here holds trivially if
-// it counted nothing): each form of operator new reaches the peak and the largest
+// The counter counts (every other test here would hold trivially if it counted
+// nothing): each form of operator new reaches the peak and the largest
 // request, frees leave the live count, nothing counts while off, and a reader's
 // known allocation (parse_npy copies an array's data) is seen.
 TEST(AllocBounds, TheCounterCounts) {
@@ -301,7 +301,7 @@ TEST(AllocBounds, SeedCorporaAndTheirMutations) {
   EXPECT_GT(files, 20);
 }
 
-// ---- issue 42, item 3: header checks before reads --------------------------------------
+// ---- header checks before reads (spec 5.1, "Files") -----------------------------------
 // The path-taking readers check a file's header against the file's size before they
 // read the file: a sparse file — a file of a few bytes (a valid seed, or a mutation of
 // one) followed by a hole of gigabytes (its apparent size; nothing on disk) — is
@@ -362,7 +362,7 @@ void expect_sparse_refused(const Bytes& head, uint64_t hole, const std::string& 
 TEST(AllocBounds, SparseFilesAreRefusedBeforeTheirHoleIsRead) {
   (void)max_threads();
   int checked = 0;
-  // The issue's case: nothing but a hole of 2 GiB (a zero header).
+  // The case as found: nothing but a hole of 2 GiB (a zero header).
   expect_sparse_refused({}, uint64_t(1) << 31, "a file of 2 GiB of zeros", checked);
   // Headers whose length fields claim what the hole holds: a safetensors / .qvgt
   // header of 100 MB, a .npy 2.0 dict of 4 GiB - 1; the hole reads as NUL bytes,

@@ -1,4 +1,4 @@
-// Tests of the baseline quantizers (include/qvg/baselines.h): exact byte counts,
+// Tests of the baseline quantizers (include/qvg/eval/baselines.h): exact byte counts,
 // each format's own error bound derived from the stored scales, the orthonormal
 // Hadamard rotation, and typed errors.
 #include <gtest/gtest.h>
@@ -7,8 +7,8 @@
 #include <cmath>
 #include <random>
 
-#include "qvg/baselines.h"
 #include "qvg/error.h"
+#include "qvg/eval/baselines.h"
 #include "qvg/numeric.h"
 #include "support/data.h"
 

@@ -14,9 +14,9 @@
 #include <string>
 
 #include "qvg/cache.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
 #include "qvg/numeric.h"
-#include "qvg/test_access.h"
 #include "support/cache_model.h"
 #include "support/errors.h"
 
@@ -467,8 +467,8 @@ TEST(CacheErrors, ConstructorOptions) {
   o = ok_opts();
   o.heads = 0;
   both(o, "num_heads must be >= 1, got 0");
-  // Sizes are bounded at construction with qvg's own message (issue 15, finding 12:
-  // a head_dim or num_heads of 2^40 used to reach the allocator).
+  // Sizes are bounded at construction with qvg's own message (the size limits of
+  // docs/design.md: a head_dim or num_heads of 2^40 must not reach the allocator).
   o = ok_opts();
   o.head_dim = int64_t(1) << 40;
   both(o, "head_dim must be at most 65536 (2^16), got 1099511627776");

@@ -78,13 +78,14 @@ TEST_P(CodecBound, RandomAndStructuredDataWithinBound) {
 
 std::vector<BoundCase> bound_cases() {
   std::vector<BoundCase> v;
-  for (int bits : {2, 4})
+  for (int bits : {2, 3, 4})
     for (bool asym : {false, true})
       for (ScaleDType sd : {ScaleDType::FP8_E4M3, ScaleDType::BF16})
         for (Scaling sc : {Scaling::TwoLevel, Scaling::Compat})
           for (int stages : {1, 2}) v.push_back({bits, asym, sd, sc, stages, stages == 1 ? DType::BF16 : DType::F32});
   v.push_back({2, false, ScaleDType::FP8_E4M3, Scaling::TwoLevel, 1, DType::F16});
   v.push_back({4, true, ScaleDType::FP8_E4M3, Scaling::TwoLevel, 3, DType::F16});
+  v.push_back({3, true, ScaleDType::FP8_E4M3, Scaling::TwoLevel, 3, DType::F16});
   return v;
 }
 
@@ -97,8 +98,8 @@ INSTANTIATE_TEST_SUITE_P(AllModes, CodecBound, ::testing::ValuesIn(bound_cases()
                          });
 
 RC_GTEST_PROP(CodecProperty, DecodedWithinBoundForRandomShapesAndConfigs, ()) {
-  const int bits = *rc::gen::element(2, 4);
-  const int bsz = *rc::gen::element(8, 16, 32);
+  const int bits = *rc::gen::element(2, 3, 4);
+  const int bsz = *rc::gen::element(8, 16, 32);  // a multiple of every width's code group
   const int64_t D = bsz * *rc::gen::inRange(1, 4);
   const int64_t S = *rc::gen::inRange(1, 60);
   const int64_t H = *rc::gen::inRange(1, 3);
@@ -136,7 +137,7 @@ TEST(Codec, RefinementLayerEncodesTheDecodingErrorWithinItsBound) {
     c.centroids = 16;
     const EncodedTensor base = encode(x, c);
     const Tensor dec = decode(base);
-    for (const int bits : {2, 4}) {
+    for (const int bits : {2, 3, 4}) {
       const EncodedTensor layer = encode_refinement(x, dec, refinement_config(bits, 64, c.seed));
       EXPECT_NO_THROW(layer.validate());
       EXPECT_NO_THROW(layer.validate_values());
@@ -197,7 +198,8 @@ TEST(Codec, RefinementLayerEncodesTheDecodingErrorWithinItsBound) {
       Tensor full = dec;
       add_refinement(layer, 0, sh.s, 0, sh.h, {full.data(), dt, sh.s * sh.h * sh.d, sh.h * sh.d});
       const double e0 = rel_mse(x, dec), e1 = rel_mse(x, full);
-      EXPECT_LT(e1, e0 * (bits == 4 ? 0.02 : 0.4)) << dtype_name(dt) << " bits " << bits << ": " << e0 << " -> " << e1;
+      const double gain = bits == 4 ? 0.02 : bits == 3 ? 0.1 : 0.4;  // the layer's error shrinks with its qmax
+      EXPECT_LT(e1, e0 * gain) << dtype_name(dt) << " bits " << bits << ": " << e0 << " -> " << e1;
     }
     // An error beyond the input limit (|x| near 1e16, decoded far off) is clamped, not
     // refused: a cache encodes layers after its state has changed.
@@ -219,7 +221,8 @@ TEST(Codec, RefinementLayerEncodesTheDecodingErrorWithinItsBound) {
     CodecConfig two = refinement_config(2, 64, 1);
     two.centroids = 2;
     EXPECT_THROW((void)encode_refinement(x, dec, two), InvalidArgument);
-    EXPECT_THROW((void)encode_refinement(x, dec, refinement_config(5, 64, 1)), InvalidArgument);  // no code format
+    EXPECT_THROW((void)encode_refinement(x, dec, refinement_config(5, 64, 1)), InvalidArgument);  // no such width
+    EXPECT_THROW((void)encode_refinement(x, dec, refinement_config(3, 60, 1)), InvalidArgument);  // int3 blocks: 8k
   }
 }
 
@@ -252,7 +255,7 @@ TEST(Codec, RefinementOfAnEncodingEqualsEncodeRefinementOfItsDecoding) {
         }
         const EncodedTensor full = book ? with_codebook(enc, book->book) : enc;
         const Tensor dec = decode(full);
-        for (const int bits : {2, 4})
+        for (const int bits : {2, 3, 4})
           for (const int threads : {1, 2, 8}) {
             const CodecConfig rc = refinement_config(bits, 32, 77, threads);
             const EncodedTensor want = encode_refinement(x, dec, rc);
@@ -262,7 +265,7 @@ TEST(Codec, RefinementOfAnEncodingEqualsEncodeRefinementOfItsDecoding) {
             ++checked;
           }
       }
-  EXPECT_EQ(checked, 54);
+  EXPECT_EQ(checked, 81);
   // Its argument checks.
   const Tensor x = random_tensor({1, 20, 2, 64}, DType::BF16, 3);
   CodecConfig c;
@@ -287,7 +290,7 @@ TEST(Codec, ZeroTinyAndHugeBlocksDecodeFiniteWithinBound) {
       x.set(0, s, 0, d, v);
     }
   for (bool asym : {false, true})
-    for (int bits : {2, 4})
+    for (int bits : {2, 3, 4})
       for (ScaleDType sd : {ScaleDType::FP8_E4M3, ScaleDType::BF16})
         for (Scaling sc : {Scaling::TwoLevel, Scaling::Compat}) {
           CodecConfig cfg;
@@ -413,6 +416,42 @@ TEST(CodecLayout, Int2SymmetricCompat) {
   EncodedTensor e = encode(known_input(), known_cfg(2, false));
   EXPECT_EQ(e.scales, (std::vector<uint8_t>{0x40, 0x40}));  // s = 2.0
   EXPECT_EQ(e.codes, (std::vector<uint8_t>{0x45, 0x98, 0x65, 0x12}));
+}
+
+// int3 (spec 1.5): 8 codes in 3 bytes, V = sum code[i] << (21 - 3i), most significant
+// byte first. s = 2/3 -> fp8 0.6875 (1.375 * 2^-1: 0x33); q = round(delta / 0.6875) =
+// 1 -2 0 0 3 -1 2 -3, codes q + 3 = 4 1 3 3 6 2 5 0 = 100 001 011 011 110 010 101 000;
+// token 1 (-delta): codes 2 5 3 3 0 4 1 6 = 010 101 011 011 000 100 001 110.
+TEST(CodecLayout, Int3SymmetricCompat) {
+  EncodedTensor e = encode(known_input(), known_cfg(3, false));
+  EXPECT_EQ(e.scales, (std::vector<uint8_t>{0x33, 0x33}));
+  EXPECT_EQ(e.codes, (std::vector<uint8_t>{0x85, 0xBC, 0xA8, 0x55, 0xB1, 0x0E}));
+  EXPECT_EQ(e.code_at(0, 0, 0, 4), 6);
+  EXPECT_EQ(e.code_at(0, 0, 1, 7), 6);
+  // Decoded = (code - 3) * 0.6875 + c.
+  Tensor dec = decode(e);
+  EXPECT_EQ(dec.at(0, 0, 0, 0), 1.0f + 0.6875f);
+  EXPECT_EQ(dec.at(0, 1, 0, 4), 5.0f - 3 * 0.6875f);
+  EXPECT_NO_THROW(e.validate_values());
+  // A symmetric code above 2 * qmax (7 = 111) is refused, reported at its group's first
+  // byte: bits 6-4 of byte 4 are V's bits 14-12, code 3 of token 1's group (bytes 3-5).
+  e.codes[4] |= 0x70;
+  try {
+    e.validate_values();
+    FAIL() << "accepted a symmetric int3 code 7";
+  } catch (const CorruptData& err) {
+    EXPECT_NE(std::string(err.what()).find("codes byte 3 holds a symmetric int3 code above 6"), std::string::npos)
+        << err.what();
+  }
+}
+
+// s = 3.75/7 = 0.5357 -> fp8 0.5625 (0x31); z = -1.75 (0xBE); codes round((delta + 1.75) /
+// 0.5625) = 4 0 4 3 7 2 5 0 = 100 000 100 011 111 010 101 000.
+TEST(CodecLayout, Int3AsymmetricCompat) {
+  EncodedTensor e = encode(known_input(), known_cfg(3, true));
+  EXPECT_EQ(e.scales[0], 0x31);
+  EXPECT_EQ(e.zeros[0], 0xBE);
+  EXPECT_EQ((std::vector<uint8_t>(e.codes.begin(), e.codes.begin() + 3)), (std::vector<uint8_t>{0x82, 0x3E, 0xA8}));
 }
 
 TEST(CodecLayout, Int4AsymmetricCompat) {
@@ -703,12 +742,11 @@ void expect_invalid(const CodecConfig& c, const std::string& needle) {
 TEST(Config, CodecValidation) {
   CodecConfig c;
   c.bits = 5;
-  expect_invalid(c, "bits must be 2, 3 or 4 (or none to disable quantization), got 5");
-  c.bits = 3;  // qvg's extension: a row of qvg/code_format.h
-  c.block_size = 64;
+  expect_invalid(c, "bits must be 2, 3 or 4 (or none to disable quantization), got 5");  // the widths of qvg/code_format.h
+  c.bits = 3;
   EXPECT_NO_THROW(c.validate());
-  c.block_size = 36;
-  expect_invalid(c, "block_size must be a multiple of 8");
+  c.block_size = 12;
+  expect_invalid(c, "block_size must be a multiple of 8");  // int3's code group
   c = {};
   c.centroids = 0;
   expect_invalid(c, "centroids must be in 1..256, got 0");

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "qvg/cache.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
-#include "qvg/test_access.h"
 #include "support/cache_model.h"
 
 using namespace qvg;

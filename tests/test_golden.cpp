@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,78 @@ TEST_P(Golden, QvgtAndDecodedBytesAreUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(Fixed, Golden, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<GoldenCase>& i) { return i.param.name; });
+
+// int3 (issue 36, a qvg extension): the encoding's arrays (every array of
+// EncodingLayout::arrays(), in that order, digested as one stream) and the decoded
+// bytes. The `.qvgt` container of an int3 encoding carries a raised format version
+// (spec 1.6) written by src/io; these digests pin the encoder's and decoder's bytes
+// independently of it. Recorded when int3 was added (issue 36); the int2/int4
+// digests above are unchanged by it.
+struct GoldenArraysCase {
+  std::string name;
+  DType dtype;
+  Shape4 shape;
+  CodecConfig cfg;
+  int layer_bits = 0;       ///< > 0: digest the refinement layer of that width of cfg's decoding instead
+  uint64_t arrays_digest;   ///< XXH64 (seed 0) of the arrays' bytes, in layout order
+  uint64_t decode_digest;   ///< XXH64 (seed 0) of the decoded tensor's bytes
+};
+
+const std::vector<GoldenArraysCase>& int3_cases() {
+  using SD = ScaleDType;
+  using SC = Scaling;
+  static const std::vector<GoldenArraysCase> v = {
+      {"bf16_int3_sym_fp8_two_level", DType::BF16, {1, 300, 3, 64},
+       cfg_of(3, 32, 32, 1, 2, false, SD::FP8_E4M3, SC::TwoLevel, Init::Random), 0, 0xead31d20d5d25af8, 0xca695539713fd344},
+      {"bf16_int3_asym_bf16_compat_2stages", DType::BF16, {1, 300, 3, 64},
+       cfg_of(3, 16, 64, 2, 3, true, SD::BF16, SC::Compat, Init::Random), 0, 0x6ce90836fa1125e1, 0x19df7c2ef29c32ad},
+      {"f32_int3_asym_fp8_two_level_kmeanspp_block8", DType::F32, {2, 150, 2, 64},
+       cfg_of(3, 64, 8, 1, 4, true, SD::FP8_E4M3, SC::TwoLevel, Init::KMeansPlusPlus), 0, 0x07235606e60b2c7b, 0x34d6f7af6d278452},
+      {"f16_int3_sym_fp8_compat_d40", DType::F16, {1, 200, 2, 40},
+       cfg_of(3, 256, 8, 1, 3, false, SD::FP8_E4M3, SC::Compat, Init::Random), 0, 0xeace81bfd0e09582, 0xc7f1ea51cca279eb},
+      {"bf16_int2_base_int3_layer", DType::BF16, {1, 200, 2, 64},
+       cfg_of(2, 32, 32, 1, 2, false, SD::FP8_E4M3, SC::TwoLevel, Init::Random), 3, 0x96b5fe96fb671674, 0xd759070cc44a1e62},
+  };
+  return v;
+}
+
+void PrintTo(const GoldenArraysCase& c, std::ostream* os) { *os << c.name; }
+
+uint64_t arrays_digest(const EncodedTensor& e) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  for (const ArrayDesc& a : e.arrays()) {
+    const std::span<const uint8_t> b = e.array(a);
+    XXH64_update(st, b.data(), b.size());
+  }
+  const uint64_t d = XXH64_digest(st);
+  XXH64_freeState(st);
+  return d;
+}
+
+class GoldenInt3 : public ::testing::TestWithParam<GoldenArraysCase> {
+ protected:
+  void SetUp() override { kernels::force_target(scalar_target()); }
+  void TearDown() override { kernels::force_target(0); }
+};
+
+TEST_P(GoldenInt3, ArraysAndDecodedBytesAreUnchanged) {
+  const GoldenArraysCase& gc = GetParam();
+  const Tensor x = golden_input(gc.dtype, gc.shape, 7);
+  EncodedTensor enc = encode(x.view(), gc.cfg);
+  if (gc.layer_bits > 0) {
+    const Tensor dec = decode(enc);
+    enc = encode_refinement(x.view(), dec.view(), refinement_config(gc.layer_bits, gc.cfg.block_size, gc.cfg.seed));
+  }
+  ASSERT_EQ(enc.bits, gc.layer_bits > 0 ? gc.layer_bits : 3);
+  const Tensor dec = decode(enc);
+  const uint64_t ad = arrays_digest(enc), dd = digest(dec.data(), dec.nbytes());
+  EXPECT_EQ(ad, gc.arrays_digest) << fmt::format("{}: arrays digest 0x{:016x} ({} bytes)", gc.name, ad, enc.nbytes());
+  EXPECT_EQ(dd, gc.decode_digest) << fmt::format("{}: decode digest 0x{:016x}", gc.name, dd);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixed, GoldenInt3, ::testing::ValuesIn(int3_cases()),
+                         [](const ::testing::TestParamInfo<GoldenArraysCase>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace qvg

@@ -210,7 +210,7 @@ TEST(Npy, RejectsMalformedHeadersWithCorruptData) {
 
 // Every truncation is CorruptData; every byte flip of the header (magic, version,
 // length, dict) is an error; a flip of a data byte reads back exactly: the same
-// array with that byte flipped (issue 42, item 19: the test checks what it says).
+// array with that byte flipped (each flip is checked, not only that nothing crashes).
 TEST(Npy, EveryTruncationAndHeaderByteFlipIsAnErrorADataFlipReadsExactly) {
   NpyArray a;
   a.shape = {1, 2, 2, 3};
@@ -386,8 +386,8 @@ TEST(Safetensors, RejectsBadHeaderLengths) {
 // only renames a tensor, changes a metadata string or another dimension of a tensor
 // of zero elements (a valid file of other names: dtypes and data unchanged, and it
 // writes back to exactly the flipped bytes); a flip of a data byte reads back as that
-// byte of that tensor flipped (issue 42, item 19; it found a NUL byte in the header's
-// padding accepted: the JSON parser read a NUL as the end of its input).
+// byte of that tensor flipped (this found a NUL byte in the header's padding
+// accepted: the JSON parser read a NUL as the end of its input).
 TEST(Safetensors, EveryTruncationIsAnErrorAndEveryByteFlipAnErrorOrReadExactly) {
   const SafetensorsFile f = sample_st();
   const Bytes good = serialize_safetensors(f);
@@ -454,7 +454,7 @@ TEST(Safetensors, EveryTruncationIsAnErrorAndEveryByteFlipAnErrorOrReadExactly) 
   EXPECT_GT(renamed, 0);
 }
 
-// A NUL byte anywhere in the header is refused (issue 42): JSON holds none raw, and
+// A NUL byte anywhere in the header is refused: JSON holds none raw, and
 // the JSON parser read one as the end of its input, so a header whose padding held a
 // NUL — or a NUL followed by anything — was accepted with the rest unread.
 TEST(Safetensors, ANulByteInTheHeaderIsRefused) {
@@ -675,7 +675,7 @@ std::vector<Bytes> qvgt_bases() {
 }
 
 // Reordered arrays and metadata are the same file; a `shape` spelled otherwise than
-// the writer spells it is not (issue 15, finding 10: io.h promises canonical values).
+// the writer spells it is not (qvg/io.h promises canonical values).
 TEST(Qvgt, ReorderedArraysAreAcceptedNonCanonicalShapeIsNot) {
   for (const Bytes& base : qvgt_bases()) {
     const EncodedTensor e = parse_qvgt(base);
@@ -775,6 +775,41 @@ TEST(Qvgt, RejectsMissingUnknownAndBadMetadata) {
     SCOPED_TRACE(k + "=" + v);
     EXPECT_THROW(parse_qvgt(mutated(base, [&](SafetensorsFile& st) { set_meta(st, k, v); })), CorruptData);
   }
+}
+
+// A width stored in a later form carries its row's version (qvg/code_format.h, spec
+// 1.6): an int3 file is `qvg.prq/2` and reads back exactly; the same bytes labelled
+// /1, an int4 file labelled /2 and a version no reader knows are refused, by name.
+TEST(Qvgt, Int3FilesCarryTheirFormatVersion) {
+  EncodedTensor e = tiny_enc();
+  e.bits = 3;
+  e.shape = {1, 2, 1, 8};
+  e.codes = {0x05, 0x39, 0x73, 0x6D, 0xB6, 0xDB};  // codes 0 1 2 3 4 5 6 3, then eight 3s (spec 1.5)
+  ASSERT_NO_THROW(e.validate());
+  const Bytes b = serialize_qvgt(e);
+  EXPECT_NE(header_text(b).find(R"("format":"qvg.prq/2")"), std::string::npos) << header_text(b);
+  EXPECT_NE(header_text(b).find(R"("codes":{"dtype":"U8","shape":[1,1,2,3])"), std::string::npos);
+  EXPECT_EQ(parse_qvgt(b), e);
+  EXPECT_EQ(qvgt_format(e), "qvg.prq/2");
+  EXPECT_EQ(qvgt_format(tiny_enc()), "qvg.prq/1");
+  auto refused = [](const Bytes& file, const std::string& want) {
+    try {
+      parse_qvgt(file);
+      ADD_FAILURE() << "accepted; wanted " << want;
+    } catch (const CorruptData& err) {
+      EXPECT_NE(std::string(err.what()).find(want), std::string::npos) << err.what();
+    }
+  };
+  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "format", "qvg.prq/1"); }),
+          "metadata 'format' is 'qvg.prq/1' but bits=3 is stored as 'qvg.prq/2'");
+  refused(mutated(serialize_qvgt(tiny_enc()), [](SafetensorsFile& st) { set_meta(st, "format", "qvg.prq/2"); }),
+          "bits=4 is stored as 'qvg.prq/1'");
+  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "format", "qvg.prq/3"); }),
+          "must be one of 'qvg.prq/1', 'qvg.prq/2' (the versions this reader knows), got 'qvg.prq/3'");
+  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "bits", "5"); }), "metadata 'bits' must be one of 2, 3 or 4");
+  EncodedTensor odd = e;  // an int3 block must fill whole 3-byte groups: 8 channels
+  odd.block_size = 4;
+  EXPECT_THROW(odd.validate(), CorruptData);
 }
 
 TEST(Qvgt, RejectsMissingUnknownAndMisshapedArrays) {
@@ -900,7 +935,7 @@ TEST(Qvgt, UnsupportedSafetensorsDtypeIsCorruptData) {
 // Every truncation and every flip of a header byte is CorruptData (the header holds
 // only canonical spellings); a flip of a data byte is CorruptData or reads back as
 // an encoding holding exactly the flipped bytes — it writes back to them byte for
-// byte — that validates and decodes finite (issue 42, item 19).
+// byte — that validates and decodes finite.
 TEST(Qvgt, EveryTruncationAndHeaderFlipIsCorruptDataADataFlipIsRefusedOrReadExactly) {
   const std::vector<Bytes> bases = qvgt_bases();
   int header_flips = 0, data_refused = 0, data_read = 0;

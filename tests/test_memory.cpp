@@ -1,4 +1,4 @@
-// Tests of the memory model (include/qvg/memory.h): hand-computed sizes for small
+// Tests of the memory model (include/qvg/eval/memory.h): hand-computed sizes for small
 // cases, consistency with EncodedTensor::predicted_nbytes, and the policy replay
 // against hand-derived resident sizes.
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
-#include "qvg/memory.h"
+#include "qvg/eval/memory.h"
+#include "qvg/eval/workload.h"
 #include "qvg/tensor.h"
-#include "qvg/workload.h"
 #include "support/cache_model.h"
 
 namespace qvg {
@@ -385,13 +385,13 @@ TEST(Memory, ReplayMatchesThePackedCache) {
   EXPECT_GT(adaptive_breaks, 0);  // the break case broke spans, and the replay followed
 }
 
-// Issue 39: the model-level peak is what the caches of every layer and the view memory
-// hold at one instant. Three layers of real packed caches stream chunks in layer order
-// (each a denoising step with the full window, as the model calls them); right after
-// every call the test adds up every cache's resident bytes and the bytes of the view
-// scratches they use at that instant. Over the steady state the most of these equals
-// MemoryReport::model_peak_bytes: one shared ViewScratch -> Shared, one scratch per
-// layer (held by the test, as a binding would hold it) -> PerLayer.
+// The model-level peak (docs/simulate.md) is what the caches of every layer and the
+// view memory hold at one instant. Three layers of real packed caches stream chunks in
+// layer order (each a denoising step with the full window, as the model calls them);
+// right after every call the test adds up every cache's resident bytes and the bytes of
+// the view scratches they use at that instant. Over the steady state the most of these
+// equals MemoryReport::model_peak_bytes: one shared ViewScratch -> Shared, one scratch
+// per layer (held by the test, as a binding would hold it) -> PerLayer.
 TEST(Memory, ModelPeakIsWhatTheLayersAndTheirViewsHoldAtOnce) {
   struct Case {
     const char* what;
@@ -462,8 +462,8 @@ TEST(Memory, ModelPeakIsWhatTheLayersAndTheirViewsHoldAtOnce) {
     }
 }
 
-// Issue 17's targets: incremental spans (int2, 256 centroids, spans of 8) bring the
-// policy peak close to the fully encoded context on the real model shapes.
+// Incremental spans (int2, 256 centroids, spans of 8; docs/spans.md, "Peak memory")
+// bring the policy peak close to the fully encoded context on the real model shapes.
 TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
   struct Want {
     const char* model;
@@ -497,7 +497,7 @@ TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
   }
 }
 
-// Issue 42, item 6: the peak of a long context is extrapolated from three short
+// The peak of a long context is extrapolated from three short
 // replays. It must be exactly the peak of the replay from an empty cache (what
 // memory_report computed before, O(frames^2)), over contexts of every phase and
 // policy settings of every kind, and the chunks replayed must not grow with the

@@ -3,6 +3,7 @@
 // the compiler's _Float16 for fp16).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -93,13 +94,13 @@ TEST(Fp8, ScaledFormEqualsReferenceOnAllBytes) {
 }
 
 // The CUDA decode's dequant (no int-to-float conversion) equals spec 1.3's on every code
-// of both widths, symmetric and asymmetric, for scales and zeros of every magnitude
+// of every width (int2, int3, int4), symmetric and asymmetric, for scales and zeros of every magnitude
 // (subnormal, normal, near the fp32 limit) and both signs.
 TEST(Dequant, BiasedFormEqualsReference) {
   std::mt19937 rng(7);
   std::vector<float> vals = {0.0f, -0.0f, 1e-45f, -3e-40f, 1e-10f, 0.37f, -1.5f, 448.0f, 3e38f, -3e38f};
   for (int i = 0; i < 200; ++i) vals.push_back(numeric_impl::from_bits(uint32_t(rng()) & 0xFF7FFFFFu));  // finite
-  for (int bits : {2, 4})
+  for (int bits : {2, 3, 4})
     for (bool asym : {false, true}) {
       const int qmax = residual_impl::qmax_of(bits, asym);
       const float bias = residual_impl::dequant_bias(qmax, asym);
@@ -111,6 +112,37 @@ TEST(Dequant, BiasedFormEqualsReference) {
             ASSERT_EQ(numeric_impl::bits_of(want), numeric_impl::bits_of(got))
                 << "bits " << bits << " asym " << asym << " code " << code << " s " << s << " z " << z;
           }
+    }
+}
+
+// Spec 1.2 per width, qmax written out here (2^(bits-1) - 1 symmetric, 2^bits - 1
+// asymmetric: int3 3 and 7): every code in range, and the decoded residual within
+// s_eff / 2 + dist(x, representable range) of x (plus a few fp32 ulps of the division
+// and the multiply), for values inside, at the edge of and beyond the range.
+TEST(Residual, EveryWidthCodesWithinTheSpecBound) {
+  std::mt19937 rng(36);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int bits : {2, 3, 4})
+    for (bool asym : {false, true}) {
+      const int qmax = asym ? (1 << bits) - 1 : (1 << (bits - 1)) - 1;
+      ASSERT_EQ(residual_impl::qmax_of(bits, asym), qmax) << bits << " " << asym;
+      for (int i = 0; i < 20000; ++i) {
+        const float mag = std::ldexp(1.0f, int(rng() % 40) - 20);
+        const float s = std::fabs(nd(rng)) * mag + mag * 1e-3f;
+        const float z = asym ? nd(rng) * mag * float(qmax) : 0.0f;
+        // x around the range: its centre +- up to 1.5 half-ranges.
+        const float centre = asym ? z + s * float(qmax) / 2 : 0.0f;
+        const float x = centre + nd(rng) * 0.75f * s * float(qmax);
+        const int code = residual_impl::quantize_code(x, qmax, asym, s, z);
+        ASSERT_GE(code, 0);
+        ASSERT_LE(code, asym ? qmax : 2 * qmax);
+        const double dec = double(residual_impl::dequant(code, qmax, asym, s, z));
+        const double lo = asym ? double(z) : -double(qmax) * s, hi = lo + (asym ? 1.0 : 2.0) * double(qmax) * s;
+        const double dist = x < lo ? lo - x : x > hi ? x - hi : 0.0;
+        const double ulps = 8.0 * std::ldexp(1.0, std::ilogb(std::max(std::fabs(double(x)), hi - lo)) - 23);
+        ASSERT_LE(std::fabs(double(x) - dec), double(s) / 2 + dist + ulps)
+            << "bits " << bits << " asym " << asym << " x " << x << " s " << s << " z " << z << " code " << code;
+      }
     }
 }
 

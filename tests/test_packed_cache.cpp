@@ -22,8 +22,8 @@
 
 #include "qvg/cache.h"
 #include "qvg/codec.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
-#include "qvg/test_access.h"
 #include "support/cache_model.h"
 #include "support/snapshot_fixtures.h"
 
@@ -293,15 +293,15 @@ KVView advance(PackedCausalCache& c, std::mt19937_64& rng, int64_t n, std::optio
 }  // namespace
 
 // Adaptive span boundaries (docs/spans.md) against an energy computed here, from the
-// data and the cache's stored encodings, not by the cache or the codec (issue 42,
-// item 17). A chunk's energy is the mean over its elements of the squared final
-// residual, x minus its centroid by its stored id in its span's codebook (one stage);
-// a span's reference is its first chunk's energy. A chunk that joined its span must
-// have K and V energies within span_break_ratio x the references; a chunk that
-// started a new span although the open one had room must not have fitted: its energy
-// against the open span's slots (those its chunks use; the trial's new slots can
-// only lower it, one stage being a nearest-slot assignment) exceeds the ratio for K
-// or V — so a wrong energy, a wrong reference or a wrong comparison fails one of them.
+// data and the cache's stored encodings, not by the cache or the codec. A chunk's
+// energy is the mean over its elements of the squared final residual, x minus its
+// centroid by its stored id in its span's codebook (one stage); a span's reference is
+// its first chunk's energy. A chunk that joined its span must have K and V energies
+// within span_break_ratio x the references; a chunk that started a new span although
+// the open one had room must not have fitted: its energy against the open span's slots
+// (those its chunks use; the trial's new slots can only lower it, one stage being a
+// nearest-slot assignment) exceeds the ratio for K or V — so a wrong energy, a wrong
+// reference or a wrong comparison fails one of them.
 namespace span_energy {
 
 /// [t, h, d] residual energy of x (a [1, S, H, D] chunk) against `book` with the

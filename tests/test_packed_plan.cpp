@@ -14,7 +14,7 @@
 #include "cache/cache_policy.h"
 #include "cache/plan_access.h"
 #include "qvg/cache.h"
-#include "qvg/test_access.h"
+#include "qvg/detail/test_access.h"
 #include "support/snapshot_fixtures.h"
 
 namespace qvg {

@@ -1,5 +1,5 @@
 // Tests of the bookkeeping behind `qvg bench` (src/perf/perf.h) that needs no timing
-// (issue 39, item 7): the load check's verdict from given timings, and the report's
+// (docs/performance.md): the load check's verdict from given timings, and the report's
 // table and JSON. No test here measures or asserts a time.
 #include <gtest/gtest.h>
 
@@ -69,7 +69,7 @@ TEST(BenchReport, LabelsTheAliasAndReportsTheLoad) {
             std::string::npos)
       << r.table;
   EXPECT_NE(r.table.find("\nreconstruct_window                     =           =           =  the row "
-                         "reconstruct_window_int2 under the name issue 5 gave it\n"),
+                         "reconstruct_window_int2 under a second name\n"),
             std::string::npos)
       << r.table;
   EXPECT_NE(r.table.find("machine load: copy spread 3.00x, drift 1.00x, load average 3.50 on 2 cores: BUSY\n"),

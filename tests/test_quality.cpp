@@ -1,5 +1,5 @@
-// Issue 16: the MSE-optimal scale search (same stored form, spec 1.2's bound, never
-// worse than the block maximum), per-role codec settings (config, flags, packed
+// The MSE-optimal scale search (docs/quality.md; same stored form, spec 1.2's bound,
+// never worse than the block maximum), per-role codec settings (config, flags, packed
 // cache, memory model, snapshots 1.3), the profiles, and the frontier's report.
 #include <gtest/gtest.h>
 
@@ -12,12 +12,12 @@
 #include "qvg/cache.h"
 #include "qvg/codec.h"
 #include "qvg/config.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
-#include "qvg/frontier.h"
-#include "qvg/memory.h"
+#include "qvg/eval/frontier.h"
+#include "qvg/eval/memory.h"
+#include "qvg/eval/workload.h"
 #include "qvg/numeric.h"
-#include "qvg/test_access.h"
-#include "qvg/workload.h"
 #include "support/data.h"
 
 namespace qvg {
@@ -151,7 +151,7 @@ TEST(ScaleSearch, WithinTheBoundAndNeverWorseThanTheBlockMaximum) {
 }
 
 TEST(ScaleSearch, HelpsInt2OnVLikeData) {
-  // The issue's hint: a block scale at the block maximum is far from MSE-optimal for
+  // Why a search: a block scale at the block maximum is far from MSE-optimal for
   // the 3-level symmetric int2 quantizer.
   const Tensor x = v_like(7);
   CodecConfig off;
@@ -240,8 +240,8 @@ TEST(QuantArgsPerRole, FlagsProfileAndValidation) {
   EXPECT_THROW(parse_role_codec("bits", "--k-config"), InvalidArgument);
 }
 
-// Issue 25: the recommended profile is hq's codec (more k-means) plus a cache policy; explicit flags
-// override any of it; an unknown name changes nothing.
+// The recommended profile (docs/quality.md) is hq's codec (more k-means) plus a cache
+// policy; explicit flags override any of it; an unknown name changes nothing.
 TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   QuantArgs r;
   r.apply_profile("recommended");
@@ -252,7 +252,7 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   EXPECT_TRUE(r.codec.asymmetric);
   EXPECT_EQ(r.codec.centroids, QuantArgs{}.codec.centroids);
   EXPECT_EQ(r.codec.block_size, QuantArgs{}.codec.block_size);
-  // Issue 40: V's scale search off (per role), 2 k-means iterations (the default).
+  // V's scale search off (per role), 2 k-means iterations (the default).
   EXPECT_TRUE(r.per_role());
   EXPECT_EQ(r.codec_for(CacheRole::Key).scale_search, ScaleSearch::Mse);
   EXPECT_EQ(r.codec_for(CacheRole::Value).scale_search, ScaleSearch::Off);
@@ -308,7 +308,7 @@ TEST(Profiles, RecommendedIsHqsCodecInAnIncrementalPolicy) {
   EXPECT_FALSE(u.enabled());
 }
 
-// Issue 25's memory half: at full size the recommended profile's policy peak is at
+// The recommended profile's memory: at full size its policy peak is at
 // most the engine's default's (int2, the reference profile's codec, spans of one
 // chunk, keep_recent 1) on Self-Forcing, LingBot-World and HY-WorldPlay (the memory
 // model `qvg simulate` reports; the quality half is measured in docs/quality.md).
@@ -443,7 +443,7 @@ TEST(Frontier, QuickRunMarksParetoReferenceAndProfile) {
   int baselines = 0;
   for (const FrontierPoint& p : r.points) baselines += p.method != "qvg";
   EXPECT_EQ(baselines, 18);
-  // qvg's own points cover the baselines' range of rates (issue 39, item 5), quick runs
+  // qvg's own points cover the baselines' range of rates (docs/quality.md), quick runs
   // included: hq with V at 4 bits, hq at 4 bits, the reference at 4 bits, and hq with a
   // 2-bit refinement layer on every chunk, whose bytes are exactly the layers'.
   std::map<std::string, const FrontierPoint*> range;

@@ -1,6 +1,7 @@
-// Regression tests of issue 15's findings (an adversarial run against the readers,
-// the CLI and the caches), one test (or more) per finding. CLI-level behaviour
-// (exit statuses, the FIFO and thread flags end to end) is in tests/cli/reliability.sh.
+// Regression tests of the findings of an adversarial run against the readers, the CLI
+// and the caches (docs/reliability.md, "Findings and their fixes"), one test (or more)
+// per finding. CLI-level behaviour (exit statuses, the FIFO and thread flags end to
+// end) is in tests/cli/reliability.sh.
 //
 //   1  deeply nested JSON crashed the error formatting (stack overflow)
 //   2  huge thread counts crashed OpenMP
@@ -15,8 +16,8 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
-#include <time.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,11 +36,11 @@
 #include "qvg/attention.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
+#include "qvg/eval/workload.h"
 #include "qvg/io.h"
 #include "qvg/numeric.h"
-#include "qvg/test_access.h"
-#include "qvg/workload.h"
 #include "support/cache_model.h"
 #include "support/files.h"
 
@@ -76,7 +77,7 @@ EncodedTensor small_encoding(DType dt, ScaleDType sd, bool asym, Scaling sc = Sc
 
 // ---- finding 1: deep nesting ----------------------------------------------------
 
-TEST(Finding1, DeeplyNestedJsonIsRefusedWithoutRecursion) {
+TEST(NestedJson, DeeplyNestedJsonIsRefusedWithoutRecursion) {
   const std::string deep(100000, '[');
   const std::vector<std::string> headers = {
       R"({"__metadata__":{"a":)" + deep + "}}",
@@ -108,7 +109,7 @@ TEST(Finding1, DeeplyNestedJsonIsRefusedWithoutRecursion) {
 
 // ---- finding 2: thread counts ---------------------------------------------------
 
-TEST(Finding2, ThreadCountsAreCappedEverywhere) {
+TEST(ThreadCaps, ThreadCountsAreCappedEverywhere) {
   const int limit = max_threads();
   EXPECT_GE(limit, 16);
   EXPECT_NO_THROW(check_threads("threads", 0));
@@ -159,10 +160,10 @@ bool all_finite(const Tensor& t) {
   return true;
 }
 
-TEST(Finding3, ScalesAndFactorsThatWouldDecodeToInfAreRefused) {
+TEST(HugeScales, ScalesAndFactorsThatWouldDecodeToInfAreRefused) {
   const EncodedTensor fp8 = small_encoding(DType::BF16, ScaleDType::FP8_E4M3, true);
   const EncodedTensor bf16 = small_encoding(DType::BF16, ScaleDType::BF16, false, Scaling::Compat);
-  // The issue's two files: a finite scale_factor of 3e38, a bf16 scale of 0x7f7f (the
+  // The two files as found: a finite scale_factor of 3e38, a bf16 scale of 0x7f7f (the
   // largest finite bf16).
   const Bytes huge_factor = edited(fp8, [](SafeTensor& t) {
     if (t.name == "scale_factor") {
@@ -206,7 +207,7 @@ TEST(Finding3, ScalesAndFactorsThatWouldDecodeToInfAreRefused) {
 
 // Every accepted mutation of the scales, zeros, factors and centroids decodes to
 // finite values in every output dtype (spec 1.6: no NaN from accepted input).
-TEST(Finding3, AcceptedEncodingsAlwaysDecodeFinite) {
+TEST(HugeScales, AcceptedEncodingsAlwaysDecodeFinite) {
   std::mt19937_64 rng(11);
   const std::vector<EncodedTensor> bases = {small_encoding(DType::BF16, ScaleDType::FP8_E4M3, true),
                                             small_encoding(DType::F16, ScaleDType::BF16, true, Scaling::Compat),
@@ -250,7 +251,7 @@ TEST(Finding3, AcceptedEncodingsAlwaysDecodeFinite) {
 
 // ---- finding 4: FIFO ------------------------------------------------------------------
 
-TEST(Finding4, FifoIsRefusedWithoutBlocking) {
+TEST(FifoInput, FifoIsRefusedWithoutBlocking) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("qvg_fifo_{}", ::getpid());
   fs::create_directories(dir);
   const fs::path fifo = dir / "in.qvgt";
@@ -296,14 +297,14 @@ double seconds_to_parse(const Bytes& b) {
   return best;
 }
 
-TEST(Finding5, HeaderParsingIsLinearAndTheTensorCountBounded) {
+TEST(HeaderParsing, HeaderParsingIsLinearAndTheTensorCountBounded) {
   // 300,000 tensors (20 MB of header): refused at the 100,001st.
   const Bytes huge = st_bytes(many_tensors_header(300000));
   const std::string m = error_text([&] { parse_safetensors(huge); });
   EXPECT_NE(m.find("more than 100000 tensors"), std::string::npos) << m;
   // Refused there, without reading on (was > 60 s): a header whose 100,001st entry
   // is followed by bytes that are not JSON gets the same error, not the parser's
-  // (issue 42, item 21: checked so, not by a wall-clock limit).
+  // (checked so, not by a wall-clock limit).
   std::string cut = many_tensors_header(100001);
   cut.back() = ',';
   cut += "\x01 not JSON at all";
@@ -331,7 +332,7 @@ CacheOptions alias_opts() {
   return o;
 }
 
-TEST(Finding11, DenseKeyThatIsASliceOfItsOwnBufferActsAsAClone) {
+TEST(AliasedInputs, DenseKeyThatIsASliceOfItsOwnBufferActsAsAClone) {
   std::mt19937_64 rng(5);
   DenseCausalCache a(alias_opts()), b(alias_opts());
   for (int64_t c = 0; c < 12; c += 4) {
@@ -362,7 +363,7 @@ TEST(Finding11, DenseKeyThatIsASliceOfItsOwnBufferActsAsAClone) {
   EXPECT_EQ(qvg::detail::debug_state(a).k, qvg::detail::debug_state(b).k);
 }
 
-TEST(Finding11, PackedKeyThatIsAnEarlierViewActsAsAClone) {
+TEST(AliasedInputs, PackedKeyThatIsAnEarlierViewActsAsAClone) {
   std::mt19937_64 rng(6);
   CacheOptions o = alias_opts();
   o.cache_size = 16;

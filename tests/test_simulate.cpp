@@ -1,9 +1,9 @@
-// Tests of the streaming simulation, the comparison and their reports (qvg/simulate.h):
-// record counts and geometry, memory sanity and the memory model, quality figures
-// (exactly zero before the first span, bounded after), wall times attributed to the
-// right parts, determinism across thread counts, JSON content (its validation against
-// docs/simulate.schema.json is tests/cli/simulate.sh's, with python3-jsonschema), SVG
-// structure, chart helpers, configuration errors.
+// Tests of the streaming simulation, the comparison and their reports
+// (qvg/eval/simulate.h): record counts and geometry, memory sanity and the memory
+// model, quality figures (exactly zero before the first span, bounded after), wall
+// times attributed to the right parts, determinism across thread counts, JSON content
+// (its validation against docs/simulate.schema.json is tests/cli/simulate.sh's, with
+// python3-jsonschema), SVG structure, chart helpers, configuration errors.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,12 +19,12 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "qvg/chart.h"
-#include "qvg/compare.h"
 #include "qvg/error.h"
-#include "qvg/error_sums.h"
-#include "qvg/memory.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/chart.h"
+#include "qvg/eval/compare.h"
+#include "qvg/eval/error_sums.h"
+#include "qvg/eval/memory.h"
+#include "qvg/eval/simulate.h"
 #include "qvg/version.h"
 
 namespace qvg {
@@ -163,13 +163,13 @@ TEST(Simulate, MemorySanityAndModel) {
   EXPECT_GT(s.full_dense_bytes, s.full_policy_peak_bytes);
 }
 
-// Issue 39: the model-level peak. The tiny run simulates every layer of its scaled
-// model; their packed caches share one ViewScratch. Right after each call the
-// simulation adds up what every layer's cache and the shared scratch hold
-// (model_bytes, measured); the records say what that must be (the layers are called
-// in order: after layer i's calls of chunk c, layers <= i hold chunk c's state, the
-// others chunk c-1's, plus the view the call copied); the memory model gives the same
-// at the steady state (MemoryReport::model_peak_bytes).
+// The model-level peak (docs/simulate.md). The tiny run simulates every layer of its
+// scaled model; their packed caches share one ViewScratch. Right after each call the
+// simulation adds up what every layer's cache and the shared scratch hold (model_bytes,
+// measured); the records say what that must be (the layers are called in order: after
+// layer i's calls of chunk c, layers <= i hold chunk c's state, the others chunk c-1's,
+// plus the view the call copied); the memory model gives the same at the steady state
+// (MemoryReport::model_peak_bytes).
 TEST(Simulate, ModelLevelPeakIsWhatTheCachesAndTheSharedViewHoldAtOnce) {
   const SimulationResult& r = tiny_result();
   const ModelPreset& p = r.preset;
@@ -501,7 +501,7 @@ TEST(SimulateReport, SummaryTextSaysWhatAndHowToRead) {
   EXPECT_EQ(tiny_result().summary[0].first_encoded_chunk, 3) << "spans of 2 after keep_recent 1: chunks 0-1 at 3";
 }
 
-// Issue 39, item 2: a run too short to encode anything says so instead of a saving.
+// A run too short to encode anything says so instead of a saving.
 TEST(SimulateReport, ShortRunSaysNothingWasEncoded) {
   SimulationConfig c = tiny_config();
   c.chunks = 3;  // spans of 2 chunks after keep_recent 1: the first encoding comes with chunk 3
@@ -517,9 +517,9 @@ TEST(SimulateReport, ShortRunSaysNothingWasEncoded) {
   EXPECT_TRUE(doc["summary"][0]["first_encoded_chunk"].is_null());
 }
 
-// Issue 40, item 4: time per denoising step = the chunk's advance (the encoding) spread
-// over its steps + one view reconstruction, over the full-window chunks, per layer;
-// the side-by-side table shows it and its ratio to the first configuration's.
+// Time per denoising step (docs/simulate.md) = the chunk's advance (the encoding)
+// spread over its steps + one view reconstruction, over the full-window chunks, per
+// layer; the side-by-side table shows it and its ratio to the first configuration's.
 TEST(SimulateReport, TimePerStepInTheSideBySideTable) {
   SimulationConfig c = tiny_config();
   c.chunks = 8;

@@ -34,10 +34,10 @@
 
 #include "kernels/kernels.h"
 #include "qvg/cache.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
 #include "qvg/snapshot.h"
-#include "qvg/test_access.h"
 #include "support/cache_model.h"
 #include "support/errors.h"
 #include "support/files.h"
@@ -204,7 +204,7 @@ Cache load_twin(const Cache& a, int64_t head_offset, std::mt19937_64& rng, const
     for (const SnapshotSectionInfo& s : inspect_snapshot_bytes(bytes, false).sections)
       st.spans_saved += s.name.starts_with("span ");
     // The lowest version the cache needs: 1.4 for refinement layers (or a refine_bits
-    // other than the default: every setting is stored, issue 27 item 3), 1.2 for a
+    // other than the default: every setting not at its default is stored), 1.2 for a
     // head_offset, 1.1 for spans, else 1.0.
     const bool v11 = a.quant_args().span_mode == SpanMode::Incremental || a.quant_args().span_break_ratio != 0;
     const bool v14 = a.quant_args().refine_recent > 0 || a.quant_args().refine_bits != 4;
@@ -780,6 +780,28 @@ TEST(SnapshotFormat, RefinementLayersAreFormat1_4AndRefusedWhereTheCacheWouldHol
   const std::string m =
       error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(good, x); }, ErrorKind::InvalidArgument);
   EXPECT_NE(m.find("refine_recent = 2, the caller expects 1"), std::string::npos) << m;
+}
+
+// A width added after the reference's is stored from its row's minor
+// (qvg/code_format.h): an int3 cache is format 1.5 and loads back exactly; the same
+// file labelled 1.4 is refused naming the entry, as an older reader refuses 1.5.
+TEST(SnapshotFormat, AThreeBitCacheIsFormat1_5AndRefusedUnderAnOlderMinor) {
+  const PackedCausalCache c = testing::small_packed_cache(3);
+  const Bytes good = c.snapshot_bytes();
+  const SnapshotInfo info = inspect_snapshot_bytes(good);
+  EXPECT_EQ(info.minor, 5);
+  EXPECT_EQ(entry_text(info.config, "bits"), "3");
+  const PackedCausalCache b = PackedCausalCache::from_snapshot_bytes(good);
+  EXPECT_TRUE(qvg::detail::debug_state(b).segments == qvg::detail::debug_state(c).segments);
+  EXPECT_EQ(b.snapshot_bytes(), good);
+  EXPECT_EQ(inspect_snapshot_bytes(testing::small_packed_cache(4).snapshot_bytes()).minor, 0);
+  Bytes older = good;
+  older[10] = 4;  // the header's minor (u16, little-endian, offset 10: docs/snapshot.md)
+  older[11] = 0;
+  testing::fix_snapshot_checksums(older);
+  const std::string m =
+      error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(older); }, ErrorKind::CorruptData);
+  EXPECT_NE(m.find("entry 'bits' = 3 is stored from format 1.5, but the file is 1.4"), std::string::npos) << m;
 }
 
 TEST(SnapshotFormat, ImpossibleIncrementalStatesAreRefused) {

@@ -1,5 +1,5 @@
-// Tests of the workload generator (include/qvg/workload.h): presets and scaling, the
-// chunk schedule, the statistics of docs/workload.md measured with its estimators,
+// Tests of the workload generator (include/qvg/eval/workload.h): presets and scaling,
+// the chunk schedule, the statistics of docs/workload.md measured with its estimators,
 // spatial and temporal redundancy, rotary embedding, determinism, and errors.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <random>
 
 #include "qvg/error.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 #include "support/data.h"
 
 namespace qvg {
@@ -407,7 +407,7 @@ TEST(Workload, F32OutputRoundsToTheBf16Output) {
 // The streaming simulation calls generate_into per chunk and layer, so a chunk of a
 // layer must cost only its tokens: the layer's parameters (the costly part) are
 // built once, on the layer's first use, and a streaming loop's buffers are reused,
-// not reallocated (issue 42, item 21: checked as such, not by a wall-clock limit;
+// not reallocated (checked as such, not by a wall-clock limit;
 // the time is printed, ~20 ms per chunk-layer here, docs/performance.md).
 TEST(Workload, OneChunkLayerBuildsTheLayerOnceAndReusesTheBuffers) {
   WorkloadOptions o;

@@ -10,13 +10,13 @@
 //     docs/quality/recommended-sweep.cpp -o sweep $B/libqvg_eval.a $B/libqvg.a -lfmt -lhwy \
 //     /usr/lib/x86_64-linux-gnu/libfaiss.a -lgomp -lpthread -lblas -llapack
 //   ./sweep hy-worldplay-8b eng=profile:reference rec=profile:recommended
+#include <fmt/core.h>
 #include <cstdio>
 #include <map>
 #include <string>
-#include <fmt/core.h>
 #include "qvg/config.h"
-#include "qvg/simulate.h"
-#include "qvg/workload.h"
+#include "qvg/eval/simulate.h"
+#include "qvg/eval/workload.h"
 using namespace qvg;
 int main(int argc, char** argv) {
   SimulationConfig c;

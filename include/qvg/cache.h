@@ -52,7 +52,7 @@ namespace qvg {
 namespace detail {
 struct SnapshotAccess;  // src/cache/snapshot_state.h: the caches' state, out and in
 struct PlanAccess;      // src/cache/plan_access.h: what a packed cache's last advance did
-struct TestAccess;      // qvg/test_access.h: a cache's whole state, for tests
+struct TestAccess;      // qvg/detail/test_access.h: a cache's whole state, for tests
 }
 
 /// The global token ranges a packed-cache view shows when recent_window_tokens is
@@ -136,7 +136,7 @@ bool can_direct_current_attention(const Cache& c, int64_t n) {
 /// tokens (OutOfRange; with options.allow_growth, InvalidArgument when a cache grown
 /// to hold the chunk would pass the size limits): in update()'s order, with its
 /// errors. For a caller that must copy key and value before update() (the Python
-/// binding, for a strided or expanded torch tensor; issue 42, item 2): a call refused
+/// binding, for a strided or expanded torch tensor; spec 5.1): a call refused
 /// by its shapes then takes no memory first. Reads no element; the values and the
 /// placement against the cursors remain update()'s to check.
 void check_update_shapes(const CacheOptions& options, int64_t cache_size, DType key_dtype, Shape4 key,
@@ -353,7 +353,7 @@ class DenseCausalCache final : public CausalCache {
 ///     merge). A view inside the current chunk is returned without a copy;
 ///     otherwise raw rows are copied and packed spans are decoded one at a time
 ///     (qvg::decode_range) straight into a scratch buffer the cache owns.
-///   * Stored data written through a lent view (issue 27, finding 16): a
+///   * Stored data written through a lent view (spec 5.1, "Aliasing"): a
 ///     zero-copy view aliases the stored raw chunk, as the engine's views do, so
 ///     the caller may change stored data through it; the cache uses what it finds.
 ///     Values the codec cannot encode (NaN, Inf, |x| > 1e16) are refused by the

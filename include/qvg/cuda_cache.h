@@ -10,11 +10,11 @@
 // The bookkeeping is src/cache/cache_policy.h, the policy the CPU cache runs too
 // (one implementation), which a host test also drives with an empty payload.
 //
-// Streams: every call that enqueues work takes an explicit Stream and returns
-// without waiting for the device; update() makes no synchronizing call and no copy
-// back to the host (issue 40), so the host runs ahead across a model's layers and an
-// update() can be captured into a CUDA graph (after a first update() outside the
-// capture, which allocates the cache's pinned check record).
+// Streams: every call that enqueues work takes an explicit Stream and returns without
+// waiting for the device; update() makes no synchronizing call and no copy back to the
+// host (docs/cuda.md, "update() does not wait"), so the host runs ahead across a
+// model's layers and an update() can be captured into a CUDA graph (after a first
+// update() outside the capture, which allocates the cache's pinned check record).
 //
 // The input check of spec 1 (finite, |x| <= 1e16) runs on the device and is reported
 // one call later: update() enqueues a scan of key and value, and the call's rows are
@@ -40,7 +40,7 @@
 // cache changes, so a failing allocation (the Allocator's exception, e.g. PyTorch's
 // out-of-memory error) leaves the cache exactly as it was.
 //
-// Every QuantArgs setting the CPU cache accepts is accepted (issue 25): incremental
+// Every QuantArgs setting the CPU cache accepts is accepted: incremental
 // spans with adaptive breaks, refinement layers, init warm, scale_search mse,
 // per-role K/V settings. Not supported (typed errors, raised before any state
 // change): a shared CacheOptions::view_scratch (host memory; Unsupported),

@@ -10,16 +10,16 @@
 // before the rename may leave the temporary behind); an error removes the temporary
 // and leaves `path` untouched.
 //
-// Permissions (issue 42, item 9): a file replaced keeps its permission bits (rwx for
+// Permissions: a file replaced keeps its permission bits (rwx for
 // user, group, others; set-user-ID, set-group-ID and sticky bits are not carried
 // over) and, where the process may set them (root), its owner and group; a new file
 // gets 0666 less the process's umask, as a file the process creates otherwise would.
 //
-// Paths (issue 42, item 5): a path holding a NUL byte is refused by every reader and
+// Paths: a path holding a NUL byte is refused by every reader and
 // writer (InvalidArgument "... the path holds a NUL byte at byte N"): the system
 // would read it as the path before the NUL, another file.
 //
-// Destinations (issue 27, finding 14): `path` must not exist, or be a regular file,
+// Destinations (spec 5.1, "Files"): `path` must not exist, or be a regular file,
 // or be a symlink whose final target is a regular file — such a symlink is
 // *followed*: the target is replaced atomically (the temporary goes next to the
 // target) and the link stays a link. Anything else is refused with InvalidArgument

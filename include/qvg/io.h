@@ -42,7 +42,7 @@ namespace qvg {
 //
 // The path-taking readers below (read_safetensors, read_qvgt, inspect_qvgt,
 // read_tensor_file) read a file's header first and check it against the file's size
-// before anything else of the file is read or allocated (issue 42, item 3): the
+// before anything else of the file is read or allocated (spec 5.1, "Files"): the
 // length fields, then the header itself read as text in pieces of 64 KiB (a NUL byte
 // ends it: a zero-filled or sparse file is refused after one piece), then that the
 // data the header describes fills the rest of the file exactly. So a sparse file of
@@ -116,8 +116,14 @@ void write_safetensors(const std::filesystem::path& path, const SafetensorsFile&
 
 // ---- .qvgt: one encoded tensor (spec 1.5, 1.6) -------------------------------------
 
-/// Value of the `format` metadata entry.
+/// Value of the `format` metadata entry of a file that uses only spec 1.6's first
+/// stored forms (every file before a later form existed; byte for byte as then).
 inline constexpr std::string_view kQvgtFormat = "qvg.prq/1";
+/// The `format` entry a file holding `layout` carries: `qvg.prq/<v>`, v the version of
+/// its code width's row in qvg/code_format.h (int2, int4: 1; int3: 2). Readers accept
+/// exactly that version for that layout, and refuse a version they do not know by name.
+/// REQUIRES a width with a row.
+std::string qvgt_format(const EncodingLayout& layout);
 
 /// The `.qvgt` bytes of `enc`. Arrays in the order centroids.0.., ids.0.., codes,
 /// scales, zeros, scale_factor, zero_factor (absent ones skipped). Calls

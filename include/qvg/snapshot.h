@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "qvg/code_format.h"
 #include "qvg/cache_options.h"
 #include "qvg/config.h"
 
@@ -40,14 +41,21 @@ namespace qvg {
 /// qvg/settings.h): 1.0 both caches; 1.1 incremental spans (their mode and break
 /// ratio, the span state and sections, segment flag 0x1); 1.2 head shards
 /// (head_offset); 1.3 the scale search and per-role codec settings; 1.4 refinement
-/// layers (their settings, segment flag 0x2). A writer writes the lowest version its
+/// layers (their settings, segment flag 0x2); 1.5 a 3-bit residual (int3, from its
+/// row in qvg/code_format.h). A writer writes the lowest version its
 /// cache needs — the latest that introduced a setting whose value is not the
-/// default: 1.4 for refinement layers, else 1.3 for a scale search or
+/// default (or, for a code width, the minor of its row: 1.5 for int3): 1.4 for refinement layers, else 1.3 for a scale search or
 /// a per-role setting, else 1.2 for a head_offset other than 0, else 1.1 for
 /// incremental spans or a span break ratio, else 1.0, byte for byte what a 1.0 writer
 /// wrote.
 inline constexpr uint16_t kSnapshotMajor = 1;
-inline constexpr uint16_t kSnapshotMinor = 4;
+/// 1.4, or the newest minor a code width needs (qvg/code_format.h: 1.5 for int3; a
+/// file holding only other widths is written as before, in the lowest minor it needs).
+inline constexpr uint16_t kSnapshotMinor = [] {
+  uint16_t m = 4;
+  for (const CodeFormat& f : kCodeFormats) m = f.snapshot_minor > m ? uint16_t(f.snapshot_minor) : m;
+  return m;
+}();
 
 /// What a caller of load() expects of a snapshot, and the runtime settings of the
 /// loaded cache (which a snapshot does not hold).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU part of the reference-codec interop (issue 13, docs/compat.md section 4).
+"""GPU part of the reference-codec interop (docs/compat.md section 4).
 
 What needs CUDA: quant-videogen's quantizer (its k-means wrappers assert CUDA
 tensors, its packing calls libdevice.round and casts to float8e4nv). On the workload

@@ -1,9 +1,9 @@
-"""The reference codec's speed on the GPU, for scripts/gpu-check (issues 14, 24).
+"""The reference codec's speed on the GPU, for scripts/gpu-check (docs/cuda.md).
 
 Times, with CUDA events (median of --repeats, each event pair around --batch
 back-to-back calls), the reference quant-videogen 0.1.0 (imported from the shipped
 wheels as gpu-check does: refload.py) on bf16 K/V in [B, S, H, D] (the reference
-takes [B, H, S, D], permuted before timing), with the configuration of the issue
+takes [B, H, S, D], permuted before timing), with the acceptance configuration
 (256 centroids, block 64, one stage, 2 k-means iterations, symmetric, fp8 scales):
   - quant_videogen.functions.triton_prq_quantize_tensor / triton_prq_dequantize_tensor;
   - qvg's CUDA encoder and decoder through qvg.torch, when the extension exposes

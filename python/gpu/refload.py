@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How scripts/gpu-check imports the reference codec quant-videogen 0.1.0 (issue 24, item 1).
+"""How scripts/gpu-check imports the reference codec quant-videogen 0.1.0 (docs/cuda.md).
 
 The device image has torch, Triton and einops but not the reference's other
 dependencies (termcolor, loguru), and nothing can be installed there. So the

@@ -1,4 +1,5 @@
-"""gpu-check.json: the verdict of a scripts/gpu-check run (issues 14, 13, 24).
+"""gpu-check.json: the verdict of a scripts/gpu-check run (docs/cuda.md, "Running the GPU
+checks").
 
 Every figure the steps left in the output folder, each acceptance with its limit and
 whether it is met, and all_met. An acceptance whose inputs are missing is "not run"
@@ -91,8 +92,9 @@ def summarize(out_dir: str, steps: dict, budget_s: float = 240, build_budget_s: 
     add("k-means assignment >= 0.3 x the cuBLAS bf16 matmul rate", asg[0].get("fraction") if asg else None, 0.3,
         None if not asg else asg[0].get("fraction", 0) >= 0.3)
 
-    # Issue 40: a denoising step's update() (7-chunk window, Self-Forcing chunk) against a
-    # copy of the view's bytes: <= 1.0x without refinement layers, <= 1.2x with 4.
+    # A denoising step's update() (7-chunk window, Self-Forcing chunk; docs/cuda.md,
+    # "update() does not wait") against a copy of the view's bytes: <= 1.0x without
+    # refinement layers, <= 1.2x with 4.
     for label, limit in (("no refinement layer", 1.0), ("4 refinement layers", 1.2)):
         up = cpp_rows(f"update() step, 7-chunk window, recommended, {label}")
         add(f"update() step ({label}) <= {limit} x a device copy of the view's bytes",
@@ -126,7 +128,7 @@ def summarize(out_dir: str, steps: dict, budget_s: float = 240, build_budget_s: 
     results = (compat or {}).get("results") or {}
     for bits in (2, 4):
         r = results.get(f"int{bits}")
-        name = (f"reference-codec checks at int{bits} (issue 13): qvg's relative MSE <= 1.02 x the reference's, "
+        name = (f"reference-codec checks at int{bits} (docs/compat.md section 4): qvg's relative MSE <= 1.02 x the reference's, "
                 "both packed-dict decodes exact (0 ulp)")
         if not isinstance(r, dict):
             note = "not run" if compat is None else f"no int{bits} result in compat-check.json"

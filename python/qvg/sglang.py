@@ -26,8 +26,8 @@ manager doing both::
     with qvg.sglang.installed():
         ...
 
-The packed cache where the engine refuses it (issue 26): SGLang 0.5.23 allocates its
-packed cache only in the LingBot-World stage; its base causal stage
+The packed cache where the engine refuses it (docs/engines.md, "SGLang"): SGLang 0.5.23
+allocates its packed cache only in the LingBot-World stage; its base causal stage
 (``CausalDMDDenoisingStage``: Self-Forcing's causal Wan, and LongLive2's stage, which
 inherits it) always allocates dense caches and refuses ``kv_cache_quant_config`` in
 its realtime path (``_supports_qvg_kv_cache_quantization()`` is False). While

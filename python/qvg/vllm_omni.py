@@ -204,7 +204,7 @@ class LingBotQVGCache:
                 f"the qvg cache: the next call must be at that start with that size, got {n} tokens at "
                 f"{current_start} (qvg cannot take a probe back)")
         if kind == "repeat" and not update_cache:
-            self._check_chunk(key, value)  # issue 42, item 8: read without a cache call, checked as one
+            self._check_chunk(key, value)  # read without a cache call, checked as a write would be
             if self.packed:
                 raise NotImplementedError(
                     "a probe (update_cache=False) repeating the last committed start is not supported by the packed "

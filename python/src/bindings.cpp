@@ -58,14 +58,14 @@
 #include "qvg/code_format.h"
 #include "qvg/codec.h"
 #include "qvg/config.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/encoding_layout.h"
 #include "qvg/error.h"
+#include "qvg/eval/workload.h"
 #include "qvg/settings.h"
 #include "qvg/snapshot.h"
 #include "qvg/tensor.h"
-#include "qvg/test_access.h"
 #include "qvg/version.h"
-#include "qvg/workload.h"
 
 namespace py = pybind11;
 using namespace qvg_py;

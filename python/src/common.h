@@ -133,11 +133,11 @@ inline qvg::DType check_input(const at::Tensor& t, const char* what, const at::D
 /// when contiguous [B, n, h, D], else a contiguous copy (made by torch on the current
 /// stream): memory proportional to the tensor's shape, whatever its storage (a
 /// stride-0 expanded tensor), so the call's shapes must have been checked first
-/// (check_call_shapes; issue 42, item 2).
+/// (check_call_shapes: a call refused by its shapes takes no memory first).
 inline Input to_input(const at::Tensor& t, qvg::DType dt) {
   Input in;
   // A tensor with torch's negative or conjugate bit is a lazy view: its values are
-  // not its raw storage (issue 27, item 12), so it is resolved first.
+  // not its raw storage, so it is resolved first.
   const at::Tensor r = (t.is_neg() || t.is_conj()) ? t.resolve_conj().resolve_neg() : t;
   in.owner = r.is_contiguous() ? r : r.contiguous();
   in.view.data = in.owner.numel() > 0 ? in.owner.data_ptr() : nullptr;
@@ -155,8 +155,8 @@ inline qvg::Shape4 shape4(const at::Tensor& t) {
 /// `cache_size` tokens: everything update() would refuse by the arguments' metadata
 /// (check_input, then qvg::check_update_shapes: shapes, dtypes, head slice, chunk
 /// start, recent_window_tokens, the chunk's length) is refused before either tensor
-/// is copied (issue 42, item 2: an expanded key of 16M tokens over 8 bytes of storage
-/// is refused taking no memory).
+/// is copied (spec 5.1: an expanded key of 16M tokens over 8 bytes of storage is
+/// refused taking no memory).
 inline std::pair<Input, Input> call_inputs(const at::Tensor& key, const at::Tensor& value, const at::Device& device,
                                            const qvg::CacheOptions& options, int64_t cache_size, int64_t c,
                                            std::optional<int64_t> hs, std::optional<int64_t> rw) {

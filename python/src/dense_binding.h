@@ -42,8 +42,8 @@ class DenseBinding {
     if (v.scalar_type() != k.scalar_type())
       throw qvg::InvalidArgument(fmt::format("v dtype must equal k dtype {}, got {}", torch_dtype_name(k.scalar_type()),
                                              torch_dtype_name(v.scalar_type())));
-    // Issue 27, item 9: the cache writes keys into k and values into v; buffers that
-    // share memory would overwrite one with the other.
+    // The cache writes keys into k and values into v (spec 5.1, "Aliasing"): buffers
+    // that share memory would overwrite one with the other.
     if (k.numel() > 0 && at::get_overlap_status(k, v) != at::MemOverlapStatus::No)
       throw qvg::InvalidArgument(
           "k and v must not share memory (the cache writes keys into k and values into v), got overlapping buffers");
@@ -112,7 +112,7 @@ class DenseBinding {
 
   // ---- snapshots (docs/snapshot.md; the CPU cache only) ----
   /// The snapshot's bytes, after the C++ cache adopted the cursors the Python side holds.
-  /// Both hold the one-caller guard for the whole call (issue 27, item 1).
+  /// Both hold the one-caller guard for the whole call (spec 5.1, "Threads").
   std::vector<uint8_t> snapshot_bytes(int64_t ge, int64_t le) {
     BusyGuard busy(mu_);
     adopt_for_snapshot(ge, le);
@@ -213,8 +213,9 @@ class DenseBinding {
           "the cache's k/v tensors must keep their storage and shape {} (they are the cache's buffers), got k shape "
           "{} after an in-place resize or set_()",
           shape_str(shape), shape_str(k_)));
-    // Issue 42, item 11: a buffer reinterpreted in place (k.data = k.view(torch.float16)
-    // on a bf16 cache) keeps its storage and shape but not its dtype.
+    // The buffers must stay the cache's: a buffer reinterpreted in place (k.data =
+    // k.view(torch.float16) on a bf16 cache) keeps its storage and shape but not its
+    // dtype.
     const at::ScalarType want = to_torch_dtype(opt_.dtype);
     if (k_.scalar_type() != want || v_.scalar_type() != want)
       throw qvg::InvalidArgument(fmt::format(

@@ -348,8 +348,8 @@ def test_packed_random_sequences(batch: int) -> None:
 
 
 def check_batch(tally: collections.Counter, kind: str) -> None:
-    """What one batch of 100 sequences must have exercised (issue 42, item 20: the
-    batches asserted nothing of it, so a generator gone degenerate, every call refused
+    """What one batch of 100 sequences must have exercised (a batch that asserted nothing
+    of it, so a generator gone degenerate, every call refused
     by both, passed). Over the 20 batches of each kind (2026-12-06) the least were:
     dense 531 calls compared, 18 refused by both (4 kinds), 23 refused by qvg alone;
     packed 572, 30 (3 kinds), 27."""

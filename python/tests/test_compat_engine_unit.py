@@ -42,7 +42,7 @@ TestPackedStorageEquivalence.test_quantization_is_available_for_lingbot = pytest
     raises=ValueError, strict=True, reason="docs/compat.md row 15: block_size must divide head_dim at construction"
 )(TestPackedStorageEquivalence.test_quantization_is_available_for_lingbot)
 
-# Issue 26: qvg.sglang.install() lets the base causal stage (Self-Forcing's, LongLive2's)
+# qvg.sglang.install() lets the base causal stage (Self-Forcing's, LongLive2's)
 # use the packed cache, which this engine test pins as refused. Expected, pinned.
 TestPackedStorageEquivalence.test_quantization_is_rejected_by_unsupported_causal_stages = pytest.mark.xfail(
     strict=True, reason="docs/compat.md row 16: qvg.sglang.install() enables the packed cache in the base causal stage"

@@ -272,7 +272,7 @@ def _record_divisions(monkeypatch) -> list[int]:
                                                   (3, True, True)])
 def test_reference_divide_warning_is_padding_and_zero_blocks_never_a_compared_nan(monkeypatch, heads, zero_head,
                                                                                    asym):
-    """Issue 39, item 10 (docs/compat.md, "The interpreter's divide warning"): the
+    """The interpreter's divide warning (docs/compat.md, of that name): the
     RuntimeWarning 'invalid value encountered in divide' of test_compat_reference.py and
     test_e2e_sglang.py is quant_pack.py's ``y = x / scale_x`` (asymmetric: ``(x - zero)
     / scale_x``) on lanes whose block scale is 0 and whose value is 0: 0 / 0. The scale

@@ -127,7 +127,7 @@ def test_context_manager_restores_on_error_and_install_is_idempotent():
 
 @pytest.mark.parametrize("bits", [None, 2])
 def test_install_lets_the_base_causal_stage_allocate_the_packed_cache(bits):
-    """Issue 26: the engine's base causal stage (Self-Forcing's, LongLive2's) refuses
+    """The engine's base causal stage (Self-Forcing's, LongLive2's) refuses
     quantization and always allocates dense caches; installed, it allocates qvg's
     packed cache when its settings are enabled, its dense path otherwise."""
     from types import SimpleNamespace

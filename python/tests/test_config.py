@@ -186,14 +186,14 @@ def test_one_version_from_cmake():
 
 
 def test_from_dict_recommended_profile_sets_codec_and_policy():
-    """Issue 25: kv_cache_quant_profile=recommended is hq's codec plus a cache policy;
+    """kv_cache_quant_profile=recommended is hq's codec plus a cache policy;
     explicit flags override any of it; the engine's defaults are unchanged without it."""
     r = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_profile": "recommended"})
     assert (r.bits, r.asymmetric, r.scaling, r.scale_search, r.centroids) == (2, True, "two_level", "mse", 128)
     assert (r.kmeans_iters, r.init) == (2, "random")
     assert (r.span_chunks, r.span_mode, r.keep_recent_chunks, r.sink_keep_chunks) == (4, "incremental", 0, 0)
     assert (r.refine_recent, r.refine_bits, r.span_break_ratio) == (4, 4, 0.0)
-    assert (r.k_config, r.v_config) == ("", "scale_search=off")  # issue 40: V's search off
+    assert (r.k_config, r.v_config) == ("", "scale_search=off")  # V's search off (docs/quality.md)
     o = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant_keep_recent": 1, "kv_cache_quant_profile": "recommended",
                                      "kv_cache_quant": "int4", "kv_cache_quant_refine_recent": 0})
     assert (o.bits, o.keep_recent_chunks, o.refine_recent, o.span_mode) == (4, 1, 0, "incremental")
@@ -204,7 +204,7 @@ def test_from_dict_recommended_profile_sets_codec_and_policy():
 
 
 def test_from_dict_profile_scale_search_and_per_role_keys():
-    """Issue 16: kv_cache_quant_profile (explicit flags override it), _scale_search, _k_*/_v_*."""
+    """kv_cache_quant_profile (explicit flags override it), _scale_search, _k_*/_v_*."""
     hq = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant": "int2", "kv_cache_quant_profile": "hq"})
     assert (hq.asymmetric, hq.scaling, hq.scale_search, hq.bits) == (True, "two_level", "mse", 2)
     q = qt.QVGKVQuantArgs.from_dict({"kv_cache_quant_profile": "hq", "kv_cache_quant": "int4",

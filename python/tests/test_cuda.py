@@ -1,4 +1,4 @@
-"""CUDA tensors in qvg.torch (issue 12): the GPU tests.
+"""CUDA tensors in qvg.torch (docs/python.md, "CUDA tensors"): the GPU tests.
 
 They need a CUDA device and qvg._C built with its CUDA path, and are skipped
 otherwise (as on the CPU machines and in CI, which only compile that path).

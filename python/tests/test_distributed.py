@@ -1,4 +1,4 @@
-"""qvg.distributed on the CPU with gloo, 2 and 4 processes (issue 12).
+"""qvg.distributed on the CPU with gloo, 2 and 4 processes (docs/python.md, "Multi-rank").
 
 Each world runs once (dist_worker.py, one process per rank, a file store and a
 30 s gloo timeout; the whole world is killed after WORLD_TIMEOUT seconds) and the

@@ -1,9 +1,9 @@
-"""The engine drop-ins' one contract (qvg.dropin; docs/engines.md, "Writing a drop-in";
-issue 42, item 7), one test run against each of qvg.sglang, qvg.flashdreams and
+"""The engine drop-ins' one contract (qvg.dropin; docs/engines.md, "Writing a drop-in"),
+one test run against each of qvg.sglang, qvg.flashdreams and
 qvg.vllm_omni over the pinned engines (the compat requirements; sglang's stages and
 vLLM-Omni's transformer through their test shims):
 
-* all-or-nothing: an engine name missing (the version drifts of issue 42: a stage
+* all-or-nothing: an engine name missing (the engines' version drifts: a stage
   method inherited instead of defined, a module attribute gone) is EngineNameError, an
   ImportError naming it, and every engine name is as before; a failure at any step of
   an install (each binding in turn) puts back every name already changed, and an
@@ -62,8 +62,8 @@ def _sglang() -> Engine:
                 getattr(causal, "CausalKVCache", None), stage, *(stage.__dict__.get(m) for m in methods))
 
     def missing(mp: pytest.MonkeyPatch) -> str:
-        # Issue 42's drift: a stage class that defines _supports_qvg_kv_cache_quantization
-        # but inherits _allocate_causal_kv_cache.
+        # A version drift: a stage class that defines
+        # _supports_qvg_kv_cache_quantization but inherits _allocate_causal_kv_cache.
         stage = causal.CausalDMDDenoisingStage
         drifted = type("CausalDMDDenoisingStage", (stage,), {"__module__": stage.__module__, methods[0]:
                                                              stage.__dict__[methods[0]]})

@@ -56,7 +56,7 @@ _DENSE: dict = {}
 FIGURES: dict = {}
 #: hq's ratio to the engine's packed cache, (latents, views), as bounds that hold over
 #: draws of the random inputs and the codecs' k-means seeds, not only on the suite's
-#: draw (issue 42, item 21; docs/compat.md "Over draws and codec seeds": int2 0.33-0.38,
+#: draw (docs/compat.md "Over draws and codec seeds": int2 0.33-0.38,
 #: int4 latents 0.63-0.73 per run, views 0.65-0.67): the suite's draw is one of them.
 HQ_BOUNDS = {2: (0.5, 0.5), 4: (0.8, 0.75)}
 #: The packed comparison's rollouts: 24 latent frames, 8 chunks, so that eviction
@@ -199,7 +199,7 @@ def packed_comparison(name: str, bits: int, frames: int = PACKED_FRAMES, engine_
             {"kv_cache_quant": f"int{bits}", "kv_cache_quant_profile": "hq", **seed}), dtype=f32)
     runs = {"engine": engine, "qvg": ours, "hq": hq}
     assert all(r.chunks[-1].dtype == f32 and r.views[-1][1].dtype == f32 for r in (dense, *runs.values()))
-    # Issue 39, item 10: the reference codec's 0 / 0 lanes under Triton's interpreter (its
+    # The reference codec's 0 / 0 lanes under Triton's interpreter (its
     # 'invalid value encountered in divide' warning, docs/compat.md) never reach a value
     # compared here: every view and latent of every rollout is finite.
     for r in (dense, *runs.values()):
@@ -227,7 +227,7 @@ def test_packed_deviation_beside_the_engines_packed_cache(name, bits):
 
 
 def test_zz_figures():
-    """Across the six pairs (issue 42, item 20: this test only printed): for every model
+    """Across the six pairs (a figure is asserted, not only printed): for every model
     and every run (the engine's packed cache, qvg's, hq), int4 deviates less than int2,
     latents and views; for every pair the views' error orders hq < qvg < the engine's
     (over draws: views 0.38 / 0.65-0.67 < 0.81-0.83 < 1, docs/compat.md). Prints the

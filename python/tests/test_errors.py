@@ -13,7 +13,7 @@ from conftest import bits_equal, chunk, make_dense, make_packed, same_snapshot, 
 import qvg.torch as qt
 
 # The devices a build supports (the message of a device it does not: NotImplementedError):
-# the CPU, plus CUDA devices when qvg._C has its CUDA path (issue 12).
+# the CPU, plus CUDA devices when qvg._C has its CUDA path (docs/python.md).
 UNSUPPORTED_DEVICE = (r"must be a CPU or CUDA tensor \(the devices of this build of qvg.torch\)" if qt.HAS_CUDA
                       else r"must be a CPU tensor \(qvg.torch runs on the CPU in this build\)")
 PACKED_DEVICES = "device must be 'cpu' or a CUDA device" if qt.HAS_CUDA else "device must be 'cpu'"
@@ -90,7 +90,7 @@ COMMON = [
      lambda: _k(key=torch.zeros(B, 17, H, D), value=torch.zeros(B, 17, H, D))),
     ("overwrites_sink", RuntimeError, r"^chunk \[24, 37\) would overwrite sink tokens: .*cache_size - sink = 12",
      lambda: _k(key=torch.zeros(B, 13, H, D), value=torch.zeros(B, 13, H, D))),
-    # A device this build does not support: NotImplementedError (spec 5; was ValueError before issue 11).
+    # A device this build does not support: NotImplementedError (spec 5: the device row).
     ("non_cpu_key", NotImplementedError, rf"^key {UNSUPPORTED_DEVICE}, got device meta$",
      lambda: _k(key=torch.zeros(B, 4, H, D, device="meta"))),
 ]

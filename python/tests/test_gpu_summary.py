@@ -1,4 +1,4 @@
-"""python/gpu/summary.py on crafted inputs (issue 24, item 2): the verdict of a
+"""python/gpu/summary.py on crafted inputs: the verdict of a
 scripts/gpu-check run is all_met only when every step exited 0 and every check
 passed. Standard library only: no torch, no GPU (runs with --noconftest too)."""
 

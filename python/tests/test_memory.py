@@ -60,7 +60,7 @@ def test_int4_packed_cache_memory_and_reconstruction():
         rel_mse = (err.pow(2).mean() / ref.var()).item()
         assert rel_mse < 2e-3, rel_mse
     # Every decoded element within half a quantization step of its input, plus the
-    # rounding to bf16 (issue 42, item 21: was 0.2 * max|ref| over the whole view, ten
+    # rounding to bf16 (a bound per element, not 0.2 * max|ref| over the whole view, ten
     # times the step). The packed chunks' encodings are qt.encode's of their input
     # (checked bit for bit), whose scales give each element's step.
     q = qt.QVGKVQuantArgs(bits=4)

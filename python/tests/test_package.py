@@ -1,6 +1,6 @@
-"""The package as pip builds and installs it (issue 12): the build's checks, the one
-version, the guard against another torch, typing files, torch.compile, and the
-device choice on a machine without a GPU."""
+"""The package as pip builds and installs it (docs/python.md, "Install"): the build's
+checks, the one version, the guard against another torch, typing files, torch.compile,
+and the device choice on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def readme_python_example() -> str:
 
 
 def test_readme_python_example_runs_as_written_on_the_cpu(tmp_path):
-    """Issue 39, item 8: the README's example runs unchanged on a CPU-only machine (no
+    """The README's example runs unchanged on a CPU-only machine (no
     GPU visible: CUDA_VISIBLE_DEVICES empty), builds the packed cache, streams its chunks,
     saves a snapshot and loads it back without keyword arguments."""
     import os

@@ -1,5 +1,5 @@
-"""Contract breaks found by a hostile user (issue 27; docs/reliability.md findings
-18-27) and the snapshot expectation of issue 23, each pinned by a test that failed
+"""Contract breaks found by a hostile user (docs/reliability.md, findings 18-27; spec
+5.1) and the snapshot expectation (docs/snapshot.md), each pinned by a test that failed
 before its fix:
 
 * threads: save/snapshot_bytes racing update on one cache get RuntimeError (never a
@@ -11,7 +11,7 @@ before its fix:
 * index tensors, quant_args, argument types, overlapping buffers, negative-bit views,
   decode's size check, one option parser.
 
-Reproducers use kw(q) of the issue: B 1, cache 128, 2 heads of 64, float32, sink 16.
+Reproducers use kw(q) of the findings: B 1, cache 128, 2 heads of 64, float32, sink 16.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def cursors(c):
     return int(c.global_end_index), int(c.local_end_index)
 
 
-# ---- snapshots: a cache's own snapshot loads; every setting is compared (issues 23, 27.3) ----
+# ---- snapshots: a cache's own snapshot loads; every setting is compared (docs/snapshot.md)
 
 OWN = [
     qt.QVGKVQuantArgs(bits=2, centroids=16, refine_bits=2),
@@ -298,7 +298,7 @@ def test_stress_two_threads_per_cache_on_shared_and_separate_caches(tmp_path):
                             continue  # likewise, a typed refusal of the write
                         key = "updates"
                     elif op == 3:
-                        # Issue 42, item 18: a snapshot taken must load; only the busy refusal
+                        # A snapshot taken must load; only the busy refusal
                         # of taking it is expected (a ValueError loading it is a failure).
                         snap = c.snapshot_bytes()
                         with lock:

@@ -122,7 +122,8 @@ def test_a_head_shard_keeps_its_head_offset(tmp_path):
     # A shard's encodings draw its global heads' PRNG streams (init="random"): the
     # snapshot stores head_offset (format 1.2), the loaded cache continues bit for bit,
     # and a caller expecting another offset is refused naming the field; one who does
-    # not say gets the snapshot's (issue 39: keyword arguments are an expectation).
+    # not say gets the snapshot's (keyword arguments are an expectation:
+    # docs/snapshot.md).
     quant = qt.QVGKVQuantArgs(bits=2, centroids=4, block_size=8, keep_recent_chunks=0, init="random")
     a = qt.QVGPackedCausalKVCache(**kwargs(quant), head_offset=3)
     g = torch.Generator().manual_seed(9)
@@ -249,7 +250,7 @@ def test_dense_snapshot_of_another_size_or_kind_is_refused(tmp_path):
         qt.CausalSelfAttentionKVCache.from_snapshot_bytes(data[: len(data) // 2], **dense_kwargs(16))
 
 
-# ---- load(path) without keyword arguments (issue 39, item 8) --------------------------
+# ---- load(path) without keyword arguments (docs/snapshot.md) -------------------------
 
 
 # Every kind of setting the config holds: per-role overrides, incremental spans with

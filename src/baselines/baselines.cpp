@@ -1,6 +1,6 @@
-// Baseline quantizers (RTN, KIVI-style, QuaRot-style): see include/qvg/baselines.h
+// Baseline quantizers (RTN, KIVI-style, QuaRot-style): see include/qvg/eval/baselines.h
 // for the formats and the error bounds they guarantee.
-#include "qvg/baselines.h"
+#include "qvg/eval/baselines.h"
 
 #include <algorithm>
 #include <cmath>

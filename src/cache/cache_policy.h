@@ -6,7 +6,7 @@
 // (host buffers and EncodedTensors), the device-resident
 // qvg::cuda::PackedCausalCache (device buffers and DeviceEncodedTensors) and the
 // memory model qvg::PolicyReplay (byte counts). The host test
-// tests/gpu/cache_plan_test.cpp drives it with an empty payload against the
+// tests/test_cache_plan.cpp drives it with an empty payload against the
 // independent model of tests/support/cache_model.
 //
 // An update() is plan, execute, apply: plan() (const: validation, the view, the

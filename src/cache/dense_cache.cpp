@@ -11,8 +11,8 @@
 #include "cache/dense_plan.h"
 #include "cache/snapshot_state.h"
 #include "qvg/cache.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
-#include "qvg/test_access.h"
 
 namespace qvg {
 

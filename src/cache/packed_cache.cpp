@@ -18,8 +18,8 @@
 #include "codec/encode_impl.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
-#include "qvg/test_access.h"
 
 namespace qvg {
 namespace {
@@ -102,12 +102,12 @@ struct PackedCausalCache::Impl {
     return p;
   }
 
-  /// The raw chunks an advance's plan encodes must be encodable (finite, |x| <=
-  /// 1e16, as every input was when it was written). They can only have become
-  /// otherwise through a zero-copy view this cache lent (KVView::zero_copy aliases the
-  /// stored chunk): issue 27, finding 16. The plan's steps name exactly the segments
-  /// execute() will encode. Throws InvalidArgument naming the stored chunk; no state
-  /// changes.
+  /// The raw chunks an advance's plan encodes must be encodable (finite, |x| <= 1e16,
+  /// as every input was when it was written). They can only have become otherwise
+  /// through a zero-copy view this cache lent (KVView::zero_copy aliases the stored
+  /// chunk; cache.h, "Stored data written through a lent view"). The plan's steps name
+  /// exactly the segments execute() will encode. Throws InvalidArgument naming the
+  /// stored chunk; no state changes.
   void check_chunks_to_encode(const detail::PackPlan& pack) const {
     const std::vector<Segment>& segs = pol.segments();
     for (const detail::EncodeStep& step : pack.encodes)

@@ -12,6 +12,7 @@
 
 #include "cache/cache_common.h"
 #include "core/bytes_impl.h"
+#include "qvg/code_format.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
 
@@ -83,6 +84,14 @@ CacheOptions get_options(KvReader& kv, uint16_t minor) {
     });
   }
   return o;
+}
+
+// The format minor a code width stored as s's value needs (its row in
+// qvg/code_format.h: 0 for the engine's widths); 0 for other settings and for none.
+uint16_t width_minor(const Setting& s, const SettingValue& v) {
+  if ((s.kind != SettingKind::Bits && s.kind != SettingKind::Width) || !std::holds_alternative<int64_t>(v)) return 0;
+  const CodeFormat* f = find_code_format(int(std::get<int64_t>(v)));
+  return f ? uint16_t(f->snapshot_minor) : 0;
 }
 
 // ---- the QuantArgs entries (packed caches) --------------------------------------------
@@ -158,6 +167,9 @@ QuantArgs get_quant(KvReader& kv, uint16_t minor) {
       case SettingKind::Real: v = kv.real(s.name); break;
       case SettingKind::Seed: v = kv.u64(s.name); break;
     }
+    if (width_minor(s, v) > minor)
+      corrupt("config", fmt::format("{} = {} is stored from format 1.{}, but the file is 1.{}", what,
+                                    setting_text(v), width_minor(s, v), minor));
     s.set(q, v);
   }
   return q;
@@ -213,11 +225,12 @@ uint16_t minor_needed(const CacheOptions& o, const QuantArgs* q) {
   const CacheOptions defaults;
   for (const OptionEntry& e : kOptionEntries)
     if (e.get(o).text() != e.get(defaults).text()) m = std::max(m, e.minor);
-  // Every setting whose value is not the default needs the format that stores it
-  // (issue 27, item 3: the refinement width is stored whenever it is not 4, with no refined chunk too).
+  // Every setting whose value is not the default needs the format that stores it (so
+  // the refinement width is stored whenever it is not 4, with no refined chunk too: a
+  // snapshot loads into a cache of exactly its configuration, docs/snapshot.md).
   if (q)
     for (const Setting& s : quant_settings())
-      if (!is_default(s, *q)) m = std::max(m, s.snapshot_minor);
+      if (!is_default(s, *q)) m = std::max({m, s.snapshot_minor, width_minor(s, s.get(*q))});
   return m;
 }
 

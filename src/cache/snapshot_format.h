@@ -29,7 +29,14 @@ inline constexpr uint16_t kMinorSpans = 1;       ///< incremental spans: span se
 inline constexpr uint16_t kMinorHeadOffset = 2;  ///< config entry head_offset
 // 3: the scale search and the per-role settings (their rows in the settings table).
 inline constexpr uint16_t kMinorRefinement = 4;  ///< refinement layers: flag 0x2 (refine_* in the settings table)
-static_assert(kMinorRefinement == kSnapshotMinor, "a new minor version is described here");
+/// A code width's first minor is its row's (qvg/code_format.h: 5 for int3).
+inline constexpr uint16_t kMinorCodeWidths = [] {
+  uint16_t m = 0;
+  for (const CodeFormat& f : kCodeFormats) m = f.snapshot_minor > m ? uint16_t(f.snapshot_minor) : m;
+  return m;
+}();
+static_assert((kMinorRefinement > kMinorCodeWidths ? kMinorRefinement : kMinorCodeWidths) == kSnapshotMinor,
+              "a new minor version is described here");
 
 // ---- header (40 bytes) ----------------------------------------------------------
 inline constexpr std::array<uint8_t, 8> kMagic = {0x89, 'Q', 'V', 'G', 'S', 'N', 'A', 'P'};

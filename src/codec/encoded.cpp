@@ -151,12 +151,18 @@ void EncodedTensor::validate_values() const {
       (fv == &scale_factor ? smax : zmax)[g] *= double(f);
     }
   if (!asymmetric) {
-    // Symmetric codes are q + qmax with |q| <= qmax: at most 2 * qmax.
-    const int max_code = 2 * qmax, per_byte = 8 / bits, mask = (1 << bits) - 1;
-    for (size_t i = 0; i < codes.size(); ++i)
-      for (int k = 0; k < per_byte; ++k)
-        if (((codes[i] >> (k * bits)) & mask) > max_code)
-          bad(fmt::format("codes byte {} holds a symmetric int{} code above {}", i, bits, max_code));
+    // Symmetric codes are q + qmax with |q| <= qmax: at most 2 * qmax. Read group by
+    // group (spec 1.5: G codes in B bytes); a bad code is reported by its group's first byte.
+    const int max_code = 2 * qmax;
+    dispatch_width(bits, [&](auto w) {
+      using W = decltype(w);
+      for (size_t i = 0; i + W::kGroupBytes <= codes.size(); i += W::kGroupBytes) {
+        const uint32_t v = group_value<W>(codes.data() + i);
+        for (int j = 0; j < W::kGroupCodes; ++j)
+          if (int((v >> W::shift(j)) & W::kMask) > max_code)
+            bad(fmt::format("codes byte {} holds a symmetric int{} code above {}", i, bits, max_code));
+      }
+    });
   }
   for (int64_t g = 0; g < G; ++g) {
     const double bound = cent[size_t(g)] + double(qmax) * smax[size_t(g)] + zmax[size_t(g)];

@@ -69,7 +69,7 @@ const char* file_kind(mode_t m) {
 
 // A path holding a NUL byte names another file to the system (its C string ends at
 // the NUL: "dir/victim\0.snap" is "dir/victim"): refused before anything is opened or
-// created (issue 42, item 5).
+// created (qvg/file.h, "Paths").
 void check_no_nul(const std::filesystem::path& path, bool write) {
   const std::string& s = path.native();
   const size_t z = s.find('\0');
@@ -81,7 +81,7 @@ void check_no_nul(const std::filesystem::path& path, bool write) {
 // The temporary write_file_atomic writes for `dest`: "<name>.tmp.<pid>.<n>" in the
 // destination's directory, the name cut so that the whole fits in NAME_MAX (255)
 // bytes — a destination name of up to 255 bytes is valid, its temporary must be too
-// (issue 42, item 12).
+// (qvg/file.h).
 std::string temporary_for(const std::filesystem::path& dest, unsigned n) {
   const std::string suffix = fmt::format(".tmp.{}.{}", static_cast<long>(::getpid()), n);
   std::string name = dest.filename().string();
@@ -221,8 +221,8 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::s
   const std::filesystem::path dest = destination_of(path);  // refuses what is not a regular file
   const std::string tmp = temporary_for(dest, counter++);
   // A file replaced keeps its permission bits (and, where the process may set them,
-  // its owner and group); a new file gets 0666 less the process's umask (issue 42,
-  // item 9). Set-user-ID, set-group-ID and sticky bits are not carried over.
+  // its owner and group); a new file gets 0666 less the process's umask (qvg/file.h,
+  // "Permissions"). Set-user-ID, set-group-ID and sticky bits are not carried over.
   struct stat old {};
   const bool replaces = ::stat(dest.c_str(), &old) == 0 && S_ISREG(old.st_mode);
   auto fail = [&](const char* what, int e) {

@@ -33,8 +33,8 @@ class ReadOnlyFile {
   /// Reads up to n bytes at `offset`; returns how many (0 at the end of the file).
   size_t read_some(uint64_t offset, void* dst, size_t n) const;
   /// The whole file (size() bytes, fewer if it shrank since it was opened). A
-  /// reader calls it only once the file's header has justified size() (issue 42,
-  /// item 3); an allocation that fails is InvalidArgument naming the path and the size.
+  /// reader calls it only once the file's header has justified size() (qvg/io.h);
+  /// an allocation that fails is InvalidArgument naming the path and the size.
   std::vector<uint8_t> read_all() const;
   /// Appends bytes [offset, offset + n) of a text header to `out`, read in pieces of
   /// at most 64 KiB, and stops after the first piece that holds a NUL byte, returning
@@ -51,7 +51,7 @@ class ReadOnlyFile {
 };
 
 /// A path as messages print it: as it is, but a NUL byte written "\x00" (a message
-/// must not end where the path's NUL is; issue 42, item 5).
+/// must not end where the path's NUL is; qvg/file.h, "Paths").
 inline std::string path_text(const std::filesystem::path& path) {
   std::string out;
   for (const char c : path.native()) {

@@ -12,10 +12,11 @@
 
 namespace qvg::detail {
 
-/// The text of a refused value such that it visibly breaks the limit (issue 42, item
-/// 14): NaN and infinities as "nan", "inf", "-inf"; a finite value in its shortest
-/// form unless that form reads as allowed (float32(1e16) = 10000000272564224 is
-/// "1e+16" at its shortest), then with 17 significant digits ("10000000272564224").
+/// The text of a refused value such that it visibly breaks the limit (spec 1's input
+/// limits; a message must not read as allowed): NaN and infinities as "nan", "inf",
+/// "-inf"; a finite value in its shortest form unless that form reads as allowed
+/// (float32(1e16) = 10000000272564224 is "1e+16" at its shortest), then with 17
+/// significant digits ("10000000272564224").
 std::string limit_value_text(float x);
 
 /// "<what> must hold finite values with |x| <= 1e16, got <limit_value_text(x)> at

@@ -218,15 +218,5 @@ QVG_HD int scale_search_best(const float* err, int m) {
 
 /// Code of channel i of a packed row (spec 1.5; qvg::code_at of qvg/code_format.h).
 QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) { return code_at(row, bits, i); }
-/// Code i (0..7) of an 8-channel code word: the 4 (int4) or 2 (int2) bytes of the
-/// row starting at that word, little-endian.
-QVG_HD int code_of_word(uint32_t word, int bits, int i) {
-  if (bits == 4) {
-    const uint32_t byte = (word >> (8 * (i >> 1))) & 0xFFu;
-    return int((i & 1) ? (byte & 0xFu) : (byte >> 4));
-  }
-  const uint32_t byte = (word >> (8 * (i >> 2))) & 0xFFu;
-  return int((byte >> (6 - 2 * (i & 3))) & 0x3u);
-}
 
 }  // namespace qvg::residual_impl

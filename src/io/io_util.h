@@ -23,11 +23,11 @@ using detail::load_le32;
 using detail::load_le64;
 using detail::printable;
 
-/// The bytes of a `.npy` file, read whole only once its header is checked against
-/// the file's size (issue 42, item 3): the magic, version and header length, then
-/// the dict (read as text: a NUL byte ends it after at most 64 KiB), its dtype and
-/// shape, and that the data fills the rest of the file exactly. Throws what
-/// parse_npy throws on that header.
+/// The bytes of a `.npy` file, read whole only once its header is checked against the
+/// file's size (spec 5.1, "Files"; qvg/io.h): the magic, version and header length,
+/// then the dict (read as text: a NUL byte ends it after at most 64 KiB), its dtype and
+/// shape, and that the data fills the rest of the file exactly. Throws what parse_npy
+/// throws on that header.
 std::vector<uint8_t> read_npy_bytes(const detail::ReadOnlyFile& f);
 
 }  // namespace qvg::io_detail

@@ -243,7 +243,7 @@ NpyArray parse_npy(std::span<const uint8_t> bytes) {
 namespace io_detail {
 
 std::vector<uint8_t> read_npy_bytes(const detail::ReadOnlyFile& f) {
-  // The header first (issue 42, item 3): the fixed prefix, then the dict read as
+  // The header first (qvg/io.h): the fixed prefix, then the dict read as
   // text (a NUL ends it), checked against the file's size; only then the file.
   std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(f.size(), kMagicLen + 6)));
   if (!f.read_at(0, head.data(), head.size())) corrupt("the file shrank while it was read");

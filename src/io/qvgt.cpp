@@ -26,11 +26,26 @@
 #include "io/safetensors_impl.h"
 #include "qvg/error.h"
 #include "qvg/io.h"
+
+#include "qvg/code_format.h"
 #include "qvg/numeric.h"
 
 namespace qvg {
 
+std::string qvgt_format(const EncodingLayout& layout) {
+  const CodeFormat* f = find_code_format(layout.bits);
+  if (!f) unknown_code_width(layout.bits);
+  return fmt::format("qvg.prq/{}", f->qvgt_version);
+}
+
 namespace {
+
+// The newest `.qvgt` version any code width is stored in.
+constexpr int kQvgtVersionMax = [] {
+  int v = 1;
+  for (const CodeFormat& f : kCodeFormats) v = f.qvgt_version > v ? f.qvgt_version : v;
+  return v;
+}();
 
 using io_detail::printable;
 
@@ -129,6 +144,26 @@ size_t parse_meta_choice(const std::string& key, const std::string& v,
   corrupt(fmt::format("metadata '{}' must be one of {}, got '{}'", key, list, printable(v)));
 }
 
+// The `format` entry: "qvg.prq/<v>" with v a version some code width is stored in
+// (qvg/code_format.h); another version is refused by name.
+int parse_format_version(const std::string& v) {
+  constexpr std::string_view kPrefix = "qvg.prq/";
+  std::string known;
+  for (int ver = 1, i = 0; ver <= kQvgtVersionMax; ++ver) {
+    known += fmt::format("{}'qvg.prq/{}'", i++ ? ", " : "", ver);
+    if (v == fmt::format("{}{}", kPrefix, ver)) return ver;
+  }
+  corrupt(fmt::format("metadata 'format' must be one of {} (the versions this reader knows), got '{}'", known,
+                      printable(v)));
+}
+
+// The `bits` entry: a width with a row in qvg/code_format.h, in decimal.
+const CodeFormat& parse_meta_width(const std::string& v) {
+  for (const CodeFormat& f : kCodeFormats)
+    if (v == std::to_string(f.bits)) return f;
+  corrupt(fmt::format("metadata 'bits' must be one of {}, got '{}'", known_code_widths(), printable(v)));
+}
+
 std::vector<float> floats_of(const std::vector<uint8_t>& bytes) {
   std::vector<float> r(bytes.size() / 4);
   if (!r.empty()) std::memcpy(r.data(), bytes.data(), r.size() * 4);
@@ -145,7 +180,7 @@ std::vector<uint8_t> serialize_qvgt(const EncodedTensor& enc) {
   }
   const Shape4& x = enc.shape;
   const std::vector<std::pair<std::string, std::string>> meta = {
-      {"format", std::string(kQvgtFormat)},
+      {"format", qvgt_format(enc.layout())},
       {"dtype", std::string(dtype_name(enc.dtype))},
       {"shape", shape_str({x.b, x.s, x.h, x.d})},
       {"layout", "BSHD"},
@@ -190,15 +225,18 @@ QvgtHeader check_qvgt_header(const io_detail::SafetensorsHeader& h) {
   for (const char* key : kMetadataKeys)
     if (!m.count(key)) corrupt(fmt::format("missing metadata entry '{}'", key));
 
-  if (m["format"] != kQvgtFormat)
-    corrupt(fmt::format("metadata 'format' must be '{}', got '{}'", kQvgtFormat, printable(m["format"])));
+  const int version = parse_format_version(m["format"]);
   if (m["layout"] != "BSHD") corrupt(fmt::format("metadata 'layout' must be 'BSHD', got '{}'", printable(m["layout"])));
   QvgtHeader q;
   EncodingLayout& e = q.layout;
   constexpr DType kDTypes[] = {DType::BF16, DType::F16, DType::F32};
   e.dtype = kDTypes[parse_meta_choice("dtype", m["dtype"], {"bf16", "f16", "f32"})];
   e.shape = parse_meta_shape(m["shape"]);
-  e.bits = parse_meta_choice("bits", m["bits"], {"2", "4"}) == 0 ? 2 : 4;
+  const CodeFormat& width = parse_meta_width(m["bits"]);
+  e.bits = width.bits;
+  if (width.qvgt_version != version)
+    corrupt(fmt::format("metadata 'format' is '{}' but bits={} is stored as '{}'", printable(m["format"]), e.bits,
+                        qvgt_format(e)));
   e.block_size = parse_meta_int("block_size", m["block_size"], 1, INT32_MAX);
   e.stages = parse_meta_int("stages", m["stages"], 1, kMaxStages);
   e.centroids = parse_meta_int("centroids", m["centroids"], 1, 256);
@@ -207,8 +245,8 @@ QvgtHeader check_qvgt_header(const io_detail::SafetensorsHeader& h) {
                                                                                                 : ScaleDType::BF16;
   e.scaling =
       parse_meta_choice("scaling", m["scaling"], {"two_level", "compat"}) == 0 ? Scaling::TwoLevel : Scaling::Compat;
-  if (e.block_size % (8 / e.bits) != 0)
-    corrupt(fmt::format("metadata 'block_size' must be a multiple of {} at bits={}, got {}", 8 / e.bits, e.bits,
+  if (e.block_size % width.group_codes != 0)
+    corrupt(fmt::format("metadata 'block_size' must be a multiple of {} at bits={}, got {}", width.group_codes, e.bits,
                         e.block_size));
   if (e.shape.d % e.block_size != 0)
     corrupt(fmt::format("metadata 'block_size' must divide head_dim {}, got {}", e.shape.d, e.block_size));

@@ -268,7 +268,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64
   const auto* hb = reinterpret_cast<const char*>(head.data() + 8);
   if (n < 2 || hb[0] != '{') corrupt("header is not a JSON object");
   // JSON holds no raw NUL byte, and the JSON parser would read one as the end of its
-  // input: whatever followed it in the header (padding or not) went unread (issue 42).
+  // input: whatever followed it in the header (padding or not) would go unread.
   if (const void* z = std::memchr(hb, 0, size_t(n)))
     corrupt(fmt::format("header holds a NUL byte at byte {} (a JSON header holds none)",
                         8 + (static_cast<const char*>(z) - hb)));

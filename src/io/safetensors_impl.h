@@ -46,7 +46,7 @@ uint64_t safetensors_header_length(std::span<const uint8_t> head, uint64_t file_
 SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> head, uint64_t file_size, size_t max_tensors);
 
 /// The header of the safetensors file f, read and checked before anything else of
-/// the file is (issue 42, item 3): the length field, then the JSON header read as
+/// the file is (qvg/io.h): the length field, then the JSON header read as
 /// text (a NUL byte ends it after at most 64 KiB), then parse_safetensors_header
 /// against f.size() (tensors tiling the rest of the file exactly). Throws what
 /// parse_safetensors throws on that header.

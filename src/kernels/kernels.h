@@ -30,7 +30,8 @@ namespace qvg::kernels {
 int64_t assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids, bool first);
 
 /// A refinement layer of one group, added in the same pass as its encoding's decode
-/// (docs/spans.md): a symmetric residual of `bits` with one f32 centroid row, so
+/// (docs/spans.md): a symmetric residual of `bits` (any code width of
+/// qvg/code_format.h, independent of the encoding's) with one f32 centroid row, so
 /// the layer's value of element (t, d) is (code - qmax) * s_eff + centroid[d]
 /// (spec 1.3 for one stage of one centroid, each operation rounded once).
 struct RefineRows {
@@ -51,7 +52,7 @@ struct DecodeRows {
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   float scale_factor = 1.0f;         ///< two_level factor g (1 for compat / bf16)
   float zero_factor = 1.0f;          ///< two_level factor gz
-  int bits = 4;
+  int bits = 4;                      ///< a code width of qvg/code_format.h
   bool asymmetric = false;
   int64_t block = 64;
   int64_t dim = 128;
@@ -91,7 +92,8 @@ void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float*
 ///   asymmetric: q =  s == 0 ? 0 : clamp(round((x - z) / s), 0, qmax)
 /// round = half away from zero; packed into codes (count x dim*bits/8) in the order
 /// of spec 1.5. Bits equal kernels::ref::quantize_rows on every target.
-/// REQUIRES dim % block == 0, bits 2 or 4, z_eff non-null when asym.
+/// REQUIRES bits a code width of qvg/code_format.h, block a multiple of its code
+/// group, dim % block == 0, z_eff non-null when asym.
 void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
                    const float* s_eff, const float* z_eff, uint8_t* codes);
 

@@ -1,5 +1,5 @@
-// The exact memory model of the packed cache (include/qvg/memory.h).
-#include "qvg/memory.h"
+// The exact memory model of the packed cache (include/qvg/eval/memory.h).
+#include "qvg/eval/memory.h"
 
 #include <algorithm>
 
@@ -8,7 +8,7 @@
 #include "cache/cache_policy.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg {
 
@@ -246,16 +246,16 @@ PolicyStep extrapolated(const PolicyStep& a, const PolicyStep& b, int64_t k) {
   return r;
 }
 
-/// The steady-state peak in time independent of the context length (issue 42, item
-/// 6: the replay from an empty cache is quadratic in the context, 60 s at 100,000
-/// frames). A longer context by one span period (period x chunk_tokens tokens) adds
-/// one full span in the middle of the window at the same phase: the steady state is
-/// the shorter one's with that span inserted (its bytes, tokens and segment; the peak
-/// one period later), so every figure of the peak step is linear in the number of
-/// periods. The peak is replayed on the context shortened by k periods to a window
+/// The steady-state peak in time independent of the context length (the replay from an
+/// empty cache is quadratic in the context, 60 s at 100,000 frames;
+/// docs/reliability.md). A longer context by one span period (period x chunk_tokens
+/// tokens) adds one full span in the middle of the window at the same phase: the steady
+/// state is the shorter one's with that span inserted (its bytes, tokens and segment;
+/// the peak one period later), so every figure of the peak step is linear in the number
+/// of periods. The peak is replayed on the context shortened by k periods to a window
 /// of about `base` chunks (the sink, the raw and refined tail and four periods), on
-/// that plus one and plus two periods, and extrapolated to k; the three replays must
-/// be exactly linear (else — never seen — the full replay is used). Exact: the tests
+/// that plus one and plus two periods, and extrapolated to k; the three replays must be
+/// exactly linear (else — never seen — the full replay is used). Exact: the tests
 /// compare it with the full replay over contexts and settings.
 PolicyStep policy_peak(const MemoryShape& shape, const QuantArgs& args, int64_t period, int64_t& replayed) {
   const int64_t window_chunks = (shape.cache_tokens() + shape.chunk_tokens - 1) / shape.chunk_tokens;

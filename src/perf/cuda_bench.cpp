@@ -8,11 +8,11 @@
 // copy of the same output bytes. Every figure is the median of `repeats` timings
 // with CUDA events on one stream, after a warm-up; decode and the copies it is
 // compared with are timed as batches of 20 back-to-back launches per event pair.
-// A denoising step's update() of the device packed cache (issue 40: the Self-Forcing
-// chunk, a 7-chunk window, the recommended profile with and without its refinement
-// layers) against a copy of the view's bytes. With `verdict`, the encoder is timed on
-// the LongCat tensor at int2 only and the window reconstruction is left out
-// (scripts/gpu-check's verdict run).
+// A denoising step's update() of the device packed cache (docs/cuda.md, "update()
+// does not wait": the Self-Forcing chunk, a 7-chunk window, the recommended profile
+// with and without its refinement layers) against a copy of the view's bytes. With
+// `verdict`, the encoder is timed on the LongCat tensor at int2 only and the window
+// reconstruction is left out (scripts/gpu-check's verdict run).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -56,7 +56,7 @@ class Timer {
   /// Median milliseconds of one run of f: `reps` timings (after one warm-up run),
   /// each an event pair around `batch` back-to-back runs, divided by `batch`. A batch
   /// of >= 20 amortises the gap between launches (4-5 us per event pair), which
-  /// otherwise dominates a kernel of a few microseconds (issue 24, item 8).
+  /// otherwise dominates a kernel of a few microseconds.
   template <class F>
   double median_ms(int reps, F&& f, int batch = 1) {
     f();
@@ -212,7 +212,7 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
                     "TFLOP/s", tflops / gemm_tflops, "cuBLAS bf16 rate"});
   }
 
-  // ---- issue 40: a denoising step's update() of the packed cache (in the verdict) -------
+  // ---- a denoising step's update() of the packed cache (in the verdict) ----------------
   // The Self-Forcing chunk [1, 4680, 12, 128] bf16 and a 7-chunk window (the sink chunk
   // and six more), the recommended profile's settings with its 4 refinement layers and
   // without them; the step rewrites the current chunk and rebuilds the whole view. Its

@@ -40,12 +40,12 @@ struct Measurement {
   std::string alias_of;  ///< set: the same measurement as that row, under a second name
 };
 
-/// Whether the machine was busy while the suite ran (issue 39, item 7): under load the
-/// rows' times move by up to 10x and their ratios with them. Three signals: the spread
-/// of the repeated copies of copy_bandwidth (slowest / fastest repetition of the same
-/// memcpy: near 1 on a quiet machine), the drift of the same copy repeated at the end
-/// of the suite (its median over the first one's), and the 1-minute load average read
-/// before the suite started against the cores.
+/// Whether the machine was busy while the suite ran (docs/performance.md): under load
+/// the rows' times move by up to 10x and their ratios with them. Three signals: the
+/// spread of the repeated copies of copy_bandwidth (slowest / fastest repetition of the
+/// same memcpy: near 1 on a quiet machine), the drift of the same copy repeated at the
+/// end of the suite (its median over the first one's), and the 1-minute load average
+/// read before the suite started against the cores.
 struct LoadCheck {
   double copy_spread = 1;    ///< first copy: max_s / min_s
   double copy_drift = 1;     ///< last copy's median / first copy's median
@@ -86,10 +86,10 @@ struct BenchReport {
 BenchReport bench_report(const std::vector<Measurement>& ms, const LoadCheck& load, const std::string& target,
                          bool quick);
 
-/// Runs the suite of issue 5 (machine limits, decode, k-means vs faiss, encode,
-/// window reconstruction, attention) and returns the measurements in order; with
-/// `load`, also the machine's load while it ran (the copy of copy_bandwidth is
-/// repeated at the end for it).
+/// Runs the CPU performance suite of docs/performance.md (machine limits, decode,
+/// k-means vs faiss, encode, window reconstruction, attention) and returns the
+/// measurements in order; with `load`, also the machine's load while it ran (the copy
+/// of copy_bandwidth is repeated at the end for it).
 std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load = nullptr);
 
 // ---- the pieces (also used by the Google Benchmark suite) ----

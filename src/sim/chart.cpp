@@ -1,4 +1,4 @@
-// A small SVG line-chart renderer (qvg/simulate.h): axes, 1/2/5 ticks, grid,
+// A small SVG line-chart renderer (qvg/eval/chart.h): axes, 1/2/5 ticks, grid,
 // labels, title, legend, vertical markers. Hand-written SVG 1.1, no dependencies.
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 
 #include <fmt/core.h>
 
-#include "qvg/chart.h"
 #include "qvg/error.h"
+#include "qvg/eval/chart.h"
 
 namespace qvg {
 

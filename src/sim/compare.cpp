@@ -1,4 +1,4 @@
-// The quantizer comparison (qvg/simulate.h, compare()): the PRQ codec and the
+// The quantizer comparison (qvg/eval/compare.h, compare()): the PRQ codec and the
 // RTN / KIVI-style / QuaRot-style baselines on one context of the workload.
 #include <chrono>
 #include <cmath>
@@ -7,11 +7,11 @@
 #include <fmt/core.h>
 
 #include "qvg/attention.h"
-#include "qvg/baselines.h"
 #include "qvg/codec.h"
-#include "qvg/compare.h"
 #include "qvg/error.h"
-#include "qvg/error_sums.h"
+#include "qvg/eval/baselines.h"
+#include "qvg/eval/compare.h"
+#include "qvg/eval/error_sums.h"
 #include "sim/sim_common.h"
 
 namespace qvg {

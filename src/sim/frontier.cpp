@@ -1,4 +1,4 @@
-// The rate-distortion frontier (qvg/simulate.h, frontier(); docs/quality.md):
+// The rate-distortion frontier (qvg/eval/frontier.h, frontier(); docs/quality.md):
 // coordinate descent over qvg's knobs from the reference default, a ladder of rates
 // around its result, the hq profile, qvg's own configurations over the whole range of
 // rates (4 bits, refinement layers) and the baselines at 2, 3 and 4 bits, all scored
@@ -16,12 +16,12 @@
 #include <fmt/core.h>
 
 #include "qvg/attention.h"
-#include "qvg/baselines.h"
 #include "qvg/code_format.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
-#include "qvg/error_sums.h"
-#include "qvg/frontier.h"
+#include "qvg/eval/baselines.h"
+#include "qvg/eval/error_sums.h"
+#include "qvg/eval/frontier.h"
 #include "sim/sim_common.h"
 
 namespace qvg {
@@ -454,10 +454,10 @@ struct Search {
       }
   }
 
-  /// qvg's own configurations over the baselines' whole range of rates (issue 39,
-  /// item 5; quick runs too): hq with V at 4 bits (about 3.4 bits per element), hq at 4
-  /// bits (about 4.4), the reference at 4 bits, and hq with a 2-bit refinement layer on
-  /// every chunk (about 4.6).
+  /// qvg's own configurations over the baselines' whole range of rates
+  /// (docs/quality.md; quick runs too): hq with V at 4 bits (about 3.4 bits per
+  /// element), hq at 4 bits (about 4.4), the reference at 4 bits, and hq with a 2-bit
+  /// refinement layer on every chunk (about 4.6).
   void add_range(const FrontierCodec& ref) {
     QuantArgs q;
     q.apply_profile("hq");

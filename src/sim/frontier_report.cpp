@@ -1,4 +1,4 @@
-// The reports of the rate-distortion frontier (qvg/simulate.h): frontier.json,
+// The reports of the rate-distortion frontier (qvg/eval/simulate.h): frontier.json,
 // summary.txt and frontier.svg (drawn with render_line_chart, chart.cpp).
 #include <algorithm>
 #include <map>
@@ -10,8 +10,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "qvg/chart.h"
-#include "qvg/frontier.h"
+#include "qvg/eval/chart.h"
+#include "qvg/eval/frontier.h"
 #include "sim/report_util.h"
 
 namespace qvg {

@@ -1,4 +1,4 @@
-// The --report directory of the simulation (qvg/simulate.h,
+// The --report directory of the simulation (qvg/eval/simulate.h,
 // write_simulation_report): report.json, memory.svg, attention.svg and summary.txt,
 // written to temporaries first and then renamed.
 #include <unistd.h>
@@ -13,8 +13,8 @@
 #include <fmt/core.h>
 
 #include "qvg/error.h"
-#include "qvg/frontier.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/frontier.h"
+#include "qvg/eval/simulate.h"
 
 namespace qvg {
 

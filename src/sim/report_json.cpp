@@ -1,4 +1,4 @@
-// The JSON reports of the simulation and the comparison (qvg/simulate.h):
+// The JSON reports of the simulation and the comparison (qvg/eval/simulate.h):
 // simulation_json (docs/simulate.schema.json) and compare_json. Objects are written
 // as initializer lists of (key, value) pairs; ordered_json keeps their order.
 #include <algorithm>
@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "qvg/compare.h"
-#include "qvg/error_sums.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/compare.h"
+#include "qvg/eval/error_sums.h"
+#include "qvg/eval/simulate.h"
 #include "qvg/version.h"
 #include "sim/report_util.h"
 

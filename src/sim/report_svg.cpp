@@ -1,4 +1,4 @@
-// The SVG charts of the simulation (qvg/simulate.h): memory_chart_svg and
+// The SVG charts of the simulation (qvg/eval/simulate.h): memory_chart_svg and
 // attention_chart_svg, drawn with render_line_chart (chart.cpp).
 #include <string>
 #include <vector>
@@ -6,8 +6,8 @@
 #include <fmt/core.h>
 
 #include "cache/cache_policy.h"
-#include "qvg/chart.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/chart.h"
+#include "qvg/eval/simulate.h"
 #include "sim/report_util.h"
 #include "sim/sim_common.h"
 

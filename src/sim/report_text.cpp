@@ -1,4 +1,4 @@
-// The terminal text of the simulation and the comparison (qvg/simulate.h):
+// The terminal text of the simulation and the comparison (qvg/eval/simulate.h):
 // simulation_summary_text and compare_table_text.
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 
 #include <fmt/core.h>
 
-#include "qvg/compare.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/compare.h"
+#include "qvg/eval/simulate.h"
 #include "sim/report_util.h"
 #include "sim/sim_common.h"
 

@@ -14,10 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "qvg/compare.h"
-#include "qvg/frontier.h"
+#include "qvg/eval/compare.h"
+#include "qvg/eval/frontier.h"
+#include "qvg/eval/simulate.h"
 #include "qvg/settings.h"
-#include "qvg/simulate.h"
 
 namespace qvg::sim {
 

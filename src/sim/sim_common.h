@@ -10,13 +10,13 @@
 #include <fmt/core.h>
 
 #include "qvg/cache.h"
-#include "qvg/compare.h"
 #include "qvg/error.h"
-#include "qvg/error_sums.h"
-#include "qvg/frontier.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/compare.h"
+#include "qvg/eval/error_sums.h"
+#include "qvg/eval/frontier.h"
+#include "qvg/eval/simulate.h"
+#include "qvg/eval/workload.h"
 #include "qvg/tensor.h"
-#include "qvg/workload.h"
 
 namespace qvg::sim {
 

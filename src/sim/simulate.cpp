@@ -1,7 +1,7 @@
-// The streaming simulation (qvg/simulate.h): a dense cache and packed caches fed
+// The streaming simulation (qvg/eval/simulate.h): a dense cache and packed caches fed
 // the same workload, chunk by chunk and layer by layer, scored against each other.
-#include "qvg/simulate.h"
-#include "qvg/error_sums.h"
+#include "qvg/eval/simulate.h"
+#include "qvg/eval/error_sums.h"
 
 #include <omp.h>
 
@@ -9,8 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <deque>
+#include <memory>
 #include <set>
 
 #include <fmt/core.h>
@@ -21,7 +21,7 @@
 #include "qvg/cache.h"
 #include "qvg/code_format.h"
 #include "qvg/error.h"
-#include "qvg/memory.h"
+#include "qvg/eval/memory.h"
 #include "sim/report_util.h"
 #include "sim/sim_common.h"
 

@@ -1,15 +1,15 @@
-// Warm start measured (qvg/simulate.h, warm_start_figures(); docs/quality.md): each
-// one-chunk span's first k-means stage seeded at random and from the previous span's
-// centroids, compared by inertia and time.
+// Warm start measured (qvg/eval/simulate.h, warm_start_figures(); docs/quality.md):
+// each one-chunk span's first k-means stage seeded at random and from the previous
+// span's centroids, compared by inertia and time.
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
 #include "codec/kmeans.h"
-#include "qvg/frontier.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/frontier.h"
+#include "qvg/eval/simulate.h"
+#include "qvg/eval/workload.h"
 #include "qvg/tensor.h"
-#include "qvg/workload.h"
 #include "sim/sim_common.h"
 
 namespace qvg {

@@ -1,4 +1,4 @@
-// The synthetic K/V/Q generator (include/qvg/workload.h).
+// The synthetic K/V/Q generator (include/qvg/eval/workload.h).
 //
 // Pipeline for one token (frame t, row y, column x) of one layer:
 //  1. Scene latent z (kLatent dims, shared by all layers): the camera-shifted world
@@ -28,8 +28,8 @@
 #include <omp.h>
 
 #include "qvg/error.h"
+#include "qvg/eval/workload.h"
 #include "qvg/numeric.h"
-#include "qvg/workload.h"
 #include "workload/generator_model.h"
 
 namespace qvg {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/rng_impl.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg::workload_detail {
 

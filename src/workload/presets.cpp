@@ -5,7 +5,7 @@
 #include <fmt/core.h>
 
 #include "qvg/error.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg {
 

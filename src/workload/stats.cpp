@@ -1,11 +1,11 @@
-// The K/V estimators of docs/workload.md (kv_stats in include/qvg/workload.h).
+// The K/V estimators of docs/workload.md (kv_stats in include/qvg/eval/workload.h).
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/core.h>
 
 #include "qvg/error.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg {
 namespace {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CLI regression of issue 27, finding 17 (docs/reliability.md): `qvg compare` checks
+# `qvg compare` checks (docs/reliability.md, finding 17; spec 5: nothing lost)
 # its destinations and flag combinations before any work: a --report DIR that cannot
 # be created or written fails at once (not after the sweep), and every flag that
 # only means something with --frontier, given without it, is an error naming both.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/deps.sh keeps apt's progress out of the job's output (issue 39, item 9): with
+# scripts/deps.sh keeps apt's progress out of the job's output: with
 # stand-ins for dpkg-query (every package missing) and apt-get (hundreds of progress
 # lines) first on PATH, deps.sh prints two lines and leaves apt's output in a log; when
 # apt-get fails, it exits 1 with the log's tail on stderr. Nothing is installed.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-check without a GPU, and its second part's verdict (issue 42, item 22):
+# scripts/gpu-check without a GPU, and its second part's verdict (docs/cuda.md):
 #  * without a GPU (an `nvidia-smi` that lists none, first on PATH) the verdict run
 #    exits 0 with one line, having removed every result an earlier run left in $OUT —
 #    no old gpu-check.json may stand beside a run that checked nothing;
@@ -43,21 +43,21 @@ JSON
 }
 field() { python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$T/v.json" "$1"; }
 
-[[ $(verdict "issue25_tests 0 1" "issue25_measure 0 1" "issue25_pytest 0 1" "gpu_bench_full 3 0") == 0 ]] ||
+[[ $(verdict "all_settings_tests 0 1" "all_settings_measure 0 1" "all_settings_pytest 0 1" "gpu_bench_full 3 0") == 0 ]] ||
   fail "all part-2 tests passed, yet exit status != 0: $(cat "$T/merge.out")"
 [[ $(field 'v["all_met"]') == True ]] || fail "all part-2 tests passed, yet all_met false"
 [[ $(field 'v["part2"]["steps"]["gpu_bench_full"]') == 3 ]] || fail "a measurement's status is not recorded"
 [[ $(field 'len(v["acceptances"])') == 4 ]] || fail "expected 1 + 3 acceptances: $(cat "$T/v.json")"
 
-[[ $(verdict "issue25_tests 0 1" "issue25_measure 1 1" "issue25_pytest 0 1") == 1 ]] ||
+[[ $(verdict "all_settings_tests 0 1" "all_settings_measure 1 1" "all_settings_pytest 0 1") == 1 ]] ||
   fail "a failed part-2 test did not fail the exit status"
 [[ $(field 'v["all_met"]') == False ]] || fail "a failed part-2 test left all_met true"
-[[ $(field '[a["met"] for a in v["acceptances"] if a["acceptance"] == "part 2: issue25_measure exits 0"]') == "[False]" ]] ||
+[[ $(field '[a["met"] for a in v["acceptances"] if a["acceptance"] == "part 2: all_settings_measure exits 0"]') == "[False]" ]] ||
   fail "the failed test is not an unmet acceptance: $(cat "$T/v.json")"
-grep -q "issue25_measure exited 1" "$T/merge.out" || fail "the failed test is not named: $(cat "$T/merge.out")"
+grep -q "all_settings_measure exited 1" "$T/merge.out" || fail "the failed test is not named: $(cat "$T/merge.out")"
 
-[[ $(verdict "issue25_tests null 1" "issue25_pytest 0 1") == 1 ]] || fail "a part-2 test that did not run passed"
+[[ $(verdict "all_settings_tests null 1" "all_settings_pytest 0 1") == 1 ]] || fail "a part-2 test that did not run passed"
 [[ $(field 'v["all_met"]') == False ]] || fail "a part-2 test that did not run left all_met true"
 
-[[ $(verdict "issue25_tests zero 1") == 2 ]] || fail "a bad status line was accepted"
+[[ $(verdict "all_settings_tests zero 1") == 2 ]] || fail "a bad status line was accepted"
 echo "gpu_check.sh: all checks passed"

@@ -32,7 +32,7 @@ done
 import json, os, sys
 j = json.load(sys.stdin)
 assert j["kind"] == "qvgt" and j["format"] == "qvg.prq/1", j
-assert j["metadata"]["shape"] == [1, 24, 2, 64], j["metadata"]  # numbers as numbers (issue 39, item 9)
+assert j["metadata"]["shape"] == [1, 24, 2, 64], j["metadata"]  # numbers as numbers
 assert j["bytes"] == os.path.getsize(sys.argv[1]), j
 assert j["encoded_bytes"] == sum(a["bytes"] for a in j["arrays"]) < j["bytes"], j
 ' "$T/x.qvgt" || fail "inspect --json .qvgt"
@@ -49,7 +49,7 @@ j = json.load(sys.stdin)
 assert j["kind"] == "snapshot" and j["format"] == "1.0" and j["checksums_ok"], j
 assert all(s["checksum"] == "ok" for s in j["sections"]), j["sections"]
 assert j["state"]["segments"] == sum(s["name"].startswith("segment") for s in j["sections"]), j
-# Numbers and booleans as JSON numbers and booleans, names as strings (issue 39, item 9).
+# Numbers and booleans as JSON numbers and booleans, names as strings.
 assert j["config"]["cache_size"] == 16 and j["config"]["init"] == "warm", j["config"]
 assert j["config"]["attention_window_size"] is None and j["config"]["allow_growth"] is False, j["config"]
 assert all(not isinstance(v, str) or not v.lstrip("-").isdigit() for v in list(j["config"].values()) + list(j["state"].values())), j

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One option parser on every surface (issue 27, item 13; docs/reliability.md finding
-# 27): the CLI reads the cache flags and the per-role --k-config/--v-config through the
-# settings table's parser, as the engine's flags are read: no hex reals, booleans
-# true/false/1/0 only, no duplicate or empty --k-config items, and --profile '' is an
-# error, not "no profile". Each refusal is exit status 1 with one "qvg: error:" line.
+# One option parser on every surface (docs/reliability.md, finding 27): the CLI reads
+# the cache flags and the per-role --k-config/--v-config through the settings table's
+# parser, as the engine's flags are read: no hex reals, booleans true/false/1/0 only, no
+# duplicate or empty --k-config items, and --profile '' is an error, not "no profile".
+# Each refusal is exit status 1 with one "qvg: error:" line.
 # Usage: bash options.sh /path/to/qvg
 set -euo pipefail
 QVG=${1:?usage: options.sh /path/to/qvg}
@@ -57,7 +57,7 @@ assert d.get("refine_bits") == 3, d.get("refine_bits")
 PY
 refused "--k-config field 'bits' must be 2, 3 or 4 \(or int2, int3 or int4\), got 'int5'" -- \
   "$QVG" "${M[@]}" --k-config bits=int5
-# Defaults by command (issue 39, item 4): each command's help gives its default width
+# Defaults by command: each command's help gives its default width
 # and codebook size and why they differ; --profile recommended's help says what the
 # profile sets (V's scale search off, as QuantArgs::apply_profile does).
 cmd_help() { "$QVG" "$1" --help | tr -s ' \n' ' '; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CLI regressions of issue 27, findings 14 and 15 (docs/reliability.md):
+# The CLI's output destinations (spec 5.1, "Files"; docs/reliability.md, findings 14, 15):
 #  * `qvg encode/decode --output` refuse a destination that exists and is not a
 #    regular file (a FIFO, a symlink to a FIFO, a directory): exit status 1, one
 #    "qvg: error: ..." line naming the path, the destination unchanged, no temporary

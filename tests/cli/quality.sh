@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# CLI (issue 16): `qvg compare --frontier` writes frontier.json, frontier.svg (labelled
-# axes, the Pareto set and the reference default marked) and summary.txt, with
+# CLI (docs/quality.md): `qvg compare --frontier` writes frontier.json, frontier.svg
+# (labelled axes, the Pareto set and the reference default marked) and summary.txt, with
 # progress on stderr; `--profile` with explicit flags overriding it in any order;
-# `--scale-search`; per-role settings in `qvg memory`.
-# frontier.svg draws nothing outside its canvas (svg_fit.py, rendered by rsvg-convert).
+# `--scale-search`; per-role settings in `qvg memory`. frontier.svg draws nothing
+# outside its canvas (svg_fit.py, rendered by rsvg-convert).
 # Usage: bash quality.sh /path/to/qvg   (python3 standard library, rsvg-convert)
 set -euo pipefail
 QVG=${1:?usage: quality.sh /path/to/qvg}
@@ -75,7 +75,7 @@ python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert b 
   fail "memory --v-config bits=4 ($mixed MiB) is not larger than int2 ($two MiB)"
 "$QVG" memory --model self-forcing-1.3b --k-config nope=1 2> "$T/e.txt" && fail "a bad --k-config was accepted"
 grep -q "unknown field 'nope'" "$T/e.txt" || fail "bad --k-config message: $(cat "$T/e.txt")"
-# --profile recommended (issue 25) sets the cache policy in memory and simulate; an
+# --profile recommended sets the cache policy in memory and simulate; an
 # explicit policy flag overrides it whatever the order; --engine-baseline adds the
 # engine's default first and a side-by-side table.
 pol() { "$QVG" memory --model lingbot-world-14b --json "$@" |

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CLI regressions of issue 15 (findings 1, 2, 3, 4, 6, 8): hostile inputs and bad
-# command lines end with exit status 1 and exactly one "qvg: error: ..." line on
+# CLI regressions (docs/reliability.md, findings 1, 2, 3, 4, 6, 8): hostile inputs and
+# bad command lines end with exit status 1 and exactly one "qvg: error: ..." line on
 # stderr, never a crash, a hang or a file written; --help and --version exit 0.
 # Usage: bash reliability.sh /path/to/qvg   (python3 standard library only)
 set -euo pipefail

@@ -1,6 +1,7 @@
-// tests/gpu/call_kind.h — how a call ended, for the host-side tests of tests/gpu
-// (cache_plan_test.cpp under GoogleTest, device_errors_test.cpp in the in-repo
-// harness): returned, or the kind of error it threw. No GoogleTest here.
+// tests/gpu/call_kind.h — how a call ended, for the host-side tests of the device
+// cache's policy and errors (tests/test_cache_plan.cpp under GoogleTest,
+// tests/gpu/device_errors_test.cpp in the in-repo harness): returned, or the kind of
+// error it threw. No GoogleTest here.
 #pragma once
 
 #include <exception>

@@ -1,9 +1,9 @@
-// Host test of the device caches' runtime calls (issue 40; no GPU needed): this
-// executable defines, itself, every CUDA runtime function the CUDA library calls (a
-// recording fake over host memory; the linker resolves the library's references to
-// these definitions before libcudart's), so the caches' host code runs on a GPU-less
-// machine — kernels are recorded, not run — and every runtime call an update() makes
-// is listed. It checks:
+// Host test of the device caches' runtime calls (update() never waits, docs/cuda.md; no
+// GPU needed): this executable defines, itself, every CUDA runtime function the CUDA
+// library calls (a recording fake over host memory; the linker resolves the library's
+// references to these definitions before libcudart's), so the caches' host code runs on
+// a GPU-less machine — kernels are recorded, not run — and every runtime call an
+// update() makes is listed. It checks:
 //   * update() on the packed cache (engine default and recommended profile, refined
 //     chunks, incremental spans) and on the dense cache makes no synchronizing call,
 //     no copy to or from host memory and no non-stream-ordered allocation once the

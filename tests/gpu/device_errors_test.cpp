@@ -3,7 +3,7 @@
 // call, so they are checked on a GPU-less machine. Built with the CUDA backend
 // (cmake/QvgCuda.cmake, ctest `cuda.host_device_errors`) in the in-repo harness
 // (the device machine has no GoogleTest). The policy the device cache runs is
-// checked against the independent model by tests/gpu/cache_plan_test.cpp (ci).
+// checked against the independent model by tests/test_cache_plan.cpp (ci).
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -94,7 +94,7 @@ std::vector<qvg::SettingValue> values_to_try(const qvg::Setting& s) {
 
 }  // namespace
 
-// Issue 25: the device packed cache accepts every setting the CPU packed cache
+// The device packed cache accepts every setting the CPU packed cache
 // accepts. Walks the settings table (qvg/settings.h); for each setting and each value
 // of its kind (on bases that quantize: deferred and incremental spans, with and
 // without refinement), a QuantArgs the CPU cache accepts must construct the device

@@ -1,6 +1,7 @@
 // tests/gpu/device_support.h — the device helpers of the GPU test executable
-// (gpu_tests.cpp, issue25_tests.cpp, kmeanspp_gpu_tests.cpp): checked CUDA calls, a
-// stream per test, and synchronous copies between host and device.
+// (gpu_tests.cpp, all_settings_tests.cpp, async_update_tests.cpp,
+// kmeanspp_gpu_tests.cpp): checked CUDA calls, a stream per test, and synchronous
+// copies between host and device.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,5 +1,5 @@
 // tests/gpu/encode_replay.h — the device encoder's rules replayed on the host with
-// given k-means assignments (issue 24, item 5).
+// given k-means assignments: the GPU tests' check of a device encoding, byte for byte.
 //
 // The device encoder (src/codec/cuda/encode.cpp) differs from the CPU encoder only
 // where spec 1.1 allows: the assignment (bf16 operands on tensor cores: near-ties

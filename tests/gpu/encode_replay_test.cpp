@@ -1,4 +1,4 @@
-// Host test of the GPU encode check (issue 24, item 5; ctest cuda.host_encode_replay).
+// Host test of the GPU encode check (ctest cuda.host_encode_replay).
 //
 // The GPU tests accept a device encoding when it is, byte for byte, the host replay
 // of the device encoder's rules fed the GPU's own k-means assignments

@@ -2,7 +2,8 @@
 // Self-contained: links qvg_cuda (qvg_lib + CUDA) and the tiny harness only, so it
 // builds on the device machine (no gtest there). Run by scripts/gpu-check.
 //
-// - decode on the GPU == decode on the CPU, bit for bit, in every mode (bits 2/4,
+// - decode on the GPU == decode on the CPU, bit for bit, in every mode (every code
+//   width of qvg/code_format.h: int2, int3, int4,
 //   sym/asym, fp8/bf16 scales, two_level/compat, 1/2 stages, bf16/f16/f32 input,
 //   bf16/f16/f32 output), whole tensors and strided multi-task windows;
 // - GPU encode: a valid EncodedTensor, deterministic, and byte for byte the host
@@ -17,10 +18,10 @@
 //   cache, raw view tokens equal to the CPU's, packed ones equal to the CPU decode of
 //   the device's own encodings, and each encoding the device encoder's of the
 //   segment's values, equal to the host replay of its assignments.
-// Issue 25's tests (names issue25_*: the device cache with every setting) and
-// measurements (--issue25-measure) are in tests/gpu/issue25_tests.cpp; init kmeans++
-// on the device (its picks against the CPU rule, its encodings against the host
-// replay) in tests/gpu/kmeanspp_gpu_tests.cpp.
+// The device cache with every setting of the CPU cache (tests all_settings_*, the
+// measurements --all-settings-measure) is in tests/gpu/all_settings_tests.cpp; init
+// kmeans++ on the device (its picks against the CPU rule, its encodings against the
+// host replay) in tests/gpu/kmeanspp_gpu_tests.cpp.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -120,8 +121,9 @@ QVG_TEST(decode_matches_cpu_bit_for_bit) {
   int checked = 0;
   uint32_t seed = 7;
   for (const ShapeCase& sc : shapes)
-    for (const Mode& m : all_modes())
+    for (const Mode& m : qvg::testing::every_width_modes())
       for (qvg::DType in : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}) {
+        if (sc.block % qvg::find_code_format(m.bits)->group_codes != 0) continue;  // int3: blocks of 8k
         qvg::CodecConfig cfg = config_of(m, sc.K, sc.block);
         const qvg::Tensor x = make_data(in, sc.sh, seed++, in == qvg::DType::F32 ? 3e4f : 300.0f);
         const qvg::EncodedTensor e = qvg::encode(x, cfg);
@@ -150,7 +152,7 @@ QVG_TEST(window_decode_tasks_match_cpu) {
   for (int nchunks : {7, 10}) {
     std::vector<qvg::EncodedTensor> encs;
     for (int i = 0; i < 2 * nchunks; ++i) {
-      Mode m{i % 2 ? 2 : 4, i % 3 == 0, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1};
+      Mode m{i % 3 == 2 ? 3 : (i % 2 ? 2 : 4), i % 3 == 0, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1};
       encs.push_back(qvg::encode(make_data(qvg::DType::BF16, sh, 100u + uint32_t(i)), config_of(m, 64, 64)));
     }
     std::vector<qvg::cuda::DeviceEncodedTensor> des;
@@ -189,7 +191,7 @@ QVG_TEST(window_decode_tasks_match_cpu) {
   }
 }
 
-// The device encoder against its own rules replayed on the host (issue 24, item 5):
+// The device encoder against its own rules replayed on the host (no error margin):
 // the replay (tests/gpu/encode_replay.h) is fed the GPU's assignments of every
 // k-means iteration and must give the same bytes in every array (group means,
 // initial indices, fixed-point centroid updates, early stops, stored centroids,
@@ -197,7 +199,7 @@ QVG_TEST(window_decode_tasks_match_cpu) {
 // from the CPU encoder's in near-ties (spec 1.1: bf16 operands, tensor-core sums);
 // the relative MSE beside the CPU encoder's is printed, not asserted. Cases: the
 // tensor-core paths D = 64, 128 and 256 (hy-worldplay-8b's head dim), the generic
-// one (D = 48), S < K, two stages, every scale mode family.
+// one (D = 48), S < K, two stages, every scale mode family, int2, int3 and int4.
 QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
   TestStream st;
   struct Case {
@@ -216,6 +218,8 @@ QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
       {{1, 100, 2, 64}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 256},    // S < K
       {{1, 2048, 2, 256}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 256},  // D = 256 MMA
       {{1, 1500, 3, 256}, {4, true, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 2}, 128},   // D = 256 MMA
+      {{1, 2048, 2, 128}, {3, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 128},  // int3
+      {{1, 1000, 2, 64}, {3, true, qvg::ScaleDType::BF16, qvg::Scaling::Compat, 2}, 64},           // int3
   };
   uint32_t seed = 500;
   int compared = 0;
@@ -251,7 +255,7 @@ QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
                   describe(c.m).c_str(), std::string(qvg::dtype_name(in)).c_str(), c.sh.str().c_str(), c.K,
                   diff.empty() ? "equal" : "DIFFERS", cpu_mse, gpu_mse, gpu_mse / cpu_mse);
     }
-  QVG_EXPECT(compared == 20) << compared;
+  QVG_EXPECT(compared == 24) << compared;
 }
 
 QVG_TEST(check_input_limits_reports_first_bad_element) {
@@ -560,7 +564,7 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
           qvg::decode(e, dec->view());
           if (encodings_checked.insert({kv, sg.g0, sg.g1}).second) {
             // The encoding is the device encoder's of the segment's values, and that is
-            // the host replay of its own assignments (no error margin: issue 24, item 5).
+            // the host replay of its own assignments (no error margin).
             const qvg::Shape4 ssh{o.batch, sg.g1 - sg.g0, o.heads, o.head_dim};
             qvg::Tensor in(o.dtype, ssh);
             for (int64_t b = 0; b < o.batch; ++b)
@@ -619,8 +623,8 @@ QVG_TEST(device_packed_cache_int2_matches_cpu_decode_of_its_encodings) {
   QVG_EXPECT(packed_rows > 1000 && raw_rows > 500 && replayed > 10) << packed_rows << raw_rows << replayed;
 }
 
-// tests/gpu/issue25_tests.cpp: issue 25's measurements (scripts/gpu-check, part 2).
-int issue25_measure(int argc, char** argv);
+// tests/gpu/all_settings_tests.cpp: the every-setting measurements (scripts/gpu-check, part 2).
+int all_settings_measure(int argc, char** argv);
 
 int main(int argc, char** argv) {
   const int n = qvg::cuda::device_count();
@@ -632,6 +636,6 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceProperties(&p, 0) == cudaSuccess)
     std::printf("device 0: %s, sm_%d%d, %d SMs, %.1f GiB\n", p.name, p.major, p.minor, p.multiProcessorCount,
                 double(p.totalGlobalMem) / (1u << 30));
-  if (argc > 1 && std::string(argv[1]) == "--issue25-measure") return issue25_measure(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "--all-settings-measure") return all_settings_measure(argc, argv);
   return qvg::testing::run_all(argc, argv);
 }

@@ -4,14 +4,16 @@
 // - every format conversion against src/core/numeric.cpp (exhaustive for 8/16-bit
 //   inputs, a 4M-point sweep plus special values for fp32 inputs);
 // - the codec's PRNG (one definition, host and device) against known answers;
-// - decode_vec8 / decode_one over every element of CPU-encoded tensors in all
-//   modes against kernels::ref::decode_rows, into dense and strided sub-range targets;
-// - block_stats + pack_byte against quantize_residual_group, and the scale search
-//   (search_block) against quantize_residual_group with ScaleSearch::Mse;
-// - issue 25's bodies (span_bodies.cuh): a span chunk's quantizer inputs from its
-//   span's codebook against encode_span_chunk (same bytes given its assignments, and
-//   the same residual energy), the refinement error against encode_refinement and
-//   the layer added in the view (refine_one) against add_refinement.
+// - decode_block_vec / decode_one over every element of CPU-encoded tensors in all
+//   modes (every code width: int2, int3, int4) against kernels::ref::decode_rows,
+//   into dense and strided sub-range targets;
+// - block_stats + pack_word / pack_group_at against quantize_residual_group, and the
+//   scale search (search_block) against quantize_residual_group with ScaleSearch::Mse;
+// - the incremental spans' and refinement layers' bodies (span_bodies.cuh): a span
+//   chunk's quantizer inputs from its span's codebook against encode_span_chunk (same
+//   bytes given its assignments, and the same residual energy), the refinement error
+//   against encode_refinement and the layer added in the view (refine_one) against
+//   add_refinement.
 // What this cannot check: the kernels' block/thread mapping, the tensor-core
 // assignment and the centroid update (tests/gpu/gpu_tests.cpp, on a GPU).
 #include <algorithm>
@@ -130,7 +132,7 @@ size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks, int32_t min_
         for (int tid = 0; tid < K::kDecodeThreads; ++tid) K::decode_block_generic(L, ti, local, tid);
         continue;
       }
-      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref != 0,
+      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits,
                           [&](auto b, auto f, auto c, auto o, auto r) {
                             modes_run().insert(decltype(r)::value * 10000 + decltype(b)::value * 1000 +
                                                decltype(f)::value * 100 + decltype(c)::value * 10 + decltype(o)::value);
@@ -169,7 +171,7 @@ struct Target {
   }
 };
 
-using qvg::testing::all_modes;
+using qvg::testing::every_width_modes;
 using qvg::testing::Mode;
 std::string describe(const Mode& m, qvg::DType in) {
   return "bits=" + std::to_string(m.bits) + (m.asym ? " asym" : " sym") + " scale=" + std::string(qvg::name(m.sd)) +
@@ -257,10 +259,10 @@ QVG_TEST(mul64wide_matches_limb_product) {
 }
 
 // The whole decode launch on the host (plan_decode, every block and thread of the
-// grid, the templated bodies) against the CPU codec's decode, bit for bit: all 32
-// modes x input (= centroid) dtype x output dtype (so all 36 instantiations of
-// decode_block_vec), D = 64, 128, 256 and 24 on the vectorised path and D = 12
-// (block 4) on the generic one; the whole tensor into a dense target (aligned:
+// grid, the templated bodies) against the CPU codec's decode, bit for bit: all 48
+// modes (int2, int3, int4) x input (= centroid) dtype x output dtype (so all 54
+// unrefined instantiations of decode_block_vec), D = 64, 128, 256 and 24 on the
+// vectorised path and D = 12 (block 4, int2/int4) on the generic one; the whole tensor into a dense target (aligned:
 // 128-bit stores; misaligned: element stores), and a strided sub-range (t0 > 0,
 // h0 > 0, padded token stride) whose padding must stay untouched.
 QVG_TEST(decode_launches_match_cpu_decode) {
@@ -274,9 +276,9 @@ QVG_TEST(decode_launches_match_cpu_decode) {
   uint32_t seed = 1;
   modes_run().clear();
   for (const ShapeCase& sc : shapes)
-    for (const Mode& m : all_modes())
+    for (const Mode& m : every_width_modes())
       for (qvg::DType in : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}) {
-        if (sc.block % (8 / m.bits) != 0) continue;
+        if (sc.block % qvg::find_code_format(m.bits)->group_codes != 0) continue;
         qvg::CodecConfig cfg;
         cfg.bits = m.bits;
         cfg.asymmetric = m.asym;
@@ -331,7 +333,7 @@ QVG_TEST(decode_launches_match_cpu_decode) {
           ++checked;
         }
       }
-  QVG_EXPECT(modes_run().size() == 36) << "instantiations run:" << modes_run().size();
+  QVG_EXPECT(modes_run().size() == 54) << "instantiations run:" << modes_run().size();
   QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
   QVG_EXPECT(checked > 3000) << checked;
   std::printf("  %d decode comparisons, %zu instantiations\n", checked, modes_run().size());
@@ -347,7 +349,7 @@ QVG_TEST(decode_plan_groups_tasks_by_mode) {
   std::vector<qvg::DType> outs;
   for (int i = 0; i < 40; ++i) {
     qvg::CodecConfig cfg;
-    cfg.bits = i % 3 == 0 ? 2 : 4;  // 2 bit modes
+    cfg.bits = i % 3 == 0 ? 2 : (i % 3 == 1 ? 4 : 3);  // 3 widths (i == 7, block 4: int4)
     cfg.scale_dtype = i % 5 == 0 ? qvg::ScaleDType::BF16 : qvg::ScaleDType::FP8_E4M3;
     cfg.asymmetric = i % 2 == 1;  // runtime-uniform, not part of the mode
     cfg.centroids = 8;
@@ -505,7 +507,12 @@ namespace {
 /// stats_lane per thread, the segment merge of the kernel's shfl_down loop over
 /// each warp of 32 lanes, stats_leader; else stats_scan per block), the group
 /// maxima, the stored scales (scale_block per block), the pack (pack_word per 8
-/// channels, else pack_byte per byte).
+/// channels, else pack_group_at per group of codes).
+/// search_block of a's width (the instantiation search_scales launches).
+void search_block_of_width(const K::QuantizeArgs& a, int64_t si) {
+  qvg::dispatch_width(a.bits, [&](auto w) { K::search_block<decltype(w)>(a, si); });
+}
+
 void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256) {
   std::fill(a.group_max, a.group_max + 2 * a.G, 0.0f);
   const int64_t nb = a.D / a.block;
@@ -542,10 +549,13 @@ void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256)
       }
   }
   for (int64_t si = 0; si < a.G * a.S * nb; ++si) K::scale_block(a, si);
-  if (K::quantize_vectorizable(a.D, a.block))
-    for (int64_t w = 0; w < a.G * a.S * (a.D / 8); ++w) K::pack_word(a, w);
-  else
-    for (int64_t e = 0; e < a.G * a.S * a.D * a.bits / 8; ++e) K::pack_byte(a, e);
+  qvg::dispatch_width(a.bits, [&](auto wd) {  // as quantize_residual picks the pack kernel
+    using W = decltype(wd);
+    if (K::kCodeWordFits<W> && K::quantize_vectorizable(a.D, a.block))
+      for (int64_t w = 0; w < a.G * a.S * (a.D / 8); ++w) K::pack_word<W>(a, w);
+    else
+      for (int64_t e = 0; e < K::code_groups<W>(a); ++e) K::pack_group_at<W>(a, e);
+  });
 }
 
 }  // namespace
@@ -569,11 +579,11 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
                               {256, 64}, {256, 256}, {48, 24}, {64, 4},   {64, 2}};
   int checked = 0, vec_cases = 0, zero_signs = 0, mse_checked = 0, mse_changed = 0;
   uint32_t seed = 100;
-  for (const Mode& m : all_modes()) {
+  for (const Mode& m : every_width_modes()) {
     if (m.stages != 1) continue;
     for (const BlockCase& bc : blocks)
       for (bool fused : {false, true}) {
-        if (bc.block % (8 / m.bits) != 0) continue;
+        if (bc.block % qvg::find_code_format(m.bits)->group_codes != 0) continue;
         const qvg::Shape4 sh{1, 29, 3, bc.D};
         const int block = bc.block;
         qvg::EncodedTensor e;
@@ -613,7 +623,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
             }
             if (i >= 3 * D && i < 4 * D) {  // token 3: the first zero in lane 1 (channel 8), the other in
               const int64_t d = i - 3 * D;  // lane 4 (channel 32), which a merge in the lane order 0, 4, 2,
-              v = std::fabs(v) + s;         // 6, 1, 5, 3, 7 takes first (issue 24, item 4)
+              v = std::fabs(v) + s;         // 6, 1, 5, 3, 7 takes first
               if (d == 8) v = g == 1 ? 0.0f : -0.0f;
               if (d == 32) v = g == 1 ? -0.0f : 0.0f;
             }
@@ -701,12 +711,12 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         QVG_EXPECT(got.scale_factor == ref.scale_factor) << what << "factors";
         QVG_EXPECT(got.zero_factor == ref.zero_factor) << what << "zero factors";
         ++checked;
-        // The scale search (issue 25): search_block over every block of what the
+        // The scale search: search_block over every block of what the
         // kernels left, against the CPU's choice with ScaleSearch::Mse.
         qvg::EncodedTensor refm = e;
         for (int64_t g = 0; g < G; ++g)
           qvg::detail::quantize_residual_group(fin.data() + g * S * D, g, refm, qvg::ScaleSearch::Mse);
-        for (int64_t si = 0; si < G * S * nb; ++si) K::search_block(a, si);
+        for (int64_t si = 0; si < G * S * nb; ++si) search_block_of_width(a, si);
         QVG_EXPECT(got.codes == refm.codes) << what << "mse codes";
         QVG_EXPECT(got.scales == refm.scales) << what << "mse scales";
         QVG_EXPECT(got.zeros == refm.zeros) << what << "mse zeros";
@@ -718,9 +728,10 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
   QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
   std::printf("  %d quantizer comparisons (%d vectorised), %d signed zero minima checked\n", checked, vec_cases,
               zero_signs);
-  QVG_EXPECT(checked == 336 && vec_cases == 256 && zero_signs == 1008) << checked << vec_cases << zero_signs;
+  // 8 scale modes x 2 (fused or not) x the blocks of each width (int4 11, int2 10, int3 9).
+  QVG_EXPECT(checked == 480 && vec_cases == 384 && zero_signs == 1440) << checked << vec_cases << zero_signs;
   std::printf("  %d scale-search comparisons (%d where mse chose other scales than off)\n", mse_checked, mse_changed);
-  QVG_EXPECT(mse_checked == 336 && mse_changed > 200) << mse_checked << mse_changed;
+  QVG_EXPECT(mse_checked == 480 && mse_changed > 280) << mse_checked << mse_changed;
 }
 
 namespace {
@@ -750,7 +761,7 @@ K::QuantizeArgs host_quantize_args(qvg::EncodedTensor& got, const float* r, cons
 
 }  // namespace
 
-// Issue 25: a chunk of an incremental span, encoded by the CPU (encode_span_chunk,
+// A chunk of an incremental span, encoded by the CPU (encode_span_chunk,
 // a first chunk and a later one, one and two stages, scale search off and mse), is
 // reproduced byte for byte by the device's bodies given its assignments: the span's
 // codebook read back (book_entry: stored fp32 values, the centred copy), the
@@ -834,7 +845,7 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
                 got, r.data(), stored.data(), cpu.ids[size_t(stages - 1)].data(), int(Kc), raw_s, raw_z, gmax);
             run_quantize_kernels(a);
             if (search == qvg::ScaleSearch::Mse)
-              for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si) K::search_block(a, si);
+              for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si) search_block_of_width(a, si);
             QVG_EXPECT(got.codes == cpu.codes) << what << "codes";
             QVG_EXPECT(got.scales == cpu.scales) << what << "scales";
             QVG_EXPECT(got.zeros == cpu.zeros) << what << "zeros";
@@ -849,14 +860,14 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
   QVG_EXPECT(checked == 32) << checked;
 }
 
-// Issue 25: refinement layers on the device's bodies. refinement_error gives the
+// Refinement layers on the device's bodies. refinement_error gives the
 // error encode_refinement encodes (the encodings of both are the same bytes), and
 // refine_one adds a layer to a decoded range as add_refinement does, bit for bit,
 // into bf16, f16 and f32 targets, whole and strided sub-ranges (t0 > 0, h0 > 0).
 QVG_TEST(refinement_bodies_match_the_cpu) {
   int checked = 0;
   for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
-    for (const int bits : {2, 4}) {
+    for (const int bits : {2, 3, 4}) {
       const qvg::Shape4 sh{2, 12, 3, 64};
       const qvg::Tensor x = make_data(dt, sh, uint32_t(900 + bits), 20.0f);
       qvg::CodecConfig base;
@@ -916,10 +927,10 @@ QVG_TEST(refinement_bodies_match_the_cpu) {
         }
     }
   std::printf("  %d refined ranges compared\n", checked);
-  QVG_EXPECT(checked == 36) << checked;
+  QVG_EXPECT(checked == 54) << checked;
 }
 
-// Issue 40: the layer fused into the decode launch (DecodeArgs::ref_*): every mode's
+// The refinement layer fused into the decode launch (DecodeArgs::ref_*): every mode's
 // vectorised launch with a layer (output in the centroids' dtype), the generic launch
 // (another output dtype, or a block not a multiple of 8), in launches that mix refined
 // and unrefined tasks over whole and strided sub-ranges — the bytes of the CPU's
@@ -928,9 +939,10 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
   modes_run().clear();
   int checked = 0;
   for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
-    for (const int bits : {2, 4})
+    for (const int bits : {2, 3, 4})
       for (const bool fp8 : {true, false})
         for (const int block : {32, 12}) {
+          if (block % qvg::find_code_format(bits)->group_codes != 0) continue;  // int3: 32 only
           const qvg::Shape4 sh{2, 40, 3, 96};
           const qvg::Tensor x = make_data(dt, sh, uint32_t(1000 + bits + 7 * block + (fp8 ? 1 : 0)), 20.0f);
           qvg::CodecConfig base;
@@ -971,14 +983,16 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
   int refined_modes = 0;
   for (const int m : modes_run()) refined_modes += m >= 10000;
   std::printf("  %d fused launches compared, %d refined vectorised modes\n", checked, refined_modes);
-  QVG_EXPECT(checked == 48) << checked;
-  QVG_EXPECT(refined_modes == 12) << refined_modes;  // every (bits, scale format, dtype) with output == centroids
+  QVG_EXPECT(checked == 60) << checked;
+  // every (bits, scale format, dtype) with output == centroids, the layer of width 6 - bits
+  QVG_EXPECT(refined_modes == 18) << refined_modes;
 }
 
-// Issue 40: the deferred input check's bodies (guard_bodies.cuh). input_ok passes a
-// call only when both scans found nothing; bad_call_slot names the element the CPU's
-// check_finite_and_bounded names (the key's first bad element before the value's),
-// with its value, for every dtype and a bad element anywhere in [B, n, H, D].
+// The deferred input check's bodies (guard_bodies.cuh; docs/cuda.md, "update() does not
+// wait"). input_ok passes a call only when both scans found nothing; bad_call_slot
+// names the element the CPU's check_finite_and_bounded names (the key's first bad
+// element before the value's), with its value, for every dtype and a bad element
+// anywhere in [B, n, H, D].
 QVG_TEST(input_guard_bodies_name_the_cpu_checks_element) {
   namespace K = qvg::cuda::kernels;
   const qvg::Shape4 sh{2, 5, 3, 8};

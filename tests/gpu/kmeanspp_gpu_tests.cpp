@@ -10,7 +10,7 @@
 //   kmeanspp_picks_host, the kernel's bodies on the host), every stage.
 // The host test of the bodies against the CPU rule is tests/gpu/host_kmeanspp_test.cpp;
 // the device packed cache with kmeans++ (incremental spans: span chunks seed their
-// new centroids with kmeans++ too) is run in tests/gpu/issue25_tests.cpp.
+// new centroids with kmeans++ too) is run in tests/gpu/all_settings_tests.cpp.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -14,7 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "qvg/config.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg::cli {
 

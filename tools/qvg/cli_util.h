@@ -60,13 +60,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0);
 /// removed, `path` untouched).
 void write_output_file(const std::string& path, const std::string& text, const char* flag);
 
-/// A --report DIR checked before any work (issue 27, finding 17): it must be a
-/// directory or creatable, and writable — the missing directories are created and
-/// a probe file is created in the directory, then all of it is removed again, so
-/// that a run that fails later leaves nothing (the report writer creates the
-/// directories when it writes). Throws InvalidArgument "<flag> ..." naming the
-/// directory and why: it exists and is not a directory, cannot be created, or
-/// cannot be written.
+/// A --report DIR checked before any work (no run is lost to a bad directory): it must
+/// be a directory or creatable, and writable — the missing directories are created and
+/// a probe file is created in the directory, then all of it is removed again, so that a
+/// run that fails later leaves nothing (the report writer creates the directories when
+/// it writes). Throws InvalidArgument "<flag> ..." naming the directory and why: it
+/// exists and is not a directory, cannot be created, or cannot be written.
 void check_report_dir(const std::string& dir, const char* flag);
 
 }  // namespace qvg::cli

@@ -17,10 +17,10 @@
 #include "cli_util.h"
 #include "codec_flags.h"
 #include "command.h"
-#include "qvg/compare.h"
 #include "qvg/error.h"
-#include "qvg/frontier.h"
-#include "qvg/workload.h"
+#include "qvg/eval/compare.h"
+#include "qvg/eval/frontier.h"
+#include "qvg/eval/workload.h"
 #include "workload_flags.h"
 
 namespace qvg::cli {

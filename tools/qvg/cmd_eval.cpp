@@ -21,9 +21,9 @@
 #include "cli_util.h"
 #include "codec_flags.h"
 #include "command.h"
-#include "qvg/baselines.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
+#include "qvg/eval/baselines.h"
 #include "qvg/io.h"
 
 namespace qvg::cli {

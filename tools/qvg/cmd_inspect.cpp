@@ -109,7 +109,7 @@ void inspect_qvgt_file(const InspectOptions& o) {
     for (const auto& a : info.arrays) arrays.push_back({{"name", a.name}, {"dtype", a.dtype}, {"shape", a.shape}, {"bytes", a.bytes}});
     const nlohmann::ordered_json j = {{"file", o.file},
                                       {"kind", "qvgt"},
-                                      {"format", std::string(kQvgtFormat)},
+                                      {"format", qvgt_format(l)},
                                       {"bytes", info.file_bytes},
                                       {"header_bytes", info.header_bytes},
                                       {"metadata", meta},
@@ -120,7 +120,7 @@ void inspect_qvgt_file(const InspectOptions& o) {
     fmt::print("{}\n", j.dump());
     return;
   }
-  fmt::print("file       {}: qvg packed tensor (.qvgt), format {}, {} bytes (header {})\n", o.file, kQvgtFormat,
+  fmt::print("file       {}: qvg packed tensor (.qvgt), format {}, {} bytes (header {})\n", o.file, qvgt_format(l),
              info.file_bytes, info.header_bytes);
   fmt::print("tensor     {} {} (layout BSHD)\n", dtype_name(l.dtype), l.shape.str());
   fmt::print("config     bits={} block_size={} stages={} centroids={} asymmetric={} scale_dtype={} scaling={}\n", l.bits,

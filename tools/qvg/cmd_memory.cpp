@@ -1,6 +1,6 @@
 // `qvg memory`: the exact memory table of a model preset's K/V cache, computed from
 // the packed format (spec 1.5) and the packed-cache policy (spec 4) without
-// allocating anything (include/qvg/memory.h).
+// allocating anything (include/qvg/eval/memory.h).
 //
 // Figures per layer and for all layers: the bf16 context, the fully encoded context,
 // the dense cache of the same window (context + one chunk, what the packed cache
@@ -27,9 +27,9 @@
 #include "codec_flags.h"
 #include "command.h"
 #include "qvg/error.h"
-#include "qvg/memory.h"
-#include "qvg/simulate.h"
-#include "qvg/workload.h"
+#include "qvg/eval/memory.h"
+#include "qvg/eval/simulate.h"
+#include "qvg/eval/workload.h"
 #include "sim/report_util.h"
 #include "sim/sim_common.h"
 #include "workload_flags.h"
@@ -84,7 +84,7 @@ QuantArgs build_args(const MemoryOptions& o, const ModelPreset& p) {
   return a;
 }
 
-/// The engine's default configuration (qvg/simulate.h) on the same shapes, for the
+/// The engine's default configuration (qvg/eval/simulate.h) on the same shapes, for the
 /// model-level comparison.
 MemoryReport engine_report(const ModelPreset& p, const MemoryShape& s) {
   return memory_report(s, engine_default_packed_config(p).quant);

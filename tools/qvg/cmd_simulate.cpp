@@ -1,6 +1,6 @@
 // `qvg simulate`: stream a realistic workload through a dense and a packed K/V
 // cache side by side and report memory, quality and time per chunk
-// (include/qvg/simulate.h describes the loop and every figure; docs/simulate.md
+// (include/qvg/eval/simulate.h describes the loop and every figure; docs/simulate.md
 // explains how to read the report).
 //
 // Defaults (the embedded default run): self-forcing-1.3b scaled x0.25, its context
@@ -29,9 +29,9 @@
 #include "command.h"
 #include "qvg/code_format.h"
 #include "qvg/error.h"
-#include "qvg/error_sums.h"
-#include "qvg/simulate.h"
-#include "qvg/workload.h"
+#include "qvg/eval/error_sums.h"
+#include "qvg/eval/simulate.h"
+#include "qvg/eval/workload.h"
 #include "sim/report_util.h"
 #include "workload_flags.h"
 

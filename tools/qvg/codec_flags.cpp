@@ -13,7 +13,7 @@
 #include "qvg/codec.h"
 #include "qvg/error.h"
 #include "qvg/settings.h"
-#include "qvg/simulate.h"
+#include "qvg/eval/simulate.h"
 
 namespace qvg::cli {
 

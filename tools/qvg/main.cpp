@@ -3,10 +3,10 @@
 // Exit status: 0 on success (and for --help / --version), 1 for every error — a bad
 // command line included — with exactly one line "qvg: error: ..." on stderr.
 // SIGXFSZ is ignored: a write beyond a file-size limit (ulimit -f) fails with EFBIG,
-// which the writer reports as that one line and cleans up after (issue 27, finding
-// 15), instead of the process dying with status 153 and a temporary file left.
-// A write to standard output that fails (a full disk, /dev/full) is such an error
-// too (issue 42, item 4): the output is flushed and checked before exit.
+// which the writer reports as that one line and cleans up after (spec 5.1, "Files"),
+// instead of the process dying with status 153 and a temporary file left. A write to
+// standard output that fails (a full disk, /dev/full) is such an error too: the output
+// is flushed and checked before exit.
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -44,7 +44,7 @@ int error_exit(const std::string& message) {
 
 // A command's status once its output is out: what it wrote to standard output (fmt,
 // and iostreams for --help) is flushed, and a failed write — a full disk, /dev/full,
-// a closed descriptor — is an error of its own (issue 42, item 4): one line, status 1.
+// a closed descriptor — is an error of its own (spec 5): one line, status 1.
 int flushed(int status) {
   errno = 0;
   std::cout.flush();  // (synchronised with stdio: flushes stdout too)

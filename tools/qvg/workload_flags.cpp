@@ -5,7 +5,7 @@
 
 #include "cli_util.h"
 #include "qvg/error.h"
-#include "qvg/workload.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg::cli {
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 # ---------------------------------------------------------------------------
-# Arguments at the Python boundary (spec 5.1; issue 27, items 4 and 11)
+# Arguments at the Python boundary (spec 5.1)
 # ---------------------------------------------------------------------------
 
 _I64_MAX = 2**63 - 1
@@ -77,7 +77,7 @@ class _IndexTensor:
 class _IntCursor:
     """A validated integer cursor (``global_end_index_int`` / ``local_end_index_int``):
     each assignment is None or an int in [0, 2^63 - 1] (numpy integers too), else
-    ValueError naming the attribute (spec 5.1; issue 42, item 10), so that a float, a
+    ValueError naming the attribute (spec 5.1), so that a float, a
     string or an int past 64 bits never reaches the extension."""
 
     def __set_name__(self, owner: type, name: str) -> None:

@@ -1,5 +1,5 @@
 // src/cache/cuda/input_guard.h — the deferred input check of the device caches
-// (issue 40; docs/cuda.md, "update() does not wait"). Spec 1's input limits are
+// (docs/cuda.md, "update() does not wait"). Spec 1's input limits are
 // checked on the device, and the result never travels back inside the call:
 //   * enqueue() scans the call's key and value into device flags;
 //   * copy2d() writes the call's rows into the cache only when the scan found nothing

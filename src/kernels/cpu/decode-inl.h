@@ -17,33 +17,55 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
-// Requires convert-inl.h (ToBf16), included before it by dispatch.cpp.
+// Requires convert-inl.h (ToBf16) and codes-inl.h (GroupValue), included before it
+// by dispatch.cpp.
 #include "kernels/kernels.h"
 #include "qvg/numeric.h"
 
 QVG_CPU_KERNELS_BEGIN
 
-// Code values as floats, per packed byte: int4 -> 2 values, int2 -> 4 values, for
+// Code values as floats, per packed byte, for a width whose group is one byte
+// (W::kGroupBytes == 1: int2, int4): entry b holds the G code values of byte b, for
 // symmetric (code - qmax) and asymmetric (code) decoding. Exact small integers.
-struct CodeTables {
-  alignas(64) float s4[256][2], a4[256][2], s2[256][4], a2[256][4];
-  CodeTables() {
-    for (int b = 0; b < 256; ++b) {
-      a4[b][0] = float(b >> 4);
-      a4[b][1] = float(b & 0xF);
-      s4[b][0] = float((b >> 4) - 7);
-      s4[b][1] = float((b & 0xF) - 7);
-      for (int u = 0; u < 4; ++u) {
-        const int code = (b >> (6 - 2 * u)) & 3;
-        a2[b][u] = float(code);
-        s2[b][u] = float(code - 1);
+template <class W>
+struct ByteCodeTable {
+  static_assert(W::kGroupBytes == 1, "one byte per group");
+  alignas(64) float sym[256][W::kGroupCodes], asym[256][W::kGroupCodes];
+  ByteCodeTable() {
+    for (uint32_t b = 0; b < 256; ++b)
+      for (int j = 0; j < W::kGroupCodes; ++j) {
+        const int code = int((b >> W::shift(j)) & W::kMask);
+        asym[b][j] = float(code);
+        sym[b][j] = float(code - W::kQmaxSym);
       }
-    }
   }
 };
-const CodeTables& Tables() {
-  static const CodeTables t;
+template <class W>
+const ByteCodeTable<W>& ByteCodes() {
+  static const ByteCodeTable<W> t;
   return t;
+}
+
+// The code values of a row of D channels (codes of width W) as floats, code - qmax
+// (symmetric) or code (asymmetric), into vals[0, D): through the byte table when a
+// group is one byte, else group by group (the group's value V read most significant
+// byte first, code j = (V >> shift(j)) & mask, spec 1.5).
+template <class W>
+void ExpandCodeRow(const uint8_t* code, int64_t D, bool asym, float* vals) {
+  constexpr int G = W::kGroupCodes, B = W::kGroupBytes;
+  const int64_t ngroups = D / G;
+  if constexpr (B == 1) {
+    const ByteCodeTable<W>& tab = ByteCodes<W>();
+    const float* lut = asym ? &tab.asym[0][0] : &tab.sym[0][0];
+    for (int64_t g = 0; g < ngroups; ++g)
+      std::memcpy(vals + g * G, lut + size_t(code[g]) * size_t(G), size_t(G) * 4);
+  } else {
+    const int off = asym ? 0 : W::kQmaxSym;
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const uint32_t v = GroupValue<W>(code + g * B);
+      for (int j = 0; j < G; ++j) vals[g * G + j] = float(int((v >> W::shift(j)) & W::kMask) - off);
+    }
+  }
 }
 
 // fp8 e4m3 scale values by code (exact), so a block's scale costs one load.
@@ -93,79 +115,129 @@ HWY_INLINE hn::Vec512<uint16_t> Bf16Pair(hn::Vec512<float> lo, hn::Vec512<float>
 // refinement layer) and the constants that follow from them on this target.
 template <int kBitsArg, bool kAsymArg, bool kOneStageArg, bool kPairArg, int kRefBitsArg>
 struct DecodeMode {
-  static constexpr int kBits = kBitsArg;           // 2 or 4
+  static constexpr int kBits = kBitsArg;           // a code width of qvg/code_format.h
   static constexpr bool kAsym = kAsymArg;          // code * s + z (else (code - qmax) * s)
   static constexpr bool kOneStage = kOneStageArg;  // exactly one codebook stage
   // bf16 output converted two vectors at a time with the native instruction
   // (REQUIRES block % (2 L) == 0).
   static constexpr bool kPair = kPairArg;
-  // 0: no refinement layer; else its code width (a symmetric layer of one f32
-  // centroid, added in the same pass: kernels::RefineRows).
+  // 0: no refinement layer; else its code width, any of qvg/code_format.h (a
+  // symmetric layer of one f32 centroid, added in the same pass: kernels::RefineRows).
   static constexpr int kRefBits = kRefBitsArg;
   static constexpr size_t kLanes = hn::MaxLanes(hn::ScalableTag<float>());
 };
 
-// The codes of one vector of L channels, for codes of kBits: they are L*kBits/8
-// bytes, loaded as one little-endian word, broadcast, and every lane shifts its own
-// code down (per-lane shift amounts), so no byte shuffles or tables are needed.
+// Whether the vector path of this target takes codes of width W: a vector of L
+// channels must hold whole code groups (L a multiple of G; channel offsets are then
+// multiples of G, so a vector's codes start at a group) in at most 8 bytes (one code
+// word, CodeUnpack). int3 (G = 8) on 4-lane targets (SSE4, SSSE3, NEON, EMU128) does
+// not qualify: those take the generic path for it.
+template <class W>
+constexpr bool VectorWidth() {
+  constexpr size_t L = hn::MaxLanes(hn::ScalableTag<float>());
+  return L >= 4 && L % size_t(W::kGroupCodes) == 0 && L / size_t(W::kGroupCodes) * size_t(W::kGroupBytes) <= 8;
+}
+bool VectorWidth(int bits) {
+  return dispatch_width(bits, [](auto w) { return VectorWidth<decltype(w)>(); });
+}
+
+// The N <= 8 bytes at p as a little-endian word. A size that is not a power of two
+// (int3: 3 or 6 bytes) is read in power-of-two pieces combined in a register: a copy
+// through memory would make the following 8-byte load wait for the narrower stores.
+template <size_t N>
+HWY_INLINE uint64_t LoadWord(const uint8_t* p) {
+  static_assert(N >= 1 && N <= 8, "one word");
+  if constexpr ((N & (N - 1)) == 0) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, N);
+    return w;
+  } else {
+    constexpr size_t kLow = N >= 4 ? 4 : N >= 2 ? 2 : 1;
+    return LoadWord<kLow>(p) | (LoadWord<N - kLow>(p + kLow) << (8 * kLow));
+  }
+}
+
+// The codes of one vector of L channels, for codes of width kBits (a row W of
+// qvg/code_format.h: G codes per group of B bytes). They are the L / G whole groups
+// of L*kBits/8 bytes, loaded as one little-endian word (LoadWord); every lane then
+// holds a word in which its code lies at a per-lane bit position and shifts it down
+// (per-lane shift amounts), so no per-element byte work is needed:
+// - a group of one byte (int2, int4): the word broadcast; group g is byte g, its
+//   code j at bit 8g + W::shift(j) (words over 32 bits: each lane picks its half);
+// - a group of several bytes (int3: 8 codes in 3): one byte shuffle puts in lane i the
+//   value V of its group g = i / G (bytes most significant first, spec 1.5), so its
+//   code j = i mod G is at bit W::shift(j).
 // When the 2^kBits code values fit one vector (kLut), a block's values are looked
 // up in a per-block table whose entry c holds (c - qmax) * s_eff (symmetric) or
 // c * s_eff + z_eff (asymmetric), computed with the very operations of spec 1.3 on
 // the very operands, so looking a code up gives the bits of computing it; else the
-// codes are converted and scaled per element. (Never used with L < 4.)
-template <int kBits, bool kAsym>
+// codes are converted and scaled per element. (Only for VectorWidth<W>(); DF a
+// template parameter so that nothing is formed for targets that never instantiate it.)
+template <int kBits, bool kAsym, class DF = hn::ScalableTag<float>>
 struct CodeUnpack {
-  using DF = hn::ScalableTag<float>;
+  using W = Width<kBits>;
   using V = hn::Vec<DF>;
   using DU = hn::RebindToUnsigned<DF>;
   using DI = hn::RebindToSigned<DF>;
+  using DU8 = hn::Repartition<uint8_t, DU>;
+  using DU64 = hn::Repartition<uint64_t, DU>;
   static constexpr size_t L = hn::MaxLanes(DF());
+  static_assert(VectorWidth<W>(), "the vector path does not take this width on this target");
+  static constexpr size_t G = size_t(W::kGroupCodes), B = size_t(W::kGroupBytes);
+  static constexpr size_t kCodeBytes = L / G * B;                 // bytes per vector
+  static constexpr bool kShuffle = B > 1;                          // groups of several bytes
+  static constexpr bool kTwoWords = !kShuffle && kCodeBytes > 4;   // the word spans two 32-bit lanes
   static constexpr bool kLut = (size_t(1) << kBits) <= L;
-  static constexpr size_t kCodeBytes = L * kBits / 8 >= 1 ? L * kBits / 8 : 1;  // bytes per vector
-  static_assert(kCodeBytes <= 8, "one word of codes per vector");
 
   hn::Vec<DU> shifts, mask;
   hn::Vec<DI> qoff;
   decltype(hn::SetTableIndices(DU(), static_cast<const int32_t*>(nullptr))) words;
+  hn::Vec<DU8> group_bytes;  // kShuffle: lane i's bytes (little-endian) from its group's bytes
   V lut_codes;  // lane i: code i (mod 2^kBits) minus the offset, as an exact float
 
-  CodeUnpack() {
+  HWY_INLINE CodeUnpack() {
     const DF df;
     const DU du;
     const DI di;
+    const DU8 du8;
     alignas(64) uint32_t shift_arr[L];
     alignas(64) int32_t word_arr[L];
     alignas(64) int32_t iota_arr[L];
+    alignas(64) uint8_t byte_arr[4 * L];
     for (size_t i = 0; i < L; ++i) {
-      const uint32_t p =
-          kBits == 4 ? uint32_t(8 * (i / 2) + ((i % 2) == 0 ? 4 : 0)) : uint32_t(8 * (i / 4) + 6 - 2 * (i % 4));
+      const size_t g = i / G, j = i % G;
+      const uint32_t p = uint32_t((kShuffle ? 0 : 8 * g) + size_t(W::shift(int(j))));
       shift_arr[i] = p % 32;
       word_arr[i] = int32_t(p / 32);
       iota_arr[i] = int32_t(i % (size_t(1) << kBits));
+      // The word is broadcast to every 64-bit lane, so each 16-byte block holds it at
+      // bytes 0-7: byte k of lane i is byte g * B + (B - 1 - k) of the word, or 0.
+      for (size_t k = 0; k < 4; ++k) byte_arr[4 * i + k] = k < B ? uint8_t(g * B + (B - 1 - k)) : uint8_t(0x80);
     }
     shifts = hn::Load(du, shift_arr);
     words = hn::SetTableIndices(du, word_arr);
-    mask = hn::Set(du, (1u << kBits) - 1u);
-    qoff = hn::Set(di, kAsym ? 0 : (1 << (kBits - 1)) - 1);
+    group_bytes = hn::Load(du8, byte_arr);
+    mask = hn::Set(du, W::kMask);
+    qoff = hn::Set(di, kAsym ? 0 : W::kQmaxSym);
     lut_codes = hn::ConvertTo(df, hn::Sub(hn::Load(di, iota_arr), qoff));
   }
   /// A block's table (kLut): sv = s_eff, zv = z_eff broadcast.
-  V Table(V sv, V zv) const {
+  HWY_INLINE V Table(V sv, V zv) const {
     V tab = hn::Mul(lut_codes, sv);
     if constexpr (kAsym) tab = hn::Add(tab, zv);
     return tab;
   }
   /// The dequantized codes of channels [d, d + L) of a row of codes `code`.
-  V Values(const uint8_t* code, int64_t d, V tab, V sv, V zv) const {
+  HWY_INLINE V Values(const uint8_t* code, int64_t d, V tab, V sv, V zv) const {
     const DF df;
     const DU du;
     const DI di;
-    uint64_t w = 0;
-    std::memcpy(&w, code + size_t(d) * kBits / 8, kCodeBytes);
+    const uint64_t w = LoadWord<kCodeBytes>(code + size_t(d) / G * B);
     hn::Vec<DU> wv;
-    if constexpr (kCodeBytes > 4) {
-      const hn::Repartition<uint64_t, DU> du64;
-      wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(du64, w)), words);
+    if constexpr (kShuffle) {
+      wv = hn::BitCast(du, hn::TableLookupBytesOr0(hn::BitCast(DU8(), hn::Set(DU64(), w)), group_bytes));
+    } else if constexpr (kTwoWords) {
+      wv = hn::TableLookupLanes(hn::BitCast(du, hn::Set(DU64(), w)), words);
     } else {
       wv = hn::Set(du, uint32_t(w));
     }
@@ -174,7 +246,8 @@ struct CodeUnpack {
       (void)zv;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
       // vpermps reads only the low 4 index bits, and table lane i holds code
-      // i mod 2^bits, so the bits above this lane's code need no masking.
+      // i mod 2^bits (2^bits divides L), so the bits above this lane's code need no
+      // masking: the index read is the code plus a multiple of 2^bits.
       return hn::TableLookupLanes(tab, hn::Indices512<float>{(wv >> shifts).raw});
 #elif HWY_TARGET == HWY_AVX2
       return hn::TableLookupLanes(tab, hn::Indices256<float>{(wv >> shifts).raw});  // low 3 bits, as above
@@ -224,7 +297,8 @@ void DecodeRowsVec(const DecodeRows& j) {
   constexpr size_t L = Mode::kLanes;
   constexpr bool kRef = Mode::kRefBits != 0;
   const CodeUnpack<Mode::kBits, Mode::kAsym> unpack;
-  const CodeUnpack<kRef ? Mode::kRefBits : 2, false> runpack;  // the layer's codes (symmetric)
+  // The layer's codes (symmetric); without a layer, an unused instance of the job's width.
+  const CodeUnpack<kRef ? Mode::kRefBits : Mode::kBits, false> runpack;
   const int64_t D = j.dim, blk = j.block, nb = D / blk, cbytes = D * Mode::kBits / 8;
   const bool fp8 = j.scale_dtype == ScaleDType::FP8_E4M3;
   const float* fp8v = Fp8().v;
@@ -346,7 +420,8 @@ void DecodeRowsVec(const DecodeRows& j) {
 // Calls f(std::true_type()) or f(std::false_type()) as `flag` is: a run-time flag
 // made a compile-time constant, so that each of f's instantiations is one kernel.
 // (Written here: the standard library's nearest tool, std::visit over a variant
-// of the two types, would need the variant built at run time for nothing.)
+// of the two types, would need the variant built at run time for nothing.) Code
+// widths become compile-time constants through qvg::dispatch_width only.
 template <class F>
 HWY_INLINE void WithConstant(bool flag, const F& f) {
   if (flag) {
@@ -356,42 +431,47 @@ HWY_INLINE void WithConstant(bool flag, const F& f) {
   }
 }
 
-// DecodeRowsVec instantiated for the job's mode (16 kernels on targets with the
-// native bf16 pair, 8 elsewhere; a refined job of one stage: 16 more, 8 elsewhere).
-// REQUIRES as DecodeRowsVec (RefinedVectorizable for a job with a layer).
+// DecodeRowsVec instantiated for the job's mode: per code width W this target's vector
+// path takes (VectorWidth), 8 kernels on targets with the native bf16 pair, 4
+// elsewhere; a refined job of one stage: 4 (2) more per layer width it takes.
+// REQUIRES as DecodeRowsVec, VectorWidth(j.bits) (RefinedVectorizable for a job
+// with a layer).
 void DecodeRowsVecAnyMode(const DecodeRows& j) {
   bool pair = false;
 #if QVG_NATIVE_BF16_PAIR
   constexpr int64_t L = int64_t(hn::MaxLanes(hn::ScalableTag<float>()));
   pair = j.out_dtype == DType::BF16 && j.block % (2 * L) == 0 && kernels::native_bf16_enabled();
 #endif
-  WithConstant(j.bits == 4, [&](auto int4) {
-    constexpr int kBits = decltype(int4)::value ? 4 : 2;
-    WithConstant(j.asymmetric, [&](auto asym) {
-      WithConstant(pair, [&](auto native_pair) {
-        constexpr bool kPair = decltype(native_pair)::value && QVG_NATIVE_BF16_PAIR;
-        if (j.refine) {  // one stage (RefinedVectorizable)
-          WithConstant(j.refine->bits == 4, [&](auto ref4) {
-            DecodeRowsVec<DecodeMode<kBits, decltype(asym)::value, true, kPair, decltype(ref4)::value ? 4 : 2>>(j);
+  dispatch_width(j.bits, [&](auto w) {
+    using W = decltype(w);
+    if constexpr (VectorWidth<W>()) {
+      WithConstant(j.asymmetric, [&](auto asym) {
+        constexpr bool kAsym = decltype(asym)::value;
+        WithConstant(pair, [&](auto native_pair) {
+          constexpr bool kPair = decltype(native_pair)::value && QVG_NATIVE_BF16_PAIR;
+          if (j.refine) {  // one stage (RefinedVectorizable)
+            dispatch_width(j.refine->bits, [&](auto rw) {
+              using RW = decltype(rw);
+              if constexpr (VectorWidth<RW>()) DecodeRowsVec<DecodeMode<W::kBits, kAsym, true, kPair, RW::kBits>>(j);
+            });
+            return;
+          }
+          WithConstant(j.stages == 1, [&](auto one_stage) {
+            DecodeRowsVec<DecodeMode<W::kBits, kAsym, decltype(one_stage)::value, kPair, 0>>(j);
           });
-          return;
-        }
-        WithConstant(j.stages == 1, [&](auto one_stage) {
-          DecodeRowsVec<DecodeMode<kBits, decltype(asym)::value, decltype(one_stage)::value, kPair, 0>>(j);
         });
       });
-    });
+    }
   });
 }
 
 // A job with a refinement layer runs the vector path when the layer shares the
 // job's blocks, the encoding has one stage (the common case; more stages take the
-// generic path rather than twice the kernels) and this target rounds the output
-// dtype in vectors (RoundTrip).
+// generic path rather than twice the kernels), the vector path takes the layer's
+// width (VectorWidth) and this target rounds the output dtype in vectors (RoundTrip).
 bool RefinedVectorizable(const DecodeRows& j) {
   const RefineRows& r = *j.refine;
-  return r.block == j.block && j.stages == 1 && (r.bits == 2 || r.bits == 4) &&
-         (j.out_dtype != DType::F16 || QVG_F16C_DEMOTE);
+  return r.block == j.block && j.stages == 1 && VectorWidth(r.bits) && (j.out_dtype != DType::F16 || QVG_F16C_DEMOTE);
 }
 
 // Row t of a refinement layer added to the decoded row `acc` (D values) element by
@@ -412,9 +492,10 @@ void AddLayerScalar(const RefineRows& r, int64_t t, int64_t D, DType out, float*
   }
 }
 
-// Any job: per token, the codes are expanded through a byte table, scaled block by
-// block (per vector when a block spans whole vectors, else per element) and the
-// centroids added, with the operations and order of the vector path.
+// Any job: per token, the codes are expanded to floats (ExpandCodeRow: a byte table
+// for one-byte groups, else group by group), scaled block by block (per vector when
+// a block spans whole vectors, else per element) and the centroids added, with the
+// operations and order of the vector path. Also int3 on 4-lane targets (VectorWidth).
 void DecodeRowsGeneric(const DecodeRows& j) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
@@ -422,10 +503,8 @@ void DecodeRowsGeneric(const DecodeRows& j) {
   const int64_t L = int64_t(hn::Lanes(df));
   const int64_t D = j.dim, nb = D / j.block, cbytes = D * j.bits / 8;
   const bool uniform = (j.block % L) == 0;  // one scale per vector
-  const CodeTables& tab = Tables();
-  const float* lut =
-      j.bits == 4 ? (j.asymmetric ? &tab.a4[0][0] : &tab.s4[0][0]) : (j.asymmetric ? &tab.a2[0][0] : &tab.s2[0][0]);
-  const int per = 8 / j.bits;
+  void (*const expand)(const uint8_t*, int64_t, bool, float*) =
+      dispatch_width(j.bits, [](auto w) { return &ExpandCodeRow<decltype(w)>; });
   auto vals = hwy::AllocateAligned<float>(size_t(D));
   auto acc = hwy::AllocateAligned<float>(size_t(D));
   auto sc = hwy::AllocateAligned<float>(size_t(D));
@@ -434,8 +513,7 @@ void DecodeRowsGeneric(const DecodeRows& j) {
   const int64_t dvec = D / L * L;
   for (int64_t t = 0; t < j.count; ++t) {
     const uint8_t* code = j.codes + t * cbytes;
-    for (int64_t b = 0; b < cbytes; ++b)
-      std::memcpy(vals.get() + b * per, lut + size_t(code[b]) * size_t(per), size_t(per) * 4);
+    expand(code, D, j.asymmetric, vals.get());
     for (int64_t k = 0; k < nb; ++k) {
       const size_t si = size_t(t * nb + k);
       s_eff[size_t(k)] =
@@ -502,7 +580,8 @@ void DecodeRowsGeneric(const DecodeRows& j) {
 void DecodeRowsImpl(const DecodeRows& j) {
   constexpr size_t L = hn::MaxLanes(hn::ScalableTag<float>());
   if constexpr (L >= 4) {
-    if (j.dim % int64_t(L) == 0 && j.block % int64_t(L) == 0 && j.stages <= 8 && (!j.refine || RefinedVectorizable(j)))
+    if (j.dim % int64_t(L) == 0 && j.block % int64_t(L) == 0 && j.stages <= 8 && VectorWidth(j.bits) &&
+        (!j.refine || RefinedVectorizable(j)))
       return DecodeRowsVecAnyMode(j);
   }
   DecodeRowsGeneric(j);

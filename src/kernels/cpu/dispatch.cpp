@@ -5,7 +5,8 @@
 // table serves every op.
 //
 // Ops, one per header: assign-inl.h (k-means assignment), attention-inl.h,
-// convert-inl.h (bf16 <-> fp32), decode-inl.h, encode-inl.h (centroid sums, block
+// convert-inl.h (bf16 <-> fp32), codes-inl.h (code packing, spec 1.5),
+// decode-inl.h, encode-inl.h (centroid sums, block
 // statistics, residual quantizer), limits-inl.h (input-limit scan).
 
 #include "kernels/cpu/targets.h"  // before any Highway header
@@ -18,6 +19,7 @@
 // the shared pieces come first.
 #include "kernels/cpu/blocked_product-inl.h"  // used by assign and attention
 #include "kernels/cpu/convert-inl.h"          // used by decode
+#include "kernels/cpu/codes-inl.h"            // code packing: used by decode and encode
 #include "kernels/cpu/assign-inl.h"
 #include "kernels/cpu/attention-inl.h"
 #include "kernels/cpu/decode-inl.h"

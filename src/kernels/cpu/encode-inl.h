@@ -16,6 +16,8 @@
 #include "core/residual_impl.h"  // the code rounding, shared with the codec
 #include "hwy/highway.h"
 #include "kernels/cpu/targets.h"  // QVG_CPU_KERNELS_BEGIN / END
+#include "qvg/code_format.h"      // the code widths (dispatch_width)
+// Requires codes-inl.h (PackGroup), included before it by dispatch.cpp.
 
 QVG_CPU_KERNELS_BEGIN
 
@@ -90,14 +92,17 @@ void BlockMinMaxImpl(const float* x, int64_t nblocks, int64_t bs, float* lo_out,
   }
 }
 
-void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
-                      const float* s_eff, const float* z_eff, uint8_t* codes) {
+// The residual quantizer for codes of width W (a row of qvg/code_format.h).
+template <class W>
+void QuantizeRowsW(const float* r, int64_t count, int64_t dim, int64_t block, bool asym, const float* s_eff,
+                   const float* z_eff, uint8_t* codes) {
+  constexpr int G = W::kGroupCodes, B = W::kGroupBytes;
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> du8;
   const int64_t L = int64_t(hn::Lanes(df));
-  const int64_t nb = dim / block, cbytes = dim * bits / 8;
-  const int qmax = residual_impl::qmax_of(bits, asym);
+  const int64_t nb = dim / block, ngroups = dim / G, cbytes = ngroups * B;
+  const int qmax = residual_impl::qmax_of<W>(asym);
   const float fq = float(qmax);
   const float qlo = asym ? 0.0f : -fq;
   const int qadd = asym ? 0 : qmax;
@@ -135,16 +140,16 @@ void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block,
         qk[i] = uint8_t(residual_impl::round_clamp(v, qlo, fq) + qadd);
       }
     }
+    // Packed group by group (spec 1.5): G codes fill B bytes, most significant first.
     uint8_t* out = codes + t * cbytes;
-    if (bits == 4) {
-      for (int64_t j = 0; j < cbytes; ++j) out[j] = uint8_t((q8[size_t(2 * j)] << 4) | q8[size_t(2 * j + 1)]);
-    } else {
-      for (int64_t j = 0; j < cbytes; ++j) {
-        const uint8_t* qq = q8.data() + 4 * j;
-        out[j] = uint8_t((qq[0] << 6) | (qq[1] << 4) | (qq[2] << 2) | qq[3]);
-      }
-    }
+    const uint8_t* q = q8.data();
+    for (int64_t g = 0; g < ngroups; ++g) PackGroup<W>(q + g * G, out + g * B);
   }
+}
+
+void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym,
+                      const float* s_eff, const float* z_eff, uint8_t* codes) {
+  dispatch_width(bits, [&](auto w) { QuantizeRowsW<decltype(w)>(r, count, dim, block, asym, s_eff, z_eff, codes); });
 }
 
 // Candidates in lanes (lane j: candidate c0 + j), channels in order: every lane runs

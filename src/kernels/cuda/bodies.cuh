@@ -3,8 +3,10 @@
 // encode_bodies.cuh).
 //
 // The decode kernel is one line per launch: it finds the task of its block and
-// calls decode_block_vec<BITS, FP8, CDT, ODT> (or decode_block_generic) with the
-// block index and the thread index. plan_decode (host) groups the tasks by mode,
+// calls decode_block_vec<BITS, FP8, CDT, ODT, RBITS> (or decode_block_generic) with
+// the block index and the thread index. Every width-dependent step reads the row of
+// qvg/code_format.h (qvg::Width<bits>): the code words below, the kernel's
+// instantiations (with_decode_mode, through qvg::dispatch_width). plan_decode (host) groups the tasks by mode,
 // precomputes every per-task invariant and sizes the grid. So the host test
 // (tests/gpu/host_arith_test.cpp) runs the whole launch — every block and thread of
 // the grid the kernel gets — through the same code, and compares the bytes with the
@@ -105,14 +107,89 @@ QVG_HD uint32_t load_u16(const uint8_t* p) {
   return load_as<uint16_t>(p);
 }
 
-/// Whether a task can use the vectorised bodies (8 channels per thread, aligned
-/// code words, a block's channels never split across a thread; a refinement layer's
-/// blocks likewise, and an output of the centroids' dtype, the only refined modes
-/// compiled: a cache's view has its encodings' dtype).
-QVG_HD bool task_vectorizable(const DecodeArgs& t) {
-  return t.D % 8 == 0 && t.block % 8 == 0 &&
+// ---- code words (spec 1.5, for any row of qvg/code_format.h) -------------------------
+//
+// A code word is the codes of 8 consecutive channels starting at a multiple of 8:
+// 8 / G whole groups of the row, kCodeWordBytes<W> = 8 * bits / 8 bytes (int4: 4
+// groups of 1 byte, int2: 2 of 1 byte, int3: 1 group of 3 bytes). In a register,
+// group k's value V_k (qvg::group_value: its bytes most significant first) sits at
+// bits [8 B k, 8 B (k + 1)), so code i is (word >> code_word_shift<W>(i)) & mask. For
+// rows of 1-byte groups that is the bytes as one little-endian load (int4: one 32-bit
+// load, int2: one 16-bit load, aligned: a row of D channels is D / 8 whole words);
+// wider groups (int3) are only byte-aligned in general and are read byte by byte.
+
+/// Bytes of the 8-channel code word of width W.
+template <class W>
+inline constexpr int kCodeWordBytes = 8 / W::kGroupCodes * W::kGroupBytes;
+/// Whether a word of width W fits the 32-bit register the vectorised bodies keep it in.
+template <class W>
+inline constexpr bool kCodeWordFits = 8 % W::kGroupCodes == 0 && kCodeWordBytes<W> <= 4;
+/// The bit of the word where code i (0..7) starts.
+template <class W>
+QVG_HD constexpr int code_word_shift(int i) {
+  return 8 * W::kGroupBytes * (i / W::kGroupCodes) + W::shift(i % W::kGroupCodes);
+}
+/// Code i (0..7) of a code word.
+template <class W>
+QVG_HD uint32_t code_of_word(uint32_t word, int i) {
+  return (word >> code_word_shift<W>(i)) & W::kMask;
+}
+/// The code word at p (the codes of 8 channels, kCodeWordBytes<W> bytes): one aligned
+/// native load when the groups are single bytes (p then word-aligned), else one byte
+/// load per byte (any alignment).
+template <class W>
+QVG_HD uint32_t load_code_word(const uint8_t* p) {
+  static_assert(kCodeWordFits<W>, "an 8-channel code word must fit 32 bits");
+  constexpr int N = kCodeWordBytes<W>;
+  if constexpr (W::kGroupBytes == 1 && N == 4) {
+    return load_as<uint32_t>(p);
+  } else if constexpr (W::kGroupBytes == 1 && N == 2) {
+    return load_as<uint16_t>(p);
+  } else if constexpr (W::kGroupBytes == 1 && N == 1) {
+    return p[0];
+  } else {
+    uint32_t w = 0;
+    QVG_UNROLL
+    for (int k = 0; k < 8 / W::kGroupCodes; ++k)
+      w |= qvg::group_value<W>(p + k * W::kGroupBytes) << (8 * W::kGroupBytes * k);
+    return w;
+  }
+}
+/// Writes a code word at p (load_code_word's inverse, the same accesses).
+template <class W>
+QVG_HD void store_code_word(uint8_t* p, uint32_t w) {
+  static_assert(kCodeWordFits<W>, "an 8-channel code word must fit 32 bits");
+  constexpr int N = kCodeWordBytes<W>;
+  if constexpr (W::kGroupBytes == 1 && N == 4) {
+    store_as<uint32_t>(p, w);
+  } else if constexpr (W::kGroupBytes == 1 && N == 2) {
+    store_as<uint16_t>(p, uint16_t(w));
+  } else if constexpr (W::kGroupBytes == 1 && N == 1) {
+    p[0] = uint8_t(w);
+  } else {
+    QVG_UNROLL
+    for (int k = 0; k < 8 / W::kGroupCodes; ++k) {
+      const uint32_t v = w >> (8 * W::kGroupBytes * k);
+      QVG_UNROLL
+      for (int i = 0; i < W::kGroupBytes; ++i) p[k * W::kGroupBytes + i] = uint8_t(v >> (8 * (W::kGroupBytes - 1 - i)));
+    }
+  }
+}
+/// Whether codes of `bits` bits have a row whose code words the vectorised bodies
+/// decode (host: plan_decode's choice; a width without a row is never vectorised).
+inline bool code_words_decodable(int bits) {
+  return qvg::find_code_format(bits) != nullptr &&
+         qvg::dispatch_width(bits, [](auto w) { return kCodeWordFits<decltype(w)>; });
+}
+
+/// Whether a task can use the vectorised bodies (8 channels per thread, code words of
+/// its width, a block's channels never split across a thread; a refinement layer's
+/// blocks and width likewise, and an output of the centroids' dtype, the only refined
+/// modes compiled: a cache's view has its encodings' dtype). Host only.
+inline bool task_vectorizable(const DecodeArgs& t) {
+  return t.D % 8 == 0 && t.block % 8 == 0 && code_words_decodable(t.bits) &&
          (t.ref_codes == nullptr ||
-          (t.ref_block % 8 == 0 && (t.ref_bits == 2 || t.ref_bits == 4) && t.centroid_dtype == t.out_dtype));
+          (t.ref_block % 8 == 0 && code_words_decodable(t.ref_bits) && t.centroid_dtype == t.out_dtype));
 }
 
 // ---- the launch plan ----------------------------------------------------------------
@@ -155,7 +232,9 @@ struct DecodeLaunch {
   int32_t n = 0;
   int8_t vec = 0;  ///< decode_block_vec (then every task has the mode below) or decode_block_generic
   int8_t bits = 4, fp8 = 1, centroid_dtype = 0, out_dtype = 0;
-  int8_t ref = 0;  ///< the tasks have refinement layers (vectorised launches: all or none)
+  /// The width of the tasks' refinement layers, 0: none (vectorised launches: every
+  /// task has a layer of this width, or none has one).
+  int8_t ref_bits = 0;
   int32_t blocks() const { return first_block[n]; }
 };
 
@@ -179,8 +258,8 @@ inline void set_decode_tiles(DecodeLaunch& L, int tokens_per_thread) {
 }
 
 /// The launches that decode tasks[0..n): non-empty tasks grouped by mode (bits,
-/// fp8, centroid dtype, output dtype; every non-vectorisable task in generic
-/// launches), in task order within a group, kDecodeTasksPerLaunch per launch.
+/// fp8, centroid dtype, output dtype, the refinement layer's width; every
+/// non-vectorisable task in generic launches), in task order within a group, kDecodeTasksPerLaunch per launch.
 /// A vectorised launch whose grid would be under `min_blocks` blocks (the launcher
 /// passes two waves of the device) gets smaller tiles: 4, 2, then 1 token per thread,
 /// so that a small decode still spreads over every multiprocessor (issue 24).
@@ -194,8 +273,9 @@ inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int
     if (t.t1 <= t.t0 || t.h1 <= t.h0 || t.B <= 0) continue;  // empty range
     const bool vec = task_vectorizable(t) && t.D <= 8 * kDecodeThreads;
     const bool ref = t.ref_codes != nullptr;
-    const int key =
-        vec ? 1 + (t.bits == 4) + 2 * (t.fp8 != 0) + 4 * t.centroid_dtype + 12 * t.out_dtype + 36 * int(ref) : 0;
+    const int rbits = vec && ref ? t.ref_bits : 0;
+    // The mode: widths (below 16), scale format, centroid and output dtypes (0..2).
+    const int key = vec ? 1 + (t.fp8 != 0) + 2 * (t.centroid_dtype + 3 * (t.out_dtype + 3 * (rbits + 16 * t.bits))) : 0;
     size_t ki = 0;
     while (ki < keys.size() && keys[ki] != key) ++ki;
     if (ki == keys.size()) {
@@ -210,7 +290,7 @@ inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int
       L.fp8 = t.fp8;
       L.centroid_dtype = t.centroid_dtype;
       L.out_dtype = t.out_dtype;
-      L.ref = int8_t(vec && ref ? 1 : 0);
+      L.ref_bits = int8_t(rbits);
       out.push_back(L);
     }
     DecodeLaunch& L = out[size_t(open[ki])];
@@ -270,13 +350,16 @@ QVG_HD float stored_scale(uint32_t raw) {
   return FP8 ? A::fp8e4m3_to_f32_scaled(uint8_t(raw)) : A::bf16_to_f32(uint16_t(raw));
 }
 
-/// Calls f(bits, fp8, centroid dtype, output dtype, refined) with each argument as a
-/// compile-time constant (std::integral_constant), for the 36 supported modes:
-/// bits 2/4, fp8 or bf16 scales, bf16/f16/f32 centroids and outputs — and, with a
-/// refinement layer, the 12 whose output dtype is the centroids' (task_vectorizable).
-/// The decode launcher and the host test dispatch through this one function.
+/// Calls f(bits, fp8, centroid dtype, output dtype, ref_bits) with each argument as a
+/// compile-time constant (std::integral_constant), for every supported mode: each
+/// code width of qvg/code_format.h whose words fit (kCodeWordFits), fp8 or bf16
+/// scales, bf16/f16/f32 centroids and outputs (ref_bits 0) — and, with a refinement
+/// layer of any such width (ref_bits != 0), the modes whose output dtype is the
+/// centroids' (task_vectorizable). Widths become constants only through
+/// qvg::dispatch_width. The decode launcher and the host test dispatch through this
+/// one function. REQUIRES a vectorisable launch's mode (plan_decode's).
 template <class F>
-void with_decode_mode(int bits, bool fp8, int cdt, int odt, bool ref, F&& f) {
+void with_decode_mode(int bits, bool fp8, int cdt, int odt, int ref_bits, F&& f) {
   using std::integral_constant;
   using qvg::cuda_arith::kBF16;
   using qvg::cuda_arith::kF16;
@@ -289,17 +372,25 @@ void with_decode_mode(int bits, bool fp8, int cdt, int odt, bool ref, F&& f) {
       default: return g(integral_constant<int, kF32>{});
     }
   };
-  const auto by_fp8 = [&](auto b) {
-    const auto modes = [&](auto f8) {
-      if (ref)  // cdt == odt
-        return by_dtype(cdt, [&](auto c) { return f(b, f8, c, c, std::true_type{}); });
-      return by_dtype(cdt, [&](auto c) { return by_dtype(odt, [&](auto o) { return f(b, f8, c, o, std::false_type{}); }); });
-    };
-    if (fp8) return modes(std::true_type{});
-    return modes(std::false_type{});
+  // A width of decodable words as a constant: g(integral_constant<int, bits>).
+  const auto by_width = [](int b, auto&& g) {
+    qvg::dispatch_width(b, [&](auto w) {
+      using W = decltype(w);
+      if constexpr (kCodeWordFits<W>) g(integral_constant<int, W::kBits>{});
+    });
   };
-  if (bits == 4) return by_fp8(integral_constant<int, 4>{});
-  return by_fp8(integral_constant<int, 2>{});
+  by_width(bits, [&](auto b) {
+    const auto modes = [&](auto f8) {
+      if (ref_bits != 0)  // cdt == odt
+        by_width(ref_bits, [&](auto rb) { by_dtype(cdt, [&](auto c) { f(b, f8, c, c, rb); }); });
+      else
+        by_dtype(cdt, [&](auto c) { by_dtype(odt, [&](auto o) { f(b, f8, c, o, integral_constant<int, 0>{}); }); });
+    };
+    if (fp8)
+      modes(std::true_type{});
+    else
+      modes(std::false_type{});
+  });
 }
 
 // ---- the bodies ---------------------------------------------------------------------
@@ -323,15 +414,19 @@ QVG_HD DecodeTile decode_tile(const DecodeArgs& T, const DecodePlan& P, int32_t 
 /// Thread `tid` of block `local` of task `ti` of a vectorised launch: decodes
 /// channels [8c, 8c + 8) of the tokens t_begin + r, t_begin + r + rows, ... of its
 /// tile (c = tid % cpr, r = tid / cpr), spec 1.3 arithmetic in the order of
-/// decode_rows_reference. BITS, FP8 (scale format), CDT (centroid dtype) and ODT
-/// (output dtype) are the launch's mode; asymmetric, two_level and stages are
-/// uniform per task. Invariants (group, factors, pointers, scale block) are set up
-/// once per thread; per token only pointers advance. REF: the task has a refinement
-/// layer (DecodeArgs::ref_*; ODT == CDT), added after the stages as refine_one adds it.
-template <int BITS, bool FP8, int CDT, int ODT, bool REF>
+/// decode_rows_reference. BITS (the codes' row of qvg/code_format.h), FP8 (scale
+/// format), CDT (centroid dtype) and ODT (output dtype) are the launch's mode;
+/// asymmetric, two_level and stages are uniform per task. Invariants (group, factors,
+/// pointers, scale block) are set up once per thread; per token only pointers advance.
+/// RBITS != 0: the task has a refinement layer of that width (DecodeArgs::ref_*;
+/// ODT == CDT), added after the stages as refine_one adds it.
+template <int BITS, bool FP8, int CDT, int ODT, int RBITS>
 QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int tid) {
   namespace A = qvg::cuda_arith;
-  static_assert(BITS == 2 || BITS == 4, "int2 or int4 codes");
+  using W = qvg::Width<BITS>;
+  constexpr bool REF = RBITS != 0;
+  using RW = qvg::Width<REF ? RBITS : BITS>;  // the layer's row (unused without one)
+  constexpr int WB = kCodeWordBytes<W>, RWB = kCodeWordBytes<RW>;  // bytes of 8 channels' codes
   constexpr int ESZ = CDT == A::kF32 ? 4 : 2;  // centroid element bytes
   constexpr int OSZ = ODT == A::kF32 ? 4 : 2;  // output element bytes
   const DecodeArgs& T = L.t[ti];
@@ -343,12 +438,12 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
   if (t >= tl.t_end) return;
   const int64_t g = int64_t(tl.b) * T.H + tl.h;
   const bool asym = T.asymmetric != 0;
-  const float qbias = A::dequant_bias(A::qmax_of(BITS, asym), asym);
+  const float qbias = A::dequant_bias(A::qmax_of<W>(asym), asym);
   const float gf = T.scale_factor ? T.scale_factor[g] : 1.0f;
   const float gz = asym && T.zero_factor ? T.zero_factor[g] : 1.0f;
   const int64_t row = g * T.S + t;
   const int step = P.rows;                                  // tokens between two of this thread's rows
-  const uint8_t* cp = T.codes + row * P.cbytes + c * BITS;  // BITS bytes hold 8 codes
+  const uint8_t* cp = T.codes + row * P.cbytes + c * WB;
   const int64_t cstep = int64_t(step) * P.cbytes;
   int64_t si = row * P.nb + (c * 8) / T.block;
   const int64_t sstep = int64_t(step) * P.nb;
@@ -362,14 +457,13 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
   const bool vstore = P.vstore != 0;
   // The refinement layer's codes, scales (as the encoding's, of its own width and
   // blocks) and its group's centroid row, loaded once (REF only).
-  const int rbits = REF ? T.ref_bits : 0;
-  const int32_t rcbytes = T.D * rbits / 8, rnb = REF ? T.D / T.ref_block : 0;
-  const uint8_t* rcp = REF ? T.ref_codes + row * rcbytes + c * rbits : nullptr;
+  const int32_t rcbytes = REF ? T.D / 8 * RWB : 0, rnb = REF ? T.D / T.ref_block : 0;
+  const uint8_t* rcp = REF ? T.ref_codes + row * rcbytes + c * RWB : nullptr;
   const int64_t rcstep = int64_t(step) * rcbytes;
   int64_t rsi = REF ? row * rnb + (c * 8) / T.ref_block : 0;
   const int64_t rsstep = int64_t(step) * rnb;
   const float rgf = REF && T.ref_scale_factor ? T.ref_scale_factor[g] : 1.0f;
-  const float rbias = REF ? A::dequant_bias(A::qmax_of(rbits, false), false) : 0.0f;
+  const float rbias = REF ? A::dequant_bias(A::qmax_of<RW>(false), false) : 0.0f;
   float rc[8] = {};
   if (REF) {
     const Word4 r0 = load_word4(T.ref_centroid + g * T.D + c * 8), r1 = load_word4(T.ref_centroid + g * T.D + c * 8 + 4);
@@ -398,14 +492,14 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
       live[k] = t + k * step < tl.t_end;
       const int kk = live[k] ? k : 0;
       const uint8_t* cpk = cp + kk * cstep;
-      word[k] = BITS == 4 ? load_u32(cpk) : load_u16(cpk);
+      word[k] = load_code_word<W>(cpk);
       const int64_t sk = si + kk * sstep;
       sraw[k] = FP8 ? uint32_t(T.scales[sk]) : load_u16(T.scales + 2 * sk);
       zraw[k] = asym ? (FP8 ? uint32_t(T.zeros[sk]) : load_u16(T.zeros + 2 * sk)) : 0u;
       id0[k] = idp[kk * step];
       if (REF) {
         const uint8_t* rk = rcp + kk * rcstep;
-        rword[k] = rbits == 4 ? load_u32(rk) : load_u16(rk);
+        rword[k] = load_code_word<RW>(rk);
         const int64_t rs = rsi + kk * rsstep;
         rsraw[k] = T.ref_fp8 ? uint32_t(T.ref_scales[rs]) : load_u16(T.ref_scales + 2 * rs);
       }
@@ -426,8 +520,7 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
       const float z_eff = asym ? A::effective(stored_scale<FP8>(zraw[k]), gz) : 0.0f;
       float acc[8];
       QVG_UNROLL
-      for (int i = 0; i < 8; ++i)
-        acc[i] = A::dequant_biased(uint32_t(A::code_of_word(word[k], BITS, i)), qbias, asym, s_eff, z_eff);
+      for (int i = 0; i < 8; ++i) acc[i] = A::dequant_biased(code_of_word<W>(word[k], i), qbias, asym, s_eff, z_eff);
       for (int st = 0; st < T.stages; ++st) {
         Word4 w0 = c0[k], w1 = c1[k];
         if (st > 0) {  // later stages (rare): loaded here
@@ -457,8 +550,7 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
         QVG_UNROLL
         for (int i = 0; i < 8; ++i) {
           const float layer =
-              A::add_rn(A::dequant_biased(uint32_t(A::code_of_word(rword[k], rbits, i)), rbias, false, rs_eff, 0.0f),
-                        rc[i]);
+              A::add_rn(A::dequant_biased(code_of_word<RW>(rword[k], i), rbias, false, rs_eff, 0.0f), rc[i]);
           acc[i] = A::add_rn(A::round_trip(acc[i], ODT), layer);
         }
       }

@@ -107,7 +107,8 @@ void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64
 /// Bit-identical to quantize_residual_group for the same final residual. Passes:
 /// block statistics (one thread per 8 channels and a segment shuffle per block when
 /// quantize_vectorizable, else one thread per block), stored scales (one thread per
-/// block), pack (one thread per 8 channels, else per byte); the last stage's
+/// block), pack (one thread per 8 channels, else per group of codes; one kernel
+/// instantiation per code width, chosen through qvg::dispatch_width); the last stage's
 /// subtraction is done in registers in the first and the last pass.
 void quantize_residual(const QuantizeArgs& a, cudaStream_t stream);
 

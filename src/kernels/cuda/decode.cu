@@ -5,9 +5,11 @@
 // (e.g. every segment of a packed-cache window, K and V), so a window costs one
 // launch.
 //
-// The vectorised kernel is a template on the mode (bits, scale format, centroid
-// dtype, output dtype; with a refinement layer or not: 48 instantiations), chosen once per launch on the host
-// (with_decode_mode); each thread sets up its invariants once and then only
+// The vectorised kernel is a template on the mode (the codes' width, a row of
+// qvg/code_format.h; scale format, centroid dtype, output dtype; the width of a
+// refinement layer or none: 3 x 2 x (9 + 3 x 3) = 108 instantiations for the rows
+// int2, int3, int4), chosen once per launch on the host (with_decode_mode, through
+// qvg::dispatch_width); each thread sets up its invariants once and then only
 // advances pointers per token. Everything a thread does is decode_block_vec /
 // decode_block_generic of bodies.cuh, which the host test runs over the same grid.
 //
@@ -25,12 +27,12 @@
 namespace qvg::cuda::kernels {
 namespace {
 
-template <int BITS, bool FP8, int CDT, int ODT, bool REF>
+template <int BITS, bool FP8, int CDT, int ODT, int RBITS>
 __global__ void __launch_bounds__(kDecodeThreads, CDT == qvg::cuda_arith::kF32 ? 2 : kDecodeMinBlocks)
     decode_vec_kernel(const __grid_constant__ DecodeLaunch L) {
   const int32_t blk = int32_t(blockIdx.x);
   const int ti = task_of_block(L, blk);
-  decode_block_vec<BITS, FP8, CDT, ODT, REF>(L, ti, blk - L.first_block[ti], int(threadIdx.x));
+  decode_block_vec<BITS, FP8, CDT, ODT, RBITS>(L, ti, blk - L.first_block[ti], int(threadIdx.x));
 }
 
 __global__ void __launch_bounds__(kDecodeThreads) decode_generic_kernel(const __grid_constant__ DecodeLaunch L) {
@@ -65,10 +67,10 @@ void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream) {
       detail::check_launch("decode_generic_kernel");
       continue;
     }
-    with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref != 0,
-                     [&](auto bits, auto fp8, auto cdt, auto odt, auto ref) {
+    with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits,
+                     [&](auto bits, auto fp8, auto cdt, auto odt, auto rbits) {
                        decode_vec_kernel<decltype(bits)::value, decltype(fp8)::value, decltype(cdt)::value,
-                                         decltype(odt)::value, decltype(ref)::value><<<grid, block, 0, stream>>>(L);
+                                         decltype(odt)::value, decltype(rbits)::value><<<grid, block, 0, stream>>>(L);
                        detail::check_launch("decode_vec_kernel");
                      });
   }

@@ -358,55 +358,54 @@ QVG_HD void scale_block(const QuantizeArgs& a, int64_t si) {
   }
 }
 
-/// The code bytes of 8 consecutive channels v (one block, effective scale s_eff and
-/// zero z_eff), packed in spec 1.5 order as a little-endian word: int4, 4 bytes
-/// (byte j = code[2j] << 4 | code[2j+1]); int2, 2 bytes.
-QVG_HD uint32_t pack8(const float (&v)[8], int bits, int qmax, bool asym, float s_eff, float z_eff) {
+/// The code word (bodies.cuh: the codes of 8 channels, spec 1.5 order) of 8
+/// consecutive channels v of one block with effective scale s_eff (and zero z_eff),
+/// codes of width W (qmax = qmax_of<W>(asym)): code i at bit code_word_shift<W>(i).
+template <class W>
+QVG_HD uint32_t pack8(const float (&v)[8], int qmax, bool asym, float s_eff, float z_eff) {
   namespace A = qvg::cuda_arith;
-  uint32_t q[8];
-  QVG_UNROLL
-  for (int i = 0; i < 8; ++i) q[i] = uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff));
   uint32_t w = 0;
-  if (bits == 4) {
-    QVG_UNROLL
-    for (int j = 0; j < 4; ++j) w |= ((q[2 * j] << 4) | q[2 * j + 1]) << (8 * j);
-  } else {
-    QVG_UNROLL
-    for (int j = 0; j < 2; ++j)
-      w |= ((q[4 * j] << 6) | (q[4 * j + 1] << 4) | (q[4 * j + 2] << 2) | q[4 * j + 3]) << (8 * j);
-  }
+  QVG_UNROLL
+  for (int i = 0; i < 8; ++i) w |= uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff)) << code_word_shift<W>(i);
   return w;
 }
 /// Word w (= row * D/8 + c) of the vectorised pack pass: 8 channels of one block
-/// into bits bytes of codes. REQUIRES quantize_vectorizable, scale_block done.
+/// into the kCodeWordBytes<W> bytes of their codes (a.bits == W::kBits).
+/// REQUIRES quantize_vectorizable, scale_block done.
+template <class W>
 QVG_HD void pack_word(const QuantizeArgs& a, int64_t w) {
   const int64_t cpr = a.D / 8, row = w / cpr, c = w - row * cpr;
   float v[8];
   residual8(a, row, c, v);
   const int64_t si = row * (a.D / a.block) + (c * 8) / a.block;
   const bool asym = a.asymmetric;
-  const uint32_t word =
-      pack8(v, a.bits, qvg::cuda_arith::qmax_of(a.bits, asym), asym, a.raw_s[si], asym ? a.raw_z[si] : 0.0f);
-  uint8_t* p = a.codes + row * (a.D * a.bits / 8) + c * a.bits;
-  if (a.bits == 4)
-    store_as<uint32_t>(p, word);
-  else
-    store_as<uint16_t>(p, uint16_t(word));
+  // qmax from the argument's width (== W's), not the constant qmax_of<W>: pack_vec_kernel
+  // then takes 34 registers, with the constant 48 (nvcc 13, sm_90a; 40 with the former run-time-width pack8).
+  const int qmax = qvg::cuda_arith::qmax_of(a.bits, asym);
+  const uint32_t word = pack8<W>(v, qmax, asym, a.raw_s[si], asym ? a.raw_z[si] : 0.0f);
+  store_code_word<W>(a.codes + row * (cpr * kCodeWordBytes<W>) + c * kCodeWordBytes<W>, word);
 }
-/// Byte e (flat index into codes) of the per-byte pack pass (any block size).
-/// REQUIRES scale_block done.
-QVG_HD void pack_byte(const QuantizeArgs& a, int64_t e) {
+/// Group e (flat index over the rows' groups of W::kGroupCodes channels) of the
+/// per-group pack pass (any block size): the group's codes into its
+/// W::kGroupBytes bytes (int2/int4: one byte). REQUIRES block % W::kGroupCodes == 0
+/// (the codec's rule: a group never spans two blocks), scale_block done.
+template <class W>
+QVG_HD void pack_group_at(const QuantizeArgs& a, int64_t e) {
   namespace A = qvg::cuda_arith;
-  const int64_t cbytes = a.D * a.bits / 8, row = e / cbytes, j = e - row * cbytes;
-  const int per_byte = 8 / a.bits;
-  const int64_t d0 = j * per_byte, si = row * (a.D / a.block) + d0 / a.block;
+  constexpr int G = W::kGroupCodes;
+  const int64_t gpr = a.D / G, row = e / gpr, j = e - row * gpr;
+  const int64_t d0 = j * G, si = row * (a.D / a.block) + d0 / a.block;
   const bool asym = a.asymmetric;
-  const int qmax = A::qmax_of(a.bits, asym);
+  const int qmax = A::qmax_of<W>(asym);
   const float s_eff = a.raw_s[si], z_eff = asym ? a.raw_z[si] : 0.0f;
-  unsigned byte = 0;
-  for (int u = 0; u < per_byte; ++u)
-    byte = (byte << a.bits) | unsigned(A::quantize_code(residual_at(a, row, d0 + u), qmax, asym, s_eff, z_eff));
-  a.codes[e] = uint8_t(byte);
+  int q[G];
+  for (int u = 0; u < G; ++u) q[u] = A::quantize_code(residual_at(a, row, d0 + u), qmax, asym, s_eff, z_eff);
+  qvg::pack_group<W>(q, a.codes + row * (gpr * W::kGroupBytes) + j * W::kGroupBytes);
+}
+/// Groups of codes of a's residual (the per-group pack pass's threads).
+template <class W>
+QVG_HD int64_t code_groups(const QuantizeArgs& a) {
+  return a.G * a.S * (a.D / W::kGroupCodes);
 }
 
 }  // namespace qvg::cuda::kernels

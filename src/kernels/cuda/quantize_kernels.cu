@@ -72,14 +72,17 @@ __global__ void quantize_scales_kernel(const __grid_constant__ QuantizeArgs a, i
     scale_block(a, si);
 }
 
+// The pack passes, one instantiation per row of qvg/code_format.h (BITS: its width).
+template <int BITS>
 __global__ void pack_vec_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
   for (int64_t w = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; w < n; w += int64_t(gridDim.x) * blockDim.x)
-    pack_word(a, w);
+    pack_word<qvg::Width<BITS>>(a, w);
 }
 
-__global__ void pack_byte_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
+template <int BITS>
+__global__ void pack_group_kernel(const __grid_constant__ QuantizeArgs a, int64_t n) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    pack_byte(a, e);
+    pack_group_at<qvg::Width<BITS>>(a, e);
 }
 
 __global__ void limit_kernel(const void* x, int dtype, int64_t n, unsigned long long* first_bad) {
@@ -130,15 +133,20 @@ void quantize_residual(const QuantizeArgs& a, cudaStream_t stream) {
   const int64_t nblocks = a.G * a.S * nb;
   quantize_scales_kernel<<<grid_for(nblocks), kThreads, 0, stream>>>(a, nblocks);
   detail::check_launch("quantize_scales_kernel");
-  if (vec) {
-    const int64_t n = a.G * a.S * (a.D / 8);
-    pack_vec_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
-    detail::check_launch("pack_vec_kernel");
-  } else {
-    const int64_t n = a.G * a.S * a.D * a.bits / 8;
-    pack_byte_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, n);
-    detail::check_launch("pack_byte_kernel");
-  }
+  qvg::dispatch_width(a.bits, [&](auto w) {
+    using W = decltype(w);
+    if constexpr (kCodeWordFits<W>) {
+      if (vec) {
+        const int64_t n = a.G * a.S * (a.D / 8);
+        pack_vec_kernel<W::kBits><<<grid_for(n), kThreads, 0, stream>>>(a, n);
+        detail::check_launch("pack_vec_kernel");
+        return;
+      }
+    }
+    const int64_t n = code_groups<W>(a);
+    pack_group_kernel<W::kBits><<<grid_for(n), kThreads, 0, stream>>>(a, n);
+    detail::check_launch("pack_group_kernel");
+  });
 }
 
 void fill_clustered(void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, uint64_t seed, float scale,

@@ -32,13 +32,15 @@ struct BlockResidual {
 /// candidates of residual_impl::scale_search_candidates with the group's factors,
 /// each one's squared error (block_sq_error_at: the CPU's rule), the first least
 /// one's stored scale (and zero), and the block's codes packed again with it. The
-/// same bytes as quantize_residual_group(..., ScaleSearch::Mse). REQUIRES
-/// block * bits % 8 == 0 (the codec's block sizes).
+/// same bytes as quantize_residual_group(..., ScaleSearch::Mse). W: the codes' row of
+/// qvg/code_format.h (a.bits == W::kBits). REQUIRES block % W::kGroupCodes == 0 (the
+/// codec's block sizes: the block's codes are whole groups).
+template <class W>
 QVG_HD void search_block(const QuantizeArgs& a, int64_t si) {
   namespace A = qvg::cuda_arith;
   const int64_t nb = a.D / a.block, row = si / nb, k = si - row * nb, g = row / a.S;
   const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
-  const int qmax = A::qmax_of(a.bits, asym);
+  const int qmax = A::qmax_of<W>(asym);
   const RunStats st = block_stats_scan(a, row, k);
   float raw_s = 0.0f, raw_z = 0.0f;
   block_raw(st, qmax, asym, raw_s, raw_z);
@@ -53,13 +55,12 @@ QVG_HD void search_block(const QuantizeArgs& a, int64_t si) {
   A::put_stored(a.scales, fp8, si, c.s_bits[best]);
   if (asym) A::put_stored(a.zeros, fp8, si, c.z_bits[best]);
   const float s_eff = c.s_eff[best], z_eff = c.z_eff[best];
-  const int per_byte = 8 / a.bits;
-  uint8_t* out = a.codes + row * (a.D * a.bits / 8) + k * (a.block * a.bits / 8);
-  for (int64_t j = 0; j < a.block / per_byte; ++j) {
-    unsigned byte = 0;
-    for (int u = 0; u < per_byte; ++u)
-      byte = (byte << a.bits) | unsigned(A::quantize_code(x(j * per_byte + u), qmax, asym, s_eff, z_eff));
-    out[j] = uint8_t(byte);
+  constexpr int G = W::kGroupCodes;
+  uint8_t* out = a.codes + row * (a.D / G * W::kGroupBytes) + k * (a.block / G * W::kGroupBytes);
+  for (int64_t j = 0; j < a.block / G; ++j) {
+    int q[G];
+    for (int u = 0; u < G; ++u) q[u] = A::quantize_code(x(j * G + u), qmax, asym, s_eff, z_eff);
+    qvg::pack_group<W>(q, out + j * W::kGroupBytes);
   }
 }
 

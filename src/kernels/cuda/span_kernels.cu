@@ -18,9 +18,10 @@ unsigned blocks_for(int64_t n) {
   return unsigned(std::max<int64_t>(1, (n + kThreads - 1) / kThreads));
 }
 
+template <int BITS>  // one instantiation per row of qvg/code_format.h
 __global__ void search_kernel(QuantizeArgs a, int64_t n) {
   const int64_t si = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (si < n) search_block(a, si);
+  if (si < n) search_block<qvg::Width<BITS>>(a, si);
 }
 
 __global__ void warm_kernel(const void* warm, int t, int64_t K, int64_t first, int64_t k, int64_t D, const float* mu,
@@ -100,8 +101,10 @@ __global__ void refine_kernel(DecodeArgs T, int64_t n) {
 
 void search_scales(const QuantizeArgs& a, cudaStream_t stream) {
   const int64_t n = a.G * a.S * (a.D / a.block);
-  search_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, n);
-  detail::check_launch("search_kernel");
+  qvg::dispatch_width(a.bits, [&](auto w) {
+    search_kernel<decltype(w)::kBits><<<blocks_for(n), kThreads, 0, stream>>>(a, n);
+    detail::check_launch("search_kernel");
+  });
 }
 
 void warm_centroids(const void* warm, int dtype, int64_t K, int64_t first, int64_t k, int64_t G, int64_t D,

@@ -2,26 +2,34 @@
 // block_minmax, accumulate_clusters): see ref.h.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
+#include <cstdint>
 
 #include "core/residual_impl.h"
 #include "kernels/ref/ref.h"
+#include "qvg/code_format.h"
 
 namespace qvg::kernels::ref {
 
 void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, int bits, bool asym, const float* s_eff,
                    const float* z_eff, uint8_t* codes) {
-  const int64_t nb = dim / block, cb = dim * bits / 8;
-  const int qmax = residual_impl::qmax_of(bits, asym);
-  std::memset(codes, 0, size_t(count * cb));
-  for (int64_t t = 0; t < count; ++t)
-    for (int64_t d = 0; d < dim; ++d) {
-      const int64_t k = t * nb + d / block;
-      const int q = residual_impl::quantize_code(r[t * dim + d], qmax, asym, s_eff[k], asym ? z_eff[k] : 0.0f);
-      const int shift = bits == 4 ? ((d % 2) ? 0 : 4) : 6 - 2 * int(d % 4);
-      uint8_t& byte = codes[t * cb + d * bits / 8];
-      byte = uint8_t(byte | (q << shift));
-    }
+  dispatch_width(bits, [&](auto w) {
+    using W = decltype(w);
+    // Spec 1.5 as written: code d is code i = d mod G of group g = d / G, whose value
+    // V = sum code[i] << shift(i) is stored in the group's B bytes, most significant first.
+    const int64_t nb = dim / block, cb = dim / W::kGroupCodes * W::kGroupBytes;
+    const int qmax = residual_impl::qmax_of<W>(asym);
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t g = 0; g < dim / W::kGroupCodes; ++g) {
+        uint32_t v = 0;
+        for (int i = 0; i < W::kGroupCodes; ++i) {
+          const int64_t d = g * W::kGroupCodes + i, k = t * nb + d / block;
+          const int q = residual_impl::quantize_code(r[t * dim + d], qmax, asym, s_eff[k], asym ? z_eff[k] : 0.0f);
+          v |= uint32_t(q) << W::shift(i);
+        }
+        for (int b = 0; b < W::kGroupBytes; ++b)
+          codes[t * cb + g * W::kGroupBytes + b] = uint8_t(v >> (8 * (W::kGroupBytes - 1 - b)));
+      }
+  });
 }
 
 void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,

@@ -276,14 +276,14 @@ qvg::Tensor lcg_chunk(qvg::Shape4 sh, uint64_t seed, float drift) {
 
 }  // namespace
 
-// Issue 25 (c): a snapshot written from the device cache's state is the CPU cache's
+// A snapshot written from the device cache's state is the CPU cache's
 // snapshot, byte for byte, for the same history. The device state is emulated on the
 // host: the CPU cache's state (read back from its snapshot) is restored into a
 // CachePolicy over the device cache's payload structure (EmuSeg, EmuBooks) with
 // restore_state, the device load's template, and written with state_data_of and
 // ref_of, the device save's: with the device entry "cpu" the bytes are the CPU cache's;
 // with "cuda" (what the device cache writes) only the config section differs, and the
-// CPU cache loads it and writes its own bytes back. Settings: the issue's profile
+// CPU cache loads it and writes its own bytes back. Settings: the every-setting profile
 // (incremental spans, adaptive breaks, refinement layers, init warm, mse, per-role K),
 // deferred spans with warm, and quantization off.
 TEST(CachePlan, DeviceStateSnapshotEqualsTheCpuCachesBytes) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CLI regressions of issue 42 (docs/reliability.md, "Reliability III: library and CLI"):
+# Hostile inputs and failing outputs of the CLI (spec 5, 5.1; docs/reliability.md,
+# "Reliability III: library and CLI"):
 #  * item 1: `qvg encode --asymmetric` of values about 1e-44 writes a file it decodes
 #    (the zero factor rounded to 0 and the writer stopped with an internal error);
 #  * item 3: a sparse input of gigabytes with a zero header is refused at once with the
@@ -11,7 +12,7 @@
 #    --help exited 0);
 #  * item 13: real-valued flags follow the one rule of the settings: no hex floats,
 #    no blanks, no '+' (`--scale 0x.8p1` and `--step-noise ' 0x1p-4'` were accepted).
-# Usage: bash reliability_issue42.sh /path/to/qvg   (python3 standard library only)
+# Usage: bash reliability_inputs_outputs.sh /path/to/qvg   (python3 standard library only)
 set -euo pipefail
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # one_error NAME PATTERN -- command...: exit status 1, exactly one stderr line
@@ -26,7 +27,7 @@ one_error() {
   grep -Eq -- "$pattern" "$T/stderr.txt" || fail "$name: stderr does not match '$pattern': $(cat "$T/stderr.txt")"
 }
 
-QVG=${1:?usage: reliability_issue42.sh /path/to/qvg}
+QVG=${1:?usage: reliability_inputs_outputs.sh /path/to/qvg}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
@@ -72,7 +73,7 @@ if bash -c "ulimit -v 1048576; exec '$QVG' --version" > /dev/null 2>&1; then
   one_error "eval 2 GiB .npy, 1 GiB" "huge\.npy.*do not fit in memory" -- \
     bash -c "ulimit -v 1048576; exec '$QVG' eval -i '$T/huge.npy'"
 else
-  echo "reliability_issue42: this qvg does not start under ulimit -v (a sanitizer build?): the memory-limit checks skipped"
+  echo "reliability_inputs_outputs: this qvg does not start under ulimit -v (a sanitizer build?): the memory-limit checks skipped"
 fi
 [ ! -e "$T/none.npy" ] || fail "a refused input wrote an output"
 
@@ -91,7 +92,7 @@ if [ -w /dev/full ]; then
   full_error "--help" -- "$QVG" --help
   full_error "memory --help" -- "$QVG" memory --help
 else
-  echo "reliability_issue42: /dev/full not writable here: its checks skipped"
+  echo "reliability_inputs_outputs: /dev/full not writable here: its checks skipped"
 fi
 one_error "memory, stdout closed" "cannot write to standard output" -- "$QVG" memory --model self-forcing-1.3b >&-
 # And the same commands still exit 0 when stdout takes their output.
@@ -111,4 +112,4 @@ one_error "compare --bpe-slack 0x1p1" "--bpe-slack must be a number" -- \
   "$QVG" compare --frontier --bpe-slack 0x1p1 > /dev/null
 # The plain and exponent forms are accepted as before.
 "$QVG" simulate --scale 5e-2 --step-noise 0.0 --chunks 1 --layers 1 > /dev/null 2>&1 || fail "--scale 5e-2 refused"
-echo "reliability_issue42: OK"
+echo "reliability_inputs_outputs: OK"

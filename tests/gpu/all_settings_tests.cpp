@@ -1,9 +1,10 @@
-// Issue 25 on the GPU: the device packed cache with every setting of the CPU cache
-// (incremental spans, adaptive breaks, refinement layers, init warm, scale_search
-// mse, per-role K/V settings). Part of qvg_gpu_tests; the tests are named issue25_*
-// (scripts/gpu-check runs them in its optional second part, `qvg_gpu_tests issue25_`,
-// and excludes them from the verdict run), and `qvg_gpu_tests --issue25-measure
-// [--json FILE]` prints the measurements of issue 25, item 4.
+// The device packed cache with every setting of the CPU cache (docs/cuda.md: the
+// device cache accepts every QuantArgs setting the CPU cache accepts: incremental
+// spans, adaptive breaks, refinement layers, init warm, scale_search mse, per-role K/V
+// settings). Part of qvg_gpu_tests; the tests are named all_settings_*
+// (scripts/gpu-check runs them in its optional second part, `qvg_gpu_tests
+// all_settings_`, and excludes them from the verdict run), and `qvg_gpu_tests
+// --all-settings-measure [--json FILE]` prints the measurements of that profile.
 //
 // What is checked, each failure naming the call, segment and array:
 // - the device encoder with init warm and scale_search mse: byte for byte the host
@@ -13,7 +14,7 @@
 //   codes, scales, zeros and factors equal to the CPU quantizer's
 //   (quantize_residual_group with the config's search) applied to the input minus the
 //   span codebook's stored centroids at the device's own ids;
-// - the device packed cache with the issue's profile (incremental spans of 4,
+// - the device packed cache with the every-setting profile (incremental spans of 4,
 //   refinement layers 2 x 2-bit, keep_recent 1, sink with sink_keep 1, init warm,
 //   scale_search mse, K at int4 and V at int2), span_break_ratio 0 and 1.2: after every
 //   call the same segment geometry as the CPU packed cache fed the same inputs, the
@@ -24,7 +25,7 @@
 //   decode of the device's own state (its chunk encodings, span codebooks and
 //   refinement layers downloaded: decode_ranges with the codebook, then
 //   add_refinement);
-// - snapshots between the CPU and the device caches (issue25_snapshots_*).
+// - snapshots between the CPU and the device caches (all_settings_snapshots_*).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -78,7 +79,7 @@ qvg::Tensor drifting(qvg::DType dt, qvg::Shape4 sh, uint32_t seed, float drift) 
   return t;
 }
 
-/// The issue's profile at test scale (with another init: the same policy).
+/// The every-setting profile at test scale (with another init: the same policy).
 qvg::QuantArgs profile(double break_ratio, qvg::Init init = qvg::Init::Warm) {
   qvg::QuantArgs q;
   q.enable(2);
@@ -131,7 +132,7 @@ size_t counted_resident(const qvg::cuda::PackedCausalCache& c) {
 
 }  // namespace
 
-QVG_TEST(issue25_gpu_encode_warm_and_mse_equal_host_replay) {
+QVG_TEST(all_settings_gpu_encode_warm_and_mse_equal_host_replay) {
   TestStream st;
   int checked = 0;
   struct Case {
@@ -171,7 +172,7 @@ QVG_TEST(issue25_gpu_encode_warm_and_mse_equal_host_replay) {
   QVG_EXPECT(checked == 4);
 }
 
-QVG_TEST(issue25_span_chunk_quantizer_equals_cpu_given_device_ids) {
+QVG_TEST(all_settings_span_chunk_quantizer_equals_cpu_given_device_ids) {
   TestStream st;
   int checked = 0;
   for (const qvg::ScaleSearch search : {qvg::ScaleSearch::Off, qvg::ScaleSearch::Mse})
@@ -331,7 +332,7 @@ void run_profile(double break_ratio, int& packed_rows, int& refined_rows, int& c
 
 }  // namespace
 
-QVG_TEST(issue25_device_cache_profile_matches_cpu_decode_of_its_state) {
+QVG_TEST(all_settings_device_cache_profile_matches_cpu_decode_of_its_state) {
   int packed_rows = 0, refined_rows = 0, calls = 0;
   for (const double ratio : {0.0, 1.2}) run_profile(ratio, packed_rows, refined_rows, calls);
   std::printf("  %d calls, %d packed view rows (%d refined) compared\n", calls, packed_rows, refined_rows);
@@ -354,7 +355,7 @@ QVG_TEST(device_cache_kmeanspp_profile_matches_cpu_decode_of_its_state) {
 // included); the device cache's snapshot is the CPU's bytes but for the device entry
 // (the CPU cache loads it and writes the CPU's bytes back), and the device cache
 // loads its own.
-QVG_TEST(issue25_snapshots_between_cpu_and_device_caches) {
+QVG_TEST(all_settings_snapshots_between_cpu_and_device_caches) {
   TestStream st;
   const qvg::CacheOptions o = profile_options();
   const qvg::QuantArgs q = profile(1.2);
@@ -389,7 +390,7 @@ QVG_TEST(issue25_snapshots_between_cpu_and_device_caches) {
   QVG_EXPECT(view_to_host(dview.v, st.s) == host_view_bytes(cview.v)) << "V view after the load != the CPU cache's";
 }
 
-// ---- issue 25, item 4: the measurements (--issue25-measure) -------------------------
+// ---- the measurements (--all-settings-measure) ---------------------------------------
 
 namespace {
 
@@ -422,14 +423,14 @@ double time_ms(cudaStream_t s, int reps, F&& fn) {
 
 }  // namespace
 
-/// Issue 25, item 4, at the Self-Forcing chunk shape ([1, 4680, 12, 128] bf16, int2,
+/// The measurements at the Self-Forcing chunk shape ([1, 4680, 12, 128] bf16, int2,
 /// 256 centroids, block 64): the encode time of a later incremental chunk (against
 /// its span's codebook, later_chunk_slots new centroids) and of a first one, against
 /// a deferred span of 4 chunks per chunk; the view time (a denoising rewrite's
 /// update(), copied view of a 7-chunk window) with 2 refinement layers and without;
 /// resident bytes against the bytes of the device state counted the CPU way at every
 /// call. Prints one JSON object (and writes it to --json FILE).
-int issue25_measure(int argc, char** argv) {
+int all_settings_measure(int argc, char** argv) {
   std::string json_path;
   for (int i = 2; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--json") json_path = argv[i + 1];

@@ -1,9 +1,9 @@
-// qvg/simulate.h — the streaming simulation behind `qvg simulate` and its report
+// qvg/eval/simulate.h — the streaming simulation behind `qvg simulate` and its report
 // (JSON, text, SVG charts). The other experiments have their own headers:
-// qvg/compare.h (`qvg compare`), qvg/frontier.h (`qvg compare --frontier`); the
-// error measures are in qvg/error_sums.h, the SVG charts in qvg/chart.h.
+// qvg/eval/compare.h (`qvg compare`), qvg/eval/frontier.h (`qvg compare --frontier`);
+// the error measures are in qvg/eval/error_sums.h, the SVG charts in qvg/eval/chart.h.
 //
-// simulate(): a synthetic video stream (qvg/workload.h) is fed chunk by chunk,
+// simulate(): a synthetic video stream (qvg/eval/workload.h) is fed chunk by chunk,
 // layer by layer, through a DenseCausalCache and one PackedCausalCache per packed
 // configuration, side by side. For every chunk and simulated layer:
 //   1. the chunk's K/V/Q are generated (deterministic from the seed);
@@ -44,8 +44,8 @@
 #include <vector>
 
 #include "qvg/config.h"
-#include "qvg/error_sums.h"
-#include "qvg/workload.h"
+#include "qvg/eval/error_sums.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg {
 
@@ -67,10 +67,10 @@ struct PackedConfig {
 PackedConfig default_packed_config();
 
 /// The engine's default configuration, as its flags give it with `kv_cache_quant=int2`
-/// alone and the reference profile's codec (issue 25's baseline): int2, 128 centroids,
-/// block 64, 1 stage, 2 k-means iterations, compat scaling, fp8 scales, spans of one
-/// chunk (deferred), keep_recent 1, the sink packed as `model` does
-/// (ModelPreset::policy_defaults); label "engine".
+/// alone and the reference profile's codec (the baseline of the recommended profile,
+/// docs/quality.md): int2, 128 centroids, block 64, 1 stage, 2 k-means iterations,
+/// compat scaling, fp8 scales, spans of one chunk (deferred), keep_recent 1, the sink
+/// packed as `model` does (ModelPreset::policy_defaults); label "engine".
 PackedConfig engine_default_packed_config(const ModelPreset& model);
 
 /// What to simulate. Defaults are the embedded default run of `qvg simulate`.
@@ -187,7 +187,7 @@ struct PackedSummary {
   double attention_s_per_chunk = 0;   ///< mean per chunk and layer, over the packed views
   bool memory_model_matches = false;  ///< every resident size equals the PolicyReplay prediction
   /// The full-size model (scale 1, the preset's own context, this configuration),
-  /// from the memory model (qvg/memory.h): dense cache and policy peak, per layer.
+  /// from the memory model (qvg/eval/memory.h): dense cache and policy peak, per layer.
   size_t full_dense_bytes = 0, full_policy_peak_bytes = 0;
   int full_layers = 0;
 
@@ -217,7 +217,7 @@ struct PackedSummary {
   size_t full_model_dense_bytes = 0, full_model_peak_bytes = 0;
   double full_ratio_model_peak = 0;
 
-  // --- time per denoising step (issue 40) -----------------------------------------
+  // --- time per denoising step (docs/simulate.md) ---------------------------------
   /// Per layer and denoising step, over the full-window chunks (all chunks when the
   /// window never fills): the advance call's time (pack-and-evict: the encoding)
   /// amortised over the chunk's steps plus one view reconstruction, i.e. (advance +

@@ -1,4 +1,4 @@
-// qvg/chart.h — the one SVG writer of the reports: line and scatter charts with
+// qvg/eval/chart.h — the one SVG writer of the reports: line and scatter charts with
 // "nice" ticks, legends, markers and call-outs (simulate's memory and attention
 // charts, the frontier's scatter).
 // Errors: every entry point validates its configuration first and throws

@@ -1,4 +1,4 @@
-// qvg/baselines.h — the simple quantizers the PRQ codec is compared against.
+// qvg/eval/baselines.h — the simple quantizers the PRQ codec is compared against.
 //
 // Every baseline works at the same code width (`bits`) and block size as the codec
 // and reports the exact size of the format it would store. A round trip returns

@@ -1,5 +1,5 @@
-// GPU tests of issue 40 (run in gpu-check's verdict, in qvg_gpu_tests): the device
-// caches' update() without waiting —
+// GPU tests of the device caches' update() without waiting (docs/cuda.md, "update()
+// does not wait"; run in gpu-check's verdict, in qvg_gpu_tests) —
 //   * the deferred input check: a step whose value holds a NaN returns normally, its
 //     rows are never stored (the cache's snapshot is the one before the bad call), the
 //     next call raises the CPU's InvalidArgument naming the bad call's chunk and element
@@ -63,7 +63,7 @@ struct DeviceChunk {
   }
 };
 
-QVG_TEST(issue40_bad_input_is_never_stored_and_raised_by_the_next_call) {
+QVG_TEST(deferred_check_bad_input_is_never_stored_and_raised_by_the_next_call) {
   TestStream st;
   qvg::cuda::PackedCausalCache cache(options(), recommended());
   for (int c = 0; c < 4; ++c) {
@@ -101,7 +101,7 @@ QVG_TEST(issue40_bad_input_is_never_stored_and_raised_by_the_next_call) {
   QVG_EXPECT(zeros && seg.g0 == 4 * kN) << "the bad advance's chunk is not zeros";
 }
 
-QVG_TEST(issue40_captured_step_equals_the_direct_step) {
+QVG_TEST(graph_captured_step_equals_the_direct_step) {
   TestStream st;
   qvg::cuda::PackedCausalCache direct(options(), recommended()), captured(options(), recommended());
   std::vector<DeviceChunk> chunks;
@@ -137,7 +137,7 @@ QVG_TEST(issue40_captured_step_equals_the_direct_step) {
   QVG_EXPECT(captured.snapshot_bytes(st.s) == direct.snapshot_bytes(st.s));
 }
 
-QVG_TEST(issue40_captured_dense_step_equals_the_direct_step) {
+QVG_TEST(graph_captured_dense_step_equals_the_direct_step) {
   TestStream st;
   const qvg::CacheOptions o = options();
   const size_t buf = size_t(o.cache_size * kH * kD) * 2;

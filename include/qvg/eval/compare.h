@@ -1,4 +1,4 @@
-// qvg/compare.h — the quantizer comparison behind `qvg compare`.
+// qvg/eval/compare.h — the quantizer comparison behind `qvg compare`.
 //
 // compare(): one context of `context_chunks` chunks is quantized by each method
 // (the PRQ codec as one span; RTN, KIVI-style, QuaRot-style round trips at the same
@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "qvg/baselines.h"
 #include "qvg/config.h"
-#include "qvg/error_sums.h"
-#include "qvg/workload.h"
+#include "qvg/eval/baselines.h"
+#include "qvg/eval/error_sums.h"
+#include "qvg/eval/workload.h"
 
 namespace qvg {
 

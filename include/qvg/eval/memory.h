@@ -1,4 +1,4 @@
-// qvg/memory.h — the exact memory model of the packed cache (`qvg memory`).
+// qvg/eval/memory.h — the exact memory model of the packed cache (`qvg memory`).
 //
 // Everything here is computed from sizes alone, without allocating or encoding
 // anything: raw segments cost tokens * H * D * dtype_size for each of K and V, an
@@ -155,7 +155,7 @@ struct MemoryReport {
   int64_t steady_from = 0, period_chunks = 1, peak_chunk = 0;
   /// Chunks actually replayed to find the peak: a long context's peak is extrapolated
   /// exactly from three short replays (a window of a few spans), so this does not
-  /// grow with the context (issue 42, item 6; docs/reliability.md).
+  /// grow with the context (docs/reliability.md).
   int64_t replayed_chunks = 0;
   PolicyStep peak_step;  ///< the state at the peak
 

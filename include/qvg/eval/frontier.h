@@ -1,5 +1,5 @@
-// qvg/frontier.h — the rate-distortion frontier behind `qvg compare --frontier`
-// (issue 16, docs/quality.md) and the warm-start figures.
+// qvg/eval/frontier.h — the rate-distortion frontier behind `qvg compare --frontier`
+// (docs/quality.md) and the warm-start figures.
 // Errors: every entry point validates its configuration first and throws
 // InvalidArgument naming the field, its value and what is allowed.
 #pragma once
@@ -12,13 +12,13 @@
 #include <utility>
 #include <vector>
 
-#include "qvg/compare.h"
 #include "qvg/config.h"
+#include "qvg/eval/compare.h"
 
 namespace qvg {
 
 // ---------------------------------------------------------------------------
-// frontier(): the rate-distortion frontier (issue 16, docs/quality.md). qvg
+// frontier(): the rate-distortion frontier (docs/quality.md). qvg
 // configurations (per-role codec settings and span length) and the baselines at
 // several rates, scored on the same context as compare(): bits per element (every
 // stored byte), attention relative L2 error of the next chunk's queries, K/V SNR.
@@ -127,9 +127,9 @@ void write_report_files(const std::string& dir, const std::vector<std::pair<std:
 /// Writes frontier.json, frontier.svg and summary.txt into dir (created if needed).
 void write_frontier_report(const FrontierResult& r, const std::string& dir);
 
-/// Warm start measured (issue 16): the context cut into one-chunk spans (the packed
-/// cache's default), each span's first k-means stage on K and V, seeded at random and
-/// from the previous span's centroids (init warm).
+/// Warm start measured (docs/quality.md, "Warm start"): the context cut into one-chunk
+/// spans (the packed cache's default), each span's first k-means stage on K and V,
+/// seeded at random and from the previous span's centroids (init warm).
 struct WarmStartFigures {
   int64_t groups = 0;                    ///< (span, tensor, head) k-means runs compared
   double random_s = 0;                   ///< time of random init, 2 iterations (the target)

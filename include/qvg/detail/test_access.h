@@ -1,4 +1,4 @@
-// qvg/test_access.h — a cache's whole state as a value, for tests (not for users).
+// qvg/detail/test_access.h — a cache's whole state as a value, for tests (not for users).
 //
 // Tests (C++, Python through the binding, the fuzzers) check the strong error
 // guarantee and snapshot round trips by comparing a cache's complete state before

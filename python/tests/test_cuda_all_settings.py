@@ -1,11 +1,11 @@
-"""Issue 25 in qvg.torch: the CUDA packed cache with every setting of the CPU cache,
+"""qvg.torch's CUDA packed cache with every setting of the CPU cache (docs/cuda.md),
 and snapshots between CPU and CUDA caches.
 
 The GPU tests (marked gpu) need a CUDA device and qvg._C built with its CUDA path;
 scripts/gpu-check runs this file in its optional second part (not in the verdict).
 What they check:
 
-* the issue's profile (incremental spans of 4 with adaptive breaks, 2 x 2-bit
+* the every-setting profile (incremental spans of 4 with adaptive breaks, 2 x 2-bit
   refinement layers, keep_recent 1, sink_keep 1, init warm, scale_search mse, K at
   int4 and V at int2) on a CUDA cache: the same segment geometry as the CPU cache fed
   the same inputs, resident_nbytes() equal to the CPU cache's (no breaks), and every

@@ -1,16 +1,18 @@
-// Regressions of issue 42's library items (docs/reliability.md, "Reliability III:
-// library and CLI"); item 3 is in test_alloc_bounds.cpp (it counts allocations), the
-// CLI items 4 and 13 in tests/cli/reliability.sh, item 6 in test_memory.cpp.
-//  * Item 1: every factor and scale the encoder writes is accepted by every reader —
-//    the instance (asymmetric fp8 two_level zeros of |z| ~ 1e-44: the zero factor
-//    rounded to 0), then properties over every dtype, scale dtype, scaling, bit width
-//    and magnitudes from 0 and denormals to 1e16, for stand-alone encodings, span
-//    chunks, refinement layers and a cache's snapshots.
-//  * Item 5: a path holding a NUL byte is refused by every reader and writer.
-//  * Item 9: a replaced file keeps its permission bits; a new one follows the umask.
-//  * Item 12: a destination name of 255 bytes is written (its temporary fits).
-//  * Item 14: a value refused by the input limits is printed so that it visibly
-//    exceeds them (float32(1e16) is not "1e+16").
+// Writers and readers at their edges (docs/reliability.md, "Reliability III: library
+// and CLI"; spec 5.1, "Files"). Header checks before reads are in
+// test_alloc_bounds.cpp (it counts allocations), the CLI's failing outputs and real
+// flags in tests/cli/reliability_inputs_outputs.sh, the memory model's extrapolated
+// peak in test_memory.cpp.
+//  * ReadersAcceptTheEncoder: every factor and scale the encoder writes is accepted by
+//    every reader — the instance (asymmetric fp8 two_level zeros of |z| ~ 1e-44: the
+//    zero factor rounded to 0), then properties over every dtype, scale dtype, scaling,
+//    bit width and magnitudes from 0 and denormals to 1e16, for stand-alone encodings,
+//    span chunks, refinement layers and a cache's snapshots.
+//  * NulInPath: a path holding a NUL byte is refused by every reader and writer.
+//  * ReplacedFileMode: a replaced file keeps its permission bits; a new one follows the umask.
+//  * LongDestinationName: a destination name of 255 bytes is written (its temporary fits).
+//  * RefusedValueText: a value refused by the input limits is printed so that it
+//    visibly exceeds them (float32(1e16) is not "1e+16").
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -80,8 +82,8 @@ std::string readers_refuse(const EncodedTensor& enc) {
   return "";
 }
 
-TEST(Item1, TinyAsymmetricZerosAreAcceptedByEveryReader) {
-  // The issue's case: asymmetric, fp8 scales, two_level scaling, f32, values about
+TEST(ReadersAcceptTheEncoder, TinyAsymmetricZerosAreAcceptedByEveryReader) {
+  // The case as found: asymmetric, fp8 scales, two_level scaling, f32, values about
   // 1e-44 (finite, within the limits). The zero factor (largest |z| / 448) rounded
   // to 0 and every reader refused what the encoder wrote.
   Tensor x(DType::F32, {1, 16, 2, 64});
@@ -93,7 +95,7 @@ TEST(Item1, TinyAsymmetricZerosAreAcceptedByEveryReader) {
   const EncodedTensor enc = encode(x.view(), c);
   for (float f : enc.zero_factor) EXPECT_TRUE(std::isfinite(f) && f > 0) << f;
   EXPECT_EQ(readers_refuse(enc), "");
-  TempDir dir("qvg_issue42");
+  TempDir dir("qvg_writer_reader");
   EXPECT_NO_THROW(write_qvgt(dir / "x.qvgt", enc));
   EXPECT_NO_THROW(read_qvgt(dir / "x.qvgt"));
 
@@ -185,11 +187,11 @@ CodecConfig any_codec(int64_t d) {
   return c;
 }
 
-// Item 1's class: whatever the dtype, scale dtype, scaling and magnitudes (zero,
+// The class: whatever the dtype, scale dtype, scaling and magnitudes (zero,
 // denormal, the smallest normals, tiny, ordinary, large, up to 1e16, mixed in a
 // group or constant), what the encoder writes — a stand-alone encoding, a span chunk
 // against its codebook, a refinement layer — is accepted by every reader.
-RC_GTEST_PROP(Item1Property, EveryEncodingTheEncoderWritesIsAccepted, ()) {
+RC_GTEST_PROP(ReadersAcceptTheEncoderProperty, EveryEncodingTheEncoderWritesIsAccepted, ()) {
   const DType dt = *rc::gen::element(DType::F32, DType::BF16, DType::F16);
   const int64_t D = *rc::gen::element(16, 32);
   const Shape4 s{*rc::gen::inRange<int64_t>(1, 3), *rc::gen::inRange<int64_t>(1, 13), *rc::gen::inRange<int64_t>(1, 3),
@@ -214,7 +216,7 @@ RC_GTEST_PROP(Item1Property, EveryEncodingTheEncoderWritesIsAccepted, ()) {
   }
 
   // A refinement layer of the decoding error (an f32 encoding of tiny values when
-  // the base is good: its zero factor is where the issue's case hid).
+  // the base is good: its zero factor is where the case as found hid).
   const Tensor dec = decode(enc, 1);
   const EncodedTensor layer =
       encode_refinement(x.view(), dec.view(), refinement_config(*rc::gen::element(2, 4), 8, 1, /*threads=*/1));
@@ -223,7 +225,7 @@ RC_GTEST_PROP(Item1Property, EveryEncodingTheEncoderWritesIsAccepted, ()) {
 
 // The same through a cache: the packed cache fed chunks of such values (random
 // policy settings) always writes a snapshot that both loaders accept.
-RC_GTEST_PROP(Item1Property, ACachesSnapshotOfExtremeValuesLoads, ()) {
+RC_GTEST_PROP(ReadersAcceptTheEncoderProperty, ACachesSnapshotOfExtremeValuesLoads, ()) {
   const DType dt = *rc::gen::element(DType::F32, DType::BF16, DType::F16);
   CacheOptions o = options(24, 2, 16, dt);
   o.sink_tokens = *rc::gen::element<int64_t>(0, 4);
@@ -250,8 +252,8 @@ RC_GTEST_PROP(Item1Property, ACachesSnapshotOfExtremeValuesLoads, ()) {
 
 // ---- item 5: a NUL byte in a path ---------------------------------------------------------
 
-TEST(Item5, APathWithANulByteIsRefusedByEveryReaderAndWriter) {
-  TempDir dir("qvg_issue42");
+TEST(NulInPath, APathWithANulByteIsRefusedByEveryReaderAndWriter) {
+  TempDir dir("qvg_writer_reader");
   const std::string victim = (dir / "victim").string();
   put_file(dir / "victim", {7, 7, 7});
   const fs::path nul(victim + std::string("\0.snap", 6));
@@ -298,8 +300,8 @@ mode_t mode_of(const fs::path& p) {
   return st.st_mode & 07777;
 }
 
-TEST(Item9, AReplacedFileKeepsItsModeANewOneFollowsTheUmask) {
-  TempDir dir("qvg_issue42");
+TEST(ReplacedFileMode, AReplacedFileKeepsItsModeANewOneFollowsTheUmask) {
+  TempDir dir("qvg_writer_reader");
   DenseCausalCache cache(options(8, 1, 8));
   for (const mode_t m : {mode_t(0600), mode_t(0640), mode_t(0444), mode_t(0755)}) {
     const fs::path p = dir / ("m" + std::to_string(m) + ".snap");
@@ -328,8 +330,8 @@ TEST(Item9, AReplacedFileKeepsItsModeANewOneFollowsTheUmask) {
 
 // ---- item 12: a long file name ------------------------------------------------------------
 
-TEST(Item12, ADestinationNameOf255BytesIsWritten) {
-  TempDir dir("qvg_issue42");
+TEST(LongDestinationName, ADestinationNameOf255BytesIsWritten) {
+  TempDir dir("qvg_writer_reader");
   const DenseCausalCache cache(options(8, 1, 8));
   for (const size_t n : {size_t(200), size_t(245), size_t(255)}) {
     const fs::path p = dir / (std::string(n - 5, 'a') + ".snap");
@@ -353,7 +355,7 @@ TEST(Item12, ADestinationNameOf255BytesIsWritten) {
 
 // ---- item 14: the refused value is printed as exceeding the limit -------------------------
 
-TEST(Item14, ARefusedValueVisiblyExceedsTheLimit) {
+TEST(RefusedValueText, ARefusedValueVisiblyExceedsTheLimit) {
   const float over = 1e16f;  // 10000000272564224 > 1e16
   ASSERT_GT(double(over), kMaxAbsInput);
   for (const DType dt : {DType::F32}) {

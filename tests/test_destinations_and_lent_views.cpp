@@ -1,11 +1,12 @@
-// Regressions of issue 27 (docs/reliability.md, findings 14, 15 and 16; finding 17
-// is a CLI test, tests/cli/compare_flags.sh).
-//  * Finding 14: a writer refuses a destination that exists and is not a regular
+// Write destinations and data written through lent views (spec 5.1, "Files" and
+// "Aliasing"; docs/reliability.md, findings 14, 15 and 16; finding 17 is a CLI test,
+// tests/cli/compare_flags.sh).
+//  * WriterDestination: a writer refuses a destination that exists and is not a regular
 //    file (FIFO, a symlink to one, a directory); a symlink to a regular file is
 //    followed (the target is replaced, the link stays).
-//  * Finding 15: under a file-size limit (SIGXFSZ ignored, as the CLI does) the
-//    writer reports EFBIG as the size limit and removes its temporary file.
-//  * Finding 16: stored data made non-finite through a lent zero-copy view: the
+//  * WriterFileSizeLimit: under a file-size limit (SIGXFSZ ignored, as the CLI does)
+//    the writer reports EFBIG as the size limit and removes its temporary file.
+//  * LentViewWrites: stored data made non-finite through a lent zero-copy view: the
 //    advance that would encode it throws InvalidArgument naming the stored chunk
 //    before any change; the dense cache and the unquantized packed cache (which
 //    encode nothing) are not affected.
@@ -26,10 +27,10 @@
 #include <vector>
 
 #include "qvg/cache.h"
+#include "qvg/detail/test_access.h"
 #include "qvg/error.h"
 #include "qvg/file.h"
 #include "qvg/io.h"
-#include "qvg/test_access.h"
 #include "support/data.h"
 #include "support/files.h"
 
@@ -67,7 +68,7 @@ std::string expect_refused(const fs::path& path, const std::string& what) {
   return {};
 }
 
-TEST(Finding14, WriterRefusesAFifo) {
+TEST(WriterDestination, WriterRefusesAFifo) {
   TempDir d("qvg_f14");
   const fs::path fifo = d / "out.qvgt";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
@@ -76,7 +77,7 @@ TEST(Finding14, WriterRefusesAFifo) {
   EXPECT_EQ(other_entries(d.path(), {"out.qvgt"}), std::vector<std::string>{});
 }
 
-TEST(Finding14, WriterRefusesASymlinkToAFifo) {
+TEST(WriterDestination, WriterRefusesASymlinkToAFifo) {
   TempDir d("qvg_f14");
   const fs::path fifo = d / "pipe", link = d / "out.npy";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
@@ -87,7 +88,7 @@ TEST(Finding14, WriterRefusesASymlinkToAFifo) {
   EXPECT_EQ(other_entries(d.path(), {"pipe", "out.npy"}), std::vector<std::string>{});
 }
 
-TEST(Finding14, WriterRefusesADirectoryAndADanglingSymlink) {
+TEST(WriterDestination, WriterRefusesADirectoryAndADanglingSymlink) {
   TempDir d("qvg_f14");
   const fs::path dir = d / "out.qvgt";
   fs::create_directory(dir);
@@ -101,7 +102,7 @@ TEST(Finding14, WriterRefusesADirectoryAndADanglingSymlink) {
   EXPECT_EQ(other_entries(d.path(), {"out.qvgt", "dangling.npy"}), std::vector<std::string>{});
 }
 
-TEST(Finding14, CharDeviceIsRefusedWithoutTouchingIt) {
+TEST(WriterDestination, CharDeviceIsRefusedWithoutTouchingIt) {
   // As root the old writer replaced /dev/null with a regular file. /dev/null itself
   // is never risked: as root (mknod allowed) a device node with /dev/null's numbers
   // is made in a temp dir; otherwise /dev/null is used only where /dev is not
@@ -118,7 +119,7 @@ TEST(Finding14, CharDeviceIsRefusedWithoutTouchingIt) {
   EXPECT_EQ(other_entries(d.path(), {"null"}), std::vector<std::string>{});
 }
 
-TEST(Finding14, SymlinkToARegularFileIsFollowed) {
+TEST(WriterDestination, SymlinkToARegularFileIsFollowed) {
   TempDir d("qvg_f14");
   fs::create_directory(d / "sub");
   const fs::path target = d / "sub" / "real.bin", link = d / "link.bin";
@@ -136,7 +137,7 @@ TEST(Finding14, SymlinkToARegularFileIsFollowed) {
   EXPECT_EQ(testing::file_bytes(d / "new.bin"), kBytes);
 }
 
-TEST(Finding14, CacheSaveAndTensorWritersRefuseAFifo) {
+TEST(WriterDestination, CacheSaveAndTensorWritersRefuseAFifo) {
   TempDir d("qvg_f14");
   const fs::path fifo = d / "snap.npy";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
@@ -159,7 +160,7 @@ TEST(Finding14, CacheSaveAndTensorWritersRefuseAFifo) {
 }
 
 // ---- finding 15 -------------------------------------------------------------------
-TEST(Finding15, FileSizeLimitIsReportedAndTheTemporaryRemoved) {
+TEST(WriterFileSizeLimit, FileSizeLimitIsReportedAndTheTemporaryRemoved) {
   TempDir d("qvg_f15");
   const fs::path out = d / "big.bin";
   // In a child: the signal ignored (as the CLI does) and a 4 KiB limit; the write
@@ -246,7 +247,7 @@ void expect_refused_advance(PackedCausalCache& c, int64_t at, int64_t g0, int64_
   EXPECT_TRUE(qvg::detail::debug_state(c) == before);
 }
 
-TEST(Finding16, NanWrittenThroughAZeroCopyViewIsRefusedBeforeAnyChange) {
+TEST(LentViewWrites, NanWrittenThroughAZeroCopyViewIsRefusedBeforeAnyChange) {
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e30f}) {
     SCOPED_TRACE(bad);
     PackedCausalCache c(f16_opts(), f16_quant(0));
@@ -266,7 +267,7 @@ TEST(Finding16, NanWrittenThroughAZeroCopyViewIsRefusedBeforeAnyChange) {
   }
 }
 
-TEST(Finding16, ARawChunkKeptBehindTheCurrentOneIsCheckedWhenItIsEncoded) {
+TEST(LentViewWrites, ARawChunkKeptBehindTheCurrentOneIsCheckedWhenItIsEncoded) {
   // keep_recent_chunks 1: the lent chunk [16, 32) stays raw after the next advance
   // and is encoded by the one after it.
   PackedCausalCache c(f16_opts(), f16_quant(1));
@@ -284,7 +285,7 @@ TEST(Finding16, ARawChunkKeptBehindTheCurrentOneIsCheckedWhenItIsEncoded) {
   EXPECT_EQ(c.global_end(), 16);
 }
 
-TEST(Finding16, CachesThatEncodeNothingAreNotAffected) {
+TEST(LentViewWrites, CachesThatEncodeNothingAreNotAffected) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   {  // packed, quantization off: the NaN is stored and shown as written
     PackedCausalCache c(f16_opts());

@@ -1,5 +1,5 @@
-"""Issue 42 ("Reliability III"), the Python drop-ins' items; docs/reliability.md,
-"Reliability III: the Python drop-ins". Each test failed before its fix:
+"""Argument checks of the Python drop-ins (spec 5.1; docs/reliability.md, "Reliability
+III: the Python drop-ins"). Each test failed before its fix:
 
 * item 2 and its class: a call refused by its shapes takes no memory first, whatever
   the key's strides (a stride-0 expanded key of 16M tokens over 8 bytes of storage
@@ -208,7 +208,7 @@ def test_a_call_refused_by_its_shapes_takes_no_memory(device):
     assert len(kinds) >= 10, kinds
 
 
-def test_the_issue_instance_a_16m_token_expanded_key():
+def test_an_expanded_key_of_16m_tokens_is_refused_taking_no_memory():
     """Item 2 as reported: an expanded key of 16M tokens over 8 bytes of storage."""
     assert _reset_peak_rss() or pytest.skip("/proc/self/clear_refs cannot reset the peak RSS here")
     cache = make_dense(B=1, S=64, H=1, D=8, dtype=torch.float32)

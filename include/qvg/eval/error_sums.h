@@ -1,6 +1,6 @@
-// qvg/error_sums.h — the error measures the experiments share (qvg/simulate.h,
-// qvg/compare.h, qvg/frontier.h): reconstruction and attention error, kept as sums so
-// that layers and chunks pool exactly.
+// qvg/eval/error_sums.h — the error measures the experiments share
+// (qvg/eval/simulate.h, qvg/eval/compare.h, qvg/eval/frontier.h): reconstruction and
+// attention error, kept as sums so that layers and chunks pool exactly.
 // Errors: every entry point validates its configuration first and throws
 // InvalidArgument naming the field, its value and what is allowed.
 #pragma once

@@ -1,4 +1,4 @@
-// qvg/workload.h — a synthetic but realistic K/V/Q workload of a streaming video model.
+// qvg/eval/workload.h — a synthetic but realistic K/V/Q workload of a streaming video model.
 //
 // The generator reproduces the properties measured on real models in
 // docs/workload.md (frame-grid tokens with spatial and temporal redundancy, K channel
