@@ -66,19 +66,29 @@ SinkSpan parse_sink_span(std::string_view s);
 SpanMode parse_span_mode(std::string_view s);
 ScaleSearch parse_scale_search(std::string_view s);
 
-/// Parameters of one PRQ encoding (spec 1). The one definition of the codec's fields:
-/// QuantArgs holds one for the shared codec and one per role for the overrides
-/// (RoleCodec); the settings table (qvg/settings.h) reads and writes them through
-/// member pointers (CodecField).
-struct CodecConfig {
+/// The codec parameters an encoding stores (spec 1.5; the `.qvgt` metadata of spec
+/// 1.6 and a snapshot's segments): the base of CodecConfig (what an encoder is asked
+/// for) and of EncodingLayout (what an encoding is), so that each codec field is
+/// declared once.
+struct StoredCodec {
   int bits = 4;                 ///< residual code width: a width of qvg/code_format.h (2, 3 or 4)
   int centroids = 128;          ///< K, codebook size per stage and group: 1..256
   int stages = 1;               ///< k-means stages: 1..64
-  int kmeans_iters = 2;         ///< Lloyd iterations per stage: >= 1
   int block_size = 64;          ///< channels sharing one scale; divides D, a multiple of the width's code group
   bool asymmetric = false;      ///< min/max + zero point instead of absmax
   ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
   Scaling scaling = Scaling::TwoLevel;
+
+  bool operator==(const StoredCodec&) const = default;
+};
+
+/// Parameters of one PRQ encoding (spec 1): the stored ones (StoredCodec) and how the
+/// encoder runs. With StoredCodec, the one definition of the codec's fields: QuantArgs
+/// holds one for the shared codec and one per role for the overrides (RoleCodec); the
+/// settings table (qvg/settings.h) reads and writes them through member pointers
+/// (CodecField).
+struct CodecConfig : StoredCodec {
+  int kmeans_iters = 2;         ///< Lloyd iterations per stage: >= 1
   Init init = Init::Random;     ///< Warm needs previous centroids passed to encode()
   ScaleSearch scale_search = ScaleSearch::Off;  ///< the encoder's choice of stored scales (not stored)
   uint64_t seed = 1234;         ///< every random choice derives from it
@@ -117,15 +127,15 @@ struct RoleCodec {
 
   bool empty() const { return overridden == 0; }
   /// Whether `field` is overridden. REQUIRES a field with a per-role row.
-  template <class T>
-  bool has(T CodecConfig::*field) const {
-    return (overridden & field_bit(field)) != 0;
+  template <class T, class C>
+  bool has(T C::*field) const {
+    return (overridden & field_bit(static_cast<T CodecConfig::*>(field))) != 0;
   }
   /// Overrides `field` with `value`. REQUIRES a field with a per-role row.
-  template <class T>
-  RoleCodec& set(T CodecConfig::*field, T value) {
+  template <class T, class C>
+  RoleCodec& set(T C::*field, T value) {
     values.*field = value;
-    overridden |= field_bit(field);
+    overridden |= field_bit(static_cast<T CodecConfig::*>(field));
     return *this;
   }
   /// `shared` with the overridden fields replaced (walks the settings table).

@@ -39,17 +39,11 @@ struct ArrayDesc {
 };
 
 /// The metadata of one encoding (spec 1.5, the `.qvgt` metadata of spec 1.6) and
-/// everything derived from it. A value type; comparisons compare the nine fields.
-struct EncodingLayout {
+/// everything derived from it: the stored codec fields (StoredCodec, qvg/config.h),
+/// the input dtype and shape. A value type; comparisons compare the nine fields.
+struct EncodingLayout : StoredCodec {
   DType dtype = DType::BF16;  ///< input dtype; centroids are stored in it
   Shape4 shape;               ///< [B, S, H, D] of the input
-  int bits = 4;
-  int block_size = 64;
-  int stages = 1;
-  int centroids = 128;  ///< K (the stored codebook size, even if S < K)
-  bool asymmetric = false;
-  ScaleDType scale_dtype = ScaleDType::FP8_E4M3;
-  Scaling scaling = Scaling::TwoLevel;
 
   /// The layout of an encoding of `shape` in `dtype` with cfg (no validation).
   static EncodingLayout of(Shape4 shape, DType dtype, const CodecConfig& cfg);

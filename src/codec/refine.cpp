@@ -16,18 +16,15 @@
 namespace qvg {
 
 CodecConfig refinement_config(int bits, int block_size, uint64_t seed, int threads) {
-  return {.bits = bits,
-          .centroids = 1,
-          .stages = 1,
-          .kmeans_iters = 1,
-          .block_size = block_size,
-          .asymmetric = false,
-          .scale_dtype = ScaleDType::FP8_E4M3,
-          .scaling = Scaling::TwoLevel,
-          .init = Init::Random,
-          .scale_search = ScaleSearch::Off,
-          .seed = seed,
-          .threads = threads};
+  CodecConfig c;  // every other field its default: fp8 scales, two_level, symmetric, random, no scale search
+  c.bits = bits;
+  c.centroids = 1;
+  c.stages = 1;
+  c.kmeans_iters = 1;
+  c.block_size = block_size;
+  c.seed = seed;
+  c.threads = threads;
+  return c;
 }
 
 CodecConfig refinement_config(const QuantArgs& q, const CodecConfig& role) {

@@ -41,13 +41,17 @@ size_t ArrayDesc::bytes() const {
 }
 
 EncodingLayout EncodingLayout::of(Shape4 shape, DType dtype, const CodecConfig& cfg) {
-  return {dtype, shape, cfg.bits, cfg.block_size, cfg.stages, cfg.centroids, cfg.asymmetric, cfg.scale_dtype,
-          cfg.scaling};
+  EncodingLayout l;
+  static_cast<StoredCodec&>(l) = cfg;
+  l.dtype = dtype;
+  l.shape = shape;
+  return l;
 }
 
 CodecConfig EncodingLayout::config() const {
-  return {.bits = bits, .centroids = centroids, .stages = stages, .block_size = block_size, .asymmetric = asymmetric,
-          .scale_dtype = scale_dtype, .scaling = scaling};
+  CodecConfig c;
+  static_cast<StoredCodec&>(c) = *this;
+  return c;
 }
 
 std::vector<ArrayDesc> EncodingLayout::arrays() const {

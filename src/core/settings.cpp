@@ -74,8 +74,8 @@ SettingValue parse_codec_name(std::string_view s) {
   return std::string(name(parse_as<T>(s)));
 }
 using NameParser = SettingValue (*)(std::string_view);
-template <class T>
-constexpr NameParser codec_name_parser(T CodecConfig::*) {
+template <class T, class C>  // C: CodecConfig or its base StoredCodec
+constexpr NameParser codec_name_parser(T C::*) {
   if constexpr (std::is_enum_v<T>)
     return parse_codec_name<T>;
   else

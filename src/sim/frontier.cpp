@@ -226,8 +226,8 @@ enum class Roles {
 };
 
 /// Appends the knob(s) of CodecConfig member `member` with `values`, in that order.
-template <typename T>
-void add_member_knob(std::vector<Knob>& out, Roles roles, const char* field, T CodecConfig::*member,
+template <typename T, typename C>  // C: CodecConfig or its base StoredCodec
+void add_member_knob(std::vector<Knob>& out, Roles roles, const char* field, T C::*member,
                      const std::vector<T>& values) {
   auto knob = [&](const std::string& knob_name, bool set_k, bool set_v) {
     Knob kn{knob_name, {}};
