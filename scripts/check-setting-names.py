@@ -17,7 +17,7 @@ own parameter names and "sink" (WORDS) are counted and shown but never fail: the
 are ordinary words of the codec and of every cache (CodecConfig, EncodingLayout, the
 kernels, the engines' drop-ins), so a word count cannot tell the setting from them,
 and a ceiling on them would fail every new file that quantizes or keeps sinks.
-The codec's are members of CodecConfig alone (issue 36: QuantArgs holds one for the
+The codec's are members of CodecConfig alone (QuantArgs holds one for the
 shared codec, RoleCodec one for each role's overrides, and the table reads them through
 member pointers); "sink", a member of QuantArgs, is held to LIMIT files by
 scripts/setting-member-uses.py, which asks the compiler (a build of a renamed copy,

@@ -860,7 +860,7 @@ TEST(Config, EngineFlags) {
     EXPECT_NE(r.describe().find(" refine_recent=4 refine_bits=2"), std::string::npos) << r.describe();
   }
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_centroids", "12x"}}, "must be an integer, got '12x'");
-  // A negative seed is refused, not wrapped to 2^64 - 5 (issue 15, finding 9).
+  // A negative seed is refused, not wrapped to 2^64 - 5 (docs/reliability.md, finding 9).
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "-5"}},
       "kv_cache_quant_seed must be an integer in 0..2^64-1, got '-5'");
   bad({{"kv_cache_quant", "int4"}, {"kv_cache_quant_seed", "18446744073709551616"}}, "got '18446744073709551616'");

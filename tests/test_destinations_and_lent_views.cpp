@@ -159,7 +159,7 @@ TEST(WriterDestination, CacheSaveAndTensorWritersRefuseAFifo) {
   EXPECT_EQ(other_entries(d.path(), {"snap.npy"}), std::vector<std::string>{});
 }
 
-// ---- finding 15 -------------------------------------------------------------------
+// ---- finding 15: a write beyond the file-size limit -------------------------------
 TEST(WriterFileSizeLimit, FileSizeLimitIsReportedAndTheTemporaryRemoved) {
   TempDir d("qvg_f15");
   const fs::path out = d / "big.bin";
@@ -188,7 +188,7 @@ TEST(WriterFileSizeLimit, FileSizeLimitIsReportedAndTheTemporaryRemoved) {
   EXPECT_TRUE(fs::is_empty(d.path()));
 }
 
-// ---- finding 16 -------------------------------------------------------------------
+// ---- finding 16: stored data written through a lent view --------------------------
 CacheOptions f16_opts() {
   CacheOptions o;
   o.batch = 1;

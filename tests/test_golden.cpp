@@ -4,7 +4,7 @@
 // that the bytes do not depend on which SIMD target this CPU dispatches to (fast
 // assignment paths may pick other near-tie ids on other targets, spec 1.1).
 //
-// The digests were recorded before the layering refactor of issue 11 and must stay
+// The digests were recorded before the library was split into its layers and must stay
 // equal after any change that claims to keep file formats and output bytes. A
 // deliberate format change updates them in the same commit and says so.
 #include <gtest/gtest.h>
@@ -138,11 +138,11 @@ TEST_P(Golden, QvgtAndDecodedBytesAreUnchanged) {
 INSTANTIATE_TEST_SUITE_P(Fixed, Golden, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<GoldenCase>& i) { return i.param.name; });
 
-// int3 (issue 36, a qvg extension): the encoding's arrays (every array of
+// int3 (a qvg extension): the encoding's arrays (every array of
 // EncodingLayout::arrays(), in that order, digested as one stream) and the decoded
 // bytes. The `.qvgt` container of an int3 encoding carries a raised format version
 // (spec 1.6) written by src/io; these digests pin the encoder's and decoder's bytes
-// independently of it. Recorded when int3 was added (issue 36); the int2/int4
+// independently of it. Recorded when int3 was added; the int2/int4
 // digests above are unchanged by it.
 struct GoldenArraysCase {
   std::string name;

@@ -750,7 +750,8 @@ TEST(Qvgt, RejectsMissingUnknownAndBadMetadata) {
       {"block_size", " 8"},
       {"block_size", "8.0"},
       {"block_size", "99999999999"},
-      {"block_size", "12345678901234567890"},  // 20 digits: no signed overflow (UBSan, finding 7)
+      // 20 digits: no signed overflow (UBSan; docs/reliability.md, finding 7)
+      {"block_size", "12345678901234567890"},
       {"centroids", "99999999999999999999999999999999"},
       {"stages", "0"},
       {"stages", "2"},

@@ -47,7 +47,7 @@ std::string target_label(const ::testing::TestParamInfo<kernels::Target>& i) {
 // compiled), each distinct, in Highway's order (a lower bit is a better target), each
 // dispatchable when forced, the best one by default, and each present exactly when
 // the CPU has its features (x86: SSE4 = SSE4.2 + AES/CLMUL, AVX2 = AVX2 + FMA + BMI2,
-// AVX3 = AVX-512 F/VL/DQ/BW), the portable fallback always (issue 42, item 20).
+// AVX3 = AVX-512 F/VL/DQ/BW), the portable fallback always.
 TEST(Targets, SeveralCompiledAndDispatchable) {
   auto t = kernels::available_targets();
   ASSERT_GE(t.size(), 2u);
@@ -340,7 +340,7 @@ TEST_P(PerTarget, DecodeCraftedValuesBitIdentical) {
               kernels::native_bf16_available() ? "yes" : "no");
 }
 
-// int3 (issue 36): int3 encodings with no layer or a layer of width 2, 3 or 4, and
+// int3 (qvg/code_format.h): int3 encodings with no layer or a layer of width 2, 3 or 4, and
 // int2/int4 encodings with an int3 layer; blocks of 8 to 64 channels (int3's group is
 // 8), dims of 1 to 4 blocks (8, 24, 40, ...: not multiples of the vector), one to
 // three stages, both scale formats, symmetric and asymmetric, the layer's blocks the
@@ -625,7 +625,7 @@ TEST_P(PerTarget, InputLimitScanMatchesDefinition) {
   }
 }
 
-// The scale search's errors (issue 16): candidates in lanes, every lane the scalar rule.
+// The scale search's errors (ScaleSearch::Mse): candidates in lanes, every lane the scalar rule.
 TEST_P(PerTarget, BlockErrorsMatchTheReference) {
   std::mt19937 rng(77);
   std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -1,15 +1,15 @@
-// Tests of the settings table (qvg/settings.h, issue 23) and of what walks it:
+// Tests of the settings table (qvg/settings.h) and of what walks it:
 //
-//   * the caller's expectation of a snapshot (issue 23's defect): for every setting,
+//   * the caller's expectation of a snapshot covers every setting: for each one,
 //     a cache saved with one value loads under an expectation differing only in that
 //     setting -> InvalidArgument naming it, in both directions; a cache's own
-//     snapshot always loads under its own settings (issue 27, item 3);
+//     snapshot always loads under its own settings (docs/reliability.md, finding 20);
 //   * the table's ranges are QuantArgs::validate's (lo and hi accepted, one past
 //     refused), so the CLI and the binding, which read the table, agree with it;
-//   * one text parser on every surface (issue 27, item 13): engine flags and
+//   * one text parser on every surface (docs/reliability.md, finding 27): engine flags and
 //     k_config/v_config read booleans, integers and reals by the same rule;
 //     duplicate and empty k_config items are refused;
-//   * one codec struct (issue 36, item 2): the codec rows read and write CodecConfig
+//   * one codec struct: the codec rows read and write CodecConfig
 //     members, RoleCodec is a CodecConfig plus a mask of the rows overridden, and the
 //     overrides, equality, the profiles and the CLI walk the table;
 //   * every width surface accepts exactly the widths of qvg/code_format.h (int3, qvg's
@@ -128,7 +128,8 @@ TEST(Settings, EverySettingOfTheSnapshotIsComparedWithTheCallersExpectation) {
 }
 
 TEST(Settings, ACachesOwnSnapshotLoadsWhateverItsUnusedSettings) {
-  // Issue 27, item 3: refine_bits with refine_recent 0 (deferred and incremental spans).
+  // refine_bits with refine_recent 0 (deferred and incremental spans): a setting the
+  // cache does not use is still stored, so the cache's own snapshot loads.
   for (SpanMode mode : {SpanMode::Deferred, SpanMode::Incremental}) {
     QuantArgs q = testing::small_quant();
     q.span_mode = mode;
@@ -218,7 +219,7 @@ TEST(Settings, OneParserOnEverySurface) {
   EXPECT_TRUE(parse_role_codec("", "k_config").empty());
 }
 
-// Issue 42, item 15: a misspelt engine flag (the settings' prefix, no setting of that
+// A misspelt engine flag (the settings' prefix, no setting of that
 // name) is an error naming the nearest known one, for every flag of the table; keys
 // outside the prefix stay ignored, as the engine ignores them.
 TEST(Settings, AMisspeltFlagIsRefusedNamingTheNearestSetting) {
@@ -249,7 +250,7 @@ TEST(Settings, AMisspeltFlagIsRefusedNamingTheNearestSetting) {
   EXPECT_NO_THROW((void)QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"other_centriods", "64"}}));
 }
 
-// Issue 36, item 2: the codec's fields are CodecConfig's alone; the table's codec rows
+// The codec's fields are CodecConfig's alone; the table's codec rows
 // name its members, a per-role row reads and writes the role's RoleCodec::values plus
 // its bit of RoleCodec::overridden, and the overrides apply by walking the table.
 TEST(Settings, TheCodecRowsAreMembersOfOneCodecConfig) {
@@ -317,7 +318,7 @@ TEST(Settings, TheCodecRowsAreMembersOfOneCodecConfig) {
   EXPECT_EQ(q.codec.bits, 3);
 }
 
-// Issue 36: every surface accepts exactly the widths of qvg/code_format.h, from the
+// Every surface accepts exactly the widths of qvg/code_format.h, from the
 // rows alone (int3 is qvg's; int2 and int4 the engine's), and names them in its messages.
 TEST(Settings, EveryWidthSurfaceTakesTheCodeFormatTable) {
   auto error_of = [](auto&& f) -> std::string {

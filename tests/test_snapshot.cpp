@@ -826,9 +826,10 @@ TEST(SnapshotFormat, ImpossibleIncrementalStatesAreRefused) {
     std::memcpy(b.data(), &v, n);
     return b;
   };
-  // Fuzz finding 13: a sink_tokens entry larger than the saved sink (12, the file holds
-  // the sink chunk [0, 4) and then [12, 16)) left the sink tokens [4, 12) missing; the
-  // next update() failed an internal check. The sink is never evicted: refused.
+  // docs/reliability.md, finding 13 (found by fuzz_snapshot): a sink_tokens entry
+  // larger than the saved sink (12, the file holds the sink chunk [0, 4) and then
+  // [12, 16)) left the sink tokens [4, 12) missing; the next update() failed an
+  // internal check. The sink is never evicted: refused.
   refused(with_entry(good, "config", i64_entry("sink_tokens", 12)), "state",
           "segment 0 ends at 4 but segment 1 starts at 12 (only the evicted tokens between the sink's end at 12");
   // Segments: the flag (offset 22), the span id (26), the first id of K (26 + 8 + layout).

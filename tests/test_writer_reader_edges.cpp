@@ -51,7 +51,7 @@ CacheOptions options(int64_t cache_size, int64_t heads, int64_t head_dim, DType 
   return o;
 }
 
-// ---- item 1: encoder output against the readers ------------------------------------------
+// ---- encoder output against the readers -------------------------------------------------
 
 /// The f32 value of bits.
 float f32_of(uint32_t bits) {
@@ -136,7 +136,8 @@ float value_of(int cls, double u, bool negative, DType dt) {
   return negative ? -f : f;
 }
 
-/// A magnitude class, the extremes weighted up (the denormals most: item 1's case).
+/// A magnitude class, the extremes weighted up (the denormals most: their asymmetric
+/// zeros once gave a zero factor that rounded to 0).
 int any_class() {
   return *rc::gen::weightedElement<int>({{1, 0}, {4, 1}, {1, 2}, {1, 3}, {1, 4}, {1, 5}, {2, 6}});
 }
@@ -250,7 +251,7 @@ RC_GTEST_PROP(ReadersAcceptTheEncoderProperty, ACachesSnapshotOfExtremeValuesLoa
   }
 }
 
-// ---- item 5: a NUL byte in a path ---------------------------------------------------------
+// ---- a NUL byte in a path ---------------------------------------------------------------
 
 TEST(NulInPath, APathWithANulByteIsRefusedByEveryReaderAndWriter) {
   TempDir dir("qvg_writer_reader");
@@ -292,7 +293,7 @@ TEST(NulInPath, APathWithANulByteIsRefusedByEveryReaderAndWriter) {
   }
 }
 
-// ---- item 9: permissions of a replaced file ----------------------------------------------
+// ---- permissions of a replaced file -----------------------------------------------------
 
 mode_t mode_of(const fs::path& p) {
   struct stat st {};
@@ -328,7 +329,7 @@ TEST(ReplacedFileMode, AReplacedFileKeepsItsModeANewOneFollowsTheUmask) {
   }
 }
 
-// ---- item 12: a long file name ------------------------------------------------------------
+// ---- a long file name -------------------------------------------------------------------
 
 TEST(LongDestinationName, ADestinationNameOf255BytesIsWritten) {
   TempDir dir("qvg_writer_reader");
@@ -353,7 +354,7 @@ TEST(LongDestinationName, ADestinationNameOf255BytesIsWritten) {
   EXPECT_EQ(dir.entries(), 6u);  // the three .snap and three .npy files
 }
 
-// ---- item 14: the refused value is printed as exceeding the limit -------------------------
+// ---- the refused value is printed as exceeding the limit --------------------------------
 
 TEST(RefusedValueText, ARefusedValueVisiblyExceedsTheLimit) {
   const float over = 1e16f;  // 10000000272564224 > 1e16

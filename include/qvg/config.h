@@ -42,7 +42,7 @@ enum class SinkSpan : uint8_t { Chunk, Full };
 /// `incremental`: each chunk as soon as it is eligible — the first chunk of a span
 /// trains the span's codebook, later ones are encoded against it.
 enum class SpanMode : uint8_t { Deferred, Incremental };
-/// How the encoder chooses each block's stored residual scale (and zero), issue 16:
+/// How the encoder chooses each block's stored residual scale (and zero):
 /// `off` (spec 1.2, the reference): from the block's absmax (or min/max); `mse`: the
 /// candidate, among a fixed set of shrunk ranges (the `off` choice first), whose
 /// stored values give the least squared error of the block's decoded residual. Only
@@ -115,7 +115,7 @@ using CodecField =
     std::variant<std::monostate, int CodecConfig::*, bool CodecConfig::*, ScaleDType CodecConfig::*,
                  Scaling CodecConfig::*, Init CodecConfig::*, ScaleSearch CodecConfig::*, uint64_t CodecConfig::*>;
 
-/// Per-role overrides of QuantArgs' shared codec (issue 16): a field set here replaces
+/// Per-role overrides of QuantArgs' shared codec: a field set here replaces
 /// the shared value for that role's tensor (K or V); unset fields take the shared one.
 /// The fields that may be overridden are the per-role rows of the settings table
 /// (`k_<field>` / `v_<field>`, flags `kv_cache_quant_k_<suffix>`, qvg/settings.h): bit
@@ -199,12 +199,13 @@ struct QuantArgs {
   /// The codec parameters of one role's encodings: the shared codec with that role's
   /// overrides applied (RoleCodec::over).
   CodecConfig codec_for(CacheRole role) const;
-  /// Applies a named profile: "reference" (issue 16: the engine's defaults, every codec
-  /// field as a default-constructed CodecConfig, `compat` scaling), "hq" (issue 16: a
-  /// codec, docs/quality.md) or "recommended" (issue 25: hq's codec with V's scale
-  /// search off — per role, issue 40 —, plus a cache policy — incremental spans of 4
-  /// chunks, keep_recent 0, sink_keep 0, 4-bit refinement layers on the 4 newest
-  /// encoded chunks; docs/quality.md, "The recommended profile"). Every
+  /// Applies a named profile: "reference" (the engine's defaults, every codec
+  /// field as a default-constructed CodecConfig, `compat` scaling), "hq" (a
+  /// codec, docs/quality.md) or "recommended" (hq's codec with V's scale
+  /// search off — per role, for the time per step —, plus a cache policy —
+  /// incremental spans of 4 chunks, keep_recent 0, sink_keep 0, 4-bit refinement
+  /// layers on the 4 newest encoded chunks; docs/quality.md, "The recommended
+  /// profile"). Every
   /// profile sets every codec setting (shared and per-role) but bits and seed, and turns
   /// quantization on at 2 bits if it is off;
   /// "recommended" also sets span_chunks, span_mode, span_break_ratio,

@@ -30,11 +30,12 @@
 // file between the check and the rename is not detected (no portable way to rename
 // "only over a regular file").
 //
-// File-size limits (finding 15): a write beyond RLIMIT_FSIZE fails with EFBIG only
-// if SIGXFSZ is ignored — the library never changes signal dispositions; the `qvg`
-// CLI ignores SIGXFSZ, and so does the Python interpreter — and is then reported as
-// InvalidArgument "file too large: it exceeds the file-size limit ..." with the
-// temporary removed. With the default disposition the kernel ends the process.
+// File-size limits (docs/reliability.md, finding 15): a write beyond RLIMIT_FSIZE
+// fails with EFBIG only if SIGXFSZ is ignored — the library never changes signal
+// dispositions; the `qvg` CLI ignores SIGXFSZ, and so does the Python interpreter —
+// and is then reported as InvalidArgument "file too large: it exceeds the file-size
+// limit ..." with the temporary removed. With the default disposition the kernel ends
+// the process.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,5 @@
-// qvg/settings.h — the one table of QuantArgs' settings (issue 23).
+// qvg/settings.h — the one table of QuantArgs' settings (docs/design.md, "One home for
+// each rule").
 //
 // Every setting of QuantArgs (and of its per-role overrides RoleCodec k/v) is one row:
 // its name (the member, the snapshot key, the Python field and the binding's dict key),
@@ -101,7 +102,7 @@ void copy_codec_field(const Setting& s, const CodecConfig& from, CodecConfig& to
 /// <allowed>, got '<text>'" (what: the flag or key as the caller names it).
 SettingValue parse_setting(const Setting& s, std::string_view text, std::string_view what);
 /// The one rule for real-valued text on every surface (settings, engine flags and
-/// every real-valued CLI flag: issue 42, item 13): the whole of `text` as a finite
+/// every real-valued CLI flag): the whole of `text` as a finite
 /// number in plain decimal or exponent form ("0.5", "1e-3", "-2"); nullopt for hex
 /// floats, inf/nan, a leading '+' or blank, or anything left over.
 std::optional<double> parse_real(std::string_view text);

@@ -294,7 +294,8 @@ std::mutex& shared_view_mutex() {
   return m;
 }
 
-/// The shared view mutex, taken in the one lock order of the module (issue 27, item 2):
+/// The shared view mutex, taken in the one lock order of the module (spec 5.1, "Threads":
+/// calls on different caches never deadlock):
 /// the mutex first, then the GIL. It is waited for with the GIL released (a thread
 /// holding the mutex may need the GIL to finish: update copies its view out into torch
 /// tensors), and the GIL is taken back once it is held. Constructed with the GIL held.
@@ -392,8 +393,9 @@ py::tuple encode_tensor(const at::Tensor& x, const qvg::QuantArgs& quant, int64_
   if (!quant.enabled())
     throw qvg::InvalidArgument(
         fmt::format("encode needs quantization settings with bits {}, got bits None", qvg::known_code_widths()));
-  // Issue 42, item 2: what encode() refuses by shape is refused before x is copied
-  // (an expanded or strided x is copied to contiguous memory first).
+  // A call refused by its shapes takes no memory: what encode() refuses by shape is
+  // refused before x is copied (an expanded or strided x is copied to contiguous memory
+  // first).
   const qvg::DType dt = check_input(x, "x", at::Device(at::kCPU));
   if (quant.per_role())
     throw qvg::InvalidArgument(
@@ -446,7 +448,7 @@ at::Tensor decode_tensor(const py::dict& layout, const py::dict& arrays) {
   }
   l.check();
   // Every array's presence, type and size against the layout first, before anything
-  // of the claimed size is allocated (issue 27, item 7: a layout claiming a huge shape
+  // of the claimed size is allocated (spec 5.1, "Files": a layout claiming a huge shape
   // over small arrays is refused without growing the process).
   std::vector<at::Tensor> given;
   for (const qvg::ArrayDesc& a : l.arrays()) {

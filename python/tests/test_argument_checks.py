@@ -1,18 +1,18 @@
 """Argument checks of the Python drop-ins (spec 5.1; docs/reliability.md, "Reliability
 III: the Python drop-ins"). Each test failed before its fix:
 
-* item 2 and its class: a call refused by its shapes takes no memory first, whatever
+* a call refused by its shapes takes no memory first, whatever
   the key's strides (a stride-0 expanded key of 16M tokens over 8 bytes of storage
   used to be copied to contiguous memory before "longer than the cache"): a property
   test over random expanded, strided and huge-shaped keys and values, refused calls
   of the dense and packed caches (CPU, and CUDA where the build and a device allow)
   and of encode, measuring the memory each refusal took (the process's peak RSS on
   the CPU, torch's peak allocation on a device);
-* item 8: the LingBot-World dense repeat probe (update_cache=False at the last
+* the LingBot-World dense repeat probe (update_cache=False at the last
   committed start) checks its chunk as a write would;
-* item 10: the dense integer cursors are type-checked when set;
-* item 11: a dense buffer reinterpreted in place is noticed;
-* item 15: a misspelt setting key with the settings' prefix is refused naming the
+* the dense integer cursors are type-checked when set;
+* a dense buffer reinterpreted in place is noticed;
+* a misspelt setting key with the settings' prefix is refused naming the
   nearest known setting.
 """
 
@@ -178,7 +178,7 @@ def _refused_call(rng: random.Random, device: torch.device) -> tuple:
 
 @pytest.mark.parametrize("device", _devices())
 def test_a_call_refused_by_its_shapes_takes_no_memory(device):
-    """The class of item 2, searched: 120 random calls each refused by its shapes (the
+    """The class of refusals by shape, searched: 120 random calls each refused by its shapes (the
     chunk longer than the cache, a grown cache past the limits, batch, heads, head_dim,
     value's shape or dtype, the head slice, recent_window_tokens, the chunk start), with
     keys (and values) of >= 256 MiB over almost no storage, on dense and packed caches:

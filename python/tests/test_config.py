@@ -108,7 +108,7 @@ def test_from_dict_defaults_and_strings():
      r"^refine_bits must be 2, 3 or 4, got 5$"),
     ({"kv_cache_quant_span_mode": "incremental", "kv_cache_quant_refine_recent": -1},
      r"^refine_recent must be in 0\.\.1000000 \(0 = no refinement\), got -1$"),
-    # reliability finding 9: a negative seed is refused, not wrapped to 2^64 - 1
+    # docs/reliability.md, finding 9: a negative seed is refused, not wrapped to 2^64 - 1
     ({"kv_cache_quant_seed": -1}, r"^kv_cache_quant_seed must be"),
 ])
 def test_from_dict_errors(flags, message):

@@ -158,7 +158,7 @@ def test_the_dense_cache_compares_every_option(field, over):
         qt.CausalSelfAttentionKVCache.from_snapshot_bytes(b, **dense_kw(**over))
 
 
-# ---- threads (items 1 and 2) -----------------------------------------------------------
+# ---- threads -----------------------------------------------------------------------------
 
 def run_threads(fns, seconds):
     """Runs each fn(stop) in its own daemon thread for `seconds`; returns their
@@ -336,7 +336,7 @@ def test_stress_two_threads_per_cache_on_shared_and_separate_caches(tmp_path):
         assert torch.equal(x.k, y.k) and torch.equal(x.v, y.v)
 
 
-# ---- index tensors, quant_args, argument types (items 4, 8, 11) --------------------------
+# ---- index tensors, quant_args, argument types -------------------------------------------
 
 Q2 = qt.QVGKVQuantArgs(bits=2, centroids=16)
 
@@ -439,7 +439,7 @@ def test_a_sparse_key_and_wrong_constructor_types_name_the_argument():
         qt.QVGKVQuantArgs.from_dict(None)
 
 
-# ---- buffers, views, decode (items 7, 9, 12) ---------------------------------------------
+# ---- buffers, views, decode --------------------------------------------------------------
 
 def test_dense_buffers_that_share_memory_are_refused():
     t = torch.zeros(1, 32, H, D)
@@ -490,7 +490,7 @@ def test_decode_checks_the_arrays_before_allocating_the_claimed_shape():
     assert rss_kib() - before < 256 * 1024  # the 2.6 GiB of the claimed shape were never touched
 
 
-# ---- one option parser (item 13) ---------------------------------------------------------
+# ---- one option parser -------------------------------------------------------------------
 
 @pytest.mark.parametrize("cfg", ["bits=4,bits=2", "bits=4,", ",bits=4", "bits=4,,stages=2", "asymmetric=yes",
                                  "asymmetric=on"])

@@ -146,7 +146,7 @@ def test_noncontiguous_inputs_are_accepted(gen):
 
 
 def test_a_key_that_is_a_slice_of_the_cache_buffer_acts_like_its_clone():
-    """Reliability finding 11: a dense cache given ``cache.k[:, a:b]`` as the key of an
+    """docs/reliability.md, finding 11: a dense cache given ``cache.k[:, a:b]`` as the key of an
     evicting call returns the same view as for a clone of that slice (qvg copies an
     argument that overlaps its own memory first; docs/design.md)."""
     from conftest import bits_equal, make_dense

@@ -56,7 +56,8 @@ void check_coverage(const PackedStateData& d, const WindowRanges& w) {
   for (size_t i = 0; i + 1 < segs.size(); ++i) {
     const auto &a = segs[i], &b = segs[i + 1];
     if (a.g1 == b.g0) continue;
-    // The sink is never evicted: the gap starts at or after its end (fuzz finding 13).
+    // The sink is never evicted: the gap starts at or after its end (docs/reliability.md,
+    // finding 13).
     if (a.g1 > b.g0 || !a.is_sink || b.is_sink || a.g1 < sink_end || b.g0 > tail)
       bad(
           fmt::format("segment {} ends at {} but segment {} starts at {} (only the evicted tokens between the "

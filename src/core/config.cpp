@@ -80,7 +80,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-// Issue 42, item 15: the known engine flag nearest to `key` (a misspelt one names it).
+// The known engine flag nearest to `key`: an unknown flag's error names it, so that a
+// misspelt setting is refused, never silently ignored.
 std::string nearest_flag(std::string_view key) {
   std::string best = "kv_cache_quant_profile";
   size_t best_d = edit_distance(key, best);
@@ -229,14 +230,15 @@ void QuantArgs::apply_profile(std::string_view profile) {
     codec.scale_search = ScaleSearch::Mse;
     codec.asymmetric = true;
   } else {  // "recommended"
-    // Issue 25: hq's codec (more k-means) in a cache policy, chosen from `qvg simulate` on the four
+    // hq's codec (more k-means) in a cache policy, chosen from `qvg simulate` on the four
     // presets against the engine's default (docs/quality.md, "The recommended profile"). Random
     // seeds, not kmeans++: kmeans++ measured 0.39x against random's 0.40x of the engine's error on
     // self-forcing, and its seeding is k - 1 sequential rounds over a group's points (on the
     // device one thread block per group with a sequential fp64 sum per round: an estimated ~6 ms
     // per stage at self-forcing's chunk, src/kernels/cuda/kmeanspp_kernels.cu), for ~1 % less error.
     //
-    // Issue 40 (time per step): 2 k-means iterations (the default) and V's scale search off.
+    // For the time per step (docs/simulate.md): 2 k-means iterations (the default) and V's
+    // scale search off.
     // On `qvg simulate --model self-forcing-1.3b --chunks 14 --layers 1 --engine-baseline`
     // the search costs ~3.7 ms per role and chunk (the encode without it and without
     // refinement layers: 5.4 ms) and 8 iterations ~4.5 ms more than 2; time per step 2.1x
@@ -254,7 +256,7 @@ void QuantArgs::apply_profile(std::string_view profile) {
 RoleCodec parse_role_codec(std::string_view spec, std::string_view what) {
   // "field=value,..." with the fields as the per-role flag suffixes; each value read
   // by the settings table's one parser. Empty items (a leading, trailing or double
-  // comma) and a field given twice are refused (issue 27, item 13).
+  // comma) and a field given twice are refused, on every surface alike.
   QuantArgs q;
   std::vector<std::string> seen;
   const std::string sp(spec);

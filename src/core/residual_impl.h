@@ -74,7 +74,8 @@ QVG_HD float raw_scale_asym(float lo, float hi, int qmax) {
 /// Two-level factor of a group whose largest raw scale (or |zero|) is m: m / 448, or 1
 /// if that is 0 — m is 0, or m / 448 underflows (|z| up to about 3.1e-43: the zeros
 /// are then stored as they are, fp8 flushing them to 0). A factor is always finite and
-/// > 0, as every reader requires (issue 42, item 1).
+/// > 0, as every reader requires (spec 1.4's "g = 1 if that is 0" read as "if m / 448
+/// is 0"): whatever the encoder writes, its own readers accept.
 QVG_HD float two_level_factor(float m) {
   const float g = div_rn(m, numeric_impl::kFp8E4M3Max);
   return g > 0.0f ? g : 1.0f;
@@ -121,7 +122,7 @@ QVG_HD float dequant_biased(uint32_t code, float bias, bool asymmetric, float s_
   return asymmetric ? add_rn(mul_rn(c, s_eff), z_eff) : mul_rn(c, s_eff);
 }
 
-// ---- the encoder's scale search (issue 16, ScaleSearch::Mse) ------------------------
+// ---- the encoder's scale search (ScaleSearch::Mse) ----------------------------------
 // Only the encoder's choice of the stored scale (and zero) changes; decode is spec 1.3.
 // The rule is written once here, as scalar code: every candidate is evaluated with the
 // decode's own separately rounded fp32 operations and its squared error summed in fp32

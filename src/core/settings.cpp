@@ -506,7 +506,7 @@ void check_setting(const Setting& s, const SettingValue& v, std::string_view wha
 }
 
 void set_recommended_policy(QuantArgs& q) {
-  // Issue 25 (docs/quality.md, "The recommended profile"): kept beside the rows, so
+  // The recommended profile's cache policy (docs/quality.md): kept beside the rows, so
   // that a policy setting is named here and where it is used, not in the profiles too.
   q.span_chunks = 4;
   q.span_mode = SpanMode::Incremental;

@@ -3,8 +3,7 @@
 # --bits 3` (and `--bits int3`) -> .qvgt -> `qvg decode`, the error between those of
 # int2 and int4 on the same tensor, `qvg eval --bits 3`, and a compare / simulate run
 # at 3 bits. NEEDS the int3 encoders and decoders (src/kernels, src/codec, src/io's
-# .qvgt version for int3): written with the settings work of issue 36 and expected to
-# fail until those are merged.
+# .qvgt version for int3): it fails on a build without them.
 # Usage: bash int3_roundtrip.sh /path/to/qvg   (python3 standard library only)
 set -euo pipefail
 QVG=${1:?usage: int3_roundtrip.sh /path/to/qvg}

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Hostile inputs and failing outputs of the CLI (spec 5, 5.1; docs/reliability.md,
 # "Reliability III: library and CLI"):
-#  * item 1: `qvg encode --asymmetric` of values about 1e-44 writes a file it decodes
+#  * `qvg encode --asymmetric` of values about 1e-44 writes a file it decodes
 #    (the zero factor rounded to 0 and the writer stopped with an internal error);
-#  * item 3: a sparse input of gigabytes with a zero header is refused at once with the
+#  * a sparse input of gigabytes with a zero header is refused at once with the
 #    file's name, also under a memory limit (it read the whole file first: 2.2 GB, then
 #    a bare std::bad_alloc); a valid header over more data than memory allows names
 #    the file too;
-#  * item 4: a failed write to standard output (/dev/full, a closed descriptor) is an
+#  * a failed write to standard output (/dev/full, a closed descriptor) is an
 #    error: exit status 1, one line (memory, inspect, eval --json, encode's summary,
 #    --help exited 0);
-#  * item 13: real-valued flags follow the one rule of the settings: no hex floats,
+#  * real-valued flags follow the one rule of the settings: no hex floats,
 #    no blanks, no '+' (`--scale 0x.8p1` and `--step-noise ' 0x1p-4'` were accepted).
 # Usage: bash reliability_inputs_outputs.sh /path/to/qvg   (python3 standard library only)
 set -euo pipefail
@@ -49,12 +49,12 @@ npy(T + "/huge.npy", None, (1, 2 ** 23, 1, 64), raw=b"")
 PY
 "$QVG" encode -i "$T/x.npy" -o "$T/good.qvgt" --centroids 8 > /dev/null
 
-# ---- item 1 ----
+# ---- encoder output of values about 1e-44 ----
 "$QVG" encode -i "$T/tiny.npy" -o "$T/tiny.qvgt" --asymmetric --centroids 4 > /dev/null ||
   fail "encode --asymmetric of values about 1e-44 failed"
 "$QVG" decode -i "$T/tiny.qvgt" -o "$T/tiny_back.npy" > /dev/null || fail "decode of the tiny encoding failed"
 
-# ---- item 3 ----
+# ---- sparse inputs with a zero header ----
 for ext in npy safetensors qvgt; do
   truncate -s 2G "$T/sparse.$ext"
 done
@@ -77,7 +77,7 @@ else
 fi
 [ ! -e "$T/none.npy" ] || fail "a refused input wrote an output"
 
-# ---- item 4 ----
+# ---- failed writes to standard output ----
 if [ -w /dev/full ]; then
   full_error() {  # full_error NAME -- command...: stdout to /dev/full
     local name=$1
@@ -99,7 +99,7 @@ one_error "memory, stdout closed" "cannot write to standard output" -- "$QVG" me
 "$QVG" memory --model self-forcing-1.3b > "$T/memory.txt" || fail "memory to a file"
 [ -s "$T/memory.txt" ] || fail "memory wrote nothing"
 
-# ---- item 13 ----
+# ---- real-valued flags ----
 for v in 0x.8p1 ' 0.5' '0.5 ' +0.5 0X1p-1 inf nan 1e400; do
   one_error "simulate --scale '$v'" "--scale must be a number, got '" -- \
     "$QVG" simulate --scale "$v" --chunks 1 --layers 1 > /dev/null

@@ -1,4 +1,4 @@
-// Host-side tests of the CUDA bodies' width-dependent parts (issue 36), for every row
+// Host-side tests of the CUDA bodies' width-dependent parts, for every row
 // of qvg/code_format.h (int2, int3, int4), no GPU needed. The reference is written
 // here from the spec's text, independently of the table and of the bodies:
 // - the spec 1.5 packing (int4: byte j = code[2j] << 4 | code[2j+1]; int2: four codes

@@ -87,7 +87,8 @@ void run_warm_start(const CompareConfig& c) {
       w.inertia_ratio_equal_iters, w.inertia_ratio_one_iter);
 }
 
-// Flag combinations, checked before anything else (issue 27, finding 17): a flag
+// Flag combinations, checked before anything else, so that a run that fails does so
+// before minutes of work (docs/reliability.md, finding 17): a flag
 // that only means something with --frontier, given without it, is an error naming
 // both; --frontier and --warm-start are two different runs.
 void check_flag_combinations(const CompareOptions& o, const CLI::App& cmd) {

@@ -39,7 +39,8 @@ void add_threads(CLI::App& cmd, int& target) {
       ->default_str(std::to_string(target));
 }
 
-// The groups of commands with their own defaults, and why (issue 39, item 4).
+// The groups of commands with their own defaults, and why: each codec flag's help
+// states its group's default and why, and the other groups' where they differ.
 struct Group {
   CodecDefaults which;
   std::vector<std::string_view> commands;
@@ -142,8 +143,9 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
       ->type_name("NAME");
   // After parsing: the profile's value for every codec setting whose flag was not given.
   cmd.parse_complete_callback([&cmd, &cfg, profile] {
-    // Not given: nothing to apply. Given, even as '' (issue 27, item 13): a name that
-    // apply_profile accepts, or its error, as from the engine's flags.
+    // Not given: nothing to apply. Given, even as '' (one option parser on every
+    // surface): a name that apply_profile accepts, or its error, as from the engine's
+    // flags.
     if (cmd.get_option("--profile")->count() == 0) return;
     QuantArgs q;
     named("--profile", [&] {

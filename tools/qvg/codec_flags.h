@@ -29,7 +29,7 @@
 
 namespace qvg::cli {
 
-/// The groups of commands with their own codec defaults (issue 39, item 4).
+/// The groups of commands with their own codec defaults (each flag's help names them).
 enum class CodecDefaults : uint8_t {
   TensorFile,  ///< encode, eval: spec 1's (CodecConfig{}), the finer 4-bit width for a tensor file
   Stream,      ///< simulate, compare: the published QVG runs' (default_packed_config()), which they reproduce

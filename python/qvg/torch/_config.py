@@ -12,7 +12,7 @@ from .. import _C
 # Configuration (spec 2)
 # ---------------------------------------------------------------------------
 
-# The settings table (qvg/settings.h, issue 23): (name, flag suffix, kind, per_role,
+# The settings table (qvg/settings.h): (name, flag suffix, kind, per_role,
 # default, allowed) per setting. QVGKVQuantArgs' fields are its shared settings, in its
 # order, made from it below (a setting is a row of the C++ table, nothing here);
 # per-role ones are the k_config / v_config texts.
@@ -72,8 +72,8 @@ class _QuantArgsMethods:
         flags = {"kv_cache_quant": str(master).strip().lower()}
         # Every key with the settings' prefix goes to the C++ parser (QuantArgs::from_flags,
         # the CLI's too), which reads the profile first (explicit flags override it) and
-        # refuses a key naming no setting, naming the nearest one (issue 42, item 15:
-        # kv_cache_quant_centriods was silently ignored); other keys are ignored.
+        # refuses a key naming no setting, naming the nearest one (a misspelt key such as
+        # kv_cache_quant_centriods is never silently ignored); other keys are ignored.
         for flag, value in kwargs.items():
             if value is None or not isinstance(flag, str) or flag == "kv_cache_quant":
                 continue
@@ -115,9 +115,10 @@ _ENGINE_FIELDS = tuple(_C.engine_quant_fields())
 
 
 def _check_quant_args(q: Any, what: str = "quant_args") -> None:
-    """Issue 27, item 8: settings are a QVGKVQuantArgs, the engine's class (an object
+    """Settings are a QVGKVQuantArgs, the engine's class (an object
     with its fields), or None; anything else (a dict of flags, "int2", 2) would
-    silently turn quantization off, so it is refused naming the argument."""
+    silently turn quantization off, so it is refused naming the argument (spec 5.1,
+    "Arguments at the Python boundary")."""
     if q is None or isinstance(q, QVGKVQuantArgs):
         return
     if not isinstance(q, (dict, str, bytes, int, float)) and all(hasattr(q, f) for f in _ENGINE_FIELDS):

@@ -262,7 +262,7 @@ inline void set_decode_tiles(DecodeLaunch& L, int tokens_per_thread) {
 /// non-vectorisable task in generic launches), in task order within a group, kDecodeTasksPerLaunch per launch.
 /// A vectorised launch whose grid would be under `min_blocks` blocks (the launcher
 /// passes two waves of the device) gets smaller tiles: 4, 2, then 1 token per thread,
-/// so that a small decode still spreads over every multiprocessor (issue 24).
+/// so that a small decode still spreads over every multiprocessor.
 /// Host only. REQUIRES the tasks valid (ranges inside the tensor, B >= 1).
 inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int32_t min_blocks = 0) {
   std::vector<DecodeLaunch> out;

@@ -112,7 +112,7 @@ void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64
 /// subtraction is done in registers in the first and the last pass.
 void quantize_residual(const QuantizeArgs& a, cudaStream_t stream);
 
-// ---- issue 25: scale search, incremental spans, refinement (span_kernels.cu) -----
+// ---- scale search, incremental spans, refinement (span_kernels.cu) -----
 
 /// ScaleSearch::Mse after quantize_residual(a): every block's stored scale (and
 /// zero) and codes replaced by search_block's (bit-identical to
@@ -149,7 +149,7 @@ void refine_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
 /// |x| > 1e16, written to *first_bad (initialised to n by the caller).
 void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
 
-// ---- issue 40: the deferred input check of the device caches (guard_kernels.cu) -----
+// ---- the deferred input check of the device caches (guard_kernels.cu) -----
 // CheckFlags, CheckSlot: see guard_bodies.cuh. The flags' first[] are set to ~0 by the
 // caller (a memset of 0xFF), lowered by first_out_of_limit over key and value.
 

@@ -60,7 +60,7 @@ namespace {
 //   cudaMalloc, and cudaFree after synchronizing the buffer's stream (so the free
 //   is stream-ordered; it blocks the host).
 // A device whose pool allocation fails at run time with anything but out-of-memory
-// (issue 24, item 6: an attribute that promises pools is not proof that they work)
+// (an attribute that promises pools is not proof that they work)
 // is switched to cudaMalloc from then on; the pointers cudaMalloc gave on such a
 // device are remembered, so that each is freed the way it was allocated.
 // The pools are never destroyed: they live as long as the process (destroying them

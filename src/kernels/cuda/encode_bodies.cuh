@@ -249,7 +249,8 @@ QVG_HD void run_merge(RunStats& s, const RunStats& later, bool asym) {
 /// 1, 2, 4, ... while below the segment's width. Lane l takes the run of lane l + o
 /// (shfl_down), so after the step of o, lane l with l % 2o == 0 holds lanes
 /// l .. l + 2o - 1 merged in channel order. (Halving offsets, width/2 first, merge
-/// lanes 0, 4, 2, 6, 1, 5, 3, 7: a -0/+0 tie then keeps the wrong sign; issue 24.)
+/// lanes 0, 4, 2, 6, 1, 5, 3, 7: a -0/+0 tie then keeps the wrong sign, and the
+/// encoding's bits are no longer the CPU codec's.)
 QVG_HD constexpr int segment_merge_offset(int step) {
   return 1 << step;
 }

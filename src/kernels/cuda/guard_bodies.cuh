@@ -1,5 +1,5 @@
 // src/kernels/cuda/guard_bodies.cuh — the deferred input check of the device caches
-// (issue 40; docs/cuda.md, "update() does not wait"): what the device records of a
+// (docs/cuda.md, "update() does not wait"): what the device records of a
 // call whose key or value holds a value outside spec 1's limits, and the rule that
 // decides whether the call's rows are written. __host__ __device__ over plain structs,
 // so that the host test (tests/gpu/host_arith_test.cpp) runs the same code.

@@ -1,5 +1,5 @@
 // src/kernels/cuda/span_bodies.cuh — the per-thread bodies of the kernels of
-// src/kernels/cuda/span_kernels.cu (issue 25): the scale search (ScaleSearch::Mse),
+// src/kernels/cuda/span_kernels.cu: the scale search (ScaleSearch::Mse),
 // the incremental spans' codebook steps (warm start, new centroids stored into a
 // span's codebook, the span's centroids centred for the assignment, the stored
 // centroids' subtraction), the refinement layers (the error to encode, the layer
@@ -16,7 +16,7 @@
 
 namespace qvg::cuda::kernels {
 
-// ---- scale search (issue 16's rule, src/core/residual_impl.h) -----------------------
+// ---- scale search (the CPU encoder's rule, src/core/residual_impl.h) ---------------
 
 /// The final residual of block k of row `row`, element i (the accessor of
 /// residual_impl::block_sq_error_at).

@@ -1,5 +1,6 @@
-// The kernels of issue 25 (incremental spans, refinement layers and the scale search
-// on the device): each maps threads onto one body of span_bodies.cuh. The host
+// The kernels that give the device cache every setting of the CPU cache (incremental
+// spans, refinement layers and the scale search; docs/cuda.md, "Every setting of the
+// CPU cache"): each maps threads onto one body of span_bodies.cuh. The host
 // orchestration is in encode.cpp; the launchers are declared in cuda_kernels.h.
 #include <cuda_runtime_api.h>
 
