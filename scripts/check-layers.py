@@ -55,7 +55,7 @@ ALLOWED["tools"] = EVAL  # plus public headers (checked separately) and their ow
 # The layer of each public header (its path under include/qvg): what it declares.
 PUBLIC = {
     "error.h": "core", "numeric.h": "core", "tensor.h": "core", "config.h": "core", "settings.h": "core", "file.h": "core",
-    "encoding_layout.h": "core", "code_format.h": "core", "version.h": "core",
+    "encoding_layout.h": "core", "code_format.h": "core", "host_device.h": "core", "version.h": "core",
     # The CUDA backend's device runtime (streams, errors, allocator, device buffers).
     "cuda_runtime.h": "kernels",
     "codec.h": "codec",

@@ -19,13 +19,7 @@
 #include <cstdint>
 #include <string>
 
-#ifndef QVG_HD
-#if defined(__CUDACC__)
-#define QVG_HD __host__ __device__ __forceinline__
-#else
-#define QVG_HD inline
-#endif
-#endif
+#include "qvg/host_device.h"
 
 namespace qvg {
 

@@ -11,13 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
-#ifndef QVG_HD
-#if defined(__CUDACC__)
-#define QVG_HD __host__ __device__ __forceinline__
-#else
-#define QVG_HD inline
-#endif
-#endif
+#include "qvg/host_device.h"
 
 namespace qvg::numeric_impl {
 

@@ -35,6 +35,7 @@
 #include "kernels/cuda/guard_bodies.cuh"
 #include "kernels/cuda/host.h"
 #include "kernels/cuda/span_bodies.cuh"
+#include "gpu/host_launch.h"
 #include "kernels/ref/ref.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
@@ -114,10 +115,7 @@ K::DecodeArgs make_task(const qvg::EncodedTensor& e, const Contig& c) {
 }
 
 /// The modes (bits, fp8, centroid dtype, output dtype) the emulated launches ran.
-std::set<int>& modes_run() {
-  static std::set<int> m;
-  return m;
-}
+using K::host_test::modes_run;
 
 /// Runs what decode_tasks launches, on the host: plan_decode's launches, every
 /// block of each grid and every thread of each block, through the same dispatch
@@ -125,22 +123,7 @@ std::set<int>& modes_run() {
 size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks, int32_t min_blocks = 0) {
   const std::vector<K::DecodeLaunch> plan = K::plan_decode(tasks.data(), int(tasks.size()), min_blocks);
   for (const K::DecodeLaunch& L : plan)
-    for (int32_t blk = 0; blk < L.blocks(); ++blk) {
-      const int ti = K::task_of_block(L, blk);
-      const int32_t local = blk - L.first_block[ti];
-      if (!L.vec) {
-        for (int tid = 0; tid < K::kDecodeThreads; ++tid) K::decode_block_generic(L, ti, local, tid);
-        continue;
-      }
-      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits,
-                          [&](auto b, auto f, auto c, auto o, auto r) {
-                            modes_run().insert(decltype(r)::value * 10000 + decltype(b)::value * 1000 +
-                                               decltype(f)::value * 100 + decltype(c)::value * 10 + decltype(o)::value);
-                            for (int tid = 0; tid < K::kDecodeThreads; ++tid)
-                              K::decode_block_vec<decltype(b)::value, decltype(f)::value, decltype(c)::value,
-                                                  decltype(o)::value, decltype(r)::value>(L, ti, local, tid);
-                          });
-    }
+    K::host_test::run_launch(L);
   return plan.size();
 }
 

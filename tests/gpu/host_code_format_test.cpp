@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "gpu/harness.h"
+#include "gpu/host_launch.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
 #include "kernels/cuda/encode_bodies.cuh"
@@ -594,10 +595,7 @@ uint32_t reference_element(const Synth& e, int odt, int64_t b, int64_t h, int64_
   return A::encode_elem(acc, odt);
 }
 
-std::set<int>& modes_run() {
-  static std::set<int> m;
-  return m;
-}
+using K::host_test::modes_run;
 int& generic_launches() {
   static int n = 0;
   return n;
@@ -614,22 +612,7 @@ void run_decode(const std::vector<K::DecodeArgs>& tasks, int32_t min_blocks = 0)
                  (L.t[k].ref_codes ? L.t[k].ref_bits == L.ref_bits : L.ref_bits == 0))
           << "a vectorised launch mixes modes";
     generic_launches() += L.vec ? 0 : 1;
-    for (int32_t blk = 0; blk < L.blocks(); ++blk) {
-      const int ti = K::task_of_block(L, blk);
-      const int32_t local = blk - L.first_block[ti];
-      if (!L.vec) {
-        for (int tid = 0; tid < K::kDecodeThreads; ++tid) K::decode_block_generic(L, ti, local, tid);
-        continue;
-      }
-      K::with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits,
-                          [&](auto b, auto f, auto c, auto o, auto r) {
-                            modes_run().insert(decltype(r)::value * 10000 + decltype(b)::value * 1000 +
-                                               decltype(f)::value * 100 + decltype(c)::value * 10 + decltype(o)::value);
-                            for (int tid = 0; tid < K::kDecodeThreads; ++tid)
-                              K::decode_block_vec<decltype(b)::value, decltype(f)::value, decltype(c)::value,
-                                                  decltype(o)::value, decltype(r)::value>(L, ti, local, tid);
-                          });
-    }
+    K::host_test::run_launch(L);
   }
 }
 
