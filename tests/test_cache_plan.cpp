@@ -62,8 +62,8 @@ std::string segs_str(const std::vector<PackedModel::Seg>& v) {
 
 /// What the random sequences exercised (printed, and checked to be non-trivial).
 struct Coverage {
-  int rejected = 0, copied_views = 0, zero_copy_views = 0, packed_segments = 0, multi_chunk_spans = 0,
-      sink_spans = 0, head_slices = 0;
+  int rejected = 0, copied_views = 0, zero_copy_views = 0, packed_segments = 0, multi_chunk_spans = 0, sink_spans = 0,
+      head_slices = 0;
 };
 Coverage coverage;
 

@@ -742,7 +742,8 @@ void expect_invalid(const CodecConfig& c, const std::string& needle) {
 TEST(Config, CodecValidation) {
   CodecConfig c;
   c.bits = 5;
-  expect_invalid(c, "bits must be 2, 3 or 4 (or none to disable quantization), got 5");  // the widths of qvg/code_format.h
+  expect_invalid(c,
+                 "bits must be 2, 3 or 4 (or none to disable quantization), got 5");  // the widths of qvg/code_format.h
   c.bits = 3;
   EXPECT_NO_THROW(c.validate());
   c.block_size = 12;

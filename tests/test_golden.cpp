@@ -149,30 +149,57 @@ struct GoldenArraysCase {
   DType dtype;
   Shape4 shape;
   CodecConfig cfg;
-  int layer_bits = 0;       ///< > 0: digest the refinement layer of that width of cfg's decoding instead
-  uint64_t arrays_digest;   ///< XXH64 (seed 0) of the arrays' bytes, in layout order
-  uint64_t decode_digest;   ///< XXH64 (seed 0) of the decoded tensor's bytes
+  int layer_bits = 0;      ///< > 0: digest the refinement layer of that width of cfg's decoding instead
+  uint64_t arrays_digest;  ///< XXH64 (seed 0) of the arrays' bytes, in layout order
+  uint64_t decode_digest;  ///< XXH64 (seed 0) of the decoded tensor's bytes
 };
 
 const std::vector<GoldenArraysCase>& int3_cases() {
   using SD = ScaleDType;
   using SC = Scaling;
   static const std::vector<GoldenArraysCase> v = {
-      {"bf16_int3_sym_fp8_two_level", DType::BF16, {1, 300, 3, 64},
-       cfg_of(3, 32, 32, 1, 2, false, SD::FP8_E4M3, SC::TwoLevel, Init::Random), 0, 0xead31d20d5d25af8, 0xca695539713fd344},
-      {"bf16_int3_asym_bf16_compat_2stages", DType::BF16, {1, 300, 3, 64},
-       cfg_of(3, 16, 64, 2, 3, true, SD::BF16, SC::Compat, Init::Random), 0, 0x6ce90836fa1125e1, 0x19df7c2ef29c32ad},
-      {"f32_int3_asym_fp8_two_level_kmeanspp_block8", DType::F32, {2, 150, 2, 64},
-       cfg_of(3, 64, 8, 1, 4, true, SD::FP8_E4M3, SC::TwoLevel, Init::KMeansPlusPlus), 0, 0x07235606e60b2c7b, 0x34d6f7af6d278452},
-      {"f16_int3_sym_fp8_compat_d40", DType::F16, {1, 200, 2, 40},
-       cfg_of(3, 256, 8, 1, 3, false, SD::FP8_E4M3, SC::Compat, Init::Random), 0, 0xeace81bfd0e09582, 0xc7f1ea51cca279eb},
-      {"bf16_int2_base_int3_layer", DType::BF16, {1, 200, 2, 64},
-       cfg_of(2, 32, 32, 1, 2, false, SD::FP8_E4M3, SC::TwoLevel, Init::Random), 3, 0x96b5fe96fb671674, 0xd759070cc44a1e62},
+      {"bf16_int3_sym_fp8_two_level",
+       DType::BF16,
+       {1, 300, 3, 64},
+       cfg_of(3, 32, 32, 1, 2, false, SD::FP8_E4M3, SC::TwoLevel, Init::Random),
+       0,
+       0xead31d20d5d25af8,
+       0xca695539713fd344},
+      {"bf16_int3_asym_bf16_compat_2stages",
+       DType::BF16,
+       {1, 300, 3, 64},
+       cfg_of(3, 16, 64, 2, 3, true, SD::BF16, SC::Compat, Init::Random),
+       0,
+       0x6ce90836fa1125e1,
+       0x19df7c2ef29c32ad},
+      {"f32_int3_asym_fp8_two_level_kmeanspp_block8",
+       DType::F32,
+       {2, 150, 2, 64},
+       cfg_of(3, 64, 8, 1, 4, true, SD::FP8_E4M3, SC::TwoLevel, Init::KMeansPlusPlus),
+       0,
+       0x07235606e60b2c7b,
+       0x34d6f7af6d278452},
+      {"f16_int3_sym_fp8_compat_d40",
+       DType::F16,
+       {1, 200, 2, 40},
+       cfg_of(3, 256, 8, 1, 3, false, SD::FP8_E4M3, SC::Compat, Init::Random),
+       0,
+       0xeace81bfd0e09582,
+       0xc7f1ea51cca279eb},
+      {"bf16_int2_base_int3_layer",
+       DType::BF16,
+       {1, 200, 2, 64},
+       cfg_of(2, 32, 32, 1, 2, false, SD::FP8_E4M3, SC::TwoLevel, Init::Random),
+       3,
+       0x96b5fe96fb671674,
+       0xd759070cc44a1e62},
   };
   return v;
 }
 
-void PrintTo(const GoldenArraysCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const GoldenArraysCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 uint64_t arrays_digest(const EncodedTensor& e) {
   XXH64_state_t* st = XXH64_createState();

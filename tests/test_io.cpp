@@ -807,7 +807,8 @@ TEST(Qvgt, Int3FilesCarryTheirFormatVersion) {
           "bits=4 is stored as 'qvg.prq/1'");
   refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "format", "qvg.prq/3"); }),
           "must be one of 'qvg.prq/1', 'qvg.prq/2' (the versions this reader knows), got 'qvg.prq/3'");
-  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "bits", "5"); }), "metadata 'bits' must be one of 2, 3 or 4");
+  refused(mutated(b, [](SafetensorsFile& st) { set_meta(st, "bits", "5"); }),
+          "metadata 'bits' must be one of 2, 3 or 4");
   EncodedTensor odd = e;  // an int3 block must fill whole 3-byte groups: 8 channels
   odd.block_size = 4;
   EXPECT_THROW(odd.validate(), CorruptData);

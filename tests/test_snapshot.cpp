@@ -799,8 +799,7 @@ TEST(SnapshotFormat, AThreeBitCacheIsFormat1_5AndRefusedUnderAnOlderMinor) {
   older[10] = 4;  // the header's minor (u16, little-endian, offset 10: docs/snapshot.md)
   older[11] = 0;
   testing::fix_snapshot_checksums(older);
-  const std::string m =
-      error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(older); }, ErrorKind::CorruptData);
+  const std::string m = error_of([&] { (void)PackedCausalCache::from_snapshot_bytes(older); }, ErrorKind::CorruptData);
   EXPECT_NE(m.find("entry 'bits' = 3 is stored from format 1.5, but the file is 1.4"), std::string::npos) << m;
 }
 

@@ -36,8 +36,8 @@ struct CodeFormat {
   /// the version's name instead of misreading it.
   int qvgt_version;
   int snapshot_minor;
-  bool engine;           ///< a width of the engine's own `kv_cache_quant` (int2, int4); else a qvg extension
-  const char* mode;      ///< the engine flag value: "int2"
+  bool engine;       ///< a width of the engine's own `kv_cache_quant` (int2, int4); else a qvg extension
+  const char* mode;  ///< the engine flag value: "int2"
 };
 
 // The rows, one X(bits, G, B, qvgt_version, snapshot_minor, engine) per width, in
@@ -51,8 +51,7 @@ struct CodeFormat {
 // clang-format on
 
 inline constexpr CodeFormat kCodeFormats[] = {
-#define QVG_CODE_ROW(b, g, n, qv, sm, eng) \
-  CodeFormat{b, g, n, (1 << (b - 1)) - 1, (1 << b) - 1, qv, sm, eng, "int" #b},
+#define QVG_CODE_ROW(b, g, n, qv, sm, eng) CodeFormat{b, g, n, (1 << (b - 1)) - 1, (1 << b) - 1, qv, sm, eng, "int" #b},
     QVG_CODE_WIDTHS(QVG_CODE_ROW)
 #undef QVG_CODE_ROW
 };
@@ -85,10 +84,10 @@ namespace code_format_detail {
 constexpr bool rows_valid() {
   int prev = 0;
   for (const CodeFormat& f : kCodeFormats) {
-    if (f.bits <= prev || f.bits < 1 || f.bits > 8) return false;         // increasing, 1..8 bits
-    if (f.group_codes * f.bits != 8 * f.group_bytes) return false;       // a group fills whole bytes
-    if (f.group_bytes < 1 || f.group_bytes > 4) return false;            // a group's value fits 32 bits
-    for (int k = 1; k < f.group_codes; ++k)                              // and no smaller group would
+    if (f.bits <= prev || f.bits < 1 || f.bits > 8) return false;   // increasing, 1..8 bits
+    if (f.group_codes * f.bits != 8 * f.group_bytes) return false;  // a group fills whole bytes
+    if (f.group_bytes < 1 || f.group_bytes > 4) return false;       // a group's value fits 32 bits
+    for (int k = 1; k < f.group_codes; ++k)                         // and no smaller group would
       if ((k * f.bits) % 8 == 0) return false;
     if (f.qmax_sym < 1 || f.qmax_asym != 2 * f.qmax_sym + 1) return false;
     if (f.qvgt_version < 1 || f.snapshot_minor < 0) return false;
@@ -134,7 +133,9 @@ std::string known_code_widths(bool as_modes = false);
 // ---- packing (spec 1.5), for any row -----------------------------------------------
 
 /// Bytes of the codes of `d` channels (REQUIRES d a multiple of the row's group_codes).
-constexpr int64_t code_bytes(const CodeFormat& f, int64_t d) { return d / f.group_codes * f.group_bytes; }
+constexpr int64_t code_bytes(const CodeFormat& f, int64_t d) {
+  return d / f.group_codes * f.group_bytes;
+}
 
 /// The value V of the group of codes starting at `p` (its group_bytes bytes, most
 /// significant first).

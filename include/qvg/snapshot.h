@@ -30,8 +30,8 @@
 #include <utility>
 #include <vector>
 
-#include "qvg/code_format.h"
 #include "qvg/cache_options.h"
+#include "qvg/code_format.h"
 #include "qvg/config.h"
 
 namespace qvg {
@@ -44,10 +44,9 @@ namespace qvg {
 /// layers (their settings, segment flag 0x2); 1.5 a 3-bit residual (int3, from its
 /// row in qvg/code_format.h). A writer writes the lowest version its
 /// cache needs — the latest that introduced a setting whose value is not the
-/// default (or, for a code width, the minor of its row: 1.5 for int3): 1.4 for refinement layers, else 1.3 for a scale search or
-/// a per-role setting, else 1.2 for a head_offset other than 0, else 1.1 for
-/// incremental spans or a span break ratio, else 1.0, byte for byte what a 1.0 writer
-/// wrote.
+/// default (or, for a code width, the minor of its row: 1.5 for int3): 1.4 for refinement layers, else 1.3 for a scale
+/// search or a per-role setting, else 1.2 for a head_offset other than 0, else 1.1 for incremental spans or a span
+/// break ratio, else 1.0, byte for byte what a 1.0 writer wrote.
 inline constexpr uint16_t kSnapshotMajor = 1;
 /// 1.4, or the newest minor a code width needs (qvg/code_format.h: 1.5 for int3; a
 /// file holding only other widths is written as before, in the lowest minor it needs).

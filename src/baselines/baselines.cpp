@@ -21,7 +21,9 @@ using residual_impl::kTiny;
 
 // The baselines' own integer quantizers (KIVI-style, any of their widths 2, 3, 4, 8,
 // not PRQ codes, so not rows of qvg/code_format.h): qmax of a b-bit code.
-int qmax_of(int bits, bool asymmetric) { return asymmetric ? (1 << bits) - 1 : (1 << (bits - 1)) - 1; }
+int qmax_of(int bits, bool asymmetric) {
+  return asymmetric ? (1 << bits) - 1 : (1 << (bits - 1)) - 1;
+}
 
 /// Smallest bf16 value >= x (x finite, |x| far below the bf16 maximum).
 float bf16_round_up(float x) {

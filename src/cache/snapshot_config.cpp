@@ -168,8 +168,8 @@ QuantArgs get_quant(KvReader& kv, uint16_t minor) {
       case SettingKind::Seed: v = kv.u64(s.name); break;
     }
     if (width_minor(s, v) > minor)
-      corrupt("config", fmt::format("{} = {} is stored from format 1.{}, but the file is 1.{}", what,
-                                    setting_text(v), width_minor(s, v), minor));
+      corrupt("config", fmt::format("{} = {} is stored from format 1.{}, but the file is 1.{}", what, setting_text(v),
+                                    width_minor(s, v), minor));
     s.set(q, v);
   }
   return q;

@@ -30,7 +30,9 @@ inline constexpr float kTiny = 1e-10f;
 /// Largest code of a width with a row in qvg/code_format.h: its qmax_sym (int2: 1,
 /// int3: 3, int4: 7) or qmax_asym (spec 1.2). A width without a row fails loudly.
 template <class W>
-QVG_HD constexpr int qmax_of(bool asymmetric) { return asymmetric ? W::kQmaxAsym : W::kQmaxSym; }
+QVG_HD constexpr int qmax_of(bool asymmetric) {
+  return asymmetric ? W::kQmaxAsym : W::kQmaxSym;
+}
 QVG_HD int qmax_of(int bits, bool asymmetric) {
   return dispatch_width(bits, [&](auto w) { return qmax_of<decltype(w)>(asymmetric); });
 }
@@ -218,6 +220,8 @@ QVG_HD int scale_search_best(const float* err, int m) {
 }
 
 /// Code of channel i of a packed row (spec 1.5; qvg::code_at of qvg/code_format.h).
-QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) { return code_at(row, bits, i); }
+QVG_HD int code_of_row(const uint8_t* row, int bits, int64_t i) {
+  return code_at(row, bits, i);
+}
 
 }  // namespace qvg::residual_impl

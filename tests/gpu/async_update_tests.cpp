@@ -40,7 +40,8 @@ qvg::CacheOptions options() {
   return o;
 }
 qvg::QuantArgs recommended() {
-  qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
+  qvg::QuantArgs q =
+      qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
   q.codec.centroids = 16;
   return q;
 }
@@ -92,7 +93,8 @@ QVG_TEST(deferred_check_bad_input_is_never_stored_and_raised_by_the_next_call) {
   bad.poison_value(e, 0x7F80, st.s);  // +inf
   (void)cache.update(bad.k, bad.v, 4 * kN, st.s);
   QVG_EXPECT(qvg::testing::call_kind([&] { cache.check(st.s); }, &msg) == Kind::InvalidArgument) << msg;
-  QVG_EXPECT(msg.find("got inf at [0, 5, 2, 9]") != std::string::npos && msg.find("chunk [384, 480)") != std::string::npos)
+  QVG_EXPECT(msg.find("got inf at [0, 5, 2, 9]") != std::string::npos &&
+             msg.find("chunk [384, 480)") != std::string::npos)
       << msg;
   const auto seg = cache.segment(cache.num_segments() - 1);
   const std::vector<uint16_t> k = to_host<uint16_t>(seg.k_raw.data, size_t(kChunk.numel()), st.s);
@@ -147,7 +149,8 @@ QVG_TEST(graph_captured_dense_step_equals_the_direct_step) {
   std::vector<DeviceChunk> chunks;
   for (int c = 0; c < 4; ++c) chunks.emplace_back(400 + uint64_t(c), st.s);
   for (int c = 0; c < 4; ++c)
-    for (auto* cache : {&direct, &captured}) (void)cache->update(chunks[size_t(c)].k, chunks[size_t(c)].v, c * kN, st.s);
+    for (auto* cache : {&direct, &captured})
+      (void)cache->update(chunks[size_t(c)].k, chunks[size_t(c)].v, c * kN, st.s);
   DeviceChunk step(500, st.s);
   const qvg::KVView want = direct.update(step.k, step.v, 3 * kN, st.s);
   cudaGraph_t graph = nullptr;

@@ -28,6 +28,7 @@
 #include "codec/encode_impl.h"
 #include "codec/kmeans.h"
 #include "gpu/harness.h"
+#include "gpu/host_launch.h"
 #include "gpu/modes.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
@@ -35,7 +36,6 @@
 #include "kernels/cuda/guard_bodies.cuh"
 #include "kernels/cuda/host.h"
 #include "kernels/cuda/span_bodies.cuh"
-#include "gpu/host_launch.h"
 #include "kernels/ref/ref.h"
 #include "qvg/codec.h"
 #include "qvg/error.h"
@@ -122,8 +122,7 @@ using K::host_test::modes_run;
 /// (with_decode_mode) and bodies as the kernels. Returns the number of launches.
 size_t run_decode_launches(const std::vector<K::DecodeArgs>& tasks, int32_t min_blocks = 0) {
   const std::vector<K::DecodeLaunch> plan = K::plan_decode(tasks.data(), int(tasks.size()), min_blocks);
-  for (const K::DecodeLaunch& L : plan)
-    K::host_test::run_launch(L);
+  for (const K::DecodeLaunch& L : plan) K::host_test::run_launch(L);
   return plan.size();
 }
 

@@ -12,8 +12,8 @@
 
 #include "qvg/codec.h"
 #include "qvg/error.h"
-#include "qvg/settings.h"
 #include "qvg/eval/simulate.h"
+#include "qvg/settings.h"
 
 namespace qvg::cli {
 

@@ -75,7 +75,7 @@ struct SegmentSize {
   bool sink = false;
   bool packed = false;  ///< an encoded span (else raw K and V)
   size_t k_bytes = 0, v_bytes = 0;
-  int64_t span = -1;    ///< incremental span id
+  int64_t span = -1;  ///< incremental span id
   /// K + V refinement layers (of the newest encoded chunks), else 0.
   size_t refine_bytes = 0;
   int64_t tokens() const { return g1 - g0; }
@@ -87,8 +87,8 @@ struct PolicyStep {
   int64_t chunk = 0;       ///< index of the chunk just started (the current one)
   int64_t global_end = 0;  ///< tokens generated so far
   size_t resident_bytes = 0;
-  size_t raw_bytes = 0;     ///< of which raw segments (current chunk included)
-  size_t packed_bytes = 0;  ///< of which encoded spans (incremental spans' codebooks included)
+  size_t raw_bytes = 0;       ///< of which raw segments (current chunk included)
+  size_t packed_bytes = 0;    ///< of which encoded spans (incremental spans' codebooks included)
   size_t codebook_bytes = 0;  ///< of which the codebooks of incremental spans (once per span)
   size_t refine_bytes = 0;    ///< of which the refinement layers of the newest encoded chunks
   int64_t raw_tokens = 0, packed_tokens = 0;
@@ -178,7 +178,7 @@ struct MemoryReport {
   /// `qvg simulate` and the main job.
   double model_peak_ratio(ViewMemory views = ViewMemory::Shared) const;
 
-  double ratio() const;         ///< raw_context / packed_context
+  double ratio() const;  ///< raw_context / packed_context
   /// raw_context / policy_peak: bf16 / packed as `qvg memory --json` defines its ratios.
   double policy_ratio() const;
   /// dense_window / policy_peak: against the dense cache holding the same window.

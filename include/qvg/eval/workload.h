@@ -66,8 +66,8 @@ struct ModelPreset {
   int grid_h = 0;    ///< patch rows of one frame
   int grid_w = 0;    ///< patch columns; tokens_per_frame = grid_h * grid_w
   int frames_per_chunk = 0;
-  int context_frames = 0;                ///< history one layer's cache holds while a chunk is generated (sink included)
-  int sink_frames = 0;                   ///< leading frames kept forever (0: no sink)
+  int context_frames = 0;  ///< history one layer's cache holds while a chunk is generated (sink included)
+  int sink_frames = 0;     ///< leading frames kept forever (0: no sink)
   SinkSpan sink_policy = SinkSpan::Chunk;  ///< how the model packs its sink (policy_defaults())
   /// Leading channels with 3D RoPE (even, <= head_dim; the rest is not rotated), split as
   /// Wan does: height and width get 2*(rope_dims/6) channels each, time the rest;

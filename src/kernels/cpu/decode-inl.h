@@ -57,8 +57,7 @@ void ExpandCodeRow(const uint8_t* code, int64_t D, bool asym, float* vals) {
   if constexpr (B == 1) {
     const ByteCodeTable<W>& tab = ByteCodes<W>();
     const float* lut = asym ? &tab.asym[0][0] : &tab.sym[0][0];
-    for (int64_t g = 0; g < ngroups; ++g)
-      std::memcpy(vals + g * G, lut + size_t(code[g]) * size_t(G), size_t(G) * 4);
+    for (int64_t g = 0; g < ngroups; ++g) std::memcpy(vals + g * G, lut + size_t(code[g]) * size_t(G), size_t(G) * 4);
   } else {
     const int off = asym ? 0 : W::kQmaxSym;
     for (int64_t g = 0; g < ngroups; ++g) {
@@ -185,8 +184,8 @@ struct CodeUnpack {
   static_assert(VectorWidth<W>(), "the vector path does not take this width on this target");
   static constexpr size_t G = size_t(W::kGroupCodes), B = size_t(W::kGroupBytes);
   static constexpr size_t kCodeBytes = L / G * B;                 // bytes per vector
-  static constexpr bool kShuffle = B > 1;                          // groups of several bytes
-  static constexpr bool kTwoWords = !kShuffle && kCodeBytes > 4;   // the word spans two 32-bit lanes
+  static constexpr bool kShuffle = B > 1;                         // groups of several bytes
+  static constexpr bool kTwoWords = !kShuffle && kCodeBytes > 4;  // the word spans two 32-bit lanes
   static constexpr bool kLut = (size_t(1) << kBits) <= L;
 
   hn::Vec<DU> shifts, mask;

@@ -16,7 +16,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // Each -inl.h is included here once per target (no per-target include guards);
-// the shared pieces come first.
+// the shared pieces come first (their order matters: clang-format must not sort them).
+// clang-format off
 #include "kernels/cpu/blocked_product-inl.h"  // used by assign and attention
 #include "kernels/cpu/convert-inl.h"          // used by decode
 #include "kernels/cpu/codes-inl.h"            // code packing: used by decode and encode
@@ -25,6 +26,7 @@
 #include "kernels/cpu/decode-inl.h"
 #include "kernels/cpu/encode-inl.h"
 #include "kernels/cpu/limits-inl.h"
+// clang-format on
 
 #include <atomic>
 

@@ -120,7 +120,7 @@ QVG_HD uint32_t load_u16(const uint8_t* p) {
 
 /// Bytes of the 8-channel code word of width W.
 template <class W>
-inline constexpr int kCodeWordBytes = 8 / W::kGroupCodes * W::kGroupBytes;
+inline constexpr int kCodeWordBytes = 8 / W::kGroupCodes* W::kGroupBytes;
 /// Whether a word of width W fits the 32-bit register the vectorised bodies keep it in.
 template <class W>
 inline constexpr bool kCodeWordFits = 8 % W::kGroupCodes == 0 && kCodeWordBytes<W> <= 4;
@@ -425,7 +425,7 @@ QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int t
   namespace A = qvg::cuda_arith;
   using W = qvg::Width<BITS>;
   constexpr bool REF = RBITS != 0;
-  using RW = qvg::Width<REF ? RBITS : BITS>;  // the layer's row (unused without one)
+  using RW = qvg::Width<REF ? RBITS : BITS>;                       // the layer's row (unused without one)
   constexpr int WB = kCodeWordBytes<W>, RWB = kCodeWordBytes<RW>;  // bytes of 8 channels' codes
   constexpr int ESZ = CDT == A::kF32 ? 4 : 2;  // centroid element bytes
   constexpr int OSZ = ODT == A::kF32 ? 4 : 2;  // output element bytes

@@ -384,7 +384,7 @@ QVG_HD void pack_word(const QuantizeArgs& a, int64_t w) {
   // then takes 34 registers, with the constant 48 (nvcc 13, sm_90a; 40 with the former run-time-width pack8).
   const int qmax = qvg::cuda_arith::qmax_of(a.bits, asym);
   const uint32_t word = pack8<W>(v, qmax, asym, a.raw_s[si], asym ? a.raw_z[si] : 0.0f);
-  store_code_word<W>(a.codes + row * (cpr * kCodeWordBytes<W>) + c * kCodeWordBytes<W>, word);
+  store_code_word<W>(a.codes + row * (cpr * kCodeWordBytes<W>)+c * kCodeWordBytes<W>, word);
 }
 /// Group e (flat index over the rows' groups of W::kGroupCodes channels) of the
 /// per-group pack pass (any block size): the group's codes into its
