@@ -16,6 +16,7 @@
 //     extension, included) and lists them in its messages.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -320,6 +321,39 @@ TEST(Settings, TheCodecRowsAreMembersOfOneCodecConfig) {
 
 // Every surface accepts exactly the widths of qvg/code_format.h, from the
 // rows alone (int3 is qvg's; int2 and int4 the engine's), and names them in its messages.
+// A refinement layer is quantized over its encoding's blocks: each role's block_size
+// must hold whole code groups of refine_bits' width too (8 channels at 3 bits), or
+// the cache would refuse its first refined chunk in the middle of an update.
+TEST(Settings, RefinementWidthNeedsWholeCodeGroupsInEveryRolesBlocks) {
+  auto flags = [](std::string block, std::string refine_bits, std::string v_block = "") {
+    std::map<std::string, std::string> f = {{"kv_cache_quant", "int2"},
+                                            {"kv_cache_quant_block_size", block},
+                                            {"kv_cache_quant_span_mode", "incremental"},
+                                            {"kv_cache_quant_refine_recent", "2"},
+                                            {"kv_cache_quant_refine_bits", refine_bits}};
+    if (!v_block.empty()) f["kv_cache_quant_v_block_size"] = v_block;
+    return f;
+  };
+  EXPECT_NO_THROW(QuantArgs::from_flags(flags("8", "3")));
+  EXPECT_NO_THROW(QuantArgs::from_flags(flags("4", "2")));
+  for (const auto& [f, want] : std::vector<std::pair<std::map<std::string, std::string>, std::string>>{
+           {flags("4", "3"),
+            "refine_bits = 3 needs a block_size that is a multiple of 8 (the 3-bit code group; a refinement layer "
+            "shares the encoding's blocks), got block_size = 4 for K"},
+           {flags("8", "3", "12"), "got block_size = 12 for V"}}) {
+    try {
+      (void)QuantArgs::from_flags(f);
+      ADD_FAILURE() << "accepted; wanted " << want;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  // Without refinement layers (refine_recent 0) the width is not used: accepted.
+  auto off = flags("4", "3");
+  off["kv_cache_quant_refine_recent"] = "0";
+  EXPECT_NO_THROW(QuantArgs::from_flags(off));
+}
+
 TEST(Settings, EveryWidthSurfaceTakesTheCodeFormatTable) {
   auto error_of = [](auto&& f) -> std::string {
     try {

@@ -13,7 +13,8 @@
 // V = sum over i < G of code[i] << ((G - 1 - i) * bits) is stored most significant
 // byte first (int4: 2 codes in 1 byte, int2: 4 in 1, int3: 8 in 3).
 //
-// Header-only and usable from nvcc device code (QVG_HD): the CUDA bodies include it.
+// Usable from nvcc device code (QVG_HD): the CUDA bodies include it. Two host functions
+// are defined out of line (unknown_code_width, known_code_widths: src/core/encoding_layout.cpp).
 #pragma once
 
 #include <cstdint>
@@ -57,24 +58,31 @@ inline constexpr CodeFormat kCodeFormats[] = {
 };
 inline constexpr int kCodeFormatCount = int(sizeof kCodeFormats / sizeof kCodeFormats[0]);
 
-/// The row of a width, or nullptr when no row has it. Usable in constant expressions.
+/// The index of a width's row in kCodeFormats, or -1 when no row has it. Usable in
+/// constant expressions (by index, not pointer: GCC's sanitizer builds refuse pointer
+/// comparisons in constant expressions).
+constexpr int code_format_index(int bits) {
+  for (int i = 0; i < kCodeFormatCount; ++i)
+    if (kCodeFormats[i].bits == bits) return i;
+  return -1;
+}
+/// The row of a width, or nullptr when no row has it.
 constexpr const CodeFormat* find_code_format(int bits) {
-  for (const CodeFormat& f : kCodeFormats)
-    if (f.bits == bits) return &f;
-  return nullptr;
+  const int i = code_format_index(bits);
+  return i < 0 ? nullptr : &kCodeFormats[i];
 }
 
 /// The compile-time form of a row, for kernels: `Width<bits>::kGroupCodes` etc.
 /// REQUIRES a width with a row (a static_assert says so otherwise).
 template <int B>
 struct Width {
-  static constexpr const CodeFormat* kRow = find_code_format(B);
-  static_assert(kRow != nullptr, "no code-format row for this width (qvg/code_format.h)");
+  static_assert(code_format_index(B) >= 0, "no code-format row for this width (qvg/code_format.h)");
+  static constexpr CodeFormat kRow = kCodeFormats[code_format_index(B) < 0 ? 0 : code_format_index(B)];
   static constexpr int kBits = B;
-  static constexpr int kGroupCodes = kRow->group_codes;
-  static constexpr int kGroupBytes = kRow->group_bytes;
-  static constexpr int kQmaxSym = kRow->qmax_sym;
-  static constexpr int kQmaxAsym = kRow->qmax_asym;
+  static constexpr int kGroupCodes = kRow.group_codes;
+  static constexpr int kGroupBytes = kRow.group_bytes;
+  static constexpr int kQmaxSym = kRow.qmax_sym;
+  static constexpr int kQmaxAsym = kRow.qmax_asym;
   static constexpr uint32_t kMask = (1u << B) - 1u;
   /// The right shift of code j (0 <= j < G) of a group value V (spec 1.5).
   static constexpr int shift(int j) { return (kGroupCodes - 1 - j) * B; }

@@ -48,10 +48,13 @@ namespace qvg {
 /// search or a per-role setting, else 1.2 for a head_offset other than 0, else 1.1 for incremental spans or a span
 /// break ratio, else 1.0, byte for byte what a 1.0 writer wrote.
 inline constexpr uint16_t kSnapshotMajor = 1;
-/// 1.4, or the newest minor a code width needs (qvg/code_format.h: 1.5 for int3; a
-/// file holding only other widths is written as before, in the lowest minor it needs).
+/// The newest minor: kSnapshotMinorBeforeWidths (the newest of a form other than a
+/// code width; a new form raises it and is described in src/cache/snapshot_format.h),
+/// or the newest a code width needs (qvg/code_format.h: 1.5 for int3). A file holding
+/// only other widths is written as before, in the lowest minor it needs.
+inline constexpr uint16_t kSnapshotMinorBeforeWidths = 4;
 inline constexpr uint16_t kSnapshotMinor = [] {
-  uint16_t m = 4;
+  uint16_t m = kSnapshotMinorBeforeWidths;
   for (const CodeFormat& f : kCodeFormats) m = f.snapshot_minor > m ? uint16_t(f.snapshot_minor) : m;
   return m;
 }();

@@ -42,6 +42,8 @@ def quant_settings() -> list[tuple[str, str, str, bool, Any, str]]:
     """The settings table: (name, flag suffix, kind, per_role, default, allowed) per setting."""
 def engine_quant_fields() -> list[str]:
     """The settings that are also fields of the engine's (SGLang's) QVGKVQuantArgs."""
+def engine_code_widths() -> list[int]:
+    """The residual code widths of the engine's own kv_cache_quant (qvg/code_format.h): [2, 4]."""
 
 class DenseDebugState:
     def __eq__(self, other: object, /) -> bool: ...

@@ -571,6 +571,15 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       "The settings that are also fields of the engine's (SGLang's) QVGKVQuantArgs.");
+  m.def(
+      "engine_code_widths",
+      [] {
+        std::vector<int> out;
+        for (const qvg::CodeFormat& f : qvg::kCodeFormats)
+          if (f.engine) out.push_back(f.bits);
+        return out;
+      },
+      "The residual code widths of the engine's own kv_cache_quant (qvg/code_format.h): [2, 4].");
 
   py::class_<qvg::detail::DenseDebugState>(m, "DenseDebugState")
       .def("__eq__",

@@ -71,6 +71,14 @@ def test_to_reference_keys_dtypes_shapes():
     assert qt.to_reference(compat_encoding(1, 4, False, "bf16", 1))["zeros"] is None
 
 
+def test_a_width_the_reference_lacks_is_refused_by_to_reference():
+    """int3 is qvg's extension (qvg/code_format.h): the reference has no layout for it."""
+    assert qt._C.engine_code_widths() == [2, 4]
+    enc = compat_encoding(1, 3, False, "fp8_e4m3", 1)
+    with pytest.raises(ValueError, match=r"a width the reference has \(2, 4 bits; int3 is qvg's extension\), got bits 3"):
+        qt.to_reference(enc)
+
+
 def test_two_level_encoding_refused_by_to_reference():
     x = torch.randn(1, 16, 1, 64).to(torch.bfloat16)
     enc = qt.encode(x, qt.QVGKVQuantArgs(bits=4, centroids=8))

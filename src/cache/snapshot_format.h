@@ -35,8 +35,9 @@ inline constexpr uint16_t kMinorCodeWidths = [] {
   for (const CodeFormat& f : kCodeFormats) m = f.snapshot_minor > m ? uint16_t(f.snapshot_minor) : m;
   return m;
 }();
-static_assert((kMinorRefinement > kMinorCodeWidths ? kMinorRefinement : kMinorCodeWidths) == kSnapshotMinor,
-              "a new minor version is described here");
+static_assert(kMinorRefinement == kSnapshotMinorBeforeWidths, "a new minor version is described here");
+static_assert(kMinorCodeWidths == 0 || kMinorCodeWidths > kSnapshotMinorBeforeWidths,
+              "a code width's minor is one no other form uses");
 
 // ---- header (40 bytes) ----------------------------------------------------------
 inline constexpr std::array<uint8_t, 8> kMagic = {0x89, 'Q', 'V', 'G', 'S', 'N', 'A', 'P'};

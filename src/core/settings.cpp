@@ -568,6 +568,18 @@ void check_policy_settings(const QuantArgs& q) {
         "refine_recent must be 0 unless span_mode is incremental (a refinement layer belongs to a chunk encoded on "
         "its own), got refine_recent = {} with span_mode = {}",
         q.refine_recent, name(q.span_mode)));
+  // A refinement layer is block-quantized over the encoding's own blocks, so each
+  // role's block_size must hold whole code groups of the layer's width too.
+  const CodeFormat* layer = find_code_format(q.refine_bits);
+  if (q.quantize && q.refine_recent > 0 && layer)
+    for (const CacheRole role : {CacheRole::Key, CacheRole::Value}) {
+      const int block = q.codec_for(role).block_size;
+      if (block % layer->group_codes != 0)
+        throw InvalidArgument(fmt::format(
+            "refine_bits = {} needs a block_size that is a multiple of {} (the {}-bit code group; a refinement "
+            "layer shares the encoding's blocks), got block_size = {} for {}",
+            q.refine_bits, layer->group_codes, q.refine_bits, block, role == CacheRole::Key ? "K" : "V"));
+    }
 }
 
 std::span<const std::string_view> engine_quant_fields() {

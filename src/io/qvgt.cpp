@@ -144,8 +144,9 @@ size_t parse_meta_choice(const std::string& key, const std::string& v,
   corrupt(fmt::format("metadata '{}' must be one of {}, got '{}'", key, list, printable(v)));
 }
 
-// The `format` entry: "qvg.prq/<v>" with v a version some code width is stored in
-// (qvg/code_format.h); another version is refused by name.
+// The `format` entry: "qvg.prq/<v>" with v in 1..the newest version a code width is
+// stored in (qvg/code_format.h); another version is refused by name. Whether v is the
+// one the file's width needs is checked with the width.
 int parse_format_version(const std::string& v) {
   constexpr std::string_view kPrefix = "qvg.prq/";
   std::string known;

@@ -1,7 +1,7 @@
 // `qvg compare`: the QVG codec against the RTN, KIVI-style and QuaRot-style
 // baselines on one context of a realistic workload, at the same bits and block
 // size: bits per element, compression ratio, K/V SNR, attention error and cosine
-// (include/qvg/simulate.h, compare(); docs/simulate.md).
+// (include/qvg/eval/compare.h, compare(); docs/simulate.md).
 //
 // Defaults: self-forcing-1.3b scaled x0.25 (the default workload of `qvg simulate`),
 // --bits 2, 256 centroids, block 64 (the published QVG configuration); the context

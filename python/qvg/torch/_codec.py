@@ -18,6 +18,9 @@ from ._config import QVGKVQuantArgs, _quant_to_c
 
 _FROM_TEXT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _SCALE_TORCH = {"fp8_e4m3": torch.float8_e4m3fn, "bf16": torch.bfloat16}
+# The widths the reference codec has (the engine's rows of qvg/code_format.h); qvg's
+# other widths (int3) have no layout there.
+_REFERENCE_WIDTHS = tuple(_C.engine_code_widths())
 _REFERENCE_KEYS = ("centroids_list", "cluster_ids_list", "residual_quant", "scales", "zeros")
 
 
@@ -75,6 +78,11 @@ def to_reference(encoding: Encoding) -> dict:
     (copies). ValueError for a ``two_level`` encoding (its per-group factors have no
     place in the reference's dict: encode with ``scaling="compat"``)."""
     lay = encoding.layout
+    if lay["bits"] not in _REFERENCE_WIDTHS:
+        raise ValueError(
+            f"to_reference needs an encoding of a width the reference has ({', '.join(map(str, _REFERENCE_WIDTHS))} bits; "
+            f"int{lay['bits']} is qvg's extension), got bits {lay['bits']}"
+        )
     if lay["scaling"] != "compat":
         raise ValueError(
             f"to_reference needs an encoding with scaling 'compat' (the reference stores each block's scale "

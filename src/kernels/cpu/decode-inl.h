@@ -430,6 +430,8 @@ HWY_INLINE void WithConstant(bool flag, const F& f) {
   }
 }
 
+void DecodeRowsGeneric(const DecodeRows& j);  // below: any job
+
 // DecodeRowsVec instantiated for the job's mode: per code width W this target's vector
 // path takes (VectorWidth), 8 kernels on targets with the native bf16 pair, 4
 // elsewhere; a refined job of one stage: 4 (2) more per layer width it takes.
@@ -451,7 +453,10 @@ void DecodeRowsVecAnyMode(const DecodeRows& j) {
           if (j.refine) {  // one stage (RefinedVectorizable)
             dispatch_width(j.refine->bits, [&](auto rw) {
               using RW = decltype(rw);
-              if constexpr (VectorWidth<RW>()) DecodeRowsVec<DecodeMode<W::kBits, kAsym, true, kPair, RW::kBits>>(j);
+              if constexpr (VectorWidth<RW>())
+                DecodeRowsVec<DecodeMode<W::kBits, kAsym, true, kPair, RW::kBits>>(j);
+              else
+                DecodeRowsGeneric(j);  // unreachable through RefinedVectorizable; never leaves rows unwritten
             });
             return;
           }
@@ -460,6 +465,8 @@ void DecodeRowsVecAnyMode(const DecodeRows& j) {
           });
         });
       });
+    } else {
+      DecodeRowsGeneric(j);  // unreachable through DecodeRowsImpl; never leaves rows unwritten
     }
   });
 }
