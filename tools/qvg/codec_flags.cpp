@@ -103,12 +103,14 @@ CodecConfig codec_defaults(CodecDefaults which) {
 
 void add_codec_flags(CLI::App& cmd, CodecConfig& cfg, const CodecFlagsOf& how) {
   cfg = codec_defaults(how.defaults);
+  // The flag registered for each codec row (null: the command has none), for --profile.
+  auto flags = std::make_shared<CodecFlagOptions>();
   // One flag per shared codec row with a CLI name, read by the table's parser.
   for (const Setting& s : quant_settings()) {
     if (!s.codec_row() || s.role || s.cli.empty() || skipped(how, s.name)) continue;
     const std::string flag(s.cli), help = help_of(s, how.defaults);
     if (s.kind == SettingKind::Bool) {
-      cmd.add_flag(flag, cfg.*std::get<bool CodecConfig::*>(s.field), help);
+      flags->emplace_back(&s, cmd.add_flag(flag, cfg.*std::get<bool CodecConfig::*>(s.field), help));
       continue;
     }
     const bool cache = how.cache;
@@ -128,12 +130,13 @@ void add_codec_flags(CLI::App& cmd, CodecConfig& cfg, const CodecFlagsOf& how) {
         help);
     o->type_name(s.kind == SettingKind::Name ? "NAME" : s.kind == SettingKind::Seed ? "UINT" : "INT");
     o->default_str(setting_text(get_codec_field(s, cfg)));
+    flags->emplace_back(&s, o);
   }
   if (!skipped(how, "threads")) add_threads(cmd, cfg.threads);
-  add_profile_flag(cmd, cfg);
+  add_profile_flag(cmd, cfg, flags);
 }
 
-void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
+void add_profile_flag(CLI::App& cmd, CodecConfig& cfg, std::shared_ptr<const CodecFlagOptions> flags) {
   auto profile = std::make_shared<std::string>();
   cmd.add_option("--profile", *profile,
                  "settings by name: reference (the engine's defaults, compat scaling) | hq (a codec, "
@@ -142,7 +145,7 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
                  "order")
       ->type_name("NAME");
   // After parsing: the profile's value for every codec setting whose flag was not given.
-  cmd.parse_complete_callback([&cmd, &cfg, profile] {
+  cmd.parse_complete_callback([&cmd, &cfg, profile, flags] {
     // Not given: nothing to apply. Given, even as '' (one option parser on every
     // surface): a name that apply_profile accepts, or its error, as from the engine's
     // flags.
@@ -152,11 +155,16 @@ void add_profile_flag(CLI::App& cmd, CodecConfig& cfg) {
       q.apply_profile(*profile);
       return 0;
     });
+    // Every shared codec row whose own flag (the one add_codec_flags registered, not
+    // another option of the same name) was not given, and every row the command has
+    // no flag for, takes the profile's value.
     const CodecConfig p = q.codec_for(CacheRole::Key);
     for (const Setting& s : quant_settings()) {
-      if (!s.codec_row() || s.role || s.cli.empty()) continue;
-      const CLI::Option* o = cmd.get_option_no_throw(std::string(s.cli));
-      if (o != nullptr && o->count() == 0) copy_codec_field(s, p, cfg);
+      if (!s.codec_row() || s.role) continue;
+      const CLI::Option* o = nullptr;
+      for (const auto& [row, opt] : *flags)
+        if (row == &s) o = opt;
+      if (o == nullptr || o->count() == 0) copy_codec_field(s, p, cfg);
     }
   });
 }

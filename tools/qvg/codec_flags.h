@@ -16,15 +16,19 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli_util.h"
 #include "qvg/config.h"
+#include "qvg/settings.h"
 #include "qvg/tensor.h"
 
 namespace qvg::cli {
@@ -53,12 +57,17 @@ CodecConfig codec_defaults(CodecDefaults which);
 /// group's defaults here).
 void add_codec_flags(CLI::App& cmd, CodecConfig& cfg, const CodecFlagsOf& how = {});
 
+/// The option add_codec_flags registered for each shared codec row that has one.
+using CodecFlagOptions = std::vector<std::pair<const Setting*, const CLI::Option*>>;
+
 /// Adds `--profile NAME` (QuantArgs::apply_profile: reference | hq | recommended); once
-/// the command line is parsed, every codec setting of cfg with a flag that was not given
-/// takes the profile's value (of K's codec), so explicit flags override the profile
-/// whatever their order. add_codec_flags calls it. The profile's policy settings
+/// the command line is parsed, every shared codec setting of cfg whose flag in `flags`
+/// was not given, or that has no flag there, takes the profile's value (of K's codec),
+/// so explicit flags override the profile whatever their order, and an option of the
+/// same name that is not the codec's (simulate's --bits list, compare's video --seed)
+/// never decides. add_codec_flags calls it. The profile's policy settings
 /// (recommended's) are the caller's to apply: apply_cache_flags with given_profile(cmd).
-void add_profile_flag(CLI::App& cmd, CodecConfig& cfg);
+void add_profile_flag(CLI::App& cmd, CodecConfig& cfg, std::shared_ptr<const CodecFlagOptions> flags);
 
 /// The name given to cmd's `--profile` (after parsing), or nullopt when it was not given.
 std::optional<std::string> given_profile(const CLI::App& cmd);
