@@ -14,7 +14,7 @@
 // byte first (int4: 2 codes in 1 byte, int2: 4 in 1, int3: 8 in 3).
 //
 // Usable from nvcc device code (QVG_HD): the CUDA bodies include it. Two host functions
-// are defined out of line (unknown_code_width, known_code_widths: src/core/encoding_layout.cpp).
+// are defined out of line (unknown_code_width, known_code_widths: src/core/code_format.cpp).
 #pragma once
 
 #include <cstdint>

@@ -116,9 +116,6 @@ void write_safetensors(const std::filesystem::path& path, const SafetensorsFile&
 
 // ---- .qvgt: one encoded tensor (spec 1.5, 1.6) -------------------------------------
 
-/// Value of the `format` metadata entry of a file that uses only spec 1.6's first
-/// stored forms (every file before a later form existed; byte for byte as then).
-inline constexpr std::string_view kQvgtFormat = "qvg.prq/1";
 /// The `format` entry a file holding `layout` carries: `qvg.prq/<v>`, v the version of
 /// its code width's row in qvg/code_format.h (int2, int4: 1; int3: 2). Readers accept
 /// exactly that version for that layout, and refuse a version they do not know by name.

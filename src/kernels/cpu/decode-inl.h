@@ -484,18 +484,20 @@ bool RefinedVectorizable(const DecodeRows& j) {
 // element: acc = round-trip(acc) + ((code - qmax) * s_eff + centroid), each operation
 // rounded once, round-trip the output dtype's rounding widened back (RoundTrip).
 void AddLayerScalar(const RefineRows& r, int64_t t, int64_t D, DType out, float* acc) {
-  const int qmax = residual_impl::qmax_of(r.bits, false);
   const bool fp8 = r.scale_dtype == ScaleDType::FP8_E4M3;
-  const uint8_t* code = r.codes + t * (D * r.bits / 8);
-  for (int64_t d = 0; d < D; ++d) {
-    const float s = residual_impl::stored_value(r.scales, fp8, t * (D / r.block) + d / r.block) * r.scale_factor;
-    const float layer = residual_impl::dequant(residual_impl::code_of_row(code, r.bits, d), qmax, false, s, 0.0f) +
-                        r.centroid[d];
-    float v = acc[d];
-    if (out == DType::BF16) v = qvg::bf16_to_f32(qvg::f32_to_bf16(v));
-    if (out == DType::F16) v = qvg::f16_to_f32(qvg::f32_to_f16_sat(v));
-    acc[d] = v + layer;
-  }
+  dispatch_width(r.bits, [&](auto w) {  // the layer's width once per row, not per element
+    using W = decltype(w);
+    constexpr int qmax = residual_impl::qmax_of<W>(false);
+    const uint8_t* code = r.codes + t * (D / W::kGroupCodes * W::kGroupBytes);
+    for (int64_t d = 0; d < D; ++d) {
+      const float s = residual_impl::stored_value(r.scales, fp8, t * (D / r.block) + d / r.block) * r.scale_factor;
+      const float layer = residual_impl::dequant(code_at<W>(code, d), qmax, false, s, 0.0f) + r.centroid[d];
+      float v = acc[d];
+      if (out == DType::BF16) v = qvg::bf16_to_f32(qvg::f32_to_bf16(v));
+      if (out == DType::F16) v = qvg::f16_to_f32(qvg::f32_to_f16_sat(v));
+      acc[d] = v + layer;
+    }
+  });
 }
 
 // Any job: per token, the codes are expanded to floats (ExpandCodeRow: a byte table
