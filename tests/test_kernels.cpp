@@ -695,6 +695,45 @@ TEST_P(PerTarget, BlockErrorsAtRoundingBreakpointsMatchTheReference) {
   EXPECT_EQ(checked, 300);
 }
 
+// Many blocks in one call (the encoder's form: several blocks' sums side by side, in
+// groups of tasks): each block's errors are the scalar reference's bits, whatever the
+// block's candidate count, and whether or not its group holds a block whose scales
+// need the division (tiny or huge ones) or a zero scale.
+TEST_P(PerTarget, BlockErrorsOfManyBlocksMatchTheReference) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  constexpr int kStride = 15;
+  for (int rep = 0; rep < 40; ++rep) {
+    const int64_t bs = std::vector<int64_t>{8, 32, 64}[size_t(rep % 3)];
+    const int64_t nblocks = 1 + int64_t(rng() % 23);
+    const int bits = 2 + rep % 3;
+    const bool asym = (rep / 3) % 2;
+    const int qmax = asym ? (1 << bits) - 1 : (1 << (bits - 1)) - 1;
+    std::vector<float> x(size_t(nblocks * bs)), s(size_t(nblocks * kStride), -7.0f), z(s.size(), -7.0f);
+    std::vector<int> m(static_cast<size_t>(nblocks));
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const float mag = std::vector<float>{1e-3f, 1.0f, 3e4f}[size_t(rng() % 3)];
+      for (int64_t i = 0; i < bs; ++i) x[size_t(b * bs + i)] = nd(rng) * mag;
+      m[size_t(b)] = 1 + int(rng() % kStride);
+      const float smag = rng() % 5 == 0 ? 1e-39f : mag;  // a block needing the division now and then
+      for (int c = 0; c < m[size_t(b)]; ++c) {
+        s[size_t(b * kStride + c)] = rng() % 11 == 0 ? 0.0f : std::fabs(nd(rng)) * smag;
+        z[size_t(b * kStride + c)] = nd(rng) * mag;
+      }
+    }
+    std::vector<float> got(s.size(), -1.0f);
+    kernels::block_errors_batch(x.data(), nblocks, bs, qmax, asym, s.data(), z.data(), kStride, m.data(), got.data());
+    for (int64_t b = 0; b < nblocks; ++b) {
+      std::vector<float> want(kStride, -1.0f);
+      kernels::ref::block_errors(x.data() + b * bs, bs, qmax, asym, s.data() + b * kStride, z.data() + b * kStride,
+                                 m[size_t(b)], want.data());
+      for (int c = 0; c < kStride; ++c)
+        ASSERT_EQ(f32_bits(got[size_t(b * kStride + c)]), f32_bits(want[size_t(c)]))
+            << "rep " << rep << " block " << b << " of " << nblocks << " candidate " << c << " of " << m[size_t(b)];
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);
 
 // The benchmark's FMA loop (src/perf, compiled per target like the kernels).

@@ -8,6 +8,7 @@
 // qvg/cache.h includes this header, so code that includes the cache sees these too.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -74,6 +75,14 @@ class ViewScratch {
     if (n != buf_.size()) buf_ = AlignedBuffer::uninitialized(n);
   }
   void release() { buf_ = AlignedBuffer(); }  ///< frees the memory (views into it die)
+  /// The size a cache gives its view buffer when it holds `had` bytes and needs `need`
+  /// (more): twice `had`, at most `limit` (the cache's window of K and V), at least
+  /// `need`. A window that grows chunk by chunk is then allocated O(log) times, each
+  /// page faulted in once per allocation rather than once per call; the caches keep the
+  /// buffer between calls and never shrink it (release() frees it).
+  static size_t grown_size(size_t had, size_t need, size_t limit) {
+    return std::max(need, std::min(limit, 2 * had));
+  }
 
  private:
   AlignedBuffer buf_;

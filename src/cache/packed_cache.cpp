@@ -272,9 +272,12 @@ struct PackedCausalCache::Impl {
     // layout); a single range inside the current chunk is returned without a copy.
     const int64_t T = p.view.tokens;
     const size_t view_bytes = p.copies ? 2 * size_t(B * T * h_in * D) * esz : 0;
-    // An advance that encodes frees an unshared view buffer first (lower peak while
-    // encoding); a shared one is kept for the other caches that use it.
-    if (scratch->size() != view_bytes || (p.advance && quant.enabled() && scratch.use_count() == 1)) scratch->release();
+    // The view buffer is kept between calls (no fresh pages per call) and only grows:
+    // it is freed before it grows (never held twice) and by an advance that encodes
+    // when unshared (lower peak while encoding); a shared one is kept for the other
+    // caches that use it.
+    const size_t had = scratch->size();
+    if (had < view_bytes || (p.advance && quant.enabled() && scratch.use_count() == 1)) scratch->release();
     meter.add(scratch->size());  // kept for reuse: held through the call
 
     std::vector<Segment>& segs = pol.segments();
@@ -308,9 +311,9 @@ struct PackedCausalCache::Impl {
       out.v = detail::sub_view(v_rows(cur), p.view.tail_start - cur.g0, T, head0, h_in);
       out.zero_copy = true;
     } else {
-      if (scratch->size() != view_bytes) {
-        scratch->resize(view_bytes);
-        meter.add(view_bytes);
+      if (scratch->size() < view_bytes) {
+        scratch->resize(ViewScratch::grown_size(had, view_bytes, 2 * size_t(B * window * h_in * D) * esz));
+        meter.add(scratch->size());
       }
       const detail::Rows vk{scratch->data(), opt.dtype, B, T, h_in, D};
       const detail::Rows vv{scratch->data() + view_bytes / 2, opt.dtype, B, T, h_in, D};

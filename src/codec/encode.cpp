@@ -33,9 +33,6 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   // (Block maxima and minima come from the SIMD kernels; the rest is per block.)
   std::vector<float> raw_s(static_cast<size_t>(S * nb)), raw_z(asym ? size_t(S * nb) : 0);
   std::vector<float> hi(asym ? size_t(S * nb) : 0);  // block maxima (asymmetric)
-  // The scale search's candidates (stored bits, effective values) and their errors.
-  R::ScaleCandidates cand;
-  float cand_err[R::kScaleSearchSteps];
   float max_s = 0, max_z = 0;
   if (!asym) {
     kernels::block_absmax(r, S * nb, bs, raw_s.data());
@@ -64,25 +61,45 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   // and pack (SIMD kernel).
   const int64_t sbase = group * S * nb;
   std::vector<float> s_eff(raw_s.size()), z_eff(raw_z.size());
+  // The scale search (Mse): candidates shrink the block's range (symmetric: [-absmax,
+  // absmax]; asymmetric: [lo, hi] about its centre); the factors stay those of the
+  // `off` choice, so a candidate's stored values are what the decoder reads.
+  // Candidates whose stored bits equal the previous one's are skipped (same error).
+  // The errors come from the SIMD kernel (the same bits on every target), a tile of
+  // blocks per call; the first least one wins.
+  constexpr int64_t kTile = 64;  // blocks per kernel call
+  constexpr int kSteps = R::kScaleSearchSteps;
+  const bool searching = search == ScaleSearch::Mse;
+  std::vector<R::ScaleCandidates> cand(searching ? size_t(std::min<int64_t>(kTile, S * nb)) : 0);
+  std::vector<float> cs(cand.size() * kSteps), cz(cs.size()), cerr(cs.size());
+  std::vector<int> cm(cand.size());
   for (size_t i = 0; i < raw_s.size(); ++i) {
     const int64_t si = sbase + int64_t(i);
     uint32_t s_bits = R::store_format(R::to_store(raw_s[i], divide, g), fp8);
     uint32_t z_bits = asym ? R::store_format(R::to_store(raw_z[i], divide, gz), fp8) : 0u;
     float se = R::effective(R::format_value(s_bits, fp8), g);
     float ze = asym ? R::effective(R::format_value(z_bits, fp8), gz) : 0.0f;
-    if (search == ScaleSearch::Mse) {
-      // Candidates shrink the block's range (symmetric: [-absmax, absmax]; asymmetric:
-      // [lo, hi] about its centre); the factors stay those of the `off` choice, so a
-      // candidate's stored values are what the decoder reads. Candidates whose stored
-      // bits equal the previous one's are skipped (same error). The errors come from
-      // the SIMD kernel (the same bits on every target); the first least one wins.
-      R::scale_search_candidates(raw_s[i], asym ? raw_z[i] : 0.0f, asym ? hi[i] : 0.0f, asym, divide, g, gz, fp8, cand);
-      kernels::block_errors(r + int64_t(i) * bs, bs, qmax, asym, cand.s_eff, cand.z_eff, cand.m, cand_err);
-      const int best = R::scale_search_best(cand_err, cand.m);
-      s_bits = cand.s_bits[best];
-      z_bits = cand.z_bits[best];
-      se = cand.s_eff[best];
-      ze = cand.z_eff[best];
+    if (searching) {
+      const size_t tile0 = i - i % size_t(kTile), k = i - tile0;
+      if (k == 0) {  // the tile's candidates and errors, all at once
+        const size_t nt = std::min(size_t(kTile), raw_s.size() - tile0);
+        for (size_t b = 0; b < nt; ++b) {
+          const size_t t = tile0 + b;
+          R::scale_search_candidates(raw_s[t], asym ? raw_z[t] : 0.0f, asym ? hi[t] : 0.0f, asym, divide, g, gz, fp8,
+                                     cand[b]);
+          std::copy_n(cand[b].s_eff, cand[b].m, cs.data() + b * kSteps);
+          std::copy_n(cand[b].z_eff, cand[b].m, cz.data() + b * kSteps);
+          cm[b] = cand[b].m;
+        }
+        kernels::block_errors_batch(r + int64_t(tile0) * bs, int64_t(nt), bs, qmax, asym, cs.data(), cz.data(), kSteps,
+                                    cm.data(), cerr.data());
+      }
+      const R::ScaleCandidates& c = cand[k];
+      const int best = R::scale_search_best(cerr.data() + k * kSteps, c.m);
+      s_bits = c.s_bits[best];
+      z_bits = c.z_bits[best];
+      se = c.s_eff[best];
+      ze = c.z_eff[best];
     }
     R::put_stored(enc.scales.data(), fp8, si, s_bits);
     s_eff[i] = se;

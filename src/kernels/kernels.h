@@ -103,6 +103,13 @@ void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, in
 /// equal kernels::ref::block_errors on every target. REQUIRES z_eff non-null when asym.
 void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
                   float* err);
+/// block_errors of nblocks consecutive blocks of bs elements (block b at x + b * bs):
+/// block b's ncand[b] candidates at s_eff + b * stride (z_eff likewise), its errors
+/// to err + b * stride. Each block's errors are block_errors' bits; several blocks run
+/// side by side (their sums overlap), so this is the fast form for many blocks.
+/// REQUIRES 1 <= ncand[b] <= stride, z_eff non-null when asym.
+void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
+                        const float* z_eff, int64_t stride, const int* ncand, float* err);
 
 /// Native bf16 conversion (AVX512-BF16) in decode: available when the CPU has it
 /// and the dispatched target is AVX-512; used unless switched off. It flushes

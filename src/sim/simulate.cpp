@@ -612,6 +612,10 @@ void summarize_model_level(const SimulationResult& r, size_t j, PackedSummary& s
   const size_t n_model = size_t(std::max(1, r.preset.layers));
   std::vector<size_t> prev;  // each simulated layer's predicted resident bytes after the previous chunk
   bool predicted = true;
+  // The shared view buffer as the caches size it: grown to the largest view so far by
+  // ViewScratch::grown_size (bf16, batch 1, the window of K and V its limit).
+  const size_t limit = 2 * size_t(r.preset.cache_tokens() * r.preset.heads * r.preset.head_dim) * dtype_size(DType::BF16);
+  size_t buffer = 0;
   for (const ChunkRecord& c : r.chunks) {
     if (c.layers.empty()) continue;
     const PackedLayerRecord a = sim::pooled(c, j);  // the largest view and model bytes, the mean resident
@@ -625,7 +629,9 @@ void summarize_model_level(const SimulationResult& r, size_t j, PackedSummary& s
     if (prev.empty()) prev.assign(c.layers.size(), 0);
     for (size_t i = 0; i < c.layers.size(); ++i) {
       prev[i] = *c.layers[i].packed[j].predicted_resident_bytes;
-      size_t held = c.layers[i].packed[j].view_bytes;
+      const size_t need = c.layers[i].packed[j].view_bytes;
+      if (need > buffer) buffer = ViewScratch::grown_size(buffer, need, limit);
+      size_t held = buffer;
       for (const size_t b : prev) held += b;
       s.predicted_model_peak_bytes = std::max(s.predicted_model_peak_bytes, held);
     }

@@ -45,6 +45,7 @@ HWY_EXPORT(AssignNearestImpl);
 HWY_EXPORT(AttentionHeadImpl);
 HWY_EXPORT(Bf16ToF32Impl);
 HWY_EXPORT(BlockAbsMaxImpl);
+HWY_EXPORT(BlockErrorsBatchImpl);
 HWY_EXPORT(BlockErrorsImpl);
 HWY_EXPORT(BlockMinMaxImpl);
 HWY_EXPORT(DecodeRowsImpl);
@@ -71,6 +72,10 @@ void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax) {
 void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
                   float* err) {
   HWY_DYNAMIC_DISPATCH(BlockErrorsImpl)(x, n, qmax, asym, s_eff, z_eff, ncand, err);
+}
+void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
+                        const float* z_eff, int64_t stride, const int* ncand, float* err) {
+  HWY_DYNAMIC_DISPATCH(BlockErrorsBatchImpl)(x, nblocks, bs, qmax, asym, s_eff, z_eff, stride, ncand, err);
 }
 void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float* hi) {
   HWY_DYNAMIC_DISPATCH(BlockMinMaxImpl)(x, nblocks, bs, lo, hi);

@@ -152,58 +152,115 @@ void QuantizeRowsImpl(const float* r, int64_t count, int64_t dim, int64_t block,
   dispatch_width(bits, [&](auto w) { QuantizeRowsW<decltype(w)>(r, count, dim, block, asym, s_eff, z_eff, codes); });
 }
 
-// Candidates in lanes (lane j: candidate c0 + j), channels in order: every lane runs
-// residual_impl::block_sq_error's operations, so the bits do not depend on the width.
-void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
-                     float* err) {
+// The scale search's errors (residual_impl::block_sq_error) with candidates in lanes
+// and channels in order, so every lane runs the scalar rule and the bits do not depend
+// on the width. A task is one vector of candidates of one block; kErrTasks tasks (of
+// any blocks) run side by side, so that their sums — each a chain of dependent adds —
+// overlap.
+struct ErrTask {
+  const float* x;  // the block's elements
+  const float* s;  // its candidates' effective scales
+  const float* z;  // and zeros (asymmetric)
+  float* err;      // their errors
+  int m;           // candidates in this task (<= lanes)
+};
+inline constexpr int kErrTasks = 4;
+
+// N tasks of n elements. kRecip: every task's 1 / s is normal, so most quotients are
+// (x - z) * (1 / s): within 2^-23 relative of the rounded quotient, the same code
+// unless it lies within `tol` of a half-integer (|quotient| <= 17 after the clamp:
+// 2^-16 is several times that bound); such an element (rare) takes the division.
+template <int N, bool kRecip>
+void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
+  using V = hn::Vec<decltype(df)>;
   const int L = int(hn::Lanes(df));
   const float hi = float(qmax), lo = asym ? 0.0f : -hi;
-  const auto vlo = hn::Set(df, lo - 1.0f), vhi = hn::Set(df, hi + 1.0f), rlo = hn::Set(df, lo), rhi = hn::Set(df, hi);
-  const auto zero = hn::Zero(df), one = hn::Set(df, 1.0f), neg_one = hn::Set(df, -1.0f);
-  const auto half = hn::Set(df, 0.5f), neg_half = hn::Set(df, -0.5f);
-  HWY_ALIGN float sb[hn::MaxLanes(df)], zb[hn::MaxLanes(df)], eb[hn::MaxLanes(df)];
-  for (int c0 = 0; c0 < ncand; c0 += L) {
-    const int m = std::min(L, ncand - c0);
+  const V vlo = hn::Set(df, lo - 1.0f), vhi = hn::Set(df, hi + 1.0f), rlo = hn::Set(df, lo), rhi = hn::Set(df, hi);
+  const V zero = hn::Zero(df), one = hn::Set(df, 1.0f), half = hn::Set(df, 0.5f), tol = hn::Set(df, 0x1p-16f);
+  V sv[N], zv[N], sdiv[N], inv[N], acc[N];
+  HWY_ALIGN float sb[hn::MaxLanes(df)], zb[hn::MaxLanes(df)];
+  for (int u = 0; u < N; ++u) {
     for (int j = 0; j < L; ++j) {
-      const int c = c0 + std::min(j, m - 1);
-      sb[j] = s_eff[c];
-      zb[j] = asym ? z_eff[c] : 0.0f;
+      const int c = std::min(j, tk[u].m - 1);  // spare lanes repeat the last candidate
+      sb[j] = tk[u].s[c];
+      zb[j] = asym ? tk[u].z[c] : 0.0f;
     }
-    const auto sv = hn::Load(df, sb), zv = hn::Load(df, zb);
-    const auto s_zero = hn::Eq(sv, zero);
-    const auto sdiv = hn::IfThenElse(s_zero, one, sv);  // no 0/0 in the lanes that do not use it
-    // The quotient (x - z) / s decides only the code, round-half-away-from-zero of the
-    // clamped quotient, whose breakpoints are the half-integers. (x - z) * (1 / s) is
-    // within 2^-23 relative of the rounded quotient, so it gives the same code unless it
-    // lies within `tol` of a half-integer (|quotient| <= 17 after the clamp: 2^-16 is
-    // several times that bound); such an element (rare) takes the division. Needs 1 / s
-    // normal in every lane (tiny or huge scales: the division throughout).
-    const auto inv = hn::Div(one, sdiv);
-    const bool recip = hn::AllTrue(df, hn::And(hn::IsFinite(inv), hn::Ge(hn::Abs(inv), hn::Set(df, 1.17549435e-38f))));
-    const auto tol = hn::Set(df, 0x1p-16f);
-    auto acc = zero;
-    for (int64_t i = 0; i < n; ++i) {
-      const auto xv = hn::Set(df, x[i]);
-      const auto num = hn::Sub(xv, zv);
-      auto v = hn::Min(hn::Max(recip ? hn::Mul(num, inv) : hn::Div(num, sdiv), vlo), vhi);
-      if (recip) {
-        const auto fr0 = hn::Sub(v, hn::ConvertTo(df, hn::ConvertTo(di, v)));  // exact: |v| <= 2^bits + 1
-        if (!hn::AllFalse(df, hn::Le(hn::Abs(hn::Sub(hn::Abs(fr0), half)), tol)))
-          v = hn::Min(hn::Max(hn::Div(num, sdiv), vlo), vhi);  // near a breakpoint: the rounded quotient
-      }
-      const auto t = hn::ConvertTo(df, hn::ConvertTo(di, v));
-      const auto fr = hn::Sub(v, t);
-      const auto adj = hn::IfThenElse(hn::Ge(fr, half), one, hn::IfThenElseZero(hn::Le(fr, neg_half), neg_one));
-      const auto r = hn::Min(hn::Max(hn::Add(t, adj), rlo), rhi);
-      const auto deq = hn::IfThenElse(s_zero, zv, hn::Add(hn::Mul(r, sv), zv));
-      const auto d = hn::Sub(xv, deq);
-      acc = hn::Add(acc, hn::Mul(d, d));
-    }
-    hn::Store(acc, df, eb);
-    for (int j = 0; j < m; ++j) err[c0 + j] = eb[j];
+    sv[u] = hn::Load(df, sb);
+    zv[u] = hn::Load(df, zb);
+    // A zero scale decodes every code to z: r * 0 + z is z (or a zero when z is one),
+    // so x - that has the reference's square whatever the code; the quotient's lane
+    // divides by 1 instead (no 0/0).
+    sdiv[u] = hn::IfThenElse(hn::Eq(sv[u], zero), one, sv[u]);
+    inv[u] = hn::Div(one, sdiv[u]);
+    acc[u] = zero;
   }
+  const auto code = [&](V num, int u) {  // the clamped quotient's truncation and fraction
+    V v = hn::Min(hn::Max(kRecip ? hn::Mul(num, inv[u]) : hn::Div(num, sdiv[u]), vlo), vhi);
+    V t = hn::Trunc(v);  // exact: |v| <= 2^bits + 1 (a -0 for -1 < v < 0: the sum below is +0 all the same)
+    V afr = hn::Abs(hn::Sub(v, t));
+    if (kRecip && !hn::AllFalse(df, hn::Le(hn::Abs(hn::Sub(afr, half)), tol))) {
+      v = hn::Min(hn::Max(hn::Div(num, sdiv[u]), vlo), vhi);  // near a breakpoint: the rounded quotient
+      t = hn::Trunc(v);
+      afr = hn::Abs(hn::Sub(v, t));
+    }
+    // Round half away from zero: |fraction| >= 1/2 steps away from zero (its sign is v's).
+    const V r = hn::Add(t, hn::IfThenElseZero(hn::Ge(afr, half), hn::CopySign(one, v)));
+    return hn::Min(hn::Max(r, rlo), rhi);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    for (int u = 0; u < N; ++u) {
+      const V xv = hn::Set(df, tk[u].x[i]);
+      const V r = code(hn::Sub(xv, zv[u]), u);
+      const V d = hn::Sub(xv, hn::Add(hn::Mul(r, sv[u]), zv[u]));
+      acc[u] = hn::Add(acc[u], hn::Mul(d, d));
+    }
+  }
+  HWY_ALIGN float eb[hn::MaxLanes(df)];
+  for (int u = 0; u < N; ++u) {
+    hn::Store(acc[u], df, eb);
+    std::copy_n(eb, tk[u].m, tk[u].err);
+  }
+}
+
+template <int N>
+void ErrTasksOf(const ErrTask* tk, int64_t n, int qmax, bool asym) {
+  const hn::ScalableTag<float> df;
+  const auto one = hn::Set(df, 1.0f), zero = hn::Zero(df), smallest = hn::Set(df, 1.17549435e-38f);
+  bool recip = true;  // 1 / s normal in every lane of every task (tiny or huge scales: the division)
+  HWY_ALIGN float sb[hn::MaxLanes(df)];
+  for (int u = 0; u < N && recip; ++u) {
+    for (size_t j = 0; j < hn::Lanes(df); ++j) sb[j] = tk[u].s[std::min(int(j), tk[u].m - 1)];
+    const auto sv = hn::Load(df, sb);
+    const auto inv = hn::Div(one, hn::IfThenElse(hn::Eq(sv, zero), one, sv));
+    recip = hn::AllTrue(df, hn::And(hn::IsFinite(inv), hn::Ge(hn::Abs(inv), smallest)));
+  }
+  if (recip)
+    ErrTasksN<N, true>(tk, n, qmax, asym);
+  else
+    ErrTasksN<N, false>(tk, n, qmax, asym);
+}
+
+void BlockErrorsBatchImpl(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
+                          const float* z_eff, int64_t stride, const int* ncand, float* err) {
+  const int L = int(hn::Lanes(hn::ScalableTag<float>()));
+  ErrTask tk[kErrTasks];
+  int k = 0;
+  for (int64_t b = 0; b < nblocks; ++b)
+    for (int c0 = 0; c0 < ncand[b]; c0 += L) {
+      const int64_t o = b * stride + c0;
+      tk[k++] = {x + b * bs, s_eff + o, asym ? z_eff + o : nullptr, err + o, std::min(L, ncand[b] - c0)};
+      if (k == kErrTasks) {
+        ErrTasksOf<kErrTasks>(tk, bs, qmax, asym);
+        k = 0;
+      }
+    }
+  for (int u = 0; u < k; ++u) ErrTasksOf<1>(tk + u, bs, qmax, asym);
+}
+
+void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
+                     float* err) {
+  BlockErrorsBatchImpl(x, 1, n, qmax, asym, s_eff, z_eff, ncand, &ncand, err);
 }
 
 QVG_CPU_KERNELS_END
