@@ -237,5 +237,66 @@ TEST_P(GoldenInt3, ArraysAndDecodedBytesAreUnchanged) {
 INSTANTIATE_TEST_SUITE_P(Fixed, GoldenInt3, ::testing::ValuesIn(int3_cases()),
                          [](const ::testing::TestParamInfo<GoldenArraysCase>& i) { return i.param.name; });
 
+// The scale search (ScaleSearch::Mse): every block's choice among its candidates is
+// stored, so the encoding's arrays pin the search's rule (the candidates, the errors'
+// bits, the first least one). Recorded before the search's errors were computed many
+// blocks per call; equal after it. Cases span the widths, both scalings and scale
+// formats, symmetric and asymmetric, blocks of 8-64 and a group's block count below and
+// above the encoder's tile of 64 blocks.
+const std::vector<GoldenArraysCase>& scale_search_cases() {
+  using SD = ScaleDType;
+  using SC = Scaling;
+  const auto mse = [](CodecConfig c) {
+    c.scale_search = ScaleSearch::Mse;
+    return c;
+  };
+  static const std::vector<GoldenArraysCase> v = {
+      {"bf16_int2_asym_fp8_two_level_mse",
+       DType::BF16,
+       {1, 300, 3, 128},
+       mse(cfg_of(2, 32, 64, 1, 2, true, SD::FP8_E4M3, SC::TwoLevel, Init::Random)),
+       0,
+       0xbf7bfeb1b3ffdc0e,
+       0x165aec6e3e5ddc72},
+      {"bf16_int4_sym_bf16_compat_mse",
+       DType::BF16,
+       {1, 120, 2, 64},
+       mse(cfg_of(4, 16, 32, 2, 2, false, SD::BF16, SC::Compat, Init::Random)),
+       0,
+       0x27cbba66c35a59d8,
+       0xf51d75f1fedb6f95},
+      {"f32_int3_asym_fp8_two_level_block8_mse",
+       DType::F32,
+       {2, 50, 2, 64},
+       mse(cfg_of(3, 16, 8, 1, 2, true, SD::FP8_E4M3, SC::TwoLevel, Init::Random)),
+       0,
+       0x3101a44a6bc7f5a0,
+       0x54ebbfb1fb42a1ab},
+      {"f16_int2_sym_fp8_compat_few_blocks_mse",
+       DType::F16,
+       {1, 7, 2, 32},
+       mse(cfg_of(2, 4, 16, 1, 2, false, SD::FP8_E4M3, SC::Compat, Init::Random)),
+       0,
+       0xf2b78b8df0aaf6a4,
+       0x84d302b7984f5d71},
+  };
+  return v;
+}
+
+class GoldenScaleSearch : public GoldenInt3 {};
+
+TEST_P(GoldenScaleSearch, ArraysAndDecodedBytesAreUnchanged) {
+  const GoldenArraysCase& gc = GetParam();
+  const Tensor x = golden_input(gc.dtype, gc.shape, 9);
+  const EncodedTensor enc = encode(x.view(), gc.cfg);
+  const Tensor dec = decode(enc);
+  const uint64_t ad = arrays_digest(enc), dd = digest(dec.data(), dec.nbytes());
+  EXPECT_EQ(ad, gc.arrays_digest) << fmt::format("{}: arrays digest 0x{:016x} ({} bytes)", gc.name, ad, enc.nbytes());
+  EXPECT_EQ(dd, gc.decode_digest) << fmt::format("{}: decode digest 0x{:016x}", gc.name, dd);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixed, GoldenScaleSearch, ::testing::ValuesIn(scale_search_cases()),
+                         [](const ::testing::TestParamInfo<GoldenArraysCase>& i) { return i.param.name; });
+
 }  // namespace
 }  // namespace qvg
