@@ -168,15 +168,16 @@ inline constexpr int kErrTasks = 4;
 
 // N tasks of n elements. kRecip: every task's 1 / s is normal, so most quotients are
 // (x - z) * (1 / s): within 2^-23 relative of the rounded quotient, the same code
-// unless it lies within `tol` of a half-integer (|quotient| <= 17 after the clamp:
-// 2^-16 is several times that bound); such an element (rare) takes the division.
+// unless it lies within `tol` of a half-integer. Only the half-integers strictly inside
+// (lo - 1/2, hi + 1/2) can change a clamped code, and there |quotient| < 17: 2^-16 is
+// several times the product's error; such an element (rare) takes the division.
 template <int N, bool kRecip>
 void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int L = int(hn::Lanes(df));
   const float hi = float(qmax), lo = asym ? 0.0f : -hi;
-  const V vlo = hn::Set(df, lo - 1.0f), vhi = hn::Set(df, hi + 1.0f), rlo = hn::Set(df, lo), rhi = hn::Set(df, hi);
+  const V rlo = hn::Set(df, lo), rhi = hn::Set(df, hi);
   const V zero = hn::Zero(df), one = hn::Set(df, 1.0f), half = hn::Set(df, 0.5f), tol = hn::Set(df, 0x1p-16f);
   V sv[N], zv[N], sdiv[N], inv[N], acc[N];
   HWY_ALIGN float sb[hn::MaxLanes(df)], zb[hn::MaxLanes(df)];
@@ -195,17 +196,21 @@ void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
     inv[u] = hn::Div(one, sdiv[u]);
     acc[u] = zero;
   }
-  const auto code = [&](V num, int u) {  // the clamped quotient's truncation and fraction
-    V v = hn::Min(hn::Max(kRecip ? hn::Mul(num, inv[u]) : hn::Div(num, sdiv[u]), vlo), vhi);
-    V t = hn::Trunc(v);  // exact: |v| <= 2^bits + 1 (a -0 for -1 < v < 0: the sum below is +0 all the same)
+  // The code: the quotient rounded half away from zero, then clamped to [lo, hi]. The
+  // reference clamps the quotient to [lo - 1, hi + 1] first; rounding is monotone and
+  // maps that range's ends to integers outside [lo, hi], so the final clamp gives the
+  // same code without it (an infinite quotient: its fraction is NaN, no step, clamped).
+  const auto code = [&](V num, int u) {
+    V v = kRecip ? hn::Mul(num, inv[u]) : hn::Div(num, sdiv[u]);
+    V t = hn::Trunc(v);  // a -0 for -1 < v < 0: t + 0 below is +0 all the same
     V afr = hn::Abs(hn::Sub(v, t));
     if (kRecip && !hn::AllFalse(df, hn::Le(hn::Abs(hn::Sub(afr, half)), tol))) {
-      v = hn::Min(hn::Max(hn::Div(num, sdiv[u]), vlo), vhi);  // near a breakpoint: the rounded quotient
+      v = hn::Div(num, sdiv[u]);  // near a breakpoint: the rounded quotient
       t = hn::Trunc(v);
       afr = hn::Abs(hn::Sub(v, t));
     }
     // Round half away from zero: |fraction| >= 1/2 steps away from zero (its sign is v's).
-    const V r = hn::Add(t, hn::IfThenElseZero(hn::Ge(afr, half), hn::CopySign(one, v)));
+    const V r = hn::IfThenElse(hn::Ge(afr, half), hn::Add(t, hn::CopySign(one, v)), t);
     return hn::Min(hn::Max(r, rlo), rhi);
   };
   for (int64_t i = 0; i < n; ++i) {
