@@ -18,6 +18,7 @@
 #include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
 #include "codec/kmeans.h"
+#include "core/residual_impl.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
 #include "perf/perf.h"
@@ -732,6 +733,59 @@ TEST_P(PerTarget, BlockErrorsOfManyBlocksMatchTheReference) {
             << "rep " << rep << " block " << b << " of " << nblocks << " candidate " << c << " of " << m[size_t(b)];
     }
   }
+}
+
+// The scale search's candidates in lanes (fp8 and bf16 conversions as integer
+// operations): every candidate's stored bits and effective values equal the scalar
+// rule's, over raw scales and ranges of every size (zeros, fp32 subnormals, fp8
+// subnormals, values rounding to the saturation at 448 and beyond it), both stored
+// formats, with and without the two-level division, symmetric and asymmetric.
+TEST_P(PerTarget, ScaleCandidatesMatchTheScalarRule) {
+  namespace R = residual_impl;
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> ex(-40.0f, 24.0f);
+  const auto value = [&] {  // a magnitude from ~1e-12 to ~1.6e7, or a special one
+    switch (rng() % 16) {
+      case 0: return 0.0f;
+      case 1: return 1e-40f;                                                       // fp32 subnormal
+      case 2: return std::nextafter(448.0f, 0.0f) * float(1 + rng() % 3) / 2.0f;  // near the fp8 maximum
+      default: return std::exp2(ex(rng));
+    }
+  };
+  constexpr int64_t kS = kernels::kCandidateStride;
+  int64_t checked = 0;
+  for (int rep = 0; rep < 400; ++rep) {
+    const bool asym = rep % 2, fp8 = (rep / 2) % 2, divide = fp8 && (rep / 4) % 2;
+    const float g = divide ? R::two_level_factor(value() * 448.0f) : 1.0f;
+    const float gz = divide && asym ? R::two_level_factor(value() * 448.0f) : 1.0f;
+    const int64_t nb = 1 + int64_t(rng() % 9);
+    std::vector<float> raw(static_cast<size_t>(nb)), lo(raw.size()), hi(raw.size());
+    for (size_t b = 0; b < raw.size(); ++b) {
+      lo[b] = (rng() % 3 ? -1.0f : 1.0f) * value();
+      hi[b] = lo[b] + (rng() % 5 ? value() : 0.0f);
+      raw[b] = asym ? R::raw_scale_asym(lo[b], hi[b], 3) : value();
+    }
+    std::vector<uint32_t> sb(size_t(nb * kS)), zb(sb.size());
+    std::vector<float> se(sb.size()), ze(sb.size());
+    kernels::scale_candidates(raw.data(), lo.data(), hi.data(), nb, asym, divide, g, gz, fp8, sb.data(), zb.data(),
+                              se.data(), ze.data());
+    for (int64_t b = 0; b < nb; ++b)
+      for (int k = 0; k < R::kScaleSearchSteps; ++k) {
+        const R::ScaleCandidate want = R::scale_search_candidate(raw[size_t(b)], lo[size_t(b)], hi[size_t(b)], asym,
+                                                                 divide, g, gz, fp8, k);
+        const size_t o = size_t(b * kS + k);
+        const std::string at = fmt::format("rep {} block {} candidate {}: raw {} lo {} hi {} g {} gz {}", rep, b, k,
+                                           raw[size_t(b)], lo[size_t(b)], hi[size_t(b)], g, gz);
+        ASSERT_EQ(sb[o], want.s_bits) << at;
+        ASSERT_EQ(f32_bits(se[o]), f32_bits(want.s_eff)) << at;
+        if (asym) {
+          ASSERT_EQ(zb[o], want.z_bits) << at;
+          ASSERT_EQ(f32_bits(ze[o]), f32_bits(want.z_eff)) << at;
+        }
+        ++checked;
+      }
+  }
+  EXPECT_GT(checked, 400 * 15);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, PerTarget, ::testing::ValuesIn(kernels::available_targets()), target_label);

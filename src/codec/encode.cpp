@@ -70,23 +70,35 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   constexpr int64_t kTile = 64;  // blocks per kernel call
   constexpr int kSteps = R::kScaleSearchSteps;
   const bool searching = search == ScaleSearch::Mse;
+  constexpr int64_t kStride = kernels::kCandidateStride;
   std::vector<R::ScaleCandidates> cand(searching ? size_t(std::min<int64_t>(kTile, S * nb)) : 0);
   std::vector<float> cs(cand.size() * kSteps), cz(cs.size()), cerr(cs.size());
   std::vector<int> cm(cand.size());
+  // Every candidate of the tile's blocks (SIMD kernel), before deduplication.
+  std::vector<uint32_t> all_sb(cand.size() * kStride), all_zb(all_sb.size());
+  std::vector<float> all_se(all_sb.size()), all_ze(all_sb.size());
   for (size_t i = 0; i < raw_s.size(); ++i) {
     const int64_t si = sbase + int64_t(i);
-    uint32_t s_bits = R::store_format(R::to_store(raw_s[i], divide, g), fp8);
-    uint32_t z_bits = asym ? R::store_format(R::to_store(raw_z[i], divide, gz), fp8) : 0u;
-    float se = R::effective(R::format_value(s_bits, fp8), g);
-    float ze = asym ? R::effective(R::format_value(z_bits, fp8), gz) : 0.0f;
-    if (searching) {
+    uint32_t s_bits, z_bits;
+    float se, ze;
+    if (!searching) {  // the block-maximum rule (spec 1.2)
+      s_bits = R::store_format(R::to_store(raw_s[i], divide, g), fp8);
+      z_bits = asym ? R::store_format(R::to_store(raw_z[i], divide, gz), fp8) : 0u;
+      se = R::effective(R::format_value(s_bits, fp8), g);
+      ze = asym ? R::effective(R::format_value(z_bits, fp8), gz) : 0.0f;
+    } else {
       const size_t tile0 = i - i % size_t(kTile), k = i - tile0;
       if (k == 0) {  // the tile's candidates and errors, all at once
         const size_t nt = std::min(size_t(kTile), raw_s.size() - tile0);
+        kernels::scale_candidates(raw_s.data() + tile0, asym ? raw_z.data() + tile0 : nullptr,
+                                  asym ? hi.data() + tile0 : nullptr, int64_t(nt), asym, divide, g, gz, fp8,
+                                  all_sb.data(), all_zb.data(), all_se.data(), all_ze.data());
         for (size_t b = 0; b < nt; ++b) {
-          const size_t t = tile0 + b;
-          R::scale_search_candidates(raw_s[t], asym ? raw_z[t] : 0.0f, asym ? hi[t] : 0.0f, asym, divide, g, gz, fp8,
-                                     cand[b]);
+          cand[b].m = 0;
+          for (int64_t kk = 0; kk < kSteps; ++kk) {
+            const size_t o = b * size_t(kStride) + size_t(kk);
+            R::scale_search_keep(cand[b], {all_sb[o], asym ? all_zb[o] : 0u, all_se[o], asym ? all_ze[o] : 0.0f});
+          }
           std::copy_n(cand[b].s_eff, cand[b].m, cs.data() + b * kSteps);
           std::copy_n(cand[b].z_eff, cand[b].m, cz.data() + b * kSteps);
           cm[b] = cand[b].m;

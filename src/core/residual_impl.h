@@ -190,26 +190,45 @@ struct ScaleCandidates {
   float s_eff[kScaleSearchSteps], z_eff[kScaleSearchSteps];
   int m = 0;  ///< distinct candidates (a candidate whose stored bits equal the previous one's is skipped)
 };
-/// The candidates of a block with raw scale `raw_s` and, asymmetric, minimum `lo`
-/// (its raw zero) and maximum `hi`: the range shrunk by scale_search_factor(k) (the
-/// asymmetric range about its centre: z = lo + (hi - lo) * (1 - f) / 2), stored with
-/// the `off` choice's factors g, gz (divide: two_level with fp8 scales).
+/// Candidate k of a block with raw scale `raw_s` and, asymmetric, minimum `lo` (its raw
+/// zero) and maximum `hi`: the range shrunk by scale_search_factor(k) (the asymmetric
+/// range about its centre: z = lo + (hi - lo) * (1 - f) / 2), stored with the `off`
+/// choice's factors g, gz (divide: two_level with fp8 scales): its stored bits and
+/// effective values (z: 0 and 0.0f when symmetric). kernels::scale_candidates gives
+/// these bits for many blocks at once.
+struct ScaleCandidate {
+  uint32_t s_bits = 0, z_bits = 0;
+  float s_eff = 0, z_eff = 0;
+};
+QVG_HD ScaleCandidate scale_search_candidate(float raw_s, float lo, float hi, bool asym, bool divide, float g,
+                                             float gz, bool fp8, int k) {
+  ScaleCandidate c;
+  const float f = scale_search_factor(k);
+  const float cs = mul_rn(raw_s, f);
+  const float cz = asym ? add_rn(lo, mul_rn(sub_rn(hi, lo), mul_rn(sub_rn(1.0f, f), 0.5f))) : 0.0f;
+  c.s_bits = store_format(to_store(cs, divide, g), fp8);
+  c.z_bits = asym ? store_format(to_store(cz, divide, gz), fp8) : 0u;
+  c.s_eff = effective(format_value(c.s_bits, fp8), g);
+  c.z_eff = asym ? effective(format_value(c.z_bits, fp8), gz) : 0.0f;
+  return c;
+}
+/// Appends candidate `k` to `c` unless its stored bits equal the last kept one's (the
+/// same error: such candidates are skipped).
+QVG_HD void scale_search_keep(ScaleCandidates& c, const ScaleCandidate& k) {
+  if (c.m > 0 && k.s_bits == c.s_bits[c.m - 1] && k.z_bits == c.z_bits[c.m - 1]) return;
+  c.s_bits[c.m] = k.s_bits;
+  c.z_bits[c.m] = k.z_bits;
+  c.s_eff[c.m] = k.s_eff;
+  c.z_eff[c.m] = k.z_eff;
+  ++c.m;
+}
+/// The distinct candidates of a block (scale_search_candidate for k = 0, 1, ...,
+/// through scale_search_keep).
 QVG_HD void scale_search_candidates(float raw_s, float lo, float hi, bool asym, bool divide, float g, float gz,
                                     bool fp8, ScaleCandidates& c) {
   c.m = 0;
-  for (int k = 0; k < kScaleSearchSteps; ++k) {
-    const float f = scale_search_factor(k);
-    const float cs = mul_rn(raw_s, f);
-    const float cz = asym ? add_rn(lo, mul_rn(sub_rn(hi, lo), mul_rn(sub_rn(1.0f, f), 0.5f))) : 0.0f;
-    const uint32_t cs_bits = store_format(to_store(cs, divide, g), fp8);
-    const uint32_t cz_bits = asym ? store_format(to_store(cz, divide, gz), fp8) : 0u;
-    if (c.m > 0 && cs_bits == c.s_bits[c.m - 1] && cz_bits == c.z_bits[c.m - 1]) continue;
-    c.s_bits[c.m] = cs_bits;
-    c.z_bits[c.m] = cz_bits;
-    c.s_eff[c.m] = effective(format_value(cs_bits, fp8), g);
-    c.z_eff[c.m] = asym ? effective(format_value(cz_bits, fp8), gz) : 0.0f;
-    ++c.m;
-  }
+  for (int k = 0; k < kScaleSearchSteps; ++k)
+    scale_search_keep(c, scale_search_candidate(raw_s, lo, hi, asym, divide, g, gz, fp8, k));
 }
 /// The chosen candidate: the first of least error.
 QVG_HD int scale_search_best(const float* err, int m) {

@@ -108,6 +108,17 @@ void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s
 /// to err + b * stride. Each block's errors are block_errors' bits; several blocks run
 /// side by side (their sums overlap), so this is the fast form for many blocks.
 /// REQUIRES 1 <= ncand[b] <= stride, z_eff non-null when asym.
+/// Slots per block of scale_candidates' outputs (at least residual_impl::kScaleSearchSteps).
+inline constexpr int64_t kCandidateStride = 16;
+/// The scale search's candidates of nblocks blocks before deduplication: block b's
+/// candidate k (k < residual_impl::kScaleSearchSteps) at index b * kCandidateStride + k
+/// of s_bits, s_eff (and, asym, z_bits, z_eff) equals residual_impl::
+/// scale_search_candidate(raw_s[b], lo[b], hi[b], asym, divide, g, gz, fp8, k) bit for
+/// bit on every target; the other slots are written with unspecified values. lo, hi:
+/// the blocks' minima and maxima, read only when asym.
+void scale_candidates(const float* raw_s, const float* lo, const float* hi, int64_t nblocks, bool asym, bool divide,
+                      float g, float gz, bool fp8, uint32_t* s_bits, uint32_t* z_bits, float* s_eff, float* z_eff);
+
 void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
                         const float* z_eff, int64_t stride, const int* ncand, float* err);
 

@@ -53,6 +53,7 @@ HWY_EXPORT(F32ToBf16Impl);
 HWY_EXPORT(FirstOutOfLimitImpl);
 HWY_EXPORT(KeyPaddingImpl);
 HWY_EXPORT(QuantizeRowsImpl);
+HWY_EXPORT(ScaleCandidatesImpl);
 HWY_EXPORT(TargetNameImpl);
 
 int64_t assign_nearest(const float* x, int64_t n, int64_t dim, const float* c, int k, uint8_t* ids, bool first) {
@@ -76,6 +77,10 @@ void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s
 void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
                         const float* z_eff, int64_t stride, const int* ncand, float* err) {
   HWY_DYNAMIC_DISPATCH(BlockErrorsBatchImpl)(x, nblocks, bs, qmax, asym, s_eff, z_eff, stride, ncand, err);
+}
+void scale_candidates(const float* raw_s, const float* lo, const float* hi, int64_t nblocks, bool asym, bool divide,
+                      float g, float gz, bool fp8, uint32_t* s_bits, uint32_t* z_bits, float* s_eff, float* z_eff) {
+  HWY_DYNAMIC_DISPATCH(ScaleCandidatesImpl)(raw_s, lo, hi, nblocks, asym, divide, g, gz, fp8, s_bits, z_bits, s_eff, z_eff);
 }
 void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float* hi) {
   HWY_DYNAMIC_DISPATCH(BlockMinMaxImpl)(x, nblocks, bs, lo, hi);

@@ -268,4 +268,88 @@ void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float
   BlockErrorsBatchImpl(x, 1, n, qmax, asym, s_eff, z_eff, ncand, &ncand, err);
 }
 
+// The scale search's candidates, candidate k in lane k: residual_impl::
+// scale_search_candidate's operations in lanes (the stored formats' conversions as
+// integer operations with the scalar definitions' rounding), so the bits equal it.
+
+// numeric_impl::f32_to_fp8e4m3: nearest even, |x| >= 448 (and inf) saturate to 0x7E,
+// NaN to 0x7F, below 2^-6 the subnormals: |x| * 2^9 (exact) rounded to nearest even.
+template <class DF, class VF>
+hn::Vec<hn::RebindToUnsigned<DF>> E4M3Bits(DF df, VF x) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const auto u = hn::BitCast(du, x);
+  const auto sign = hn::And(hn::ShiftRight<24>(u), hn::Set(du, 0x80u));
+  const auto a = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+  auto v = hn::Sub(a, hn::Set(du, 120u << 23));  // rebias (normal range; wraps below it, not used there)
+  v = hn::Add(v, hn::Add(hn::Set(du, 0x7FFFFu), hn::And(hn::ShiftRight<20>(v), hn::Set(du, 1u))));
+  auto r = hn::Min(hn::ShiftRight<20>(v), hn::Set(du, 0x7Eu));
+  const auto sub = hn::BitCast(du, hn::ConvertTo(di, hn::Round(hn::Mul(hn::Abs(x), hn::Set(df, 512.0f)))));
+  const auto ai = hn::BitCast(di, a);  // the magnitude's bits compare as signed integers (sign cleared)
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Lt(ai, hn::Set(di, 121 << 23))), sub, r);
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x43E00000 - 1))), hn::Set(du, 0x7Eu), r);
+  r = hn::IfThenElse(hn::RebindMask(du, hn::Gt(ai, hn::Set(di, 0x7F800000))), hn::Set(du, 0x7Fu), r);
+  return hn::Or(r, sign);
+}
+// numeric_impl::fp8e4m3_to_f32 (as its branch-free form fp8e4m3_to_f32_scaled).
+template <class DF, class VU>
+hn::Vec<DF> E4M3Value(DF df, VU b) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto m = hn::And(b, hn::Set(du, 0x7Fu)), sign = hn::ShiftLeft<24>(hn::And(b, hn::Set(du, 0x80u)));
+  const auto mag = hn::Mul(hn::BitCast(df, hn::ShiftLeft<20>(m)), hn::Set(df, 0x1p120f));
+  const auto v = hn::Or(hn::BitCast(du, mag), sign);
+  return hn::BitCast(df, hn::IfThenElse(hn::Eq(m, hn::Set(du, 0x7Fu)), hn::Or(sign, hn::Set(du, 0x7FC00000u)), v));
+}
+// numeric_impl::f32_to_bf16 (nearest even; a NaN quieted) and bf16_to_f32.
+template <class DF, class VF>
+hn::Vec<hn::RebindToUnsigned<DF>> Bf16Bits(DF df, VF x) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::BitCast(du, x);
+  const auto hi = hn::ShiftRight<16>(u);
+  const auto r = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hi, hn::Set(du, 1u)))));
+  const hn::RebindToSigned<DF> di;
+  const auto a = hn::BitCast(di, hn::And(u, hn::Set(du, 0x7FFFFFFFu)));
+  const auto nan = hn::RebindMask(du, hn::Gt(a, hn::Set(di, 0x7F800000)));
+  return hn::IfThenElse(nan, hn::Or(hi, hn::Set(du, 0x0040u)), r);
+}
+template <class DF, class VU>
+hn::Vec<DF> Bf16Value(DF df, VU b) {
+  return hn::BitCast(df, hn::ShiftLeft<16>(b));
+}
+
+void ScaleCandidatesImpl(const float* raw_s, const float* lo, const float* hi, int64_t nblocks, bool asym, bool divide,
+                         float g, float gz, bool fp8, uint32_t* s_bits, uint32_t* z_bits, float* s_eff, float* z_eff) {
+  namespace R = residual_impl;
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const int64_t L = int64_t(hn::Lanes(df));
+  constexpr int64_t S = kCandidateStride;
+  static_assert(S >= R::kScaleSearchSteps);
+  // The factors f and (1 - f) / 2 of every lane, as the scalar rule forms them.
+  HWY_ALIGN float fk[S], wk[S];
+  for (int k = 0; k < S; ++k) {
+    fk[k] = R::scale_search_factor(k);
+    wk[k] = R::mul_rn(R::sub_rn(1.0f, fk[k]), 0.5f);
+  }
+  const auto vg = hn::Set(df, g), vgz = hn::Set(df, gz);
+  const auto store = [&](auto x, auto factor) {  // stored bits and effective value of x
+    const auto st = divide ? hn::Div(x, factor) : x;
+    const auto bits = fp8 ? E4M3Bits(df, st) : Bf16Bits(df, st);
+    return std::make_pair(bits, hn::Mul(fp8 ? E4M3Value(df, bits) : Bf16Value(df, bits), factor));
+  };
+  for (int64_t b = 0; b < nblocks; ++b)
+    for (int64_t k0 = 0; k0 < R::kScaleSearchSteps; k0 += L) {  // lanes past the last candidate: unused values
+      const int64_t o = b * S + k0;
+      const auto [sb, se] = store(hn::Mul(hn::Set(df, raw_s[b]), hn::Load(df, fk + k0)), vg);
+      hn::StoreU(sb, du, s_bits + o);
+      hn::StoreU(se, df, s_eff + o);
+      if (asym) {
+        const auto cz = hn::Add(hn::Set(df, lo[b]), hn::Mul(hn::Set(df, R::sub_rn(hi[b], lo[b])), hn::Load(df, wk + k0)));
+        const auto [zb, ze] = store(cz, vgz);
+        hn::StoreU(zb, du, z_bits + o);
+        hn::StoreU(ze, df, z_eff + o);
+      }
+    }
+}
+
 QVG_CPU_KERNELS_END
