@@ -240,11 +240,12 @@ void QuantArgs::apply_profile(std::string_view profile) {
     // For the time per step (docs/simulate.md): 2 k-means iterations (the default) and V's
     // scale search off.
     // On `qvg simulate --model self-forcing-1.3b --chunks 14 --layers 1 --engine-baseline`
-    // the search costs ~3.7 ms per role and chunk (the encode without it and without
-    // refinement layers: 5.4 ms) and 8 iterations ~4.5 ms more than 2; time per step 2.1x
-    // the engine default's -> 1.30x (two threads; 1.80x on one), attention error (scale
-    // 0.25, 40 chunks, 2 layers) 0.40/0.42/0.44x -> 0.38/0.45/0.46x on self-forcing,
-    // lingbot-world, hy-worldplay, peaks unchanged (docs/quality.md).
+    // the search cost ~3.7 ms per role and chunk when this was chosen (~1.4 ms on K since
+    // its errors run in lanes over tiles of blocks) and 8 iterations ~4.5 ms more than 2;
+    // time per step 2.1x the engine default's -> 1.30x (1.31x with the later search and
+    // view buffer; docs/quality.md), attention error (scale 0.25, 40 chunks, 2 layers)
+    // 0.40/0.42/0.44x -> 0.38/0.45/0.46x on self-forcing, lingbot-world, hy-worldplay,
+    // peaks unchanged.
     codec.scaling = Scaling::TwoLevel;
     codec.scale_search = ScaleSearch::Mse;
     codec.asymmetric = true;
