@@ -747,7 +747,7 @@ TEST_P(PerTarget, ScaleCandidatesMatchTheScalarRule) {
   const auto value = [&] {  // a magnitude from ~1e-12 to ~1.6e7, or a special one
     switch (rng() % 16) {
       case 0: return 0.0f;
-      case 1: return 1e-40f;                                                       // fp32 subnormal
+      case 1: return 1e-40f;                                                      // fp32 subnormal
       case 2: return std::nextafter(448.0f, 0.0f) * float(1 + rng() % 3) / 2.0f;  // near the fp8 maximum
       default: return std::exp2(ex(rng));
     }
@@ -771,8 +771,8 @@ TEST_P(PerTarget, ScaleCandidatesMatchTheScalarRule) {
                               se.data(), ze.data());
     for (int64_t b = 0; b < nb; ++b)
       for (int k = 0; k < R::kScaleSearchSteps; ++k) {
-        const R::ScaleCandidate want = R::scale_search_candidate(raw[size_t(b)], lo[size_t(b)], hi[size_t(b)], asym,
-                                                                 divide, g, gz, fp8, k);
+        const R::ScaleCandidate want =
+            R::scale_search_candidate(raw[size_t(b)], lo[size_t(b)], hi[size_t(b)], asym, divide, g, gz, fp8, k);
         const size_t o = size_t(b * kS + k);
         const std::string at = fmt::format("rep {} block {} candidate {}: raw {} lo {} hi {} g {} gz {}", rep, b, k,
                                            raw[size_t(b)], lo[size_t(b)], hi[size_t(b)], g, gz);

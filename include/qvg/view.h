@@ -75,14 +75,14 @@ class ViewScratch {
     if (n != buf_.size()) buf_ = AlignedBuffer::uninitialized(n);
   }
   void release() { buf_ = AlignedBuffer(); }  ///< frees the memory (views into it die)
-  /// The size a cache gives its view buffer when it holds `had` bytes and needs `need`
-  /// (more): twice `had`, at most `limit` (the cache's window of K and V), at least
-  /// `need`. A window that grows chunk by chunk is then allocated O(log) times, each
-  /// page faulted in once per allocation rather than once per call; the caches keep the
-  /// buffer between calls and never shrink it (release() frees it).
-  static size_t grown_size(size_t had, size_t need, size_t limit) {
-    return std::max(need, std::min(limit, 2 * had));
-  }
+  /// The size a packed cache gives its view buffer when it holds `had` bytes and needs
+  /// `need` (more): twice `had`, at most `limit` (the cache's window of K and V), at
+  /// least `need`. A window that grows chunk by chunk is then allocated O(log) times,
+  /// each page faulted in once per allocation rather than once per call. A packed cache
+  /// keeps the buffer between calls and never shrinks it, except that an unshared one
+  /// is freed by an advance that encodes (lower peak while encoding); a dense cache
+  /// sizes it to each copied view (its copies, sink plus a wrapped tail, keep one size).
+  static size_t grown_size(size_t had, size_t need, size_t limit) { return std::max(need, std::min(limit, 2 * had)); }
 
  private:
   AlignedBuffer buf_;

@@ -123,6 +123,7 @@ inline std::vector<uint8_t> bytes_copy(const void* p, size_t n) {
   return n ? std::vector<uint8_t>(b, b + n) : std::vector<uint8_t>();
 }
 
+/// Tracks the bytes a call holds beyond the resident state, and their peak.
 class TransientMeter {
  public:
   void add(size_t n) {

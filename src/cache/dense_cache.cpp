@@ -196,10 +196,7 @@ struct DenseCausalCache::Impl {
     const int64_t T = p.view_tokens();
     const bool copy = p.second.size() > 0;
     const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * opt.head_dim) * esz : 0;
-    // The view buffer is kept between calls and only grows (freed before it or the
-    // cache grows: never held twice).
-    const size_t had = scratch->size();
-    if (had < view_bytes || growing) scratch->release();
+    if (scratch->size() != view_bytes || growing) scratch->release();  // release before growth
     if (growing) {
       const size_t old_bytes = 2 * buffer_bytes(capacity);
       meter.add(old_bytes);  // old buffers held while copying into the new ones
@@ -238,9 +235,8 @@ struct DenseCausalCache::Impl {
       out.v = detail::sub_view(v_rows(), p.first.begin, T, p.call.head_start, h_in);
       out.zero_copy = true;
     } else {
-      if (scratch->size() < view_bytes)
-        scratch->resize(ViewScratch::grown_size(had, view_bytes, 2 * size_t(B * window * h_in * opt.head_dim) * esz));
-      meter.add(scratch->size());
+      if (scratch->size() != view_bytes) scratch->resize(view_bytes);
+      meter.add(view_bytes);
       const detail::Rows vk{scratch->data(), opt.dtype, B, T, h_in, opt.head_dim};
       const detail::Rows vv{scratch->data() + view_bytes / 2, opt.dtype, B, T, h_in, opt.head_dim};
       const int64_t head0 = p.call.head_start;

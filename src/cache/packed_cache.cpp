@@ -77,6 +77,7 @@ struct PackedCausalCache::Impl {
   std::optional<EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
   detail::PackOutcome last_advance;             // what the last advance encoded (the simulator reads it)
   std::shared_ptr<ViewScratch> scratch;         // K then V of the last copied view (maybe shared)
+  size_t view_used = 0;                         // bytes of it the last view uses (0: zero-copy)
   size_t peak_transient = 0;
 
   Impl(const CacheOptions& o, const QuantArgs& q)
@@ -310,11 +311,13 @@ struct PackedCausalCache::Impl {
       out.k = detail::sub_view(k_rows(cur), p.view.tail_start - cur.g0, T, head0, h_in);
       out.v = detail::sub_view(v_rows(cur), p.view.tail_start - cur.g0, T, head0, h_in);
       out.zero_copy = true;
+      view_used = 0;
     } else {
       if (scratch->size() < view_bytes) {
         scratch->resize(ViewScratch::grown_size(had, view_bytes, 2 * size_t(B * window * h_in * D) * esz));
         meter.add(scratch->size());
       }
+      view_used = view_bytes;
       const detail::Rows vk{scratch->data(), opt.dtype, B, T, h_in, D};
       const detail::Rows vv{scratch->data() + view_bytes / 2, opt.dtype, B, T, h_in, D};
       // Raw segments are copied at once; packed ranges (refined chunks' layers
@@ -402,6 +405,7 @@ void PackedCausalCache::reset_indices() {
   impl_->warm_v.reset();
   impl_->last_advance = {};
   impl_->scratch->release();
+  impl_->view_used = 0;
   impl_->peak_transient = 0;
 }
 
@@ -470,7 +474,8 @@ detail::PackedDebugState detail::TestAccess::state(const PackedCausalCache& c) {
   st.warm_v = m.warm_v;
   st.resident_nbytes = c.resident_nbytes();
   st.peak_transient_nbytes = m.peak_transient;
-  st.view_scratch = detail::bytes_copy(m.scratch->data(), m.scratch->size());
+  // The last view's bytes (the buffer past them holds no view: content unspecified).
+  st.view_scratch = detail::bytes_copy(m.scratch->data(), std::min(m.view_used, m.scratch->size()));
   const detail::OpenSpan<Books>& spans = m.pol.spans();
   st.open_span = spans.cursor.open;
   st.open_span_chunks = spans.cursor.open_chunks;

@@ -200,8 +200,8 @@ struct ScaleCandidate {
   uint32_t s_bits = 0, z_bits = 0;
   float s_eff = 0, z_eff = 0;
 };
-QVG_HD ScaleCandidate scale_search_candidate(float raw_s, float lo, float hi, bool asym, bool divide, float g,
-                                             float gz, bool fp8, int k) {
+QVG_HD ScaleCandidate scale_search_candidate(float raw_s, float lo, float hi, bool asym, bool divide, float g, float gz,
+                                             bool fp8, int k) {
   ScaleCandidate c;
   const float f = scale_search_factor(k);
   const float cs = mul_rn(raw_s, f);

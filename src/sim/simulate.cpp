@@ -614,7 +614,8 @@ void summarize_model_level(const SimulationResult& r, size_t j, PackedSummary& s
   bool predicted = true;
   // The shared view buffer as the caches size it: grown to the largest view so far by
   // ViewScratch::grown_size (bf16, batch 1, the window of K and V its limit).
-  const size_t limit = 2 * size_t(r.preset.cache_tokens() * r.preset.heads * r.preset.head_dim) * dtype_size(DType::BF16);
+  const size_t limit =
+      2 * size_t(r.preset.cache_tokens() * r.preset.heads * r.preset.head_dim) * dtype_size(DType::BF16);
   size_t buffer = 0;
   for (const ChunkRecord& c : r.chunks) {
     if (c.layers.empty()) continue;

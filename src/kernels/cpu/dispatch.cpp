@@ -80,7 +80,8 @@ void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, b
 }
 void scale_candidates(const float* raw_s, const float* lo, const float* hi, int64_t nblocks, bool asym, bool divide,
                       float g, float gz, bool fp8, uint32_t* s_bits, uint32_t* z_bits, float* s_eff, float* z_eff) {
-  HWY_DYNAMIC_DISPATCH(ScaleCandidatesImpl)(raw_s, lo, hi, nblocks, asym, divide, g, gz, fp8, s_bits, z_bits, s_eff, z_eff);
+  HWY_DYNAMIC_DISPATCH(ScaleCandidatesImpl)
+  (raw_s, lo, hi, nblocks, asym, divide, g, gz, fp8, s_bits, z_bits, s_eff, z_eff);
 }
 void block_minmax(const float* x, int64_t nblocks, int64_t bs, float* lo, float* hi) {
   HWY_DYNAMIC_DISPATCH(BlockMinMaxImpl)(x, nblocks, bs, lo, hi);

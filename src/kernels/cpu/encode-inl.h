@@ -302,7 +302,7 @@ hn::Vec<DF> E4M3Value(DF df, VU b) {
 }
 // numeric_impl::f32_to_bf16 (nearest even; a NaN quieted) and bf16_to_f32.
 template <class DF, class VF>
-hn::Vec<hn::RebindToUnsigned<DF>> Bf16Bits(DF df, VF x) {
+hn::Vec<hn::RebindToUnsigned<DF>> Bf16Bits(DF, VF x) {
   const hn::RebindToUnsigned<DF> du;
   const auto u = hn::BitCast(du, x);
   const auto hi = hn::ShiftRight<16>(u);
@@ -344,7 +344,8 @@ void ScaleCandidatesImpl(const float* raw_s, const float* lo, const float* hi, i
       hn::StoreU(sb, du, s_bits + o);
       hn::StoreU(se, df, s_eff + o);
       if (asym) {
-        const auto cz = hn::Add(hn::Set(df, lo[b]), hn::Mul(hn::Set(df, R::sub_rn(hi[b], lo[b])), hn::Load(df, wk + k0)));
+        const auto cz =
+            hn::Add(hn::Set(df, lo[b]), hn::Mul(hn::Set(df, R::sub_rn(hi[b], lo[b])), hn::Load(df, wk + k0)));
         const auto [zb, ze] = store(cz, vgz);
         hn::StoreU(zb, du, z_bits + o);
         hn::StoreU(ze, df, z_eff + o);
