@@ -13,6 +13,7 @@
 
 #include "codec/decode_impl.h"
 #include "codec/encode_impl.h"
+#include "core/exact_sum_impl.h"
 #include "core/residual_impl.h"
 #include "kernels/kernels.h"
 #include "qvg/error.h"
@@ -274,11 +275,8 @@ EncodedTensor encode_groups(Shape4 sh, DType et, const CodecConfig& cfg, const E
           for (int64_t d = 0; d < D; ++d) rt[d] = rt[d] - c[d];
         }
       }
-      if (stats) {
-        double e = 0;
-        for (int64_t i = 0; i < S * D; ++i) e += double(r[i]) * double(r[i]);
-        energy[size_t(g)] = e;
-      }
+      if (stats)  // exact and order-independent (spec 1.1: it decides span breaks)
+        energy[size_t(g)] = exact_sum::energy_of([r](int64_t i) { return r[i]; }, S * D);
       quantize_residual_group(r, g, enc, cfg.scale_search);
     } catch (...) {
 #pragma omp critical(qvg_encode_failure)

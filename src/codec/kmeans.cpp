@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/exact_sum_impl.h"
 #include "core/rng_impl.h"
 #include "kernels/kernels.h"
 #include "qvg/codec.h"
@@ -100,12 +101,15 @@ void init_random(const float* x, int64_t n, int64_t dim, int k, Rng& rng, float*
 
 // The kmeans++ picks (spec 1.1): idx[0..k) (k <= n) among the n centred points x,
 // with the stream `rng`: the first uniformly, each next one with probability
-// proportional to d2 = the squared distance (sqdist, widened to fp64) to the
-// nearest pick so far, found by a sequential fp64 prefix walk over the points in
-// order against uniform() * the sequential fp64 total; when every point coincides
-// with a pick (total 0), an unchosen point uniformly. The CUDA encoder makes the
-// same picks (src/kernels/cuda/kmeanspp.cuh; tests/gpu/host_kmeanspp_test.cpp).
+// proportional to d2 = the squared distance (sqdist, widened to fp64) to the nearest
+// pick so far. The weights are d2 on the fixed-point scale of the largest d2
+// (core/exact_sum_impl.h), so the total and every prefix sum are exact integers: the
+// draw is u = below(total) and the pick the first point whose prefix sum exceeds u.
+// When every point coincides with a pick (largest d2 0), an unchosen point uniformly.
+// The CUDA encoder makes the same picks with a parallel sum (src/kernels/cuda/
+// kmeanspp.cuh; tests/gpu/host_kmeanspp_test.cpp).
 void kmeanspp_picks(const float* x, int64_t n, int64_t dim, int k, Rng& rng, uint32_t* idx, KMeansWorkspace& ws) {
+  namespace X = exact_sum;
   std::vector<double>& d2 = ws.d2;
   std::vector<char>& chosen = ws.chosen;
   d2.assign(static_cast<size_t>(n), std::numeric_limits<double>::infinity());
@@ -116,29 +120,23 @@ void kmeanspp_picks(const float* x, int64_t n, int64_t dim, int k, Rng& rng, uin
     idx[j] = uint32_t(pick);
     if (j + 1 == k) break;
     const float* cj = x + pick * dim;  // the centroid just chosen
-    double total = 0;
+    double m = 0;
     for (int64_t i = 0; i < n; ++i) {
       double dd = double(sqdist(x + i * dim, cj, dim));
       d2[size_t(i)] = std::min(d2[size_t(i)], dd);
-      total += d2[size_t(i)];
+      m = std::max(m, d2[size_t(i)]);
     }
-    if (total > 0) {
-      double r = rng.uniform() * total;
-      double acc = 0;
+    if (m > 0) {
+      const int e = X::fixed_exponent(m, n);
+      uint64_t total = 0;
+      for (int64_t i = 0; i < n; ++i) total += X::fixed_term(d2[size_t(i)], e);
+      const uint64_t u = rng.below(total);  // total >= 2^(bits - 1): the largest weighs that much
+      uint64_t acc = 0;
       pick = -1;
-      for (int64_t i = 0; i < n; ++i) {
-        acc += d2[size_t(i)];
-        if (d2[size_t(i)] > 0 && acc > r) {
-          pick = i;
-          break;
-        }
+      for (int64_t i = 0; i < n && pick < 0; ++i) {
+        acc += X::fixed_term(d2[size_t(i)], e);
+        if (acc > u) pick = i;  // the first to exceed u has a positive weight
       }
-      if (pick < 0)  // rounding left r past the last positive weight: take the last one
-        for (int64_t i = n - 1; i >= 0; --i)
-          if (d2[size_t(i)] > 0) {
-            pick = i;
-            break;
-          }
     } else {
       // Every point coincides with a chosen centroid: take an unchosen point uniformly.
       int64_t left = 0;

@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <set>
 #include <vector>
 
 #include "codec/kmeans.h"
+#include "core/exact_sum_impl.h"
 #include "gpu/harness.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/kmeanspp.cuh"
@@ -128,7 +130,8 @@ QVG_TEST(kmeanspp_distance_bodies_equal_the_cpu_sqdist) {
 }
 
 // kmeanspp_picks_host (the kernel's bodies in its order) against the CPU rule
-// (kmeanspp_init_indices) on the same centred points xc = r - mu: identical picks.
+// (kmeanspp_init_indices) on the same centred points xc = r - mu: identical picks,
+// whatever the number of tiles the weights are summed in (spec 1.1: exact sums).
 QVG_TEST(kmeanspp_bodies_make_the_cpu_picks) {
   struct Case {
     int64_t S, D;
@@ -164,6 +167,13 @@ QVG_TEST(kmeanspp_bodies_make_the_cpu_picks) {
     std::vector<uint32_t> dev(size_t(c.k), 0xFFFFFFFFu);
     K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, dev.data());
     QVG_EXPECT(cpu == dev) << "S" << c.S << "D" << c.D << "k" << c.k << "distinct" << c.distinct << "scale" << c.scale;
+    // The weights' sums are exact integers: any tiling of the points (the kernel's
+    // threads) makes the same picks.
+    for (const int tiles : {1, 7, 64}) {
+      std::vector<uint32_t> other(size_t(c.k), 0xFFFFFFFFu);
+      K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, other.data(), tiles);
+      QVG_EXPECT(other == dev) << "tiles" << tiles << "S" << c.S << "k" << c.k;
+    }
     const std::set<uint32_t> uniq(dev.begin(), dev.end());
     QVG_EXPECT(uniq.size() == size_t(c.k) && *uniq.rbegin() < uint64_t(c.S)) << "picks not distinct or out of range";
     coincide_cases += c.distinct < c.k;
@@ -207,4 +217,76 @@ QVG_TEST(kmeans_starts_from_kmeanspp_init_indices) {
       ++checked;
     }
   QVG_EXPECT(checked == 7) << checked;
+}
+
+// Spec 1.1's exact sums for span breaks (energy_kernel; exact_sum::energy_of on the
+// host): the kernel's partition — 256 threads striding over the values, each adding its
+// fixed-point terms, the warps combining by xor shuffles, the warps' sums added by a
+// shared atomic in whatever order they arrive (here reversed and shuffled) — gives the
+// rule's bits on 120 value sets: sizes 1-5000, magnitudes 1e-20 to 1e16, all zeros,
+// all equal, a single non-zero value, fp32 subnormals. The value is within the rule's
+// rounding of the fp64 sum.
+QVG_TEST(exact_energy_is_the_same_in_any_order_and_partition) {
+  namespace X = qvg::exact_sum;
+  const auto dbits = [](double d) {
+    uint64_t b;
+    std::memcpy(&b, &d, 8);
+    return b;
+  };
+  std::mt19937 rng(29);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  int checked = 0;
+  for (int rep = 0; rep < 120; ++rep) {
+    const int64_t n = std::vector<int64_t>{1, 2, 31, 32, 33, 255, 256, 1000, 5000}[size_t(rep % 9)];
+    const float scale = std::vector<float>{1e-20f, 1e-3f, 1.0f, 3e5f, 1e16f}[size_t(rep % 5)];
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = n01(rng) * scale;
+    if (rep % 11 == 0) std::fill(v.begin(), v.end(), 0.0f);
+    if (rep % 13 == 1) std::fill(v.begin(), v.end(), scale);
+    if (rep % 17 == 2) {
+      std::fill(v.begin(), v.end(), 0.0f);
+      v[size_t(rng() % uint64_t(n))] = scale;
+    }
+    if (rep % 19 == 3)
+      for (float& x : v) x = 1e-42f * float(rng() % 5);
+    const double rule = X::energy_of([&v](int64_t i) { return v[size_t(i)]; }, n);
+    // The kernel's partition.
+    double m = 0;
+    for (const float x : v) m = std::max(m, double(x) * double(x));
+    uint64_t q = 0;
+    if (m > 0) {
+      const int e = X::fixed_exponent(m, n);
+      constexpr int kThreads = 256;
+      std::vector<uint64_t> thread_sum(kThreads, 0);
+      for (int t = 0; t < kThreads; ++t)
+        for (int64_t i = t; i < n; i += kThreads) thread_sum[size_t(t)] += X::fixed_term(double(v[size_t(i)]) * double(v[size_t(i)]), e);
+      std::vector<uint64_t> warp_sum;
+      for (int w = 0; w < kThreads / 32; ++w) {
+        uint64_t lanes[32];
+        std::copy_n(thread_sum.begin() + 32 * w, 32, lanes);
+        for (int o = 16; o > 0; o >>= 1) {
+          uint64_t next[32];
+          for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ o];
+          std::copy_n(next, 32, lanes);
+        }
+        warp_sum.push_back(lanes[0]);
+      }
+      std::shuffle(warp_sum.begin(), warp_sum.end(), rng);
+      for (const uint64_t s : warp_sum) q += s;
+      QVG_EXPECT(dbits(X::fixed_value(q, e)) == dbits(rule)) << "rep" << rep << "n" << n;
+      // Any order of the terms: the same integer.
+      std::vector<float> p = v;
+      std::shuffle(p.begin(), p.end(), rng);
+      QVG_EXPECT(dbits(X::energy_of([&p](int64_t i) { return p[size_t(i)]; }, n)) == dbits(rule))
+          << "rep" << rep << "shuffled";
+      double naive = 0;
+      for (const float x : v) naive += double(x) * double(x);
+      const double bound = double(n) * std::ldexp(0.5, -e) + naive * double(n + 2) * 0x1p-52;  // + the fp64 sum's error
+      QVG_EXPECT(std::fabs(rule - naive) <= bound) << "rep" << rep << "rule" << rule << "naive" << naive;
+    } else {
+      QVG_EXPECT(rule == 0.0) << "rep" << rep << "all zero";
+    }
+    ++checked;
+  }
+  QVG_EXPECT(checked == 120) << checked;
 }

@@ -91,7 +91,7 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
         const int64_t nchunk = (S + KB::kMeanChunk - 1) / KB::kMeanChunk;
         DeviceBuffer dx = to_device(x.data(), x.nbytes(), st.s);
         DeviceBuffer r(size_t(G * S * D) * 4, st.s), partial(size_t(G * nchunk * D) * 8, st.s),
-            mu(size_t(G * D) * 4, st.s), d2(size_t(2 * G * S) * 8, st.s), chosen(size_t(G * S), st.s),
+            mu(size_t(G * D) * 4, st.s), d2(size_t(G * S) * 8, st.s), chosen(size_t(G * S), st.s),
             xp(size_t(G * D) * 4, st.s), idx(size_t(G * c.K) * 4, st.s);
         auto* rp = static_cast<float*>(r.data());
         auto* mp = static_cast<float*>(mu.data());

@@ -131,7 +131,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   const size_t o_raws = cv.take(size_t(G * S * nb) * 4);
   const size_t o_rawz = cv.take(cfg.asymmetric ? size_t(G * S * nb) * 4 : 0);
   const size_t o_gmax = cv.take(size_t(2 * G) * 4);
-  const size_t o_kd2 = cv.take(kpp ? size_t(2 * G * S) * 8 : 0);  // kmeanspp_indices' scratch
+  const size_t o_kd2 = cv.take(kpp ? size_t(G * S) * 8 : 0);  // kmeanspp_indices' scratch
   const size_t o_kch = cv.take(kpp ? size_t(G * S) : 0);
   const size_t o_kxp = cv.take(kpp ? size_t(G * D) * 4 : 0);
   DeviceBuffer scratch(cv.size(), stream, alloc);

@@ -57,9 +57,9 @@ void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t se
 /// them (kmeanspp_init_indices) from the centred points r[g] - mu[g] (fp32, one rounded
 /// subtraction each), with the same PRNG stream per (seed, stage, b, h + head_offset)
 /// as init_indices; 0..k_eff-1 in order when k_eff == S (kmeanspp.cuh states the
-/// rule). One block per group; k_eff - 1 rounds of S * D work each, with S
-/// sequential fp64 additions per round (kmeanspp_kernels.cu: cost). Scratch:
-/// `scratch_d2` 2 * G * S doubles, `scratch_chosen` G * S bytes, `scratch_xp` G * D
+/// rule). One block per group; k_eff - 1 rounds of S * D work each, the weights'
+/// exact integer sums spread over the block (kmeanspp_kernels.cu: cost). Scratch:
+/// `scratch_d2` G * S doubles, `scratch_chosen` G * S bytes, `scratch_xp` G * D
 /// floats. REQUIRES 1 <= k_eff <= min(K, S).
 void kmeanspp_indices(const float* r, const float* mu, int64_t G, int64_t H, int64_t S, int64_t D, int K, int k_eff,
                       uint64_t seed, int stage, int64_t head_offset, double* scratch_d2, uint8_t* scratch_chosen,

@@ -10,16 +10,18 @@
 // - each round, every point's d2 = min(d2, double(sqdist(xc_i, xc_pick))), sqdist
 //   being the CPU's 8-lane fp32 sum (lane l adds the channels d = l (mod 8) in
 //   increasing d; the lanes combine as ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)));
-// - total = the fp64 sum of d2 in point order (sequential); with total > 0, r =
-//   uniform() * total and the pick is the first point with d2 > 0 whose prefix sum
-//   (the same sequential sums) exceeds r, else the last point with d2 > 0; with
-//   total 0 (every point coincides with a pick) the below(left)-th unchosen point.
-// The prefix sums are the total's partial sums, stored as they are made, so the
-// kernel finds the pick with a parallel search instead of a second walk.
+// - the weights are the d2 on the fixed-point scale of the largest d2
+//   (core/exact_sum_impl.h); with a positive largest d2, u = below(total of the
+//   weights) and the pick is the first point whose prefix sum of weights exceeds u;
+//   else (every point coincides with a pick) the below(left)-th unchosen point.
+// The weights' sums are exact integers, so the kernel adds them in any order: each
+// thread sums a contiguous tile of points, and the pick is found from the tiles'
+// prefix sums and one walk inside the tile that holds it (kpp_pick_in_tiles).
 #pragma once
 
 #include <cstdint>
 
+#include "core/exact_sum_impl.h"
 #include "kernels/cuda/arith.cuh"
 
 #if !defined(__CUDA_ARCH__)
@@ -36,6 +38,8 @@ inline constexpr int kKppLanes = 8;
 /// flight, not one).
 inline constexpr int kKppPer = 4;
 inline constexpr int kKppBatch = 8;
+/// Threads of kmeanspp_kernel: each sums one contiguous tile of the points' weights.
+inline constexpr int kKppTiles = 512;
 
 /// Lane `lane` (0..7) of sqdist(xc_i, xp) for the points i with rows[p] (p <
 /// kKppPer; rows[p] null: no point, acc[p] stays 0): acc[p] = the fp32 sum, in
@@ -87,20 +91,39 @@ QVG_HD double kpp_min(double d2, float dist) {
   return dd < d2 ? dd : d2;
 }
 
-/// The sequential fp64 sum of d2[0..n) onto `total`, in point order; prefix[i] = the
-/// sum through point i. Returns the new total.
-QVG_HD double kpp_prefix(const double* d2, int64_t n, double total, double* prefix) {
-  for (int64_t i = 0; i < n; ++i) {
-    total += d2[i];
-    prefix[i] = total;
-  }
-  return total;
+/// The points of tile t of `tiles` contiguous tiles over S points: [kpp_tile_begin(t),
+/// kpp_tile_begin(t + 1)).
+QVG_HD int64_t kpp_tile_begin(int64_t t, int tiles, int64_t S) {
+  const int64_t len = (S + tiles - 1) / tiles;
+  const int64_t b = t * len;
+  return b < S ? b : S;
 }
 
-/// Whether a point with weight d2 and prefix sum `prefix` can be the pick for the
-/// draw r (the pick is the first such point).
-QVG_HD bool kpp_qualifies(double d2, double prefix, double r) {
-  return d2 > 0 && prefix > r;
+/// The sum of the weights (exact_sum::fixed_term on scale e) of points [i0, i1).
+QVG_HD uint64_t kpp_weight_sum(const double* d2, int64_t i0, int64_t i1, int e) {
+  uint64_t s = 0;
+  for (int64_t i = i0; i < i1; ++i) s += qvg::exact_sum::fixed_term(d2[i], e);
+  return s;
+}
+
+/// The pick for the draw u (< the total of tile_sum[0..tiles)): the first point whose
+/// prefix sum of weights exceeds u, found from the tiles' sums and a walk inside the
+/// tile that holds it.
+QVG_HD int64_t kpp_pick_in_tiles(const double* d2, const uint64_t* tile_sum, int tiles, int64_t S, int e,
+                                 uint64_t u) {
+  uint64_t before = 0;
+  for (int t = 0; t < tiles; ++t) {
+    if (before + tile_sum[t] > u) {
+      uint64_t acc = before;
+      const int64_t i1 = kpp_tile_begin(t + 1, tiles, S);
+      for (int64_t i = kpp_tile_begin(t, tiles, S); i < i1; ++i) {
+        acc += qvg::exact_sum::fixed_term(d2[i], e);
+        if (acc > u) return i;
+      }
+    }
+    before += tile_sum[t];
+  }
+  return -1;  // unreachable: u < the total
 }
 
 /// The total-0 branch: the below(left)-th (0-based) of the `left` unchosen points,
@@ -118,18 +141,18 @@ QVG_HD int64_t kpp_unchosen_pick(const uint8_t* chosen, int64_t n, qvg::cuda_ari
 /// The picks kmeanspp_kernel writes for one group: idx[0..k) for the S points r
 /// (S x D, fp32, the stage's residual) with group mean mu, stream (seed, stage, b, h)
 /// (h: the stream's head, head_offset included); k == S: 0..S-1 in order. Runs the
-/// kernel's bodies in its order (lane sums, octet combination, the sequential total
-/// with its prefix sums, the first qualifying point, else the last positive weight;
-/// the total-0 branch). REQUIRES 1 <= k <= S.
+/// kernel's bodies in its order (lane sums, octet combination, the largest d2, the
+/// weights' sums of `tiles` contiguous tiles, the pick from them; the total-0
+/// branch). The picks do not depend on `tiles` (exact integer sums). REQUIRES
+/// 1 <= k <= S, tiles >= 1.
 inline void kmeanspp_picks_host(const float* r, const float* mu, int64_t S, int64_t D, int k, uint64_t seed, int stage,
-                                int64_t b, int64_t h, uint32_t* idx) {
+                                int64_t b, int64_t h, uint32_t* idx, int tiles = kKppTiles) {
   namespace A = qvg::cuda_arith;
   if (k == S) {
     for (int j = 0; j < k; ++j) idx[j] = uint32_t(j);
     return;
   }
-  std::vector<double> d2(static_cast<size_t>(S), std::numeric_limits<double>::infinity()),
-      prefix(static_cast<size_t>(S));
+  std::vector<double> d2(static_cast<size_t>(S), std::numeric_limits<double>::infinity());
   std::vector<uint8_t> chosen(static_cast<size_t>(S), 0);
   std::vector<float> xp(static_cast<size_t>(D));
   A::Rng rng(seed, uint64_t(stage), uint64_t(b), uint64_t(h));
@@ -150,15 +173,17 @@ inline void kmeanspp_picks_host(const float* r, const float* mu, int64_t S, int6
         d2[size_t(i0 + p)] = kpp_min(d2[size_t(i0 + p)], kpp_combine(v));
       }
     }
-    const double total = kpp_prefix(d2.data(), S, 0.0, prefix.data());
-    if (total > 0) {
-      const double rr = rng.uniform() * total;
-      int64_t first = S, last = -1;
-      for (int64_t i = 0; i < S; ++i) {
-        if (first == S && kpp_qualifies(d2[size_t(i)], prefix[size_t(i)], rr)) first = i;
-        if (d2[size_t(i)] > 0) last = i;
+    double m = 0;
+    for (int64_t i = 0; i < S; ++i) m = d2[size_t(i)] > m ? d2[size_t(i)] : m;
+    if (m > 0) {
+      const int e = qvg::exact_sum::fixed_exponent(m, S);
+      std::vector<uint64_t> tile_sum(static_cast<size_t>(tiles));
+      uint64_t total = 0;
+      for (int t = 0; t < tiles; ++t) {
+        tile_sum[size_t(t)] = kpp_weight_sum(d2.data(), kpp_tile_begin(t, tiles, S), kpp_tile_begin(t + 1, tiles, S), e);
+        total += tile_sum[size_t(t)];
       }
-      pick = first < S ? first : last;
+      pick = kpp_pick_in_tiles(d2.data(), tile_sum.data(), tiles, S, e, rng.below(total));
     } else {
       pick = kpp_unchosen_pick(chosen.data(), S, rng);
     }

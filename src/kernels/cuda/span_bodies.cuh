@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "core/exact_sum_impl.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/bodies.cuh"
 #include "kernels/cuda/encode_bodies.cuh"
@@ -142,15 +143,12 @@ QVG_HD float group_mean(const float* r, int64_t S, int64_t D, int64_t g, int64_t
   return float(s / double(S));
 }
 
-/// Group g's residual energy: the fp64 sum of the squared final residual (residual_at)
-/// in token-then-channel order, as the host encoder's EncodeStats sums it.
+/// Group g's residual energy: the squared final residual (residual_at) summed by spec
+/// 1.1's exact, order-independent rule (exact_sum::energy_of), as the host encoder's
+/// EncodeStats sums it; energy_kernel makes the same bits with a parallel sum.
 QVG_HD double group_energy(const QuantizeArgs& a, int64_t g) {
-  double e = 0;
-  for (int64_t i = 0; i < a.S * a.D; ++i) {
-    const double v = double(residual_at(a, g * a.S + i / a.D, i % a.D));
-    e += v * v;
-  }
-  return e;
+  return qvg::exact_sum::energy_of([&a, g](int64_t i) { return residual_at(a, g * a.S + i / a.D, i % a.D); },
+                                   a.S * a.D);
 }
 
 // ---- refinement layers ----------------------------------------------------------

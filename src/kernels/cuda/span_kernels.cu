@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/exact_sum_impl.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/span_bodies.cuh"
@@ -60,26 +61,41 @@ __global__ void mean_kernel(const float* r, int64_t G, int64_t S, int64_t D, flo
   if (e < G * D) mu[e] = group_mean(r, S, D, e / D, e % D);
 }
 
-// One block per group: the squares of a tile (exact in fp64) computed by all
-// threads, then added in element order by one thread: the host's sequential sum.
-constexpr int kEnergyTile = 2048;
+// One block per group: the group's residual energy by spec 1.1's exact,
+// order-independent rule, as the CPU encoder's exact_sum::energy_of: the largest
+// square (a max), then each thread's sum of the squares' fixed-point terms, added as
+// integers (warp shuffles, a shared atomic): the same bits whatever the order.
 __global__ void energy_kernel(QuantizeArgs a, double* out) {
-  __shared__ double sq[kEnergyTile];
+  __shared__ unsigned long long s_max, s_sum;
   const int64_t g = blockIdx.x, n = a.S * a.D;
-  double acc = 0;
-  for (int64_t base = 0; base < n; base += kEnergyTile) {
-    const int64_t m = std::min<int64_t>(kEnergyTile, n - base);
-    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
-      const int64_t e = base + i;
-      const double v = double(residual_at(a, g * a.S + e / a.D, e % a.D));
-      sq[i] = v * v;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (int64_t i = 0; i < m; ++i) acc += sq[i];
-    __syncthreads();
+  if (threadIdx.x == 0) {
+    s_max = 0;
+    s_sum = 0;
   }
-  if (threadIdx.x == 0) out[g] = acc;
+  __syncthreads();
+  double m = 0;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+    const double v = double(residual_at(a, g * a.S + e / a.D, e % a.D));
+    m = fmax(m, v * v);
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  if (threadIdx.x % 32 == 0) atomicMax(&s_max, (unsigned long long)__double_as_longlong(m));
+  __syncthreads();
+  const double mx = __longlong_as_double((long long)s_max);
+  if (!(mx > 0)) {  // every residual 0 (uniform over the block)
+    if (threadIdx.x == 0) out[g] = 0.0;
+    return;
+  }
+  const int ex = qvg::exact_sum::fixed_exponent(mx, n);
+  unsigned long long q = 0;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+    const double v = double(residual_at(a, g * a.S + e / a.D, e % a.D));
+    q += qvg::exact_sum::fixed_term(v * v, ex);
+  }
+  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xFFFFFFFFu, q, o);
+  if (threadIdx.x % 32 == 0) atomicAdd(&s_sum, q);
+  __syncthreads();
+  if (threadIdx.x == 0) out[g] = qvg::exact_sum::fixed_value(s_sum, ex);
 }
 
 __global__ void refinement_error_kernel(const void* x, const void* decoded, int t, float lim, int64_t n, float* out) {
