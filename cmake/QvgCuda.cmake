@@ -2,7 +2,9 @@
 #
 # QVG_ENABLE_CUDA: AUTO (default: on when check_language(CUDA) finds nvcc), ON
 # (an error without nvcc) or OFF. QVG_CUDA_ARCHS: the architectures compiled
-# (default sm_90a for H100/H200 plus sm_80 and sm_89). When the backend is on:
+# (default sm_90a for H100/H200 plus sm_80, sm_89, sm_100 (B200-class) and sm_120
+# (RTX 50-class); no kernel needs an sm_90a-only feature: the assignment's mma.sync
+# exists from sm_80 on). When the backend is on:
 #   qvg_cuda              static library: the CUDA kernels and launchers
 #                         (src/kernels/cuda) and the device-resident packed cache
 #                         (src/cache/cuda), linked to qvg_core and CUDA::cudart
@@ -25,7 +27,7 @@
 # QVG_HAVE_CUDA is set to ON or OFF for the rest of the build.
 set(QVG_ENABLE_CUDA "AUTO" CACHE STRING "Build the CUDA backend: AUTO (when nvcc is found), ON or OFF")
 set_property(CACHE QVG_ENABLE_CUDA PROPERTY STRINGS AUTO ON OFF)
-set(QVG_CUDA_ARCHS "90a;80;89" CACHE STRING "CUDA architectures of the CUDA backend (CMAKE_CUDA_ARCHITECTURES syntax)")
+set(QVG_CUDA_ARCHS "90a;80;89;100;120" CACHE STRING "CUDA architectures of the CUDA backend (CMAKE_CUDA_ARCHITECTURES syntax)")
 
 set(QVG_HAVE_CUDA OFF)
 string(TOUPPER "${QVG_ENABLE_CUDA}" _qvg_cuda_mode)

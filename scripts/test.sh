@@ -40,12 +40,13 @@ echo "=== qvg: fuzz targets (clang 14, libFuzzer + ASan + UBSan): corpus replay 
 bash scripts/fuzz.sh --ci
 step_done "fuzz"
 
-# The CUDA backend, compile only (no GPU here): sm_90a, warnings as errors, plus its
+# The CUDA backend, compile only (no GPU here): every default architecture (sm_90a, 80,
+# 89, 100, 120), warnings as errors, plus its
 # host-side test of the shared kernel arithmetic. The GPU tests run on a device
 # machine through scripts/gpu-check (docs/cuda.md).
 if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 if command -v nvcc >/dev/null; then
-  echo "=== qvg: compile the CUDA backend (cuda-compile preset, sm_90a) and run its host-side test (about 4-6 min) ==="
+  echo "=== qvg: compile the CUDA backend (cuda-compile preset, sm_90a/80/89/100/120) and run its host-side tests (about 5-7 min) ==="
   cmake --preset cuda-compile >/dev/null
   cmake --build --preset cuda-compile -j "$jobs"  # every target of the preset: library, host tests, GPU binaries, CLI
   ctest --preset cuda-compile
