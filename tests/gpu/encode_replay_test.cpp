@@ -63,7 +63,8 @@ qvg::Tensor make_data(qvg::DType dtype, qvg::Shape4 sh, uint32_t seed, float noi
 /// Records the ids of every iteration in `trace` ([stage][iteration][G * S]).
 qvg::testing::AssignFn host_assign(bool direct, int64_t S, int64_t D, int iters, int64_t GS,
                                    std::vector<uint8_t>& trace) {
-  return [=, &trace](int st, int it, int64_t g, const uint16_t* xb, const float* c, int k_eff, uint8_t* ids) {
+  return [=, &trace](int st, int it, int64_t g, const uint16_t* xb, const float*, const float* c, int k_eff,
+                     uint8_t* ids) {
     std::vector<float> cb(static_cast<size_t>(k_eff * D)), cn(static_cast<size_t>(k_eff));
     for (int j = 0; j < k_eff; ++j) {
       float s = 0.0f;
@@ -208,4 +209,81 @@ QVG_TEST(encode_check_accepts_any_near_tie_order_and_rejects_every_corruption) {
 
 int main(int argc, char** argv) {
   return qvg::testing::run_all(argc, argv);
+}
+
+// The assignment judged (spec 1.1: a fast path's ids differ from the exact argmin for
+// under 1 % of the points, its inertia within 1e-3 relative), on the shapes the caches
+// encode: one group of the Self-Forcing chunk (4680 tokens, D = 128, K = 256) and of
+// HY-WorldPlay's head dim (D = 256, K = 128). The device kernel's arithmetic emulated
+// on the host (bf16 operands, ||c||^2 - 2 x.c in fp32, ties to the lowest index) and
+// the direct fp32 rule are within it; planted wrong assignments are not: every id
+// moved to the next centroid, every id 0, and 2 % of the points moved to their
+// second-nearest centroid (the inertia alone might pass that one; the ids do not).
+QVG_TEST(assignment_agreement_accepts_the_kernel_rule_and_rejects_planted_errors) {
+  struct Case {
+    qvg::Shape4 sh;
+    int K;
+  };
+  const std::vector<Case> cases = {{{1, 4680, 1, 128}, 256}, {{1, 1500, 1, 256}, 128}};
+  int judged = 0;
+  uint32_t seed = 1300;
+  for (const Case& c : cases) {
+    qvg::CodecConfig cfg;
+    cfg.bits = 2;
+    cfg.centroids = c.K;
+    const qvg::Tensor x = make_data(qvg::DType::BF16, c.sh, seed++, 0.5f);
+    const int64_t GS = c.sh.b * c.sh.h * c.sh.s, S = c.sh.s, D = c.sh.d;
+    std::vector<uint8_t> trace(size_t(cfg.stages * cfg.kmeans_iters * GS));
+    for (const bool direct : {false, true}) {
+      qvg::testing::AssignmentAgreement agree;
+      const qvg::testing::AssignFn rule = host_assign(direct, S, D, cfg.kmeans_iters, GS, trace);
+      qvg::testing::replay_device_encode(
+          x, cfg, [&](int st, int it, int64_t g, const uint16_t* xb, const float* xc, const float* cen, int k_eff,
+                      uint8_t* ids) {
+            rule(st, it, g, xb, xc, cen, k_eff, ids);
+            agree.add(xc, cen, S, D, k_eff, ids);
+          });
+      std::printf("  shape %s K %d, %s rule: %s\n", c.sh.str().c_str(), c.K, direct ? "direct fp32" : "kernel (bf16)",
+                  agree.describe().c_str());
+      QVG_EXPECT(agree.within_spec()) << c.sh.str() << (direct ? "direct" : "kernel") << agree.describe();
+      ++judged;
+    }
+    // Planted errors, judged against the same centroids as the kernel rule's.
+    for (const int plant : {0, 1, 2}) {
+      qvg::testing::AssignmentAgreement agree;
+      const qvg::testing::AssignFn rule = host_assign(false, S, D, cfg.kmeans_iters, GS, trace);
+      qvg::testing::replay_device_encode(
+          x, cfg, [&](int st, int it, int64_t g, const uint16_t* xb, const float* xc, const float* cen, int k_eff,
+                      uint8_t* ids) {
+            rule(st, it, g, xb, xc, cen, k_eff, ids);
+            std::vector<uint8_t> bad(ids, ids + S);
+            for (int64_t t = 0; t < S; ++t) {
+              if (plant == 0) bad[size_t(t)] = uint8_t((ids[t] + 1) % k_eff);
+              if (plant == 1) bad[size_t(t)] = 0;
+              if (plant == 2 && t % 50 == 0) {  // the second-nearest centroid
+                double d1 = INFINITY, d2 = INFINITY;
+                int j1 = 0, j2 = 0;
+                for (int j = 0; j < k_eff; ++j) {
+                  double dist = 0;
+                  for (int64_t d = 0; d < D; ++d) {
+                    const double e = double(xc[t * D + d]) - double(cen[j * D + d]);
+                    dist += e * e;
+                  }
+                  if (dist < d1) {
+                    d2 = d1, j2 = j1, d1 = dist, j1 = j;
+                  } else if (dist < d2) {
+                    d2 = dist, j2 = j;
+                  }
+                }
+                bad[size_t(t)] = uint8_t(j2);
+              }
+            }
+            agree.add(xc, cen, S, D, k_eff, bad.data());
+          });
+      std::printf("  shape %s K %d, planted error %d: %s\n", c.sh.str().c_str(), c.K, plant, agree.describe().c_str());
+      QVG_EXPECT(!agree.within_spec()) << c.sh.str() << "planted error" << plant << "passed:" << agree.describe();
+      ++judged;
+    }
+  }
+  QVG_EXPECT(judged == 10) << judged;
 }

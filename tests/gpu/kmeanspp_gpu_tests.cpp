@@ -164,12 +164,16 @@ QVG_TEST(gpu_kmeanspp_encode_equals_host_replay_of_its_assignments) {
         continue;
       }
       QVG_EXPECT(gpu == gpu2) << "shape" << c.sh.str() << "GPU kmeans++ encode is not deterministic";
-      const std::string diff = qvg::testing::check_against_replay(x, cfg, gpu, trace);
+      qvg::testing::AssignmentAgreement agree;
+      const std::string diff = qvg::testing::check_against_replay(x, cfg, gpu, trace, nullptr, &agree);
       QVG_EXPECT(diff.empty()) << "shape" << c.sh.str() << "in" << qvg::dtype_name(in)
                                << "differs from the host replay of its assignments in:" << diff;
+      QVG_EXPECT(agree.within_spec()) << "shape" << c.sh.str() << "in" << qvg::dtype_name(in)
+                                      << "assignments outside spec 1.1's agreement:" << agree.describe();
       ++compared;
-      std::printf("  kmeans++ shape=%s K=%d in=%s: replay %s\n", c.sh.str().c_str(), c.K,
-                  std::string(qvg::dtype_name(in)).c_str(), diff.empty() ? "equal" : "DIFFERS");
+      std::printf("  kmeans++ shape=%s K=%d in=%s: replay %s; assignments: %s\n", c.sh.str().c_str(), c.K,
+                  std::string(qvg::dtype_name(in)).c_str(), diff.empty() ? "equal" : "DIFFERS",
+                  agree.describe().c_str());
     }
   QVG_EXPECT(compared == 12) << compared;
 }
