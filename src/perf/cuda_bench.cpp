@@ -1,9 +1,11 @@
 // GPU benchmarks (`qvg bench --device cuda`, bench/gpu/qvg_gpu_bench): the
 // machine's limits measured in the same run (device-to-device copy bandwidth,
-// cuBLAS bf16 GEMM rate) and the backend against them: decode and encode of one
-// LongCat K/V tensor [1, 29640, 32, 128] and one Self-Forcing chunk tensor
-// [1, 4680, 12, 128] at int2 and int4 (2 k-means iterations, 256 centroids, block
-// 64), the k-means assignment kernel's rate as a fraction of cuBLAS's, and the
+// cuBLAS bf16 GEMM rate) and the backend against them: encode of one LongCat K/V
+// tensor [1, 29640, 32, 128] and one Self-Forcing chunk [1, 4680, 12, 128], decode of
+// the LongCat tensor and of a Self-Forcing 7-chunk window [1, 32760, 12, 128] in one
+// launch, at int2 and int4 (2 k-means iterations, 256 centroids, block 64; decode's
+// buffers rotated over 3 x L2, and so the copies it is compared with), the k-means
+// assignment kernel's rate as a fraction of cuBLAS's, and the
 // reconstruction of a 7-chunk window (14 segments, K and V, one launch) against a
 // copy of the same output bytes. Every figure is the median of `repeats` timings
 // with CUDA events on one stream, after a warm-up; decode and the copies it is
@@ -18,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -143,16 +146,32 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
   }
 
   // ---- codec: decode and encode -----------------------------------------------------
+  // Decode is timed on what the caches decode — the 7-chunk Self-Forcing window (one
+  // launch, as a view rebuild) — and on the LongCat tensor; encode on what they encode
+  // (the Self-Forcing chunk) and on the LongCat tensor. Every timed call reads an
+  // encoding and writes an output that the calls before it have not left in L2: the
+  // buffers rotate over sets covering 3 x the device's L2 (a 16 MiB chunk timed on one
+  // buffer stays in L2 and reads as more than the device's bandwidth).
   struct Shape {
     const char* name;
     Shape4 sh;
+    bool encode, decode;
   };
-  const std::vector<Shape> shapes = opt.quick ? std::vector<Shape>{{"self-forcing chunk", {1, 4680, 12, 128}}}
-                                              : std::vector<Shape>{{"longcat tensor", {1, 29640, 32, 128}},
-                                                                   {"self-forcing chunk", {1, 4680, 12, 128}}};
+  const std::vector<Shape> shapes =
+      opt.quick ? std::vector<Shape>{{"self-forcing chunk", {1, 4680, 12, 128}, true, false},
+                                     {"self-forcing 7-chunk window", {1, 7 * 4680, 12, 128}, false, true}}
+                : std::vector<Shape>{{"longcat tensor", {1, 29640, 32, 128}, true, true},
+                                     {"self-forcing chunk", {1, 4680, 12, 128}, true, false},
+                                     {"self-forcing 7-chunk window", {1, 7 * 4680, 12, 128}, false, true}};
+  int device = 0, l2_bytes = 0;
+  QVG_CUDA(cudaGetDevice(&device));
+  QVG_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const auto rotation = [&](double set_bytes) {  // buffer sets whose bytes cover 3 x L2
+    return std::max(1, int(std::ceil(3.0 * double(l2_bytes) / set_bytes)));
+  };
   for (const Shape& shp : shapes) {
     const Shape4 sh = shp.sh;
-    DeviceBuffer x(size_t(sh.numel()) * 2, s), out(size_t(sh.numel()) * 2, s);
+    DeviceBuffer x(size_t(sh.numel()) * 2, s);
     kernels::fill_clustered(x.data(), 0, sh.b, sh.s, sh.h, sh.d, 42, 1.0f, s);
     const ConstTensorView xv{x.data(), DType::BF16, sh};
     for (int bits : {2, 4}) {
@@ -161,28 +180,47 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
       cfg.centroids = 256;
       cfg.kmeans_iters = 2;
       cfg.block_size = 64;
-      DeviceEncodedTensor enc = encode(xv, cfg, s);
       // The verdict times the encoder on the acceptance shape only (the LongCat tensor, int2).
-      if (!opt.verdict || (bits == 2 && &shp == &shapes.front())) {
+      if (shp.encode && (!opt.verdict || (bits == 2 && &shp == &shapes.front()))) {
         const double enc_ms = timer.median_ms(reps, [&] { (void)encode(xv, cfg, s); });
         rows.push_back({fmt::format("encode {} int{} {} (K=256, 2 iters)", shp.name, bits, sh.str()), enc_ms,
                         double(sh.numel()) / (enc_ms * 1e6), "Gelem/s", -1, ""});
       }
+      if (!shp.decode) continue;
+      std::vector<DeviceEncodedTensor> encs;
+      encs.push_back(encode(xv, cfg, s));
+      const double bytes = double(encs.front().nbytes()) + double(sh.numel()) * 2.0;
+      const int R = rotation(bytes);
+      for (int k = 1; k < R; ++k) encs.push_back(encode(xv, cfg, s));
+      std::vector<DeviceBuffer> outs;
+      for (int k = 0; k < R; ++k) outs.emplace_back(size_t(sh.numel()) * 2, s);
+      int call = 0;
       const double dec_ms = timer.median_ms(
           reps,
           [&] {
-            decode(enc, TensorView{out.data(), DType::BF16, sh}, s);
+            const int k = call++ % R;
+            decode(encs[size_t(k)], TensorView{outs[size_t(k)].data(), DType::BF16, sh}, s);
           },
           kBatch);
-      const double bytes = double(enc.nbytes()) + double(sh.numel()) * 2.0;
       const double gbs = bytes / (dec_ms * 1e6);
-      rows.push_back({fmt::format("decode {} int{} {}", shp.name, bits, sh.str()), dec_ms, gbs, "GB/s",
-                      gbs / copy_gbs, "copy bandwidth"});
-      if (bits == 2) {  // a copy of the decode's bytes (read enc + write out), timed the same way
+      rows.push_back({fmt::format("decode {} int{} {} ({} buffer set(s) over 3x L2)", shp.name, bits, sh.str(), R),
+                      dec_ms, gbs, "GB/s", gbs / copy_gbs, "copy bandwidth"});
+      if (bits == 2) {  // a copy of the decode's bytes (read enc + write out), rotated and timed the same way
         const size_t half = size_t(bytes / 2);
-        DeviceBuffer ca(half, s), cb(half, s);
+        const int RC = rotation(2.0 * double(half));
+        std::vector<DeviceBuffer> ca, cb;
+        for (int k = 0; k < RC; ++k) {
+          ca.emplace_back(half, s);
+          cb.emplace_back(half, s);
+        }
+        int ccall = 0;
         const double cms = timer.median_ms(
-            reps, [&] { QVG_CUDA(cudaMemcpyAsync(cb.data(), ca.data(), half, cudaMemcpyDeviceToDevice, s)); }, kBatch);
+            reps,
+            [&] {
+              const int k = ccall++ % RC;
+              QVG_CUDA(cudaMemcpyAsync(cb[size_t(k)].data(), ca[size_t(k)].data(), half, cudaMemcpyDeviceToDevice, s));
+            },
+            kBatch);
         const double cgbs = 2.0 * double(half) / (cms * 1e6);
         rows.push_back({fmt::format("copy of the decode's bytes, {} ({} MiB read + write)", shp.name, (2 * half) >> 20),
                         cms, cgbs, "GB/s", cgbs / copy_gbs, "copy bandwidth"});
