@@ -200,9 +200,13 @@ inline constexpr int kDecodeTokensPerThread = 8;  ///< tokens each thread of a v
 inline constexpr int kDecodeBatch = 4;            ///< of which decoded together (their loads in flight at once)
 /// Resident blocks per multiprocessor the vectorised kernel is compiled for (4: at most
 /// 64 registers, 32 warps; measured on the H200 faster than 3 blocks without the cap:
-/// 0.107 against 0.115 ms for the LongCat tensor); 2 for fp32 centroids, which would
-/// spill below 85 registers.
+/// 0.107 against 0.115 ms for the LongCat tensor, with a 4-byte spill at int2/int4 and
+/// 12-16 bytes at int3); 2 for fp32 centroids and for the kernels with a fused
+/// refinement layer, which spill below 85 registers (76-224 bytes per thread at 64,
+/// 8-84 at 85; none at 128: 110-128 registers, nvcc 13, sm_90a). The refined kernels'
+/// choice is not measured on a device yet (gpu-check's update() rows time it).
 inline constexpr int kDecodeMinBlocks = 4;
+inline constexpr int kDecodeMinBlocksWide = 2;  ///< fp32 centroids, a fused refinement layer
 /// Blocks per multiprocessor in the "two waves" below which plan_decode shrinks the
 /// tiles (the launcher passes 2 x multiprocessors x this). 2 measured best on the H200
 /// for the Self-Forcing chunk (9.9 us; 4: 13.2 us, 8: 19.9 us): a larger tile amortizes
