@@ -178,11 +178,19 @@ QVG_HD bool quantize_vectorizable(int64_t D, int bs) {
   return D % 8 == 0 && bs % 8 == 0 && w >= 1 && w <= 32 && (w & (w - 1)) == 0;
 }
 
+/// n / d for non-negative n and positive d: a 32-bit division when both fit (a few
+/// instructions on the device, where a 64-bit one is a subroutine call), else the
+/// 64-bit one; the same quotient either way. The quantizer's passes divide flat
+/// indices by row and block sizes on every thread.
+QVG_HD int64_t idiv(int64_t n, int64_t d) {
+  return ((uint64_t(n) | uint64_t(d)) >> 32) == 0 ? int64_t(uint32_t(n) / uint32_t(d)) : n / d;
+}
+
 /// Element d of the final residual of row `row` (= g * S + t).
 QVG_HD float residual_at(const QuantizeArgs& a, int64_t row, int64_t d) {
   const float x = a.r[row * a.D + d];
   if (a.stored == nullptr) return x;
-  const int64_t g = row / a.S;
+  const int64_t g = idiv(row, a.S);
   return qvg::cuda_arith::sub_rn(x, a.stored[(g * a.K + a.ids[row]) * a.D + d]);
 }
 /// Channels [8c, 8c + 8) of the final residual of row `row` (two 128-bit loads of
@@ -197,7 +205,7 @@ QVG_HD void residual8(const QuantizeArgs& a, int64_t row, int64_t c, float (&v)[
     v[4 + i] = A::from_bits(x1.v[i]);
   }
   if (a.stored == nullptr) return;
-  const int64_t g = row / a.S;
+  const int64_t g = idiv(row, a.S);
   const float* s = a.stored + (g * a.K + a.ids[row]) * a.D + c * 8;
   const Word4 s0 = load_word4(s), s1 = load_word4(s + 4);
   QVG_UNROLL
@@ -290,7 +298,8 @@ QVG_HD RunStats stats_lane(const QuantizeArgs& a, int64_t g, int64_t w) {
   const int64_t cpr = a.D / 8;
   if (w >= a.S * cpr) return RunStats{};
   float v[8];
-  residual8(a, g * a.S + w / cpr, w % cpr, v);
+  const int64_t t = idiv(w, cpr);
+  residual8(a, g * a.S + t, w - t * cpr, v);
   return run_stats8(v, a.asymmetric);
 }
 /// The same thread after the merge of its segment of bs/8 lanes (s = the merged
@@ -301,9 +310,9 @@ QVG_HD void stats_leader(const QuantizeArgs& a, int64_t g, int64_t w, const RunS
   const int64_t cpr = a.D / 8, width = a.block / 8;
   ms = 0.0f;
   mz = 0.0f;
-  if (w >= a.S * cpr || w % width != 0) return;
-  const int64_t row = g * a.S + w / cpr, c = w % cpr;
-  const int64_t si = row * (a.D / a.block) + (c * 8) / a.block;
+  if (w >= a.S * cpr || w - idiv(w, width) * width != 0) return;
+  const int64_t t = idiv(w, cpr), row = g * a.S + t, c = w - t * cpr;
+  const int64_t si = row * idiv(a.D, a.block) + idiv(c * 8, a.block);
   float rs = 0.0f, rz = 0.0f;
   block_raw(s, qvg::cuda_arith::qmax_of(a.bits, a.asymmetric), a.asymmetric, rs, rz);
   a.raw_s[si] = rs;
@@ -340,7 +349,7 @@ QVG_HD void stats_scan(const QuantizeArgs& a, int64_t g, int64_t i, float& ms, f
 /// complete (every block's statistics done).
 QVG_HD void scale_block(const QuantizeArgs& a, int64_t si) {
   namespace A = qvg::cuda_arith;
-  const int64_t nb = a.D / a.block, g = si / (a.S * nb);
+  const int64_t nb = idiv(a.D, a.block), g = idiv(si, a.S * nb);
   const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
   const float gf = divide ? A::two_level_factor(a.group_max[g]) : 1.0f;
   const uint32_t s_st = A::store_format(A::to_store(a.raw_s[si], divide, gf), fp8);
@@ -375,10 +384,10 @@ QVG_HD uint32_t pack8(const float (&v)[8], int qmax, bool asym, float s_eff, flo
 /// REQUIRES quantize_vectorizable, scale_block done.
 template <class W>
 QVG_HD void pack_word(const QuantizeArgs& a, int64_t w) {
-  const int64_t cpr = a.D / 8, row = w / cpr, c = w - row * cpr;
+  const int64_t cpr = a.D / 8, row = idiv(w, cpr), c = w - row * cpr;
   float v[8];
   residual8(a, row, c, v);
-  const int64_t si = row * (a.D / a.block) + (c * 8) / a.block;
+  const int64_t si = row * idiv(a.D, a.block) + idiv(c * 8, a.block);
   const bool asym = a.asymmetric;
   // qmax from the argument's width (== W's), not the constant qmax_of<W>: pack_vec_kernel
   // then takes 34 registers, with the constant 48 (nvcc 13, sm_90a; 40 with the former run-time-width pack8).
@@ -394,8 +403,8 @@ template <class W>
 QVG_HD void pack_group_at(const QuantizeArgs& a, int64_t e) {
   namespace A = qvg::cuda_arith;
   constexpr int G = W::kGroupCodes;
-  const int64_t gpr = a.D / G, row = e / gpr, j = e - row * gpr;
-  const int64_t d0 = j * G, si = row * (a.D / a.block) + d0 / a.block;
+  const int64_t gpr = a.D / G, row = idiv(e, gpr), j = e - row * gpr;
+  const int64_t d0 = j * G, si = row * idiv(a.D, a.block) + idiv(d0, a.block);
   const bool asym = a.asymmetric;
   const int qmax = A::qmax_of<W>(asym);
   const float s_eff = a.raw_s[si], z_eff = asym ? a.raw_z[si] : 0.0f;

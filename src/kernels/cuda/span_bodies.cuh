@@ -39,7 +39,7 @@ struct BlockResidual {
 template <class W>
 QVG_HD void search_block(const QuantizeArgs& a, int64_t si) {
   namespace A = qvg::cuda_arith;
-  const int64_t nb = a.D / a.block, row = si / nb, k = si - row * nb, g = row / a.S;
+  const int64_t nb = idiv(a.D, a.block), row = idiv(si, nb), k = si - row * nb, g = idiv(row, a.S);
   const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
   const int qmax = A::qmax_of<W>(asym);
   const RunStats st = block_stats_scan(a, row, k);
