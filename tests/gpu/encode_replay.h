@@ -175,7 +175,6 @@ inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cf
         changed.push_back(n);
         // update_accumulate_kernel, update_final_kernel: empty clusters keep theirs
         const int ex = KB::fixed_exponent(maxabs[size_t(g)], S);
-        const double scale = std::ldexp(1.0, ex);
         std::fill(sums.begin(), sums.end(), 0ull);
         std::fill(counts.begin(), counts.end(), 0);
         for (int64_t t = 0; t < S; ++t) {
@@ -183,7 +182,7 @@ inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cf
           ++counts[size_t(id)];
           for (int64_t d = 0; d < D; ++d)
             sums[size_t(id * D + d)] += (unsigned long long)KB::to_fixed(
-                A::sub_rn(r[size_t((g * S + t) * D + d)], mu[size_t(g * D + d)]), scale);
+                A::sub_rn(r[size_t((g * S + t) * D + d)], mu[size_t(g * D + d)]), ex);
         }
         for (int j = 0; j < K; ++j)
           if (counts[size_t(j)] > 0)

@@ -420,8 +420,34 @@ QVG_TEST(init_indices_match_cpu_codec) {
 // [2^59, 2^61); to_fixed rounds half to even; centroid_from_fixed of an exact sum
 // is the correctly rounded mean (the reference: the mean in long double).
 QVG_TEST(fixed_point_update_rules) {
-  QVG_EXPECT(K::to_fixed(2.5f, 1.0) == 2 && K::to_fixed(3.5f, 1.0) == 4 && K::to_fixed(-2.5f, 1.0) == -2 &&
-             K::to_fixed(0.75f, 2.0) == 2);
+  QVG_EXPECT(K::to_fixed(2.5f, 0) == 2 && K::to_fixed(3.5f, 0) == 4 && K::to_fixed(-2.5f, 0) == -2 &&
+             K::to_fixed(0.75f, 1) == 2);
+  // The integer form against the exact fp64 product rounded to nearest even, over
+  // random bit patterns (normal and subnormal floats, both signs), exponents with
+  // |x| * 2^e < 2^62, and exact ties.
+  {
+    std::mt19937 bits_rng(19);
+    int compared = 0, mismatched = 0;
+    for (int i = 0; i < 400000; ++i) {
+      uint32_t b = uint32_t(bits_rng());
+      if (i % 4 == 0) b &= 0x807FFFFFu;  // a subnormal (or a zero)
+      float x;
+      std::memcpy(&x, &b, 4);
+      if (!std::isfinite(x)) continue;
+      int fexp = 0;
+      std::frexp(x, &fexp);
+      const int emax = 61 - fexp;  // |x| * 2^e < 2^61
+      const int e = emax - int(bits_rng() % 90u);
+      if (i % 7 == 0 && x != 0.0f) {  // an exact tie: x * 2^e = k + 1/2
+        const float t = std::ldexp(float(int(bits_rng() % 1000u)) + 0.5f, -e);
+        if (std::isfinite(t) && std::ldexp(double(t), e) == double(int(std::ldexp(double(t), e) - 0.5)) + 0.5) x = t;
+      }
+      const long long want = (long long)std::nearbyint(std::ldexp(double(x), e));
+      mismatched += K::to_fixed(x, e) != want;
+      ++compared;
+    }
+    QVG_EXPECT(mismatched == 0 && compared > 390000) << mismatched << compared;
+  }
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int bad = 0;
@@ -438,7 +464,7 @@ QVG_TEST(fixed_point_update_rules) {
     for (int j = 0; j < cnt; ++j) {
       const float x = std::ldexp(std::round(std::ldexp(u(rng) * maxabs, 12)), -12);
       if (std::ldexp(double(x), e) != std::round(std::ldexp(double(x), e))) continue;  // off the grid
-      sum += K::to_fixed(x, std::ldexp(1.0, e));
+      sum += K::to_fixed(x, e);
       exact += x;
     }
     const float got = K::centroid_from_fixed(sum, cnt, e);

@@ -478,7 +478,7 @@ __global__ void update_accumulate_kernel(const float* __restrict__ r, const floa
   for (int i = threadIdx.x; i < 3 * nw; i += blockDim.x) accw[i] = 0u;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) cnt[i] = 0;
   __syncthreads();
-  const double scale = ldexp(1.0, fixed_exponent(maxabs[g], S));
+  const int fe = fixed_exponent(maxabs[g], S);
   const int lane = threadIdx.x % kUpdDims, pg = threadIdx.x / kUpdDims, npg = blockDim.x / kUpdDims;
   const int64_t d = slice * kUpdDims + lane;
   const bool in_d = d < D;
@@ -500,7 +500,7 @@ __global__ void update_accumulate_kernel(const float* __restrict__ r, const floa
     for (int k = 0; k < kUpdRows; ++k) {
       if (id[k] < 0) continue;
       if (in_d) {
-        const FixedWords f = fixed_split(to_fixed(A::sub_rn(x[k], m), scale));
+        const FixedWords f = fixed_split(to_fixed(A::sub_rn(x[k], m), fe));
         const int w = id[k] * kUpdDims + lane;
         atomicAdd(&lo[w], f.lo);
         atomicAdd(&mid[w], f.mid);
