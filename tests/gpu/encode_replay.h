@@ -50,17 +50,22 @@ struct AssignmentAgreement {
   int64_t points = 0, differ = 0;
   double inertia = 0, inertia_ref = 0;
 
+  /// The squared distance of two D-vectors in fp64 (the reference's).
+  static double distance(const float* x, const float* c, int64_t D) {
+    double dist = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double e = double(x[d]) - double(c[d]);
+      dist += e * e;
+    }
+    return dist;
+  }
   /// Judges the ids of S points xc (fp32, S x D) against centroids c (k_eff x D).
   void add(const float* xc, const float* c, int64_t S, int64_t D, int k_eff, const uint8_t* ids) {
     for (int64_t t = 0; t < S; ++t) {
       double best = INFINITY, mine = INFINITY;
       int bi = 0;
       for (int j = 0; j < k_eff; ++j) {
-        double dist = 0;
-        for (int64_t d = 0; d < D; ++d) {
-          const double e = double(xc[t * D + d]) - double(c[j * D + d]);
-          dist += e * e;
-        }
+        const double dist = distance(xc + t * D, c + j * D, D);
         if (dist < best) {
           best = dist;
           bi = j;
@@ -74,7 +79,9 @@ struct AssignmentAgreement {
     }
   }
   double differ_fraction() const { return points > 0 ? double(differ) / double(points) : 0.0; }
-  double inertia_excess() const { return inertia_ref > 0 ? inertia / inertia_ref - 1.0 : (inertia > 0 ? INFINITY : 0.0); }
+  double inertia_excess() const {
+    return inertia_ref > 0 ? inertia / inertia_ref - 1.0 : (inertia > 0 ? INFINITY : 0.0);
+  }
   bool within_spec() const { return points > 0 && differ_fraction() < 0.01 && inertia_excess() <= 1e-3; }
   std::string describe() const {
     char buf[160];
@@ -181,8 +188,8 @@ inline EncodedTensor replay_device_encode(const Tensor& x, const CodecConfig& cf
           const int id = ids[size_t(g * S + t)];
           ++counts[size_t(id)];
           for (int64_t d = 0; d < D; ++d)
-            sums[size_t(id * D + d)] += (unsigned long long)KB::to_fixed(
-                A::sub_rn(r[size_t((g * S + t) * D + d)], mu[size_t(g * D + d)]), ex);
+            sums[size_t(id * D + d)] +=
+                (unsigned long long)KB::to_fixed(A::sub_rn(r[size_t((g * S + t) * D + d)], mu[size_t(g * D + d)]), ex);
         }
         for (int j = 0; j < K; ++j)
           if (counts[size_t(j)] > 0)

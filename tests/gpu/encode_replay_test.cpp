@@ -234,52 +234,48 @@ QVG_TEST(assignment_agreement_accepts_the_kernel_rule_and_rejects_planted_errors
     const qvg::Tensor x = make_data(qvg::DType::BF16, c.sh, seed++, 0.5f);
     const int64_t GS = c.sh.b * c.sh.h * c.sh.s, S = c.sh.s, D = c.sh.d;
     std::vector<uint8_t> trace(size_t(cfg.stages * cfg.kmeans_iters * GS));
-    for (const bool direct : {false, true}) {
+    // The replay with the kernel's rule (or the direct one), each assignment judged
+    // after `plant` changed it (-1: as the rule made it).
+    const auto judge = [&](bool direct, int plant) {
       qvg::testing::AssignmentAgreement agree;
       const qvg::testing::AssignFn rule = host_assign(direct, S, D, cfg.kmeans_iters, GS, trace);
-      qvg::testing::replay_device_encode(
-          x, cfg, [&](int st, int it, int64_t g, const uint16_t* xb, const float* xc, const float* cen, int k_eff,
-                      uint8_t* ids) {
-            rule(st, it, g, xb, xc, cen, k_eff, ids);
-            agree.add(xc, cen, S, D, k_eff, ids);
-          });
+      qvg::testing::replay_device_encode(x, cfg,
+                                         [&](int st, int it, int64_t g, const uint16_t* xb, const float* xc,
+                                             const float* cen, int k_eff, uint8_t* ids) {
+                                           rule(st, it, g, xb, xc, cen, k_eff, ids);
+                                           std::vector<uint8_t> judged_ids(ids, ids + S);
+                                           for (int64_t t = 0; t < S && plant >= 0; ++t) {
+                                             uint8_t& id = judged_ids[size_t(t)];
+                                             if (plant == 0) id = uint8_t((ids[t] + 1) % k_eff);
+                                             if (plant == 1) id = 0;
+                                             if (plant == 2 && t % 50 == 0) {  // the second-nearest centroid
+                                               double d1 = INFINITY, d2 = INFINITY;
+                                               int j1 = 0, j2 = 0;
+                                               for (int j = 0; j < k_eff; ++j) {
+                                                 const double dist = qvg::testing::AssignmentAgreement::distance(
+                                                     xc + t * D, cen + j * D, D);
+                                                 if (dist < d1) {
+                                                   d2 = d1, j2 = j1, d1 = dist, j1 = j;
+                                                 } else if (dist < d2) {
+                                                   d2 = dist, j2 = j;
+                                                 }
+                                               }
+                                               id = uint8_t(j2);
+                                             }
+                                           }
+                                           agree.add(xc, cen, S, D, k_eff, judged_ids.data());
+                                         });
+      return agree;
+    };
+    for (const bool direct : {false, true}) {
+      const qvg::testing::AssignmentAgreement agree = judge(direct, -1);
       std::printf("  shape %s K %d, %s rule: %s\n", c.sh.str().c_str(), c.K, direct ? "direct fp32" : "kernel (bf16)",
                   agree.describe().c_str());
       QVG_EXPECT(agree.within_spec()) << c.sh.str() << (direct ? "direct" : "kernel") << agree.describe();
       ++judged;
     }
-    // Planted errors, judged against the same centroids as the kernel rule's.
-    for (const int plant : {0, 1, 2}) {
-      qvg::testing::AssignmentAgreement agree;
-      const qvg::testing::AssignFn rule = host_assign(false, S, D, cfg.kmeans_iters, GS, trace);
-      qvg::testing::replay_device_encode(
-          x, cfg, [&](int st, int it, int64_t g, const uint16_t* xb, const float* xc, const float* cen, int k_eff,
-                      uint8_t* ids) {
-            rule(st, it, g, xb, xc, cen, k_eff, ids);
-            std::vector<uint8_t> bad(ids, ids + S);
-            for (int64_t t = 0; t < S; ++t) {
-              if (plant == 0) bad[size_t(t)] = uint8_t((ids[t] + 1) % k_eff);
-              if (plant == 1) bad[size_t(t)] = 0;
-              if (plant == 2 && t % 50 == 0) {  // the second-nearest centroid
-                double d1 = INFINITY, d2 = INFINITY;
-                int j1 = 0, j2 = 0;
-                for (int j = 0; j < k_eff; ++j) {
-                  double dist = 0;
-                  for (int64_t d = 0; d < D; ++d) {
-                    const double e = double(xc[t * D + d]) - double(cen[j * D + d]);
-                    dist += e * e;
-                  }
-                  if (dist < d1) {
-                    d2 = d1, j2 = j1, d1 = dist, j1 = j;
-                  } else if (dist < d2) {
-                    d2 = dist, j2 = j;
-                  }
-                }
-                bad[size_t(t)] = uint8_t(j2);
-              }
-            }
-            agree.add(xc, cen, S, D, k_eff, bad.data());
-          });
+    for (const int plant : {0, 1, 2}) {  // planted errors, against the kernel rule's centroids
+      const qvg::testing::AssignmentAgreement agree = judge(false, plant);
       std::printf("  shape %s K %d, planted error %d: %s\n", c.sh.str().c_str(), c.K, plant, agree.describe().c_str());
       QVG_EXPECT(!agree.within_spec()) << c.sh.str() << "planted error" << plant << "passed:" << agree.describe();
       ++judged;

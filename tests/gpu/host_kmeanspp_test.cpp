@@ -259,7 +259,8 @@ QVG_TEST(exact_energy_is_the_same_in_any_order_and_partition) {
       constexpr int kThreads = 256;
       std::vector<uint64_t> thread_sum(kThreads, 0);
       for (int t = 0; t < kThreads; ++t)
-        for (int64_t i = t; i < n; i += kThreads) thread_sum[size_t(t)] += X::fixed_term(double(v[size_t(i)]) * double(v[size_t(i)]), e);
+        for (int64_t i = t; i < n; i += kThreads)
+          thread_sum[size_t(t)] += X::fixed_term(double(v[size_t(i)]) * double(v[size_t(i)]), e);
       std::vector<uint64_t> warp_sum;
       for (int w = 0; w < kThreads / 32; ++w) {
         uint64_t lanes[32];

@@ -28,7 +28,8 @@ namespace qvg::cuda::kernels {
 namespace {
 
 template <int BITS, bool FP8, int CDT, int ODT, int RBITS>
-__global__ void __launch_bounds__(kDecodeThreads, CDT == qvg::cuda_arith::kF32 || RBITS > 0 ? kDecodeMinBlocksWide : kDecodeMinBlocks)
+__global__ void __launch_bounds__(kDecodeThreads,
+                                  CDT == qvg::cuda_arith::kF32 || RBITS > 0 ? kDecodeMinBlocksWide : kDecodeMinBlocks)
     decode_vec_kernel(const __grid_constant__ DecodeLaunch L) {
   const int32_t blk = int32_t(blockIdx.x);
   const int ti = task_of_block(L, blk);

@@ -109,8 +109,7 @@ QVG_HD uint64_t kpp_weight_sum(const double* d2, int64_t i0, int64_t i1, int e) 
 /// The pick for the draw u (< the total of tile_sum[0..tiles)): the first point whose
 /// prefix sum of weights exceeds u, found from the tiles' sums and a walk inside the
 /// tile that holds it.
-QVG_HD int64_t kpp_pick_in_tiles(const double* d2, const uint64_t* tile_sum, int tiles, int64_t S, int e,
-                                 uint64_t u) {
+QVG_HD int64_t kpp_pick_in_tiles(const double* d2, const uint64_t* tile_sum, int tiles, int64_t S, int e, uint64_t u) {
   uint64_t before = 0;
   for (int t = 0; t < tiles; ++t) {
     if (before + tile_sum[t] > u) {
@@ -180,7 +179,8 @@ inline void kmeanspp_picks_host(const float* r, const float* mu, int64_t S, int6
       std::vector<uint64_t> tile_sum(static_cast<size_t>(tiles));
       uint64_t total = 0;
       for (int t = 0; t < tiles; ++t) {
-        tile_sum[size_t(t)] = kpp_weight_sum(d2.data(), kpp_tile_begin(t, tiles, S), kpp_tile_begin(t + 1, tiles, S), e);
+        tile_sum[size_t(t)] =
+            kpp_weight_sum(d2.data(), kpp_tile_begin(t, tiles, S), kpp_tile_begin(t + 1, tiles, S), e);
         total += tile_sum[size_t(t)];
       }
       pick = kpp_pick_in_tiles(d2.data(), tile_sum.data(), tiles, S, e, rng.below(total));

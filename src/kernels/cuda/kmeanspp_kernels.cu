@@ -37,7 +37,7 @@ namespace {
 
 namespace A = qvg::cuda_arith;
 
-constexpr int kKppThreads = kKppTiles;  // one tile of weights per thread
+constexpr int kKppThreads = kKppTiles;                  // one tile of weights per thread
 constexpr int kKppOctets = (kKppThreads / 32 - 1) * 4;  // the distance octets (warps 1..)
 constexpr int kKppChunk = kKppOctets * kKppPer;         // points per pipeline step (kKppPer per octet)
 
