@@ -27,6 +27,7 @@
 #include <fmt/core.h>
 
 #include "cache/cache_policy.h"
+#include "codec/cuda/encode_traced.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "perf/cuda_bench.h"
@@ -185,6 +186,21 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
         const double enc_ms = timer.median_ms(reps, [&] { (void)encode(xv, cfg, s); });
         rows.push_back({fmt::format("encode {} int{} {} (K=256, 2 iters)", shp.name, bits, sh.str()), enc_ms,
                         double(sh.numel()) / (enc_ms * 1e6), "Gelem/s", -1, ""});
+        // Where that time goes: each phase's median over the repetitions (events between
+        // the phases; the sum is near the encode's median, the events add a little).
+        if (bits == 2) {
+          std::vector<qvg::cuda::detail::EncodePhaseTimes> runs(static_cast<size_t>(reps));
+          for (auto& t : runs) (void)qvg::cuda::detail::encode_phases(xv, cfg, s, default_allocator(), t);
+          for (size_t p = 0; p < runs.front().names.size(); ++p) {
+            std::vector<double> v;
+            for (const auto& t : runs)
+              if (p < t.ms.size()) v.push_back(t.ms[p]);
+            std::sort(v.begin(), v.end());
+            const double ms = v[v.size() / 2];
+            rows.push_back({fmt::format("encode phase {} int{}: {}", shp.name, bits, runs.front().names[p]), ms,
+                            ms / enc_ms, "of the encode", -1, ""});
+          }
+        }
       }
       if (!shp.decode) continue;
       std::vector<DeviceEncodedTensor> encs;

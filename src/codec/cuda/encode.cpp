@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -46,14 +48,36 @@ class Carver {
 
 namespace {
 
+/// Events recorded on the encode's stream after each phase (encode_phases): mark(p)
+/// closes phase p, which ran since the previous mark (or since start()).
+struct PhaseMarks {
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  cudaEvent_t begin = nullptr;
+  void record(cudaEvent_t& e, Stream s) {
+    QVG_CUDA(cudaEventCreate(&e));
+    QVG_CUDA(cudaEventRecord(e, s));
+  }
+  void start(Stream s) { record(begin, s); }
+  void mark(const char* phase, Stream s) {
+    marks.emplace_back(phase, nullptr);
+    record(marks.back().second, s);
+  }
+  ~PhaseMarks() {
+    if (begin) cudaEventDestroy(begin);
+    for (auto& m : marks)
+      if (m.second) cudaEventDestroy(m.second);
+  }
+};
+
 /// What one device encode does beyond encode(): a warm start, a span chunk, the
-/// residual energies, the ids trace of the GPU tests.
+/// residual energies, the ids trace of the GPU tests, the phase events of the benchmark.
 struct EncodeJob {
   const DeviceEncodedTensor* warm = nullptr;  ///< init warm's codebook (else random)
   DeviceSpanCodebook* span = nullptr;         ///< a chunk of this span (encode_span_chunk)
   int add = 0;                                ///< its new centroids per stage (at most)
   double* energy = nullptr;                   ///< G doubles: each group's residual energy
   void* ids_trace = nullptr;                  ///< encode_traced's trace
+  PhaseMarks* marks = nullptr;                ///< encode_phases' events
 };
 
 void check_codebook(const EncodingLayout& c, Shape4 sh, const CodecConfig& cfg, const char* what) {
@@ -171,6 +195,10 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
     draw.seed = cfg.seed;
     draw.head_offset = cfg.head_offset;
   }
+  const auto mark = [&](const char* phase) {
+    if (job.marks) job.marks->mark(phase, stream);
+  };
+  if (job.marks) job.marks->start(stream);
   kernels::gather_points(x.data, dt, B, S, H, D, r, partial, mu, stream, draw);
   const uint8_t* last_ids = nullptr;
   for (int st = 0; st < cfg.stages; ++st) {
@@ -178,6 +206,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
     QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(std::max(iters, 1)) * size_t(G) * 4, stream));
     QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
     kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
+    mark("centre");
     if (k_eff > 0) {  // k-means: the encoding's K centroids, or a span chunk's new ones
       if (warm)
         kernels::warm_centroids(warm_stage(st), arith_dtype(job.warm->dtype), K, span ? span->filled : 0, K_t, G, D, mu,
@@ -190,14 +219,17 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
           kernels::init_indices(G, H, S, K_t, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
         kernels::init_centroids(r, mu, idx, G, S, D, K_t, k_eff, c, stream);
       }
+      mark("init");
       for (int it = 0; it < iters; ++it) {
         kernels::prepare_centroids(c, G, D, K_t, k_eff, cb, cnorm, stream);
         kernels::assign(xb, cb, cnorm, G, S, D, K_t, ids, changed, it, stop, stream);
+        mark("assign");
         if (job.ids_trace != nullptr)  // the GPU tests' replay (tests/gpu/encode_replay.h)
           QVG_CUDA(
               cudaMemcpyAsync(static_cast<uint8_t*>(job.ids_trace) + (size_t(st) * iters + size_t(it)) * size_t(G * S),
                               ids, size_t(G * S), cudaMemcpyDeviceToDevice, stream));
         kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K_t, sums, counts, c, changed, it, stop, stream);
+        mark("update");
       }
     }
     if (span == nullptr) {
@@ -222,6 +254,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
       }
     }
     last_ids = ids;
+    mark("finish");
   }
   kernels::QuantizeArgs q = quantize_args(enc, K);
   q.r = r;
@@ -231,7 +264,11 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   q.raw_z = cfg.asymmetric ? F(o_rawz) : nullptr;
   q.group_max = F(o_gmax);
   kernels::quantize_residual(q, stream);
-  if (cfg.scale_search == ScaleSearch::Mse) kernels::search_scales(q, stream);
+  mark("quantize");
+  if (cfg.scale_search == ScaleSearch::Mse) {
+    kernels::search_scales(q, stream);
+    mark("scale search");
+  }
   if (job.energy != nullptr) kernels::residual_energies(q, job.energy, stream);
   if (span) span->filled += added;
   return enc;  // `scratch` is freed on `stream`, after the kernels above
@@ -245,6 +282,30 @@ DeviceEncodedTensor detail::encode_traced(ConstTensorView x, const CodecConfig& 
   job.ids_trace = ids_trace;
   job.warm = warm;
   return encode_job(x, cfg, job, stream, alloc);
+}
+
+DeviceEncodedTensor detail::encode_phases(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc,
+                                          EncodePhaseTimes& times) {
+  PhaseMarks marks;
+  EncodeJob job;
+  job.marks = &marks;
+  DeviceEncodedTensor enc = encode_job(x, cfg, job, stream, alloc);
+  QVG_CUDA(cudaStreamSynchronize(stream));
+  times = EncodePhaseTimes{};
+  cudaEvent_t prev = marks.begin;
+  for (const auto& [name, ev] : marks.marks) {
+    float ms = 0;
+    QVG_CUDA(cudaEventElapsedTime(&ms, prev, ev));
+    prev = ev;
+    size_t i = 0;
+    while (i < times.names.size() && times.names[i] != name) ++i;
+    if (i == times.names.size()) {
+      times.names.push_back(name);
+      times.ms.push_back(0.0);
+    }
+    times.ms[i] += double(ms);
+  }
+  return enc;
 }
 
 DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream, Allocator& alloc) {
