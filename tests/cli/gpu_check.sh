@@ -30,6 +30,16 @@ grep -q "no CUDA device" "$T/stdout" || fail "no GPU: $(cat "$T/stdout")"
 left=$(ls -A "$T/out")
 [[ -z $left ]] || fail "no GPU: earlier results left in \$OUT: $left"
 
+# ---- the verdict's build makes every host test its ctest step runs ----
+# (`ctest -R ^cuda\.host` runs every cuda.host_* test of cmake/QvgCuda.cmake; a program
+# the build did not make is "Not Run", and the step fails on the device.)
+targets_line=$(grep -E '^targets=\(' "$ROOT/scripts/gpu-check") || fail "no targets=( line in scripts/gpu-check"
+progs=$(sed -nE 's/.*add_test\(NAME cuda\.host_[a-z_]+ COMMAND ([a-z_]+)\).*/\1/p' "$ROOT/cmake/QvgCuda.cmake")
+[[ -n $progs ]] || fail "no cuda.host_* tests found in cmake/QvgCuda.cmake"
+for prog in $progs; do
+  [[ " ${targets_line//[()]/ } " == *" $prog "* ]] || fail "gpu-check's build lacks $prog (a cuda.host_* test)"
+done
+
 # ---- part 2's verdict ----
 verdict() {  # verdict STATUS_LINES...: a fresh verdict met everywhere, then the merge; prints its exit status
   printf '%s\n' "$@" >"$T/status"
