@@ -325,6 +325,7 @@ void ScaleCandidatesImpl(const float* raw_s, const float* lo, const float* hi, i
   const int64_t L = int64_t(hn::Lanes(df));
   constexpr int64_t S = kCandidateStride;
   static_assert(S >= R::kScaleSearchSteps);
+  static_assert(HWY_MAX_BYTES / sizeof(float) <= size_t(S), "a vector's stores stay inside a block's slots");
   // The factors f and (1 - f) / 2 of every lane, as the scalar rule forms them.
   HWY_ALIGN float fk[S], wk[S];
   for (int k = 0; k < S; ++k) {
