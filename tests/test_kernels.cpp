@@ -703,7 +703,7 @@ TEST_P(PerTarget, BlockErrorsAtRoundingBreakpointsMatchTheReference) {
 TEST_P(PerTarget, BlockErrorsOfManyBlocksMatchTheReference) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  constexpr int kStride = 15;
+  constexpr int kStride = residual_impl::kScaleSearchSteps;
   for (int rep = 0; rep < 40; ++rep) {
     const int64_t bs = std::vector<int64_t>{8, 32, 64}[size_t(rep % 3)];
     const int64_t nblocks = 1 + int64_t(rng() % 23);
@@ -722,8 +722,14 @@ TEST_P(PerTarget, BlockErrorsOfManyBlocksMatchTheReference) {
         z[size_t(b * kStride + c)] = nd(rng) * mag;
       }
     }
+    std::vector<residual_impl::ScaleCandidates> cand(static_cast<size_t>(nblocks));
+    for (int64_t b = 0; b < nblocks; ++b) {
+      cand[size_t(b)].m = m[size_t(b)];
+      std::copy_n(s.data() + b * kStride, kStride, cand[size_t(b)].s_eff);
+      std::copy_n(z.data() + b * kStride, kStride, cand[size_t(b)].z_eff);
+    }
     std::vector<float> got(s.size(), -1.0f);
-    kernels::block_errors_batch(x.data(), nblocks, bs, qmax, asym, s.data(), z.data(), kStride, m.data(), got.data());
+    kernels::block_errors_batch(x.data(), nblocks, bs, qmax, asym, cand.data(), got.data());
     for (int64_t b = 0; b < nblocks; ++b) {
       std::vector<float> want(kStride, -1.0f);
       kernels::ref::block_errors(x.data() + b * bs, bs, qmax, asym, s.data() + b * kStride, z.data() + b * kStride,

@@ -73,8 +73,7 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   const bool searching = search == ScaleSearch::Mse;
   constexpr int64_t kStride = kernels::kCandidateStride;
   std::vector<R::ScaleCandidates> cand(searching ? size_t(std::min<int64_t>(kTile, S * nb)) : 0);
-  std::vector<float> cs(cand.size() * kSteps), cz(cs.size()), cerr(cs.size());
-  std::vector<int> cm(cand.size());
+  std::vector<float> cerr(cand.size() * kSteps);
   // Every candidate of the tile's blocks (SIMD kernel), before deduplication.
   std::vector<uint32_t> all_sb(cand.size() * kStride), all_zb(all_sb.size());
   std::vector<float> all_se(all_sb.size()), all_ze(all_sb.size());
@@ -100,12 +99,8 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
             const size_t o = b * size_t(kStride) + size_t(kk);
             R::scale_search_keep(cand[b], {all_sb[o], asym ? all_zb[o] : 0u, all_se[o], asym ? all_ze[o] : 0.0f});
           }
-          std::copy_n(cand[b].s_eff, cand[b].m, cs.data() + b * kSteps);
-          std::copy_n(cand[b].z_eff, cand[b].m, cz.data() + b * kSteps);
-          cm[b] = cand[b].m;
         }
-        kernels::block_errors_batch(r + int64_t(tile0) * bs, int64_t(nt), bs, qmax, asym, cs.data(), cz.data(), kSteps,
-                                    cm.data(), cerr.data());
+        kernels::block_errors_batch(r + int64_t(tile0) * bs, int64_t(nt), bs, qmax, asym, cand.data(), cerr.data());
       }
       const R::ScaleCandidates& c = cand[k];
       const int best = R::scale_search_best(cerr.data() + k * kSteps, c.m);

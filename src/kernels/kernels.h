@@ -18,6 +18,10 @@
 #include "qvg/config.h"
 #include "qvg/tensor.h"
 
+namespace qvg::residual_impl {
+struct ScaleCandidates;  // core/residual_impl.h: one block's scale-search candidates
+}  // namespace qvg::residual_impl
+
 namespace qvg::kernels {
 
 /// Fast k-means assignment (spec 1.1, expanded form): for each of the n points
@@ -103,11 +107,13 @@ void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, in
 /// equal kernels::ref::block_errors on every target. REQUIRES z_eff non-null when asym.
 void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
                   float* err);
-/// block_errors of nblocks consecutive blocks of bs elements (block b at x + b * bs):
-/// block b's ncand[b] candidates at s_eff + b * stride (z_eff likewise), its errors
-/// to err + b * stride. Each block's errors are block_errors' bits; several blocks run
-/// side by side (their sums overlap), so this is the fast form for many blocks.
-/// REQUIRES 1 <= ncand[b] <= stride, z_eff non-null when asym.
+/// block_errors of nblocks consecutive blocks of bs elements (block b at x + b * bs)
+/// with block b's distinct candidates cand[b] (s_eff, z_eff, m), its errors to
+/// err + b * residual_impl::kScaleSearchSteps. Each block's errors are block_errors'
+/// bits; several blocks run side by side (their sums overlap), so this is the fast form
+/// for many blocks. REQUIRES 1 <= cand[b].m.
+void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym,
+                        const residual_impl::ScaleCandidates* cand, float* err);
 /// Slots per block of scale_candidates' outputs (at least residual_impl::kScaleSearchSteps).
 inline constexpr int64_t kCandidateStride = 16;
 /// The scale search's candidates of nblocks blocks before deduplication: block b's
@@ -118,9 +124,6 @@ inline constexpr int64_t kCandidateStride = 16;
 /// the blocks' minima and maxima, read only when asym.
 void scale_candidates(const float* raw_s, const float* lo, const float* hi, int64_t nblocks, bool asym, bool divide,
                       float g, float gz, bool fp8, uint32_t* s_bits, uint32_t* z_bits, float* s_eff, float* z_eff);
-
-void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
-                        const float* z_eff, int64_t stride, const int* ncand, float* err);
 
 /// Native bf16 conversion (AVX512-BF16) in decode: available when the CPU has it
 /// and the dispatched target is AVX-512; used unless switched off. It flushes

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/residual_impl.h"  // the code rounding, shared with the codec
@@ -166,12 +167,13 @@ struct ErrTask {
 };
 inline constexpr int kErrTasks = 4;
 
-// N tasks of n elements. kRecip: every task's 1 / s is normal, so most quotients are
-// (x - z) * (1 / s): within 2^-23 relative of the rounded quotient, the same code
+// N tasks of n elements. When every task's 1 / s is normal (kRecip), most quotients
+// are (x - z) * (1 / s): within 2^-23 relative of the rounded quotient, the same code
 // unless it lies within `tol` of a half-integer. Only the half-integers strictly inside
 // (lo - 1/2, hi + 1/2) can change a clamped code, and there |quotient| < 17: 2^-16 is
-// several times the product's error; such an element (rare) takes the division.
-template <int N, bool kRecip>
+// several times the product's error; such an element (rare) takes the division. Tiny
+// or huge scales take the division throughout.
+template <int N>
 void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
@@ -180,6 +182,7 @@ void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
   const V rlo = hn::Set(df, lo), rhi = hn::Set(df, hi);
   const V zero = hn::Zero(df), one = hn::Set(df, 1.0f), half = hn::Set(df, 0.5f), tol = hn::Set(df, 0x1p-16f);
   V sv[N], zv[N], sdiv[N], inv[N], acc[N];
+  bool recip = true;
   HWY_ALIGN float sb[hn::MaxLanes(df)], zb[hn::MaxLanes(df)];
   for (int u = 0; u < N; ++u) {
     for (int j = 0; j < L; ++j) {
@@ -194,33 +197,42 @@ void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
     // divides by 1 instead (no 0/0).
     sdiv[u] = hn::IfThenElse(hn::Eq(sv[u], zero), one, sv[u]);
     inv[u] = hn::Div(one, sdiv[u]);
+    recip =
+        recip && hn::AllTrue(df, hn::And(hn::IsFinite(inv[u]), hn::Ge(hn::Abs(inv[u]), hn::Set(df, 1.17549435e-38f))));
     acc[u] = zero;
   }
   // The code: the quotient rounded half away from zero, then clamped to [lo, hi]. The
   // reference clamps the quotient to [lo - 1, hi + 1] first; rounding is monotone and
   // maps that range's ends to integers outside [lo, hi], so the final clamp gives the
   // same code without it (an infinite quotient: its fraction is NaN, no step, clamped).
-  const auto code = [&](V num, int u) {
-    V v = kRecip ? hn::Mul(num, inv[u]) : hn::Div(num, sdiv[u]);
-    V t = hn::Trunc(v);  // a -0 for -1 < v < 0: t + 0 below is +0 all the same
-    V afr = hn::Abs(hn::Sub(v, t));
-    if (kRecip && !hn::AllFalse(df, hn::Le(hn::Abs(hn::Sub(afr, half)), tol))) {
-      v = hn::Div(num, sdiv[u]);  // near a breakpoint: the rounded quotient
-      t = hn::Trunc(v);
-      afr = hn::Abs(hn::Sub(v, t));
+  const auto sums = [&](auto recip_c) {
+    constexpr bool kRecip = decltype(recip_c)::value;
+    const auto code = [&](V num, int u) {
+      V v = kRecip ? hn::Mul(num, inv[u]) : hn::Div(num, sdiv[u]);
+      V t = hn::Trunc(v);  // a -0 for -1 < v < 0: t + 0 below is +0 all the same
+      V afr = hn::Abs(hn::Sub(v, t));
+      if (kRecip && !hn::AllFalse(df, hn::Le(hn::Abs(hn::Sub(afr, half)), tol))) {
+        v = hn::Div(num, sdiv[u]);  // near a breakpoint: the rounded quotient
+        t = hn::Trunc(v);
+        afr = hn::Abs(hn::Sub(v, t));
+      }
+      // Round half away from zero: |fraction| >= 1/2 steps away from zero (its sign is v's).
+      const V r = hn::IfThenElse(hn::Ge(afr, half), hn::Add(t, hn::CopySign(one, v)), t);
+      return hn::Min(hn::Max(r, rlo), rhi);
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      for (int u = 0; u < N; ++u) {
+        const V xv = hn::Set(df, tk[u].x[i]);
+        const V r = code(hn::Sub(xv, zv[u]), u);
+        const V d = hn::Sub(xv, hn::Add(hn::Mul(r, sv[u]), zv[u]));
+        acc[u] = hn::Add(acc[u], hn::Mul(d, d));
+      }
     }
-    // Round half away from zero: |fraction| >= 1/2 steps away from zero (its sign is v's).
-    const V r = hn::IfThenElse(hn::Ge(afr, half), hn::Add(t, hn::CopySign(one, v)), t);
-    return hn::Min(hn::Max(r, rlo), rhi);
   };
-  for (int64_t i = 0; i < n; ++i) {
-    for (int u = 0; u < N; ++u) {
-      const V xv = hn::Set(df, tk[u].x[i]);
-      const V r = code(hn::Sub(xv, zv[u]), u);
-      const V d = hn::Sub(xv, hn::Add(hn::Mul(r, sv[u]), zv[u]));
-      acc[u] = hn::Add(acc[u], hn::Mul(d, d));
-    }
-  }
+  if (recip)
+    sums(std::true_type{});
+  else
+    sums(std::false_type{});
   HWY_ALIGN float eb[hn::MaxLanes(df)];
   for (int u = 0; u < N; ++u) {
     hn::Store(acc[u], df, eb);
@@ -228,44 +240,31 @@ void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
   }
 }
 
-template <int N>
-void ErrTasksOf(const ErrTask* tk, int64_t n, int qmax, bool asym) {
-  const hn::ScalableTag<float> df;
-  const auto one = hn::Set(df, 1.0f), zero = hn::Zero(df), smallest = hn::Set(df, 1.17549435e-38f);
-  bool recip = true;  // 1 / s normal in every lane of every task (tiny or huge scales: the division)
-  HWY_ALIGN float sb[hn::MaxLanes(df)];
-  for (int u = 0; u < N && recip; ++u) {
-    for (size_t j = 0; j < hn::Lanes(df); ++j) sb[j] = tk[u].s[std::min(int(j), tk[u].m - 1)];
-    const auto sv = hn::Load(df, sb);
-    const auto inv = hn::Div(one, hn::IfThenElse(hn::Eq(sv, zero), one, sv));
-    recip = hn::AllTrue(df, hn::And(hn::IsFinite(inv), hn::Ge(hn::Abs(inv), smallest)));
-  }
-  if (recip)
-    ErrTasksN<N, true>(tk, n, qmax, asym);
-  else
-    ErrTasksN<N, false>(tk, n, qmax, asym);
-}
-
-void BlockErrorsBatchImpl(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
-                          const float* z_eff, int64_t stride, const int* ncand, float* err) {
+void BlockErrorsBatchImpl(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym,
+                          const residual_impl::ScaleCandidates* cand, float* err) {
+  constexpr int64_t kStride = residual_impl::kScaleSearchSteps;
   const int L = int(hn::Lanes(hn::ScalableTag<float>()));
   ErrTask tk[kErrTasks];
   int k = 0;
   for (int64_t b = 0; b < nblocks; ++b)
-    for (int c0 = 0; c0 < ncand[b]; c0 += L) {
-      const int64_t o = b * stride + c0;
-      tk[k++] = {x + b * bs, s_eff + o, asym ? z_eff + o : nullptr, err + o, std::min(L, ncand[b] - c0)};
+    for (int c0 = 0; c0 < cand[b].m; c0 += L) {
+      tk[k++] = {x + b * bs, cand[b].s_eff + c0, asym ? cand[b].z_eff + c0 : nullptr, err + b * kStride + c0,
+                 std::min(L, cand[b].m - c0)};
       if (k == kErrTasks) {
-        ErrTasksOf<kErrTasks>(tk, bs, qmax, asym);
+        ErrTasksN<kErrTasks>(tk, bs, qmax, asym);
         k = 0;
       }
     }
-  for (int u = 0; u < k; ++u) ErrTasksOf<1>(tk + u, bs, qmax, asym);
+  for (int u = 0; u < k; ++u) ErrTasksN<1>(tk + u, bs, qmax, asym);
 }
 
 void BlockErrorsImpl(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
                      float* err) {
-  BlockErrorsBatchImpl(x, 1, n, qmax, asym, s_eff, z_eff, ncand, &ncand, err);
+  const int L = int(hn::Lanes(hn::ScalableTag<float>()));
+  for (int c0 = 0; c0 < ncand; c0 += L) {
+    const ErrTask t{x, s_eff + c0, asym ? z_eff + c0 : nullptr, err + c0, std::min(L, ncand - c0)};
+    ErrTasksN<1>(&t, n, qmax, asym);
+  }
 }
 
 // The scale search's candidates, candidate k in lane k: residual_impl::
