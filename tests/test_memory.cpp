@@ -582,6 +582,134 @@ TEST(Memory, PeakOfALongContextIsTheFullReplaysWithoutReplayingIt) {
   }
 }
 
+// Branches (issue 38): n sessions forked from the state at the peak share its encoded
+// part (encoded spans, incremental spans' codebooks, refinement layers) and each copy
+// its raw part (current chunk, kept chunks, raw sink chunks).
+TEST(Memory, BranchesShareTheEncodedPartAndCopyTheRawPart) {
+  struct Case {
+    const char* what;
+    int64_t context, sink;
+    QuantArgs args;
+  };
+  std::vector<Case> cases;
+  QuantArgs a = small_args();
+  cases.push_back({"span 1, keep 1", 30, 0, a});
+  a.sink = false;
+  cases.push_back({"span 1, keep 1, raw sink chunk", 30, 10, a});
+  a = small_args();
+  a.span_chunks = 2;
+  a.sink_span = SinkSpan::Full;
+  cases.push_back({"span 2, sink", 50, 20, a});
+  a = small_args();
+  a.span_chunks = 3;
+  a.span_mode = SpanMode::Incremental;
+  a.keep_recent_chunks = 0;
+  a.refine_recent = 2;
+  cases.push_back({"incremental spans of 3, 2 refined chunks", 50, 0, a});
+  cases.push_back({"quantization off", 30, 0, QuantArgs{}});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const MemoryShape s = small_shape(c.context, c.sink);  // 3 layers
+    const MemoryReport r = memory_report(s, c.args);
+    const PolicyStep& pk = r.peak_step;
+    // resident = raw + packed (the packed part holds the codebooks and the layers).
+    EXPECT_EQ(pk.raw_bytes + pk.packed_bytes, r.policy_peak_bytes);
+    EXPECT_LE(pk.codebook_bytes + pk.refine_bytes, pk.packed_bytes);
+    EXPECT_EQ(r.branches_bytes(1), r.policy_peak_bytes);
+    EXPECT_EQ(r.model_branches_bytes(1), r.model_peak_bytes(ViewMemory::Shared));
+    for (int64_t n = 2; n <= 6; ++n) {
+      EXPECT_EQ(r.branches_bytes(n) - r.branches_bytes(n - 1), pk.raw_bytes) << n;
+      EXPECT_EQ(r.model_branches_bytes(n) - r.model_branches_bytes(n - 1), 3 * pk.raw_bytes + r.view_window_bytes) << n;
+      const BranchesMemory b = r.branches(n);
+      EXPECT_EQ(b.n, n);
+      EXPECT_EQ(b.shared_bytes, pk.packed_bytes);
+      EXPECT_EQ(b.own_bytes, pk.raw_bytes);
+      EXPECT_EQ(b.forked_bytes, pk.packed_bytes + size_t(n) * pk.raw_bytes);
+      EXPECT_EQ(b.copies_bytes, size_t(n) * r.policy_peak_bytes);
+      EXPECT_EQ(b.dense_bytes, size_t(n) * r.dense_window_bytes);
+      EXPECT_EQ(b.model_forked_bytes, 3 * b.forked_bytes + size_t(n) * r.view_window_bytes);
+      EXPECT_EQ(b.model_copies_bytes, size_t(n) * r.model_peak_bytes(ViewMemory::Shared));
+      EXPECT_EQ(b.model_dense_bytes, size_t(n) * r.dense_model_bytes());
+      EXPECT_DOUBLE_EQ(b.ratio_vs_copies(), double(b.model_copies_bytes) / double(b.model_forked_bytes));
+      EXPECT_DOUBLE_EQ(b.ratio_vs_dense(), double(b.model_dense_bytes) / double(b.model_forked_bytes));
+      if (pk.packed_bytes == 0) {
+        EXPECT_EQ(b.forked_bytes, b.copies_bytes);  // nothing encoded: a fork copies everything
+      } else {
+        EXPECT_LT(b.forked_bytes, b.copies_bytes);
+        EXPECT_GT(b.ratio_vs_copies(), 1.0);
+      }
+    }
+
+    // The shared part is what a replay's peak step holds encoded: its packed segments
+    // (refinement layers included) plus each incremental span's codebooks once; the
+    // copied part its raw segments.
+    // Also: no state of the steady period makes n branches hold more than the peak's
+    // (the peak state holds the most raw bytes too), so the fork at the peak is the worst.
+    PolicyReplay rp(s, c.args);
+    size_t packed = 0, raw = 0, resident = 0, worst2 = 0, worst8 = 0;
+    for (int64_t i = 0; i < r.steady_from + 2 * r.period_chunks; ++i) {
+      const PolicyStep& st = rp.advance();
+      if (i < r.steady_from + r.period_chunks) continue;
+      worst2 = std::max(worst2, st.packed_bytes + 2 * st.raw_bytes);
+      worst8 = std::max(worst8, st.packed_bytes + 8 * st.raw_bytes);
+      if (st.resident_bytes <= resident) continue;
+      resident = st.resident_bytes;
+      packed = raw = 0;
+      int64_t last_span = -1;
+      for (const SegmentSize& seg : rp.segments()) {
+        (seg.packed ? packed : raw) += seg.bytes();
+        if (seg.span >= 0 && seg.span != last_span) packed += rp.codebook_bytes();
+        last_span = seg.span;
+      }
+      EXPECT_EQ(st.packed_bytes, packed);
+      EXPECT_EQ(st.raw_bytes, raw);
+    }
+    EXPECT_EQ(resident, r.policy_peak_bytes);
+    EXPECT_EQ(worst2, r.branches_bytes(2));
+    EXPECT_EQ(worst8, r.branches_bytes(8));
+    EXPECT_EQ(r.branches(2).shared_bytes, packed);
+    EXPECT_EQ(r.branches(2).own_bytes, raw);
+  }
+}
+
+TEST(Memory, BranchesHandDerived) {
+  // PolicyPeakSpanOneHandDerived's peak: 2 packed one-chunk spans (shared) + the kept
+  // and the current chunk raw (copied): n branches hold 2 * 2 * enc(10) + n * 2 chunks.
+  const MemoryReport r = memory_report(small_shape(30, 0), small_args());
+  EXPECT_EQ(r.branches_bytes(1), 15888u);
+  EXPECT_EQ(r.branches_bytes(3), 2 * 2 * enc_bytes(10) + 3 * 2 * kRawChunk);  // 5648 + 30720
+  // The model: 3 layers, one view window (the dense window, 20480) per branch.
+  EXPECT_EQ(r.model_branches_bytes(3), 3 * (5648u + 30720u) + 3 * 20480u);
+  // Incremental spans of 2 with a refined chunk (PolicyReplayRefinementLayersHandDerived):
+  // the shared part holds the 2 chunks' data, 2 spans' codebooks and the layers.
+  QuantArgs a = small_args();
+  a.span_chunks = 2;
+  a.span_mode = SpanMode::Incremental;
+  a.refine_recent = 1;
+  a.refine_bits = 2;
+  const MemoryReport ri = memory_report(small_shape(30, 0), a);
+  EXPECT_EQ(ri.policy_peak_bytes, 15888u + 1800u);
+  EXPECT_EQ(ri.branches(4).shared_bytes, 2 * 776u + 2 * 2048u + 1800u);
+  EXPECT_EQ(ri.branches_bytes(4), 2 * 776u + 2 * 2048u + 1800u + 4 * 2 * kRawChunk);
+}
+
+TEST(Memory, BranchesOutOfRangeAreInvalidArguments) {
+  const MemoryReport r = memory_report(small_shape(30, 0), small_args());
+  for (const int64_t n : {int64_t(0), int64_t(-1), kMaxBranches + 1}) {
+    SCOPED_TRACE(n);
+    EXPECT_THROW((void)r.branches_bytes(n), InvalidArgument);
+    EXPECT_THROW((void)r.model_branches_bytes(n), InvalidArgument);
+    EXPECT_THROW((void)r.branches(n), InvalidArgument);
+  }
+  try {
+    (void)r.branches_bytes(0);
+    FAIL() << "n = 0 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "memory model: branches n must be in 1..1048576, got 0");
+  }
+  EXPECT_EQ(r.branches_bytes(kMaxBranches), r.peak_step.packed_bytes + size_t(kMaxBranches) * r.peak_step.raw_bytes);
+}
+
 TEST(Memory, TypedErrors) {
   MemoryShape s = small_shape(30, 40);  // sink past the context
   EXPECT_THROW(memory_report(s, small_args()), InvalidArgument);

@@ -292,6 +292,42 @@ double MemoryReport::model_peak_ratio(ViewMemory views) const {
   return peak > 0 ? double(dense_model_bytes()) / double(peak) : 0.0;
 }
 
+// Branches (reporting only: from the peak step's split into raw and packed bytes).
+namespace {
+void check_branches(int64_t n) {
+  if (n < 1 || n > kMaxBranches)
+    throw InvalidArgument(fmt::format("memory model: branches n must be in 1..{}, got {}", kMaxBranches, n));
+}
+}  // namespace
+
+size_t MemoryReport::branches_bytes(int64_t n) const {
+  check_branches(n);
+  QVG_CHECK(peak_step.raw_bytes + peak_step.packed_bytes == peak_step.resident_bytes);
+  return peak_step.packed_bytes + size_t(n) * peak_step.raw_bytes;
+}
+size_t MemoryReport::model_branches_bytes(int64_t n) const {
+  return total(branches_bytes(n)) + size_t(n) * view_window_bytes;
+}
+BranchesMemory MemoryReport::branches(int64_t n) const {
+  BranchesMemory b;
+  b.n = n;
+  b.forked_bytes = branches_bytes(n);  // checks n
+  b.shared_bytes = peak_step.packed_bytes;
+  b.own_bytes = peak_step.raw_bytes;
+  b.copies_bytes = size_t(n) * policy_peak_bytes;
+  b.dense_bytes = size_t(n) * dense_window_bytes;
+  b.model_forked_bytes = model_branches_bytes(n);
+  b.model_copies_bytes = size_t(n) * model_peak_bytes(ViewMemory::Shared);
+  b.model_dense_bytes = size_t(n) * dense_model_bytes();
+  return b;
+}
+double BranchesMemory::ratio_vs_copies() const {
+  return model_forked_bytes > 0 ? double(model_copies_bytes) / double(model_forked_bytes) : 0.0;
+}
+double BranchesMemory::ratio_vs_dense() const {
+  return model_forked_bytes > 0 ? double(model_dense_bytes) / double(model_forked_bytes) : 0.0;
+}
+
 MemoryReport memory_report(const MemoryShape& shape, const QuantArgs& args) {
   PolicyReplay replay(shape, args);  // validates both
   MemoryReport r;

@@ -136,6 +136,66 @@ close(lb["per_layer_packed_mib"], (22 * e(4680) + e(3120)) / MiB, "lb packed")
 print("memory JSON figures match the hand computation")
 PY
 
+# --branches N: n sessions forked from the state at the peak (MemoryReport::branches):
+# the encoded part once + N x the raw part, beside N copies and N dense caches; the other
+# keys unchanged and "branches" last. Self-Forcing, defaults: 55 one-chunk spans shared,
+# the kept and the current chunk raw in each branch.
+"$QVG" memory --model self-forcing-1.3b --json --branches 8 > "$T/sfb8.json"
+"$QVG" memory --model self-forcing-1.3b --json --branches 1 > "$T/sfb1.json"
+"$QVG" memory --model self-forcing-1.3b --json --centroids 256 --span-chunks 8 --span-mode incremental \
+  --keep-recent 0 --refine-recent 4 --refine-bits 2 --branches 3 > "$T/sf8rb3.json"
+python3 - "$T" <<'PY'
+import json, sys, os
+T = sys.argv[1]
+MiB = 2.0 ** 20
+def close(a, b, what):
+    assert abs(a - b) <= 1e-9 * max(1.0, abs(b)), f"{what}: {a} != {b}"
+bkeys = ["n", "per_layer_shared_mib", "per_layer_own_mib", "per_layer_forked_mib", "per_layer_copies_mib",
+         "per_layer_dense_mib", "model_forked_mib", "model_copies_mib", "model_dense_mib", "ratio_vs_copies",
+         "ratio_vs_dense"]
+def check(name, plain, n):
+    j = json.load(open(os.path.join(T, name)))
+    p = json.load(open(os.path.join(T, plain)))
+    assert list(j.keys()) == list(p.keys()) + ["branches"], (name, list(j.keys()))
+    b = j.pop("branches")
+    assert j == p, name + ": --branches changed the other figures"
+    assert list(b.keys()) == bkeys, (name, list(b.keys()))
+    assert b["n"] == n, b
+    L = j["layers"]
+    dense_window = j["per_layer_policy_mib"] * j["policy_ratio_vs_dense_window"]
+    close(b["per_layer_shared_mib"] + b["per_layer_own_mib"], j["per_layer_policy_mib"], name + " shared + own = peak")
+    close(b["per_layer_forked_mib"], b["per_layer_shared_mib"] + n * b["per_layer_own_mib"], name + " forked")
+    close(b["per_layer_copies_mib"], n * j["per_layer_policy_mib"], name + " copies")
+    close(b["per_layer_dense_mib"], n * dense_window, name + " dense")
+    close(b["model_forked_mib"], L * b["per_layer_forked_mib"] + n * j["per_layer_view_mib"], name + " model forked")
+    close(b["model_copies_mib"], n * j["model_peak_mib"], name + " model copies")
+    close(b["model_dense_mib"], n * j["model_dense_mib"], name + " model dense")
+    close(b["ratio_vs_copies"], b["model_copies_mib"] / b["model_forked_mib"], name + " ratio vs copies")
+    close(b["ratio_vs_dense"], b["model_dense_mib"] / b["model_forked_mib"], name + " ratio vs dense")
+    return b
+b8 = check("sfb8.json", "sf.json", 8)
+enc = 12 * 128 * 128 * 2 + 12 * 4680 + 12 * 4680 * 128 * 2 // 8 + 12 * 4680 * 2 + 12 * 4  # one int2 span, by hand
+close(b8["per_layer_shared_mib"], 55 * 2 * enc / MiB, "sf shared: 55 spans")
+close(b8["per_layer_own_mib"], 2 * 4680 * 12 * 128 * 4 / MiB, "sf own: 2 raw chunks")
+assert b8["ratio_vs_copies"] > 1.0, b8
+b1 = check("sfb1.json", "sf.json", 1)
+sf = json.load(open(os.path.join(T, "sf.json")))
+close(b1["per_layer_forked_mib"], sf["per_layer_policy_mib"], "one branch = the policy peak")
+close(b1["model_forked_mib"], sf["model_peak_mib"], "one branch = the model peak")
+# Incremental spans with refinement layers: the codebooks and the layers are shared,
+# only the current chunk is raw (keep_recent 0).
+b3 = check("sf8rb3.json", "sf8r.json", 3)
+close(b3["per_layer_own_mib"], 4680 * 12 * 128 * 4 / MiB, "sf8r own: the current chunk")
+print("memory --branches figures are consistent")
+PY
+"$QVG" memory --model self-forcing-1.3b --branches 8 > "$T/sfb8.txt"
+for row in "8 branches from one state" "encoded part, held once" "raw part, one per branch" "8 forked branches" \
+           "8 copies of the packed cache" "8 dense caches"; do
+  grep -q "$row" "$T/sfb8.txt" || fail "branches table: no '$row' row"
+done
+"$QVG" memory --model self-forcing-1.3b > "$T/sf.txt"
+! grep -q "branches from one state" "$T/sf.txt" || fail "the branches section without --branches"
+
 # The table marks assumptions and shows the four figures.
 "$QVG" memory --model hy-worldplay-8b > "$T/hy.txt"
 grep -q "16 (a) heads" "$T/hy.txt" || fail "table: assumed heads not marked"
@@ -148,7 +208,8 @@ grep -q "990.00 MiB" "$T/hy.txt" || fail "table: HY-WorldPlay bf16 context is no
 # Errors: non-zero exit, one line on stderr.
 bad=("--bits 5" "--bits 1" "--bits int8" "--bits x" "--frames 0" "--span-chunks 0" "--centroids 257" "--block-size 48"
      "--keep-recent -1" "--sink-span half" "--scale-dtype fp16" "--scaling odd" "--stages 0"
-     "--refine-recent 2" "--span-mode incremental --refine-bits 5" "--span-mode incremental --refine-recent -1")
+     "--refine-recent 2" "--span-mode incremental --refine-bits 5" "--span-mode incremental --refine-recent -1"
+     "--branches 0" "--branches 1025" "--branches x" "--branches -2")
 for flags in "${bad[@]}"; do
   # shellcheck disable=SC2086
   if "$QVG" memory --model self-forcing-1.3b $flags > /dev/null 2> "$T/err.txt"; then fail "accepted $flags"; fi

@@ -11,8 +11,12 @@
 // (MiB = 2^20 bytes) preceded by the model, its layers, context frames, bits and
 // centroids, followed by the policy settings and the model-level figures (every
 // layer's cache + the view memory, MemoryReport::model_peak_bytes; the engine's default
-// computed the same way). Defaults: the preset's context and sink policy, --bits 2 and
-// the codec and cache defaults of spec section 2.
+// computed the same way). With --branches N (1..1024) the table adds a section for N
+// sessions forked from the state at the peak (MemoryReport::branches: the encoded part
+// shared, the raw part copied per branch) beside N copies and N dense caches, and the
+// JSON an object "branches" at its end; without it both are as above. Defaults: the
+// preset's context and sink policy, --bits 2 and the codec and cache defaults of spec
+// section 2.
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -42,7 +46,8 @@ struct MemoryOptions {
   std::optional<std::string> frames;
   CodecConfig codec;  // the codec flags (the profile's values where not given: add_profile_flag)
   CacheFlags cache;
-  std::string k_config, v_config;  // per-role codec settings (field=value,...)
+  std::string k_config, v_config;       // per-role codec settings (field=value,...)
+  std::optional<std::string> branches;  // --branches N
   bool json = false;
   CLI::App* cmd = nullptr;  // to read --profile (its per-role and policy settings)
 };
@@ -162,10 +167,37 @@ void print_table(const ModelPreset& p, const MemoryShape& s, const MemoryReport&
              A.substr(1));
 }
 
+/// The --branches section of the table: N sessions forked from the state at the peak.
+void print_branches(const MemoryShape& s, const BranchesMemory& b) {
+  fmt::print(
+      "\n  {} branch{} from one state (fork at the policy peak: the encoded part shared, the raw part "
+      "copied by each branch):\n",
+      b.n, b.n == 1 ? "" : "es");
+  const std::string all = fmt::format("all {} layers", s.layers);
+  fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", "", "per layer", all, "ratio");
+  auto row = [&](const std::string& label, size_t per_layer, size_t model, const std::string& ratio) {
+    fmt::print("  {:<40} {:>16} {:>18} {:>9}\n", label, mib(per_layer), mib(model), ratio);
+  };
+  row("encoded part, held once (shared)", b.shared_bytes, b.shared_bytes * size_t(s.layers), "");
+  row("raw part, one per branch", b.own_bytes, b.own_bytes * size_t(s.layers), "");
+  row(fmt::format("{} forked branches", b.n), b.forked_bytes, b.model_forked_bytes, "1.00x");
+  row(fmt::format("{} copies of the packed cache", b.n), b.copies_bytes, b.model_copies_bytes,
+      fmt::format("{:.2f}x", b.ratio_vs_copies()));
+  row(fmt::format("{} dense caches", b.n), b.dense_bytes, b.model_dense_bytes,
+      fmt::format("{:.2f}x", b.ratio_vs_dense()));
+  fmt::print(
+      "  branches: the model column of the last three rows adds one view window per branch (none for the dense "
+      "caches); ratios are each row over the forked branches. At the fork: each branch then encodes its own chunks "
+      "and the shared spans leave the window, so one window of chunks later the branches hold as much as {} "
+      "copies.\n",
+      b.n);
+}
+
 void run_memory(const MemoryOptions& o) {
   const ModelPreset& p = find_model_preset(o.model);
   std::optional<int64_t> frames;
   if (o.frames) frames = parse_int_flag("--frames", *o.frames, 1, 10'000'000);
+  const int64_t branches = o.branches ? parse_int_flag("--branches", *o.branches, 1, 1024) : 1;
   const QuantArgs args = build_args(o, p);
   const MemoryShape shape = MemoryShape::of(p, frames);
   const MemoryReport r = memory_report(shape, args);
@@ -195,10 +227,26 @@ void run_memory(const MemoryOptions& o) {
     j["model_peak_ratio_views_per_layer"] = r.model_peak_ratio(ViewMemory::PerLayer);
     j["engine_model_peak_mib"] = to_mib(engine.model_peak_bytes(ViewMemory::Shared));
     j["engine_model_peak_ratio"] = engine.model_peak_ratio(ViewMemory::Shared);
+    if (o.branches) {
+      const BranchesMemory b = r.branches(branches);
+      nlohmann::ordered_json& jb = j["branches"];
+      jb["n"] = b.n;
+      jb["per_layer_shared_mib"] = to_mib(b.shared_bytes);
+      jb["per_layer_own_mib"] = to_mib(b.own_bytes);
+      jb["per_layer_forked_mib"] = to_mib(b.forked_bytes);
+      jb["per_layer_copies_mib"] = to_mib(b.copies_bytes);
+      jb["per_layer_dense_mib"] = to_mib(b.dense_bytes);
+      jb["model_forked_mib"] = to_mib(b.model_forked_bytes);
+      jb["model_copies_mib"] = to_mib(b.model_copies_bytes);
+      jb["model_dense_mib"] = to_mib(b.model_dense_bytes);
+      jb["ratio_vs_copies"] = b.ratio_vs_copies();
+      jb["ratio_vs_dense"] = b.ratio_vs_dense();
+    }
     fmt::print("{}\n", j.dump(2));
     return;
   }
   print_table(p, shape, r, engine, frames.has_value());
+  if (o.branches) print_branches(shape, r.branches(branches));
 }
 
 void register_memory(CLI::App& root) {
@@ -214,6 +262,10 @@ void register_memory(CLI::App& root) {
   // The policy flags of the settings table but those the model does not take.
   add_cache_flags(*cmd, o->cache, "keep the sink chunks raw (sink = false)", kSettingsNotModelled);
   add_role_config_flags(*cmd, o->k_config, o->v_config);
+  add_value(*cmd, "--branches", o->branches,
+            "also show N sessions forked from the state at the peak (the encoded part shared, the raw part "
+            "copied per branch) beside N copies and N dense caches; 1..1024",
+            "INT");
   cmd->add_flag("--json", o->json, "print the figures as JSON");
   cmd->callback([o] { run_memory(*o); });
 }

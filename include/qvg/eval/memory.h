@@ -138,6 +138,29 @@ class PolicyReplay {
 ///    (the default without CacheOptions::view_scratch) keep it between calls.
 enum class ViewMemory { Shared, PerLayer };
 
+/// What n branches forked from one state hold (MemoryReport::branches; issue 38).
+struct BranchesMemory {
+  int64_t n = 1;  ///< branches
+  // --- per layer, bytes ---
+  size_t shared_bytes = 0;  ///< the encoded part, held once by all branches (peak_step.packed_bytes)
+  size_t own_bytes = 0;     ///< the raw part, one copy per branch (peak_step.raw_bytes)
+  size_t forked_bytes = 0;  ///< shared_bytes + n * own_bytes (MemoryReport::branches_bytes)
+  size_t copies_bytes = 0;  ///< n full copies of the packed cache: n * policy_peak_bytes
+  size_t dense_bytes = 0;   ///< n dense caches: n * dense_window_bytes
+  // --- the model, bytes ---
+  size_t model_forked_bytes = 0;  ///< MemoryReport::model_branches_bytes(n)
+  size_t model_copies_bytes = 0;  ///< n * model_peak_bytes(ViewMemory::Shared)
+  size_t model_dense_bytes = 0;   ///< n * dense_model_bytes()
+  /// model_copies_bytes / model_forked_bytes (>= 1: what forking saves over copies).
+  double ratio_vs_copies() const;
+  /// model_dense_bytes / model_forked_bytes.
+  double ratio_vs_dense() const;
+};
+
+/// The most branches MemoryReport::branches_bytes and its kin take (keeps the products
+/// far from overflowing for every shape MemoryShape::validate accepts in practice).
+inline constexpr int64_t kMaxBranches = int64_t(1) << 20;
+
 /// The `qvg memory` figures for one layer and for all layers.
 struct MemoryReport {
   MemoryShape shape;
@@ -177,6 +200,29 @@ struct MemoryReport {
   /// dense_model_bytes / model_peak_bytes(views): the headline ratio of `qvg memory`,
   /// `qvg simulate` and the main job.
   double model_peak_ratio(ViewMemory views = ViewMemory::Shared) const;
+
+  // --- branches: n sessions forked from one state (issue 38; docs/simulate.md) ---
+  // A packed cache's fork shares the encoded part of its state with its source,
+  // immutable and reference-counted (encoded spans, incremental spans' codebooks,
+  // refinement layers: peak_step.packed_bytes, which holds all three), and copies the
+  // raw part (the current chunk, the keep_recent chunks, raw sink chunks and chunks
+  // waiting for their span: peak_step.raw_bytes); resident_bytes = raw + packed. A
+  // dense cache's fork is a full copy. The figures are for n branches forked from
+  // the state at the policy peak (peak_step), at the fork: every branch encodes its
+  // own chunks afterwards and the shared spans slide out of the window, so after one
+  // window of chunks the branches hold n full copies (n * policy_peak_bytes). No state
+  // of the steady period costs n branches more than the peak state (tests/test_memory.cpp).
+  // Every n must be in 1..kMaxBranches (InvalidArgument naming n otherwise).
+  /// Per layer: peak_step.packed_bytes once + n * peak_step.raw_bytes;
+  /// branches_bytes(1) == policy_peak_bytes.
+  size_t branches_bytes(int64_t n) const;
+  /// The model: every layer's branches_bytes(n) plus the view memory of n running
+  /// branches, each with ViewMemory::Shared (one window per branch: each branch is a
+  /// session whose layers share one view); model_branches_bytes(1) ==
+  /// model_peak_bytes(ViewMemory::Shared).
+  size_t model_branches_bytes(int64_t n) const;
+  /// The figures above beside n full copies of the packed cache and n dense caches.
+  BranchesMemory branches(int64_t n) const;
 
   double ratio() const;  ///< raw_context / packed_context
   /// raw_context / policy_peak: bf16 / packed as `qvg memory --json` defines its ratios.
