@@ -329,7 +329,8 @@ TEST(CachePlan, DeviceStateSnapshotEqualsTheCpuCachesBytes) {
       qvg::detail::CachePolicy<EmuSeg, EmuBooks> pol(o, q);
       auto r = qvg::detail::restore_state<EmuSeg, EmuBooks, qvg::EncodedTensor>(d, Copy{});
       pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));
-      const qvg::detail::PackedStateData back = qvg::detail::state_data_of(pol, o, q, r.warm_k, r.warm_v, Copy{});
+      const qvg::detail::PackedStateData back = qvg::detail::state_data_of(
+          pol, o, q, r.warm_k ? &*r.warm_k : nullptr, r.warm_v ? &*r.warm_v : nullptr, Copy{});
       const std::string at = q.describe() + " call " + std::to_string(i);
       EXPECT_TRUE(bytes_of(back, "cpu") == a) << at << "the device state's snapshot differs from the CPU cache's";
       const std::vector<uint8_t> dev = bytes_of(back, "cuda");

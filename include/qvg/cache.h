@@ -29,6 +29,19 @@
 // Thread safety: a cache is not thread-safe; one caller at a time. update()
 // itself uses OpenMP (codec) where it helps. Caches are movable, not copyable;
 // a moved-from cache may only be destroyed or assigned to.
+//
+// Branches (fork()): a fork is a new cache with the source's settings and state;
+// given the same calls, both return what a cache that received the whole history
+// itself returns, bit for bit. A packed cache's fork shares everything encoded —
+// spans, incremental spans' codebooks, refinement layers, warm-start codebooks —
+// which never changes once made (immutable, reference-counted, freed with the last
+// cache that holds it), and copies its raw segments (the current chunk, chunks kept
+// raw, raw sink chunks): a fork costs about a copy of the raw part. A dense cache's
+// fork is a copy of its buffers. Branches are independent caches: calls on two
+// branches may run on two threads at once (the shared parts are only read); each
+// branch still takes one caller at a time. resident_nbytes() counts what a branch
+// alone holds, shared_nbytes() what it holds together with other branches, and
+// PackedCausalCache::group_nbytes() what a set of branches holds in all.
 #pragma once
 
 #include <cstddef>
@@ -53,7 +66,7 @@ namespace detail {
 struct SnapshotAccess;  // src/cache/snapshot_state.h: the caches' state, out and in
 struct PlanAccess;      // src/cache/plan_access.h: what a packed cache's last advance did
 struct TestAccess;      // qvg/detail/test_access.h: a cache's whole state, for tests
-}
+}  // namespace detail
 
 /// The global token ranges a packed-cache view shows when recent_window_tokens is
 /// absent (spec 4): the sink [0, sink_end) followed by [tail_start, global_end);
@@ -81,11 +94,11 @@ struct BasicSegmentInfo {
   int64_t g0 = 0, g1 = 0;  ///< global token range
   bool is_sink = false;
   bool packed = false;
-  bool current = false;  ///< the current (last, raw) chunk
-  int chunks = 1;        ///< chunks in the span (1 for a raw segment)
-  StridedView k_raw, v_raw;         ///< raw only: dense [B, g1 - g0, H, D]
-  const Encoded* k_enc = nullptr;   ///< packed only
-  const Encoded* v_enc = nullptr;   ///< packed only
+  bool current = false;            ///< the current (last, raw) chunk
+  int chunks = 1;                  ///< chunks in the span (1 for a raw segment)
+  StridedView k_raw, v_raw;        ///< raw only: dense [B, g1 - g0, H, D]
+  const Encoded* k_enc = nullptr;  ///< packed only
+  const Encoded* v_enc = nullptr;  ///< packed only
   /// A chunk of an incremental span: the span's id (shared by its chunks) and its
   /// codebooks (k_enc/v_enc then have empty centroid arrays: decode with
   /// DecodeTask::codebook or with_codebook()). -1 and nullptr otherwise.
@@ -169,8 +182,13 @@ class CausalCache : public CacheDims {
   /// qvg::can_direct_current_attention(*this, n).
   bool can_direct_current_attention(int64_t n) const { return qvg::can_direct_current_attention(*this, n); }
 
-  /// Bytes of the cache's state (see each class).
+  /// Bytes of the cache's state that this cache alone holds (see each class; all of
+  /// it unless the cache shares encodings with its forks).
   virtual size_t resident_nbytes() const = 0;
+  /// Bytes of the cache's state that it holds together with other caches (its forks or
+  /// the cache it was forked from; "Branches" above); 0 for a dense cache. Read while
+  /// another branch changes, it is a snapshot (the sharing may end at any time).
+  virtual size_t shared_nbytes() const = 0;
   /// The most bytes the last successful update() held beyond the resident
   /// state at any moment: the view buffer if it copied, the old buffers during
   /// a dense growth, and for the packed cache a span's concatenated input plus
@@ -263,12 +281,24 @@ class DenseCausalCache final : public CausalCache {
   void set_indices(int64_t global_end, int64_t local_end);
 
   size_t resident_nbytes() const override;
+  size_t shared_nbytes() const override { return 0; }
   size_t peak_transient_nbytes() const override;
   int64_t global_end() const override;
   int64_t local_end() const override;
   int64_t cache_size() const override;  ///< current size (grows with allow_growth)
   int64_t attention_window_size() const override;
   bool allow_growth() const;
+
+  /// A branch ("Branches" at the top of this file): a new cache with this cache's
+  /// options, cursors and a copy of its buffers (cache_size tokens, as they are).
+  /// `storage`: when given, the fork's buffers are caller storage it supplies (called
+  /// once with cache_size, as GrowStorage is on growth; it serves later growth too);
+  /// else the fork owns its buffers. `view_scratch`: the fork's view scratch
+  /// (CacheOptions::view_scratch; default a new one of its own, so that branches on two
+  /// threads never share one). peak_transient_nbytes() of the fork is 0 until its first
+  /// call. This cache is unchanged; errors (std::bad_alloc, the storage's own, null
+  /// storage: InvalidArgument) leave no fork.
+  DenseCausalCache fork(GrowStorage storage = nullptr, std::shared_ptr<ViewScratch> view_scratch = nullptr) const;
 
   /// The buffers, [B, cache_size, H, D]; valid until the next mutating call.
   ConstTensorView k_buffer() const;
@@ -316,7 +346,7 @@ class DenseCausalCache final : public CausalCache {
 ///   * a raw segment is exactly one chunk; a packed span never mixes sink and
 ///     non-sink chunks; a segment is a sink segment iff its g0 < sink_tokens;
 ///   * local_end == min(global_end, cache_size);
-///   * resident_nbytes() == sum of raw segment bytes (2 * B * (g1-g0) * H * D *
+///   * resident_nbytes() + shared_nbytes() == sum of raw segment bytes (2 * B * (g1-g0) * H * D *
 ///     dtype_size, the current one included) + sum over spans of
 ///     k.nbytes() + v.nbytes() (+ once per incremental span its codebooks, + the
 ///     refinement layers of refined chunks). Not counted: the warm-start codebooks
@@ -381,13 +411,33 @@ class PackedCausalCache final : public CausalCache {
 
   void reset_indices() override;
 
+  /// Raw segments plus the encodings, codebooks and layers no other branch holds.
   size_t resident_nbytes() const override;
+  /// The encodings, codebooks and layers (counted as resident_nbytes() counts them)
+  /// that another branch holds too. resident_nbytes() + shared_nbytes() is the
+  /// resident size of spec 4 (the invariant above).
+  size_t shared_nbytes() const override;
   size_t peak_transient_nbytes() const override;
   int64_t global_end() const override;
   int64_t local_end() const override;
   int64_t cache_size() const override;
   int64_t attention_window_size() const override;
   const QuantArgs& quant_args() const;
+
+  /// A branch ("Branches" at the top of this file): a new cache with this cache's
+  /// options and quant args whose state equals this cache's. It shares every encoded
+  /// span, codebook, refinement layer and the warm-start codebooks (nothing copied) and
+  /// copies the raw segments (current chunk included). `view_scratch`: the fork's view
+  /// scratch (CacheOptions::view_scratch; default a new one of its own, so that
+  /// branches on two threads never share one). The fork has no last view: its first
+  /// call is a rewrite of the current chunk or an advance, as this cache's next call
+  /// would be; span_breaks() and chunk_tokens() continue this cache's. This cache is
+  /// unchanged; an allocation failure leaves no fork.
+  PackedCausalCache fork(std::shared_ptr<ViewScratch> view_scratch = nullptr) const;
+  /// Bytes the caches hold in all, each shared encoding, codebook and layer counted
+  /// once: N branches of one state hold its encoded history once. Null entries are
+  /// skipped. Equals the sum of resident_nbytes() when nothing is shared.
+  static size_t group_nbytes(std::span<const PackedCausalCache* const> caches);
   /// Size of the first advance's chunk; nullopt while the cache is empty.
   std::optional<int64_t> chunk_tokens() const;
   /// Bytes of the warm-start codebooks kept for init = warm (not resident).

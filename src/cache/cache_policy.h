@@ -22,7 +22,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,6 +37,30 @@
 #include "qvg/error.h"
 
 namespace qvg::detail {
+
+template <class T>
+inline constexpr bool kIsSharedPtr = false;
+template <class T>
+inline constexpr bool kIsSharedPtr<std::shared_ptr<T>> = true;
+
+/// A payload's encoding as a reference. The packed caches hold their encodings through
+/// std::shared_ptr<const Enc> (immutable once made, shared by a cache's forks: cache.h,
+/// "Branches"); the memory model and the tests' payloads hold them as values.
+template <class T>
+const auto& held(const T& x) {
+  if constexpr (kIsSharedPtr<T>)
+    return *x;
+  else
+    return x;
+}
+/// Stores a new encoding `e` in a payload member `to` (either kind, as held()).
+template <class T, class E>
+void hold(T& to, E&& e) {
+  if constexpr (kIsSharedPtr<T>)
+    to = std::make_shared<const std::remove_cvref_t<E>>(std::forward<E>(e));
+  else
+    to = std::forward<E>(e);
+}
 
 template <class P>
 struct PlanSegment {
@@ -94,14 +120,22 @@ struct PackedPlan {
 
 /// Completed chunks are encoded one at a time into incremental spans (docs/spans.md)
 /// rather than in whole deferred spans.
-inline bool incremental_spans(const QuantArgs& q) { return q.span_mode == SpanMode::Incremental; }
+inline bool incremental_spans(const QuantArgs& q) {
+  return q.span_mode == SpanMode::Incremental;
+}
 /// Encoded chunks of incremental spans get refinement layers.
-inline bool refines(const QuantArgs& q) { return q.refine_recent > 0; }
+inline bool refines(const QuantArgs& q) {
+  return q.refine_recent > 0;
+}
 /// The most chunks one span holds (one codebook).
-inline int64_t span_capacity(const QuantArgs& q) { return q.span_chunks; }
+inline int64_t span_capacity(const QuantArgs& q) {
+  return q.span_chunks;
+}
 /// The packed sink is one span of the whole sink (else one span per sink chunk), so
 /// no raw sink chunk follows a packed one.
-inline bool sink_packed_whole(const QuantArgs& q) { return q.sink_span == SinkSpan::Full; }
+inline bool sink_packed_whole(const QuantArgs& q) {
+  return q.sink_span == SinkSpan::Full;
+}
 /// Sink chunk `index` (0-based) is ever packed: quantization on, sink chunks quantized
 /// and the chunk not among the leading sink_keep_chunks kept raw.
 inline bool packs_sink_chunk(const QuantArgs& q, int64_t index) {
@@ -109,7 +143,9 @@ inline bool packs_sink_chunk(const QuantArgs& q, int64_t index) {
 }
 /// A chunk's fit to the open span is measured (a break ratio above 0); else every
 /// chunk that may join fits.
-inline bool measures_span_fit(const QuantArgs& q) { return q.span_break_ratio > 0; }
+inline bool measures_span_fit(const QuantArgs& q) {
+  return q.span_break_ratio > 0;
+}
 /// Why a cache that measures the span fit cannot update under a CUDA graph capture
 /// (the device cache's refusal names the setting and the two ways out).
 inline const char* span_fit_capture_refusal() {
@@ -121,7 +157,9 @@ inline bool fits_open_span(const QuantArgs& q, double k_energy, double v_energy,
   return fits_open_span(q.span_break_ratio, k_energy, v_energy, ref_k, ref_v);
 }
 /// How many of the newest chunks holding refinement layers keep them.
-inline int64_t refined_chunks_kept(const QuantArgs& q) { return q.refine_recent; }
+inline int64_t refined_chunks_kept(const QuantArgs& q) {
+  return q.refine_recent;
+}
 /// The same settings without refinement layers (a benchmark's or a model's peer).
 inline QuantArgs without_refinement(QuantArgs q) {
   q.refine_recent = 0;
@@ -157,6 +195,7 @@ class CachePolicy {
   std::optional<int64_t> chunk_tokens() const { return chunk_tokens_; }
   /// The open incremental span (its codebooks and reference energies) and the breaks.
   const Spans& spans() const { return spans_; }
+  Spans& spans() { return spans_; }
   void reset() {
     segs_.clear();
     global_end_ = 0;
@@ -457,7 +496,8 @@ class CachePolicy {
 /// resident_bytes()).
 template <class P>
 size_t segment_bytes(const PlanSegment<P>& s) {
-  size_t n = s.packed ? s.data.k_enc.nbytes() + s.data.v_enc.nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
+  size_t n =
+      s.packed ? held(s.data.k_enc).nbytes() + held(s.data.v_enc).nbytes() : s.data.k_raw.size() + s.data.v_raw.size();
   if constexpr (requires { s.data.k_ref; })  // a refined chunk's layers (the host packed cache)
     if (s.data.k_ref) n += s.data.k_ref->nbytes() + s.data.v_ref->nbytes();
   return n;
@@ -478,6 +518,106 @@ size_t resident_bytes(const CachePolicy<P, B>& pol, SegBytes&& seg_bytes, BookBy
   return n;
 }
 
+/// What a packed cache holds, for the accounting of branches (cache.h, "Branches"):
+/// the bytes of its raw segments (its own) and one entry per reference it holds to a
+/// shared immutable object (an encoding, a refinement layer, a span's codebooks).
+struct Holdings {
+  struct Ref {
+    const void* p = nullptr;
+    size_t bytes = 0;  ///< what resident bytes count for it (0: a reference that adds none)
+    long uses = 0;     ///< references in all caches (shared_ptr::use_count)
+  };
+  size_t raw = 0;
+  std::vector<Ref> refs;
+
+  template <class T>
+  void add(const std::shared_ptr<T>& p, size_t bytes) {
+    if (p) refs.push_back({p.get(), bytes, p.use_count()});
+  }
+  /// {bytes held alone (raw included), bytes shared with other caches}: an object is
+  /// shared when more references to it exist than this cache holds. Its bytes count
+  /// once (a span's codebooks: once per span that has a chunk, as resident_bytes()).
+  std::pair<size_t, size_t> split() const {
+    std::vector<Ref> r = refs;
+    std::sort(r.begin(), r.end(), [](const Ref& a, const Ref& b) { return a.p < b.p; });
+    size_t alone = raw, shared = 0;
+    for (size_t i = 0; i < r.size();) {
+      size_t j = i, bytes = 0;
+      for (; j < r.size() && r[j].p == r[i].p; ++j) bytes = std::max(bytes, r[j].bytes);
+      (r[i].uses > long(j - i) ? shared : alone) += bytes;
+      i = j;
+    }
+    return {alone, shared};
+  }
+  /// The bytes of several caches' holdings in all, each object once.
+  static size_t group(const std::vector<Holdings>& hs) {
+    std::vector<Ref> r;
+    size_t n = 0;
+    for (const Holdings& h : hs) {
+      n += h.raw;
+      r.insert(r.end(), h.refs.begin(), h.refs.end());
+    }
+    std::sort(r.begin(), r.end(), [](const Ref& a, const Ref& b) { return a.p < b.p; });
+    for (size_t i = 0; i < r.size();) {
+      size_t j = i, bytes = 0;
+      for (; j < r.size() && r[j].p == r[i].p; ++j) bytes = std::max(bytes, r[j].bytes);
+      n += bytes;
+      i = j;
+    }
+    return n;
+  }
+};
+
+/// The holdings of a cache whose payload holds its encodings, layers and span
+/// codebooks through shared_ptrs (the host and device SegData); `book_bytes(book)`
+/// is a span codebook's bytes. The policy's open-span handles are references too
+/// (adding no bytes: a span without chunks is not resident).
+template <class P, class B, class BookBytes>
+Holdings holdings_of(const CachePolicy<P, B>& pol, BookBytes&& book_bytes) {
+  Holdings h;
+  h.refs.reserve(4 * pol.segments().size() + 2);
+  for (const PlanSegment<P>& s : pol.segments()) {
+    if (!s.packed) {
+      h.raw += s.data.k_raw.size() + s.data.v_raw.size();
+    } else {
+      h.add(s.data.k_enc, s.data.k_enc->nbytes());
+      h.add(s.data.v_enc, s.data.v_enc->nbytes());
+    }
+    if (s.data.k_ref) {
+      h.add(s.data.k_ref, s.data.k_ref->nbytes());
+      h.add(s.data.v_ref, s.data.v_ref->nbytes());
+    }
+    if (s.data.k_book) {
+      h.add(s.data.k_book, book_bytes(*s.data.k_book));
+      h.add(s.data.v_book, book_bytes(*s.data.v_book));
+    }
+  }
+  h.add(pol.spans().books.k, 0);
+  h.add(pol.spans().books.v, 0);
+  return h;
+}
+
+/// A fork's segment list: every segment's geometry, its payload's shared objects
+/// shared (`share(from, to)`) and its raw buffers copied (`copy_raw(buffer)`).
+template <class P, class B, class Share, class CopyRaw>
+std::vector<PlanSegment<P>> forked_segments(const CachePolicy<P, B>& pol, Share&& share, CopyRaw&& copy_raw) {
+  std::vector<PlanSegment<P>> out;
+  out.reserve(pol.segments().size());
+  for (const PlanSegment<P>& s : pol.segments()) {
+    PlanSegment<P> g;
+    g.set_geometry(s);
+    g.span = s.span;
+    g.refined = s.refined;
+    share(s.data, g.data);
+    if (!s.packed) {
+      g.data.k_raw = copy_raw(s.data.k_raw);
+      g.data.v_raw = copy_raw(s.data.v_raw);
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
 /// The public description of segment i (BasicSegmentInfo, qvg/cache.h) for a payload
 /// as segment_bytes() requires; raw views over its buffers' data().
 template <class Encoded, class P, class B>
@@ -495,8 +635,8 @@ BasicSegmentInfo<Encoded> describe_segment(const CachePolicy<P, B>& pol, size_t 
   info.nbytes = segment_bytes(s);
   info.span = s.span;
   if (s.packed) {
-    info.k_enc = &s.data.k_enc;
-    info.v_enc = &s.data.v_enc;
+    info.k_enc = &held(s.data.k_enc);
+    info.v_enc = &held(s.data.v_enc);
     if constexpr (requires { s.data.k_book->book; }) {  // a chunk of an incremental span
       info.k_codebook = s.data.k_book ? &s.data.k_book->book : nullptr;
       info.v_codebook = s.data.v_book ? &s.data.v_book->book : nullptr;

@@ -171,8 +171,8 @@ struct DenseCausalCache::Impl {
     if (grow) {
       const ExternalStorage s = grow(new_capacity);
       if (s.k == nullptr || s.v == nullptr)
-        throw InvalidArgument(fmt::format("GrowStorage must return non-null K and V storage for cache_size {}",
-                                          new_capacity));
+        throw InvalidArgument(
+            fmt::format("GrowStorage must return non-null K and V storage for cache_size {}", new_capacity));
       g.k = static_cast<std::byte*>(s.k);
       g.v = static_cast<std::byte*>(s.v);
     } else {
@@ -308,14 +308,59 @@ void DenseCausalCache::set_indices(int64_t global_end, int64_t local_end) {
   impl_->scratch->release();
 }
 
-size_t DenseCausalCache::resident_nbytes() const { return 2 * impl_->buffer_bytes(impl_->capacity); }
-size_t DenseCausalCache::peak_transient_nbytes() const { return impl_->peak_transient; }
-int64_t DenseCausalCache::global_end() const { return impl_->global_end; }
-int64_t DenseCausalCache::local_end() const { return impl_->local_end; }
-int64_t DenseCausalCache::cache_size() const { return impl_->capacity; }
-int64_t DenseCausalCache::attention_window_size() const { return impl_->window; }
-bool DenseCausalCache::allow_growth() const { return impl_->opt.allow_growth; }
-bool DenseCausalCache::owns_storage() const { return impl_->owns; }
+DenseCausalCache DenseCausalCache::fork(GrowStorage storage, std::shared_ptr<ViewScratch> view_scratch) const {
+  const Impl& m = *impl_;
+  CacheOptions o = m.opt;
+  o.view_scratch = std::move(view_scratch);
+  auto f = std::make_unique<Impl>(o);
+  f->capacity = m.capacity;
+  f->window = m.window;
+  f->global_end = m.global_end;
+  f->local_end = m.local_end;
+  const size_t n = m.buffer_bytes(m.capacity);
+  if (storage) {  // caller storage, as on growth and as a load's
+    const ExternalStorage s = storage(m.capacity);
+    if (s.k == nullptr || s.v == nullptr)
+      throw InvalidArgument(fmt::format("storage must return non-null K and V storage for cache_size {}", m.capacity));
+    f->k = static_cast<std::byte*>(s.k);
+    f->v = static_cast<std::byte*>(s.v);
+    f->owns = false;
+    f->grow = std::move(storage);
+  } else {
+    f->own_k = AlignedBuffer::uninitialized(n);
+    f->own_v = AlignedBuffer::uninitialized(n);
+    f->k = f->own_k.data();
+    f->v = f->own_v.data();
+  }
+  std::memcpy(f->k, m.k, n);
+  std::memcpy(f->v, m.v, n);
+  return DenseCausalCache(std::move(f));
+}
+
+size_t DenseCausalCache::resident_nbytes() const {
+  return 2 * impl_->buffer_bytes(impl_->capacity);
+}
+size_t DenseCausalCache::peak_transient_nbytes() const {
+  return impl_->peak_transient;
+}
+int64_t DenseCausalCache::global_end() const {
+  return impl_->global_end;
+}
+int64_t DenseCausalCache::local_end() const {
+  return impl_->local_end;
+}
+int64_t DenseCausalCache::cache_size() const {
+  return impl_->capacity;
+}
+int64_t DenseCausalCache::attention_window_size() const {
+  return impl_->window;
+}
+bool DenseCausalCache::allow_growth() const {
+  return impl_->opt.allow_growth;
+}
+bool DenseCausalCache::owns_storage() const {
+  return impl_->owns;
+}
 
 ConstTensorView DenseCausalCache::k_buffer() const {
   return {impl_->k, impl_->opt.dtype, {impl_->opt.batch, impl_->capacity, impl_->opt.heads, impl_->opt.head_dim}};
@@ -355,7 +400,8 @@ DenseCausalCache detail::SnapshotAccess::make(DenseStateData&& d, DenseCausalCac
   if (storage) {  // caller storage, as on growth
     const DenseCausalCache::ExternalStorage s = storage(d.cache_size);
     if (s.k == nullptr || s.v == nullptr)
-      throw InvalidArgument(fmt::format("storage must return non-null K and V storage for cache_size {}", d.cache_size));
+      throw InvalidArgument(
+          fmt::format("storage must return non-null K and V storage for cache_size {}", d.cache_size));
     std::memcpy(s.k, d.k.data(), d.k.size());
     std::memcpy(s.v, d.v.data(), d.v.size());
     m->k = static_cast<std::byte*>(s.k);

@@ -30,11 +30,13 @@ namespace {
 // chunk by chunk) with the span's other chunks.
 // A chunk among the newest encoded ones (QuantArgs' refinement count) also holds its refinement
 // layers (k_ref, v_ref: encode_refinement of its decoded K and V).
+// Encodings, codebooks and layers are immutable once installed and held through
+// shared_ptrs, so a fork shares them (cache.h, "Branches"); raw buffers are a cache's own.
 struct SegData {
-  AlignedBuffer k_raw, v_raw;                    // raw
-  EncodedTensor k_enc, v_enc;                    // packed
-  std::shared_ptr<SpanCodebook> k_book, v_book;  // incremental span chunks only
-  std::optional<EncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
+  AlignedBuffer k_raw, v_raw;                          // raw
+  std::shared_ptr<const EncodedTensor> k_enc, v_enc;   // packed
+  std::shared_ptr<const SpanCodebook> k_book, v_book;  // incremental span chunks only
+  std::shared_ptr<const EncodedTensor> k_ref, v_ref;   // refined chunks only (both or neither)
 };
 using Books = detail::SpanBooks<SpanCodebook>;
 using Policy = detail::CachePolicy<SegData, Books>;
@@ -54,9 +56,15 @@ double energy_per_element(const EncodeStats& s) {
 /// An encoded step's bytes: its encodings and refinement layers (not its span's
 /// codebooks).
 size_t data_bytes(const SegData& d) {
-  size_t n = d.k_enc.nbytes() + d.v_enc.nbytes();
+  size_t n = d.k_enc->nbytes() + d.v_enc->nbytes();
   if (d.k_ref) n += d.k_ref->nbytes() + d.v_ref->nbytes();
   return n;
+}
+
+/// A held object as an optional copy (the tests' debug state holds values).
+template <class T>
+std::optional<T> opt_of(const std::shared_ptr<const T>& p) {
+  return p ? std::optional<T>(*p) : std::nullopt;
 }
 
 using Executed = detail::ExecutedPlan<SegData, SpanCodebook, EncodedTensor>;  // installed by Impl::install
@@ -74,10 +82,10 @@ struct PackedCausalCache::Impl {
   // The segments (global order; the last is the current chunk), their policy and
   // the open incremental span (codebooks, reference energies) with the breaks.
   Policy pol;
-  std::optional<EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
-  detail::PackOutcome last_advance;             // what the last advance encoded (the simulator reads it)
-  std::shared_ptr<ViewScratch> scratch;         // K then V of the last copied view (maybe shared)
-  size_t view_used = 0;                         // bytes of it the last view uses (0: zero-copy)
+  std::shared_ptr<const EncodedTensor> warm_k, warm_v;  // codebooks of the last encodings (init = warm)
+  detail::PackOutcome last_advance;                     // what the last advance encoded (the simulator reads it)
+  std::shared_ptr<ViewScratch> scratch;                 // K then V of the last copied view (maybe shared)
+  size_t view_used = 0;                                 // bytes of it the last view uses (0: zero-copy)
   size_t peak_transient = 0;
 
   Impl(const CacheOptions& o, const QuantArgs& q)
@@ -208,10 +216,10 @@ struct PackedCausalCache::Impl {
     auto book_v = std::make_shared<SpanCodebook>(SpanCodebook::empty(shape, opt.dtype, codec_v));
     meter.add(codebook_nbytes(book_k->book) + codebook_nbytes(book_v->book));
     EncodeStats fk, fv;
-    d.k_enc =
-        encode_span_chunk(raw_view(raw, true), codec_k, *book_k, pol.first_chunk_slots(codec_k.centroids), wk, &fk);
-    d.v_enc =
-        encode_span_chunk(raw_view(raw, false), codec_v, *book_v, pol.first_chunk_slots(codec_v.centroids), wv, &fv);
+    d.k_enc = std::make_shared<const EncodedTensor>(
+        encode_span_chunk(raw_view(raw, true), codec_k, *book_k, pol.first_chunk_slots(codec_k.centroids), wk, &fk));
+    d.v_enc = std::make_shared<const EncodedTensor>(
+        encode_span_chunk(raw_view(raw, false), codec_v, *book_v, pol.first_chunk_slots(codec_v.centroids), wv, &fv));
     meter.add(data_bytes(d));
     detail::start_span(d, x, run, std::move(book_k), std::move(book_v), energy_per_element(fk), energy_per_element(fv));
   }
@@ -224,10 +232,10 @@ struct PackedCausalCache::Impl {
               detail::TransientMeter& meter) const {
     for (const bool is_k : {true, false}) {
       const CodecConfig rc = refinement_config(quant, is_k ? codec_k : codec_v);
-      EncodedTensor r = detail::encode_refinement_of(raw_view(raw, is_k), is_k ? d.k_enc : d.v_enc,
+      EncodedTensor r = detail::encode_refinement_of(raw_view(raw, is_k), is_k ? *d.k_enc : *d.v_enc,
                                                      &(is_k ? book_k : book_v).book, rc);
       meter.add(r.nbytes());
-      (is_k ? d.k_ref : d.v_ref) = std::move(r);
+      (is_k ? d.k_ref : d.v_ref) = std::make_shared<const EncodedTensor>(std::move(r));
     }
   }
 
@@ -241,14 +249,21 @@ struct PackedCausalCache::Impl {
   /// std::bad_alloc can occur, inside pol.apply() before anything changes.
   void install(const detail::PackPlan& pp, SegData cur, Executed&& x) {
     const Books before = pol.spans().books;  // the open span's codebooks before the call
+    // Chunks of the call joined the span open before it: its codebooks' new contents
+    // replace the old ones in new objects (a fork may share the old ones: never
+    // written in place).
+    Books joined;
+    if (x.open_k)
+      joined = {std::make_shared<SpanCodebook>(std::move(*x.open_k)),
+                std::make_shared<SpanCodebook>(std::move(*x.open_v))};
+    std::shared_ptr<const EncodedTensor> wk, wv;
+    if (x.warm_k) wk = std::make_shared<const EncodedTensor>(std::move(*x.warm_k));
+    if (x.warm_v) wv = std::make_shared<const EncodedTensor>(std::move(*x.warm_v));
     pol.apply(pp, std::move(cur), std::move(x.encoded), x.decisions, std::move(x.books));
     // --- from here on nothing throws ---
-    if (x.open_k) {  // chunks of the call joined the span that was open before it
-      *before.k = std::move(*x.open_k);
-      *before.v = std::move(*x.open_v);
-    }
-    if (x.warm_k) warm_k = std::move(x.warm_k);
-    if (x.warm_v) warm_v = std::move(x.warm_v);
+    if (joined.k) detail::replace_span_books(pol, before, joined);
+    if (wk) warm_k = std::move(wk);
+    if (wv) warm_v = std::move(wv);
     // Older chunks lose their layers; their base encodings stay exactly as they are.
     for (const size_t i : pp.drop_refinement) {
       pol.segments()[i].data.k_ref.reset();
@@ -256,10 +271,33 @@ struct PackedCausalCache::Impl {
     }
   }
 
-  size_t resident() const {
-    return detail::resident_bytes(
-        pol, [](const Segment& s) { return detail::segment_bytes(s); },
-        [](const Segment& s) { return codebook_nbytes(s.data.k_book->book) + codebook_nbytes(s.data.v_book->book); });
+  /// What the cache holds: raw bytes and its references to shared objects (branches).
+  detail::Holdings holdings() const {
+    return detail::holdings_of(pol, [](const SpanCodebook& b) { return codebook_nbytes(b.book); });
+  }
+
+  /// A fork's state: the same policy state, raw buffers copied, the rest shared.
+  std::unique_ptr<Impl> forked(std::shared_ptr<ViewScratch> view_scratch) const {
+    CacheOptions o = opt;
+    o.view_scratch = std::move(view_scratch);
+    auto f = std::make_unique<Impl>(o, quant);
+    const auto share = [](const SegData& from, SegData& to) {
+      to.k_enc = from.k_enc;
+      to.v_enc = from.v_enc;
+      to.k_book = from.k_book;
+      to.v_book = from.v_book;
+      to.k_ref = from.k_ref;
+      to.v_ref = from.v_ref;
+    };
+    const auto copy_raw = [](const AlignedBuffer& b) {
+      AlignedBuffer c = AlignedBuffer::uninitialized(b.size());
+      if (b.size()) std::memcpy(c.data(), b.data(), b.size());
+      return c;
+    };
+    f->pol.restore(detail::forked_segments(pol, share, copy_raw), pol.global_end(), pol.chunk_tokens(), pol.spans());
+    f->warm_k = warm_k;
+    f->warm_v = warm_v;
+    return f;
   }
 
   // --- apply -----------------------------------------------------------------
@@ -288,7 +326,8 @@ struct PackedCausalCache::Impl {
       SegData cur;
       // Zeros in heads this call does not write (else every byte is written below).
       const auto chunk_buffer = [&] {
-        return h_in == opt.heads ? AlignedBuffer::uninitialized(raw_bytes(p.call.n)) : AlignedBuffer(raw_bytes(p.call.n));
+        return h_in == opt.heads ? AlignedBuffer::uninitialized(raw_bytes(p.call.n))
+                                 : AlignedBuffer(raw_bytes(p.call.n));
       };
       cur.k_raw = chunk_buffer();
       cur.v_raw = chunk_buffer();
@@ -336,8 +375,8 @@ struct PackedCausalCache::Impl {
         }
         void copy_raw(const Segment& s, const detail::ViewPiece& pc) const {
           for (const bool is_k : {true, false})
-            detail::gather_rows(detail::rows_of((is_k ? s.data.k_raw : s.data.v_raw).data(), m.opt, s.tokens()),
-                                pc.t0, pc.t1, p.call.head_start, {is_k ? vk : vv, pc.out_t, 0});
+            detail::gather_rows(detail::rows_of((is_k ? s.data.k_raw : s.data.v_raw).data(), m.opt, s.tokens()), pc.t0,
+                                pc.t1, p.call.head_start, {is_k ? vk : vv, pc.out_t, 0});
         }
         void copy_chunk() const {
           const int64_t at = vk.tokens - p.call.n;  // the call's chunk: the view's last n tokens
@@ -348,8 +387,9 @@ struct PackedCausalCache::Impl {
               detail::write_rows(in, to);
             else  // a denoising step: into the current segment and the view at once
               detail::write_rows_twice(
-                  in, {detail::rows_of((is_k ? cur.data.k_raw : cur.data.v_raw).data(), m.opt, cur.tokens()), 0,
-                       p.call.head_start},
+                  in,
+                  {detail::rows_of((is_k ? cur.data.k_raw : cur.data.v_raw).data(), m.opt, cur.tokens()), 0,
+                   p.call.head_start},
                   to);
           }
         }
@@ -410,7 +450,20 @@ void PackedCausalCache::reset_indices() {
 }
 
 size_t PackedCausalCache::resident_nbytes() const {
-  return impl_->resident();
+  return impl_->holdings().split().first;
+}
+size_t PackedCausalCache::shared_nbytes() const {
+  return impl_->holdings().split().second;
+}
+PackedCausalCache PackedCausalCache::fork(std::shared_ptr<ViewScratch> view_scratch) const {
+  return PackedCausalCache(impl_->forked(std::move(view_scratch)));
+}
+size_t PackedCausalCache::group_nbytes(std::span<const PackedCausalCache* const> caches) {
+  std::vector<detail::Holdings> hs;
+  hs.reserve(caches.size());
+  for (const PackedCausalCache* c : caches)
+    if (c) hs.push_back(c->impl_->holdings());
+  return detail::Holdings::group(hs);
 }
 int64_t PackedCausalCache::span_breaks() const {
   return impl_->pol.spans().breaks;
@@ -459,20 +512,19 @@ PackedCausalCache::SegmentInfo PackedCausalCache::segment(size_t i) const {
 detail::PackedDebugState detail::TestAccess::state(const PackedCausalCache& c) {
   const PackedCausalCache::Impl& m = *c.impl_;
   PackedDebugState st;
-  const auto copy_of = [](const std::shared_ptr<SpanCodebook>& p) {
-    return p ? std::optional<SpanCodebook>(*p) : std::nullopt;
-  };
+  const auto copy_of = [](const auto& p) { return p ? std::optional<SpanCodebook>(*p) : std::nullopt; };
   for (const Segment& s : m.pol.segments())
-    st.segments.push_back({s.g0, s.g1, s.is_sink, s.packed, s.chunks,
-                           detail::bytes_copy(s.data.k_raw.data(), s.data.k_raw.size()),
-                           detail::bytes_copy(s.data.v_raw.data(), s.data.v_raw.size()), s.data.k_enc, s.data.v_enc,
-                           s.span, copy_of(s.data.k_book), copy_of(s.data.v_book), s.data.k_ref, s.data.v_ref});
+    st.segments.push_back(
+        {s.g0, s.g1, s.is_sink, s.packed, s.chunks, detail::bytes_copy(s.data.k_raw.data(), s.data.k_raw.size()),
+         detail::bytes_copy(s.data.v_raw.data(), s.data.v_raw.size()), opt_of(s.data.k_enc).value_or(EncodedTensor{}),
+         opt_of(s.data.v_enc).value_or(EncodedTensor{}), s.span, copy_of(s.data.k_book), copy_of(s.data.v_book),
+         opt_of(s.data.k_ref), opt_of(s.data.v_ref)});
   st.global_end = m.pol.global_end();
   st.local_end = c.local_end();
   st.chunk_tokens = m.pol.chunk_tokens();
-  st.warm_k = m.warm_k;
-  st.warm_v = m.warm_v;
-  st.resident_nbytes = c.resident_nbytes();
+  st.warm_k = opt_of(m.warm_k);
+  st.warm_v = opt_of(m.warm_v);
+  st.resident_nbytes = c.resident_nbytes() + c.shared_nbytes();
   st.peak_transient_nbytes = m.peak_transient;
   // The last view's bytes (the buffer past them holds no view: content unspecified).
   st.view_scratch = detail::bytes_copy(m.scratch->data(), std::min(m.view_used, m.scratch->size()));
@@ -503,8 +555,8 @@ detail::PackedStateRef detail::SnapshotAccess::state(const PackedCausalCache& c)
   for (const Segment& s : m.pol.segments()) {
     PackedSegmentRef g{s.g0, s.g1, s.is_sink, s.packed, s.chunks, s.span, {}, {}, nullptr, nullptr, nullptr, nullptr};
     if (s.packed) {
-      g.k_enc = &s.data.k_enc;
-      g.v_enc = &s.data.v_enc;
+      g.k_enc = s.data.k_enc.get();
+      g.v_enc = s.data.v_enc.get();
       if (s.data.k_ref) {
         g.k_ref = &*s.data.k_ref;
         g.v_ref = &*s.data.v_ref;
@@ -518,8 +570,8 @@ detail::PackedStateRef detail::SnapshotAccess::state(const PackedCausalCache& c)
       r.spans.push_back({s.span, s.data.k_book.get(), s.data.v_book.get()});
     r.segments.push_back(g);
   }
-  r.warm_k = m.warm_k ? &*m.warm_k : nullptr;
-  r.warm_v = m.warm_v ? &*m.warm_v : nullptr;
+  r.warm_k = m.warm_k.get();
+  r.warm_v = m.warm_v.get();
   const detail::OpenSpan<Books>& spans = m.pol.spans();
   const detail::SpanCursor& open = spans.cursor;
   // The open span's codebooks, also when none of its chunks is left (they seed the
@@ -551,8 +603,16 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
     g.set_geometry(s);
     g.span = s.span;
     g.refined = s.k_ref.has_value();
-    g.data = {std::move(s.k_raw), std::move(s.v_raw), std::move(s.k_enc), std::move(s.v_enc), nullptr, nullptr,
-              std::move(s.k_ref), std::move(s.v_ref)};
+    g.data.k_raw = std::move(s.k_raw);
+    g.data.v_raw = std::move(s.v_raw);
+    if (s.packed) {
+      g.data.k_enc = std::make_shared<const EncodedTensor>(std::move(s.k_enc));
+      g.data.v_enc = std::make_shared<const EncodedTensor>(std::move(s.v_enc));
+    }
+    if (s.k_ref) {
+      g.data.k_ref = std::make_shared<const EncodedTensor>(std::move(*s.k_ref));
+      g.data.v_ref = std::make_shared<const EncodedTensor>(std::move(*s.v_ref));
+    }
     if (s.span >= 0) {
       const auto b = book_of(s.span);
       g.data.k_book = b[0];
@@ -571,8 +631,8 @@ PackedCausalCache detail::SnapshotAccess::make(PackedStateData&& d) {
   spans.v_energy = ss.open_v_energy;
   spans.breaks = ss.span_breaks;
   m->pol.restore(std::move(segs), d.global_end, d.chunk_tokens, std::move(spans));
-  m->warm_k = std::move(d.warm_k);
-  m->warm_v = std::move(d.warm_v);
+  if (d.warm_k) m->warm_k = std::make_shared<const EncodedTensor>(std::move(*d.warm_k));
+  if (d.warm_v) m->warm_v = std::make_shared<const EncodedTensor>(std::move(*d.warm_v));
   return PackedCausalCache(std::move(m));
 }
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,7 +36,7 @@ namespace qvg::detail {
 /// The state of a cache running `pol` (with its warm-start codebooks, if any) as owned host data.
 template <class P, class B, class Enc, class Down>
 PackedStateData state_data_of(const CachePolicy<P, B>& pol, const CacheOptions& o, const QuantArgs& q,
-                              const std::optional<Enc>& warm_k, const std::optional<Enc>& warm_v, Down&& down) {
+                              const Enc* warm_k, const Enc* warm_v, Down&& down) {
   PackedStateData d;
   d.options = o;
   d.quant = q;
@@ -46,8 +47,8 @@ PackedStateData state_data_of(const CachePolicy<P, B>& pol, const CacheOptions& 
     std::tie(g.g0, g.g1, g.is_sink, g.packed, g.chunks, g.span) =
         std::tie(s.g0, s.g1, s.is_sink, s.packed, s.chunks, s.span);
     if (s.packed) {
-      g.k_enc = down.enc(s.data.k_enc);
-      g.v_enc = down.enc(s.data.v_enc);
+      g.k_enc = down.enc(held(s.data.k_enc));
+      g.v_enc = down.enc(held(s.data.v_enc));
       if (s.data.k_ref) {
         g.k_ref = down.enc(*s.data.k_ref);
         g.v_ref = down.enc(*s.data.v_ref);
@@ -113,7 +114,7 @@ struct RestoredState {
 /// shared pair of codebooks per span, for its chunks and (the open span) the policy.
 template <class P, class B, class Enc, class Up>
 RestoredState<P, B, Enc> restore_state(const PackedStateData& d, Up&& up) {
-  using Book = typename decltype(P::k_book)::element_type;
+  using Book = std::remove_const_t<typename decltype(P::k_book)::element_type>;
   std::vector<std::pair<int64_t, std::pair<std::shared_ptr<Book>, std::shared_ptr<Book>>>> books;
   books.reserve(d.spans.size());
   for (const PackedSpanData& sp : d.spans)
@@ -132,11 +133,11 @@ RestoredState<P, B, Enc> restore_state(const PackedStateData& d, Up&& up) {
     g.span = s.span;
     g.refined = s.k_ref.has_value();
     if (s.packed) {
-      g.data.k_enc = up.enc(s.k_enc);
-      g.data.v_enc = up.enc(s.v_enc);
+      hold(g.data.k_enc, up.enc(s.k_enc));
+      hold(g.data.v_enc, up.enc(s.v_enc));
       if (s.k_ref) {
-        g.data.k_ref = up.enc(*s.k_ref);
-        g.data.v_ref = up.enc(*s.v_ref);
+        hold(g.data.k_ref, up.enc(*s.k_ref));
+        hold(g.data.v_ref, up.enc(*s.v_ref));
       }
     } else {
       g.data.k_raw = up.raw(s.k_raw);

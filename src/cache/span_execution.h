@@ -59,8 +59,8 @@ struct OpenRun {
 /// span this call started, not the cache's yet).
 template <class Data, class Book, class Enc, class X>
 void join_open_span(Data& d, X& x, OpenRun<Book>& run, const Book* cache_k, Book&& tk, Book&& tv, Enc&& k, Enc&& v) {
-  d.k_enc = std::move(k);
-  d.v_enc = std::move(v);
+  hold(d.k_enc, std::move(k));
+  hold(d.v_enc, std::move(v));
   d.k_book = run.books.k;
   d.v_book = run.books.v;
   if (run.books.k.get() == cache_k) {
@@ -96,6 +96,21 @@ void start_span(Data& d, X& x, OpenRun<Book>& run, std::shared_ptr<Book> k, std:
   x.decisions.decide(false, run.k_energy, run.v_energy);
 }
 
+/// After an advance whose chunks joined the span open before it: the span's
+/// codebooks `before` are replaced by `now` wherever the cache refers to them (its
+/// chunks and the policy's open span). The old objects are never written: a fork of
+/// the cache may still share them (cache.h, "Branches"). Does not throw.
+template <class Pol, class Books>
+void replace_span_books(Pol& pol, const Books& before, const Books& now) noexcept {
+  for (auto& s : pol.segments())
+    if (s.data.k_book == before.k) {
+      s.data.k_book = now.k;
+      s.data.v_book = now.v;
+    }
+  auto& open = pol.spans().books;
+  if (open.k == before.k) open = now;
+}
+
 /// Executes the encodings of an advance's plan `pp`, in order, from the policy's
 /// raw segments (the call's own chunk is never part of a step), and returns what
 /// they made; changes nothing of the cache (an exception leaves it as it was).
@@ -111,8 +126,8 @@ X execute_plan(const M& m, const PackPlan& pp, Ctx& ctx) {
   const auto& segs = m.pol.segments();
   const auto& spans = m.pol.spans();
   OpenRun<std::remove_reference_t<decltype(*spans.books.k)>> run{spans.books, false, spans.k_energy, spans.v_energy};
-  auto* wk = m.warm_k ? &*m.warm_k : nullptr;  // the warm-start codebooks so far
-  auto* wv = m.warm_v ? &*m.warm_v : nullptr;
+  const auto* wk = m.warm_k ? &*m.warm_k : nullptr;  // the warm-start codebooks so far
+  const auto* wv = m.warm_v ? &*m.warm_v : nullptr;
   x.encoded.reserve(pp.encodes.size());
   for (const EncodeStep& e : pp.encodes) {
     std::vector<const std::remove_cvref_t<decltype(segs.front())>*> parts;
@@ -122,10 +137,10 @@ X execute_plan(const M& m, const PackPlan& pp, Ctx& ctx) {
       m.encode_incremental(*parts.front(), d, x, run, wk, wv, ctx);
       if (e.refine) m.refine(*parts.front(), d, *run.k(x), *run.v(x), ctx);
     } else {
-      d.k_enc = m.encode_one(parts, true, wk, ctx);
-      d.v_enc = m.encode_one(parts, false, wv, ctx);
-      if (m.codec_k.init == Init::Warm) wk = &*(x.warm_k = m.codebooks_of(d.k_enc, ctx));
-      if (m.codec_v.init == Init::Warm) wv = &*(x.warm_v = m.codebooks_of(d.v_enc, ctx));
+      hold(d.k_enc, m.encode_one(parts, true, wk, ctx));
+      hold(d.v_enc, m.encode_one(parts, false, wv, ctx));
+      if (m.codec_k.init == Init::Warm) wk = &*(x.warm_k = m.codebooks_of(held(d.k_enc), ctx));
+      if (m.codec_v.init == Init::Warm) wv = &*(x.warm_v = m.codebooks_of(held(d.v_enc), ctx));
     }
     m.step_done(d, ctx);
     x.encoded.push_back(std::move(d));

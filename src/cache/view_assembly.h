@@ -27,7 +27,8 @@ namespace qvg::detail {
 /// Task is the backend's decode task (DecodeTask, cuda::DeviceDecodeTask): {encoding,
 /// t0, t1, h0, h1, target, span codebook or null, refinement layer or null}.
 /// A segment's payload has k_enc, v_enc, k_book, v_book (span codebooks, maybe
-/// null, with a member `book`) and k_ref, v_ref (optional layers).
+/// null, with a member `book`) and k_ref, v_ref (optional layers; held() by value or
+/// shared_ptr).
 template <class Task, class Seg, class Backend>
 void assemble_view(const std::vector<Seg>& segs, const PackedPlan& plan, Backend& be) {
   const int64_t h0 = plan.call.call.head_start, h1 = h0 + plan.call.call.heads;
@@ -42,7 +43,7 @@ void assemble_view(const std::vector<Seg>& segs, const PackedPlan& plan, Backend
     for (const bool is_k : {true, false}) {
       const auto& book = is_k ? s.data.k_book : s.data.v_book;
       const auto& ref = is_k ? s.data.k_ref : s.data.v_ref;
-      tasks.push_back(Task{&(is_k ? s.data.k_enc : s.data.v_enc), pc.t0, pc.t1, h0, h1, be.target(is_k, pc.out_t),
+      tasks.push_back(Task{&held(is_k ? s.data.k_enc : s.data.v_enc), pc.t0, pc.t1, h0, h1, be.target(is_k, pc.out_t),
                            book ? &book->book : nullptr, ref ? &*ref : nullptr});
     }
   }

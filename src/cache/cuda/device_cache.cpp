@@ -42,11 +42,13 @@ namespace {
 /// raw ([B, tokens, H, D] dense) or encoded; a chunk of an incremental span holds
 /// its encodings without centroids and shares its span's codebooks; a refined chunk
 /// also holds its refinement layers.
+/// Encodings, codebooks and layers are immutable once installed and held through
+/// shared_ptrs, so a fork shares them; raw buffers are a cache's own.
 struct SegData {
   DeviceBuffer k_raw, v_raw;
-  DeviceEncodedTensor k_enc, v_enc;
-  std::shared_ptr<DeviceSpanCodebook> k_book, v_book;  // incremental span chunks only
-  std::optional<DeviceEncodedTensor> k_ref, v_ref;     // refined chunks only (both or neither)
+  std::shared_ptr<const DeviceEncodedTensor> k_enc, v_enc;
+  std::shared_ptr<const DeviceSpanCodebook> k_book, v_book;  // incremental span chunks only
+  std::shared_ptr<const DeviceEncodedTensor> k_ref, v_ref;   // refined chunks only (both or neither)
   /// A chunk that started a span, its fit not measured (no break ratio): its K and V
   /// residual energies per group (2 x G doubles, device), left on the device; the
   /// cache takes them over at install (Impl::open_energies), with the chunk's tokens.
@@ -72,9 +74,9 @@ struct PackedCausalCache::Impl {
   const size_t esz;
   CodecConfig codec_k, codec_v;  // K's and V's codec settings (per role); valid when quant.enabled()
   Policy pol;
-  std::optional<DeviceEncodedTensor> warm_k, warm_v;  // codebooks of the last whole encodings (init = warm)
-  DeviceBuffer view;                                  // K then V of the last copied view
-  detail::InputGuard guard;                           // the deferred input check (input_guard.h)
+  std::shared_ptr<const DeviceEncodedTensor> warm_k, warm_v;  // codebooks of the last whole encodings (init = warm)
+  DeviceBuffer view;                                          // K then V of the last copied view
+  detail::InputGuard guard;                                   // the deferred input check (input_guard.h)
   /// The per-group residual energies of the chunk that started the open span, still on
   /// the device (no break ratio: nothing decides by them); the policy's span state holds
   /// 0 for them until a snapshot reads them (resolved_energies). Empty otherwise.
@@ -202,10 +204,10 @@ struct PackedCausalCache::Impl {
     const auto [wk, wv] = qvg::detail::new_span_warm(x, run, wk_now, wv_now, codec_k, codec_v);
     auto book_k = std::make_shared<DeviceSpanCodebook>(DeviceSpanCodebook::empty(shape, opt.dtype, codec_k, s, *alloc));
     auto book_v = std::make_shared<DeviceSpanCodebook>(DeviceSpanCodebook::empty(shape, opt.dtype, codec_v, s, *alloc));
-    d.k_enc = encode_span_chunk(raw_view(raw, true), codec_k, *book_k, pol.first_chunk_slots(codec_k.centroids), wk, s,
-                                *alloc, ek);
-    d.v_enc = encode_span_chunk(raw_view(raw, false), codec_v, *book_v, pol.first_chunk_slots(codec_v.centroids), wv, s,
-                                *alloc, ek + G);
+    d.k_enc = std::make_shared<const DeviceEncodedTensor>(encode_span_chunk(
+        raw_view(raw, true), codec_k, *book_k, pol.first_chunk_slots(codec_k.centroids), wk, s, *alloc, ek));
+    d.v_enc = std::make_shared<const DeviceEncodedTensor>(encode_span_chunk(
+        raw_view(raw, false), codec_v, *book_v, pol.first_chunk_slots(codec_v.centroids), wv, s, *alloc, ek + G));
     if (qvg::detail::measures_span_fit(quant)) {  // later chunks of the span are measured against them: now
       const auto [k_e, v_e] = energies(e, raw.tokens(), s);
       qvg::detail::start_span(d, x, run, std::move(book_k), std::move(book_v), k_e, v_e);
@@ -224,7 +226,7 @@ struct PackedCausalCache::Impl {
     const int64_t S = raw.tokens(), H = opt.heads, D = opt.head_dim;
     DeviceBuffer dec(raw_bytes(S), s, *alloc);
     for (const bool is_k : {true, false}) {
-      const DeviceEncodedTensor& enc = is_k ? d.k_enc : d.v_enc;
+      const DeviceEncodedTensor& enc = is_k ? *d.k_enc : *d.v_enc;
       const DeviceEncodedTensor& book = (is_k ? book_k : book_v).book;
       DeviceDecodeTask t{&enc, 0, S, 0, H, {dec.data(), opt.dtype, S * H * D, H * D}, &book};
       decode_ranges({t}, s);
@@ -232,7 +234,8 @@ struct PackedCausalCache::Impl {
       CodecConfig rc = refinement_config(quant.refine_bits, c.block_size, c.seed, quant.codec.threads);
       rc.head_offset = c.head_offset;
       const ConstTensorView x = raw_view(raw, is_k);
-      (is_k ? d.k_ref : d.v_ref) = encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc, s, *alloc);
+      (is_k ? d.k_ref : d.v_ref) = std::make_shared<const DeviceEncodedTensor>(
+          encode_refinement(x, {dec.data(), opt.dtype, x.shape}, rc, s, *alloc));
     }
   }
 
@@ -248,13 +251,19 @@ struct PackedCausalCache::Impl {
         open_energy_tokens = d.energy_tokens;
       }
     const Books before = pol.spans().books;  // the open span's codebooks before the call
+    // Chunks of the call joined the span open before it: new objects hold the new
+    // contents (a fork may share the old ones; span_execution.h, replace_span_books).
+    Books joined;
+    if (x.open_k)
+      joined = {std::make_shared<DeviceSpanCodebook>(std::move(*x.open_k)),
+                std::make_shared<DeviceSpanCodebook>(std::move(*x.open_v))};
+    std::shared_ptr<const DeviceEncodedTensor> wk, wv;
+    if (x.warm_k) wk = std::make_shared<const DeviceEncodedTensor>(std::move(*x.warm_k));
+    if (x.warm_v) wv = std::make_shared<const DeviceEncodedTensor>(std::move(*x.warm_v));
     pol.apply(pp, std::move(cur), std::move(x.encoded), x.decisions, std::move(x.books));
-    if (x.open_k) {  // chunks of the call joined the span that was open before it
-      *before.k = std::move(*x.open_k);
-      *before.v = std::move(*x.open_v);
-    }
-    if (x.warm_k) warm_k = std::move(x.warm_k);
-    if (x.warm_v) warm_v = std::move(x.warm_v);
+    if (joined.k) qvg::detail::replace_span_books(pol, before, joined);
+    if (wk) warm_k = std::move(wk);
+    if (wv) warm_v = std::move(wv);
     for (const size_t i : pp.drop_refinement) {  // older chunks lose their layers
       pol.segments()[i].data.k_ref.reset();
       pol.segments()[i].data.v_ref.reset();
@@ -338,7 +347,8 @@ struct PackedCausalCache::Impl {
           return {(is_k ? vk : vv) + size_t(out_t) * out_row(), m.opt.dtype, p.view.tokens * hd, hd};
         }
         void copy_raw(const Seg& sg, const qvg::detail::ViewPiece& pc) const {
-          const size_t seg_row = size_t(m.opt.heads * m.opt.head_dim) * m.esz, seg_batch = size_t(sg.tokens()) * seg_row;
+          const size_t seg_row = size_t(m.opt.heads * m.opt.head_dim) * m.esz,
+                       seg_batch = size_t(sg.tokens()) * seg_row;
           const size_t src_off = size_t(pc.t0) * seg_row + size_t(p.call.head_start * m.opt.head_dim) * m.esz;
           for (const bool is_k : {true, false})
             for (int64_t b = 0; b < m.opt.batch; ++b)
@@ -410,7 +420,7 @@ size_t PackedCausalCache::allocated_nbytes() const {
   size_t n = 0;
   int64_t last_span = -1;
   for (const Seg& s : impl_->pol.segments()) {
-    n += s.packed ? s.data.k_enc.allocated_bytes() + s.data.v_enc.allocated_bytes()
+    n += s.packed ? s.data.k_enc->allocated_bytes() + s.data.v_enc->allocated_bytes()
                   : s.data.k_raw.size() + s.data.v_raw.size();
     if (s.data.k_ref) n += s.data.k_ref->allocated_bytes() + s.data.v_ref->allocated_bytes();
     if (s.span >= 0 && s.span != last_span)
@@ -483,7 +493,7 @@ struct Up {
 }  // namespace
 
 qvg::detail::PackedStateData PackedCausalCache::Impl::snapshot_state(Stream s) const {
-  qvg::detail::PackedStateData d = qvg::detail::state_data_of(pol, opt, quant, warm_k, warm_v, Down{s});
+  qvg::detail::PackedStateData d = qvg::detail::state_data_of(pol, opt, quant, warm_k.get(), warm_v.get(), Down{s});
   if (open_energies.size()) {
     const auto [k_e, v_e] = energies(open_energies, open_energy_tokens, s);
     d.span_state.open_k_energy = k_e;
@@ -508,8 +518,8 @@ PackedCausalCache PackedCausalCache::restored(const qvg::detail::PackedStateData
   PackedCausalCache c(d.options, d.quant, alloc);  // the device cache's own checks (view_scratch, allow_growth)
   auto r = qvg::detail::restore_state<SegData, Books, DeviceEncodedTensor>(d, Up{stream, &alloc});
   c.impl_->pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));
-  c.impl_->warm_k = std::move(r.warm_k);
-  c.impl_->warm_v = std::move(r.warm_v);
+  if (r.warm_k) c.impl_->warm_k = std::make_shared<const DeviceEncodedTensor>(std::move(*r.warm_k));
+  if (r.warm_v) c.impl_->warm_v = std::make_shared<const DeviceEncodedTensor>(std::move(*r.warm_v));
   return c;
 }
 
