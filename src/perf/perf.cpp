@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+
+#include <malloc.h>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -426,8 +429,84 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
       out.push_back(am);
     }
   }
+  // ---- a branch: fork() of a full Self-Forcing window vs copying its raw chunks -------
+  {
+    step("fork_packed_cache");
+    // The shape (38): Self-Forcing at scale 0.25, the recommended profile, the
+    // window full and rolling; chunks of the workload (every fourth layer's data).
+    const ModelPreset fp = find_model_preset("self-forcing-1.3b").scaled(0.25);
+    Workload fw(fp, WorkloadOptions{});
+    CacheOptions co;
+    co.batch = 1;
+    co.cache_size = fp.cache_tokens();
+    co.heads = fp.heads;
+    co.head_dim = fp.head_dim;
+    co.dtype = DType::BF16;
+    co.sink_tokens = fp.sink_tokens();
+    QuantArgs qa = fp.policy_defaults();
+    qa.apply_profile("recommended");
+    qa.codec.threads = threads;
+    PackedCausalCache cache(co, qa);
+    const int64_t fc = fp.chunk_tokens(), chunks = fp.cache_tokens() / fc + 2;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const LayerChunk ch = fw.generate(int(c % 4) * fp.layers / 4, int(c), GenerateParts{false, false});
+      cache.update(ch.k, ch.v, c * fc);
+    }
+    std::vector<std::pair<const void*, size_t>> raw;  // the raw segments' K and V
+    size_t raw_bytes = 0;
+    for (size_t i = 0; i < cache.num_segments(); ++i) {
+      const PackedCausalCache::SegmentInfo g = cache.segment(i);
+      if (g.packed) continue;
+      for (const StridedView* r : {&g.k_raw, &g.v_raw}) {
+        const size_t bytes = size_t(r->shape.numel()) * dtype_size(r->dtype);
+        raw.push_back({r->data, bytes});
+        raw_bytes += bytes;
+      }
+    }
+    const Paired pr = time_paired([&] { PackedCausalCache f = cache.fork(); },
+                                  [&] {
+                                    std::vector<AlignedBuffer> copies;
+                                    for (const auto& [p, bytes] : raw) {
+                                      copies.push_back(AlignedBuffer::uninitialized(bytes));
+                                      std::memcpy(copies.back().data(), p, bytes);
+                                    }
+                                  },
+                                  opt.quick ? 3 : 7, opt.quick ? 0.05 : 0.15);
+    // Bytes a fork allocates: the heap in use (glibc: small blocks + mmapped blocks)
+    // while one fork is held, minus before.
+    const auto in_use = [] {
+      const struct mallinfo2 mi = mallinfo2();
+      return mi.uordblks + mi.hblkhd;
+    };
+    const size_t before = in_use();
+    std::optional<PackedCausalCache> held = cache.fork();
+    const size_t fork_alloc = in_use() - before;
+    held.reset();
+    // N = 8 branches of this state.
+    std::vector<PackedCausalCache> branches;
+    for (int i = 0; i < 7; ++i) branches.push_back(cache.fork());
+    std::vector<const PackedCausalCache*> all{&cache};
+    for (const PackedCausalCache& b : branches) all.push_back(&b);
+    const size_t whole = cache.resident_nbytes() + cache.shared_nbytes();
+    Measurement m = make("fork_packed_cache", pr.a);
+    m.figures["raw_copy_median_s"] = pr.b.median_s;
+    m.figures["ratio_to_raw_copy"] = pr.ratio;
+    m.figures["raw_bytes"] = double(raw_bytes);
+    m.figures["fork_allocated_bytes"] = double(fork_alloc);
+    m.figures["alloc_ratio_to_raw"] = raw_bytes ? double(fork_alloc) / double(raw_bytes) : 0;
+    m.figures["resident_bytes"] = double(whole);
+    m.figures["branches8_bytes"] = double(PackedCausalCache::group_nbytes(all));
+    m.figures["branches8_copies_bytes"] = 8.0 * double(whole);
+    m.note = fmt::format("fork() of a self-forcing x0.25 packed cache ({} tokens, recommended profile, window full) vs "
+                         "copying its {} raw bytes into new buffers; 8 branches hold the encoded history once",
+                         co.cache_size, raw_bytes);
+    out.push_back(m);
+  }
+
   if (load != nullptr) {  // the first measurement's copy again, for the load check
     step("copy_bandwidth (again, for the load check)");
+    src.assign(copy_bytes, 1);  // freed after the decode rows (the k-means rows need the memory)
+    dst.assign(copy_bytes, 2);
     *load = assess_load(copy.t, time_copy(), load_average, omp_get_num_procs());
   }
   return out;
