@@ -136,7 +136,8 @@ if(QVG_HAVE_CUDA)
   add_executable(qvg_gpu_tests ${PROJECT_SOURCE_DIR}/tests/gpu/gpu_tests.cpp
                                ${PROJECT_SOURCE_DIR}/tests/gpu/all_settings_tests.cpp
                                ${PROJECT_SOURCE_DIR}/tests/gpu/kmeanspp_gpu_tests.cpp
-                               ${PROJECT_SOURCE_DIR}/tests/gpu/async_update_tests.cpp)
+                               ${PROJECT_SOURCE_DIR}/tests/gpu/async_update_tests.cpp
+                               ${PROJECT_SOURCE_DIR}/tests/gpu/branch_gpu_tests.cpp)
   target_include_directories(qvg_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(qvg_gpu_tests PRIVATE qvg_cuda)
   target_compile_options(qvg_gpu_tests PRIVATE ${QVG_WARNINGS})

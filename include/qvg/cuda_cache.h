@@ -72,6 +72,7 @@
 
 namespace qvg::detail {
 struct PackedStateData;
+struct DenseStateData;
 }  // namespace qvg::detail
 
 namespace qvg::cuda {
@@ -135,7 +136,8 @@ class PackedCausalCache : public CacheDims {
   void check(Stream stream);
 
   /// Bytes of the state, as the CPU cache counts them: raw segments' K and V bytes
-  /// plus each span's DeviceEncodedTensor::nbytes() (not its alignment padding).
+  /// plus each span's DeviceEncodedTensor::nbytes() (not its alignment padding); what
+  /// this cache alone holds (see fork()).
   size_t resident_nbytes() const;
   /// Device bytes allocated for the state (raw segments plus the spans' allocations,
   /// alignment padding included); excludes the view buffer.
@@ -169,6 +171,21 @@ class PackedCausalCache : public CacheDims {
   static PackedCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect, Stream stream,
                                 Allocator& alloc = default_allocator());
 
+  /// A branch (qvg/cache.h, "Branches"): a new cache with this cache's settings,
+  /// allocator and state. It shares every encoded span, codebook, refinement layer and
+  /// the warm-start codebooks (device memory, immutable, freed with the last cache that
+  /// holds it) and copies the raw segments on `stream` (enqueued, not waited for).
+  /// First raises the InvalidArgument of an earlier bad call the device has published
+  /// (as update(); nothing is forked then); a bad call still running stays this cache's
+  /// to report (its rows were never stored: the fork holds what this cache holds).
+  /// REQUIRES: `stream` is the stream of this cache's calls, and every branch runs on
+  /// it (or the caller synchronizes before another stream uses a branch): a shared
+  /// buffer is freed on the stream that allocated it, once the last branch drops it.
+  /// resident_nbytes() counts what a branch alone holds, shared_nbytes() the rest.
+  PackedCausalCache fork(Stream stream);
+  /// Bytes of the state (as resident_nbytes() counts them) another branch holds too.
+  size_t shared_nbytes() const;
+
   /// Read-only access to one segment (as qvg::PackedCausalCache::SegmentInfo);
   /// raw views and encodings are device memory, valid until the next mutating call.
   using SegmentInfo = BasicSegmentInfo<DeviceEncodedTensor>;
@@ -179,6 +196,7 @@ class PackedCausalCache : public CacheDims {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  explicit PackedCausalCache(std::unique_ptr<Impl> impl);
   static PackedCausalCache restored(const qvg::detail::PackedStateData& d, Stream stream, Allocator& alloc);
 };
 
@@ -246,9 +264,33 @@ class DenseCausalCache : public CacheDims {
   ConstTensorView k_buffer() const;
   ConstTensorView v_buffer() const;
 
+  /// A branch (qvg/cache.h, "Branches"): a copy. `storage` supplies the fork's buffers
+  /// (called once with cache_size; it serves the fork's growth too; required: the
+  /// device cache owns no buffers — InvalidArgument without it or for null storage);
+  /// the buffers are copied on `stream` (enqueued). First raises an earlier bad call's
+  /// published error, as update(). Same allocator as this cache.
+  DenseCausalCache fork(GrowStorage storage, Stream stream);
+
+  /// Snapshots (docs/snapshot.md): the bytes the CPU qvg::DenseCausalCache with the same
+  /// history writes (the buffers downloaded: synchronizes `stream`), loaded by either
+  /// cache. A load reads and validates the file as qvg::DenseCausalCache::load does
+  /// (InvalidArgument / CorruptData), then copies the buffers into `storage` (called
+  /// once with the snapshot's cache_size; required, as fork(); it serves growth too)
+  /// on `stream`; the cache allocates from `alloc`.
+  std::vector<uint8_t> snapshot_bytes(Stream stream) const;
+  void save(const std::filesystem::path& path, Stream stream) const;
+  static DenseCausalCache from_snapshot_bytes(std::span<const uint8_t> bytes, const SnapshotExpectation& expect,
+                                              GrowStorage storage, Stream stream,
+                                              Allocator& alloc = default_allocator());
+  static DenseCausalCache load(const std::filesystem::path& path, const SnapshotExpectation& expect,
+                               GrowStorage storage, Stream stream, Allocator& alloc = default_allocator());
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  explicit DenseCausalCache(std::unique_ptr<Impl> impl);
+  static DenseCausalCache restored(qvg::detail::DenseStateData&& d, GrowStorage storage, Stream stream,
+                                   Allocator& alloc);
 };
 
 }  // namespace qvg::cuda

@@ -276,6 +276,15 @@ struct CpuDense {
   }
   at::Tensor copied_view(const qvg::StridedView& v, Call&, const std::shared_ptr<Cache>&) { return copy_out(v); }
   void before_mutation(Call&) {}
+  std::vector<uint8_t> snapshot_bytes(const Cache& c, Call&) { return c.snapshot_bytes(); }
+  void save(const Cache& c, Call&, const std::string& path) { c.save(path); }
+  std::shared_ptr<Cache> load(const std::string& data, bool from_bytes, const qvg::SnapshotExpectation& x,
+                              Cache::GrowStorage storage, Call&) {
+    return std::make_shared<Cache>(
+        from_bytes ? Cache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(data.data()), data.size()}, x,
+                                                std::move(storage))
+                   : Cache::load(data, x, std::move(storage)));
+  }
 };
 using DenseCache = DenseBinding<CpuDense>;
 
@@ -351,6 +360,9 @@ struct CpuPacked {
     return std::make_shared<Cache>(
         from_bytes ? Cache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x)
                    : Cache::load(src, x));
+  }
+  std::shared_ptr<Cache> fork(Cache& c, Call&, const qvg::CacheOptions& o) {
+    return std::make_shared<Cache>(c.fork(o.view_scratch));
   }
 };
 using PackedCache = PackedBinding<CpuPacked>;

@@ -132,6 +132,15 @@ struct CudaDense {
     return lender.lend(v, device_options(v, call.device), keep);
   }
   void before_mutation(Call& call) { detach_on(lender, call.stream); }
+  std::vector<uint8_t> snapshot_bytes(const Cache& c, Call& call) { return c.snapshot_bytes(call.stream); }
+  void save(const Cache& c, Call& call, const std::string& path) { c.save(path, call.stream); }
+  std::shared_ptr<Cache> load(const std::string& data, bool from_bytes, const qvg::SnapshotExpectation& x,
+                              Cache::GrowStorage storage, Call& call) {
+    return std::make_shared<Cache>(
+        from_bytes ? Cache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(data.data()), data.size()}, x,
+                                                std::move(storage), call.stream, torch_allocator())
+                   : Cache::load(data, x, std::move(storage), call.stream, torch_allocator()));
+  }
 };
 using CudaDenseCache = DenseBinding<CudaDense>;
 
@@ -166,6 +175,9 @@ struct CudaPacked {
         from_bytes ? Cache::from_snapshot_bytes({reinterpret_cast<const uint8_t*>(src.data()), src.size()}, x,
                                                 call.stream, torch_allocator())
                    : Cache::load(src, x, call.stream, torch_allocator()));
+  }
+  std::shared_ptr<Cache> fork(Cache& c, Call& call, const qvg::CacheOptions&) {
+    return std::make_shared<Cache>(c.fork(call.stream));
   }
 };
 using CudaPackedCache = PackedBinding<CudaPacked>;

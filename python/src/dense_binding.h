@@ -8,6 +8,8 @@
 //   KVView update(cache, call, key, value, start, head_start, recent_window);
 //   at::Tensor copied_view(view, call, keep);   a two-range view as a torch tensor
 //   void before_mutation(call);     what must happen before the cache may change (lent views)
+//   snapshot_bytes(cache, call), save(cache, call, path), load(data, from_bytes,
+//   expectation, storage, call): the cache's snapshots (the CUDA cache's through host memory)
 //
 // Memory rules (qvg/torch/ documents them): the buffers are the caller's tensors
 // (no copy); a one-range view is a torch view (as_strided) of them; growth asks the
@@ -110,54 +112,50 @@ class DenseBinding {
     cache_->set_indices(ge, le);
   }
 
-  // ---- snapshots (docs/snapshot.md; the CPU cache only) ----
-  /// The snapshot's bytes, after the C++ cache adopted the cursors the Python side holds.
+  // ---- snapshots (docs/snapshot.md): the same bytes from the CPU and the CUDA cache ----
+  /// The snapshot's bytes, after the C++ cache adopted the cursors the Python side holds
+  /// (a CUDA cache downloads its buffers: waits for the current stream).
   /// Both hold the one-caller guard for the whole call (spec 5.1, "Threads").
   std::vector<uint8_t> snapshot_bytes(int64_t ge, int64_t le) {
     BusyGuard busy(mu_);
-    adopt_for_snapshot(ge, le);
+    typename Backend::Call call(device_);
+    adopt_for_snapshot(ge, le, call);
     py::gil_scoped_release nogil;
-    return cpu_cache().snapshot_bytes();
+    return backend_.snapshot_bytes(*cache_, call);
   }
   void save(const std::string& path, int64_t ge, int64_t le) {
     BusyGuard busy(mu_);
-    adopt_for_snapshot(ge, le);
+    typename Backend::Call call(device_);
+    adopt_for_snapshot(ge, le, call);
     py::gil_scoped_release nogil;
-    cpu_cache().save(path);
+    backend_.save(*cache_, call, path);
   }
   /// Replaces the cache by a snapshot's (a path, or bytes when from_bytes) of a cache
   /// constructed with this one's options; its buffers are new tensors (.k/.v, as after
-  /// a growth). On any error nothing changes.
+  /// a growth) on this cache's device. On any error nothing changes.
   void restore(const py::object& source, bool from_bytes) {
     BusyGuard busy(mu_);
-    if constexpr (!std::is_same_v<typename Backend::Cache, qvg::DenseCausalCache>) {
-      (void)source;
-      (void)from_bytes;
-      throw qvg::Unsupported("snapshots of a CUDA dense cache are not supported from Python yet; use a CPU cache");
-    } else {
-      qvg::SnapshotExpectation x;
-      x.options = opt_;
-      const std::string data = source.cast<std::string>();
-      std::shared_ptr<qvg::DenseCausalCache> loaded;
-      auto storage = [this](int64_t n) { return grow_buffers(n); };
-      try {
-        py::gil_scoped_release nogil;
-        loaded = std::make_shared<qvg::DenseCausalCache>(
-            from_bytes ? qvg::DenseCausalCache::from_snapshot_bytes(
-                             {reinterpret_cast<const uint8_t*>(data.data()), data.size()}, x, storage)
-                       : qvg::DenseCausalCache::load(data, x, storage));
-      } catch (...) {
-        grown_k_ = at::Tensor();
-        grown_v_ = at::Tensor();
-        throw;
-      }
-      QVG_CHECK(grown_k_.defined());
-      k_ = std::move(grown_k_);
-      v_ = std::move(grown_v_);
+    qvg::SnapshotExpectation x;
+    x.options = opt_;
+    const std::string data = source.cast<std::string>();
+    typename Backend::Call call(device_);
+    std::shared_ptr<typename Backend::Cache> loaded;
+    auto storage = [this](int64_t n) { return grow_buffers(n); };
+    try {
+      py::gil_scoped_release nogil;
+      loaded = backend_.load(data, from_bytes, x, storage, call);
+    } catch (...) {
       grown_k_ = at::Tensor();
       grown_v_ = at::Tensor();
-      cache_ = std::move(loaded);
+      throw;
     }
+    QVG_CHECK(grown_k_.defined());
+    backend_.before_mutation(call);
+    k_ = std::move(grown_k_);
+    v_ = std::move(grown_v_);
+    grown_k_ = at::Tensor();
+    grown_v_ = at::Tensor();
+    cache_ = std::move(loaded);
   }
 
   /// f(binding) under the one-caller guard: accessors never read a cache another thread
@@ -188,17 +186,12 @@ class DenseBinding {
     return typename Backend::Cache::ExternalStorage{grown_k_.data_ptr(), grown_v_.data_ptr()};
   }
 
-  void adopt_for_snapshot(int64_t ge, int64_t le) {
-    if constexpr (!std::is_same_v<typename Backend::Cache, qvg::DenseCausalCache>)
-      throw qvg::Unsupported("snapshots of a CUDA dense cache are not supported from Python yet; use a CPU cache");
+  void adopt_for_snapshot(int64_t ge, int64_t le, typename Backend::Call& call) {
     check_buffers_unchanged();  // REQUIRES the caller's BusyGuard
-    if (cache_->global_end() != ge || cache_->local_end() != le) cache_->set_indices(ge, le);
-  }
-  qvg::DenseCausalCache& cpu_cache() {
-    if constexpr (std::is_same_v<typename Backend::Cache, qvg::DenseCausalCache>)
-      return *cache_;
-    else
-      throw qvg::Unsupported("snapshots of a CUDA dense cache are not supported from Python yet");
+    if (cache_->global_end() != ge || cache_->local_end() != le) {
+      backend_.before_mutation(call);  // set_indices drops the view buffer
+      cache_->set_indices(ge, le);
+    }
   }
 
   /// The C++ cache writes through raw pointers into k_/v_: refuse to go on if the

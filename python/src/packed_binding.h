@@ -15,6 +15,7 @@
 //   void before_mutation(call);      lent views get their private copies
 //   void save(cache, call, path); std::vector<uint8_t> snapshot_bytes(cache, call);
 //   std::shared_ptr<Cache> load(source, from_bytes, expectation, call);
+//   std::shared_ptr<Cache> fork(cache, call, options);  a branch (qvg/cache.h, "Branches")
 //
 // Rules: one caller at a time (BusyGuard: a second thread gets RuntimeError, spec
 // 5.1), every accessor included; the GIL is released around the cache's own work;
@@ -108,6 +109,20 @@ class PackedBinding {
     cache_ = std::move(loaded);
   }
 
+  /// A new binding over a fork of this cache (qvg/cache.h, "Branches"): the same
+  /// options (on the CPU the process-wide view scratch, as every packed cache of the
+  /// process), quant args and device. This cache is unchanged; its lent views stay lent.
+  std::unique_ptr<PackedBinding> fork() {
+    BusyGuard busy(mu_);
+    typename Backend::Call call(device_);
+    std::shared_ptr<Cache> f;
+    {
+      py::gil_scoped_release nogil;
+      f = backend_.fork(*cache_, call, options_);
+    }
+    return std::unique_ptr<PackedBinding>(new PackedBinding(device_, options_, quant_, std::move(f)));
+  }
+
   /// f(cache) under the one-caller guard: an accessor never reads a cache that another
   /// thread is changing (spec 5.1; RuntimeError instead).
   template <class F>
@@ -133,6 +148,10 @@ class PackedBinding {
   const at::Device& device() const { return device_; }
 
  private:
+  PackedBinding(const at::Device& device, const qvg::CacheOptions& o, const qvg::QuantArgs& quant,
+                std::shared_ptr<Cache> cache)
+      : device_(device), options_(o), quant_(quant), cache_(std::move(cache)) {}
+
   Backend backend_;
   at::Device device_;
   qvg::CacheOptions options_;  // as constructed: what a restored snapshot must hold
@@ -164,7 +183,9 @@ void def_packed(py::module_& m, const char* name, Extra&& extra) {
           .def_property_readonly("local_end", [](P& p) { return p.read([](const auto& x) { return x.local_end(); }); })
           .def_property_readonly("chunk_tokens",
                                  [](P& p) { return p.read([](const auto& x) { return x.chunk_tokens(); }); })
+          .def("fork", &P::fork)
           .def("resident_nbytes", [](P& p) { return p.read([](const auto& x) { return x.resident_nbytes(); }); })
+          .def("shared_nbytes", [](P& p) { return p.read([](const auto& x) { return x.shared_nbytes(); }); })
           .def("warm_state_nbytes", [](P& p) { return p.read([](const auto& x) { return x.warm_state_nbytes(); }); })
           .def("span_breaks", [](P& p) { return p.read([](const auto& x) { return x.span_breaks(); }); });
   extra(c);

@@ -44,8 +44,7 @@ Timing time_it(const std::function<void()>& fn, int min_reps, double min_time_s,
   return t;
 }
 
-Paired time_paired(const std::function<void()>& fa, const std::function<void()>& fb, int rounds,
-                   double round_time_s) {
+Paired time_paired(const std::function<void()>& fa, const std::function<void()>& fb, int rounds, double round_time_s) {
   std::vector<double> ma, mb, ratios;
   Paired p;
   p.a.min_s = p.b.min_s = 1e300;
@@ -320,7 +319,8 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
                                    [&] {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
                                      for (int64_t g = 0; g < G; ++g) {
-                                       const std::vector<float> c = kmeans_centroids(pts.data() + g * n * D, n, D, K, iters, g);
+                                       const std::vector<float> c =
+                                           kmeans_centroids(pts.data() + g * n * D, n, D, K, iters, g);
                                        std::copy(c.begin(), c.end(), ours.begin() + g * K * D);
                                      }
                                    },
@@ -343,8 +343,9 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
       m.figures["faiss_inertia"] = inertia_faiss;
       m.figures["speedup_vs_faiss"] = peer_t.median_s / m.t.median_s;
       m.figures["inertia_ratio_vs_faiss"] = inertia_ours / inertia_faiss;
-      m.note = "faiss::Clustering (IndexFlatL2, same K, iterations and threads); faiss splits empty clusters and "
-               "never stops early, ours keeps empty centroids and stops when < 1e-4 of points move";
+      m.note =
+          "faiss::Clustering (IndexFlatL2, same K, iterations and threads); faiss splits empty clusters and "
+          "never stops early, ours keeps empty centroids and stops when < 1e-4 of points move";
     } else {
       m.note = "faiss comparison unavailable in this build";
     }
@@ -389,16 +390,17 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
     const size_t view_bytes = 2 * size_t(view.k.shape.numel()) * dtype_size(view.k.dtype);
     std::vector<char> a(view_bytes, 1), b(view_bytes, 2);
     const Paired pr = time_paired([&] { view = cache.update(kx, lc.v, cur); },
-                                  [&] { parallel_copy(b.data(), a.data(), view_bytes, threads); },
-                                  opt.quick ? 3 : 7, opt.quick ? 0.05 : 0.15);
+                                  [&] { parallel_copy(b.data(), a.data(), view_bytes, threads); }, opt.quick ? 3 : 7,
+                                  opt.quick ? 0.05 : 0.15);
     Measurement m = make(name, pr.a);
     m.figures["copy_median_s"] = pr.b.median_s;
     m.figures["ratio_to_copy"] = pr.ratio;
     m.figures["view_tokens"] = double(view.k.shape.s);
     m.figures["resident_bytes"] = double(cache.resident_nbytes());
-    m.note = fmt::format("denoising-step update returning a {}-chunk window (sink 1 chunk, keep_recent 1) vs a "
-                         "copy of the same {} dense bytes (K+V)",
-                         window_chunks, view_bytes);
+    m.note = fmt::format(
+        "denoising-step update returning a {}-chunk window (sink 1 chunk, keep_recent 1) vs a "
+        "copy of the same {} dense bytes (K+V)",
+        window_chunks, view_bytes);
     out.push_back(m);
     if (bits == 2) {
       // The int2 window under its short name, reconstruct_window (docs/performance.md):
@@ -497,9 +499,10 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
     m.figures["resident_bytes"] = double(whole);
     m.figures["branches8_bytes"] = double(PackedCausalCache::group_nbytes(all));
     m.figures["branches8_copies_bytes"] = 8.0 * double(whole);
-    m.note = fmt::format("fork() of a self-forcing x0.25 packed cache ({} tokens, recommended profile, window full) vs "
-                         "copying its {} raw bytes into new buffers; 8 branches hold the encoded history once",
-                         co.cache_size, raw_bytes);
+    m.note = fmt::format(
+        "fork() of a self-forcing x0.25 packed cache ({} tokens, recommended profile, window full) vs "
+        "copying its {} raw bytes into new buffers; 8 branches hold the encoded history once",
+        co.cache_size, raw_bytes);
     out.push_back(m);
   }
 

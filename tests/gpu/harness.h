@@ -5,6 +5,7 @@
 //   int main() { return qvg::testing::run_all(argc, argv); }   // optional name filter
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -49,15 +50,36 @@ class Failure {
   std::ostringstream os_;
 };
 
-/// Runs every registered test whose name contains argv[1] (all without an argument;
-/// "-text": every test whose name does not contain text).
+/// Whether test `name` passes the filter: comma-separated words, "text" (the name
+/// contains text) or "-text" (it does not); a name runs when it contains one of the
+/// positive words (or none is given) and none of the negative ones.
+inline bool selected(const std::string& name, const std::string& filter) {
+  bool any_positive = false, positive_hit = false;
+  size_t at = 0;
+  while (at <= filter.size()) {
+    const size_t end = std::min(filter.find(',', at), filter.size());
+    std::string word = filter.substr(at, end - at);
+    at = end + 1;
+    if (word.empty()) continue;
+    const bool exclude = word[0] == '-';
+    if (exclude) word.erase(0, 1);
+    const bool hit = name.find(word) != std::string::npos;
+    if (exclude && hit) return false;
+    if (!exclude) {
+      any_positive = true;
+      positive_hit |= hit;
+    }
+  }
+  return !any_positive || positive_hit;
+}
+
+/// Runs every registered test that argv[1] selects (all without an argument; see
+/// selected(): "text", "-text", comma-separated).
 inline int run_all(int argc, char** argv) {
-  std::string filter = argc > 1 ? argv[1] : "";
-  const bool exclude = !filter.empty() && filter[0] == '-';
-  if (exclude) filter.erase(0, 1);
+  const std::string filter = argc > 1 ? argv[1] : "";
   int run = 0, failed_tests = 0;
   for (const TestCase& t : registry()) {
-    if (!filter.empty() && (std::string(t.name).find(filter) == std::string::npos) != exclude) continue;
+    if (!selected(t.name, filter)) continue;
     const int before = failures();
     const auto t0 = std::chrono::steady_clock::now();
     std::printf("[ RUN  ] %s\n", t.name);
@@ -83,12 +105,12 @@ inline int run_all(int argc, char** argv) {
 
 #define QVG_TEST_CAT2(a, b) a##b
 #define QVG_TEST_CAT(a, b) QVG_TEST_CAT2(a, b)
-#define QVG_TEST(name) \
-  static void QVG_TEST_CAT(qvg_test_fn_, name)(); \
+#define QVG_TEST(name)                                                                                          \
+  static void QVG_TEST_CAT(qvg_test_fn_, name)();                                                               \
   static ::qvg::testing::Registrar QVG_TEST_CAT(qvg_test_reg_, name)(#name, &QVG_TEST_CAT(qvg_test_fn_, name)); \
   static void QVG_TEST_CAT(qvg_test_fn_, name)()
 /// Checks cond; on failure prints the expression and any `<<` context.
 #define QVG_EXPECT(cond) \
-  if (cond) { \
-  } else \
+  if (cond) {            \
+  } else                 \
     ::qvg::testing::Failure(#cond, __FILE__, __LINE__)

@@ -141,8 +141,17 @@ class _CacheInterface(_IndexTensors):
 
     def resident_nbytes(self) -> int:
         """Bytes of the cache state: the dense cache's buffers (2 * B * cache_size * H * D
-        * itemsize), or the packed cache's raw segments and encoded spans."""
+        * itemsize), or the packed cache's raw segments and encoded spans — those this
+        cache alone holds when it shares encoded spans with its forks (:meth:`fork`)."""
         return self._c.resident_nbytes()
+
+    def shared_nbytes(self) -> int:
+        """(qvg extension) Bytes of the state this cache holds together with its forks or
+        the cache it was forked from (the packed cache's encoded spans, codebooks and
+        refinement layers, which branches share); 0 for a dense cache.
+        ``resident_nbytes() + shared_nbytes()`` is the cache's whole state."""
+        shared = getattr(self._c, "shared_nbytes", None)
+        return shared() if shared is not None else 0
 
     def peak_transient_nbytes(self) -> int:
         """Most bytes the last successful call held beyond the resident state (spec 3.1).
@@ -271,6 +280,7 @@ class CausalSelfAttentionKVCache(_CacheInterface):
                 f"supported by qvg, it must be 0, got {global_sink_tokens!r}"
             )
         window = None if not attention_window_size else attention_window_size
+        self._window_arg = window  # as given (a fork passes it on: its snapshot's config is this one's)
         on_cuda = HAS_CUDA and isinstance(k, torch.Tensor) and k.device.type == "cuda"
         if on_cuda:
             self._device = k.device
@@ -351,7 +361,8 @@ class CausalSelfAttentionKVCache(_CacheInterface):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the cache (configuration, cursors, the buffers, checksums) to ``path``
         atomically: a crash leaves the previous file. ValueError naming the path on an
-        I/O error. CPU caches only (NotImplementedError for a CUDA one)."""
+        I/O error. A CUDA cache downloads its buffers (waiting for the current stream) and
+        writes the bytes a CPU cache with the same history writes; each loads the other's."""
         self._c.save(os.fspath(path), *self._cursors())
 
     @_one_caller
@@ -367,7 +378,8 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         through ``cache.k`` / ``cache.v`` as after a growth), the cursor tensors and
         options. A snapshot of another configuration is ValueError naming the field; a
         truncated or altered file is ValueError naming the section. The cursors (int and
-        tensors) are set from the snapshot. CPU caches only."""
+        tensors) are set from the snapshot. With CUDA ``k``/``v`` the loaded buffers are
+        CUDA tensors on their device (the upload is enqueued on the current stream)."""
         return cls._restored(os.fspath(path), False, "load", kwargs)
 
     def _adopt_loaded_cursors(self) -> None:
@@ -376,6 +388,29 @@ class CausalSelfAttentionKVCache(_CacheInterface):
         self.local_end_index.fill_(local_end)
         self.global_end_index_int = global_end
         self.local_end_index_int = local_end
+
+    # -- branches (qvg extension; docs/python.md, "Branches") ---------------------------
+    @_one_caller
+    def fork(self) -> CausalSelfAttentionKVCache:
+        """A new cache in this cache's state: a copy of the buffers (new tensors on the same
+        device), new index tensors holding the cursors, the same int cursors (or none,
+        as here) and options. Given the same calls both return what one cache that
+        received the whole history returns. A CUDA cache's copies are enqueued on the
+        current stream. The fork's buffers hold the current cache_size: after a growth its
+        snapshot records that size as constructed (the state it loads is the same)."""
+        global_end, local_end = self._cursors()
+        # The window as given to this cache while it equals the buffer (it follows growth).
+        window = self.attention_window_size
+        if window == self.cache_size and self._window_arg is None:
+            window = 0
+        gi = self.global_end_index.clone().fill_(global_end)
+        li = self.local_end_index.clone().fill_(local_end)
+        ints = self.global_end_index_int is not None and self.local_end_index_int is not None
+        return type(self)(self.k.clone(), self.v.clone(), gi, li,
+                          global_end_index_int=global_end if ints else None,
+                          local_end_index_int=local_end if ints else None,
+                          sink_tokens=self.sink_tokens, attention_window_size=window,
+                          allow_growth=self.allow_growth)
 
     # -- the interface (_CacheInterface) -----------------------------------------------
     def _update(self, key, value, chunk_start, head_start, recent_window):
@@ -540,6 +575,29 @@ class QVGPackedCausalKVCache(_CacheInterface):
 
     def _adopt_loaded_cursors(self) -> None:
         self._set_cursors(self._c.global_end, self._c.local_end)
+
+    # -- branches (qvg extension; docs/python.md, "Branches") ---------------------------
+    @_one_caller
+    def fork(self) -> QVGPackedCausalKVCache:
+        """A branch: a new cache with this cache's settings and state (qvg/cache.h,
+        "Branches"). It shares this cache's encoded history — spans, codebooks,
+        refinement layers, immutable and freed with the last branch holding them — and
+        copies only its raw chunks (the current one, those kept raw), so a fork costs
+        about a copy of the raw part and N branches hold the encoded history once
+        (:meth:`resident_nbytes` counts what a branch alone holds, :meth:`shared_nbytes`
+        the rest). Its index tensors are new (clones holding the cursors), its int
+        cursors as this cache's. Given the same calls, every branch returns what one
+        cache that received its whole history returns, bit for bit; branches may be
+        used from two threads at once (each one caller at a time). A CUDA cache's raw
+        copies are enqueued on the current stream; use every branch on the stream the
+        cache's calls use (or synchronize before switching)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._call_lock = threading.Lock()
+        new._c = self._c.fork()
+        new.global_end_index = self.global_end_index.clone()
+        new.local_end_index = self.local_end_index.clone()
+        return new
 
     # -- the interface (_CacheInterface) -----------------------------------------------
     def _update(self, key, value, chunk_start, head_start, recent_window):

@@ -270,10 +270,9 @@ struct PackedCausalCache::Impl {
     }
   }
 
-  size_t resident() const {
-    return qvg::detail::resident_bytes(
-        pol, [](const Seg& sg) { return qvg::detail::segment_bytes(sg); },
-        [](const Seg& sg) { return sg.data.k_book->book.nbytes() + sg.data.v_book->book.nbytes(); });
+  /// What the cache holds: raw bytes and its references to shared objects (branches).
+  qvg::detail::Holdings holdings() const {
+    return qvg::detail::holdings_of(pol, [](const DeviceSpanCodebook& b) { return b.book.nbytes(); });
   }
 
   KVView update(ConstTensorView key, ConstTensorView value, int64_t chunk_start, Stream s,
@@ -414,7 +413,38 @@ void PackedCausalCache::check(Stream stream) {
 }
 
 size_t PackedCausalCache::resident_nbytes() const {
-  return impl_->resident();
+  return impl_->holdings().split().first;
+}
+size_t PackedCausalCache::shared_nbytes() const {
+  return impl_->holdings().split().second;
+}
+
+PackedCausalCache::PackedCausalCache(std::unique_ptr<Impl> impl) : CacheDims(impl->opt), impl_(std::move(impl)) {}
+
+PackedCausalCache PackedCausalCache::fork(Stream stream) {
+  const Impl& m = *impl_;
+  impl_->guard.raise_published();  // an earlier call's input found out of limits (no waiting)
+  auto f = std::make_unique<Impl>(m.opt, m.quant, *m.alloc);
+  const auto share = [](const SegData& from, SegData& to) {
+    to.k_enc = from.k_enc;
+    to.v_enc = from.v_enc;
+    to.k_book = from.k_book;
+    to.v_book = from.v_book;
+    to.k_ref = from.k_ref;
+    to.v_ref = from.v_ref;
+  };
+  const auto copy = [&](const DeviceBuffer& b) {
+    DeviceBuffer c(b.size(), stream, *m.alloc);
+    copy2d(c.data(), b.size(), b.data(), b.size(), b.size(), 1, stream);
+    return c;
+  };
+  f->pol.restore(qvg::detail::forked_segments(m.pol, share, copy), m.pol.global_end(), m.pol.chunk_tokens(),
+                 m.pol.spans());
+  f->warm_k = m.warm_k;
+  f->warm_v = m.warm_v;
+  if (m.open_energies.size()) f->open_energies = copy(m.open_energies);
+  f->open_energy_tokens = m.open_energy_tokens;
+  return PackedCausalCache(std::move(f));
 }
 size_t PackedCausalCache::allocated_nbytes() const {
   size_t n = 0;

@@ -14,10 +14,15 @@
 #include "cache/cuda/device_copy.h"
 #include "cache/cuda/input_guard.h"
 #include "cache/dense_plan.h"
+#include "cache/snapshot_io.h"
+#include "cache/snapshot_records.h"
+#include "cache/snapshot_state.h"
+#include "core/file_impl.h"
 #include "kernels/cuda/check.h"
 #include "qvg/cuda.h"
 #include "qvg/cuda_cache.h"
 #include "qvg/error.h"
+#include "qvg/file.h"
 
 namespace qvg::cuda {
 
@@ -32,7 +37,7 @@ struct DenseCausalCache::Impl {
   std::byte* v = nullptr;
   GrowStorage grow;
   int64_t global_end = 0, local_end = 0;
-  DeviceBuffer view;  // K then V of the last two-range view
+  DeviceBuffer view;         // K then V of the last two-range view
   detail::InputGuard guard;  // the deferred input check (input_guard.h)
 
   Impl(const CacheOptions& o, ExternalStorage s, GrowStorage g, Allocator& a)
@@ -51,8 +56,7 @@ struct DenseCausalCache::Impl {
   /// Writes the call's [B, n, h_in, D] rows into a buffer at token `at`, head `head0`:
   /// guarded copies, done only when the call's input check passes (else zeros at new
   /// positions, nothing for a rewrite; input_guard.h).
-  void write_chunk(ConstTensorView src, std::byte* buf, int64_t at, int64_t head0, bool new_positions,
-                   Stream s) const {
+  void write_chunk(ConstTensorView src, std::byte* buf, int64_t at, int64_t head0, bool new_positions, Stream s) const {
     const int64_t n = src.shape.s, h_in = src.shape.h, D = opt.head_dim;
     const size_t row = size_t(h_in * D) * esz;
     for (int64_t b = 0; b < opt.batch; ++b)
@@ -219,6 +223,92 @@ int64_t DenseCausalCache::attention_window_size() const {
 }
 bool DenseCausalCache::allow_growth() const {
   return impl_->opt.allow_growth;
+}
+
+DenseCausalCache::DenseCausalCache(std::unique_ptr<Impl> impl) : CacheDims(impl->opt), impl_(std::move(impl)) {}
+
+namespace {
+
+/// Caller storage from `storage` for `cache_size` tokens (non-null, else InvalidArgument).
+DenseCausalCache::ExternalStorage storage_for(const DenseCausalCache::GrowStorage& storage, int64_t cache_size,
+                                              const char* what) {
+  if (!storage)
+    throw InvalidArgument(
+        fmt::format("{}: storage must be given (the device dense cache does not own its "
+                    "buffers), got none",
+                    what));
+  const DenseCausalCache::ExternalStorage s = storage(cache_size);
+  if (s.k == nullptr || s.v == nullptr)
+    throw InvalidArgument(
+        fmt::format("{}: storage must return non-null K and V storage for cache_size {}", what, cache_size));
+  return s;
+}
+
+}  // namespace
+
+DenseCausalCache DenseCausalCache::fork(GrowStorage storage, Stream stream) {
+  const Impl& m = *impl_;
+  impl_->guard.raise_published();
+  const ExternalStorage s = storage_for(storage, m.capacity, "fork");
+  auto f = std::make_unique<Impl>(m.opt, s, std::move(storage), *m.alloc);
+  f->capacity = m.capacity;
+  f->window = m.window;
+  f->global_end = m.global_end;
+  f->local_end = m.local_end;
+  const size_t n = size_t(m.opt.batch) * m.batch_bytes(m.capacity);
+  copy2d(f->k, n, m.k, n, n, 1, stream);
+  copy2d(f->v, n, m.v, n, n, 1, stream);
+  return DenseCausalCache(std::move(f));
+}
+
+// ---- snapshots: the CPU dense cache's records, through host memory -------------------
+
+std::vector<uint8_t> DenseCausalCache::snapshot_bytes(Stream stream) const {
+  const Impl& m = *impl_;
+  const size_t n = size_t(m.opt.batch) * m.batch_bytes(m.capacity);
+  AlignedBuffer k = AlignedBuffer::uninitialized(n), v = AlignedBuffer::uninitialized(n);
+  QVG_CUDA(cudaMemcpyAsync(k.data(), m.k, n, cudaMemcpyDeviceToHost, stream));
+  QVG_CUDA(cudaMemcpyAsync(v.data(), m.v, n, cudaMemcpyDeviceToHost, stream));
+  QVG_CUDA(cudaStreamSynchronize(stream));
+  const qvg::detail::DenseStateRef st{m.opt,       m.capacity,    m.window,     m.global_end,
+                                      m.local_end, {k.data(), n}, {v.data(), n}};
+  const qvg::detail::snap::Written w = qvg::detail::snap::write_dense(st);
+  return qvg::detail::snap::snapshot_file_bytes(w.sections, w.minor);
+}
+
+void DenseCausalCache::save(const std::filesystem::path& path, Stream stream) const {
+  write_file_atomic(path, snapshot_bytes(stream));  // the bytes snapshot_bytes() returns, or nothing
+}
+
+DenseCausalCache DenseCausalCache::restored(qvg::detail::DenseStateData&& d, GrowStorage storage, Stream stream,
+                                            Allocator& alloc) {
+  if (d.options.allow_growth && !storage)
+    throw Unsupported("allow_growth needs a GrowStorage for the device dense cache, got none");
+  const ExternalStorage s = storage_for(storage, d.cache_size, "load");
+  auto m = std::make_unique<Impl>(d.options, s, std::move(storage), alloc);
+  m->capacity = d.cache_size;
+  m->window = d.window;
+  m->global_end = d.global_end;
+  m->local_end = d.local_end;
+  // From pageable host memory: each copy returns once its source is staged.
+  QVG_CUDA(cudaMemcpyAsync(s.k, d.k.data(), d.k.size(), cudaMemcpyHostToDevice, stream));
+  QVG_CUDA(cudaMemcpyAsync(s.v, d.v.data(), d.v.size(), cudaMemcpyHostToDevice, stream));
+  return DenseCausalCache(std::move(m));
+}
+
+DenseCausalCache DenseCausalCache::from_snapshot_bytes(std::span<const uint8_t> bytes,
+                                                       const SnapshotExpectation& expect, GrowStorage storage,
+                                                       Stream stream, Allocator& alloc) {
+  return restored(qvg::detail::snap::read_dense(qvg::detail::snap::MemorySource(bytes), expect), std::move(storage),
+                  stream, alloc);
+}
+
+DenseCausalCache DenseCausalCache::load(const std::filesystem::path& path, const SnapshotExpectation& expect,
+                                        GrowStorage storage, Stream stream, Allocator& alloc) {
+  return qvg::detail::with_path(path, [&] {
+    const qvg::detail::snap::FileSource src(path);
+    return restored(qvg::detail::snap::read_dense(src, expect), std::move(storage), stream, alloc);
+  });
 }
 
 ConstTensorView DenseCausalCache::k_buffer() const {
