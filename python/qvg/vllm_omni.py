@@ -116,6 +116,30 @@ class LingBotQVGCache:
             return 0 if self.packed else 2 * self.key.nbytes
         return self._c.resident_nbytes()
 
+    def fork(self) -> LingBotQVGCache:
+        """(qvg extension; the engine's cache has none) A branch of this layer's cache: a
+        new ``LingBotQVGCache`` with the same cursors and settings whose next calls return
+        what this cache would return, bit for bit, while this cache goes on its own way —
+        one opening scene, two action sequences. Packed: the encoded history is shared
+        (:meth:`qvg.torch.QVGPackedCausalKVCache.fork`), only the raw chunks are copied;
+        dense: the buffers are copied. Fork every layer's cache at the same point (a
+        model's :class:`LingBotTransformerCache` holds them in ``self_attention``).
+        NotImplementedError while an uncommitted probe (``update_cache=False``) is in
+        the cache: fork after the step that commits it."""
+        if self._pending is not None:
+            raise NotImplementedError(
+                f"an uncommitted probe (update_cache=False) of {self._pending[1]} tokens at {self._pending[0]} is in "
+                "the qvg cache: fork after the call that commits it")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        if self._c is not None:
+            new._c = self._c.fork()
+            if not self.packed:
+                new.key, new.value = new._c.k, new._c.v  # the dense fork's own buffers
+        elif not self.packed:
+            new.key, new.value = self.key.clone(), self.value.clone()
+        return new
+
     def _check(self, n: int, current_start: int, sink_tokens: int) -> tuple[str, int]:
         """The engine's checks of ``_update_cache`` (its messages), on the committed
         cursors. Returns the kind of call ('first', 'repeat', 'advance') and the next

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import qvg.torch as qt
+from qvg.vllm_omni import LingBotQVGCache
 
 B, H, D, N = 1, 2, 32, 4  # batch, heads, head_dim, tokens per chunk
 
@@ -161,6 +162,40 @@ def test_two_threads_one_branch_each():
     for th in threads:
         th.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_lingbot_layer_cache_forks(packed):
+    """vLLM-Omni's LingBot-World layer cache (qvg.vllm_omni): two action branches from one
+    opening, each equal to a cache that generated its whole history."""
+    gen = torch.Generator().manual_seed(6)
+
+    def make():
+        return LingBotQVGCache(batch_size=B, max_tokens=6 * N, num_local_heads=H, head_dim=D, device="cpu",
+                               dtype=torch.bfloat16, quant_args=_quant() if packed else None)
+
+    def run(cache, calls):
+        out = None
+        for k, v, start in calls:
+            out = cache.update(k, v, start, sink_tokens=N, update_cache=True)
+        return out
+
+    opening = _calls(gen, 0, 4)
+    src = make()
+    run(src, opening)
+    f = src.fork()
+    assert (f.end, f.absolute_end, f.last_start, f.sink_end) == (src.end, src.absolute_end, src.last_start,
+                                                                 src.sink_end)
+    for branch in (src, f):
+        actions = _calls(gen, 3 * N, 1) + _calls(gen, 4 * N, 4)
+        got = run(branch, actions)
+        want = run(make(), opening + actions)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # A probe not yet committed: no fork.
+    k, v = _chunk(gen)
+    f.update(k, v, 8 * N, sink_tokens=N, update_cache=False)
+    with pytest.raises(NotImplementedError, match="uncommitted probe"):
+        f.fork()
 
 
 @pytest.mark.skipif(not (qt.HAS_CUDA and torch.cuda.is_available()), reason="needs the CUDA path and a GPU")
