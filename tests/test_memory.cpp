@@ -190,9 +190,9 @@ TEST(Memory, PolicyReplayAdaptiveBreaksFollowTheDecisions) {
   int asked = 0;
   for (int k = 0; k < 8; ++k) {
     const size_t got = rp.advance([&] {
-      ++asked;
-      return false;
-    }).resident_bytes;
+                           ++asked;
+                           return false;
+                         }).resident_bytes;
     EXPECT_EQ(got, span1.advance().resident_bytes) << "chunk " << k;
   }
   EXPECT_EQ(asked, 6);  // chunks 0..5 were encoded (one per advance from k = 2)
@@ -378,6 +378,15 @@ TEST(Memory, ReplayMatchesThePackedCache) {
       ASSERT_TRUE(joins.empty());
       ASSERT_EQ(st.global_end, g);
       ASSERT_EQ(cache.resident_nbytes(), st.resident_bytes) << "after chunk " << i;
+      // Branches of this state (issue 38; MemoryReport::branches_bytes): real forks hold
+      // the replay's raw part each and its encoded part once.
+      std::vector<PackedCausalCache> forks;
+      forks.push_back(cache.fork());
+      forks.push_back(cache.fork());
+      const std::vector<const PackedCausalCache*> all{&cache, &forks[0], &forks[1]};
+      ASSERT_EQ(PackedCausalCache::group_nbytes(all), st.packed_bytes + 3 * st.raw_bytes) << "after chunk " << i;
+      ASSERT_EQ(forks[1].resident_nbytes(), st.raw_bytes) << "after chunk " << i;
+      ASSERT_EQ(forks[1].shared_nbytes(), st.packed_bytes) << "after chunk " << i;
     }
     adaptive_breaks += cache.span_breaks();
   }
@@ -469,8 +478,8 @@ TEST(Memory, IncrementalSpansPeakRatiosOfThePresets) {
     const char* model;
     double keep0, keep1;
   };
-  for (const Want& w : {Want{"self-forcing-1.3b", 5.0, 4.5}, Want{"lingbot-world-14b", 4.5, 3.8},
-                        Want{"hy-worldplay-8b", 4.3, 3.5}}) {
+  for (const Want& w :
+       {Want{"self-forcing-1.3b", 5.0, 4.5}, Want{"lingbot-world-14b", 4.5, 3.8}, Want{"hy-worldplay-8b", 4.3, 3.5}}) {
     QuantArgs a;
     a.enable(2);
     a.codec.centroids = 256;
