@@ -182,6 +182,8 @@ class PackedCausalCache : public CacheDims {
   /// it (or the caller synchronizes before another stream uses a branch): a shared
   /// buffer is freed on the stream that allocated it, once the last branch drops it.
   /// resident_nbytes() counts what a branch alone holds, shared_nbytes() the rest.
+  /// The fork is a new cache: its first update() allocates its input check's pinned
+  /// record, so it must run outside a CUDA graph capture (as any new cache's).
   PackedCausalCache fork(Stream stream);
   /// Bytes of the state (as resident_nbytes() counts them) another branch holds too.
   size_t shared_nbytes() const;

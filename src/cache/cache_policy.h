@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -538,33 +539,36 @@ struct Holdings {
   /// shared when more references to it exist than this cache holds. Its bytes count
   /// once (a span's codebooks: once per span that has a chunk, as resident_bytes()).
   std::pair<size_t, size_t> split() const {
-    std::vector<Ref> r = refs;
-    std::sort(r.begin(), r.end(), [](const Ref& a, const Ref& b) { return a.p < b.p; });
     size_t alone = raw, shared = 0;
-    for (size_t i = 0; i < r.size();) {
-      size_t j = i, bytes = 0;
-      for (; j < r.size() && r[j].p == r[i].p; ++j) bytes = std::max(bytes, r[j].bytes);
-      (r[i].uses > long(j - i) ? shared : alone) += bytes;
-      i = j;
-    }
+    for_each_object(refs, [&](const Ref& first, size_t refs_here, size_t bytes) {
+      (first.uses > long(refs_here) ? shared : alone) += bytes;
+    });
     return {alone, shared};
   }
   /// The bytes of several caches' holdings in all, each object once.
   static size_t group(const std::vector<Holdings>& hs) {
-    std::vector<Ref> r;
+    std::vector<Ref> all;
     size_t n = 0;
     for (const Holdings& h : hs) {
       n += h.raw;
-      r.insert(r.end(), h.refs.begin(), h.refs.end());
+      all.insert(all.end(), h.refs.begin(), h.refs.end());
     }
-    std::sort(r.begin(), r.end(), [](const Ref& a, const Ref& b) { return a.p < b.p; });
+    for_each_object(std::move(all), [&](const Ref&, size_t, size_t bytes) { n += bytes; });
+    return n;
+  }
+
+ private:
+  /// f(a reference, the references to its object in `r`, the object's bytes) once per
+  /// object (references grouped by address).
+  template <class F>
+  static void for_each_object(std::vector<Ref> r, F&& f) {
+    std::sort(r.begin(), r.end(), [](const Ref& a, const Ref& b) { return std::less<>()(a.p, b.p); });
     for (size_t i = 0; i < r.size();) {
       size_t j = i, bytes = 0;
       for (; j < r.size() && r[j].p == r[i].p; ++j) bytes = std::max(bytes, r[j].bytes);
-      n += bytes;
+      f(r[i], j - i, bytes);
       i = j;
     }
-    return n;
   }
 };
 
