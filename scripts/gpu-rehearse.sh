@@ -23,6 +23,8 @@ pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 env=$cache/env-gpu-torch2.11-py$pyver
 req=(torch==2.11.0 numpy==2.4.6 pytest==9.2.0)
 [[ -d .gpudeps/root/usr ]] || echo "qvg: no .gpudeps/: the build uses the system's packages (scripts/deps.sh)"
+# The engine's cache modules for part 2's step benchmark (the rehearsal environment has no SGLang).
+[[ -d .gpudeps/engine ]] || bash scripts/gpu-deps.sh --engine
 if [[ ! -f $env/.qvg-complete ]]; then
   rm -rf "$env"
   "$py" -m venv "$env"

@@ -144,6 +144,14 @@ class PackedCausalCache : public CacheDims {
   size_t allocated_nbytes() const;
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
+  /// Hands the last copied view's buffer (K then V) to the caller: the KVView the last
+  /// update() returned stays valid as long as the returned buffer lives (it is freed on
+  /// the stream that allocated it, with this cache's Allocator), and the cache allocates
+  /// a new buffer for its next copied view. Empty after a zero-copy view or a second
+  /// call. For a caller that gives every view to its user as memory of its own (qvg.torch:
+  /// the caches of a model's L layers then hold no view between calls, and the model one
+  /// window at a time instead of L). Makes no CUDA call.
+  DeviceBuffer release_view_buffer();
   /// As qvg::PackedCausalCache: spans started because a chunk did not fit the open
   /// one (the break ratio), and the bytes of the warm-start codebooks held (init warm).
   int64_t span_breaks() const;

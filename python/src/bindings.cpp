@@ -344,8 +344,11 @@ struct CpuPacked {
                      std::optional<int64_t> hs, std::optional<int64_t> rw) {
     return c.update(k, v, start, hs, rw);
   }
-  at::Tensor view_tensor(const qvg::StridedView& v, bool zero_copy, Call&, const std::shared_ptr<Cache>& keep) {
-    return zero_copy ? lender.lend(v, options_of(v), keep) : copy_out(v);
+  std::pair<at::Tensor, at::Tensor> view_tensors(const qvg::KVView& kv, Call&, const std::shared_ptr<Cache>& keep) {
+    const auto one = [&](const qvg::StridedView& v) {
+      return kv.zero_copy ? lender.lend(v, options_of(v), keep) : copy_out(v);
+    };
+    return {one(kv.k), one(kv.v)};
   }
   void before_mutation(Call&) {
     lender.detach([](size_t n, const void* src) {

@@ -11,7 +11,7 @@
 //   std::shared_ptr<Cache> make(options, quant, device);
 //   void expect(SnapshotExpectation&, options);  the backend's part of a load's expectation
 //   KVView update(cache, call, key, value, start, head_start, recent_window);
-//   at::Tensor view_tensor(view, zero_copy, call, keep);  a view as a torch tensor
+//   std::pair<at::Tensor, at::Tensor> view_tensors(kv, call, keep);  K and V as torch tensors
 //   void before_mutation(call);      lent views get their private copies
 //   void save(cache, call, path); std::vector<uint8_t> snapshot_bytes(cache, call);
 //   std::shared_ptr<Cache> load(source, from_bytes, expectation, call);
@@ -57,8 +57,7 @@ class PackedBinding {
       py::gil_scoped_release nogil;
       kv = backend_.update(*cache_, call, ki.view, vi.view, c, hs, rw);
     }
-    at::Tensor ok = backend_.view_tensor(kv.k, kv.zero_copy, call, cache_);
-    at::Tensor ov = backend_.view_tensor(kv.v, kv.zero_copy, call, cache_);
+    auto [ok, ov] = backend_.view_tensors(kv, call, cache_);
     return view_out(std::move(ok), std::move(ov), kv);
   }
 

@@ -14,6 +14,8 @@ docs/python.md). What they check:
   each allocation rounded up to the caching allocator's 512-byte blocks plus the
   256-byte alignment of the encoded arrays (the tolerance: allocated_nbytes() is the
   exact padded size, + < 512 bytes per allocation); empty_cache() returns it;
+* a model of packed caches holds one view window at a time (the copied view owns its
+  buffer), and a view kept across the next update keeps its bytes;
 * a view consumed on a side stream after wait_stream is correct; a cache works on
   a non-default current stream and (two GPUs) on a device other than the current one;
 * spec 5 device errors (ValueError naming both devices, nothing changes),
@@ -166,6 +168,43 @@ def test_memory_allocated_counts_resident_and_view_buffer():
     assert torch.cuda.memory_allocated() == base
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved() < reserved
+
+
+def test_a_model_of_packed_caches_holds_one_view_window_at_a_time():
+    """Issue 37: a packed cache's copied view owns its memory (the cache hands its
+    buffer over), so L layers that drop each view after their attention, as a model
+    does, hold no view between calls (one window at a time, not L): the memory
+    allocated after each chunk is the caches' state exactly (plus a view the test
+    keeps); and a view kept across later updates keeps its bytes without a copy."""
+    torch.cuda.synchronize()
+    gc.collect()
+    base = torch.cuda.memory_allocated()
+    B, H, D, chunk, layers = 1, 4, 64, 256, 6
+    quant = qt.QVGKVQuantArgs(bits=2, centroids=16, block_size=32)
+    caches = [packed("cuda", B, 8 * chunk, H, D, torch.bfloat16, sink=chunk, quant=quant) for _ in range(layers)]
+    gen = torch.Generator().manual_seed(12)
+    kept = kept_bytes = None
+    copied = 0
+    for c in range(10):
+        x = torch.randn(2, B, chunk, H, D, generator=gen).bfloat16().cuda()
+        for i, cache in enumerate(caches):
+            view = cache.update_and_get_attention_kv(key=x[0], value=x[1], current_chunk_start=c * chunk)
+            copied += not view.zero_copy
+            assert cache.view_buffer_nbytes() == 0  # a copied view's memory is the caller's
+            if i == 0 and c == 5:
+                kept, kept_bytes = view, (view.k.cpu(), view.v.cpu())
+            del view
+        del x
+        torch.cuda.synchronize()
+        delta = torch.cuda.memory_allocated() - base
+        exact = sum(cache._c.allocated_nbytes() for cache in caches)
+        allocations = sum(2 * len(cache._segments()) for cache in caches)
+        if kept is not None:
+            exact += kept.k.nbytes + kept.v.nbytes  # one buffer, K then V
+            allocations += 1
+        assert exact <= delta < exact + BLOCK * allocations, (c, delta, exact, allocations)
+    assert copied > layers * 5
+    assert torch.equal(kept.k.cpu(), kept_bytes[0]) and torch.equal(kept.v.cpu(), kept_bytes[1])
 
 
 def test_view_consumed_on_a_side_stream():

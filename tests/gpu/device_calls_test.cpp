@@ -567,6 +567,33 @@ QVG_TEST(device_packed_fork_shares_the_encoded_history) {
   QVG_EXPECT(src.resident_nbytes() == whole && src.shared_nbytes() == 0);
 }
 
+// A copied view's buffer handed to the caller (release_view_buffer, issue 37): the view
+// stays where it was, the cache holds no view buffer, and its next copied view gets a new
+// buffer; a zero-copy view has none to hand over.
+QVG_TEST(packed_view_buffer_is_handed_to_the_caller) {
+  qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}});
+  q.codec.centroids = 8;
+  qvg::cuda::PackedCausalCache cache(options(), q);
+  int copied = 0;
+  for (int c = 0; c < 4; ++c) {
+    const Chunk ch({1, kChunk, 2, 64}, uint32_t(900 + c));
+    const qvg::KVView w = cache.update(ch.key, ch.value, c * kChunk, kStream);
+    if (w.zero_copy) {
+      QVG_EXPECT(cache.release_view_buffer().size() == 0) << "chunk" << c;
+      continue;
+    }
+    ++copied;
+    const size_t held = cache.view_buffer_nbytes();
+    QVG_EXPECT(held > 0);
+    const qvg::cuda::DeviceBuffer mine = cache.release_view_buffer();
+    QVG_EXPECT(mine.size() == held && mine.data() == w.k.data) << "chunk" << c;
+    QVG_EXPECT(cache.view_buffer_nbytes() == 0 && cache.release_view_buffer().size() == 0);
+    const qvg::KVView again = cache.update(ch.key, ch.value, c * kChunk, kStream);  // a denoising step
+    QVG_EXPECT(!again.zero_copy && again.k.data != mine.data() && cache.view_buffer_nbytes() == held);
+  }
+  QVG_EXPECT(copied == 3) << copied;
+}
+
 // The harness's filter (gpu-check: the verdict runs "-all_settings_,-part2_", part 2
 // runs "all_settings_" and "part2_").
 QVG_TEST(harness_filter_words) {

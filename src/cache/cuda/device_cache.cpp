@@ -468,6 +468,9 @@ size_t PackedCausalCache::warm_state_nbytes() const {
 size_t PackedCausalCache::view_buffer_nbytes() const {
   return impl_->view.size();
 }
+DeviceBuffer PackedCausalCache::release_view_buffer() {
+  return std::move(impl_->view);
+}
 int64_t PackedCausalCache::global_end() const {
   return impl_->pol.global_end();
 }
