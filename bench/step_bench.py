@@ -120,8 +120,10 @@ class Model(torch.nn.Module):
 
 
 def random_model(s: dict, device: torch.device) -> Model:
+    """The model's random weights, drawn on `device` (1.1 G parameters at full size)."""
     torch.manual_seed(20261206)
-    model = Model(s)
+    with torch.device(device):
+        model = Model(s)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
