@@ -265,6 +265,9 @@ class DenseCausalCache : public CacheDims {
   size_t resident_nbytes() const;
   /// Bytes of the device view buffer held now (0 after a zero-copy view).
   size_t view_buffer_nbytes() const;
+  /// As PackedCausalCache::release_view_buffer: the last two-range view's buffer handed
+  /// to the caller (the view stays valid while it lives); empty otherwise.
+  DeviceBuffer release_view_buffer();
   int64_t global_end() const;
   int64_t local_end() const;
   int64_t cache_size() const;  ///< current size (grows with allow_growth)

@@ -274,7 +274,9 @@ struct CpuDense {
                      std::optional<int64_t> hs, std::optional<int64_t> rw) {
     return c.update(k, v, start, hs, rw);
   }
-  at::Tensor copied_view(const qvg::StridedView& v, Call&, const std::shared_ptr<Cache>&) { return copy_out(v); }
+  std::pair<at::Tensor, at::Tensor> copied_views(const qvg::KVView& kv, Call&, const std::shared_ptr<Cache>&) {
+    return {copy_out(kv.k), copy_out(kv.v)};
+  }
   void before_mutation(Call&) {}
   std::vector<uint8_t> snapshot_bytes(const Cache& c, Call&) { return c.snapshot_bytes(); }
   void save(const Cache& c, Call&, const std::string& path) { c.save(path); }

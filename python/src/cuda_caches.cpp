@@ -12,11 +12,11 @@
 //     out-of-memory error reaches Python as torch.OutOfMemoryError, and the caches
 //     allocate everything before they change (the cache is unchanged).
 //   * Views are torch CUDA tensors: dense one-range views are views of the
-//     caller's buffers; a packed cache's copied view owns its buffer (handed over by
-//     the cache: the caches of a model's layers hold one window at a time, issue 37);
-//     every other view points into cache memory (the packed current chunk, the dense
-//     two-range view buffer) and, if still alive at the next mutating call, first gets
-//     a private copy of its bytes (enqueued on the stream).
+//     caller's buffers; a copied view (packed window, dense two-range view) owns its
+//     buffer (handed over by the cache: the caches of a model's layers hold one window
+//     at a time, issue 37); the packed current chunk's view points into cache memory
+//     and, if still alive at the next mutating call, first gets a private copy of its
+//     bytes (enqueued on the stream).
 //   * CUDA graph capture: update() makes no synchronizing call, so it can be
 //     captured (torch.cuda.graph) once a first update() ran outside the capture
 //     (it allocates the cache's pinned check record); the settings that wait
@@ -115,6 +115,29 @@ at::Device require_cuda_device(const at::Device& d, const char* what) {
 // ---- the dense cache ----------------------------------------------------------------
 /// DenseBinding's CUDA backend: copied (two-range) views are lent from the cache's
 /// device view buffer.
+/// A copied view (in the cache's view buffer: K then V) as two tensors that own that
+/// buffer (Cache::release_view_buffer): nothing is copied when the cache changes, and the
+/// cache holds no view between calls, so a model's layers hold one window of view memory
+/// at a time, as the engine's fresh views do (issue 37). Under a CUDA graph capture the
+/// buffer stays the cache's and the view is lent (the captured graph replays into it).
+template <class Cache>
+std::pair<at::Tensor, at::Tensor> owned_views(const qvg::KVView& kv, DeviceCall& call,
+                                              const std::shared_ptr<Cache>& cache, Lender& lender) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess)
+    throw qvg::cuda::CudaError("cudaStreamIsCapturing failed");
+  if (capture != cudaStreamCaptureStatusNone)
+    return {lender.lend(kv.k, device_options(kv.k, call.device), cache),
+            lender.lend(kv.v, device_options(kv.v, call.device), cache)};
+  auto owner = std::make_shared<qvg::cuda::DeviceBuffer>(cache->release_view_buffer());
+  QVG_CHECK(owner->size() > 0);  // a copied view lives in the cache's view buffer
+  const auto own = [&](const qvg::StridedView& v) {
+    return at::from_blob(
+        const_cast<void*>(v.data), sizes_of(v), strides_of(v), [owner](void*) {}, device_options(v, call.device));
+  };
+  return {own(kv.k), own(kv.v)};
+}
+
 struct CudaDense {
   using Cache = qvg::cuda::DenseCausalCache;
   using Call = DeviceCall;
@@ -130,8 +153,10 @@ struct CudaDense {
                      std::optional<int64_t> hs, std::optional<int64_t> rw) {
     return c.update(k, v, start, call.stream, hs, rw);
   }
-  at::Tensor copied_view(const qvg::StridedView& v, Call& call, const std::shared_ptr<Cache>& keep) {
-    return lender.lend(v, device_options(v, call.device), keep);
+  /// A two-range view owns its buffer, as the packed cache's copied views (owned_views).
+  std::pair<at::Tensor, at::Tensor> copied_views(const qvg::KVView& kv, Call& call,
+                                                 const std::shared_ptr<Cache>& keep) {
+    return owned_views(kv, call, keep, lender);
   }
   void before_mutation(Call& call) { detach_on(lender, call.stream); }
   std::vector<uint8_t> snapshot_bytes(const Cache& c, Call& call) { return c.snapshot_bytes(call.stream); }
@@ -166,27 +191,13 @@ struct CudaPacked {
                      std::optional<int64_t> hs, std::optional<int64_t> rw) {
     return c.update(k, v, start, call.stream, hs, rw);
   }
-  /// A zero-copy view (the current chunk) is lent. A copied view's buffer is handed to
-  /// the two tensors (Cache::release_view_buffer): they own it, so nothing is copied
-  /// when the cache changes and the cache holds no view between calls — a model's
-  /// layers hold one window at a time, as the engine's fresh views do. Under a CUDA
-  /// graph capture the buffer stays the cache's and the view is lent (the captured
-  /// graph replays into the cache's buffer).
+  /// A zero-copy view (the current chunk) is lent; a copied one owns its buffer (owned_views).
   std::pair<at::Tensor, at::Tensor> view_tensors(const qvg::KVView& kv, Call& call,
                                                  const std::shared_ptr<Cache>& keep) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (!kv.zero_copy && cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess)
-      throw qvg::cuda::CudaError("cudaStreamIsCapturing failed");
-    if (kv.zero_copy || capture != cudaStreamCaptureStatusNone)
+    if (kv.zero_copy)
       return {lender.lend(kv.k, device_options(kv.k, call.device), keep),
               lender.lend(kv.v, device_options(kv.v, call.device), keep)};
-    auto owner = std::make_shared<qvg::cuda::DeviceBuffer>(keep->release_view_buffer());
-    QVG_CHECK(owner->size() > 0);  // a copied view lives in the cache's view buffer
-    const auto own = [&](const qvg::StridedView& v) {
-      return at::from_blob(
-          const_cast<void*>(v.data), sizes_of(v), strides_of(v), [owner](void*) {}, device_options(v, call.device));
-    };
-    return {own(kv.k), own(kv.v)};
+    return owned_views(kv, call, keep, lender);
   }
   void before_mutation(Call& call) { detach_on(lender, call.stream); }
   void save(const Cache& c, Call& call, const std::string& path) { c.save(path, call.stream); }

@@ -6,7 +6,7 @@
 //   struct Call { Call(device); };  what one call needs (CUDA: device guard, stream)
 //   std::shared_ptr<Cache> make(options, storage, grow, device);  (checks the device)
 //   KVView update(cache, call, key, value, start, head_start, recent_window);
-//   at::Tensor copied_view(view, call, keep);   a two-range view as a torch tensor
+//   copied_views(kv, call, keep) -> (k, v)        a two-range view as torch tensors
 //   void before_mutation(call);     what must happen before the cache may change (lent views)
 //   snapshot_bytes(cache, call), save(cache, call, path), load(data, from_bytes,
 //   expectation, storage, call): the cache's snapshots (the CUDA cache's through host memory)
@@ -94,8 +94,8 @@ class DenseBinding {
       grown_k_ = at::Tensor();
       grown_v_ = at::Tensor();
     }
-    at::Tensor ok = kv.zero_copy ? alias_of(k_, kv.k) : backend_.copied_view(kv.k, call, cache_);
-    at::Tensor ov = kv.zero_copy ? alias_of(v_, kv.v) : backend_.copied_view(kv.v, call, cache_);
+    if (kv.zero_copy) return view_out(alias_of(k_, kv.k), alias_of(v_, kv.v), kv);
+    auto [ok, ov] = backend_.copied_views(kv, call, cache_);
     return view_out(std::move(ok), std::move(ov), kv);
   }
 

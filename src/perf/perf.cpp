@@ -494,8 +494,10 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
     m.figures["raw_copy_median_s"] = pr.b.median_s;
     m.figures["ratio_to_raw_copy"] = pr.ratio;
     m.figures["raw_bytes"] = double(raw_bytes);
-    m.figures["fork_allocated_bytes"] = double(fork_alloc);
-    m.figures["alloc_ratio_to_raw"] = raw_bytes ? double(fork_alloc) / double(raw_bytes) : 0;
+    if (fork_alloc >= raw_bytes) {  // else the heap is not glibc's (a sanitizer's allocator): not measured
+      m.figures["fork_allocated_bytes"] = double(fork_alloc);
+      m.figures["alloc_ratio_to_raw"] = raw_bytes ? double(fork_alloc) / double(raw_bytes) : 0;
+    }
     m.figures["resident_bytes"] = double(whole);
     m.figures["branches8_bytes"] = double(PackedCausalCache::group_nbytes(all));
     m.figures["branches8_copies_bytes"] = 8.0 * double(whole);

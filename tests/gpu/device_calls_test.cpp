@@ -594,6 +594,27 @@ QVG_TEST(packed_view_buffer_is_handed_to_the_caller) {
   QVG_EXPECT(copied == 3) << copied;
 }
 
+// The dense cache's two-range view (sink ++ recent window) handed over the same way.
+QVG_TEST(dense_view_buffer_is_handed_to_the_caller) {
+  qvg::CacheOptions o = options();
+  DenseBuffers buf(o);
+  qvg::cuda::DenseCausalCache cache(o, {buf.k.data(), buf.v.data()});
+  int copied = 0;
+  for (int c = 0; c < 6; ++c) {
+    const Chunk ch({1, kChunk, 2, 64}, uint32_t(950 + c));
+    const qvg::KVView w = cache.update(ch.key, ch.value, c * kChunk, kStream, std::nullopt, int64_t{0});
+    if (w.zero_copy) {
+      QVG_EXPECT(cache.release_view_buffer().size() == 0);
+      continue;
+    }
+    ++copied;
+    const size_t held = cache.view_buffer_nbytes();
+    const qvg::cuda::DeviceBuffer mine = cache.release_view_buffer();
+    QVG_EXPECT(held > 0 && mine.size() == held && mine.data() == w.k.data && cache.view_buffer_nbytes() == 0);
+  }
+  QVG_EXPECT(copied >= 4) << copied;
+}
+
 // The harness's filter (gpu-check: the verdict runs "-all_settings_,-part2_", part 2
 // runs "all_settings_" and "part2_").
 QVG_TEST(harness_filter_words) {

@@ -209,6 +209,9 @@ size_t DenseCausalCache::resident_nbytes() const {
 size_t DenseCausalCache::view_buffer_nbytes() const {
   return impl_->view.size();
 }
+DeviceBuffer DenseCausalCache::release_view_buffer() {
+  return std::move(impl_->view);
+}
 int64_t DenseCausalCache::global_end() const {
   return impl_->global_end;
 }
