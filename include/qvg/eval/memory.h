@@ -210,7 +210,8 @@ struct MemoryReport {
   // dense cache's fork is a full copy. The figures are for n branches forked from
   // the state at the policy peak (peak_step), at the fork: every branch encodes its
   // own chunks afterwards and the shared spans slide out of the window, so after one
-  // window of chunks the branches hold n full copies (n * policy_peak_bytes). No state
+  // window of chunks the branches hold about n full copies (n * policy_peak_bytes; the
+  // encoded sink, never evicted, stays shared). No state
   // of the steady period costs n branches more than the peak state (tests/test_memory.cpp).
   // Every n must be in 1..kMaxBranches (InvalidArgument naming n otherwise).
   /// Per layer: peak_step.packed_bytes once + n * peak_step.raw_bytes;
