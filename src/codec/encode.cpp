@@ -146,6 +146,20 @@ void gather_row(ConstTensorView x, int64_t b, int64_t t, int64_t h, float* out) 
     convert_to_f32(static_cast<const uint8_t*>(x.data) + src * dtype_size(x.dtype), x.dtype, out, size_t(sh.d));
 }
 
+/// Prefetches row t of group (b, h) of a dense [B, S, H, D] tensor (its D values). A
+/// group's rows lie H * D elements apart (3 KB for Self-Forcing's 12 x 128 bf16), a stride
+/// the hardware prefetchers do not follow across pages: without this the gathers wait for
+/// memory row by row (a third of a refinement layer's encode). Reads nothing.
+[[gnu::always_inline]] inline void prefetch_row(ConstTensorView x, int64_t b, int64_t t, int64_t h) {
+  const Shape4& sh = x.shape;
+  if (t >= sh.s) return;
+  const size_t esz = dtype_size(x.dtype), bytes = size_t(sh.d) * esz;
+  const char* p = static_cast<const char*>(x.data) + size_t(((b * sh.s + t) * sh.h + h) * sh.d) * esz;
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 0);
+}
+/// Rows prefetched ahead of a gather (enough in flight to cover a memory latency).
+constexpr int64_t kPrefetchRows = 8;
+
 /// out = clamp(x - y, +-lim) over n values, one fp32 subtraction each (encode_refinement's
 /// error); returns whether any is NaN (a flag, not a branch: the loop vectorizes).
 bool refinement_error_row(const float* x, const float* y, int64_t n, float lim, float* out) {
@@ -349,10 +363,16 @@ EncodedTensor encode_with_path(ConstTensorView x, const CodecConfig& cfg, const 
         bool ok = true;
         float* const row = minus ? sc.row.get(size_t(D)) : nullptr;
         float* const r = sc.r.get(size_t(S * D));
+        for (int64_t t = 0; t < kPrefetchRows; ++t) {
+          prefetch_row(x, b, t, h);
+          if (minus) prefetch_row(*minus, b, t, h);
+        }
         for (int64_t t = 0; t < S; ++t) {  // the group's S points (fp32, token rows)
           float* rt = r + t * D;
+          prefetch_row(x, b, t + kPrefetchRows, h);
           gather_row(x, b, t, h, rt);
           if (minus) {  // the refinement error, one fp32 subtraction, clamped
+            prefetch_row(*minus, b, t + kPrefetchRows, h);
             gather_row(*minus, b, t, h, row);
             ok = !refinement_error_row(rt, row, D, lim, rt) && ok;
           }
@@ -408,8 +428,10 @@ EncodedTensor encode_refinement_of(ConstTensorView x, const EncodedTensor& enc, 
         float* const row = sc.row.get(size_t(D));
         float* const r = sc.r.get(size_t(S * D));
         bool ok = true;
+        for (int64_t t = 0; t < kPrefetchRows; ++t) prefetch_row(x, b, t, h);
         for (int64_t t = 0; t < S; ++t) {
           float* rt = r + t * D;
+          prefetch_row(x, b, t + kPrefetchRows, h);
           gather_row(x, b, t, h, rt);
           convert_to_f32(decoded + size_t(t * D) * esz, x.dtype, row, size_t(D));
           ok = !refinement_error_row(rt, row, D, lim, rt) && ok;
