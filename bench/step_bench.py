@@ -32,7 +32,9 @@ Usage: bench/step_bench.py [--device cuda|cpu] [--size full|tiny] [--bits 2] [--
        [--configs a,b,...] [--budget-s 150] [--out FILE]
 The test command runs ``--device cpu --size tiny`` (python/tests/test_step_bench.py);
 scripts/gpu-check's part 2 runs ``--device cuda --size full`` within its budget.
-Writes the JSON after every configuration (``"complete": false`` until the end).
+Writes the JSON after every configuration (``"complete": false`` until the end); a
+configuration that raises is listed under ``failed`` with its error and the others run;
+exit status 1 unless every configuration ran.
 """
 
 from __future__ import annotations
@@ -348,7 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
                "through scaled_dot_product_attention over the cache's view (not the engine's own DiT: it needs "
                "the SGLang serving stack)"),
         size=a.size, shapes=dict(s, chunks=chunks), bits=a.bits, denoising_timesteps=list(DENOISING_TIMESTEPS),
-        engine_caches=engine.source, torch=torch.__version__, budget_s=a.budget_s, configs=[], skipped=[])
+        engine_caches=engine.source, torch=torch.__version__, budget_s=a.budget_s, configs=[], skipped=[],
+        failed=[])
     # Warm-up (not timed, inside the budget): CUDA context, cuBLAS and SDPA kernels, on one
     # dense chunk; the engine's Triton kernels compiled and autotuned on the chunk's shape
     # (one layer's engine cache, three advances: one encode).
@@ -374,7 +377,12 @@ def main(argv: list[str] | None = None) -> dict:
                                        f"took {slowest:.0f} s, budget {a.budget_s:.0f} s"))
             continue
         t0 = time.perf_counter()
-        doc["configs"].append(run_config(config, model, s, chunks, device, engine, a.bits))
+        try:
+            doc["configs"].append(run_config(config, model, s, chunks, device, engine, a.bits))
+        except Exception as e:  # noqa: BLE001 - one configuration's failure is reported, the others run
+            doc["failed"].append(dict(name=config, error=f"{type(e).__name__}: {e}"))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         slowest = max(slowest, time.perf_counter() - t0)
         write(a.out, doc)
     by = {c["name"]: c for c in doc["configs"]}
@@ -398,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
             checks["qvg_recommended_peak_vs_engine_packed"] = qr["max_memory_allocated"] / ep["max_memory_allocated"]
     doc["checks"] = checks
     doc["elapsed_s"] = time.perf_counter() - t_start
-    doc["complete"] = not doc["skipped"]
+    doc["complete"] = not doc["skipped"] and not doc["failed"]
     write(a.out, doc)
     return doc
 
@@ -414,9 +422,13 @@ def table(doc: dict) -> str:
                     f"{c['kv_resident_bytes'] / 2**20:>8.2f} {c.get('latent_rel_l2_vs_dense', float('nan')):>10.5f}")
     for sk in doc["skipped"]:
         rows.append(f"{sk['name']:<17} skipped: {sk['reason']}")
+    for f in doc["failed"]:
+        rows.append(f"{f['name']:<17} FAILED: {f['error']}")
     rows.append(f"checks: {json.dumps(doc['checks'])}; {doc['elapsed_s']:.1f} s")
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
-    print(table(main()))
+    result = main()
+    print(table(result))
+    sys.exit(0 if result["complete"] else 1)
