@@ -81,6 +81,31 @@ struct Config {
   int64_t chunk = 2;
 };
 
+/// One bf16 cache of 2 heads of 8, chunks of 2 tokens, a 2-token sink and `cache_size`
+/// tokens, with incremental spans (small_incremental_quant, no breaks).
+Config incremental_config(int64_t cache_size) {
+  Config s;
+  s.chunk = 2;
+  s.opt.batch = 1;
+  s.opt.heads = 2;
+  s.opt.head_dim = 8;
+  s.opt.dtype = DType::BF16;
+  s.opt.sink_tokens = 2;
+  s.opt.cache_size = cache_size;
+  s.quant = small_incremental_quant(0.0);
+  return s;
+}
+
+/// An advance of `c` by one chunk of random K/V (all heads).
+template <class Cache>
+Call advance_call(std::mt19937_64& rng, const Config& s, const Cache& c) {
+  Call x;
+  x.start = c.global_end();
+  x.k = random_tensor(rng, s.opt.dtype, {s.opt.batch, s.chunk, s.opt.heads, s.opt.head_dim});
+  x.v = random_tensor(rng, s.opt.dtype, {s.opt.batch, s.chunk, s.opt.heads, s.opt.head_dim});
+  return x;
+}
+
 /// A random packed-cache configuration at tiny shapes: spans (deferred, incremental
 /// with and without breaks), refinement layers, sinks, keep_recent, warm or random init.
 Config random_packed_config(std::mt19937_64& rng) {
@@ -226,25 +251,11 @@ TEST(Branches, PackedRandomForksAndDropsEqualTheirReplays) {
 // branch alone its raw segments (computed here from the segments' descriptions).
 TEST(Branches, EightBranchesHoldTheEncodedHistoryOnce) {
   std::mt19937_64 rng(7);
-  Config s;
-  s.chunk = 2;
-  s.opt.batch = 1;
-  s.opt.heads = 2;
-  s.opt.head_dim = 8;
-  s.opt.dtype = DType::BF16;
-  s.opt.sink_tokens = 2;
-  s.opt.cache_size = 14;
-  s.quant = small_incremental_quant(0.0);
+  Config s = incremental_config(14);
   s.quant.refine_recent = 1;
   s.quant.keep_recent_chunks = 1;
   PackedCausalCache src(s.opt, s.quant);
-  for (int i = 0; i < 10; ++i) {
-    Call x;
-    x.start = src.global_end();
-    x.k = random_tensor(rng, s.opt.dtype, {1, 2, 2, 8});
-    x.v = random_tensor(rng, s.opt.dtype, {1, 2, 2, 8});
-    apply(src, x);
-  }
+  for (int i = 0; i < 10; ++i) apply(src, advance_call(rng, s, src));
   size_t raw = 0, packed = 0;
   for (size_t i = 0; i < src.num_segments(); ++i) (src.segment(i).packed ? packed : raw) += src.segment(i).nbytes;
   ASSERT_GT(raw, 0u);
@@ -269,11 +280,7 @@ TEST(Branches, EightBranchesHoldTheEncodedHistoryOnce) {
   EXPECT_EQ(src.shared_nbytes(), 0u);
   // An advance on one branch: its new spans are its own, the old ones stay shared.
   PackedCausalCache f = src.fork();
-  Call x;
-  x.start = f.global_end();
-  x.k = random_tensor(rng, s.opt.dtype, {1, 2, 2, 8});
-  x.v = random_tensor(rng, s.opt.dtype, {1, 2, 2, 8});
-  apply(f, x);
+  apply(f, advance_call(rng, s, f));
   EXPECT_EQ(src.resident_nbytes() + src.shared_nbytes(), total);
   EXPECT_GT(f.resident_nbytes(), 0u);
   EXPECT_GT(f.shared_nbytes(), 0u);
@@ -353,15 +360,7 @@ TEST(Branches, DenseForkIntoNullStorageIsRefused) {
 // advance), every view equal to the same thread's replay cache's.
 TEST(Branches, TwoThreadsOneBranchEach) {
   std::mt19937_64 rng(11);
-  Config s;
-  s.chunk = 2;
-  s.opt.batch = 1;
-  s.opt.heads = 2;
-  s.opt.head_dim = 8;
-  s.opt.dtype = DType::BF16;
-  s.opt.sink_tokens = 2;
-  s.opt.cache_size = 12;
-  s.quant = small_incremental_quant(0.0);
+  Config s = incremental_config(12);
   s.quant.span_chunks = 2;
   s.quant.refine_recent = 1;
   s.quant.codec.stages = 1;
@@ -369,12 +368,8 @@ TEST(Branches, TwoThreadsOneBranchEach) {
   PackedCausalCache src(s.opt, s.quant);
   std::vector<Call> history;
   for (int i = 0; i < 6; ++i) {
-    Call x;
-    x.start = src.global_end();
-    x.k = random_tensor(rng, s.opt.dtype, {1, 2, 2, 8});
-    x.v = random_tensor(rng, s.opt.dtype, {1, 2, 2, 8});
-    apply(src, x);
-    history.push_back(std::move(x));
+    history.push_back(advance_call(rng, s, src));
+    apply(src, history.back());
   }
   constexpr int kCalls = 10000;
   std::vector<PackedCausalCache> branches;

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -601,10 +602,11 @@ Holdings holdings_of(const CachePolicy<P, B>& pol, BookBytes&& book_bytes) {
   return h;
 }
 
-/// A fork's segment list: every segment's geometry, its payload's shared objects
-/// shared (`share(from, to)`) and its raw buffers copied (`copy_raw(buffer)`).
-template <class P, class B, class Share, class CopyRaw>
-std::vector<PlanSegment<P>> forked_segments(const CachePolicy<P, B>& pol, Share&& share, CopyRaw&& copy_raw) {
+/// A fork's segment list: every segment's geometry, its payload's immutable objects
+/// (encodings, span codebooks, refinement layers: the shared_ptrs holdings_of() counts)
+/// shared, its raw buffers copied (`copy_raw(buffer)`).
+template <class P, class B, class CopyRaw>
+std::vector<PlanSegment<P>> forked_segments(const CachePolicy<P, B>& pol, CopyRaw&& copy_raw) {
   std::vector<PlanSegment<P>> out;
   out.reserve(pol.segments().size());
   for (const PlanSegment<P>& s : pol.segments()) {
@@ -612,7 +614,8 @@ std::vector<PlanSegment<P>> forked_segments(const CachePolicy<P, B>& pol, Share&
     g.set_geometry(s);
     g.span = s.span;
     g.refined = s.refined;
-    share(s.data, g.data);
+    std::tie(g.data.k_enc, g.data.v_enc, g.data.k_book, g.data.v_book, g.data.k_ref, g.data.v_ref) =
+        std::tie(s.data.k_enc, s.data.v_enc, s.data.k_book, s.data.v_book, s.data.k_ref, s.data.v_ref);
     if (!s.packed) {
       g.data.k_raw = copy_raw(s.data.k_raw);
       g.data.v_raw = copy_raw(s.data.v_raw);

@@ -145,6 +145,19 @@ struct DenseCausalCache::Impl {
         scratch(o.view_scratch ? o.view_scratch : std::make_shared<ViewScratch>()) {}
 
   size_t buffer_bytes(int64_t tokens) const { return size_t(opt.batch * tokens * opt.heads * opt.head_dim) * esz; }
+
+  /// The buffers become caller storage from `storage` (called once with the current
+  /// capacity; it serves later growth too), as a load's and a fork's: InvalidArgument
+  /// for null storage. Their content is the caller's to fill.
+  void adopt_caller_storage(GrowStorage storage) {
+    const ExternalStorage s = storage(capacity);
+    if (s.k == nullptr || s.v == nullptr)
+      throw InvalidArgument(fmt::format("storage must return non-null K and V storage for cache_size {}", capacity));
+    k = static_cast<std::byte*>(s.k);
+    v = static_cast<std::byte*>(s.v);
+    owns = false;
+    grow = std::move(storage);
+  }
   size_t token_bytes() const { return size_t(opt.heads * opt.head_dim) * esz; }
   detail::Rows k_rows() const { return detail::rows_of(static_cast<void*>(k), opt, capacity); }
   detail::Rows v_rows() const { return detail::rows_of(static_cast<void*>(v), opt, capacity); }
@@ -318,14 +331,8 @@ DenseCausalCache DenseCausalCache::fork(GrowStorage storage, std::shared_ptr<Vie
   f->global_end = m.global_end;
   f->local_end = m.local_end;
   const size_t n = m.buffer_bytes(m.capacity);
-  if (storage) {  // caller storage, as on growth and as a load's
-    const ExternalStorage s = storage(m.capacity);
-    if (s.k == nullptr || s.v == nullptr)
-      throw InvalidArgument(fmt::format("storage must return non-null K and V storage for cache_size {}", m.capacity));
-    f->k = static_cast<std::byte*>(s.k);
-    f->v = static_cast<std::byte*>(s.v);
-    f->owns = false;
-    f->grow = std::move(storage);
+  if (storage) {
+    f->adopt_caller_storage(std::move(storage));
   } else {
     f->own_k = AlignedBuffer::uninitialized(n);
     f->own_v = AlignedBuffer::uninitialized(n);
@@ -397,17 +404,10 @@ DenseCausalCache detail::SnapshotAccess::make(DenseStateData&& d, DenseCausalCac
   m->window = d.window;
   m->global_end = d.global_end;
   m->local_end = d.local_end;
-  if (storage) {  // caller storage, as on growth
-    const DenseCausalCache::ExternalStorage s = storage(d.cache_size);
-    if (s.k == nullptr || s.v == nullptr)
-      throw InvalidArgument(
-          fmt::format("storage must return non-null K and V storage for cache_size {}", d.cache_size));
-    std::memcpy(s.k, d.k.data(), d.k.size());
-    std::memcpy(s.v, d.v.data(), d.v.size());
-    m->k = static_cast<std::byte*>(s.k);
-    m->v = static_cast<std::byte*>(s.v);
-    m->owns = false;
-    m->grow = std::move(storage);
+  if (storage) {
+    m->adopt_caller_storage(std::move(storage));
+    std::memcpy(m->k, d.k.data(), d.k.size());
+    std::memcpy(m->v, d.v.data(), d.v.size());
   } else {
     m->own_k = std::move(d.k);
     m->own_v = std::move(d.v);

@@ -248,27 +248,10 @@ struct PackedCausalCache::Impl {
   /// Installs an advance: the new chunk `cur` and the executed plan `x`. Only
   /// std::bad_alloc can occur, inside pol.apply() before anything changes.
   void install(const detail::PackPlan& pp, SegData cur, Executed&& x) {
-    const Books before = pol.spans().books;  // the open span's codebooks before the call
-    // Chunks of the call joined the span open before it: its codebooks' new contents
-    // replace the old ones in new objects (a fork may share the old ones: never
-    // written in place).
-    Books joined;
-    if (x.open_k)
-      joined = {std::make_shared<SpanCodebook>(std::move(*x.open_k)),
-                std::make_shared<SpanCodebook>(std::move(*x.open_v))};
-    std::shared_ptr<const EncodedTensor> wk, wv;
-    if (x.warm_k) wk = std::make_shared<const EncodedTensor>(std::move(*x.warm_k));
-    if (x.warm_v) wv = std::make_shared<const EncodedTensor>(std::move(*x.warm_v));
+    detail::InstallStage<SpanCodebook, EncodedTensor> stage(pol, x);
     pol.apply(pp, std::move(cur), std::move(x.encoded), x.decisions, std::move(x.books));
     // --- from here on nothing throws ---
-    if (joined.k) detail::replace_span_books(pol, before, joined);
-    if (wk) warm_k = std::move(wk);
-    if (wv) warm_v = std::move(wv);
-    // Older chunks lose their layers; their base encodings stay exactly as they are.
-    for (const size_t i : pp.drop_refinement) {
-      pol.segments()[i].data.k_ref.reset();
-      pol.segments()[i].data.v_ref.reset();
-    }
+    stage.finish(pol, pp, warm_k, warm_v);
   }
 
   /// What the cache holds: raw bytes and its references to shared objects (branches).
@@ -281,20 +264,12 @@ struct PackedCausalCache::Impl {
     CacheOptions o = opt;
     o.view_scratch = std::move(view_scratch);
     auto f = std::make_unique<Impl>(o, quant);
-    const auto share = [](const SegData& from, SegData& to) {
-      to.k_enc = from.k_enc;
-      to.v_enc = from.v_enc;
-      to.k_book = from.k_book;
-      to.v_book = from.v_book;
-      to.k_ref = from.k_ref;
-      to.v_ref = from.v_ref;
-    };
     const auto copy_raw = [](const AlignedBuffer& b) {
       AlignedBuffer c = AlignedBuffer::uninitialized(b.size());
       if (b.size()) std::memcpy(c.data(), b.data(), b.size());
       return c;
     };
-    f->pol.restore(detail::forked_segments(pol, share, copy_raw), pol.global_end(), pol.chunk_tokens(), pol.spans());
+    f->pol.restore(detail::forked_segments(pol, copy_raw), pol.global_end(), pol.chunk_tokens(), pol.spans());
     f->warm_k = warm_k;
     f->warm_v = warm_v;
     return f;

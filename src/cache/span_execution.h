@@ -111,6 +111,39 @@ void replace_span_books(Pol& pol, const Books& before, const Books& now) noexcep
   if (open.k == before.k) open = now;
 }
 
+/// What installing an advance (the backends' install()) takes from its executed plan
+/// besides the segments, made before the policy changes (only allocation can fail
+/// here): the new contents of the span open before the call (chunks of the call joined
+/// it) as new codebook objects, and the warm-start codebooks as shared ones.
+/// finish() completes the install after the policy's apply() and does not throw.
+template <class Book, class Enc>
+struct InstallStage {
+  SpanBooks<Book> before, joined;  // the open span's codebooks before the call, and its new ones
+  std::shared_ptr<const Enc> warm_k, warm_v;
+
+  template <class Pol, class X>
+  InstallStage(const Pol& pol, X& x) : before(pol.spans().books) {
+    if (x.open_k) joined = {std::make_shared<Book>(std::move(*x.open_k)), std::make_shared<Book>(std::move(*x.open_v))};
+    if (x.warm_k) warm_k = std::make_shared<const Enc>(std::move(*x.warm_k));
+    if (x.warm_v) warm_v = std::make_shared<const Enc>(std::move(*x.warm_v));
+  }
+  /// After pol.apply(pp, ...): the joined span's codebooks replace the old ones (never
+  /// written in place: a fork may share them), the cache's warm-start codebooks
+  /// (`cache_wk`, `cache_wv`) move on, and older chunks lose their refinement layers
+  /// (their base encodings stay exactly as they are).
+  template <class Pol>
+  void finish(Pol& pol, const PackPlan& pp, std::shared_ptr<const Enc>& cache_wk,
+              std::shared_ptr<const Enc>& cache_wv) noexcept {
+    if (joined.k) replace_span_books(pol, before, joined);
+    if (warm_k) cache_wk = std::move(warm_k);
+    if (warm_v) cache_wv = std::move(warm_v);
+    for (const size_t i : pp.drop_refinement) {
+      pol.segments()[i].data.k_ref.reset();
+      pol.segments()[i].data.v_ref.reset();
+    }
+  }
+};
+
 /// Executes the encodings of an advance's plan `pp`, in order, from the policy's
 /// raw segments (the call's own chunk is never part of a step), and returns what
 /// they made; changes nothing of the cache (an exception leaves it as it was).

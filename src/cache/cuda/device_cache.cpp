@@ -250,24 +250,9 @@ struct PackedCausalCache::Impl {
         open_energies = std::move(d.energies);
         open_energy_tokens = d.energy_tokens;
       }
-    const Books before = pol.spans().books;  // the open span's codebooks before the call
-    // Chunks of the call joined the span open before it: new objects hold the new
-    // contents (a fork may share the old ones; span_execution.h, replace_span_books).
-    Books joined;
-    if (x.open_k)
-      joined = {std::make_shared<DeviceSpanCodebook>(std::move(*x.open_k)),
-                std::make_shared<DeviceSpanCodebook>(std::move(*x.open_v))};
-    std::shared_ptr<const DeviceEncodedTensor> wk, wv;
-    if (x.warm_k) wk = std::make_shared<const DeviceEncodedTensor>(std::move(*x.warm_k));
-    if (x.warm_v) wv = std::make_shared<const DeviceEncodedTensor>(std::move(*x.warm_v));
+    qvg::detail::InstallStage<DeviceSpanCodebook, DeviceEncodedTensor> stage(pol, x);
     pol.apply(pp, std::move(cur), std::move(x.encoded), x.decisions, std::move(x.books));
-    if (joined.k) qvg::detail::replace_span_books(pol, before, joined);
-    if (wk) warm_k = std::move(wk);
-    if (wv) warm_v = std::move(wv);
-    for (const size_t i : pp.drop_refinement) {  // older chunks lose their layers
-      pol.segments()[i].data.k_ref.reset();
-      pol.segments()[i].data.v_ref.reset();
-    }
+    stage.finish(pol, pp, warm_k, warm_v);
   }
 
   /// What the cache holds: raw bytes and its references to shared objects (branches).
@@ -425,21 +410,12 @@ PackedCausalCache PackedCausalCache::fork(Stream stream) {
   const Impl& m = *impl_;
   impl_->guard.raise_published();  // an earlier call's input found out of limits (no waiting)
   auto f = std::make_unique<Impl>(m.opt, m.quant, *m.alloc);
-  const auto share = [](const SegData& from, SegData& to) {
-    to.k_enc = from.k_enc;
-    to.v_enc = from.v_enc;
-    to.k_book = from.k_book;
-    to.v_book = from.v_book;
-    to.k_ref = from.k_ref;
-    to.v_ref = from.v_ref;
-  };
   const auto copy = [&](const DeviceBuffer& b) {
     DeviceBuffer c(b.size(), stream, *m.alloc);
     copy2d(c.data(), b.size(), b.data(), b.size(), b.size(), 1, stream);
     return c;
   };
-  f->pol.restore(qvg::detail::forked_segments(m.pol, share, copy), m.pol.global_end(), m.pol.chunk_tokens(),
-                 m.pol.spans());
+  f->pol.restore(qvg::detail::forked_segments(m.pol, copy), m.pol.global_end(), m.pol.chunk_tokens(), m.pol.spans());
   f->warm_k = m.warm_k;
   f->warm_v = m.warm_v;
   if (m.open_energies.size()) f->open_energies = copy(m.open_energies);
