@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/exact_sum_impl.h"
 #include "core/numeric_impl.h"
 #include "core/residual_impl.h"
 #include "qvg/numeric.h"
@@ -273,3 +274,52 @@ TEST(Fp16, SaturatingVariant) {
 
 }  // namespace
 }  // namespace qvg
+
+// The host's term on a fixed scale (exact_sum::FixedTerm) against fixed_term's
+// ldexp + nearbyint: the same integer for every value and exponent the sums meet
+// (squares of fp32 values, fp64 distances) and for exponents outside the normal
+// range of 2^e (ldexp there), with exact ties to even and subnormal products.
+TEST(ExactSum, HostTermEqualsFixedTerm) {
+  namespace X = qvg::exact_sum;
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> ex(-1100, 1100);
+  int64_t checked = 0, ties = 0;
+  for (int round = 0; round < 2000; ++round) {
+    // A largest term m, its sum's scale for n terms, and terms below m.
+    const int64_t n = int64_t(1) << (rng() % 40);
+    double m = std::ldexp(1.0 + double(rng() % 1000000) / 1e6, ex(rng));
+    if (!(m > 0) || !std::isfinite(m)) continue;
+    const int e = X::fixed_exponent(m, n);
+    const X::FixedTerm term(e);
+    std::vector<double> vs = {m, 0.0, m / 3, std::nextafter(m, 0.0), std::ldexp(m, -60), std::ldexp(m, -61),
+                              std::ldexp(m, -62), std::ldexp(m, -2000), 4.9e-324};
+    for (int i = 0; i < 40; ++i) vs.push_back(m * double(rng() % (uint64_t(1) << 53)) / 9007199254740992.0);
+    for (int i = 0; i < 20; ++i) {  // exact halves on the scale: ties
+      const double half = std::ldexp(double(2 * (rng() % 1000000) + 1), -e - 1);
+      if (half <= m) {
+        vs.push_back(half);
+        ++ties;
+      }
+    }
+    for (double v : vs) {
+      if (v > m) continue;
+      ASSERT_EQ(term(v), X::fixed_term(v, e)) << "v " << v << " e " << e;
+      ++checked;
+    }
+  }
+  // Squares of fp32 values on their sums' scales (what energy_of and kmeans++ sum).
+  std::uniform_real_distribution<float> uf(-1.0f, 1.0f);
+  for (int round = 0; round < 500; ++round) {
+    const float big = std::ldexp(1.0f, int(rng() % 250) - 149);
+    const double m = double(big) * double(big);
+    const int e = X::fixed_exponent(m, 4096);
+    const X::FixedTerm term(e);
+    for (int i = 0; i < 200; ++i) {
+      const double x = double(uf(rng) * big);
+      ASSERT_EQ(term(x * x), X::fixed_term(x * x, e));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 150000);
+  EXPECT_GT(ties, 1000);
+}

@@ -193,11 +193,14 @@ struct PackedCausalCache::Impl {
       SpanCodebook tk = *run.k(x), tv = *run.v(x);
       const size_t trial = codebook_nbytes(tk.book) + codebook_nbytes(tv.book);
       meter.add(trial);
+      // The residual energies only when they decide (span_break_ratio > 0; else every
+      // chunk fits): measuring them is two more passes over the chunk's residual.
+      const bool measure = detail::measures_span_fit(quant);
       EncodeStats sk, sv;
-      EncodedTensor k =
-          encode_span_chunk(raw_view(raw, true), codec_k, tk, pol.later_chunk_slots(codec_k.centroids), nullptr, &sk);
-      EncodedTensor v =
-          encode_span_chunk(raw_view(raw, false), codec_v, tv, pol.later_chunk_slots(codec_v.centroids), nullptr, &sv);
+      EncodedTensor k = encode_span_chunk(raw_view(raw, true), codec_k, tk, pol.later_chunk_slots(codec_k.centroids),
+                                          nullptr, measure ? &sk : nullptr);
+      EncodedTensor v = encode_span_chunk(raw_view(raw, false), codec_v, tv, pol.later_chunk_slots(codec_v.centroids),
+                                          nullptr, measure ? &sv : nullptr);
       if (detail::fits_open_span(quant, energy_per_element(sk), energy_per_element(sv), run.k_energy, run.v_energy)) {
         detail::join_open_span(d, x, run, pol.spans().books.k.get(), std::move(tk), std::move(tv), std::move(k),
                                std::move(v));

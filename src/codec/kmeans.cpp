@@ -127,14 +127,14 @@ void kmeanspp_picks(const float* x, int64_t n, int64_t dim, int k, Rng& rng, uin
       m = std::max(m, d2[size_t(i)]);
     }
     if (m > 0) {
-      const int e = X::fixed_exponent(m, n);
+      const X::FixedTerm term(X::fixed_exponent(m, n));
       uint64_t total = 0;
-      for (int64_t i = 0; i < n; ++i) total += X::fixed_term(d2[size_t(i)], e);
+      for (int64_t i = 0; i < n; ++i) total += term(d2[size_t(i)]);
       const uint64_t u = rng.below(total);  // total >= 2^(bits - 1): the largest weighs that much
       uint64_t acc = 0;
       pick = -1;
       for (int64_t i = 0; i < n && pick < 0; ++i) {
-        acc += X::fixed_term(d2[size_t(i)], e);
+        acc += term(d2[size_t(i)]);
         if (acc > u) pick = i;  // the first to exceed u has a positive weight
       }
     } else {

@@ -49,6 +49,30 @@ QVG_HD uint64_t fixed_term(double v, int e) {
 #endif
 }
 
+#if !defined(__CUDA_ARCH__)
+/// fixed_term(v, e) for many terms on one scale, on the host without a libm call per
+/// term (ldexp and nearbyint were most of an encode's residual-energy time): v * 2^e is
+/// a multiplication by 2^e (exact, or rounded exactly as ldexp rounds, whenever 2^e is a
+/// normal double; ldexp otherwise), and the rounding of y in [0, 2^52) is
+/// (y + 2^52) - 2^52, where the sum's unit in the last place is 1: the nearest integer,
+/// ties to even, as nearbyint in the default rounding mode. The same integer as
+/// fixed_term for every v (tests/test_kmeans.cpp, ExactSum.HostTermEqualsFixedTerm).
+class FixedTerm {
+ public:
+  explicit FixedTerm(int e) : e_(e), scale_(e >= -1022 && e <= 1023 ? std::ldexp(1.0, e) : 0.0) {}
+  uint64_t operator()(double v) const {
+    if (scale_ == 0.0) return fixed_term(v, e_);
+    constexpr double k52 = 4503599627370496.0;  // 2^52
+    const double y = v * scale_;                // < 2^62 for the sum's terms
+    return uint64_t(y < k52 ? (y + k52) - k52 : y);
+  }
+
+ private:
+  int e_;
+  double scale_;
+};
+#endif
+
 /// The value of an exact sum q on scale E as a double: q * 2^-E, rounded once.
 QVG_HD double fixed_value(uint64_t q, int e) {
 #if defined(__CUDA_ARCH__)
@@ -70,10 +94,15 @@ QVG_HD double energy_of(const At& v, int64_t n) {
   }
   if (!(m > 0)) return 0.0;
   const int e = fixed_exponent(m, n);
+#if defined(__CUDA_ARCH__)
+  const auto term = [e](double t) { return fixed_term(t, e); };
+#else
+  const FixedTerm term(e);
+#endif
   uint64_t q = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double x = double(v(i));
-    q += fixed_term(x * x, e);
+    q += term(x * x);
   }
   return fixed_value(q, e);
 }
