@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -544,6 +545,70 @@ TEST_P(PerTarget, AssignmentAgreesWithReference) {
     const double b = inertia_fp64(p.data(), 3000, fast.centroids.data(), k, 128);
     EXPECT_NEAR(b / a, 1.0, 1e-3) << "k " << k;
   }
+}
+
+// The fast assignment is the exact argmin (lowest index on ties) of its own distances
+// ||c||^2 - 2 x.c, each x.c one multiply-add chain over d in order (fused on the FMA
+// targets), whatever tile of points and centroids the kernel computes it in: every
+// codebook size of an incremental span (the narrow last tile, several tiles, 256),
+// duplicated centroids across tiles (exact ties), point counts around its chunk.
+TEST_P(PerTarget, AssignmentIsTheExactArgminOfItsDistances) {
+  const bool fma = GetParam().name.rfind("AVX", 0) == 0;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::normal_distribution<float> nd;
+  std::vector<int> ks;
+  for (int k = 1; k <= 40; ++k) ks.push_back(k);
+  for (int k : {47, 48, 63, 64, 65, 80, 85, 96, 100, 127, 128, 129, 160, 200, 255, 256}) ks.push_back(k);
+  int64_t checked = 0;
+  for (int64_t dim : {3, 24, 128})
+    for (int64_t n : {1, 7, 130, 301})
+      for (int k : ks) {
+        if (dim != 128 && k % 3 != 0) continue;
+        std::vector<float> x(size_t(n * dim)), c(size_t(k * dim));
+        const bool integers = (k + n) % 2 == 0;  // exact products: many exact ties
+        for (auto& v : x) v = integers ? float(small(rng)) : nd(rng);
+        for (auto& v : c) v = integers ? float(small(rng)) : nd(rng);
+        for (int j = 1; j < k; j += 1 + int(rng() % 19))  // duplicates of lower slots, across tiles
+          std::copy_n(c.begin() + int64_t(rng() % uint64_t(j)) * dim, dim, c.begin() + int64_t(j) * dim);
+        for (int64_t i = 0; i < n; i += 3)  // points on a centroid
+          std::copy_n(c.begin() + int64_t(rng() % uint64_t(k)) * dim, dim, x.begin() + i * dim);
+        std::vector<float> cn(static_cast<size_t>(k));
+        for (int j = 0; j < k; ++j) {
+          float s = 0;
+          for (int64_t d = 0; d < dim; ++d) {
+            volatile float sq = c[size_t(j * dim + d)] * c[size_t(j * dim + d)];  // not fused, as the kernel
+            s += sq;
+          }
+          cn[size_t(j)] = s;
+        }
+        std::vector<uint8_t> ids(size_t(n), 0);
+        kernels::assign_nearest(x.data(), n, dim, c.data(), k, ids.data(), true);
+        for (int64_t i = 0; i < n; ++i) {
+          float best = std::numeric_limits<float>::infinity();
+          int bi = 0;
+          for (int j = 0; j < k; ++j) {
+            float acc = 0;
+            for (int64_t d = 0; d < dim; ++d) {
+              const float a = x[size_t(i * dim + d)], b = c[size_t(j * dim + d)];
+              if (fma) {
+                acc = std::fma(a, b, acc);
+              } else {
+                volatile float prod = a * b;
+                acc += prod;
+              }
+            }
+            const float dist = std::fma(-2.0f, acc, cn[size_t(j)]);  // 2 * acc is exact: fused or not alike
+            if (dist < best) {
+              best = dist;
+              bi = j;
+            }
+          }
+          ASSERT_EQ(int(ids[size_t(i)]), bi) << "k " << k << " n " << n << " dim " << dim << " point " << i;
+          ++checked;
+        }
+      }
+  EXPECT_GT(checked, 20000);
 }
 
 TEST_P(PerTarget, EncoderDeterministicAndCloseToScalarEncoder) {

@@ -32,4 +32,20 @@ HWY_INLINE void BlockedProduct(DF df, const float* const* rows, const float* col
   }
 }
 
+/// BlockedProduct with the accumulators stored to out[(p * NV + v) * L ...] at the end
+/// (aligned to the vector). The caller reads them with run-time indices; were it to read
+/// the accumulators themselves so (a loop over the points that stops early), the
+/// compiler could keep them in memory and store every one of them on each step of the
+/// product (GCC 12 did for P x NV = 4 x 2: one store per multiply-add).
+template <int P, int NV, class DF>
+HWY_INLINE void BlockedProductStore(DF df, const float* const* rows, const float* colsT, int64_t stride, int64_t col0,
+                                    int64_t dim, float* HWY_RESTRICT out) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const int64_t L = int64_t(hn::Lanes(df));
+  hn::Vec<DF> acc[P][NV];
+  BlockedProduct<P, NV>(df, rows, colsT, stride, col0, dim, acc);
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < NV; ++v) hn::Store(acc[p][v], df, out + (p * NV + v) * L);
+}
+
 QVG_CPU_KERNELS_END
