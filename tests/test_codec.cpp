@@ -644,6 +644,41 @@ TEST(Codec, DeterministicWithFewerGroupsThanThreads) {
   }
 }
 
+// Groups that do not divide among the threads (3 heads on 2 threads; 5 groups on 4):
+// every encode of the recommended profile's paths gives the same bytes whatever the
+// thread count: a whole encode (scale search, asymmetric, two-level), an incremental
+// span's first and later chunk, its codebook, and a refinement layer.
+TEST(Codec, DeterministicWhenGroupsDoNotDivideAmongThreads) {
+  for (const int64_t heads : {3, 5}) {
+    const Tensor x = clustered_tensor({1, 700, heads, 64}, DType::BF16, 9);
+    const Tensor y = clustered_tensor({1, 700, heads, 64}, DType::BF16, 10);
+    CodecConfig cfg;
+    cfg.bits = 2;
+    cfg.centroids = 32;
+    cfg.block_size = 16;
+    cfg.asymmetric = true;
+    cfg.scaling = Scaling::TwoLevel;
+    cfg.scale_search = ScaleSearch::Mse;
+    const auto encodings = [&](int threads) {
+      cfg.threads = threads;
+      std::vector<EncodedTensor> out;
+      out.push_back(encode(x.view(), cfg));
+      SpanCodebook span = SpanCodebook::empty({1, 700, heads, 64}, DType::BF16, cfg);
+      out.push_back(encode_span_chunk(x.view(), cfg, span, 16));
+      out.push_back(encode_span_chunk(y.view(), cfg, span, 5));
+      out.push_back(span.book);
+      out.push_back(detail::encode_refinement_of(y.view(), out[2], &span.book, refinement_config(4, 16, 3, threads)));
+      return out;
+    };
+    const std::vector<EncodedTensor> one = encodings(1);
+    for (const int t : {2, 3, 4}) {
+      const std::vector<EncodedTensor> many = encodings(t);
+      for (size_t i = 0; i < one.size(); ++i)
+        EXPECT_TRUE(many[i] == one[i]) << "heads " << heads << " threads " << t << " encoding " << i;
+    }
+  }
+}
+
 TEST(Codec, DecodeRangeMatchesFullDecode) {
   Tensor x = random_tensor({2, 700, 4, 32}, DType::BF16, 8);
   CodecConfig cfg;
@@ -790,7 +825,8 @@ TEST(Config, EngineFlags) {
   EXPECT_FALSE(none.enabled());
   EXPECT_EQ(none.codec.centroids, 128);
   EXPECT_NO_THROW(QuantArgs::from_flags({{"kv_cache_quant", "int4"}, {"kv_cache_quant_config", "{}"}}));
-  for (const char* off : {"off", "none", "bf16"}) EXPECT_FALSE(QuantArgs::from_flags({{"kv_cache_quant", off}}).enabled());
+  for (const char* off : {"off", "none", "bf16"})
+    EXPECT_FALSE(QuantArgs::from_flags({{"kv_cache_quant", off}}).enabled());
   QuantArgs a = QuantArgs::from_flags({{"kv_cache_quant", "int2"},
                                        {"kv_cache_quant_centroids", "256"},
                                        {"kv_cache_quant_block_size", "16"},
