@@ -552,6 +552,34 @@ TEST_P(PerTarget, AssignmentAgreesWithReference) {
 // targets), whatever tile of points and centroids the kernel computes it in: every
 // codebook size of an incremental span (the narrow last tile, several tiles, 256),
 // duplicated centroids across tiles (exact ties), point counts around its chunk.
+// Column sums in fp64 (the k-means group mean, a refinement layer's centroid): the
+// scalar loop's bits on every target, for widths around the vector blocks, with and
+// without the fp32 subtraction, from non-zero starting sums.
+TEST_P(PerTarget, AddRowsF64EqualsTheScalarLoop) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> ex(-30, 30);
+  for (int64_t dim : {1, 3, 7, 8, 16, 31, 32, 33, 64, 96, 128, 200, 256})
+    for (int64_t n : {0, 1, 5, 129})
+      for (const bool with_minus : {false, true}) {
+        std::vector<float> x(static_cast<size_t>(n * dim)), minus(static_cast<size_t>(dim));
+        for (auto& v : x) v = std::ldexp(nd(rng), ex(rng));
+        for (auto& v : minus) v = std::ldexp(nd(rng), ex(rng));
+        std::vector<double> want(static_cast<size_t>(dim)), got;
+        for (auto& v : want) v = double(nd(rng));
+        got = want;
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t d = 0; d < dim; ++d) {
+            const float v = with_minus ? x[size_t(i * dim + d)] - minus[size_t(d)] : x[size_t(i * dim + d)];
+            want[size_t(d)] += double(v);
+          }
+        kernels::add_rows_f64(x.data(), n, dim, with_minus ? minus.data() : nullptr, got.data());
+        for (int64_t d = 0; d < dim; ++d)
+          ASSERT_EQ(std::memcmp(&got[size_t(d)], &want[size_t(d)], sizeof(double)), 0)
+              << "dim " << dim << " n " << n << " minus " << with_minus << " d " << d;
+      }
+}
+
 TEST_P(PerTarget, AssignmentIsTheExactArgminOfItsDistances) {
   const bool fma = GetParam().name.rfind("AVX", 0) == 0;
   std::mt19937 rng(11);

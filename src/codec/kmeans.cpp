@@ -165,8 +165,7 @@ namespace {
 void centre(const float* points, int64_t n, int64_t dim, KMeansWorkspace& ws) {
   std::vector<double>& mean_d = ws.mean;
   mean_d.assign(static_cast<size_t>(dim), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < dim; ++d) mean_d[size_t(d)] += double(points[i * dim + d]);
+  kernels::add_rows_f64(points, n, dim, nullptr, mean_d.data());  // SIMD, the scalar sums' bits
   std::vector<float>& mu = ws.mu;
   mu.resize(static_cast<size_t>(dim));
   for (int64_t d = 0; d < dim; ++d) mu[size_t(d)] = float(mean_d[size_t(d)] / double(n));
@@ -235,14 +234,12 @@ KMeansResult one_centroid(const float* points, int64_t n, int64_t dim, const KMe
   res.centred = false;
   std::vector<double>& sum = ws.sum;
   sum.assign(size_t(dim), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < dim; ++d) sum[size_t(d)] += double(points[i * dim + d]);
+  kernels::add_rows_f64(points, n, dim, nullptr, sum.data());
   std::vector<float>& mu = ws.mu;
   mu.resize(size_t(dim));
   for (int64_t d = 0; d < dim; ++d) mu[size_t(d)] = float(sum[size_t(d)] / double(n));
   sum.assign(size_t(dim), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < dim; ++d) sum[size_t(d)] += double(points[i * dim + d] - mu[size_t(d)]);
+  kernels::add_rows_f64(points, n, dim, mu.data(), sum.data());
   const double inv = 1.0 / double(n);
   res.centroids.resize(size_t(dim));
   for (int64_t d = 0; d < dim; ++d) res.centroids[size_t(d)] = float(sum[size_t(d)] * inv) + mu[size_t(d)];

@@ -83,6 +83,13 @@ void decode_rows(const DecodeRows& job);
 /// The caller zeroes sum and cnt. Bits equal the scalar loop's on every target.
 void accumulate_clusters(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum, int64_t* cnt);
 
+/// Column sums of n rows of dim floats: for i in [0, n), in that order,
+///   sum[d] += double(x[i * dim + d] - minus[d])   (the fp32 subtraction only when
+/// minus != nullptr) for every d. The caller sets sum's starting values. Bits equal the
+/// scalar loop's on every target (the group mean of k-means, a refinement layer's
+/// centroid).
+void add_rows_f64(const float* x, int64_t n, int64_t dim, const float* minus, double* sum);
+
 /// amax[b] = max |x| over the b-th run of bs consecutive elements (b < nblocks).
 void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax);
 /// lo[b], hi[b]: min and max of the b-th run of bs elements, equal to the sequential

@@ -41,6 +41,7 @@ namespace qvg {
 namespace kernels {
 
 HWY_EXPORT(AccumulateClustersImpl);
+HWY_EXPORT(AddRowsF64Impl);
 HWY_EXPORT(AssignNearestImpl);
 HWY_EXPORT(AttentionHeadImpl);
 HWY_EXPORT(Bf16ToF32Impl);
@@ -66,6 +67,9 @@ void decode_rows(const DecodeRows& job) {
 
 void accumulate_clusters(const float* x, int64_t n, int64_t dim, const uint8_t* ids, double* sum, int64_t* cnt) {
   HWY_DYNAMIC_DISPATCH(AccumulateClustersImpl)(x, n, dim, ids, sum, cnt);
+}
+void add_rows_f64(const float* x, int64_t n, int64_t dim, const float* minus, double* sum) {
+  HWY_DYNAMIC_DISPATCH(AddRowsF64Impl)(x, n, dim, minus, sum);
 }
 void block_absmax(const float* x, int64_t nblocks, int64_t bs, float* amax) {
   HWY_DYNAMIC_DISPATCH(BlockAbsMaxImpl)(x, nblocks, bs, amax);

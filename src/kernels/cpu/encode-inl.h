@@ -43,6 +43,47 @@ void AccumulateClustersImpl(const float* x, int64_t n, int64_t dim, const uint8_
   }
 }
 
+void AddRowsF64Impl(const float* x, int64_t n, int64_t dim, const float* minus, double* sum) {
+  int64_t d0 = 0;
+#if HWY_HAVE_FLOAT64
+  // kV vectors of sums stay in registers while every row adds to them, in row order.
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;  // half-width float vector, promoted
+  using VD = hn::Vec<decltype(dd)>;
+  using VF = hn::Vec<decltype(dfh)>;
+  const int64_t L = int64_t(hn::Lanes(dd));
+  constexpr int kV = 4;
+  const auto columns = [&](auto nv) {
+    constexpr int NV = decltype(nv)::value;
+    for (; d0 + NV * L <= dim; d0 += NV * L) {
+      VD acc[NV];
+      VF m[NV];
+      for (int v = 0; v < NV; ++v) {
+        acc[v] = hn::LoadU(dd, sum + d0 + v * L);
+        m[v] = minus ? hn::LoadU(dfh, minus + d0 + v * L) : hn::Zero(dfh);
+      }
+      const float* row = x + d0;
+      if (minus) {
+        for (int64_t i = 0; i < n; ++i, row += dim)
+          for (int v = 0; v < NV; ++v)
+            acc[v] = hn::Add(acc[v], hn::PromoteTo(dd, hn::Sub(hn::LoadU(dfh, row + v * L), m[v])));
+      } else {
+        for (int64_t i = 0; i < n; ++i, row += dim)
+          for (int v = 0; v < NV; ++v) acc[v] = hn::Add(acc[v], hn::PromoteTo(dd, hn::LoadU(dfh, row + v * L)));
+      }
+      for (int v = 0; v < NV; ++v) hn::StoreU(acc[v], dd, sum + d0 + v * L);
+    }
+  };
+  columns(std::integral_constant<int, kV>{});
+  columns(std::integral_constant<int, 1>{});
+#endif
+  for (; d0 < dim; ++d0) {
+    double s = sum[d0];
+    for (int64_t i = 0; i < n; ++i) s += double(minus ? x[i * dim + d0] - minus[d0] : x[i * dim + d0]);
+    sum[d0] = s;
+  }
+}
+
 void BlockAbsMaxImpl(const float* x, int64_t nblocks, int64_t bs, float* amax) {
   const hn::ScalableTag<float> df;
   const int64_t L = int64_t(hn::Lanes(df));
