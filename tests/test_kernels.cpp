@@ -815,14 +815,19 @@ TEST_P(PerTarget, BlockErrorsOfManyBlocksMatchTheReference) {
         z[size_t(b * kStride + c)] = nd(rng) * mag;
       }
     }
-    std::vector<residual_impl::ScaleCandidates> cand(static_cast<size_t>(nblocks));
-    for (int64_t b = 0; b < nblocks; ++b) {
-      cand[size_t(b)].m = m[size_t(b)];
-      std::copy_n(s.data() + b * kStride, kStride, cand[size_t(b)].s_eff);
-      std::copy_n(z.data() + b * kStride, kStride, cand[size_t(b)].z_eff);
-    }
+    // Every block with all kStride candidates (m == nullptr) now and then.
+    const bool all = rep % 4 == 3;
+    if (all)
+      for (int64_t b = 0; b < nblocks; ++b) {
+        m[size_t(b)] = int(kStride);
+        for (int c = 0; c < kStride; ++c) {
+          s[size_t(b * kStride + c)] = std::fabs(nd(rng));
+          z[size_t(b * kStride + c)] = nd(rng);
+        }
+      }
     std::vector<float> got(s.size(), -1.0f);
-    kernels::block_errors_batch(x.data(), nblocks, bs, qmax, asym, cand.data(), got.data());
+    kernels::block_errors_batch(x.data(), nblocks, bs, qmax, asym, s.data(), asym ? z.data() : nullptr, kStride,
+                                all ? nullptr : m.data(), got.data());
     for (int64_t b = 0; b < nblocks; ++b) {
       std::vector<float> want(kStride, -1.0f);
       kernels::ref::block_errors(x.data() + b * bs, bs, qmax, asym, s.data() + b * kStride, z.data() + b * kStride,

@@ -65,17 +65,20 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   // The scale search (Mse): candidates shrink the block's range (symmetric: [-absmax,
   // absmax]; asymmetric: [lo, hi] about its centre); the factors stay those of the
   // `off` choice, so a candidate's stored values are what the decoder reads.
-  // Candidates whose stored bits equal the previous one's are skipped (same error).
   // The errors come from the SIMD kernel (the same bits on every target), a tile of
-  // blocks per call; the first least one wins.
+  // blocks per call; the first least one wins. Every candidate is evaluated, those
+  // whose stored bits equal the previous one's too (the rule's list skips them): such a
+  // candidate has its predecessor's values and, computed alike, its error, so the first
+  // least is the rule's choice all the same. (Deduplicating each block cost more than
+  // the lanes it saved: the candidates of a block fill one vector of 16 lanes.)
   constexpr int64_t kTile = 64;  // blocks per kernel call
   constexpr int kSteps = R::kScaleSearchSteps;
   const bool searching = search == ScaleSearch::Mse;
   constexpr int64_t kStride = kernels::kCandidateStride;
-  std::vector<R::ScaleCandidates> cand(searching ? size_t(std::min<int64_t>(kTile, S * nb)) : 0);
-  std::vector<float> cerr(cand.size() * kSteps);
-  // Every candidate of the tile's blocks (SIMD kernel), before deduplication.
-  std::vector<uint32_t> all_sb(cand.size() * kStride), all_zb(all_sb.size());
+  const size_t tile_blocks = searching ? size_t(std::min<int64_t>(kTile, S * nb)) : 0;
+  std::vector<float> cerr(tile_blocks * kSteps);
+  // Every candidate of the tile's blocks (SIMD kernel).
+  std::vector<uint32_t> all_sb(tile_blocks * kStride), all_zb(all_sb.size());
   std::vector<float> all_se(all_sb.size()), all_ze(all_sb.size());
   for (size_t i = 0; i < raw_s.size(); ++i) {
     const int64_t si = sbase + int64_t(i);
@@ -93,21 +96,14 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
         kernels::scale_candidates(raw_s.data() + tile0, asym ? raw_z.data() + tile0 : nullptr,
                                   asym ? hi.data() + tile0 : nullptr, int64_t(nt), asym, divide, g, gz, fp8,
                                   all_sb.data(), all_zb.data(), all_se.data(), all_ze.data());
-        for (size_t b = 0; b < nt; ++b) {
-          cand[b].m = 0;
-          for (int64_t kk = 0; kk < kSteps; ++kk) {
-            const size_t o = b * size_t(kStride) + size_t(kk);
-            R::scale_search_keep(cand[b], {all_sb[o], asym ? all_zb[o] : 0u, all_se[o], asym ? all_ze[o] : 0.0f});
-          }
-        }
-        kernels::block_errors_batch(r + int64_t(tile0) * bs, int64_t(nt), bs, qmax, asym, cand.data(), cerr.data());
+        kernels::block_errors_batch(r + int64_t(tile0) * bs, int64_t(nt), bs, qmax, asym, all_se.data(),
+                                    asym ? all_ze.data() : nullptr, kStride, nullptr, cerr.data());
       }
-      const R::ScaleCandidates& c = cand[k];
-      const int best = R::scale_search_best(cerr.data() + k * kSteps, c.m);
-      s_bits = c.s_bits[best];
-      z_bits = c.z_bits[best];
-      se = c.s_eff[best];
-      ze = c.z_eff[best];
+      const size_t o = k * size_t(kStride) + size_t(R::scale_search_best(cerr.data() + k * kSteps, kSteps));
+      s_bits = all_sb[o];
+      z_bits = asym ? all_zb[o] : 0u;
+      se = all_se[o];
+      ze = asym ? all_ze[o] : 0.0f;
     }
     R::put_stored(enc.scales.data(), fp8, si, s_bits);
     s_eff[i] = se;

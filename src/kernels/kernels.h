@@ -18,10 +18,6 @@
 #include "qvg/config.h"
 #include "qvg/tensor.h"
 
-namespace qvg::residual_impl {
-struct ScaleCandidates;  // core/residual_impl.h: one block's scale-search candidates
-}  // namespace qvg::residual_impl
-
 namespace qvg::kernels {
 
 /// Fast k-means assignment (spec 1.1, expanded form): for each of the n points
@@ -115,12 +111,13 @@ void quantize_rows(const float* r, int64_t count, int64_t dim, int64_t block, in
 void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s_eff, const float* z_eff, int ncand,
                   float* err);
 /// block_errors of nblocks consecutive blocks of bs elements (block b at x + b * bs)
-/// with block b's distinct candidates cand[b] (s_eff, z_eff, m), its errors to
+/// with block b's m[b] candidates at s_eff + b * stride (and z_eff + b * stride when
+/// asym; m == nullptr: residual_impl::kScaleSearchSteps each), its errors to
 /// err + b * residual_impl::kScaleSearchSteps. Each block's errors are block_errors'
 /// bits; several blocks run side by side (their sums overlap), so this is the fast form
-/// for many blocks. REQUIRES 1 <= cand[b].m.
-void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym,
-                        const residual_impl::ScaleCandidates* cand, float* err);
+/// for many blocks. REQUIRES 1 <= m[b] <= kScaleSearchSteps.
+void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
+                        const float* z_eff, int64_t stride, const int* m, float* err);
 /// Slots per block of scale_candidates' outputs (at least residual_impl::kScaleSearchSteps).
 inline constexpr int64_t kCandidateStride = 16;
 /// The scale search's candidates of nblocks blocks before deduplication: block b's

@@ -78,9 +78,9 @@ void block_errors(const float* x, int64_t n, int qmax, bool asym, const float* s
                   float* err) {
   HWY_DYNAMIC_DISPATCH(BlockErrorsImpl)(x, n, qmax, asym, s_eff, z_eff, ncand, err);
 }
-void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym,
-                        const residual_impl::ScaleCandidates* cand, float* err) {
-  HWY_DYNAMIC_DISPATCH(BlockErrorsBatchImpl)(x, nblocks, bs, qmax, asym, cand, err);
+void block_errors_batch(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
+                        const float* z_eff, int64_t stride, const int* m, float* err) {
+  HWY_DYNAMIC_DISPATCH(BlockErrorsBatchImpl)(x, nblocks, bs, qmax, asym, s_eff, z_eff, stride, m, err);
 }
 void scale_candidates(const float* raw_s, const float* lo, const float* hi, int64_t nblocks, bool asym, bool divide,
                       float g, float gz, bool fp8, uint32_t* s_bits, uint32_t* z_bits, float* s_eff, float* z_eff) {

@@ -281,21 +281,23 @@ void ErrTasksN(const ErrTask* tk, int64_t n, int qmax, bool asym) {
   }
 }
 
-void BlockErrorsBatchImpl(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym,
-                          const residual_impl::ScaleCandidates* cand, float* err) {
+void BlockErrorsBatchImpl(const float* x, int64_t nblocks, int64_t bs, int qmax, bool asym, const float* s_eff,
+                          const float* z_eff, int64_t stride, const int* m, float* err) {
   constexpr int64_t kStride = residual_impl::kScaleSearchSteps;
   const int L = int(hn::Lanes(hn::ScalableTag<float>()));
   ErrTask tk[kErrTasks];
   int k = 0;
-  for (int64_t b = 0; b < nblocks; ++b)
-    for (int c0 = 0; c0 < cand[b].m; c0 += L) {
-      tk[k++] = {x + b * bs, cand[b].s_eff + c0, asym ? cand[b].z_eff + c0 : nullptr, err + b * kStride + c0,
-                 std::min(L, cand[b].m - c0)};
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int mb = m ? m[b] : int(kStride);
+    for (int c0 = 0; c0 < mb; c0 += L) {
+      tk[k++] = {x + b * bs, s_eff + b * stride + c0, asym ? z_eff + b * stride + c0 : nullptr, err + b * kStride + c0,
+                 std::min(L, mb - c0)};
       if (k == kErrTasks) {
         ErrTasksN<kErrTasks>(tk, bs, qmax, asym);
         k = 0;
       }
     }
+  }
   for (int u = 0; u < k; ++u) ErrTasksN<1>(tk + u, bs, qmax, asym);
 }
 
