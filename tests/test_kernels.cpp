@@ -555,6 +555,41 @@ TEST_P(PerTarget, AssignmentAgreesWithReference) {
 // Column sums in fp64 (the k-means group mean, a refinement layer's centroid): the
 // scalar loop's bits on every target, for widths around the vector blocks, with and
 // without the fp32 subtraction, from non-zero starting sums.
+// A refinement layer's error row from two bf16 rows: the scalar conversion and fp32
+// subtraction's bits, clamped to +-lim (infinite differences too), and the NaN flag
+// exactly when a difference is NaN, for lengths around the vector width.
+TEST_P(PerTarget, Bf16ErrorRowEqualsTheScalarDefinition) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd;
+  const float lim = 1e16f;
+  for (size_t n : {size_t(1), size_t(7), size_t(16), size_t(17), size_t(64), size_t(128), size_t(131)})
+    for (int rep = 0; rep < 40; ++rep) {
+      std::vector<uint16_t> x(n), y(n);
+      for (size_t i = 0; i < n; ++i) {
+        x[i] = f32_to_bf16(std::ldexp(nd(rng), int(rng() % 140) - 70));
+        y[i] = f32_to_bf16(std::ldexp(nd(rng), int(rng() % 140) - 70));
+      }
+      const int special = rep % 5;  // 1: a huge pair, 2: an infinity, 3: a NaN, 4: inf - inf
+      const size_t at = rng() % n;
+      if (special == 1) x[at] = f32_to_bf16(3e38f), y[at] = f32_to_bf16(-3e38f);
+      if (special == 2) x[at] = 0x7f80;
+      if (special == 3) y[at] = 0x7fc1;
+      if (special == 4) x[at] = 0xff80, y[at] = 0xff80;
+      std::vector<float> got(n, -1.0f);
+      const bool nan = kernels::bf16_error_row(x.data(), y.data(), n, lim, got.data());
+      bool want_nan = false;
+      for (size_t i = 0; i < n; ++i) {
+        const float e = bf16_to_f32(x[i]) - bf16_to_f32(y[i]);
+        if (e != e) {
+          want_nan = true;
+          continue;
+        }
+        ASSERT_EQ(f32_bits(got[i]), f32_bits(std::min(std::max(e, -lim), lim))) << "n " << n << " at " << i;
+      }
+      ASSERT_EQ(nan, want_nan) << "n " << n << " special " << special;
+    }
+}
+
 TEST_P(PerTarget, AddRowsF64EqualsTheScalarLoop) {
   std::mt19937 rng(12);
   std::normal_distribution<float> nd;

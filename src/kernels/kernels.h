@@ -142,6 +142,11 @@ bool native_bf16_enabled();
 /// n elements, nearest even (integer arithmetic on every target).
 void f32_to_bf16(const float* src, uint16_t* dst, size_t n);
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
+/// A refinement layer's error row from bf16 rows: out[i] = clamp(float(x[i]) -
+/// float(y[i]), -lim, lim), one fp32 subtraction each; returns whether any difference
+/// is NaN (then `out` is unspecified). The bits of converting both rows and
+/// subtracting in scalar code (an infinite difference clamps to +-lim). REQUIRES lim > 0.
+bool bf16_error_row(const uint16_t* x, const uint16_t* y, size_t n, float lim, float* out);
 
 /// Attention of n queries over T keys of one (batch, head), fp32:
 /// out[i, :] = sum_t softmax_t(scale * q[i, :] . k[t, :]) v[t, :].

@@ -5,6 +5,7 @@
 // Rounding is integer arithmetic (nearest even), so every target gives the bits of
 // qvg::f32_to_bf16 (qvg/numeric.h).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -62,6 +63,31 @@ void Bf16ToF32Impl(const uint16_t* src, float* dst, size_t n) {
   for (; i + L <= n; i += L)
     hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, src + i)))), df, dst + i);
   for (; i < n; ++i) dst[i] = qvg::bf16_to_f32(src[i]);
+}
+
+bool Bf16ErrorRowImpl(const uint16_t* x, const uint16_t* y, size_t n, float lim, float* out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  const size_t L = hn::Lanes(df);
+  const auto widen = [&](const uint16_t* p) {
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, p))));
+  };
+  const auto hi = hn::Set(df, lim), lo = hn::Set(df, -lim);
+  auto nan = hn::FirstN(df, 0);  // no lane
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    const auto e = hn::Sub(widen(x + i), widen(y + i));
+    nan = hn::Or(nan, hn::IsNaN(e));
+    hn::StoreU(hn::Min(hn::Max(e, lo), hi), df, out + i);
+  }
+  bool any = !hn::AllFalse(df, nan);
+  for (; i < n; ++i) {
+    const float e = qvg::bf16_to_f32(x[i]) - qvg::bf16_to_f32(y[i]);
+    any |= e != e;
+    out[i] = std::min(std::max(e, -lim), lim);
+  }
+  return any;
 }
 
 QVG_CPU_KERNELS_END

@@ -45,6 +45,7 @@ HWY_EXPORT(AddRowsF64Impl);
 HWY_EXPORT(AssignNearestImpl);
 HWY_EXPORT(AttentionHeadImpl);
 HWY_EXPORT(Bf16ToF32Impl);
+HWY_EXPORT(Bf16ErrorRowImpl);
 HWY_EXPORT(BlockAbsMaxImpl);
 HWY_EXPORT(BlockErrorsBatchImpl);
 HWY_EXPORT(BlockErrorsImpl);
@@ -100,6 +101,9 @@ void f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
 }
 void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
   HWY_DYNAMIC_DISPATCH(Bf16ToF32Impl)(src, dst, n);
+}
+bool bf16_error_row(const uint16_t* x, const uint16_t* y, size_t n, float lim, float* out) {
+  return HWY_DYNAMIC_DISPATCH(Bf16ErrorRowImpl)(x, y, n, lim, out);
 }
 
 void attention_head(const float* q, int64_t n, const float* kT, int64_t tpad, int64_t T, const float* v, int64_t D,
