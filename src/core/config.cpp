@@ -243,7 +243,8 @@ void QuantArgs::apply_profile(std::string_view profile) {
     // the search cost ~3.7 ms per role and chunk when this was chosen (~1.4 ms on K since
     // its errors run in lanes over tiles of blocks) and 8 iterations ~4.5 ms more than 2;
     // time per step 2.1x the engine default's -> 1.30x (1.31x with the later search and
-    // view buffer; docs/quality.md), attention error (scale 0.25, 40 chunks, 2 layers)
+    // view buffer; 1.02x / 1.10x / 1.09x on the main job's medians after the encode's
+    // scalar loops went SIMD, docs/quality.md), attention error (scale 0.25, 40 chunks, 2 layers)
     // 0.40/0.42/0.44x -> 0.38/0.45/0.46x on self-forcing, lingbot-world, hy-worldplay,
     // peaks unchanged.
     codec.scaling = Scaling::TwoLevel;
