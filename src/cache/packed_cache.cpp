@@ -193,7 +193,7 @@ struct PackedCausalCache::Impl {
       SpanCodebook tk = *run.k(x), tv = *run.v(x);
       const size_t trial = codebook_nbytes(tk.book) + codebook_nbytes(tv.book);
       meter.add(trial);
-      // The residual energies only when they decide (span_break_ratio > 0; else every
+      // The residual energies only when they decide (measures_span_fit; else every
       // chunk fits): measuring them is two more passes over the chunk's residual.
       const bool measure = detail::measures_span_fit(quant);
       EncodeStats sk, sv;
