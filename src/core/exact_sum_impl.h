@@ -98,10 +98,10 @@ QVG_HD double energy_of(const At& v, int64_t n) {
   // The largest square is the square of the largest |v| (exact in fp64), taken with 8
   // independent maxima: one chain of dependent maxima waited a max's latency per value.
   float a[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) a[j] = std::max(a[j], std::fabs(float(v(i + j))));
-  for (; i < n; ++i) a[0] = std::max(a[0], std::fabs(float(v(i))));
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    for (int j = 0; j < 8; ++j) a[j] = std::max(a[j], std::fabs(float(v(t + j))));
+  for (; t < n; ++t) a[0] = std::max(a[0], std::fabs(float(v(t))));
   for (int j = 1; j < 8; ++j) a[0] = std::max(a[0], a[j]);
   m = double(a[0]) * double(a[0]);
 #endif
