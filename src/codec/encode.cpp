@@ -70,7 +70,8 @@ void quantize_residual_group(const float* r, int64_t group, EncodedTensor& enc, 
   // whose stored bits equal the previous one's too (the rule's list skips them): such a
   // candidate has its predecessor's values and, computed alike, its error, so the first
   // least is the rule's choice all the same. (Deduplicating each block cost more than
-  // the lanes it saved: the candidates of a block fill one vector of 16 lanes.)
+  // the lanes it saved: a block's 15 candidates fill one vector on AVX-512, two on
+  // 8-lane targets.)
   constexpr int64_t kTile = 64;  // blocks per kernel call
   constexpr int kSteps = R::kScaleSearchSteps;
   const bool searching = search == ScaleSearch::Mse;

@@ -57,7 +57,7 @@ QVG_HD uint64_t fixed_term(double v, int e) {
 /// normal double; ldexp otherwise), and the rounding of y in [0, 2^52) is
 /// (y + 2^52) - 2^52, where the sum's unit in the last place is 1: the nearest integer,
 /// ties to even, as nearbyint in the default rounding mode. The same integer as
-/// fixed_term for every v (tests/test_kmeans.cpp, ExactSum.HostTermEqualsFixedTerm).
+/// fixed_term for every v (tests/test_numeric.cpp, ExactSum.HostTermEqualsFixedTerm).
 class FixedTerm {
  public:
   explicit FixedTerm(int e) : e_(e), scale_(e >= -1022 && e <= 1023 ? std::ldexp(1.0, e) : 0.0) {}
@@ -95,15 +95,16 @@ QVG_HD double energy_of(const At& v, int64_t n) {
     m = x * x > m ? x * x : m;
   }
 #else
-  // The largest square is the square of the largest |v| (exact in fp64), taken with 8
-  // independent maxima: one chain of dependent maxima waited a max's latency per value.
-  float a[8] = {};
+  // The largest square is the square of the largest |v| (rounding is monotone, and exact
+  // for fp32 values), taken with 8 independent maxima: one chain of dependent maxima
+  // waited a max's latency per value.
+  double a[8] = {};
   int64_t t = 0;
   for (; t + 8 <= n; t += 8)
-    for (int j = 0; j < 8; ++j) a[j] = std::max(a[j], std::fabs(float(v(t + j))));
-  for (; t < n; ++t) a[0] = std::max(a[0], std::fabs(float(v(t))));
+    for (int j = 0; j < 8; ++j) a[j] = std::max(a[j], std::fabs(double(v(t + j))));
+  for (; t < n; ++t) a[0] = std::max(a[0], std::fabs(double(v(t))));
   for (int j = 1; j < 8; ++j) a[0] = std::max(a[0], a[j]);
-  m = double(a[0]) * double(a[0]);
+  m = a[0] * a[0];
 #endif
   if (!(m > 0)) return 0.0;
   const int e = fixed_exponent(m, n);
