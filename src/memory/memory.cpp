@@ -55,6 +55,17 @@ MemoryShape MemoryShape::of(const ModelPreset& p, std::optional<int64_t> context
   return s;
 }
 
+CacheOptions MemoryShape::cache_options() const {
+  CacheOptions o;
+  o.batch = 1;
+  o.cache_size = cache_tokens();  // window = cache_size: context + one chunk
+  o.heads = heads;
+  o.head_dim = head_dim;
+  o.dtype = dtype;
+  o.sink_tokens = sink_tokens;
+  return o;
+}
+
 // ---- PolicyReplay ---------------------------------------------------------------
 
 namespace {
@@ -74,17 +85,7 @@ struct PolicyReplay::Impl {
   std::vector<PolicyStep> steps;
   int64_t next_chunk = 0;
 
-  static CacheOptions cache_options(const MemoryShape& s) {
-    CacheOptions o;
-    o.batch = 1;
-    o.cache_size = s.cache_tokens();  // window = cache_size: context + one chunk
-    o.heads = s.heads;
-    o.head_dim = s.head_dim;
-    o.dtype = s.dtype;
-    o.sink_tokens = s.sink_tokens;
-    return o;
-  }
-  Impl(const MemoryShape& s, const QuantArgs& q) : shape(s), args(q), pol(cache_options(s), q) {
+  Impl(const MemoryShape& s, const QuantArgs& q) : shape(s), args(q), pol(s.cache_options(), q) {
     if (q.enabled()) codec = q.codec;
   }
 };

@@ -19,6 +19,7 @@
 #include "qvg/attention.h"
 #include "qvg/cache.h"
 #include "qvg/codec.h"
+#include "qvg/eval/memory.h"
 #include "qvg/eval/workload.h"
 
 namespace qvg::perf {
@@ -438,13 +439,7 @@ std::vector<Measurement> run_suite(const BenchOptions& opt, LoadCheck* load) {
     // window full and rolling; chunks of the workload (every fourth layer's data).
     const ModelPreset fp = find_model_preset("self-forcing-1.3b").scaled(0.25);
     Workload fw(fp, WorkloadOptions{});
-    CacheOptions co;
-    co.batch = 1;
-    co.cache_size = fp.cache_tokens();
-    co.heads = fp.heads;
-    co.head_dim = fp.head_dim;
-    co.dtype = DType::BF16;
-    co.sink_tokens = fp.sink_tokens();
+    const CacheOptions co = MemoryShape::of(fp).cache_options();
     QuantArgs qa = fp.policy_defaults();
     qa.apply_profile("recommended");
     qa.codec.threads = threads;

@@ -331,14 +331,7 @@ void record_instant(const Model& m, size_t j, const KVView& v, PackedLayerRecord
 std::vector<LayerState> build_layer_states(const SimulationConfig& cfg, const ModelPreset& p,
                                            const std::vector<int>& layers,
                                            const std::vector<std::shared_ptr<ViewScratch>>& views) {
-  CacheOptions co;
-  co.batch = 1;
-  co.cache_size = p.cache_tokens();
-  co.heads = p.heads;
-  co.head_dim = p.head_dim;
-  co.dtype = DType::BF16;
-  co.sink_tokens = p.sink_tokens();
-
+  // One layer's shapes (not validated here: the memory model may refuse them, below).
   MemoryShape ms;
   ms.layers = 1;
   ms.heads = p.heads;
@@ -347,6 +340,7 @@ std::vector<LayerState> build_layer_states(const SimulationConfig& cfg, const Mo
   ms.context_tokens = p.context_tokens();
   ms.sink_tokens = p.sink_tokens();
   ms.dtype = DType::BF16;
+  const CacheOptions co = ms.cache_options();
 
   std::vector<LayerState> states;
   for (int layer : layers) {

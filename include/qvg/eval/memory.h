@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "qvg/cache_options.h"
 #include "qvg/config.h"
 #include "qvg/tensor.h"
 
@@ -52,6 +53,9 @@ struct MemoryShape {
   DType dtype = DType::BF16;   ///< cache dtype (raw segments and codebooks)
 
   int64_t cache_tokens() const { return context_tokens + chunk_tokens; }
+  /// The options of one layer's cache of this shape (batch 1, a window of
+  /// cache_tokens(): the context and one chunk, the sink, the dtype; no view scratch).
+  CacheOptions cache_options() const;
   /// Number of sink chunks: ceil(sink_tokens / chunk_tokens).
   int64_t sink_chunks() const { return (sink_tokens + chunk_tokens - 1) / chunk_tokens; }
   /// Tokens of chunk i of the stream (see the header comment).
