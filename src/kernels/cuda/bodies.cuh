@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/arith.cuh"
@@ -200,11 +201,12 @@ inline constexpr int kDecodeTokensPerThread = 8;  ///< tokens each thread of a v
 inline constexpr int kDecodeBatch = 4;            ///< of which decoded together (their loads in flight at once)
 /// Resident blocks per multiprocessor the vectorised kernel is compiled for (4: at most
 /// 64 registers, 32 warps; measured on the H200 faster than 3 blocks without the cap:
-/// 0.107 against 0.115 ms for the LongCat tensor, with a 4-byte spill at int2/int4 and
-/// 12-16 bytes at int3); 2 for fp32 centroids and for the kernels with a fused
-/// refinement layer, which spill below 85 registers (76-224 bytes per thread at 64,
-/// 8-84 at 85; none at 128: 110-128 registers, nvcc 13, sm_90a). The refined kernels'
-/// choice is not measured on a device yet (gpu-check's update() rows time it).
+/// 0.107 against 0.115 ms for the LongCat tensor, when the kernel still spilled 4 bytes
+/// at int2/int4 and 12-16 at int3 under it; the batches of DecodeVecThread spill none,
+/// nvcc 13, sm_90a); 2 for fp32 centroids and for the kernels with a fused refinement
+/// layer, which spilled below 85 registers (76-224 bytes per thread at 64; none at
+/// 128). The refined kernels' choice is not measured on a device yet (gpu-check's
+/// update() rows time it).
 inline constexpr int kDecodeMinBlocks = 4;
 inline constexpr int kDecodeMinBlocksWide = 2;  ///< fp32 centroids, a fused refinement layer
 /// Blocks per multiprocessor in the "two waves" below which plan_decode shrinks the
@@ -327,13 +329,20 @@ inline std::vector<DecodeLaunch> plan_decode(const DecodeArgs* tasks, int n, int
 }
 
 /// Eight decoded values as bf16 pairs (element 2i in the low half of w[i]), nearest
-/// even as f32_to_bf16. On the device one cvt.rn.bf16x2.f32 per pair (a NaN would get
-/// the hardware's canonical NaN, so a row holding one takes f32_to_bf16's bits instead).
+/// even as f32_to_bf16.
+QVG_HD void pack_bf16_row_exact(const float (&acc)[8], uint32_t (&w)[4]) {
+  for (int i = 0; i < 4; ++i)
+    w[i] = uint32_t(qvg::cuda_arith::f32_to_bf16(acc[2 * i])) |
+           (uint32_t(qvg::cuda_arith::f32_to_bf16(acc[2 * i + 1])) << 16);
+}
+/// pack_bf16_row_exact's bits; on the device one cvt.rn.bf16x2.f32 per pair (a NaN
+/// would get the hardware's canonical NaN, so a row holding one takes
+/// pack_bf16_row_exact instead; the test is one unordered compare per pair).
 QVG_HD void pack_bf16_row(const float (&acc)[8], uint32_t (&w)[4]) {
 #if defined(__CUDA_ARCH__)
   bool nan = false;
   QVG_UNROLL
-  for (int i = 0; i < 8; ++i) nan |= acc[i] != acc[i];
+  for (int i = 0; i < 4; ++i) nan |= acc[2 * i] != acc[2 * i] || acc[2 * i + 1] != acc[2 * i + 1];
   if (!nan) {
     QVG_UNROLL
     for (int i = 0; i < 4; ++i)
@@ -341,9 +350,7 @@ QVG_HD void pack_bf16_row(const float (&acc)[8], uint32_t (&w)[4]) {
     return;
   }
 #endif
-  for (int i = 0; i < 4; ++i)
-    w[i] = uint32_t(qvg::cuda_arith::f32_to_bf16(acc[2 * i])) |
-           (uint32_t(qvg::cuda_arith::f32_to_bf16(acc[2 * i + 1])) << 16);
+  pack_bf16_row_exact(acc, w);
 }
 
 /// A stored scale or zero as fp32 (spec 1.4) from its raw bits (the fp8 byte or the
@@ -415,184 +422,328 @@ QVG_HD DecodeTile decode_tile(const DecodeArgs& T, const DecodePlan& P, int32_t 
   return d;
 }
 
-/// Thread `tid` of block `local` of task `ti` of a vectorised launch: decodes
-/// channels [8c, 8c + 8) of the tokens t_begin + r, t_begin + r + rows, ... of its
-/// tile (c = tid % cpr, r = tid / cpr), spec 1.3 arithmetic in the order of
+/// Byte permutation (PTX prmt, CUDA __byte_perm): byte j of the result is byte
+/// (s >> 4j) & 7 of the 8 bytes x (0-3), y (4-7). One instruction on the device.
+template <uint32_t S>
+QVG_HD uint32_t byte_perm(uint32_t x, uint32_t y) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "n"(S));
+  return r;
+#else
+  constexpr uint32_t s = S;
+  const uint64_t xy = uint64_t(x) | (uint64_t(y) << 32);
+  uint32_t r = 0;
+  for (int j = 0; j < 4; ++j) r |= uint32_t((xy >> (8 * ((s >> (4 * j)) & 7))) & 0xFFu) << (8 * j);
+  return r;
+#endif
+}
+/// Whether every code of a word of width W lies inside one byte (int2, int4; not int3).
+template <class W>
+inline constexpr bool kCodesInBytes = 8 % W::kBits == 0;
+/// The float bits 0x4B000000 | code of each code of a code word (out[i]: code i), the
+/// operands of dequant_biased. For codes inside bytes, from one mask of the word per
+/// distinct in-byte shift (shared by the word's codes: 2 masks for int4, 4 for int2)
+/// and one byte permutation per code with the constant in a register, instead of a
+/// shift, a mask and an or per code.
+template <class W, int... I>
+QVG_HD void codes_float_bits_at(uint32_t word, uint32_t (&out)[8], std::integer_sequence<int, I...>) {
+  if constexpr (kCodesInBytes<W>) {
+    constexpr uint32_t kByteMask = W::kMask * 0x01010101u;
+    const uint32_t magic = 0x4B000000u;
+    ((out[I] = byte_perm<uint32_t(code_word_shift<W>(I) / 8) | 0x7540u>(
+          (word >> (code_word_shift<W>(I) % 8)) & kByteMask, magic)),
+     ...);
+  } else {
+    ((out[I] = 0x4B000000u | code_of_word<W>(word, I)), ...);
+  }
+}
+template <class W>
+QVG_HD void codes_float_bits(uint32_t word, uint32_t (&out)[8]) {
+  codes_float_bits_at<W>(word, out, std::make_integer_sequence<int, 8>{});
+}
+/// dequant_biased of the code whose float bits codes_float_bits gave (the same
+/// operations: the code's float less the bias, times the scale, plus the zero).
+QVG_HD float dequant_float_bits(uint32_t fbits, float bias, bool asymmetric, float s_eff, float z_eff) {
+  namespace A = qvg::cuda_arith;
+  const float c = A::sub_rn(A::from_bits(fbits), bias);
+  return asymmetric ? A::add_rn(A::mul_rn(c, s_eff), z_eff) : A::mul_rn(c, s_eff);
+}
+
+/// How a vectorised body knows whether its task is asymmetric: symmetric or asymmetric
+/// as a constant (a loop without the other's operations: the unrefined kernels hold
+/// both copies), or the task's flag read at run time (the refined kernels: one copy of
+/// their larger loop).
+enum : int { kSymmetric = 0, kAsymmetric = 1, kAsymmetricAtRunTime = 2 };
+
+/// One thread of a vectorised launch (decode_block_vec): channels [8c, 8c + 8) of the
+/// tokens t, t + rows, ... of its tile, spec 1.3 arithmetic in the order of
 /// decode_rows_reference. BITS (the codes' row of qvg/code_format.h), FP8 (scale
-/// format), CDT (centroid dtype) and ODT (output dtype) are the launch's mode;
-/// asymmetric, two_level and stages are uniform per task. Invariants (group, factors,
-/// pointers, scale block) are set up once per thread; per token only pointers advance.
-/// RBITS != 0: the task has a refinement layer of that width (DecodeArgs::ref_*;
-/// ODT == CDT), added after the stages as refine_one adds it.
+/// format), CDT (centroid dtype) and ODT (output dtype) are the launch's mode; ASYM
+/// as above; two_level and stages are uniform per task. Invariants (group, factors,
+/// pointers, scale block) are set up once per thread (decode_thread_vec); a batch
+/// adds its tokens' offsets (32-bit: at most 7 steps of at most 256 x 4 bytes, the
+/// output's in 64 bits). RBITS != 0: the task has a refinement layer of that width
+/// (DecodeArgs::ref_*; ODT == CDT), added after the stages as refine_one adds it.
+///
+/// The tokens go in batches of kDecodeBatch (batch), the last one padded with the
+/// thread's last token again, so that no batch tests which of its tokens exist; a task
+/// with later stages (rare) goes one token at a time, so that the common loop holds no
+/// stage loop.
+template <int BITS, bool FP8, int ASYM, int CDT, int ODT, int RBITS>
+struct DecodeVecThread {
+  using W = qvg::Width<BITS>;
+  static constexpr bool REF = RBITS != 0;
+  using RW = qvg::Width<REF ? RBITS : BITS>;  // the layer's row (unused without one)
+  static constexpr int WB = kCodeWordBytes<W>, RWB = kCodeWordBytes<RW>;  // bytes of 8 channels' codes
+  static constexpr int ESZ = CDT == qvg::cuda_arith::kF32 ? 4 : 2;       // centroid element bytes
+  static constexpr int OSZ = ODT == qvg::cuda_arith::kF32 ? 4 : 2;       // output element bytes
+  static constexpr int SB = FP8 ? 1 : 2;                                  // stored scale bytes
+
+  const DecodeArgs& T;  // the task and its plan (kernel parameters: read in place, not
+  const DecodePlan& P;  // copied into registers)
+  // The thread's first token: its codes, scale (and zero), stage-0 id and output row;
+  // and the byte distances to the thread's token after it (step tokens on).
+  const uint8_t *cp = nullptr, *sp = nullptr, *zp = nullptr, *idp = nullptr;
+  uint8_t* op = nullptr;
+  uint32_t step = 0, cstep = 0, sstep = 0;
+  int64_t ostep = 0;
+  // The group's stage-0 centroids at the thread's channels, the code bias, the factors.
+  const uint8_t* cent = nullptr;
+  float qbias = 0, gf = 1, gz = 1;
+  // The refinement layer (REF only): codes, scales, their steps, its factor, its
+  // bias, and the group's centroid at the thread's channels.
+  const uint8_t *rcp = nullptr, *rsp = nullptr;
+  uint32_t rcstep = 0, rsstep = 0;
+  float rgf = 1.0f, rbias = 0.0f;
+  float rc[REF ? 8 : 1] = {};
+  bool asym_flag = false;  // the task's flag (ASYM == kAsymmetricAtRunTime)
+
+  QVG_HD DecodeVecThread(const DecodeArgs& t, const DecodePlan& p) : T(t), P(p) {}
+  QVG_HD bool asym() const { return ASYM == kAsymmetricAtRunTime ? asym_flag : ASYM == kAsymmetric; }
+
+  /// Decodes the thread's n tokens (see above).
+  QVG_HD void run(int n) {
+    if (T.stages > 1) {
+      for (int k0 = 0; k0 < n; ++k0) batch<1, true>(k0, n - 1);
+      return;
+    }
+    for (int k0 = 0; k0 < n; k0 += kDecodeBatch) batch<kDecodeBatch, false>(k0, n - 1);
+  }
+
+  /// Decodes the thread's tokens k0, k0 + 1, ..., k0 + NB - 1, each index clamped to
+  /// `last` (a clamped token is its predecessor again: decoded and written twice, with
+  /// the same bytes); STAGES: with the task's later stages. Every load of the batch
+  /// (codes, scales, zeros, ids, then the stage-0 centroid rows, whose addresses needed
+  /// the ids) is issued before the batch's arithmetic and stores, so that NB rows of
+  /// loads are in flight (the target may alias nothing the loads read, but the
+  /// compiler cannot know that).
+  template <int NB, bool STAGES>
+  QVG_HD void batch(int k0, int last) {
+    namespace A = qvg::cuda_arith;
+    const bool asym = this->asym();
+    const int32_t crow = T.D * ESZ;  // bytes per centroid row
+    uint32_t word[NB], sraw[NB], zraw[NB], rword[REF ? NB : 1], rsraw[REF ? NB : 1];
+    Word4 c0[NB], c1[CDT == qvg::cuda_arith::kF32 ? NB : 1];
+    uint32_t kk[NB];  // the tokens' indices, clamped (unsigned: zero-extended offsets)
+    QVG_UNROLL
+    for (int k = 0; k < NB; ++k) kk[k] = uint32_t(k0 + k < last ? k0 + k : last);
+    QVG_UNROLL
+    for (int k = 0; k < NB; ++k) {
+      word[k] = load_code_word<W>(cp + kk[k] * cstep);
+      const uint32_t so = kk[k] * sstep;
+      sraw[k] = FP8 ? uint32_t(sp[so]) : load_u16(sp + so);
+      zraw[k] = asym ? (FP8 ? uint32_t(zp[so]) : load_u16(zp + so)) : 0u;
+      if constexpr (REF) {
+        rword[k] = load_code_word<RW>(rcp + kk[k] * rcstep);
+        const uint8_t* rs = rsp + kk[k] * rsstep;
+        rsraw[k] = T.ref_fp8 ? uint32_t(*rs) : load_u16(rs);
+      }
+    }
+    QVG_UNROLL
+    for (int k = 0; k < NB; ++k) {
+      const uint8_t* q = cent + uint32_t(idp[kk[k] * step]) * crow;
+      c0[k] = load_word4(q);
+      if constexpr (CDT == A::kF32) c1[k] = load_word4(q + 16);
+    }
+    QVG_UNROLL
+    for (int k = 0; k < NB; ++k) {
+      const float s_eff = A::effective(stored_scale<FP8>(sraw[k]), gf);
+      const float z_eff = asym ? A::effective(stored_scale<FP8>(zraw[k]), gz) : 0.0f;
+      float acc[8];
+      uint32_t fb[8];
+      codes_float_bits<W>(word[k], fb);
+      QVG_UNROLL
+      for (int j = 0; j < 8; ++j) acc[j] = dequant_float_bits(fb[j], qbias, asym, s_eff, z_eff);
+      if constexpr (CDT == A::kF32)
+        add_centroid(acc, c0[k], c1[k]);
+      else
+        add_centroid(acc, c0[k], c0[k]);
+      if constexpr (STAGES) later_stages(acc, idp + kk[k] * step);
+      if constexpr (REF) {  // refine_one: round(round_trip(value) + layer), the layer's value by decoded_value
+        const float rs = T.ref_fp8 ? stored_scale<true>(rsraw[k]) : stored_scale<false>(rsraw[k]);
+        const float rs_eff = A::effective(rs, rgf);
+        uint32_t rfb[8];
+        codes_float_bits<RW>(rword[k], rfb);
+        round_trip_row(acc);
+        QVG_UNROLL
+        for (int j = 0; j < 8; ++j)
+          acc[j] = A::add_rn(acc[j], A::add_rn(dequant_float_bits(rfb[j], rbias, false, rs_eff, 0.0f), rc[j]));
+      }
+      store_row(op + int64_t(kk[k]) * ostep, acc);
+    }
+  }
+
+  /// acc += one stage's centroid row (w0: its first 16 bytes, w1: the next 16 for f32).
+  static QVG_HD void add_centroid(float (&acc)[8], const Word4& w0, const Word4& w1) {
+    namespace A = qvg::cuda_arith;
+    if constexpr (CDT == A::kF32) {
+      QVG_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        acc[i] = A::add_rn(acc[i], A::from_bits(w0.v[i]));
+        acc[4 + i] = A::add_rn(acc[4 + i], A::from_bits(w1.v[i]));
+      }
+    } else {
+      (void)w1;
+      QVG_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const uint16_t lo = uint16_t(w0.v[i] & 0xFFFFu), hi = uint16_t(w0.v[i] >> 16);
+        acc[2 * i] = A::add_rn(acc[2 * i], CDT == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo));
+        acc[2 * i + 1] = A::add_rn(acc[2 * i + 1], CDT == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi));
+      }
+    }
+  }
+
+  /// Rounds the 8 values to ODT and back (round_trip): bf16 through pack_bf16_row (on
+  /// the device a conversion per pair, not per element).
+  static QVG_HD void round_trip_row(float (&acc)[8]) {
+    namespace A = qvg::cuda_arith;
+    if constexpr (ODT == A::kBF16) {
+      uint32_t w[4];
+      pack_bf16_row(acc, w);
+      QVG_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = A::from_bits(w[i] << 16);
+        acc[2 * i + 1] = A::from_bits(w[i] & 0xFFFF0000u);
+      }
+    } else {
+      QVG_UNROLL
+      for (int j = 0; j < 8; ++j) acc[j] = A::round_trip(acc[j], ODT);
+    }
+  }
+
+  /// Stages 1, 2, ... of the token whose stage-0 id is at id0 (rare).
+  QVG_HD void later_stages(float (&acc)[8], const uint8_t* id0) const {
+    const int32_t crow = T.D * ESZ;
+    for (int st = 1; st < T.stages; ++st) {
+      const uint8_t* q = cent + st * T.centroid_stage_stride + int32_t(id0[st * T.ids_stage_stride]) * crow;
+      add_centroid(acc, load_word4(q), CDT == qvg::cuda_arith::kF32 ? load_word4(q + 16) : Word4{});
+    }
+  }
+
+  /// Rounds the 8 values to ODT and stores them at o (one or two 128-bit stores when
+  /// the rows are aligned for them, else element stores).
+  QVG_HD void store_row(uint8_t* o, const float (&acc)[8]) const {
+    namespace A = qvg::cuda_arith;
+    const bool vstore = P.vstore != 0;
+    if constexpr (ODT == A::kF32) {
+      float* p = reinterpret_cast<float*>(o);
+      if (vstore) {
+        Word4 w0, w1;
+        QVG_UNROLL
+        for (int i = 0; i < 4; ++i) {
+          w0.v[i] = A::bits_of(acc[i]);
+          w1.v[i] = A::bits_of(acc[4 + i]);
+        }
+        store_word4(p, w0);
+        store_word4(p + 4, w1);
+      } else {
+        QVG_UNROLL
+        for (int i = 0; i < 8; ++i) store_as<float>(p + i, acc[i]);
+      }
+    } else {
+      uint16_t* p = reinterpret_cast<uint16_t*>(o);
+      Word4 w;
+      if constexpr (ODT == A::kBF16) {
+        pack_bf16_row(acc, w.v);
+      } else {
+        QVG_UNROLL
+        for (int i = 0; i < 4; ++i)
+          w.v[i] = A::encode_elem(acc[2 * i], ODT) | (A::encode_elem(acc[2 * i + 1], ODT) << 16);
+      }
+      if (vstore) {
+        store_word4(p, w);
+      } else {
+        QVG_UNROLL
+        for (int i = 0; i < 8; ++i) store_as<uint16_t>(p + i, uint16_t(w.v[i / 2] >> (16 * (i % 2))));
+      }
+    }
+  }
+};
+
+/// Sets up the thread's DecodeVecThread and runs it.
+template <int BITS, bool FP8, int ASYM, int CDT, int ODT, int RBITS>
+QVG_HD void decode_thread_vec(const DecodeArgs& T, const DecodePlan& P, const DecodeTile& tl, int t, int c) {
+  namespace A = qvg::cuda_arith;
+  using V = DecodeVecThread<BITS, FP8, ASYM, CDT, ODT, RBITS>;
+  V v(T, P);
+  v.step = uint32_t(P.rows);                                   // tokens between two of this thread's rows
+  const int n = (tl.t_end - t + P.rows - 1) / P.rows;  // the thread's tokens (<= kDecodeTokensPerThread)
+  const int64_t g = int64_t(tl.b) * T.H + tl.h;
+  const int64_t row = g * T.S + t;
+  v.asym_flag = T.asymmetric != 0;
+  const bool asym = v.asym();
+  v.qbias = A::dequant_bias(A::qmax_of<typename V::W>(asym), asym);
+  v.gf = T.scale_factor ? T.scale_factor[g] : 1.0f;
+  v.gz = asym && T.zero_factor ? T.zero_factor[g] : 1.0f;
+  v.cp = T.codes + row * P.cbytes + c * V::WB;
+  v.cstep = v.step * uint32_t(P.cbytes);
+  const int64_t si = row * P.nb + (c * 8) / T.block;
+  v.sp = T.scales + si * V::SB;
+  v.zp = asym ? T.zeros + si * V::SB : nullptr;
+  v.sstep = v.step * uint32_t(P.nb * V::SB);
+  v.idp = T.ids + row;
+  v.cent = T.centroid + (g * T.K * T.D + c * 8) * V::ESZ;
+  v.op = static_cast<uint8_t*>(T.out) +
+         (int64_t(tl.b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(tl.h - T.h0) * T.D + c * 8) *
+             V::OSZ;
+  v.ostep = int64_t(v.step) * T.token_stride * V::OSZ;
+  if constexpr (V::REF) {  // the layer's codes and scales (as the encoding's, of its own width and blocks), its centroid
+    const int32_t rcbytes = T.D / 8 * V::RWB, rnb = T.D / T.ref_block, rsb = T.ref_fp8 ? 1 : 2;
+    v.rcp = T.ref_codes + row * rcbytes + c * V::RWB;
+    v.rcstep = v.step * uint32_t(rcbytes);
+    v.rsp = T.ref_scales + (row * rnb + (c * 8) / T.ref_block) * rsb;
+    v.rsstep = v.step * uint32_t(rnb * rsb);
+    v.rgf = T.ref_scale_factor ? T.ref_scale_factor[g] : 1.0f;
+    v.rbias = A::dequant_bias(A::qmax_of<typename V::RW>(false), false);
+    const Word4 r0 = load_word4(T.ref_centroid + g * T.D + c * 8), r1 = load_word4(T.ref_centroid + g * T.D + c * 8 + 4);
+    QVG_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      v.rc[i] = A::from_bits(r0.v[i]);
+      v.rc[4 + i] = A::from_bits(r1.v[i]);
+    }
+  }
+  v.run(n);
+}
+
+/// Thread `tid` of block `local` of task `ti` of a vectorised launch: decodes channels
+/// [8c, 8c + 8) of the tokens t_begin + r, t_begin + r + rows, ... of its tile (c = tid
+/// % cpr, r = tid / cpr) with DecodeVecThread.
 template <int BITS, bool FP8, int CDT, int ODT, int RBITS>
 QVG_HD void decode_block_vec(const DecodeLaunch& L, int ti, int32_t local, int tid) {
-  namespace A = qvg::cuda_arith;
-  using W = qvg::Width<BITS>;
-  constexpr bool REF = RBITS != 0;
-  using RW = qvg::Width<REF ? RBITS : BITS>;                       // the layer's row (unused without one)
-  constexpr int WB = kCodeWordBytes<W>, RWB = kCodeWordBytes<RW>;  // bytes of 8 channels' codes
-  constexpr int ESZ = CDT == A::kF32 ? 4 : 2;  // centroid element bytes
-  constexpr int OSZ = ODT == A::kF32 ? 4 : 2;  // output element bytes
   const DecodeArgs& T = L.t[ti];
   const DecodePlan& P = L.p[ti];
   const int r = tid / P.cpr, c = tid - r * P.cpr;
   if (r >= P.rows) return;
   const DecodeTile tl = decode_tile(T, P, local);
-  int t = tl.t_begin + r;
+  const int t = tl.t_begin + r;
   if (t >= tl.t_end) return;
-  const int64_t g = int64_t(tl.b) * T.H + tl.h;
-  const bool asym = T.asymmetric != 0;
-  const float qbias = A::dequant_bias(A::qmax_of<W>(asym), asym);
-  const float gf = T.scale_factor ? T.scale_factor[g] : 1.0f;
-  const float gz = asym && T.zero_factor ? T.zero_factor[g] : 1.0f;
-  const int64_t row = g * T.S + t;
-  const int step = P.rows;                                  // tokens between two of this thread's rows
-  const uint8_t* cp = T.codes + row * P.cbytes + c * WB;
-  const int64_t cstep = int64_t(step) * P.cbytes;
-  int64_t si = row * P.nb + (c * 8) / T.block;
-  const int64_t sstep = int64_t(step) * P.nb;
-  const uint8_t* idp = T.ids + row;
-  const uint8_t* cent = T.centroid + (g * T.K * T.D + c * 8) * ESZ;
-  const int crow = T.D * ESZ;  // bytes per centroid row
-  uint8_t* op =
-      static_cast<uint8_t*>(T.out) +
-      (int64_t(tl.b) * T.batch_stride + int64_t(t - T.t0) * T.token_stride + int64_t(tl.h - T.h0) * T.D + c * 8) * OSZ;
-  const int64_t ostep = int64_t(step) * T.token_stride * OSZ;
-  const bool vstore = P.vstore != 0;
-  // The refinement layer's codes, scales (as the encoding's, of its own width and
-  // blocks) and its group's centroid row, loaded once (REF only).
-  const int32_t rcbytes = REF ? T.D / 8 * RWB : 0, rnb = REF ? T.D / T.ref_block : 0;
-  const uint8_t* rcp = REF ? T.ref_codes + row * rcbytes + c * RWB : nullptr;
-  const int64_t rcstep = int64_t(step) * rcbytes;
-  int64_t rsi = REF ? row * rnb + (c * 8) / T.ref_block : 0;
-  const int64_t rsstep = int64_t(step) * rnb;
-  const float rgf = REF && T.ref_scale_factor ? T.ref_scale_factor[g] : 1.0f;
-  const float rbias = REF ? A::dequant_bias(A::qmax_of<RW>(false), false) : 0.0f;
-  float rc[8] = {};
-  if (REF) {
-    const Word4 r0 = load_word4(T.ref_centroid + g * T.D + c * 8), r1 = load_word4(T.ref_centroid + g * T.D + c * 8 + 4);
-    QVG_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      rc[i] = A::from_bits(r0.v[i]);
-      rc[4 + i] = A::from_bits(r1.v[i]);
-    }
-  }
-  // Batches of up to NB of the thread's tokens (two batches for a full tile): every load
-  // of the batch (codes, scales, zeros, ids, then the stage-0 centroid rows) is issued
-  // before the batch's arithmetic and stores, so that NB rows of loads are in flight
-  // (the target may alias nothing the loads read, but the compiler cannot know that).
-  constexpr int NB = kDecodeBatch;
-  for (; t < tl.t_end;
-       t += NB * step, cp += NB * cstep, si += NB * sstep, idp += NB * step, op += NB * ostep, rcp += NB * rcstep,
-       rsi += NB * rsstep) {
-    // Phase 1, every raw load of the batch, unconditional: a token past the tile's end
-    // reads token 0's words again (never used), so no branch separates the loads and all
-    // of them are in flight together; nothing loaded is converted before phase 3.
-    bool live[NB];
-    uint32_t word[NB], sraw[NB], zraw[NB], rword[NB], rsraw[NB];
-    int id0[NB];
-    QVG_UNROLL
-    for (int k = 0; k < NB; ++k) {
-      live[k] = t + k * step < tl.t_end;
-      const int kk = live[k] ? k : 0;
-      const uint8_t* cpk = cp + kk * cstep;
-      word[k] = load_code_word<W>(cpk);
-      const int64_t sk = si + kk * sstep;
-      sraw[k] = FP8 ? uint32_t(T.scales[sk]) : load_u16(T.scales + 2 * sk);
-      zraw[k] = asym ? (FP8 ? uint32_t(T.zeros[sk]) : load_u16(T.zeros + 2 * sk)) : 0u;
-      id0[k] = idp[kk * step];
-      if (REF) {
-        const uint8_t* rk = rcp + kk * rcstep;
-        rword[k] = load_code_word<RW>(rk);
-        const int64_t rs = rsi + kk * rsstep;
-        rsraw[k] = T.ref_fp8 ? uint32_t(T.ref_scales[rs]) : load_u16(T.ref_scales + 2 * rs);
-      }
-    }
-    // Phase 2, the stage-0 centroid rows (their addresses needed the ids).
-    Word4 c0[NB], c1[NB];
-    QVG_UNROLL
-    for (int k = 0; k < NB; ++k) {
-      const uint8_t* q = cent + id0[k] * crow;
-      c0[k] = load_word4(q);
-      if (CDT == A::kF32) c1[k] = load_word4(q + 16);
-    }
-    // Phase 3, the arithmetic and the stores of the live tokens.
-    QVG_UNROLL
-    for (int k = 0; k < NB; ++k) {
-      if (!live[k]) continue;
-      const float s_eff = A::effective(stored_scale<FP8>(sraw[k]), gf);
-      const float z_eff = asym ? A::effective(stored_scale<FP8>(zraw[k]), gz) : 0.0f;
-      float acc[8];
-      QVG_UNROLL
-      for (int i = 0; i < 8; ++i) acc[i] = A::dequant_biased(code_of_word<W>(word[k], i), qbias, asym, s_eff, z_eff);
-      for (int st = 0; st < T.stages; ++st) {
-        Word4 w0 = c0[k], w1 = c1[k];
-        if (st > 0) {  // later stages (rare): loaded here
-          const int id = idp[k * step + st * T.ids_stage_stride];
-          const uint8_t* q = cent + st * T.centroid_stage_stride + id * crow;
-          w0 = load_word4(q);
-          if (CDT == A::kF32) w1 = load_word4(q + 16);
-        }
-        if (CDT == A::kF32) {
-          QVG_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            acc[i] = A::add_rn(acc[i], A::from_bits(w0.v[i]));
-            acc[4 + i] = A::add_rn(acc[4 + i], A::from_bits(w1.v[i]));
-          }
-        } else {
-          QVG_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            const uint16_t lo = uint16_t(w0.v[i] & 0xFFFFu), hi = uint16_t(w0.v[i] >> 16);
-            acc[2 * i] = A::add_rn(acc[2 * i], CDT == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo));
-            acc[2 * i + 1] = A::add_rn(acc[2 * i + 1], CDT == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi));
-          }
-        }
-      }
-      if (REF) {  // refine_one: round(round_trip(value) + layer), the layer's value by decoded_value
-        const float rs = T.ref_fp8 ? stored_scale<true>(rsraw[k]) : stored_scale<false>(rsraw[k]);
-        const float rs_eff = A::effective(rs, rgf);
-        QVG_UNROLL
-        for (int i = 0; i < 8; ++i) {
-          const float layer =
-              A::add_rn(A::dequant_biased(code_of_word<RW>(rword[k], i), rbias, false, rs_eff, 0.0f), rc[i]);
-          acc[i] = A::add_rn(A::round_trip(acc[i], ODT), layer);
-        }
-      }
-      uint8_t* opk = op + k * ostep;
-      if (ODT == A::kF32) {
-        float* p = reinterpret_cast<float*>(opk);
-        if (vstore) {
-          Word4 w0, w1;
-          QVG_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            w0.v[i] = A::bits_of(acc[i]);
-            w1.v[i] = A::bits_of(acc[4 + i]);
-          }
-          store_word4(p, w0);
-          store_word4(p + 4, w1);
-        } else {
-          QVG_UNROLL
-          for (int i = 0; i < 8; ++i) store_as<float>(p + i, acc[i]);
-        }
-      } else {
-        uint16_t* p = reinterpret_cast<uint16_t*>(opk);
-        Word4 w;
-        if (ODT == A::kBF16) {
-          pack_bf16_row(acc, w.v);
-        } else {
-          QVG_UNROLL
-          for (int i = 0; i < 4; ++i)
-            w.v[i] = A::encode_elem(acc[2 * i], ODT) | (A::encode_elem(acc[2 * i + 1], ODT) << 16);
-        }
-        if (vstore) {
-          store_word4(p, w);
-        } else {
-          QVG_UNROLL
-          for (int i = 0; i < 8; ++i) store_as<uint16_t>(p + i, uint16_t(w.v[i / 2] >> (16 * (i % 2))));
-        }
-      }
-    }
-  }
+  if constexpr (RBITS != 0)
+    decode_thread_vec<BITS, FP8, kAsymmetricAtRunTime, CDT, ODT, RBITS>(T, P, tl, t, c);
+  else if (T.asymmetric != 0)
+    decode_thread_vec<BITS, FP8, kAsymmetric, CDT, ODT, RBITS>(T, P, tl, t, c);
+  else
+    decode_thread_vec<BITS, FP8, kSymmetric, CDT, ODT, RBITS>(T, P, tl, t, c);
 }
 
 /// The decoded value of channel d of token t of group (b, h) in fp32 (spec 1.3: the

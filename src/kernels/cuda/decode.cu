@@ -9,9 +9,11 @@
 // qvg/code_format.h; scale format, centroid dtype, output dtype; the width of a
 // refinement layer or none: 3 x 2 x (9 + 3 x 3) = 108 instantiations for the rows
 // int2, int3, int4), chosen once per launch on the host (with_decode_mode, through
-// qvg::dispatch_width); each thread sets up its invariants once and then only
-// advances pointers per token. Everything a thread does is decode_block_vec /
-// decode_block_generic of bodies.cuh, which the host test runs over the same grid.
+// qvg::dispatch_width); each unrefined kernel holds a symmetric and an asymmetric copy
+// of its loop (DecodeVecThread's ASYM), each thread sets up its invariants once and
+// then decodes its tokens in batches of four. Everything a thread does is
+// decode_block_vec / decode_block_generic of bodies.cuh, which the host test runs over
+// the same grid.
 //
 // Arithmetic: the functions of arith.cuh (__fmul_rn/__fadd_rn, integer format
 // conversions; the file is compiled with --fmad=false), in the order of
