@@ -73,7 +73,8 @@ if(QVG_HAVE_CUDA)
   # Device code (.cu) in an object library that sees only src/ and CUDA's headers
   # (fmt's imported include directory /usr/include would break nvcc's host includes);
   # host code (.cpp, C++20, the library's warnings) in qvg_cuda itself.
-  set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/encode_kernels.cu src/kernels/cuda/quantize_kernels.cu
+  set(QVG_CUDA_KERNEL_SOURCES src/kernels/cuda/decode.cu src/kernels/cuda/decode_int2.cu src/kernels/cuda/decode_int3.cu
+      src/kernels/cuda/decode_int4.cu src/kernels/cuda/encode_kernels.cu src/kernels/cuda/quantize_kernels.cu
       src/kernels/cuda/span_kernels.cu src/kernels/cuda/kmeanspp_kernels.cu src/kernels/cuda/guard_kernels.cu)
   # Host code: the device runtime (kernels layer), the device encoder's orchestration
   # and the device encoded tensor (codec layer), the device caches (cache layer).

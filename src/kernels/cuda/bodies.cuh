@@ -361,16 +361,24 @@ QVG_HD float stored_scale(uint32_t raw) {
   return FP8 ? A::fp8e4m3_to_f32_scaled(uint8_t(raw)) : A::bf16_to_f32(uint16_t(raw));
 }
 
+/// A width whose code words the vectorised bodies decode (kCodeWordFits) as a
+/// compile-time constant: g(std::integral_constant<int, bits>); nothing for another.
+template <class G>
+void with_decodable_width(int bits, G&& g) {
+  qvg::dispatch_width(bits, [&](auto w) {
+    using W = decltype(w);
+    if constexpr (kCodeWordFits<W>) g(std::integral_constant<int, W::kBits>{});
+  });
+}
+
 /// Calls f(bits, fp8, centroid dtype, output dtype, ref_bits) with each argument as a
-/// compile-time constant (std::integral_constant), for every supported mode: each
-/// code width of qvg/code_format.h whose words fit (kCodeWordFits), fp8 or bf16
-/// scales, bf16/f16/f32 centroids and outputs (ref_bits 0) — and, with a refinement
-/// layer of any such width (ref_bits != 0), the modes whose output dtype is the
-/// centroids' (task_vectorizable). Widths become constants only through
-/// qvg::dispatch_width. The decode launcher and the host test dispatch through this
-/// one function. REQUIRES a vectorisable launch's mode (plan_decode's).
-template <class F>
-void with_decode_mode(int bits, bool fp8, int cdt, int odt, int ref_bits, F&& f) {
+/// compile-time constant (std::integral_constant), for every supported mode of codes
+/// of width BITS: fp8 or bf16 scales, bf16/f16/f32 centroids and outputs (ref_bits 0)
+/// — and, with a refinement layer of any width whose words fit (ref_bits != 0), the
+/// modes whose output dtype is the centroids' (task_vectorizable). Each code width
+/// (BITS) has its own translation unit of kernels (decode_int<bits>.cu).
+template <int BITS, class F>
+void with_decode_submode(bool fp8, int cdt, int odt, int ref_bits, F&& f) {
   using std::integral_constant;
   using qvg::cuda_arith::kBF16;
   using qvg::cuda_arith::kF16;
@@ -383,24 +391,28 @@ void with_decode_mode(int bits, bool fp8, int cdt, int odt, int ref_bits, F&& f)
       default: return g(integral_constant<int, kF32>{});
     }
   };
-  // A width of decodable words as a constant: g(integral_constant<int, bits>).
-  const auto by_width = [](int b, auto&& g) {
-    qvg::dispatch_width(b, [&](auto w) {
-      using W = decltype(w);
-      if constexpr (kCodeWordFits<W>) g(integral_constant<int, W::kBits>{});
-    });
-  };
-  by_width(bits, [&](auto b) {
-    const auto modes = [&](auto f8) {
-      if (ref_bits != 0)  // cdt == odt
-        by_width(ref_bits, [&](auto rb) { by_dtype(cdt, [&](auto c) { f(b, f8, c, c, rb); }); });
-      else
-        by_dtype(cdt, [&](auto c) { by_dtype(odt, [&](auto o) { f(b, f8, c, o, integral_constant<int, 0>{}); }); });
-    };
-    if (fp8)
-      modes(std::true_type{});
+  const integral_constant<int, BITS> b;
+  const auto modes = [&](auto f8) {
+    if (ref_bits != 0)  // cdt == odt
+      with_decodable_width(ref_bits, [&](auto rb) { by_dtype(cdt, [&](auto c) { f(b, f8, c, c, rb); }); });
     else
-      modes(std::false_type{});
+      by_dtype(cdt, [&](auto c) { by_dtype(odt, [&](auto o) { f(b, f8, c, o, integral_constant<int, 0>{}); }); });
+  };
+  if (fp8)
+    modes(std::true_type{});
+  else
+    modes(std::false_type{});
+}
+
+/// with_decode_submode for a run-time width: every supported mode of every code width
+/// of qvg/code_format.h whose words fit (kCodeWordFits). Widths become constants only
+/// through qvg::dispatch_width. The host test dispatches through this function, the
+/// decode launcher through its two parts. REQUIRES a vectorisable launch's mode
+/// (plan_decode's).
+template <class F>
+void with_decode_mode(int bits, bool fp8, int cdt, int odt, int ref_bits, F&& f) {
+  with_decodable_width(bits, [&](auto b) {
+    with_decode_submode<decltype(b)::value>(fp8, cdt, odt, ref_bits, f);
   });
 }
 

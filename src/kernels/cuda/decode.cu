@@ -8,7 +8,8 @@
 // The vectorised kernel is a template on the mode (the codes' width, a row of
 // qvg/code_format.h; scale format, centroid dtype, output dtype; the width of a
 // refinement layer or none: 3 x 2 x (9 + 3 x 3) = 108 instantiations for the rows
-// int2, int3, int4), chosen once per launch on the host (with_decode_mode, through
+// int2, int3, int4, each width's in its own unit: decode_vec.cuh, decode_int<bits>.cu),
+// chosen once per launch on the host (with_decode_submode, through
 // qvg::dispatch_width); each unrefined kernel holds a symmetric and an asymmetric copy
 // of its loop (DecodeVecThread's ASYM), each thread sets up its invariants once and
 // then decodes its tokens in batches of four. Everything a thread does is
@@ -27,16 +28,13 @@
 #include "kernels/cuda/per_device.h"
 
 namespace qvg::cuda::kernels {
-namespace {
 
-template <int BITS, bool FP8, int CDT, int ODT, int RBITS>
-__global__ void __launch_bounds__(kDecodeThreads,
-                                  CDT == qvg::cuda_arith::kF32 || RBITS > 0 ? kDecodeMinBlocksWide : kDecodeMinBlocks)
-    decode_vec_kernel(const __grid_constant__ DecodeLaunch L) {
-  const int32_t blk = int32_t(blockIdx.x);
-  const int ti = task_of_block(L, blk);
-  decode_block_vec<BITS, FP8, CDT, ODT, RBITS>(L, ti, blk - L.first_block[ti], int(threadIdx.x));
-}
+/// Launches the vectorised kernel of L's mode for codes of BITS bits: defined in
+/// decode_vec.cuh, instantiated in decode_int<BITS>.cu (one unit per width).
+template <int BITS>
+void launch_decode_vec(const DecodeLaunch& L, cudaStream_t stream);
+
+namespace {
 
 __global__ void __launch_bounds__(kDecodeThreads) decode_generic_kernel(const __grid_constant__ DecodeLaunch L) {
   const int32_t blk = int32_t(blockIdx.x);
@@ -70,12 +68,7 @@ void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream) {
       detail::check_launch("decode_generic_kernel");
       continue;
     }
-    with_decode_mode(L.bits, L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits,
-                     [&](auto bits, auto fp8, auto cdt, auto odt, auto rbits) {
-                       decode_vec_kernel<decltype(bits)::value, decltype(fp8)::value, decltype(cdt)::value,
-                                         decltype(odt)::value, decltype(rbits)::value><<<grid, block, 0, stream>>>(L);
-                       detail::check_launch("decode_vec_kernel");
-                     });
+    with_decodable_width(L.bits, [&](auto bits) { launch_decode_vec<decltype(bits)::value>(L, stream); });
   }
 }
 

@@ -1,0 +1,6 @@
+// The vectorised decode kernels for int3 codes (decode_vec.cuh).
+#include "kernels/cuda/decode_vec.cuh"
+
+namespace qvg::cuda::kernels {
+QVG_DECODE_VEC_WIDTH(3)
+}  // namespace qvg::cuda::kernels
