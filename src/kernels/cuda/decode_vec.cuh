@@ -26,13 +26,12 @@ __global__ void __launch_bounds__(kDecodeThreads,
 template <int BITS>
 void launch_decode_vec(const DecodeLaunch& L, cudaStream_t stream) {
   const dim3 grid(unsigned(L.blocks())), block(kDecodeThreads);
-  with_decode_submode<BITS>(L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits,
-                            [&](auto bits, auto fp8, auto cdt, auto odt, auto rbits) {
-                              decode_vec_kernel<decltype(bits)::value, decltype(fp8)::value, decltype(cdt)::value,
-                                                decltype(odt)::value, decltype(rbits)::value>
-                                  <<<grid, block, 0, stream>>>(L);
-                              detail::check_launch("decode_vec_kernel");
-                            });
+  with_decode_submode<BITS>(
+      L.fp8 != 0, L.centroid_dtype, L.out_dtype, L.ref_bits, [&](auto bits, auto fp8, auto cdt, auto odt, auto rbits) {
+        decode_vec_kernel<decltype(bits)::value, decltype(fp8)::value, decltype(cdt)::value, decltype(odt)::value,
+                          decltype(rbits)::value><<<grid, block, 0, stream>>>(L);
+        detail::check_launch("decode_vec_kernel");
+      });
 }
 
 }  // namespace qvg::cuda::kernels
