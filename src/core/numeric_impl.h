@@ -83,17 +83,10 @@ QVG_HD float f16_to_f32(uint16_t h) {
   uint32_t exp = (h >> 10) & 0x1Fu;
   uint32_t man = h & 0x3FFu;
   if (exp == 0x1F) return from_bits(sign | 0x7F800000u | (man << 13));  // inf / NaN
-  if (exp == 0) {
-    if (man == 0) return from_bits(sign);
-    // Subnormal: normalise the mantissa.
-    int e = -1;
-    do {
-      man <<= 1;
-      ++e;
-    } while ((man & 0x400u) == 0);
-    man &= 0x3FFu;
-    return from_bits(sign | (uint32_t(127 - 15 - e) << 23) | (man << 13));
-  }
+  // Zero or subnormal: man * 2^-24, exact in fp32 (man as a float from the 2^23 bit
+  // pattern, then a multiply by a power of two) — no normalisation loop, which on the
+  // device cost the decode kernels registers and spills.
+  if (exp == 0) return from_bits(sign | bits_of(mul_rn(sub_rn(from_bits(0x4B000000u | man), 8388608.0f), 0x1p-24f)));
   return from_bits(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
