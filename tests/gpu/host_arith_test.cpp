@@ -244,7 +244,8 @@ QVG_TEST(mul64wide_matches_limb_product) {
 // grid, the templated bodies) against the CPU codec's decode, bit for bit: all 48
 // modes (int2, int3, int4) x input (= centroid) dtype x output dtype (so all 54
 // unrefined instantiations of decode_block_vec), D = 64, 128, 256 and 24 on the
-// vectorised path and D = 12 (block 4, int2/int4) on the generic one; the whole tensor into a dense target (aligned:
+// vectorised path (S up to 150: up to 8 tokens per thread) and D = 12 (block 4,
+// int2/int4) on the generic one; the whole tensor into a dense target (aligned:
 // 128-bit stores; misaligned: element stores), and a strided sub-range (t0 > 0,
 // h0 > 0, padded token stride) whose padding must stay untouched.
 QVG_TEST(decode_launches_match_cpu_decode) {
@@ -252,8 +253,12 @@ QVG_TEST(decode_launches_match_cpu_decode) {
     qvg::Shape4 sh;
     int block;
   };
-  const ShapeCase shapes[] = {
-      {{2, 37, 3, 64}, 32}, {{1, 21, 2, 128}, 64}, {{1, 13, 2, 256}, 64}, {{1, 21, 2, 24}, 8}, {{1, 19, 2, 12}, 4}};
+  // The first three give each thread of a vectorised tile 1-2 tokens; the last two
+  // (S over 4 token rows per block) 5-8 in the first tile, so that a thread's second,
+  // clamped batch of kDecodeBatch runs too.
+  const ShapeCase shapes[] = {{{2, 37, 3, 64}, 32}, {{1, 21, 2, 128}, 64}, {{1, 13, 2, 256}, 64},
+                              {{1, 21, 2, 24}, 8},  {{1, 19, 2, 12}, 4},  {{1, 150, 2, 128}, 64},
+                              {{1, 75, 2, 256}, 64}};
   int checked = 0;
   uint32_t seed = 1;
   modes_run().clear();
