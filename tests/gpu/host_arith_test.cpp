@@ -956,7 +956,9 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
       for (const bool fp8 : {true, false})
         for (const int block : {32, 12}) {
           if (block % qvg::find_code_format(bits)->group_codes != 0) continue;  // int3: 32 only
-          const qvg::Shape4 sh{2, 40, 3, 96};
+          // 200 tokens: a thread of the first tile (21 rows of 12 threads at D = 96) has
+          // 8 tokens, so both of its batches run.
+          const qvg::Shape4 sh{2, 200, 3, 96};
           const qvg::Tensor x = make_data(dt, sh, uint32_t(1000 + bits + 7 * block + (fp8 ? 1 : 0)), 20.0f);
           qvg::CodecConfig base;
           base.bits = bits;
@@ -971,21 +973,22 @@ QVG_TEST(fused_refinement_launches_match_the_cpu) {
               qvg::encode_refinement(x.view(), dec.view(), qvg::refinement_config(6 - bits, block, 7));
           const Contig ec = contig(enc), lc = contig(layer);
           for (const qvg::DType od : {dt, dt == qvg::DType::F32 ? qvg::DType::BF16 : qvg::DType::F32}) {
-            // Tokens [2, 37) heads [0, 3) refined and [1, 3) unrefined into one strided target.
-            const int64_t D = sh.d, tok_stride = 6 * D, batch_stride = 40 * tok_stride;
+            // Tokens [2, 187) heads [0, 3) refined and [5, 150) x [1, 3) unrefined into one
+            // strided target.
+            const int64_t D = sh.d, tok_stride = 6 * D, batch_stride = sh.s * tok_stride;
             const size_t osz = qvg::dtype_size(od);
             std::vector<uint8_t> want(size_t(sh.b * batch_stride) * osz, 0xA5), got = want;
             const qvg::DecodeTarget wa{want.data(), od, batch_stride, tok_stride};
             const qvg::DecodeTarget wb{want.data() + size_t(3 * D) * osz, od, batch_stride, tok_stride};
-            qvg::decode_range(enc, 2, 37, 0, 3, wa);
-            qvg::add_refinement(layer, 2, 37, 0, 3, wa);
-            qvg::decode_range(enc, 5, 30, 1, 3, wb);
-            K::DecodeArgs refined = range_task(enc, ec, od, 2, 37, 0, 3, tok_stride, got.data());
+            qvg::decode_range(enc, 2, 187, 0, 3, wa);
+            qvg::add_refinement(layer, 2, 187, 0, 3, wa);
+            qvg::decode_range(enc, 5, 150, 1, 3, wb);
+            K::DecodeArgs refined = range_task(enc, ec, od, 2, 187, 0, 3, tok_stride, got.data());
             refined.batch_stride = batch_stride;
             qvg::cuda::set_refinement(refined, layer,
                                       {layer.codes.data(), layer.scales.data(), nullptr, layer.scale_factor.data(),
                                        nullptr, lc.ids.data(), lc.cent.data()});
-            K::DecodeArgs plain = range_task(enc, ec, od, 5, 30, 1, 3, tok_stride, got.data() + size_t(3 * D) * osz);
+            K::DecodeArgs plain = range_task(enc, ec, od, 5, 150, 1, 3, tok_stride, got.data() + size_t(3 * D) * osz);
             plain.batch_stride = batch_stride;
             run_decode_launches({refined, plain});
             QVG_EXPECT(got == want) << qvg::dtype_name(dt) << " bits " << bits << " fp8 " << fp8 << " block " << block
