@@ -17,6 +17,7 @@
 // What this cannot check: the kernels' block/thread mapping, the tensor-core
 // assignment and the centroid update (tests/gpu/gpu_tests.cpp, on a GPU).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -397,6 +398,66 @@ QVG_TEST(decode_plan_groups_tasks_by_mode) {
     const size_t end = off[i] + size_t(sh.b * (t1 - t0) * stride) * osz;
     for (size_t j = end; j < end + 16; ++j) QVG_EXPECT(tg.p[j] == 0xA5) << "task" << i << "wrote past its target";
   }
+}
+
+// The centring 4 elements at a time (center_thread_vec4, what center_vec4_kernel runs)
+// over every block and thread of its grid against the rule one element at a time:
+// xb = bf16(r - mu[channel]) and the group's largest magnitude (NaN ignored). Values
+// include bf16 rounding ties, NaN, infinities, -0 and subnormals; shapes with S * D
+// over several blocks and not a multiple of kCenterChunk, D = 4 .. 256.
+QVG_TEST(centring_bodies_match_the_element_rule) {
+  std::mt19937 rng(77);
+  int checked = 0;
+  for (const auto& [G, S, D] : std::vector<std::array<int64_t, 3>>{
+           {3, 100, 128}, {2, 4680, 128}, {1, 333, 4}, {2, 70, 12}, {1, 90, 256}, {4, 17, 64}})
+    for (const int nthreads : {256, 96}) {
+      const int64_t n = S * D;
+      std::vector<float> r(size_t(G * n)), mu(size_t(G * D));
+      std::normal_distribution<float> nd(0.0f, 3.0f);
+      for (float& v : mu) v = nd(rng);
+      for (size_t i = 0; i < r.size(); ++i) {
+        const uint32_t k = uint32_t(rng() % 64);
+        float v = nd(rng) * (k == 0 ? 1e30f : 1.0f);
+        if (k == 1) v = std::nanf("");
+        if (k == 2) v = -INFINITY;
+        if (k == 3) v = -0.0f;
+        if (k == 4) v = 1e-41f;                                                       // subnormal
+        if (k == 5) v = qvg::f32_from_bits(0x3F808000u) + mu[size_t(i % size_t(D))];  // near a bf16 tie
+        r[i] = v;
+      }
+      // 16-byte aligned copies, as the device buffers are
+      std::vector<K::Word4> rbuf((r.size() + 3) / 4), mbuf((mu.size() + 3) / 4);
+      std::memcpy(rbuf.data(), r.data(), r.size() * 4);
+      std::memcpy(mbuf.data(), mu.data(), mu.size() * 4);
+      const float* rp = reinterpret_cast<const float*>(rbuf.data());
+      const float* mp = reinterpret_cast<const float*>(mbuf.data());
+      std::vector<K::Word4> xbuf((size_t(G * n) * 2 + 15) / 16);
+      uint16_t* xb = reinterpret_cast<uint16_t*>(xbuf.data());
+      QVG_EXPECT(K::center_vec4_ok(rp, mp, D, xb)) << "D" << D;
+      const int64_t bpg = (n + K::kCenterChunk - 1) / K::kCenterChunk;
+      std::vector<float> got_max(size_t(G), 0.0f);
+      for (int64_t blk = 0; blk < G * bpg; ++blk)
+        for (int tid = 0; tid < nthreads; ++tid) {
+          const float m = K::center_thread_vec4(rp, mp, S, D, bpg, blk, tid, nthreads, xb);
+          got_max[size_t(blk / bpg)] = std::fmax(got_max[size_t(blk / bpg)], m);
+        }
+      bool same = true, max_same = true;
+      for (int64_t g = 0; g < G; ++g) {
+        float want_max = 0.0f;
+        for (int64_t e = 0; e < n; ++e) {
+          const float v = A::sub_rn(r[size_t(g * n + e)], mu[size_t(g * D + e % D)]);
+          same = same && xb[size_t(g * n + e)] == A::f32_to_bf16(v);
+          want_max = std::fmax(want_max, std::fabs(v));
+        }
+        max_same = max_same && qvg::f32_bits(got_max[size_t(g)]) == qvg::f32_bits(want_max);
+      }
+      QVG_EXPECT(same && max_same) << "G" << G << "S" << S << "D" << D << "threads" << nthreads
+                                   << (same ? "maxima differ" : "bf16 points differ");
+      ++checked;
+    }
+  QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
+  QVG_EXPECT(!K::center_vec4_ok(nullptr, nullptr, 6, nullptr)) << "D = 6 taken 4 at a time";
+  std::printf("  %d centring grids compared\n", checked);
 }
 
 // The initial point indices the device draws (random_init_indices: sparse

@@ -77,6 +77,59 @@ QVG_HD float mean_of_partials(const double* partial, int64_t nchunk, int64_t str
   return float(s / double(S));
 }
 
+// ---- centring --------------------------------------------------------------------------
+//
+// k-means runs on the group-centred points in bf16: xb[e] = bf16(r[e] - mu[e % D]) (an
+// fp32 subtraction, nearest even), and the group's largest |r[e] - mu[e % D]| (fmaxf:
+// a NaN is ignored; 0 for none) sizes the update's fixed point.
+
+inline constexpr int kCenterChunk = 8192;  ///< elements per centring block (one group per block)
+
+/// 8 bytes, stored with one 64-bit store on the device.
+struct alignas(8) Word2 {
+  uint32_t v[2];
+};
+
+/// Whether the centring can go 4 elements at a time (16-byte loads of r and mu, an
+/// 8-byte store of xb): D % 4 == 0 and the buffers aligned for it. Host only.
+inline bool center_vec4_ok(const float* r, const float* mu, int64_t D, const uint16_t* xb) {
+  const auto al = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  return D % 4 == 0 && al(r, 16) && al(mu, 16) && al(xb, 8);
+}
+
+/// Thread `tid` of `nthreads` of centring block `blk` (group blk / bpg, elements
+/// [e0, e1) of its S * D, e0 = (blk % bpg) * kCenterChunk): centres elements e0 + 4 tid,
+/// e0 + 4 (tid + nthreads), ..., 4 at a time, and returns the largest magnitude it saw.
+/// REQUIRES center_vec4_ok (then every 4 elements lie in one row: e and D multiples of 4).
+QVG_HD float center_thread_vec4(const float* r, const float* mu, int64_t S, int64_t D, int64_t bpg, int64_t blk,
+                                int tid, int nthreads, uint16_t* xb) {
+  namespace A = qvg::cuda_arith;
+  const int64_t g = blk / bpg, ch = blk - g * bpg;
+  const int64_t n = S * D, e0 = ch * kCenterChunk, e1 = n < e0 + kCenterChunk ? n : e0 + kCenterChunk;
+  const float* rg = r + g * n;
+  const float* mg = mu + g * D;
+  uint16_t* xg = xb + g * n;
+  // the channel of element e, advanced with e (one division per thread, not per element)
+  const int Dn = int(D), dstep = int((4 * int64_t(nthreads)) % D);
+  int64_t e = e0 + 4 * int64_t(tid);
+  int d = int(e % D);
+  float m = 0.0f;
+  for (; e < e1; e += 4 * int64_t(nthreads)) {
+    const Word4 rv = load_word4(rg + e), mv = load_word4(mg + d);
+    uint32_t h[4];
+    QVG_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const float v = A::sub_rn(A::from_bits(rv.v[i]), A::from_bits(mv.v[i]));
+      h[i] = A::f32_to_bf16(v);
+      m = fmaxf(m, fabsf(v));
+    }
+    store_as(xg + e, Word2{{h[0] | (h[1] << 16), h[2] | (h[3] << 16)}});
+    d += dstep;
+    if (d >= Dn) d -= Dn;
+  }
+  return m;
+}
+
 // ---- exact centroid update ------------------------------------------------------------
 
 /// Exponent e with sum over S points of |x| * 2^e < 2^61 for |x| <= maxabs (0 when

@@ -136,8 +136,8 @@ __global__ void mean_final_kernel(const double* partial, int64_t S, int64_t D, i
     mu[g * D + d] = mean_of_partials(partial + g * nchunk * D + d, nchunk, D, S);
 }
 
-constexpr int kCenterChunk = 8192;  // elements per block (one group per block)
-
+// One group per block of kCenterChunk elements (encode_bodies.cuh): the elements one at a
+// time (any D or alignment), or 4 at a time (center_thread_vec4).
 __global__ void center_kernel(const float* __restrict__ r, const float* __restrict__ mu, int64_t S, int64_t D,
                               int64_t bpg, uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
   __shared__ float red[32];
@@ -160,6 +160,14 @@ __global__ void center_kernel(const float* __restrict__ r, const float* __restri
   }
   m = block_max(m, red);
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + g, m);
+}
+
+__global__ void center_vec4_kernel(const float* __restrict__ r, const float* __restrict__ mu, int64_t S, int64_t D,
+                                   int64_t bpg, uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
+  __shared__ float red[32];
+  float m = center_thread_vec4(r, mu, S, D, bpg, blockIdx.x, int(threadIdx.x), int(blockDim.x), xb);
+  m = block_max(m, red);
+  if (threadIdx.x == 0) atomic_max_nonneg(maxabs + blockIdx.x / bpg, m);
 }
 
 // One block per group. k_eff < S: thread 0 draws the CPU's initial indices
@@ -623,6 +631,11 @@ void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, in
 void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_t D, uint16_t* xb, float* maxabs,
                    cudaStream_t stream) {
   const int64_t bpg = (S * D + kCenterChunk - 1) / kCenterChunk;
+  if (center_vec4_ok(r, mu, D, xb)) {
+    center_vec4_kernel<<<unsigned(G * bpg), kThreads, 0, stream>>>(r, mu, S, D, bpg, xb, maxabs);
+    detail::check_launch("center_vec4_kernel");
+    return;
+  }
   center_kernel<<<unsigned(G * bpg), kThreads, 0, stream>>>(r, mu, S, D, bpg, xb, maxabs);
   detail::check_launch("center_kernel");
 }
