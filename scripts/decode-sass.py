@@ -64,7 +64,7 @@ def install_cuobjdump() -> None:
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *SASS_WHEELS], check=True)
 
 
-def compile_units(src_root: Path, arch: str, out: Path, nvcc: str) -> list[tuple[str, str]]:
+def compile_units(src_root: Path, arch: str, out: Path, nvcc: str, units: list[str]) -> list[tuple[str, str]]:
     """Compiles each width's unit to a cubin; returns (ptxas log, cubin path) per unit."""
 
     def one(unit: str) -> tuple[str, str]:
@@ -79,7 +79,7 @@ def compile_units(src_root: Path, arch: str, out: Path, nvcc: str) -> list[tuple
         return r.stderr, str(cubin)
 
     with ThreadPoolExecutor(max_workers=max(1, min(3, os.cpu_count() or 1))) as ex:
-        return list(ex.map(one, WIDTH_UNITS))
+        return list(ex.map(one, units))
 
 
 def mode_of(name: str) -> str | None:
@@ -131,10 +131,12 @@ def loops(cuobjdump: str, cubin: str) -> dict[str, list[int]]:
 
 
 def count(src_root: Path, arch: str, nvcc: str, cuobjdump: str) -> dict[str, dict]:
+    # Before the per-width units (4b65565) every vectorised kernel was in decode.cu.
+    units = WIDTH_UNITS if (src_root / "src/kernels/cuda" / WIDTH_UNITS[0]).exists() else ["decode.cu"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "real").mkdir()
-        logs = compile_units(src_root, arch, tmp / "real", nvcc)
+        logs = compile_units(src_root, arch, tmp / "real", nvcc, units)
         stats = {}
         for log, _ in logs:
             stats.update(ptxas_stats(log))
@@ -152,7 +154,7 @@ def count(src_root: Path, arch: str, nvcc: str, cuobjdump: str) -> dict[str, dic
         bodies.write_text(text)
         (tmp / "hotout").mkdir()
         hot = {}
-        for _, cubin in compile_units(hot_root, arch, tmp / "hotout", nvcc):
+        for _, cubin in compile_units(hot_root, arch, tmp / "hotout", nvcc, units):
             hot.update(loops(cuobjdump, cubin))
     result = {}
     for name, (regs, spill) in stats.items():
@@ -188,13 +190,7 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", wt, a.base], check=True,
                            capture_output=True)
             try:
-                if not (Path(wt) / "src/kernels/cuda/decode_int2.cu").exists():  # before the per-width units
-                    global WIDTH_UNITS
-                    saved, WIDTH_UNITS = WIDTH_UNITS, ["decode.cu"]
-                    base = count(Path(wt), a.arch, nvcc, cuobjdump)
-                    WIDTH_UNITS = saved
-                else:
-                    base = count(Path(wt), a.arch, nvcc, cuobjdump)
+                base = count(Path(wt), a.arch, nvcc, cuobjdump)
             finally:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt], check=False)
     print(f"decode_vec_kernel, {a.arch}: registers, spill bytes per thread; hot loop = instructions per batch of 4 "

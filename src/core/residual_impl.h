@@ -119,9 +119,14 @@ QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_e
 QVG_HD float dequant_bias(int qmax, bool asymmetric) {
   return int_to_float(0x800000 + (asymmetric ? 0 : qmax));
 }
-QVG_HD float dequant_biased(uint32_t code, float bias, bool asymmetric, float s_eff, float z_eff) {
-  const float c = sub_rn(from_bits(0x4B000000u | code), bias);
+/// dequant_biased of a code whose float 2^23 + code is already formed (`biased_code`, the
+/// bits 0x4B000000 | code): the CUDA decode builds those bits for 8 codes at once.
+QVG_HD float dequant_biased_float(float biased_code, float bias, bool asymmetric, float s_eff, float z_eff) {
+  const float c = sub_rn(biased_code, bias);
   return asymmetric ? add_rn(mul_rn(c, s_eff), z_eff) : mul_rn(c, s_eff);
+}
+QVG_HD float dequant_biased(uint32_t code, float bias, bool asymmetric, float s_eff, float z_eff) {
+  return dequant_biased_float(from_bits(0x4B000000u | code), bias, asymmetric, s_eff, z_eff);
 }
 
 // ---- the encoder's scale search (ScaleSearch::Mse) ----------------------------------

@@ -64,6 +64,10 @@ struct DecodeArgs {
 struct alignas(16) Word4 {
   uint32_t v[4];
 };
+/// 8 bytes, stored with one 64-bit store on the device.
+struct alignas(8) Word2 {
+  uint32_t v[2];
+};
 #if !defined(__CUDA_ARCH__)
 /// Host only: the load_as/store_as accesses made at an address not aligned for
 /// their type (on the device each would fault). The host tests require none.
@@ -450,17 +454,14 @@ QVG_HD uint32_t byte_perm(uint32_t x, uint32_t y) {
   return r;
 #endif
 }
-/// Whether every code of a word of width W lies inside one byte (int2, int4; not int3).
-template <class W>
-inline constexpr bool kCodesInBytes = 8 % W::kBits == 0;
 /// The float bits 0x4B000000 | code of each code of a code word (out[i]: code i), the
-/// operands of dequant_biased. For codes inside bytes, from one mask of the word per
+/// operands of dequant_biased_float. For groups of one byte, from one mask of the word per
 /// distinct in-byte shift (shared by the word's codes: 2 masks for int4, 4 for int2)
 /// and one byte permutation per code with the constant in a register, instead of a
 /// shift, a mask and an or per code.
 template <class W, int... I>
 QVG_HD void codes_float_bits_at(uint32_t word, uint32_t (&out)[8], std::integer_sequence<int, I...>) {
-  if constexpr (kCodesInBytes<W>) {
+  if constexpr (W::kGroupBytes == 1) {  // every code inside one byte (int2, int4; not int3)
     constexpr uint32_t kByteMask = W::kMask * 0x01010101u;
     const uint32_t magic = 0x4B000000u;
     ((out[I] = byte_perm<uint32_t(code_word_shift<W>(I) / 8) | 0x7540u>(
@@ -474,14 +475,6 @@ template <class W>
 QVG_HD void codes_float_bits(uint32_t word, uint32_t (&out)[8]) {
   codes_float_bits_at<W>(word, out, std::make_integer_sequence<int, 8>{});
 }
-/// dequant_biased of the code whose float bits codes_float_bits gave (the same
-/// operations: the code's float less the bias, times the scale, plus the zero).
-QVG_HD float dequant_float_bits(uint32_t fbits, float bias, bool asymmetric, float s_eff, float z_eff) {
-  namespace A = qvg::cuda_arith;
-  const float c = A::sub_rn(A::from_bits(fbits), bias);
-  return asymmetric ? A::add_rn(A::mul_rn(c, s_eff), z_eff) : A::mul_rn(c, s_eff);
-}
-
 /// How a vectorised body knows whether its task is asymmetric: symmetric or asymmetric
 /// as a constant (a loop without the other's operations: the unrefined kernels hold
 /// both copies), or the task's flag read at run time (the refined kernels: one copy of
@@ -586,7 +579,7 @@ struct DecodeVecThread {
       uint32_t fb[8];
       codes_float_bits<W>(word[k], fb);
       QVG_UNROLL
-      for (int j = 0; j < 8; ++j) acc[j] = dequant_float_bits(fb[j], qbias, asym, s_eff, z_eff);
+      for (int j = 0; j < 8; ++j) acc[j] = A::dequant_biased_float(A::from_bits(fb[j]), qbias, asym, s_eff, z_eff);
       if constexpr (CDT == A::kF32)
         add_centroid(acc, c0[k], c1[k]);
       else
@@ -600,7 +593,7 @@ struct DecodeVecThread {
         round_trip_row(acc);
         QVG_UNROLL
         for (int j = 0; j < 8; ++j)
-          acc[j] = A::add_rn(acc[j], A::add_rn(dequant_float_bits(rfb[j], rbias, false, rs_eff, 0.0f), rc[j]));
+          acc[j] = A::add_rn(acc[j], A::add_rn(A::dequant_biased_float(A::from_bits(rfb[j]), rbias, false, rs_eff, 0.0f), rc[j]));
       }
       store_row(op + int64_t(kk[k]) * ostep, acc);
     }

@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/arith.cuh"
-#include "kernels/cuda/bodies.cuh"  // load_as / store_as / Word4
+#include "kernels/cuda/bodies.cuh"  // load_as / store_as / Word4 / Word2
 
 namespace qvg::cuda::kernels {
 
@@ -84,11 +84,6 @@ QVG_HD float mean_of_partials(const double* partial, int64_t nchunk, int64_t str
 // a NaN is ignored; 0 for none) sizes the update's fixed point.
 
 inline constexpr int kCenterChunk = 8192;  ///< elements per centring block (one group per block)
-
-/// 8 bytes, stored with one 64-bit store on the device.
-struct alignas(8) Word2 {
-  uint32_t v[2];
-};
 
 /// Whether the centring can go 4 elements at a time (16-byte loads of r and mu, an
 /// 8-byte store of xb): D % 4 == 0 and the buffers aligned for it. Host only.
