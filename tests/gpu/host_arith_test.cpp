@@ -14,8 +14,10 @@
 //   bytes given its assignments, and the same residual energy), the refinement error
 //   against encode_refinement and the layer added in the view (refine_one) against
 //   add_refinement.
+// - the tensor-core assignment's fragment helpers against a model of the PTX ISA's
+//   mma.m16n8k16 / ldmatrix layouts.
 // What this cannot check: the kernels' block/thread mapping, the tensor-core
-// assignment and the centroid update (tests/gpu/gpu_tests.cpp, on a GPU).
+// instructions themselves and the centroid update (tests/gpu/gpu_tests.cpp, on a GPU).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -458,6 +460,81 @@ QVG_TEST(centring_bodies_match_the_element_rule) {
   QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
   QVG_EXPECT(!K::center_vec4_ok(nullptr, nullptr, 6, nullptr)) << "D = 6 taken 4 at a time";
   std::printf("  %d centring grids compared\n", checked);
+}
+
+// The tensor-core assignment's fragment helpers (encode_bodies.cuh: which point
+// values a lane loads into its A fragment, which centroid row it hands ldmatrix,
+// which (point, centroid) each accumulator holds) against a model of the PTX ISA's
+// layouts for mma.m16n8k16 .bf16 and ldmatrix.m8n8.x4 .b16, written from the ISA's
+// tables: every accumulator must hold the dot product of the point and the centroid
+// the kernel takes it for, and every pair of a 16 x 16 tile must come out once.
+QVG_TEST(assignment_fragments_follow_the_ptx_layouts) {
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (const int DIM : {64, 128, 256}) {
+    const int LD = DIM + 8, NTILES = 2;
+    std::vector<int> x(size_t(16 * DIM)), cs(size_t(8 * NTILES * LD), 99);  // small integers: exact sums
+    for (int& v : x) v = int(rng() % 9) - 4;
+    for (int c = 0; c < 8 * NTILES; ++c)
+      for (int k = 0; k < DIM; ++k) cs[size_t(c * LD + k)] = int(rng() % 9) - 4;
+    // a[lane][ks][reg][e]: the A fragments as the kernel loads them
+    std::vector<std::array<std::array<int, 2>, 4>> a(size_t(32 * (DIM / 16)));
+    for (int lane = 0; lane < 32; ++lane)
+      for (int ks = 0; ks < DIM / 16; ++ks)
+        for (int reg = 0; reg < 4; ++reg)
+          for (int e = 0; e < 2; ++e)
+            a[size_t(lane * (DIM / 16) + ks)][size_t(reg)][size_t(e)] =
+                x[size_t(K::a_fragment_row(lane, reg) * DIM + K::a_fragment_k(lane, ks, reg) + e)];
+    bool aligned = true;
+    for (int nt = 0; nt < NTILES; ++nt) {
+      double acc[32][4] = {};
+      for (int ks = 0; ks < DIM / 16; ks += 2) {
+        int addr[32];
+        for (int lane = 0; lane < 32; ++lane) {
+          addr[lane] = K::ldsm_b_offset(lane, nt, ks, LD);
+          aligned = aligned && addr[lane] % 8 == 0;
+        }
+        // ldmatrix: thread t's register q = row t / 4 of matrix q (the row lane 8q + t / 4
+        // addressed), columns 2 (t % 4), +1
+        int b[32][4][2];
+        for (int t = 0; t < 32; ++t)
+          for (int q = 0; q < 4; ++q)
+            for (int e = 0; e < 2; ++e) b[t][q][e] = cs[size_t(addr[8 * q + t / 4] + 2 * (t % 4) + e)];
+        for (int half = 0; half < 2; ++half) {  // mma with B regs (0, 1) at ks, then (2, 3) at ks + 1
+          // the ISA's layouts: A element a_i of lane (gid, tig): row gid + 8 ((i / 2) % 2), column
+          // 2 tig + i % 2 + 8 (i / 4), register i / 2; B element b_i: row (k) 2 tig + i % 2 + 8 (i / 2),
+          // column gid; C element c_i: row gid + 8 (i / 2), column 2 tig + i % 2
+          int Am[16][16], Bm[16][8];
+          for (int lane = 0; lane < 32; ++lane) {
+            const int gid = lane / 4, tig = lane % 4;
+            for (int i = 0; i < 8; ++i)
+              Am[gid + 8 * ((i / 2) % 2)][2 * tig + i % 2 + 8 * (i / 4)] =
+                  a[size_t(lane * (DIM / 16) + ks + half)][size_t(i / 2)][size_t(i % 2)];
+            for (int i = 0; i < 4; ++i) Bm[2 * tig + i % 2 + 8 * (i / 2)][gid] = b[lane][2 * half + i / 2][i % 2];
+          }
+          for (int lane = 0; lane < 32; ++lane)
+            for (int i = 0; i < 4; ++i) {
+              const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+              for (int k = 0; k < 16; ++k) acc[lane][i] += double(Am[row][k]) * double(Bm[k][col]);
+            }
+        }
+      }
+      std::set<std::pair<int, int>> seen;
+      bool same = true;
+      for (int lane = 0; lane < 32; ++lane)
+        for (int i = 0; i < 4; ++i) {
+          const int row = K::c_fragment_row(lane, i), col = nt * 8 + K::c_fragment_col(lane, i);
+          double want = 0;
+          for (int k = 0; k < DIM; ++k) want += double(x[size_t(row * DIM + k)]) * double(cs[size_t(col * LD + k)]);
+          same = same && acc[lane][i] == want;
+          seen.insert({row, col});
+        }
+      QVG_EXPECT(same && seen.size() == 128) << "D" << DIM << "n-tile" << nt << "pairs" << seen.size();
+      ++checked;
+    }
+    QVG_EXPECT(aligned) << "an ldmatrix row address not 16-byte aligned, D" << DIM;
+  }
+  std::printf("  %d n-tiles' accumulators checked against the ISA's layouts\n", checked);
 }
 
 // The initial point indices the device draws (random_init_indices: sparse

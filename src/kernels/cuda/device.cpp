@@ -177,22 +177,34 @@ cudaMemPool_t default_pool(int device) {
   return device_pool(device);
 }
 
-int max_shared_optin() {
+namespace {
+/// The current device's attribute `Attr`, queried once per device (thread-safe).
+template <cudaDeviceAttr Attr>
+int device_attribute_once() {
   struct Slot {
     std::once_flag once;
-    int bytes = 0;
+    int value = 0;
   };
   static Slot slots[kMaxDevices];
   const int dev = current_device();
   auto query = [dev] {
     int v = 0;
-    QVG_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    QVG_CUDA(cudaDeviceGetAttribute(&v, Attr, dev));
     return v;
   };
   if (dev < 0 || dev >= kMaxDevices) return query();
   Slot& s = slots[dev];
-  std::call_once(s.once, [&] { s.bytes = query(); });
-  return s.bytes;
+  std::call_once(s.once, [&] { s.value = query(); });
+  return s.value;
+}
+}  // namespace
+
+int max_shared_optin() {
+  return device_attribute_once<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+}
+
+int multiprocessor_count() {
+  return device_attribute_once<cudaDevAttrMultiProcessorCount>();
 }
 
 }  // namespace detail

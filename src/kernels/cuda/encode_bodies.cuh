@@ -20,6 +20,36 @@
 
 namespace qvg::cuda::kernels {
 
+// ---- the assignment's fragments (mma.m16n8k16 bf16; host-tested against a model of
+// the PTX ISA's layouts, tests/gpu/host_arith_test.cpp) ----------------------------------
+
+/// Register `reg` (0..3) of lane `lane`'s A fragment at k-step `ks` holds the two bf16
+/// values of point row `a_fragment_row(lane, reg)` of the 16-row tile at k =
+/// a_fragment_k(lane, ks, reg), +1.
+QVG_HD constexpr int a_fragment_row(int lane, int reg) {
+  return lane / 4 + 8 * (reg & 1);
+}
+QVG_HD constexpr int a_fragment_k(int lane, int ks, int reg) {
+  return ks * 16 + (lane % 4) * 2 + 8 * (reg >> 1);
+}
+/// Accumulator `i` (0..3) of lane `lane` is the dot product of tile row
+/// c_fragment_row(lane, i) with the n-tile's centroid c_fragment_col(lane, i) (0..7).
+QVG_HD constexpr int c_fragment_row(int lane, int i) {
+  return lane / 4 + 8 * (i >> 1);
+}
+QVG_HD constexpr int c_fragment_col(int lane, int i) {
+  return (lane % 4) * 2 + (i & 1);
+}
+/// The row lane `lane` addresses for ldmatrix.m8n8.x4 (b16, no transpose), as an
+/// element offset in a [rows][ld] bf16 centroid tile (row = centroid, k contiguous),
+/// so that its registers 0..3 are the B fragments of n-tile `nt`: regs 0, 1 of step
+/// ks, then regs 0, 1 of step ks + 1. Lane L addresses row L % 8 of matrix L / 8 =
+/// centroid nt * 8 + L % 8 at k = ks * 16 + 8 (L / 8). The rows must be 16-byte
+/// aligned: ld % 8 == 0 and the tile 16-byte aligned.
+QVG_HD constexpr int ldsm_b_offset(int lane, int nt, int ks, int ld) {
+  return (nt * 8 + (lane & 7)) * ld + ks * 16 + (lane >> 3) * 8;
+}
+
 // ---- initial indices (spec 1.1 init random) -----------------------------------------
 
 /// Slots of the table random_init_indices works in (a power of two >= 2 * 256, so

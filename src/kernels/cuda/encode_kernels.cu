@@ -245,6 +245,21 @@ __device__ __forceinline__ void take_min(float& best, int& bidx, float d, int id
   }
 }
 
+/// B fragments of one n-tile for two k-steps from shared memory in one instruction
+/// (ldmatrix.x4; `saddr`: the shared-space byte address of the lane's row,
+/// ldsm_b_offset in encode_bodies.cuh).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t saddr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(saddr));
+#else
+  (void)r;
+  (void)saddr;
+  __trap();  // the backend is built for sm_80 and newer only
+#endif
+}
+
 // The tensor-core configurations: DIM (head dim), MT m-tiles of 16 points per warp
 // (their A fragments, all of DIM, stay in registers: MT * DIM / 4 registers per
 // thread), NT n-tiles of 8 centroids per step (independent accumulators), WARPS
@@ -255,20 +270,23 @@ template <int DIM>
 struct MmaConfig;
 template <>
 struct MmaConfig<64> {
-  static constexpr int MT = 2, NT = 1, WARPS = 4;
+  static constexpr int MT = 2, NT = 1, WARPS = 4, MIN_BLOCKS = 1;
 };
 // D = 128: 16 points per warp, two n-tiles per step, 12 warps (56 registers, three
 // 384-thread blocks per multiprocessor by registers and shared memory: 36 warps). On
 // the H200 (LongCat tensor, K = 256) this ran the assignment in 0.307 ms, against
 // 0.429 ms for MT 2 / NT 1 / 4 warps (12 warps resident) and 0.337-0.411 ms for four
-// other tilings (docs/cuda.md, "Measured on the H200").
+// other tilings (docs/cuda.md, "Measured on the H200"), all one tile per block. The
+// persistent tile loop takes 75 registers unbounded (two blocks, 24 warps); MIN_BLOCKS
+// keeps the three at 56 registers, with 32 bytes of spill stores outside the centroid
+// loop (a few local loads per tile of 192 points; ptxas sm_90a, nvcc 13.0).
 template <>
 struct MmaConfig<128> {
-  static constexpr int MT = 1, NT = 2, WARPS = 12;
+  static constexpr int MT = 1, NT = 2, WARPS = 12, MIN_BLOCKS = 3;
 };
 template <>
 struct MmaConfig<256> {
-  static constexpr int MT = 1, NT = 2, WARPS = 8;
+  static constexpr int MT = 1, NT = 2, WARPS = 8, MIN_BLOCKS = 1;
 };
 
 template <int DIM>
@@ -287,25 +305,28 @@ size_t mma_smem_bytes(int k_eff) {
   return size_t(kpad) * (DIM + 8) * 2 + size_t(kpad) * 4;
 }
 
-// One block: rows_per_block points of one group against all of the group's
-// centroids, which sit in shared memory (bf16, rows padded by 8 elements:
-// conflict-free B fragment loads). Each warp keeps the A fragments of its 16 * MT
-// points (all of DIM) in registers and walks the centroids 8 * NT at a time
-// (mma.m16n8k16); the argmin is taken on the accumulators. Fragment layouts (PTX
-// ISA, m16n8k16 bf16): lane = 4 * gid + tig; A regs 0..3 = rows gid, gid+8 x
-// columns 2tig(+1), 2tig+8(+1); B regs 0, 1 = column gid x rows 2tig(+1),
-// 2tig+8(+1); C regs 0..3 = rows gid, gid, gid+8, gid+8 x columns 2tig, 2tig+1.
+// One block: tiles of rows_per_block points of one group (tiles first, first + bpg,
+// ...: a persistent block loads the group's codebook once, not once per tile) against
+// all of the group's centroids, which sit in shared memory (bf16, rows padded by 8
+// elements: conflict-free ldmatrix rows). Each warp keeps the A fragments of its
+// 16 * MT points (all of DIM) in registers and walks the centroids 8 * NT at a time
+// (mma.m16n8k16, B fragments of two k-steps per ldmatrix.x4); the argmin is taken
+// on the accumulators. Fragment layouts (PTX ISA, m16n8k16 bf16): lane = 4 * gid +
+// tig; A regs 0..3 = rows gid, gid+8 x columns 2tig(+1), 2tig+8(+1); B regs 0, 1 =
+// column gid x rows 2tig(+1), 2tig+8(+1); C regs 0..3 = rows gid, gid, gid+8, gid+8
+// x columns 2tig, 2tig+1 (a_fragment_*, ldsm_b_offset, c_fragment_*: encode_bodies.cuh).
 template <int DIM>
-__global__ void __launch_bounds__(MmaConfig<DIM>::WARPS * 32)
+__global__ void __launch_bounds__(MmaConfig<DIM>::WARPS * 32, MmaConfig<DIM>::MIN_BLOCKS)
     assign_mma_kernel(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int K,
-                      int k_eff, int64_t ntiles, uint8_t* ids, int* changed, int it, double stop) {
+                      int k_eff, int64_t ntiles, int64_t bpg, uint8_t* ids, int* changed, int it, double stop) {
   constexpr int MT = MmaConfig<DIM>::MT, NT = MmaConfig<DIM>::NT;
   constexpr int KS = DIM / 16, LD = DIM + 8, ROWS_W = 16 * MT, ROWS_B = mma_rows_per_block<DIM>();
+  static_assert(KS % 2 == 0, "one ldmatrix.x4 covers two k-steps");
   extern __shared__ uint4 smem_u4[];
   const int kpad = (k_eff + 8 * NT - 1) / (8 * NT) * (8 * NT);
   uint16_t* cs = reinterpret_cast<uint16_t*>(smem_u4);
   float* cn = reinterpret_cast<float*>(cs + size_t(kpad) * LD);
-  const int64_t g = blockIdx.x / ntiles, tile = blockIdx.x % ntiles;
+  const int64_t g = blockIdx.x / bpg, first = blockIdx.x % bpg;
   if (!group_active(changed, G, g, it, stop)) return;
 
   for (int i = threadIdx.x; i < kpad * (DIM / 8); i += blockDim.x) {
@@ -317,76 +338,95 @@ __global__ void __launch_bounds__(MmaConfig<DIM>::WARPS * 32)
   for (int i = threadIdx.x; i < kpad; i += blockDim.x) cn[i] = i < k_eff ? cnorm[g * K + i] : INFINITY;
   __syncthreads();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, tig = lane & 3;
-  const int64_t base = tile * ROWS_B + warp * ROWS_W;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint16_t* xg = xb + g * S * DIM;
-  uint32_t a[MT][KS][4];
+  // ldsm_b_offset is linear in (nt, ks): the lane's part once, the step's added per load
+  const uint32_t b_lane = uint32_t(__cvta_generic_to_shared(cs)) + 2u * uint32_t(ldsm_b_offset(lane, 0, 0, LD));
+  // 32-bit tile and row numbers: S < 2^31 (DeviceEncodedTensor::allocate checks it);
+  // tile * ROWS_B < S + ROWS_B overflows only past 2^31 - 256 points of one group
+  // (256 GB of bf16 points at D = 64: more than a device holds)
+  const int s32 = int(S), nt32 = int(ntiles), step = int(bpg);
+  int nchanged = 0;
+  for (int tile = int(first); tile < nt32; tile += step) {
+    const int base = tile * ROWS_B + warp * ROWS_W;
+    if (base >= s32) break;  // this warp's rows of this and every later tile lie past S (warp-uniform)
+    uint32_t a[MT][KS][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int64_t r0 = base + mt * 16 + gid, r1 = r0 + 8;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      const int col = ks * 16 + tig * 2;
-      a[mt][ks][0] = r0 < S ? *reinterpret_cast<const uint32_t*>(xg + r0 * DIM + col) : 0u;
-      a[mt][ks][1] = r1 < S ? *reinterpret_cast<const uint32_t*>(xg + r1 * DIM + col) : 0u;
-      a[mt][ks][2] = r0 < S ? *reinterpret_cast<const uint32_t*>(xg + r0 * DIM + col + 8) : 0u;
-      a[mt][ks][3] = r1 < S ? *reinterpret_cast<const uint32_t*>(xg + r1 * DIM + col + 8) : 0u;
+      for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          const int row = base + mt * 16 + a_fragment_row(lane, reg);
+          a[mt][ks][reg] =
+              row < s32 ? *reinterpret_cast<const uint32_t*>(xg + int64_t(row) * DIM + a_fragment_k(lane, ks, reg))
+                        : 0u;
+        }
+    float best[2 * MT];
+    int bidx[2 * MT];
+#pragma unroll
+    for (int q = 0; q < 2 * MT; ++q) {
+      best[q] = INFINITY;
+      bidx[q] = INT_MAX;
     }
-  }
-  float best[2 * MT];
-  int bidx[2 * MT];
+    for (int nt0 = 0; nt0 < kpad / 8; nt0 += NT) {
+      float acc[NT][MT][4];
 #pragma unroll
-  for (int q = 0; q < 2 * MT; ++q) {
-    best[q] = INFINITY;
-    bidx[q] = INT_MAX;
-  }
-  for (int nt0 = 0; nt0 < kpad / 8; nt0 += NT) {
-    float acc[NT][MT][4];
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+          for (int i = 0; i < 4; ++i) acc[n][mt][i] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[n][mt][i] = 0.0f;
+      for (int ks = 0; ks < KS; ks += 2) {
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
+        for (int n = 0; n < NT; ++n) {
+          uint32_t b[4];  // b[0], b[1]: step ks; b[2], b[3]: step ks + 1
+          ldsm_x4(b, b_lane + 2u * uint32_t(ldsm_b_offset(0, nt0 + n, ks, LD)));
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint16_t* crow = cs + ((nt0 + n) * 8 + gid) * LD + tig * 2 + ks * 16;
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(crow);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(crow + 8);
+          for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[n][mt], a[mt][ks], b[0], b[1]);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[n][mt], a[mt][ks], b0, b1);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int col = (nt0 + n) * 8 + tig * 2 + j;
-        const float c2 = cn[col];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          take_min(best[mt * 2], bidx[mt * 2], fmaf(-2.0f, acc[n][mt][j], c2), col);
-          take_min(best[mt * 2 + 1], bidx[mt * 2 + 1], fmaf(-2.0f, acc[n][mt][2 + j], c2), col);
+          for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[n][mt], a[mt][ks + 1], b[2], b[3]);
         }
       }
-  }
-  int nchanged = 0;
+      // A thread meets its columns in increasing order (nt0, then n, then j), so a
+      // tie with an earlier column never displaces it: `d < best` alone keeps the
+      // lowest index among the thread's equal distances. The distances of real
+      // columns are finite within the input limits (spec 1.0: |x| <= 1e16), so the
+      // padding's +inf is never taken; out of the limits, a row whose distances
+      // are all +inf or NaN gets id 0.
 #pragma unroll
-  for (int q = 0; q < 2 * MT; ++q) {
+      for (int n = 0; n < NT; ++n) {
+        const float2 c2 = *reinterpret_cast<const float2*>(cn + (nt0 + n) * 8 + c_fragment_col(lane, 0));
 #pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      const float od = __shfl_xor_sync(0xFFFFFFFFu, best[q], o);
-      const int oi = __shfl_xor_sync(0xFFFFFFFFu, bidx[q], o);
-      take_min(best[q], bidx[q], od, oi);
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {  // row c_fragment_row(lane, i) = gid + 8 (i >> 1): best[2 mt + (i >> 1)]
+            const int col = (nt0 + n) * 8 + c_fragment_col(lane, i);
+            const float d = fmaf(-2.0f, acc[n][mt][i], (i & 1) ? c2.y : c2.x);
+            const int q = mt * 2 + (i >> 1);
+            if (d < best[q]) {
+              best[q] = d;
+              bidx[q] = col;
+            }
+          }
+      }
     }
-    const int64_t row = base + (q >> 1) * 16 + gid + (q & 1) * 8;
-    if (tig == 0 && row < S) {
-      uint8_t* p = ids + g * S + row;
-      const uint8_t nid = uint8_t(bidx[q] == INT_MAX ? 0 : bidx[q]);
-      if (it == 0 || *p != nid) ++nchanged;
-      *p = nid;
+#pragma unroll
+    for (int q = 0; q < 2 * MT; ++q) {
+#pragma unroll
+      for (int o = 1; o <= 2; o <<= 1) {  // across the 4 lanes of a row: the spec's tie rule
+        const float od = __shfl_xor_sync(0xFFFFFFFFu, best[q], o);
+        const int oi = __shfl_xor_sync(0xFFFFFFFFu, bidx[q], o);
+        take_min(best[q], bidx[q], od, oi);
+      }
+      const int row = base + (q >> 1) * 16 + c_fragment_row(lane, 2 * (q & 1));
+      if (lane % 4 == 0 && row < s32) {
+        uint8_t* p = ids + g * S + row;
+        const uint8_t nid = uint8_t(bidx[q] == INT_MAX ? 0 : bidx[q]);
+        if (it == 0 || *p != nid) ++nchanged;
+        *p = nid;
+      }
     }
   }
   for (int o = 16; o > 0; o >>= 1) nchanged += __shfl_xor_sync(0xFFFFFFFFu, nchanged, o);
@@ -572,10 +612,17 @@ bool launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnor
     const int want = int(std::min<size_t>(mma_smem_bytes<DIM>(256), size_t(optin)));
     QVG_CUDA(cudaFuncSetAttribute(assign_mma_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize, want));
   });
-  constexpr int rows = mma_rows_per_block<DIM>();
+  constexpr int rows = mma_rows_per_block<DIM>(), threads = MmaConfig<DIM>::WARPS * 32;
   const int64_t ntiles = (S + rows - 1) / rows;
-  assign_mma_kernel<DIM><<<unsigned(G * ntiles), MmaConfig<DIM>::WARPS * 32, smem, stream>>>(
-      xb, cb, cnorm, G, S, K, k_eff, ntiles, ids, changed, it, stop);
+  // Persistent blocks: as many per group as one wave of resident blocks allows
+  // (at least 1, at most one per tile), so that each loads its codebook once. The
+  // occupancy query is a host computation (no stream work, allowed during capture).
+  int per_sm = 0;
+  QVG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, assign_mma_kernel<DIM>, threads, smem));
+  const int64_t resident = int64_t(std::max(per_sm, 1)) * detail::multiprocessor_count();
+  const int64_t bpg = std::clamp<int64_t>(resident / G, 1, ntiles);
+  assign_mma_kernel<DIM><<<unsigned(G * bpg), threads, smem, stream>>>(xb, cb, cnorm, G, S, K, k_eff, ntiles, bpg,
+                                                                       ids, changed, it, stop);
   detail::check_launch("assign_mma_kernel");
   return true;
 }

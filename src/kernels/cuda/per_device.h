@@ -47,6 +47,10 @@ class PerDeviceOnce {
 /// opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin), queried once per device.
 int max_shared_optin();
 
+/// The current device's multiprocessor count (cudaDevAttrMultiProcessorCount),
+/// queried once per device.
+int multiprocessor_count();
+
 /// The memory pool qvg owns on `device` (the default allocator's; release threshold
 /// UINT64_MAX), created at the first call for that device; nullptr when the device
 /// has no stream-ordered pools (the default allocator then uses cudaMalloc/cudaFree)
