@@ -202,7 +202,9 @@ QVG_TEST(window_decode_tasks_match_cpu) {
 // relative; the replay alone would accept any valid ids); the relative MSE beside the
 // CPU encoder's is printed. Cases: the
 // tensor-core paths D = 64, 128 and 256 (hy-worldplay-8b's head dim), the generic
-// one (D = 48), S < K, two stages, every scale mode family, int2, int3 and int4.
+// one (D = 48), S < K, two stages, every scale mode family, int2, int3 and int4. Each
+// input is also encoded from an address off 16 bytes, where the encoder reads stage
+// 0's points from an fp32 copy instead of the input itself: the same bytes.
 QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
   TestStream st;
   struct Case {
@@ -239,6 +241,18 @@ QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
           qvg::cuda::detail::encode_traced(xv, cfg, st.s, qvg::cuda::default_allocator(), dtrace.data()).download(st.s);
       const std::vector<uint8_t> trace = to_host(dtrace.data(), trace_bytes, st.s);
       const qvg::EncodedTensor gpu2 = qvg::cuda::encode(xv, cfg, st.s).download(st.s);
+      {
+        // The same input one element past a 16-byte boundary: the encoder then reads
+        // stage 0's points from an fp32 copy instead of the input itself
+        // (src/codec/cuda/encode.cpp); the two must give the same bytes.
+        const size_t esz = qvg::dtype_size(in);
+        DeviceBuffer dxo(x.nbytes() + esz, st.s);
+        uint8_t* po = static_cast<uint8_t*>(dxo.data()) + esz;
+        QVG_GPU_CHECK(cudaMemcpyAsync(po, x.data(), x.nbytes(), cudaMemcpyHostToDevice, st.s));
+        const qvg::EncodedTensor gpu3 = qvg::cuda::encode(qvg::ConstTensorView{po, in, c.sh}, cfg, st.s).download(st.s);
+        QVG_EXPECT(gpu3 == gpu2) << describe(c.m) << "in" << qvg::dtype_name(in) << "shape" << c.sh.str()
+                                 << "an input off 16 bytes (read through its fp32 copy) encodes differently";
+      }
       bool valid = true;
       try {
         gpu.validate();

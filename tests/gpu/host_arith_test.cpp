@@ -402,8 +402,68 @@ QVG_TEST(decode_plan_groups_tasks_by_mode) {
   }
 }
 
+// kernels::Points, how the encoder's kernels read a stage's points: over an input in
+// its [B, S, H, D] layout (bf16, f16, f32; B = 2, H = 3) and over the [G, S, D] fp32
+// residual buffer, element (g = b * H + h, t, d) by at, at4 and at8 against the
+// tensor's own element, bit for bit (NaN, infinities, -0, subnormals included); and
+// vector_ok refusing a pointer or D the vector loads cannot take.
+QVG_TEST(points_read_the_input_layout_and_the_residual_buffer) {
+  std::mt19937 rng(3);
+  int checked = 0;
+  for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}) {
+    const qvg::Shape4 sh{2, 5, 3, 16};
+    qvg::Tensor x = make_data(dt, sh, 9, 2.0f);
+    const size_t numel = size_t(sh.b * sh.s * sh.h * sh.d);
+    const float specials[] = {std::nanf(""), INFINITY, -INFINITY, -0.0f, 1e-41f, 3.0e-8f};
+    for (size_t k = 0; k < 6; ++k) qvg::store_f32(x.data(), dt, size_t(rng() % numel), specials[k]);
+    std::vector<float> buf(numel);  // the [G, S, D] fp32 buffer of the same values
+    const int64_t G = sh.b * sh.h, S = sh.s, D = sh.d;
+    for (int64_t b = 0; b < sh.b; ++b)
+      for (int64_t h = 0; h < sh.h; ++h)
+        for (int64_t t = 0; t < S; ++t)
+          for (int64_t d = 0; d < D; ++d)
+            buf[size_t(((b * sh.h + h) * S + t) * D + d)] =
+                qvg::load_f32(x.data(), dt, size_t(((b * S + t) * sh.h + h) * D + d));
+    K::Points in;
+    in.p = x.data();
+    in.dtype = qvg::cuda::arith_dtype(dt);
+    in.H = sh.h;
+    in.S = S;
+    in.D = D;
+    QVG_EXPECT(in.vector_ok(8) && in.vector_ok(4)) << qvg::dtype_name(dt);
+    for (const K::Points& p : {in, K::residual_points(buf.data(), S, D)}) {
+      bool same = true;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t t = 0; t < S; ++t) {
+          const int64_t b = g / sh.h, h = g % sh.h, row = p.row(g, t);
+          for (int64_t d = 0; d < D; d += 8) {
+            float v4[4], v8[8];
+            p.at8(row + d, v8);
+            for (int64_t i = 0; i < 8; ++i) {
+              const float want = qvg::load_f32(x.data(), dt, size_t(((b * S + t) * sh.h + h) * D + d + i));
+              if (i % 4 == 0) p.at4(row + d + i, v4);
+              same = same && qvg::f32_bits(p.at(row + d + i)) == qvg::f32_bits(want) &&
+                     qvg::f32_bits(v8[i]) == qvg::f32_bits(want) && qvg::f32_bits(v4[i % 4]) == qvg::f32_bits(want);
+            }
+          }
+        }
+      QVG_EXPECT(same) << qvg::dtype_name(dt) << (p.H == 1 ? "buffer" : "input layout");
+      ++checked;
+    }
+    K::Points odd = in;
+    odd.p = static_cast<const uint8_t*>(x.data()) + 4;
+    QVG_EXPECT(!odd.vector_ok(4)) << "a pointer off 16 bytes taken for vector loads";
+    odd = in;
+    odd.D = 12;
+    QVG_EXPECT(!odd.vector_ok(8) && odd.vector_ok(4)) << "D = 12";
+  }
+  QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
+  QVG_EXPECT(checked == 6) << checked;
+}
+
 // The centring 4 elements at a time (center_thread_vec4, what center_vec4_kernel runs)
-// over every block and thread of its grid against the rule one element at a time:
+// over every block and thread of its grid, reading the residual buffer and a bf16
+// input in its [B, S, H, D] layout, against the rule one element at a time:
 // xb = bf16(r - mu[channel]) and the group's largest magnitude (NaN ignored). Values
 // include bf16 rounding ties, NaN, infinities, -0 and subnormals; shapes with S * D
 // over several blocks and not a multiple of kCenterChunk, D = 4 .. 256.
@@ -435,30 +495,48 @@ QVG_TEST(centring_bodies_match_the_element_rule) {
       const float* mp = reinterpret_cast<const float*>(mbuf.data());
       std::vector<K::Word4> xbuf((size_t(G * n) * 2 + 15) / 16);
       uint16_t* xb = reinterpret_cast<uint16_t*>(xbuf.data());
-      QVG_EXPECT(K::center_vec4_ok(rp, mp, D, xb)) << "D" << D;
-      const int64_t bpg = (n + K::kCenterChunk - 1) / K::kCenterChunk;
-      std::vector<float> got_max(size_t(G), 0.0f);
-      for (int64_t blk = 0; blk < G * bpg; ++blk)
-        for (int tid = 0; tid < nthreads; ++tid) {
-          const float m = K::center_thread_vec4(rp, mp, S, D, bpg, blk, tid, nthreads, xb);
-          got_max[size_t(blk / bpg)] = std::fmax(got_max[size_t(blk / bpg)], m);
+      // The points as the residual buffer ([G, S, D] fp32), and as stage 0's input
+      // ([1, S, H = G, D] bf16: the values rounded to bf16 first).
+      std::vector<K::Word4> ibuf((size_t(G * n) * 2 + 15) / 16);
+      uint16_t* xin = reinterpret_cast<uint16_t*>(ibuf.data());
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t e = 0; e < n; ++e)
+          xin[size_t(((e / D) * G + g) * D + e % D)] = A::f32_to_bf16(r[size_t(g * n + e)]);
+      K::Points in;
+      in.p = xin;
+      in.dtype = A::kBF16;
+      in.H = G;
+      in.S = S;
+      in.D = D;
+      for (const K::Points& src : {K::residual_points(rp, S, D), in}) {
+        QVG_EXPECT(K::center_vec4_ok(src, mp, xb)) << "D" << D;
+        const int64_t bpg = (n + K::kCenterChunk - 1) / K::kCenterChunk;
+        std::vector<float> got_max(size_t(G), 0.0f);
+        for (int64_t blk = 0; blk < G * bpg; ++blk)
+          for (int tid = 0; tid < nthreads; ++tid) {
+            const float m = K::center_thread_vec4(src, mp, bpg, blk, tid, nthreads, xb);
+            got_max[size_t(blk / bpg)] = std::fmax(got_max[size_t(blk / bpg)], m);
+          }
+        bool same = true, max_same = true;
+        for (int64_t g = 0; g < G; ++g) {
+          float want_max = 0.0f;
+          for (int64_t e = 0; e < n; ++e) {
+            const float x =
+                src.dtype == A::kF32 ? r[size_t(g * n + e)] : A::bf16_to_f32(A::f32_to_bf16(r[size_t(g * n + e)]));
+            const float v = A::sub_rn(x, mu[size_t(g * D + e % D)]);
+            same = same && xb[size_t(g * n + e)] == A::f32_to_bf16(v);
+            want_max = std::fmax(want_max, std::fabs(v));
+          }
+          max_same = max_same && qvg::f32_bits(got_max[size_t(g)]) == qvg::f32_bits(want_max);
         }
-      bool same = true, max_same = true;
-      for (int64_t g = 0; g < G; ++g) {
-        float want_max = 0.0f;
-        for (int64_t e = 0; e < n; ++e) {
-          const float v = A::sub_rn(r[size_t(g * n + e)], mu[size_t(g * D + e % D)]);
-          same = same && xb[size_t(g * n + e)] == A::f32_to_bf16(v);
-          want_max = std::fmax(want_max, std::fabs(v));
-        }
-        max_same = max_same && qvg::f32_bits(got_max[size_t(g)]) == qvg::f32_bits(want_max);
+        QVG_EXPECT(same && max_same) << "G" << G << "S" << S << "D" << D << "threads" << nthreads
+                                     << (src.dtype == A::kF32 ? "residual buffer" : "bf16 input layout")
+                                     << (same ? "maxima differ" : "bf16 points differ");
+        ++checked;
       }
-      QVG_EXPECT(same && max_same) << "G" << G << "S" << S << "D" << D << "threads" << nthreads
-                                   << (same ? "maxima differ" : "bf16 points differ");
-      ++checked;
     }
   QVG_EXPECT(K::host_misaligned_accesses() == 0) << K::host_misaligned_accesses() << "misaligned accesses";
-  QVG_EXPECT(!K::center_vec4_ok(nullptr, nullptr, 6, nullptr)) << "D = 6 taken 4 at a time";
+  QVG_EXPECT(!K::center_vec4_ok(K::residual_points(nullptr, 1, 6), nullptr, nullptr)) << "D = 6 taken 4 at a time";
   std::printf("  %d centring grids compared\n", checked);
 }
 
@@ -667,7 +745,7 @@ void search_block_of_width(const K::QuantizeArgs& a, int64_t si) {
 void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256) {
   std::fill(a.group_max, a.group_max + 2 * a.G, 0.0f);
   const int64_t nb = a.D / a.block;
-  if (K::quantize_vectorizable(a.D, a.block)) {
+  if (K::quantize_vectorizable(a.D, a.block) && a.r.vector_ok(8)) {
     const int width = a.block / 8;
     const int64_t wpg = a.S * (a.D / 8), bpg = (wpg + threads_per_block - 1) / threads_per_block;
     for (int64_t g = 0; g < a.G; ++g)
@@ -702,7 +780,7 @@ void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256)
   for (int64_t si = 0; si < a.G * a.S * nb; ++si) K::scale_block(a, si);
   qvg::dispatch_width(a.bits, [&](auto wd) {  // as quantize_residual picks the pack kernel
     using W = decltype(wd);
-    if (K::kCodeWordFits<W> && K::quantize_vectorizable(a.D, a.block))
+    if (K::kCodeWordFits<W> && K::quantize_vectorizable(a.D, a.block) && a.r.vector_ok(8))
       for (int64_t w = 0; w < a.G * a.S * (a.D / 8); ++w) K::pack_word<W>(a, w);
     else
       for (int64_t e = 0; e < K::code_groups<W>(a); ++e) K::pack_group_at<W>(a, e);
@@ -827,7 +905,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         std::vector<float> raw_s(size_t(G * S * nb)), raw_z(size_t(G * S * nb)), gmax(size_t(2 * G), 0.0f);
         qvg::EncodedTensor got = e;
         K::QuantizeArgs a;
-        a.r = r.data();
+        a.r = K::residual_points(r.data(), S, D);
         a.stored = fused ? stored.data() : nullptr;
         a.ids = fused ? ids.data() : nullptr;
         a.G = G;
@@ -862,6 +940,31 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         QVG_EXPECT(got.scale_factor == ref.scale_factor) << what << "factors";
         QVG_EXPECT(got.zero_factor == ref.zero_factor) << what << "zero factors";
         ++checked;
+        // The same points read where the encoder reads stage 0's: the input's own
+        // [B, S, H, D] layout (Points with H = 3), not a [G, S, D] buffer.
+        {
+          std::vector<float> xin(r.size());
+          for (int64_t g = 0; g < G; ++g)
+            for (int64_t t = 0; t < S; ++t)
+              for (int64_t d = 0; d < D; ++d) xin[size_t((t * G + g) * D + d)] = r[size_t((g * S + t) * D + d)];
+          qvg::EncodedTensor got2 = e;
+          std::vector<float> raw_s2(raw_s.size()), raw_z2(raw_z.size()), gmax2(gmax.size(), 0.0f);
+          K::QuantizeArgs a2 = a;
+          a2.r.p = xin.data();
+          a2.r.H = sh.h;
+          a2.codes = got2.codes.data();
+          a2.scales = got2.scales.data();
+          a2.zeros = m.asym ? got2.zeros.data() : nullptr;
+          a2.scale_factor = a2.two_level ? got2.scale_factor.data() : nullptr;
+          a2.zero_factor = a2.two_level && m.asym ? got2.zero_factor.data() : nullptr;
+          a2.raw_s = raw_s2.data();
+          a2.raw_z = raw_z2.data();
+          a2.group_max = gmax2.data();
+          run_quantize_kernels(a2);
+          QVG_EXPECT(got2.codes == got.codes && got2.scales == got.scales && got2.zeros == got.zeros &&
+                     got2.scale_factor == got.scale_factor && got2.zero_factor == got.zero_factor)
+              << what << "read from the input layout";
+        }
         // The scale search: search_block over every block of what the
         // kernels left, against the CPU's choice with ScaleSearch::Mse.
         qvg::EncodedTensor refm = e;
@@ -896,7 +999,7 @@ K::QuantizeArgs host_quantize_args(qvg::EncodedTensor& got, const float* r, cons
   raw_z.assign(size_t(G * S * nb), 0.0f);
   gmax.assign(size_t(2 * G), 0.0f);
   K::QuantizeArgs a = qvg::cuda::quantize_format(got, K_slots);
-  a.r = r;
+  a.r = K::residual_points(r, S, D);
   a.stored = stored;
   a.ids = ids;
   a.codes = got.codes.data();

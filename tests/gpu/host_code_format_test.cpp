@@ -315,7 +315,7 @@ template <class W>
 void run_quantizer(const K::QuantizeArgs& a) {
   std::fill(a.group_max, a.group_max + 2 * a.G, 0.0f);
   const int64_t nb = a.D / a.block;
-  const bool vec = K::quantize_vectorizable(a.D, a.block);
+  const bool vec = K::quantize_vectorizable(a.D, a.block) && a.r.vector_ok(8);
   for (int64_t g = 0; g < a.G; ++g) {
     float ms = 0.0f, mz = 0.0f;
     if (vec) {
@@ -392,7 +392,7 @@ QVG_TEST(quantizer_passes_of_every_width) {
           std::vector<float> sf(static_cast<size_t>(q.G)), zf(static_cast<size_t>(q.G)),
               raw_s(static_cast<size_t>(nblk)), raw_z(static_cast<size_t>(nblk)), gmax(size_t(2 * q.G));
           K::QuantizeArgs a;
-          a.r = q.r.data();
+          a.r = K::residual_points(q.r.data(), q.S, q.D);
           a.stored = fused ? q.stored.data() : nullptr;
           a.ids = fused ? q.ids.data() : nullptr;
           a.G = q.G;

@@ -137,9 +137,17 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   const int64_t nb = D / cfg.block_size;
   const int dt = arith_dtype(x.dtype);
 
+  // Stage 0's points are the input itself (kernels::Points over x: r_0 = X, read as
+  // fp32 exactly), not an fp32 copy of it, unless a kernel needs them in the residual
+  // buffer: kmeans++ (its picks read r), a span chunk with later stages (its next
+  // stage is subtracted in place), or an input the vector loads cannot read (not
+  // 16-byte aligned). The buffer exists for later stages' residuals too.
+  const bool direct = !kpp && !(span != nullptr && cfg.stages > 1) && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+  const bool has_r = !direct || cfg.stages > 1;
+
   Carver cv;
   const int64_t nchunk = (S + kernels::kMeanChunk - 1) / kernels::kMeanChunk;
-  const size_t o_r = cv.take(size_t(G * S * D) * 4);
+  const size_t o_r = cv.take(has_r ? size_t(G * S * D) * 4 : 0);
   const size_t o_xb = cv.take(size_t(G * S * D) * 2);
   const size_t o_part = cv.take(size_t(G * nchunk * D) * 8);
   const size_t o_mu = cv.take(size_t(G * D) * 4);
@@ -161,7 +169,17 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   DeviceBuffer scratch(cv.size(), stream, alloc);
   uint8_t* base = static_cast<uint8_t*>(scratch.data());
   const auto F = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
-  float* r = F(o_r);
+  float* r = has_r ? F(o_r) : nullptr;
+  kernels::Points pts;  // the stage's points: the input (stage 0, direct) or r
+  if (direct) {
+    pts.p = x.data;
+    pts.dtype = dt;
+    pts.H = H;
+    pts.S = S;
+    pts.D = D;
+  } else {
+    pts = kernels::residual_points(r, S, D);
+  }
   uint16_t* xb = reinterpret_cast<uint16_t*>(base + o_xb);
   double* partial = reinterpret_cast<double*>(base + o_part);
   float* mu = F(o_mu);
@@ -199,13 +217,13 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
     if (job.marks) job.marks->mark(phase, stream);
   };
   if (job.marks) job.marks->start(stream);
-  kernels::gather_points(x.data, dt, B, S, H, D, r, partial, mu, stream, draw);
+  kernels::gather_points(x.data, dt, B, S, H, D, direct ? nullptr : r, partial, mu, stream, draw);
   const uint8_t* last_ids = nullptr;
   for (int st = 0; st < cfg.stages; ++st) {
     uint8_t* ids = enc.mutable_data(EncodedArray::Ids) + size_t(st) * size_t(G * S);
     QVG_CUDA(cudaMemsetAsync(changed, 0, size_t(std::max(iters, 1)) * size_t(G) * 4, stream));
     QVG_CUDA(cudaMemsetAsync(maxabs, 0, size_t(G) * 4, stream));
-    kernels::center_points(r, mu, G, S, D, xb, maxabs, stream);
+    kernels::center_points(pts, mu, G, xb, maxabs, stream);
     mark("centre");
     if (k_eff > 0) {  // k-means: the encoding's K centroids, or a span chunk's new ones
       if (warm)
@@ -217,7 +235,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
                                     reinterpret_cast<double*>(base + o_kd2), base + o_kch, F(o_kxp), idx, stream);
         else if (st > 0 || draw.idx == nullptr)  // stage 0's: drawn by the gather's launch
           kernels::init_indices(G, H, S, K_t, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
-        kernels::init_centroids(r, mu, idx, G, S, D, K_t, k_eff, c, stream);
+        kernels::init_centroids(pts, mu, idx, G, K_t, k_eff, c, stream);
       }
       mark("init");
       for (int it = 0; it < iters; ++it) {
@@ -228,13 +246,14 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
           QVG_CUDA(
               cudaMemcpyAsync(static_cast<uint8_t*>(job.ids_trace) + (size_t(st) * iters + size_t(it)) * size_t(G * S),
                               ids, size_t(G * S), cudaMemcpyDeviceToDevice, stream));
-        kernels::update_centroids(r, mu, maxabs, ids, G, S, D, K_t, sums, counts, c, changed, it, stop, stream);
+        kernels::update_centroids(pts, mu, maxabs, ids, G, S, D, K_t, sums, counts, c, changed, it, stop, stream);
         mark("update");
       }
     }
     if (span == nullptr) {
       void* out_c = enc.mutable_data(EncodedArray::Centroids) + size_t(st) * stage_c;
-      kernels::finish_stage(r, c, mu, ids, G, S, D, K, k_eff, dt, out_c, stored, st + 1 == cfg.stages, partial, stream);
+      kernels::finish_stage(pts, r, c, mu, ids, G, S, D, K, k_eff, dt, out_c, stored, st + 1 == cfg.stages, partial,
+                            stream);
     } else {
       // The new centroids into their slots, then every point to the nearest slot in
       // use (assign_to on the host: no update).
@@ -253,11 +272,12 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
         kernels::group_means(r, G, S, D, mu, stream);
       }
     }
+    if (st + 1 < cfg.stages) pts = kernels::residual_points(r, S, D);  // the next stage's points
     last_ids = ids;
     mark("finish");
   }
   kernels::QuantizeArgs q = quantize_args(enc, K);
-  q.r = r;
+  q.r = pts;
   q.stored = stored;
   q.ids = last_ids;
   q.raw_s = F(o_raws);

@@ -29,9 +29,11 @@ void decode_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
 
 // ---- encode: points ---------------------------------------------------------
 
-/// r[g, t, :] = x[b, t, h, :] as fp32 (x dense [B, S, H, D] of dtype `dtype`), and
-/// mu[g, :] = the group mean (mean_of_partials: fp64 sums of kMeanChunk points in
-/// point order, added in chunk order). `partial`: G * ceil(S / kMeanChunk) * D doubles.
+/// mu[g, :] = the group mean of x (dense [B, S, H, D] of dtype `dtype`; mean_of_partials:
+/// fp64 sums of kMeanChunk points in point order, added in chunk order), and, with r
+/// set, r[g, t, :] = x[b, t, h, :] as fp32 (the kernels that need stage 0's points in
+/// the residual buffer: kmeans++; the others read x as Points). `partial`: G *
+/// ceil(S / kMeanChunk) * D doubles.
 /// With init.idx set, the same launch also draws stage 0's initial point indices
 /// (as init_indices(B * H, H, S, init.K, init.k_eff, init.seed, 0, init.head_offset,
 /// init.idx)), beside the gather: they do not depend on the data.
@@ -44,10 +46,10 @@ struct InitDraw {
 };
 void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r, double* partial,
                    float* mu, cudaStream_t stream, const InitDraw& init = {});
-/// xb[g, t, :] = bf16(r[g, t, :] - mu[g, :]) and maxabs[g] = max |r - mu| (fp32).
+/// xb[g, t, :] = bf16(r[g, t, :] - mu[g, :]) and maxabs[g] = max |r - mu| (fp32), for
+/// the G groups of r (Points: the residual buffer or the input).
 /// REQUIRES maxabs zeroed.
-void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_t D, uint16_t* xb, float* maxabs,
-                   cudaStream_t stream);
+void center_points(const Points& r, const float* mu, int64_t G, uint16_t* xb, float* maxabs, cudaStream_t stream);
 /// Initial point indices idx[g * K + j], j < k_eff, as init_random of kmeans.cpp picks
 /// them (random_init_indices: same PRNG stream per (seed, stage, b, h + head_offset)); 0..k_eff-1
 /// in order when k_eff == S. One block per group, O(k_eff) work each.
@@ -66,8 +68,8 @@ void kmeanspp_indices(const float* r, const float* mu, int64_t G, int64_t H, int
                       float* scratch_xp, uint32_t* idx, cudaStream_t stream);
 /// Initial centred centroids: c[g, j, :] = r[g, idx[g*K + j], :] - mu[g, :] for j < k_eff,
 /// zero for k_eff <= j < K.
-void init_centroids(const float* r, const float* mu, const uint32_t* idx, int64_t G, int64_t S, int64_t D, int K,
-                    int k_eff, float* c, cudaStream_t stream);
+void init_centroids(const Points& r, const float* mu, const uint32_t* idx, int64_t G, int K, int k_eff, float* c,
+                    cudaStream_t stream);
 /// cb = bf16(c) and cnorm[g, j] = ||cb[g, j]||^2 (fp32, fixed order) for j < k_eff,
 /// +inf (never chosen) for j >= k_eff.
 void prepare_centroids(const float* c, int64_t G, int64_t D, int K, int k_eff, uint16_t* cb, float* cnorm,
@@ -88,18 +90,20 @@ void assign(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t 
 /// (r - mu) with id j, accumulated exactly in 64-bit fixed point (scale from
 /// maxabs[g]); empty clusters keep c. `sums`: G*K*D int64, `counts`: G*K int32
 /// (both zeroed here).
-void update_centroids(const float* r, const float* mu, const float* maxabs, const uint8_t* ids, int64_t G, int64_t S,
+void update_centroids(const Points& r, const float* mu, const float* maxabs, const uint8_t* ids, int64_t G, int64_t S,
                       int64_t D, int K, long long* sums, int* counts, float* c, const int* changed, int it, double stop,
                       cudaStream_t stream);
 
 // ---- encode: end of a stage -----------------------------------------------
 
 /// out_c[g, j, :] = (c + mu) rounded to `dtype` (zero for j >= k_eff); stored[g, j, :]
-/// = that value as fp32 (stored_centroid). Unless `last`: then r[g, t, :] -=
-/// stored[g, ids[g, t], :] and mu = the new residual's group mean (as gather_points;
-/// `partial` as there). The last stage's subtraction is the quantizer's.
-void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D, int K,
-                  int k_eff, int dtype, void* out_c, float* stored, bool last, double* partial, cudaStream_t stream);
+/// = that value as fp32 (stored_centroid). Unless `last`: then r[g, t, :] = src[g, t, :]
+/// - stored[g, ids[g, t], :] (src: this stage's points, r itself or the input) and mu =
+/// the new residual's group mean (as gather_points; `partial` as there). The last
+/// stage's subtraction is the quantizer's.
+void finish_stage(const Points& src, float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S,
+                  int64_t D, int K, int k_eff, int dtype, void* out_c, float* stored, bool last, double* partial,
+                  cudaStream_t stream);
 
 // ---- encode: residual quantize-and-pack (spec 1.2, 1.4) ----------------------
 

@@ -20,6 +20,96 @@
 
 namespace qvg::cuda::kernels {
 
+/// n / d for non-negative n and positive d: a 32-bit division when both fit (a few
+/// instructions on the device, where a 64-bit one is a subroutine call), else the
+/// 64-bit one; the same quotient either way. The quantizer's passes divide flat
+/// indices by row and block sizes on every thread.
+QVG_HD int64_t idiv(int64_t n, int64_t d) {
+  return ((uint64_t(n) | uint64_t(d)) >> 32) == 0 ? int64_t(uint32_t(n) / uint32_t(d)) : n / d;
+}
+
+// ---- a stage's points ------------------------------------------------------------------
+
+/// A stage's points r[g, t, 0..D), g = b * H + h, as the encoder's kernels read them:
+/// the encoder's fp32 residual buffer ([G, S, D]: H = 1, dtype f32), or stage 0's
+/// input itself (dense [B, S, H, D] of dtype bf16, f16 or f32). Stage 0's points are
+/// the input (spec 1.1: r_0 = X) and every input dtype widens to fp32 exactly, so
+/// reading the input gives the values its fp32 copy held, without writing the copy.
+/// A view: the buffer is the caller's and outlives the kernels that read it.
+struct Points {
+  const void* p = nullptr;
+  int dtype = qvg::cuda_arith::kF32;
+  int64_t H = 1;  ///< heads of the layout (1: the residual buffer)
+  int64_t S = 0, D = 0;
+
+  /// Element offset of (g, t, 0).
+  QVG_HD int64_t row(int64_t g, int64_t t) const {
+    if (H == 1) return (g * S + t) * D;
+    const int64_t b = idiv(g, H);
+    return ((b * S + t) * H + (g - b * H)) * D;
+  }
+  /// The element at offset `off` as fp32 (exact).
+  QVG_HD float at(int64_t off) const { return qvg::cuda_arith::load_elem(p, dtype, off); }
+  /// The 4 elements at offset `off` (one 16-byte load of fp32, one 8-byte load of
+  /// 16-bit elements). REQUIRES off % 4 == 0 and p 16-byte aligned (vector_ok).
+  QVG_HD void at4(int64_t off, float (&v)[4]) const;
+  /// The 8 elements at offset `off` (two 16-byte loads of fp32, one of 16-bit
+  /// elements). REQUIRES off % 8 == 0 and p 16-byte aligned.
+  QVG_HD void at8(int64_t off, float (&v)[8]) const;
+  /// Whether at4 / at8 may be used for rows of D channels: D % n == 0 and p 16-byte
+  /// aligned. Host only.
+  bool vector_ok(int n) const { return D % n == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+};
+
+/// The fp32 residual buffer r ([G, S, D]) as Points.
+inline Points residual_points(const float* r, int64_t S, int64_t D) {
+  Points pts;
+  pts.p = r;
+  pts.S = S;
+  pts.D = D;
+  return pts;
+}
+
+namespace points_impl {
+/// Two 16-bit elements of a 32-bit word as fp32 (the low one first).
+QVG_HD void widen2(uint32_t w, int dtype, float* v) {
+  namespace A = qvg::cuda_arith;
+  const uint16_t lo = uint16_t(w & 0xFFFFu), hi = uint16_t(w >> 16);
+  v[0] = dtype == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo);
+  v[1] = dtype == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi);
+}
+}  // namespace points_impl
+
+QVG_HD void Points::at4(int64_t off, float (&v)[4]) const {
+  namespace A = qvg::cuda_arith;
+  if (dtype == A::kF32) {
+    const Word4 w = load_word4(static_cast<const float*>(p) + off);
+    QVG_UNROLL
+    for (int i = 0; i < 4; ++i) v[i] = A::from_bits(w.v[i]);
+    return;
+  }
+  const Word2 w = load_as<Word2>(static_cast<const uint16_t*>(p) + off);
+  points_impl::widen2(w.v[0], dtype, v);
+  points_impl::widen2(w.v[1], dtype, v + 2);
+}
+
+QVG_HD void Points::at8(int64_t off, float (&v)[8]) const {
+  namespace A = qvg::cuda_arith;
+  if (dtype == A::kF32) {
+    const float* f = static_cast<const float*>(p) + off;
+    const Word4 w0 = load_word4(f), w1 = load_word4(f + 4);
+    QVG_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      v[i] = A::from_bits(w0.v[i]);
+      v[4 + i] = A::from_bits(w1.v[i]);
+    }
+    return;
+  }
+  const Word4 w = load_word4(static_cast<const uint16_t*>(p) + off);
+  QVG_UNROLL
+  for (int i = 0; i < 4; ++i) points_impl::widen2(w.v[i], dtype, v + 2 * i);
+}
+
 // ---- the assignment's fragments (mma.m16n8k16 bf16; host-tested against a model of
 // the PTX ISA's layouts, tests/gpu/host_arith_test.cpp) ----------------------------------
 
@@ -115,42 +205,53 @@ QVG_HD float mean_of_partials(const double* partial, int64_t nchunk, int64_t str
 
 inline constexpr int kCenterChunk = 8192;  ///< elements per centring block (one group per block)
 
-/// Whether the centring can go 4 elements at a time (16-byte loads of r and mu, an
-/// 8-byte store of xb): D % 4 == 0 and the buffers aligned for it. Host only.
-inline bool center_vec4_ok(const float* r, const float* mu, int64_t D, const uint16_t* xb) {
+/// Whether the centring can go 4 elements at a time (16- or 8-byte loads of the
+/// points and 16-byte loads of mu, an 8-byte store of xb): D % 4 == 0 and the buffers
+/// aligned for it. Host only.
+inline bool center_vec4_ok(const Points& r, const float* mu, const uint16_t* xb) {
   const auto al = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  return D % 4 == 0 && al(r, 16) && al(mu, 16) && al(xb, 8);
+  return r.vector_ok(4) && al(mu, 16) && al(xb, 8);
 }
 
 /// Thread `tid` of `nthreads` of centring block `blk` (group blk / bpg, elements
-/// [e0, e1) of its S * D, e0 = (blk % bpg) * kCenterChunk): centres elements e0 + 4 tid,
-/// e0 + 4 (tid + nthreads), ..., 4 at a time, and returns the largest magnitude it saw.
+/// [e0, e1) of its S * D, e0 = (blk % bpg) * kCenterChunk, element e = t * D + d):
+/// centres elements e0 + 4 tid, e0 + 4 (tid + nthreads), ..., 4 at a time, into
+/// xb[g * S * D + e], and returns the largest magnitude it saw.
 /// REQUIRES center_vec4_ok (then every 4 elements lie in one row: e and D multiples of 4).
-QVG_HD float center_thread_vec4(const float* r, const float* mu, int64_t S, int64_t D, int64_t bpg, int64_t blk,
-                                int tid, int nthreads, uint16_t* xb) {
+QVG_HD float center_thread_vec4(const Points& r, const float* mu, int64_t bpg, int64_t blk, int tid, int nthreads,
+                                uint16_t* xb) {
   namespace A = qvg::cuda_arith;
+  const int64_t S = r.S, D = r.D;
   const int64_t g = blk / bpg, ch = blk - g * bpg;
   const int64_t n = S * D, e0 = ch * kCenterChunk, e1 = n < e0 + kCenterChunk ? n : e0 + kCenterChunk;
-  const float* rg = r + g * n;
+  const int64_t rbase = r.row(g, 0), rstride = r.H * D;  // (g, t, d) at rbase + t * rstride + d
   const float* mg = mu + g * D;
   uint16_t* xg = xb + g * n;
-  // the channel of element e, advanced with e (one division per thread, not per element)
-  const int Dn = int(D), dstep = int((4 * int64_t(nthreads)) % D);
+  // the token and channel of element e, advanced with e (one division per thread, not per element)
+  const int64_t step = 4 * int64_t(nthreads), tstep = step / D;
+  const int Dn = int(D), dstep = int(step % D);
   int64_t e = e0 + 4 * int64_t(tid);
-  int d = int(e % D);
+  int64_t t = e / D;
+  int d = int(e - t * D);
   float m = 0.0f;
-  for (; e < e1; e += 4 * int64_t(nthreads)) {
-    const Word4 rv = load_word4(rg + e), mv = load_word4(mg + d);
+  for (; e < e1; e += step) {
+    float rv[4];
+    r.at4(rbase + t * rstride + d, rv);
+    const Word4 mv = load_word4(mg + d);
     uint32_t h[4];
     QVG_UNROLL
     for (int i = 0; i < 4; ++i) {
-      const float v = A::sub_rn(A::from_bits(rv.v[i]), A::from_bits(mv.v[i]));
+      const float v = A::sub_rn(rv[i], A::from_bits(mv.v[i]));
       h[i] = A::f32_to_bf16(v);
       m = fmaxf(m, fabsf(v));
     }
     store_as(xg + e, Word2{{h[0] | (h[1] << 16), h[2] | (h[3] << 16)}});
+    t += tstep;
     d += dstep;
-    if (d >= Dn) d -= Dn;
+    if (d >= Dn) {
+      d -= Dn;
+      ++t;
+    }
   }
   return m;
 }
@@ -242,10 +343,10 @@ QVG_HD float stored_centroid(float c, float mu, int t, uint32_t* out_bits) {
 
 /// Arguments of the residual quantizer kernels (device pointers).
 struct QuantizeArgs {
-  /// [G, S, D]: the last stage's residual r_{stages-1} when `stored` is set (the
-  /// final residual is then r - stored[ids], computed where it is used and never
-  /// written), else the final residual itself.
-  const float* r = nullptr;
+  /// The last stage's points r_{stages-1} when `stored` is set (the final residual is
+  /// then r - stored[ids], computed where it is used and never written), else the
+  /// final residual itself: the fp32 residual buffer, or the input (one stage).
+  Points r;
   const float* stored = nullptr;  ///< [G, K, D] last stage's stored centroids (fp32 values), or null
   const uint8_t* ids = nullptr;   ///< [G, S] last stage's ids (with `stored`)
   int64_t G = 0, S = 0, D = 0;
@@ -271,34 +372,21 @@ QVG_HD bool quantize_vectorizable(int64_t D, int bs) {
   return D % 8 == 0 && bs % 8 == 0 && w >= 1 && w <= 32 && (w & (w - 1)) == 0;
 }
 
-/// n / d for non-negative n and positive d: a 32-bit division when both fit (a few
-/// instructions on the device, where a 64-bit one is a subroutine call), else the
-/// 64-bit one; the same quotient either way. The quantizer's passes divide flat
-/// indices by row and block sizes on every thread.
-QVG_HD int64_t idiv(int64_t n, int64_t d) {
-  return ((uint64_t(n) | uint64_t(d)) >> 32) == 0 ? int64_t(uint32_t(n) / uint32_t(d)) : n / d;
-}
-
 /// Element d of the final residual of row `row` (= g * S + t).
 QVG_HD float residual_at(const QuantizeArgs& a, int64_t row, int64_t d) {
-  const float x = a.r[row * a.D + d];
-  if (a.stored == nullptr) return x;
   const int64_t g = idiv(row, a.S);
+  const float x = a.r.at(a.r.row(g, row - g * a.S) + d);
+  if (a.stored == nullptr) return x;
   return qvg::cuda_arith::sub_rn(x, a.stored[(g * a.K + a.ids[row]) * a.D + d]);
 }
-/// Channels [8c, 8c + 8) of the final residual of row `row` (two 128-bit loads of
-/// r and of the stored centroid row). REQUIRES D % 8 == 0.
+/// Channels [8c, 8c + 8) of the final residual of row `row` (Points::at8 of r, two
+/// 128-bit loads of the stored centroid row). REQUIRES D % 8 == 0 and
+/// a.r.vector_ok(8).
 QVG_HD void residual8(const QuantizeArgs& a, int64_t row, int64_t c, float (&v)[8]) {
   namespace A = qvg::cuda_arith;
-  const float* x = a.r + row * a.D + c * 8;
-  const Word4 x0 = load_word4(x), x1 = load_word4(x + 4);
-  QVG_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    v[i] = A::from_bits(x0.v[i]);
-    v[4 + i] = A::from_bits(x1.v[i]);
-  }
-  if (a.stored == nullptr) return;
   const int64_t g = idiv(row, a.S);
+  a.r.at8(a.r.row(g, row - g * a.S) + c * 8, v);
+  if (a.stored == nullptr) return;
   const float* s = a.stored + (g * a.K + a.ids[row]) * a.D + c * 8;
   const Word4 s0 = load_word4(s), s1 = load_word4(s + 4);
   QVG_UNROLL

@@ -52,9 +52,10 @@ __device__ __forceinline__ bool group_active(const int* changed, int64_t G, int6
 
 constexpr int kMeanThreads = 128;
 
-// One block per (group, chunk of kMeanChunk points), threads over channels:
-// r[g, t, :] = x[b, t, h, :] as fp32 (coalesced rows of D elements), and the chunk's
-// fp64 sum of each channel in point order. Each thread loads kMeanBatch rows before
+// One block per (group, chunk of kMeanChunk points), threads over channels: the
+// chunk's fp64 sum of each channel in point order, and (r set: a copy for the
+// kernels that need stage 0's points in the residual buffer) r[g, t, :] = x[b, t, h, :]
+// as fp32 (coalesced rows of D elements). Each thread loads kMeanBatch rows before
 // it stores them (x and r never alias: __restrict__), so several loads are in flight.
 constexpr int kMeanBatch = 8;
 
@@ -82,7 +83,7 @@ __global__ void gather_mean_kernel(const void* __restrict__ x, int64_t S, int64_
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     double s = 0;
     const int64_t xbase = (b * S * H + h) * D + d;
-    float* rg = r + g * S * D + d;
+    float* rg = r != nullptr ? r + g * S * D + d : nullptr;
     for (int64_t t = t0; t < t1; t += kMeanBatch) {
       float v[kMeanBatch];
 #pragma unroll
@@ -90,7 +91,7 @@ __global__ void gather_mean_kernel(const void* __restrict__ x, int64_t S, int64_
 #pragma unroll
       for (int k = 0; k < kMeanBatch; ++k)
         if (t + k < t1) {
-          rg[(t + k) * D] = v[k];
+          if (rg != nullptr) rg[(t + k) * D] = v[k];
           s += double(v[k]);  // point order
         }
     }
@@ -98,12 +99,15 @@ __global__ void gather_mean_kernel(const void* __restrict__ x, int64_t S, int64_
   }
 }
 
-// As gather_mean_kernel for the next stage: r[g, t, :] -= stored[g, ids[g, t], :]
-// (fp32), and the chunk sums of the new residual; kMeanBatch rows loaded first.
-__global__ void subtract_mean_kernel(float* __restrict__ r, const float* __restrict__ stored,
+// As gather_mean_kernel for the next stage: r[g, t, :] = src[g, t, :] - stored[g,
+// ids[g, t], :] (fp32; src is r itself after stage 0, or the input), and the chunk
+// sums of the new residual; kMeanBatch rows loaded first. A thread reads each element
+// before it writes it, so src may be r.
+__global__ void subtract_mean_kernel(const Points src, float* r, const float* __restrict__ stored,
                                      const uint8_t* __restrict__ ids, int64_t S, int64_t D, int K, int64_t nchunk,
                                      double* __restrict__ partial) {
   const int64_t g = blockIdx.x / nchunk, ch = blockIdx.x % nchunk;
+  const int64_t sbase = src.row(g, 0), sstride = src.H * D;
   const int64_t t0 = ch * kMeanChunk, t1 = min(S, t0 + kMeanChunk);
   const float* sg = stored + g * K * D;
   const uint8_t* ig = ids + g * S;
@@ -115,7 +119,7 @@ __global__ void subtract_mean_kernel(float* __restrict__ r, const float* __restr
 #pragma unroll
       for (int k = 0; k < kMeanBatch; ++k) {
         const bool in = t + k < t1;
-        v[k] = in ? rg[(t + k) * D] : 0.0f;
+        v[k] = in ? src.at(sbase + (t + k) * sstride + d) : 0.0f;
         c[k] = in ? sg[int64_t(ig[t + k]) * D + d] : 0.0f;
       }
 #pragma unroll
@@ -138,34 +142,42 @@ __global__ void mean_final_kernel(const double* partial, int64_t S, int64_t D, i
 
 // One group per block of kCenterChunk elements (encode_bodies.cuh): the elements one at a
 // time (any D or alignment), or 4 at a time (center_thread_vec4).
-__global__ void center_kernel(const float* __restrict__ r, const float* __restrict__ mu, int64_t S, int64_t D,
-                              int64_t bpg, uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
+__global__ void center_kernel(const Points r, const float* __restrict__ mu, int64_t bpg, uint16_t* __restrict__ xb,
+                              float* __restrict__ maxabs) {
   __shared__ float red[32];
+  const int64_t S = r.S, D = r.D;
   const int64_t g = blockIdx.x / bpg, ch = blockIdx.x % bpg;
   const int64_t n = S * D, e0 = ch * kCenterChunk, e1 = min(n, e0 + kCenterChunk);
-  const float* rg = r + g * n;
+  const int64_t rbase = r.row(g, 0), rstride = r.H * D;  // (g, t, d) at rbase + t * rstride + d
   const float* mg = mu + g * D;
   uint16_t* xg = xb + g * n;
-  // the channel of element e, advanced with e (one division per thread, not per element)
+  // the token and channel of element e = t * D + d, advanced with e (one division per
+  // thread, not per element)
+  const int64_t tstep = int64_t(blockDim.x) / D;
   const int Dn = int(D), dstep = int(blockDim.x % D);
   int64_t e = e0 + threadIdx.x;
-  int d = int(e % D);
+  int64_t t = e / D;
+  int d = int(e - t * D);
   float m = 0.0f;
   for (; e < e1; e += blockDim.x) {
-    const float v = A::sub_rn(rg[e], mg[d]);
+    const float v = A::sub_rn(r.at(rbase + t * rstride + d), mg[d]);
     xg[e] = A::f32_to_bf16(v);
     m = fmaxf(m, fabsf(v));
+    t += tstep;
     d += dstep;
-    if (d >= Dn) d -= Dn;
+    if (d >= Dn) {
+      d -= Dn;
+      ++t;
+    }
   }
   m = block_max(m, red);
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + g, m);
 }
 
-__global__ void center_vec4_kernel(const float* __restrict__ r, const float* __restrict__ mu, int64_t S, int64_t D,
-                                   int64_t bpg, uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
+__global__ void center_vec4_kernel(const Points r, const float* __restrict__ mu, int64_t bpg,
+                                   uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
   __shared__ float red[32];
-  float m = center_thread_vec4(r, mu, S, D, bpg, blockIdx.x, int(threadIdx.x), int(blockDim.x), xb);
+  float m = center_thread_vec4(r, mu, bpg, blockIdx.x, int(threadIdx.x), int(blockDim.x), xb);
   m = block_max(m, red);
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + blockIdx.x / bpg, m);
 }
@@ -191,12 +203,13 @@ __global__ void init_indices_kernel(int64_t H, int64_t S, int K, int k_eff, uint
   init_indices_block(blockIdx.x, H, S, K, k_eff, seed, stage, head_offset, idx);
 }
 
-__global__ void init_kernel(const float* r, const float* mu, const uint32_t* idx, int64_t S, int64_t D, int K,
-                            int k_eff, int64_t n, float* c) {
+__global__ void init_kernel(const Points r, const float* mu, const uint32_t* idx, int K, int k_eff, int64_t n,
+                            float* c) {
+  const int64_t D = r.D;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = e % D, gj = e / D;
     const int64_t j = gj % K, g = gj / K;
-    c[e] = j < k_eff ? A::sub_rn(r[(g * S + idx[gj]) * D + d], mu[g * D + d]) : 0.0f;
+    c[e] = j < k_eff ? A::sub_rn(r.at(r.row(g, idx[gj]) + d), mu[g * D + d]) : 0.0f;
   }
 }
 
@@ -509,7 +522,7 @@ constexpr int kUpdRows = 4;  // rows a thread loads before its atomics (8 measur
 // reassembled 64-bit total is exact: the same bits as one 64-bit sum in any order.
 // Each thread loads kUpdRows rows (ids, r) before its atomics: several loads in
 // flight instead of one.
-__global__ void update_accumulate_kernel(const float* __restrict__ r, const float* __restrict__ mu,
+__global__ void update_accumulate_kernel(const Points r, const float* __restrict__ mu,
                                          const float* __restrict__ maxabs, const uint8_t* __restrict__ ids, int64_t G,
                                          int64_t S, int64_t D, int K, int64_t nchunk, int64_t nslice,
                                          unsigned long long* __restrict__ sums, int* __restrict__ counts,
@@ -533,7 +546,7 @@ __global__ void update_accumulate_kernel(const float* __restrict__ r, const floa
   const float m = in_d ? mu[g * D + d] : 0.0f;
   const bool counter = slice == 0 && lane == 0;
   const uint8_t* ig = ids + g * S;
-  const float* rg = r + g * S * D + (in_d ? d : 0);
+  const int64_t rbase = r.row(g, 0) + (in_d ? d : 0), rstride = r.H * D;  // (g, t, d) at rbase + t * rstride
   const int64_t t0 = ch * kUpdPoints, t1 = min(S, t0 + kUpdPoints);
   for (int64_t tb = t0 + pg; tb < t1; tb += int64_t(npg) * kUpdRows) {
     int id[kUpdRows];
@@ -542,7 +555,7 @@ __global__ void update_accumulate_kernel(const float* __restrict__ r, const floa
     for (int k = 0; k < kUpdRows; ++k) {  // the loads first
       const int64_t t = tb + int64_t(k) * npg;
       id[k] = t < t1 ? int(ig[t]) : -1;
-      x[k] = t < t1 && in_d ? rg[t * D] : 0.0f;
+      x[k] = t < t1 && in_d ? r.at(rbase + t * rstride) : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < kUpdRows; ++k) {
@@ -675,15 +688,14 @@ void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, in
   detail::check_launch("mean_final_kernel");
 }
 
-void center_points(const float* r, const float* mu, int64_t G, int64_t S, int64_t D, uint16_t* xb, float* maxabs,
-                   cudaStream_t stream) {
-  const int64_t bpg = (S * D + kCenterChunk - 1) / kCenterChunk;
-  if (center_vec4_ok(r, mu, D, xb)) {
-    center_vec4_kernel<<<unsigned(G * bpg), kThreads, 0, stream>>>(r, mu, S, D, bpg, xb, maxabs);
+void center_points(const Points& r, const float* mu, int64_t G, uint16_t* xb, float* maxabs, cudaStream_t stream) {
+  const int64_t bpg = (r.S * r.D + kCenterChunk - 1) / kCenterChunk;
+  if (center_vec4_ok(r, mu, xb)) {
+    center_vec4_kernel<<<unsigned(G * bpg), kThreads, 0, stream>>>(r, mu, bpg, xb, maxabs);
     detail::check_launch("center_vec4_kernel");
     return;
   }
-  center_kernel<<<unsigned(G * bpg), kThreads, 0, stream>>>(r, mu, S, D, bpg, xb, maxabs);
+  center_kernel<<<unsigned(G * bpg), kThreads, 0, stream>>>(r, mu, bpg, xb, maxabs);
   detail::check_launch("center_kernel");
 }
 
@@ -693,10 +705,10 @@ void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t se
   detail::check_launch("init_indices_kernel");
 }
 
-void init_centroids(const float* r, const float* mu, const uint32_t* idx, int64_t G, int64_t S, int64_t D, int K,
-                    int k_eff, float* c, cudaStream_t stream) {
-  const int64_t n = G * K * D;
-  init_kernel<<<grid_for(n), kThreads, 0, stream>>>(r, mu, idx, S, D, K, k_eff, n, c);
+void init_centroids(const Points& r, const float* mu, const uint32_t* idx, int64_t G, int K, int k_eff, float* c,
+                    cudaStream_t stream) {
+  const int64_t n = G * K * r.D;
+  init_kernel<<<grid_for(n), kThreads, 0, stream>>>(r, mu, idx, K, k_eff, n, c);
   detail::check_launch("init_kernel");
 }
 
@@ -715,7 +727,7 @@ void assign(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t 
   launch_assign_generic(xb, cb, cnorm, G, S, D, K, k_eff, ids, changed, it, stop, stream);
 }
 
-void update_centroids(const float* r, const float* mu, const float* maxabs, const uint8_t* ids, int64_t G, int64_t S,
+void update_centroids(const Points& r, const float* mu, const float* maxabs, const uint8_t* ids, int64_t G, int64_t S,
                       int64_t D, int K, long long* sums, int* counts, float* c, const int* changed, int it, double stop,
                       cudaStream_t stream) {
   QVG_CUDA(cudaMemsetAsync(sums, 0, size_t(G * K * D) * sizeof(long long), stream));
@@ -736,14 +748,15 @@ void update_centroids(const float* r, const float* mu, const float* maxabs, cons
   detail::check_launch("update_final_kernel");
 }
 
-void finish_stage(float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D, int K,
+void finish_stage(const Points& src, float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D, int K,
                   int k_eff, int dtype, void* out_c, float* stored, bool last, double* partial, cudaStream_t stream) {
   const int64_t nc = G * K * D;
   store_centroids_kernel<<<grid_for(nc), kThreads, 0, stream>>>(c, mu, D, K, k_eff, dtype, nc, out_c, stored);
   detail::check_launch("store_centroids_kernel");
   if (last) return;  // the quantizer subtracts the last stage's centroids itself
   const int64_t nchunk = (S + kMeanChunk - 1) / kMeanChunk;
-  subtract_mean_kernel<<<unsigned(G * nchunk), kMeanThreads, 0, stream>>>(r, stored, ids, S, D, K, nchunk, partial);
+  subtract_mean_kernel<<<unsigned(G * nchunk), kMeanThreads, 0, stream>>>(src, r, stored, ids, S, D, K, nchunk,
+                                                                          partial);
   detail::check_launch("subtract_mean_kernel");
   mean_final_kernel<<<unsigned(G), kMeanThreads, 0, stream>>>(partial, S, D, nchunk, mu);
   detail::check_launch("mean_final_kernel");

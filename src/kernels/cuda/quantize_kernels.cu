@@ -120,7 +120,7 @@ __global__ void fill_kernel(void* x, int dtype, int64_t S, int64_t H, int64_t D,
 void quantize_residual(const QuantizeArgs& a, cudaStream_t stream) {
   QVG_CUDA(cudaMemsetAsync(a.group_max, 0, size_t(2 * a.G) * sizeof(float), stream));
   const int64_t nb = a.D / a.block;
-  const bool vec = quantize_vectorizable(a.D, a.block);
+  const bool vec = quantize_vectorizable(a.D, a.block) && a.r.vector_ok(8);
   if (vec) {
     const int64_t bpg = (a.S * (a.D / 8) + kThreads - 1) / kThreads;
     quantize_stats_vec_kernel<<<unsigned(a.G * bpg), kThreads, 0, stream>>>(a, bpg, a.block / 8);
