@@ -563,7 +563,7 @@ QVG_TEST(assignment_fragments_follow_the_ptx_layouts) {
           for (int e = 0; e < 2; ++e)
             a[size_t(lane * (DIM / 16) + ks)][size_t(reg)][size_t(e)] =
                 x[size_t(K::a_fragment_row(lane, reg) * DIM + K::a_fragment_k(lane, ks, reg) + e)];
-    bool aligned = true;
+    bool aligned = true, linear = true;
     for (int nt = 0; nt < NTILES; ++nt) {
       double acc[32][4] = {};
       for (int ks = 0; ks < DIM / 16; ks += 2) {
@@ -571,6 +571,8 @@ QVG_TEST(assignment_fragments_follow_the_ptx_layouts) {
         for (int lane = 0; lane < 32; ++lane) {
           addr[lane] = K::ldsm_b_offset(lane, nt, ks, LD);
           aligned = aligned && addr[lane] % 8 == 0;
+          // the kernel adds the lane's part (once) and the step's (per load)
+          linear = linear && addr[lane] == K::ldsm_b_offset(lane, 0, 0, LD) + K::ldsm_b_offset(0, nt, ks, LD);
         }
         // ldmatrix: thread t's register q = row t / 4 of matrix q (the row lane 8q + t / 4
         // addressed), columns 2 (t % 4), +1
@@ -611,6 +613,7 @@ QVG_TEST(assignment_fragments_follow_the_ptx_layouts) {
       ++checked;
     }
     QVG_EXPECT(aligned) << "an ldmatrix row address not 16-byte aligned, D" << DIM;
+    QVG_EXPECT(linear) << "ldsm_b_offset is not the lane's part plus the step's, D" << DIM;
   }
   std::printf("  %d n-tiles' accumulators checked against the ISA's layouts\n", checked);
 }
@@ -917,14 +920,19 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         a.asymmetric = m.asym;
         a.fp8 = m.sd == qvg::ScaleDType::FP8_E4M3;
         a.two_level = m.sc == qvg::Scaling::TwoLevel;
-        a.codes = got.codes.data();
-        a.scales = got.scales.data();
-        a.zeros = m.asym ? got.zeros.data() : nullptr;
-        a.scale_factor = a.two_level ? got.scale_factor.data() : nullptr;
-        a.zero_factor = a.two_level && m.asym ? got.zero_factor.data() : nullptr;
-        a.raw_s = raw_s.data();
-        a.raw_z = raw_z.data();
-        a.group_max = gmax.data();
+        // the kernels' outputs and scratch: into `t` and the given vectors
+        const auto outputs_into = [&m](K::QuantizeArgs& q, qvg::EncodedTensor& t, std::vector<float>& rs,
+                                       std::vector<float>& rz, std::vector<float>& gm) {
+          q.codes = t.codes.data();
+          q.scales = t.scales.data();
+          q.zeros = m.asym ? t.zeros.data() : nullptr;
+          q.scale_factor = q.two_level ? t.scale_factor.data() : nullptr;
+          q.zero_factor = q.two_level && m.asym ? t.zero_factor.data() : nullptr;
+          q.raw_s = rs.data();
+          q.raw_z = rz.data();
+          q.group_max = gm.data();
+        };
+        outputs_into(a, got, raw_s, raw_z, gmax);
         run_quantize_kernels(a);
         vec_cases += K::quantize_vectorizable(D, block) ? 1 : 0;
         const std::string what = describe(m, qvg::DType::F32) + " D=" + std::to_string(D) +
@@ -952,14 +960,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
           K::QuantizeArgs a2 = a;
           a2.r.p = xin.data();
           a2.r.H = sh.h;
-          a2.codes = got2.codes.data();
-          a2.scales = got2.scales.data();
-          a2.zeros = m.asym ? got2.zeros.data() : nullptr;
-          a2.scale_factor = a2.two_level ? got2.scale_factor.data() : nullptr;
-          a2.zero_factor = a2.two_level && m.asym ? got2.zero_factor.data() : nullptr;
-          a2.raw_s = raw_s2.data();
-          a2.raw_z = raw_z2.data();
-          a2.group_max = gmax2.data();
+          outputs_into(a2, got2, raw_s2, raw_z2, gmax2);
           run_quantize_kernels(a2);
           QVG_EXPECT(got2.codes == got.codes && got2.scales == got.scales && got2.zeros == got.zeros &&
                      got2.scale_factor == got.scale_factor && got2.zero_factor == got.zero_factor)
