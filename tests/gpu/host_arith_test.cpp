@@ -745,6 +745,20 @@ void search_block_of_width(const K::QuantizeArgs& a, int64_t si) {
   qvg::dispatch_width(a.bits, [&](auto w) { K::search_block<decltype(w)>(a, si); });
 }
 
+/// The quantizer's outputs into the arrays of `t` (its asymmetric and scaling fields
+/// decide which), its scratch into the given vectors.
+void outputs_into(K::QuantizeArgs& a, qvg::EncodedTensor& t, std::vector<float>& raw_s, std::vector<float>& raw_z,
+                  std::vector<float>& gmax) {
+  a.codes = t.codes.data();
+  a.scales = t.scales.data();
+  a.zeros = t.asymmetric ? t.zeros.data() : nullptr;
+  a.scale_factor = a.two_level ? t.scale_factor.data() : nullptr;
+  a.zero_factor = a.two_level && t.asymmetric ? t.zero_factor.data() : nullptr;
+  a.raw_s = raw_s.data();
+  a.raw_z = raw_z.data();
+  a.group_max = gmax.data();
+}
+
 void run_quantize_kernels(const K::QuantizeArgs& a, int threads_per_block = 256) {
   std::fill(a.group_max, a.group_max + 2 * a.G, 0.0f);
   const int64_t nb = a.D / a.block;
@@ -920,18 +934,6 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         a.asymmetric = m.asym;
         a.fp8 = m.sd == qvg::ScaleDType::FP8_E4M3;
         a.two_level = m.sc == qvg::Scaling::TwoLevel;
-        // the kernels' outputs and scratch: into `t` and the given vectors
-        const auto outputs_into = [&m](K::QuantizeArgs& q, qvg::EncodedTensor& t, std::vector<float>& rs,
-                                       std::vector<float>& rz, std::vector<float>& gm) {
-          q.codes = t.codes.data();
-          q.scales = t.scales.data();
-          q.zeros = m.asym ? t.zeros.data() : nullptr;
-          q.scale_factor = q.two_level ? t.scale_factor.data() : nullptr;
-          q.zero_factor = q.two_level && m.asym ? t.zero_factor.data() : nullptr;
-          q.raw_s = rs.data();
-          q.raw_z = rz.data();
-          q.group_max = gm.data();
-        };
         outputs_into(a, got, raw_s, raw_z, gmax);
         run_quantize_kernels(a);
         vec_cases += K::quantize_vectorizable(D, block) ? 1 : 0;
@@ -1003,14 +1005,7 @@ K::QuantizeArgs host_quantize_args(qvg::EncodedTensor& got, const float* r, cons
   a.r = K::residual_points(r, S, D);
   a.stored = stored;
   a.ids = ids;
-  a.codes = got.codes.data();
-  a.scales = got.scales.data();
-  a.zeros = got.asymmetric ? got.zeros.data() : nullptr;
-  a.scale_factor = a.two_level ? got.scale_factor.data() : nullptr;
-  a.zero_factor = a.two_level && got.asymmetric ? got.zero_factor.data() : nullptr;
-  a.raw_s = raw_s.data();
-  a.raw_z = raw_z.data();
-  a.group_max = gmax.data();
+  outputs_into(a, got, raw_s, raw_z, gmax);
   return a;
 }
 
