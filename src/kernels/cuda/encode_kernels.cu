@@ -627,13 +627,17 @@ bool launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnor
   });
   constexpr int rows = mma_rows_per_block<DIM>(), threads = MmaConfig<DIM>::WARPS * 32;
   const int64_t ntiles = (S + rows - 1) / rows;
-  // Persistent blocks: as many per group as one wave of resident blocks allows
-  // (at least 1, at most one per tile), so that each loads its codebook once. The
+  // Persistent blocks: as many per group as kAssignWaves waves of resident blocks
+  // hold (at least 1, at most one per tile), so that each loads its codebook once for
+  // several tiles. Two waves, not one: after an early stop (iteration >= 1, spec 1.1)
+  // the blocks of the stopped groups return at once, and the active groups' blocks
+  // should still fill the device (with half of the groups stopped they do). The
   // occupancy query is a host computation (no stream work, allowed during capture).
+  constexpr int64_t kAssignWaves = 2;
   int per_sm = 0;
   QVG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, assign_mma_kernel<DIM>, threads, smem));
   const int64_t resident = int64_t(std::max(per_sm, 1)) * detail::multiprocessor_count();
-  const int64_t bpg = std::clamp<int64_t>(resident / G, 1, ntiles);
+  const int64_t bpg = std::clamp<int64_t>(kAssignWaves * resident / G, 1, ntiles);
   assign_mma_kernel<DIM><<<unsigned(G * bpg), threads, smem, stream>>>(xb, cb, cnorm, G, S, K, k_eff, ntiles, bpg,
                                                                        ids, changed, it, stop);
   detail::check_launch("assign_mma_kernel");
