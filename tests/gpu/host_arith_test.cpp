@@ -424,12 +424,7 @@ QVG_TEST(points_read_the_input_layout_and_the_residual_buffer) {
           for (int64_t d = 0; d < D; ++d)
             buf[size_t(((b * sh.h + h) * S + t) * D + d)] =
                 qvg::load_f32(x.data(), dt, size_t(((b * S + t) * sh.h + h) * D + d));
-    K::Points in;
-    in.p = x.data();
-    in.dtype = qvg::cuda::arith_dtype(dt);
-    in.H = sh.h;
-    in.S = S;
-    in.D = D;
+    const K::Points in = K::input_points(x.data(), qvg::cuda::arith_dtype(dt), sh.h, S, D);
     QVG_EXPECT(in.vector_ok(8) && in.vector_ok(4)) << qvg::dtype_name(dt);
     for (const K::Points& p : {in, K::residual_points(buf.data(), S, D)}) {
       bool same = true;
@@ -502,12 +497,7 @@ QVG_TEST(centring_bodies_match_the_element_rule) {
       for (int64_t g = 0; g < G; ++g)
         for (int64_t e = 0; e < n; ++e)
           xin[size_t(((e / D) * G + g) * D + e % D)] = A::f32_to_bf16(r[size_t(g * n + e)]);
-      K::Points in;
-      in.p = xin;
-      in.dtype = A::kBF16;
-      in.H = G;
-      in.S = S;
-      in.D = D;
+      const K::Points in = K::input_points(xin, A::kBF16, G, S, D);
       for (const K::Points& src : {K::residual_points(rp, S, D), in}) {
         QVG_EXPECT(K::center_vec4_ok(src, mp, xb)) << "D" << D;
         const int64_t bpg = (n + K::kCenterChunk - 1) / K::kCenterChunk;
@@ -960,8 +950,7 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
           qvg::EncodedTensor got2 = e;
           std::vector<float> raw_s2(raw_s.size()), raw_z2(raw_z.size()), gmax2(gmax.size(), 0.0f);
           K::QuantizeArgs a2 = a;
-          a2.r.p = xin.data();
-          a2.r.H = sh.h;
+          a2.r = K::input_points(xin.data(), A::kF32, sh.h, S, D);
           outputs_into(a2, got2, raw_s2, raw_z2, gmax2);
           run_quantize_kernels(a2);
           QVG_EXPECT(got2.codes == got.codes && got2.scales == got.scales && got2.zeros == got.zeros &&

@@ -170,16 +170,8 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   uint8_t* base = static_cast<uint8_t*>(scratch.data());
   const auto F = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
   float* r = has_r ? F(o_r) : nullptr;
-  kernels::Points pts;  // the stage's points: the input (stage 0, direct) or r
-  if (direct) {
-    pts.p = x.data;
-    pts.dtype = dt;
-    pts.H = H;
-    pts.S = S;
-    pts.D = D;
-  } else {
-    pts = kernels::residual_points(r, S, D);
-  }
+  // the stage's points: the input (stage 0, direct) or r
+  kernels::Points pts = direct ? kernels::input_points(x.data, dt, H, S, D) : kernels::residual_points(r, S, D);
   uint16_t* xb = reinterpret_cast<uint16_t*>(base + o_xb);
   double* partial = reinterpret_cast<double*>(base + o_part);
   float* mu = F(o_mu);

@@ -42,11 +42,21 @@ struct Points {
   int64_t H = 1;  ///< heads of the layout (1: the residual buffer)
   int64_t S = 0, D = 0;
 
-  /// Element offset of (g, t, 0).
-  QVG_HD int64_t row(int64_t g, int64_t t) const {
-    if (H == 1) return (g * S + t) * D;
+  /// Element offset of (g, 0, 0); (g, t, d) lies at base(g) + t * stride() + d.
+  QVG_HD int64_t base(int64_t g) const {
+    if (H == 1) return g * S * D;
     const int64_t b = idiv(g, H);
-    return ((b * S + t) * H + (g - b * H)) * D;
+    return (b * S * H + (g - b * H)) * D;
+  }
+  /// Elements between two tokens of a group.
+  QVG_HD int64_t stride() const { return H * D; }
+  /// Element offset of (g, t, 0).
+  QVG_HD int64_t row(int64_t g, int64_t t) const { return base(g) + t * stride(); }
+  /// Element offset of (g, t, 0) for the flat row index g * S + t.
+  QVG_HD int64_t flat_row(int64_t gt) const {
+    if (H == 1) return gt * D;
+    const int64_t g = idiv(gt, S);
+    return row(g, gt - g * S);
   }
   /// The element at offset `off` as fp32 (exact).
   QVG_HD float at(int64_t off) const { return qvg::cuda_arith::load_elem(p, dtype, off); }
@@ -61,14 +71,38 @@ struct Points {
   bool vector_ok(int n) const { return D % n == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 };
 
-/// The fp32 residual buffer r ([G, S, D]) as Points.
-inline Points residual_points(const float* r, int64_t S, int64_t D) {
+/// The input x (dense [B, S, H, D], element type `dtype`) as Points.
+inline Points input_points(const void* x, int dtype, int64_t H, int64_t S, int64_t D) {
   Points pts;
-  pts.p = r;
+  pts.p = x;
+  pts.dtype = dtype;
+  pts.H = H;
   pts.S = S;
   pts.D = D;
   return pts;
 }
+/// The fp32 residual buffer r ([G, S, D]) as Points.
+inline Points residual_points(const float* r, int64_t S, int64_t D) {
+  return input_points(r, qvg::cuda_arith::kF32, 1, S, D);
+}
+
+/// The token t and channel d of a group's element e = t * D + d, advanced by a fixed
+/// step of elements (one division when made, none per step): the centring kernels'
+/// walk over a group's elements.
+struct TokenChannel {
+  int64_t t, tstep;
+  int d, dstep, Dn;
+  QVG_HD TokenChannel(int64_t e, int64_t step, int64_t D)
+      : t(e / D), tstep(step / D), d(int(e % D)), dstep(int(step % D)), Dn(int(D)) {}
+  QVG_HD void advance() {
+    t += tstep;
+    d += dstep;
+    if (d >= Dn) {
+      d -= Dn;
+      ++t;
+    }
+  }
+};
 
 namespace points_impl {
 /// Two 16-bit elements of a 32-bit word as fp32 (the low one first).
@@ -224,20 +258,17 @@ QVG_HD float center_thread_vec4(const Points& r, const float* mu, int64_t bpg, i
   const int64_t S = r.S, D = r.D;
   const int64_t g = blk / bpg, ch = blk - g * bpg;
   const int64_t n = S * D, e0 = ch * kCenterChunk, e1 = n < e0 + kCenterChunk ? n : e0 + kCenterChunk;
-  const int64_t rbase = r.row(g, 0), rstride = r.H * D;  // (g, t, d) at rbase + t * rstride + d
+  const int64_t rbase = r.base(g), rstride = r.stride();
   const float* mg = mu + g * D;
   uint16_t* xg = xb + g * n;
-  // the token and channel of element e, advanced with e (one division per thread, not per element)
-  const int64_t step = 4 * int64_t(nthreads), tstep = step / D;
-  const int Dn = int(D), dstep = int(step % D);
+  const int64_t step = 4 * int64_t(nthreads);
   int64_t e = e0 + 4 * int64_t(tid);
-  int64_t t = e / D;
-  int d = int(e - t * D);
+  TokenChannel at(e, step, D);
   float m = 0.0f;
-  for (; e < e1; e += step) {
+  for (; e < e1; e += step, at.advance()) {
     float rv[4];
-    r.at4(rbase + t * rstride + d, rv);
-    const Word4 mv = load_word4(mg + d);
+    r.at4(rbase + at.t * rstride + at.d, rv);
+    const Word4 mv = load_word4(mg + at.d);
     uint32_t h[4];
     QVG_UNROLL
     for (int i = 0; i < 4; ++i) {
@@ -246,12 +277,6 @@ QVG_HD float center_thread_vec4(const Points& r, const float* mu, int64_t bpg, i
       m = fmaxf(m, fabsf(v));
     }
     store_as(xg + e, Word2{{h[0] | (h[1] << 16), h[2] | (h[3] << 16)}});
-    t += tstep;
-    d += dstep;
-    if (d >= Dn) {
-      d -= Dn;
-      ++t;
-    }
   }
   return m;
 }
@@ -374,9 +399,9 @@ QVG_HD bool quantize_vectorizable(int64_t D, int bs) {
 
 /// Element d of the final residual of row `row` (= g * S + t).
 QVG_HD float residual_at(const QuantizeArgs& a, int64_t row, int64_t d) {
-  const int64_t g = idiv(row, a.S);
-  const float x = a.r.at(a.r.row(g, row - g * a.S) + d);
+  const float x = a.r.at(a.r.flat_row(row) + d);
   if (a.stored == nullptr) return x;
+  const int64_t g = idiv(row, a.S);
   return qvg::cuda_arith::sub_rn(x, a.stored[(g * a.K + a.ids[row]) * a.D + d]);
 }
 /// Channels [8c, 8c + 8) of the final residual of row `row` (Points::at8 of r, two
@@ -384,9 +409,9 @@ QVG_HD float residual_at(const QuantizeArgs& a, int64_t row, int64_t d) {
 /// a.r.vector_ok(8).
 QVG_HD void residual8(const QuantizeArgs& a, int64_t row, int64_t c, float (&v)[8]) {
   namespace A = qvg::cuda_arith;
-  const int64_t g = idiv(row, a.S);
-  a.r.at8(a.r.row(g, row - g * a.S) + c * 8, v);
+  a.r.at8(a.r.flat_row(row) + c * 8, v);
   if (a.stored == nullptr) return;
+  const int64_t g = idiv(row, a.S);
   const float* s = a.stored + (g * a.K + a.ids[row]) * a.D + c * 8;
   const Word4 s0 = load_word4(s), s1 = load_word4(s + 4);
   QVG_UNROLL

@@ -107,7 +107,7 @@ __global__ void subtract_mean_kernel(const Points src, float* r, const float* __
                                      const uint8_t* __restrict__ ids, int64_t S, int64_t D, int K, int64_t nchunk,
                                      double* __restrict__ partial) {
   const int64_t g = blockIdx.x / nchunk, ch = blockIdx.x % nchunk;
-  const int64_t sbase = src.row(g, 0), sstride = src.H * D;
+  const int64_t sbase = src.base(g), sstride = src.stride();
   const int64_t t0 = ch * kMeanChunk, t1 = min(S, t0 + kMeanChunk);
   const float* sg = stored + g * K * D;
   const uint8_t* ig = ids + g * S;
@@ -148,27 +148,16 @@ __global__ void center_kernel(const Points r, const float* __restrict__ mu, int6
   const int64_t S = r.S, D = r.D;
   const int64_t g = blockIdx.x / bpg, ch = blockIdx.x % bpg;
   const int64_t n = S * D, e0 = ch * kCenterChunk, e1 = min(n, e0 + kCenterChunk);
-  const int64_t rbase = r.row(g, 0), rstride = r.H * D;  // (g, t, d) at rbase + t * rstride + d
+  const int64_t rbase = r.base(g), rstride = r.stride();
   const float* mg = mu + g * D;
   uint16_t* xg = xb + g * n;
-  // the token and channel of element e = t * D + d, advanced with e (one division per
-  // thread, not per element)
-  const int64_t tstep = int64_t(blockDim.x) / D;
-  const int Dn = int(D), dstep = int(blockDim.x % D);
   int64_t e = e0 + threadIdx.x;
-  int64_t t = e / D;
-  int d = int(e - t * D);
+  TokenChannel at(e, blockDim.x, D);
   float m = 0.0f;
-  for (; e < e1; e += blockDim.x) {
-    const float v = A::sub_rn(r.at(rbase + t * rstride + d), mg[d]);
+  for (; e < e1; e += blockDim.x, at.advance()) {
+    const float v = A::sub_rn(r.at(rbase + at.t * rstride + at.d), mg[at.d]);
     xg[e] = A::f32_to_bf16(v);
     m = fmaxf(m, fabsf(v));
-    t += tstep;
-    d += dstep;
-    if (d >= Dn) {
-      d -= Dn;
-      ++t;
-    }
   }
   m = block_max(m, red);
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + g, m);
@@ -546,7 +535,7 @@ __global__ void update_accumulate_kernel(const Points r, const float* __restrict
   const float m = in_d ? mu[g * D + d] : 0.0f;
   const bool counter = slice == 0 && lane == 0;
   const uint8_t* ig = ids + g * S;
-  const int64_t rbase = r.row(g, 0) + (in_d ? d : 0), rstride = r.H * D;  // (g, t, d) at rbase + t * rstride
+  const int64_t rbase = r.base(g) + (in_d ? d : 0), rstride = r.stride();
   const int64_t t0 = ch * kUpdPoints, t1 = min(S, t0 + kUpdPoints);
   for (int64_t tb = t0 + pg; tb < t1; tb += int64_t(npg) * kUpdRows) {
     int id[kUpdRows];
