@@ -688,39 +688,129 @@ QVG_TEST(fixed_point_update_rules) {
   QVG_EXPECT(bad == 0) << bad;
 }
 
-// The update kernel's block sums in three 32-bit words (fixed_split, summed per word
-// modulo 2^32 as its 32-bit shared atomics do, then fixed_join) equal the 64-bit sum
-// of the values, for blocks of up to kFixedSplitMaxTerms values whose total is within
-// the fixed-point range (|sum| < 2^61: the largest values fixed_exponent allows,
-// all of one sign, mixed, tiny, -1).
-QVG_TEST(fixed_point_split_sums_equal_the_64_bit_sums) {
-  std::mt19937_64 rng(11);
-  int checked = 0;
-  for (int64_t S : {1ll, 7ll, 4096ll, 29640ll, 65536ll})
-    for (int kind = 0; kind < 5; ++kind) {
-      const int64_t n = std::min<int64_t>(S, 4096 * (kind == 4 ? 16 : 1));  // a block: at most 4096 (or 65536)
-      const long long vmax = (long long)((1ull << 61) / uint64_t(S));       // |x| * 2^e for |x| = maxabs
-      uint32_t lo = 0, mid = 0, hi = 0;
-      unsigned long long want = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        long long v = 0;
-        switch (kind) {
-          case 0: v = vmax; break;
-          case 1: v = -vmax; break;
-          case 2: v = (long long)(rng() % uint64_t(2 * vmax + 1)) - vmax; break;
-          case 3: v = i % 2 ? -1 : (long long)(rng() % 65536); break;
-          default: v = (long long)(rng() % uint64_t(2 * vmax + 1)) - vmax; break;
+// The update kernel's block work (update_accumulate_kernel) on the host: every block
+// of its grid (group, chunk of kUpdPoints, slice of kUpdLanes channels) sorts its
+// chunk's points by cluster with a random order within each cluster (the scatter's
+// shared atomics give any), splits the sorted positions among 8 (and 3, and 1) warps
+// as update_warp_range does, and runs update_run_sums for each lane; the flushed sums
+// (wrapping, as the 64-bit global atomics add them) must equal the direct sums of
+// to_fixed(r - mu) in point order, bit for bit, for every (group, cluster, channel).
+// Each lane flushes once per run (ids strictly increasing), never a zero sum, never
+// past D. Inputs: the residual buffer and the [B, S, H, D] input layout of each dtype;
+// S over several chunks and not a multiple of kUpdPoints, below 8 per warp, and 1; D
+// not a multiple of 32; K = 1, 5, 256 with a dominant cluster, empty clusters and
+// values 0, -0, subnormal and large.
+QVG_TEST(update_block_sums_equal_the_direct_sums) {
+  std::mt19937 rng(41);
+  int checked = 0, flushes = 0;
+  struct Case {
+    int64_t B, S, H, D;
+    int K;
+  };
+  for (const Case c : {Case{1, 9000, 2, 40, 256}, Case{2, 4097, 3, 16, 5}, Case{1, 4096, 1, 128, 256},
+                       Case{1, 5, 2, 64, 256}, Case{1, 1, 1, 33, 1}, Case{1, 700, 4, 8, 5}})
+    for (const qvg::DType dt : {qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32})
+      for (const bool layout : {true, false}) {
+        const qvg::Shape4 sh{c.B, c.S, c.H, c.D};
+        qvg::Tensor x = make_data(dt, sh, uint32_t(rng()), 3.0f);
+        const int64_t G = c.B * c.H, S = c.S, D = c.D, K = c.K, numel = G * S * D;
+        const float specials[] = {0.0f, -0.0f, 1e-41f, 3.0e-8f, 250.0f, -250.0f};
+        for (size_t k = 0; k < 6; ++k) qvg::store_f32(x.data(), dt, size_t(rng() % uint64_t(numel)), specials[k]);
+        std::vector<float> buf(static_cast<size_t>(numel));  // the same values as the [G, S, D] fp32 buffer
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t t = 0; t < S; ++t)
+            for (int64_t d = 0; d < D; ++d)
+              buf[size_t((g * S + t) * D + d)] =
+                  qvg::load_f32(x.data(), dt, size_t(((g / c.H * S + t) * c.H + g % c.H) * D + d));
+        const K::Points pts = layout ? K::input_points(x.data(), qvg::cuda::arith_dtype(dt), c.H, S, D)
+                                     : K::residual_points(buf.data(), S, D);
+        std::vector<uint8_t> ids(size_t(G * S));
+        for (auto& id : ids) id = uint8_t(rng() % 3 == 0 ? 0 : rng() % uint32_t(K));  // cluster 0 dominant
+        if (K == 256)
+          for (auto& id : ids) id = id == 200 ? uint8_t(0) : id;  // an empty cluster
+        std::vector<float> mu(size_t(G * D));
+        std::vector<int> fe(static_cast<size_t>(G));
+        for (auto& m : mu) m = std::uniform_real_distribution<float>(-0.5f, 0.5f)(rng);
+        std::vector<unsigned long long> want(size_t(G * K * D), 0ull), got(want.size(), 0ull);
+        for (int64_t g = 0; g < G; ++g) {
+          float maxabs = 0.0f;
+          for (int64_t i = 0; i < S * D; ++i)
+            maxabs = std::fmax(maxabs, std::fabs(A::sub_rn(buf[size_t(g * S * D + i)], mu[size_t(g * D + i % D)])));
+          fe[size_t(g)] = K::fixed_exponent(maxabs, S);
+          for (int64_t t = 0; t < S; ++t)
+            for (int64_t d = 0; d < D; ++d)
+              want[size_t((g * K + ids[size_t(g * S + t)]) * D + d)] += (unsigned long long)K::to_fixed(
+                  A::sub_rn(buf[size_t((g * S + t) * D + d)], mu[size_t(g * D + d)]), fe[size_t(g)]);
         }
-        const K::FixedWords w = K::fixed_split(v);
-        lo += w.lo;
-        mid += w.mid;
-        hi += w.hi;
-        want += (unsigned long long)v;
+        const int nwarp = checked % 3 == 0 ? 8 : checked % 3 == 1 ? 3 : 1;
+        bool once_per_run = true, in_range = true;
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t t0 = 0; t0 < S; t0 += K::kUpdPoints) {
+            const int n = int(std::min<int64_t>(S - t0, K::kUpdPoints));
+            std::vector<std::vector<uint32_t>> by_id(256);  // the counting sort, any order within a cluster
+            for (int i = 0; i < n; ++i) {
+              const int id = ids[size_t(g * S + t0 + i)];
+              by_id[size_t(id)].push_back(K::update_key(id, i));
+            }
+            std::vector<uint32_t> keys;
+            for (auto& v : by_id) {
+              std::shuffle(v.begin(), v.end(), rng);
+              keys.insert(keys.end(), v.begin(), v.end());
+            }
+            for (int64_t slice = 0; slice * K::kUpdLanes < D; ++slice)
+              for (int w = 0; w < nwarp; ++w) {
+                int p0 = 0, p1 = 0;
+                K::update_warp_range(n, w, nwarp, &p0, &p1);
+                for (int lane = 0; lane < K::kUpdLanes; ++lane) {
+                  const int64_t d = slice * K::kUpdLanes + lane;
+                  const bool in_d = d < D;
+                  const int64_t dv = in_d ? d : D - 1;  // as the kernel: a valid channel
+                  int last = -1;
+                  const auto flush = [&](int id, unsigned long long sum) {
+                    once_per_run = once_per_run && id > last && sum != 0ull;
+                    in_range = in_range && in_d && id >= 0 && id < K;
+                    last = id;
+                    got[size_t((g * K + id) * D + dv)] += sum;
+                    ++flushes;
+                  };
+                  const float m = mu[size_t(g * D + dv)];
+                  const int64_t rd = pts.base(g) + dv;
+                  switch (pts.dtype) {
+                    case A::kBF16:
+                      K::update_run_sums<A::kBF16>(pts, rd, t0, keys.data(), p0, p1, in_d, m, fe[size_t(g)], flush);
+                      break;
+                    case A::kF16:
+                      K::update_run_sums<A::kF16>(pts, rd, t0, keys.data(), p0, p1, in_d, m, fe[size_t(g)], flush);
+                      break;
+                    default:
+                      K::update_run_sums<A::kF32>(pts, rd, t0, keys.data(), p0, p1, in_d, m, fe[size_t(g)], flush);
+                  }
+                }
+              }
+          }
+        QVG_EXPECT(got == want && once_per_run && in_range)
+            << qvg::dtype_name(dt) << (layout ? "input layout" : "buffer") << "S" << S << "D" << D << "K" << K
+            << "warps" << nwarp << once_per_run << in_range;
+        ++checked;
       }
-      QVG_EXPECT(K::fixed_join(lo, mid, hi) == want) << "S" << S << "kind" << kind;
-      ++checked;
+  QVG_EXPECT(checked == 36 && flushes > 100000) << checked << flushes;
+  // update_warp_range: the warps' shares cover [0, n) once, in order, sizes within one.
+  bool covers = true;
+  for (const int n : {0, 1, 7, 8, 9, 4095, 4096})
+    for (const int nwarp : {1, 3, 8}) {
+      int next = 0, lo = n, hi = 0;
+      for (int w = 0; w < nwarp; ++w) {
+        int p0 = 0, p1 = 0;
+        K::update_warp_range(n, w, nwarp, &p0, &p1);
+        covers = covers && p0 == next && p1 >= p0;
+        next = p1;
+        lo = std::min(lo, p1 - p0);
+        hi = std::max(hi, p1 - p0);
+      }
+      covers = covers && next == n && hi - lo <= 1;
     }
-  QVG_EXPECT(checked == 25);
+  QVG_EXPECT(covers);
+  QVG_EXPECT(K::update_key(255, 4095) >> 16 == 255u && (K::update_key(255, 4095) & 0xFFFFu) == 4095u);
 }
 
 namespace {

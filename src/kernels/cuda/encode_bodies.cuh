@@ -8,7 +8,8 @@
 // The kernels (encode_kernels.cu) only map blocks and threads onto these.
 // tests/gpu/host_arith_test.cpp runs them on the host: the initial indices against
 // the CPU codec's (kmeans.cpp), the quantizer over the same grids the kernels use
-// against quantize_residual_group; tests/gpu/gpu_tests.cpp replays a device
+// against quantize_residual_group, the update's block work against the direct sums;
+// tests/gpu/gpu_tests.cpp replays a device
 // encoding on the host with the mean and update rules below.
 #pragma once
 
@@ -302,22 +303,22 @@ QVG_HD int fixed_exponent(float maxabs, int64_t S) {
 /// its 24-bit significand shifted by its exponent plus e, the bits shifted out
 /// rounded to nearest even — the value of the exact product x * 2^e rounded, as
 /// nearbyint(double(x) * 2^e) gives it, without fp64 arithmetic (1/64 of the fp32 rate
-/// on consumer GPUs).
+/// on consumer GPUs) or a 64-bit conversion (1/64 of the ALU rate there), and without
+/// a branch the compiler must keep (the update adds one per element).
 QVG_HD long long to_fixed(float x, int e) {
   const uint32_t u = qvg::cuda_arith::bits_of(x);
   const uint32_t a = u & 0x7FFFFFFFu;
   const int ex = int(a >> 23);
-  const unsigned long long m = (a & 0x7FFFFFu) | (ex != 0 ? 0x800000u : 0u);  // x = m * 2^(max(ex, 1) - 150)
+  const uint32_t m = (a & 0x7FFFFFu) | (ex != 0 ? 0x800000u : 0u);  // x = m * 2^(max(ex, 1) - 150)
   const int sh = (ex != 0 ? ex : 1) - 150 + e;
   unsigned long long r;
   if (sh >= 0) {
-    r = m << sh;
-  } else if (sh < -24) {  // m * 2^sh < 2^24 * 2^-25 = 1/2: rounds to 0
-    r = 0;
+    r = (unsigned long long)m << sh;
   } else {
-    const int k = -sh;  // 1..24
-    const unsigned long long q = m >> k, rem = m & ((1ull << k) - 1), half = 1ull << (k - 1);
-    r = q + ((rem > half || (rem == half && (q & 1))) ? 1 : 0);
+    // m / 2^k rounded half to even: (m + 2^(k-1) - 1 + lsb(m >> k)) >> k; a k >= 25
+    // gives 0 as k = 25 does (m < 2^24: m * 2^-k < 1/2).
+    const int k = -sh < 25 ? -sh : 25;
+    r = (m + (1u << (k - 1)) - 1u + ((m >> k) & 1u)) >> k;
   }
   return (u >> 31) ? -(long long)r : (long long)r;
 }
@@ -333,26 +334,73 @@ QVG_HD float centroid_from_fixed(long long sum, int cnt, int e) {
   return float(s * inv);
 }
 
-/// The device's block accumulation of fixed-point values (update_accumulate_kernel)
-/// in three 32-bit words, which take native 32-bit shared atomics: v = hi * 2^32 +
-/// mid * 2^16 + lo, lo and mid its two low 16-bit pieces, hi = v >> 32. Each word is
-/// summed modulo 2^32 (wrapping); fixed_join gives the exact 64-bit total (modulo
-/// 2^64, as the global sums are kept) when at most kFixedSplitMaxTerms values were
-/// added: the lo and mid sums stay below 2^32, and the hi sum's true value is
-/// within 32 bits whenever the total is below 2^61 in magnitude (fixed_exponent).
-inline constexpr int kFixedSplitMaxTerms = 65536;
-struct FixedWords {
-  uint32_t lo = 0, mid = 0, hi = 0;
-};
-QVG_HD FixedWords fixed_split(long long v) {
-  FixedWords w;
-  w.lo = uint32_t(v & 0xFFFF);
-  w.mid = uint32_t((v >> 16) & 0xFFFF);
-  w.hi = uint32_t((unsigned long long)(v >> 32) & 0xFFFFFFFFull);
-  return w;
+// ---- the update's block work (update_accumulate_kernel) -------------------------------
+//
+// A block takes kUpdPoints consecutive points of one group and kUpdLanes channels, one
+// per lane. It sorts the points by cluster id (a counting sort in shared memory: the
+// histogram, its exclusive scan, a scatter whose order within a cluster is any),
+// splits the sorted positions evenly among its warps (update_warp_range), and each
+// lane adds its channel's fixed-point values over each run of equal ids in a 64-bit
+// register (update_run_sums), handing a run's sum to one 64-bit global atomic. No
+// shared atomic per element (the kernel before this took three), no fp64. Integer
+// sums modulo 2^64 do not depend on the order they are added in: the sums are the
+// bits one sum of the points in index order gives.
+
+inline constexpr int kUpdPoints = 4096;  ///< points per block (a key's index field has 16 bits)
+inline constexpr int kUpdLanes = 32;     ///< channels per block: one per lane
+inline constexpr int kUpdRows = 8;       ///< sorted rows a lane loads before it adds them
+static_assert(kUpdPoints <= 65536, "a key holds the point's index in 16 bits");
+
+/// A point's sort key: its cluster id (< 256) above its index in the block's chunk.
+QVG_HD uint32_t update_key(int id, int i) { return (uint32_t(id) << 16) | uint32_t(i); }
+
+/// Warp w's share [*p0, *p1) of n sorted positions among nwarp warps (sizes differ by
+/// at most one; together they cover [0, n) once).
+QVG_HD void update_warp_range(int n, int w, int nwarp, int* p0, int* p1) {
+  *p0 = int(int64_t(n) * w / nwarp);
+  *p1 = int(int64_t(n) * (w + 1) / nwarp);
 }
-QVG_HD unsigned long long fixed_join(uint32_t lo_sum, uint32_t mid_sum, uint32_t hi_sum) {
-  return ((unsigned long long)hi_sum << 32) + ((unsigned long long)mid_sum << 16) + (unsigned long long)lo_sum;
+
+/// One lane's work in update_accumulate_kernel. keys[p0, p1): a warp's share of the
+/// block's sorted keys (ids nondecreasing). For each run of equal ids, the sum modulo
+/// 2^64 of to_fixed(r - m, fe) over the run's points, in channel offset `rd`
+/// (r.base(g) + d) of token t0 + the key's index, goes to flush(id, sum) once, when
+/// it is not 0 and `in_d`. A lane past D (in_d false) passes a valid channel's rd and
+/// flushes nothing. Loads kUpdRows rows before it adds them (several loads in flight,
+/// no test between them; the element type DT == r.dtype a template argument, so that
+/// no load waits on a branch on it).
+template <int DT, class Flush>
+QVG_HD void update_run_sums(const Points& r, int64_t rd, int64_t t0, const uint32_t* keys, int p0, int p1, bool in_d,
+                            float m, int fe, Flush&& flush) {
+  namespace A = qvg::cuda_arith;
+  const int64_t stride = r.stride();
+  const int64_t elem = DT == A::kF32 ? 4 : 2;
+  const void* base = static_cast<const char*>(r.p) + (rd + t0 * stride) * elem;  // token t0 of the channel
+  const auto load = [&](uint32_t k) { return A::load_elem(base, DT, int64_t(k & 0xFFFFu) * stride); };
+  int cur = -1;
+  unsigned long long acc = 0;
+  const auto add = [&](uint32_t k, float x) {
+    const int id = int(k >> 16);
+    if (id != cur) {
+      if (acc != 0ull && in_d) flush(cur, acc);
+      cur = id;
+      acc = 0ull;
+    }
+    acc += (unsigned long long)to_fixed(A::sub_rn(x, m), fe);
+  };
+  int p = p0;
+  for (; p + kUpdRows <= p1; p += kUpdRows) {
+    uint32_t k[kUpdRows];
+    float x[kUpdRows];
+    QVG_UNROLL
+    for (int u = 0; u < kUpdRows; ++u) k[u] = keys[p + u];
+    QVG_UNROLL
+    for (int u = 0; u < kUpdRows; ++u) x[u] = load(k[u]);  // the loads first
+    QVG_UNROLL
+    for (int u = 0; u < kUpdRows; ++u) add(k[u], x[u]);
+  }
+  for (; p < p1; ++p) add(keys[p], load(keys[p]));
+  if (acc != 0ull && in_d) flush(cur, acc);
 }
 
 /// The stored value of centroid element c (centred) of a group with mean mu: c + mu

@@ -494,77 +494,68 @@ __global__ void __launch_bounds__(kGenericThreads)
 
 // ---- centroid update (exact fixed point) -------------------------------------
 
-constexpr int kUpdPoints = 4096;  // points per block (<= kFixedSplitMaxTerms)
-static_assert(kUpdPoints <= kFixedSplitMaxTerms, "the block's 16-bit word sums must fit in 32 bits");
-// Channels per block: 16 (two points per warp, one channel per lane). Measured on the
-// H200 (LongCat tensor): encode 2.54-2.66 ms against 2.97 ms with 32 channels, whose
-// 96 KB of shared words allowed 2 blocks (16 warps) per multiprocessor, against 4 now;
-// the two half-warps' atomics meet in a bank only when their clusters' ids have the
-// same parity.
-constexpr int kUpdDims = 16;
-constexpr int kUpdRows = 4;  // rows a thread loads before its atomics (8 measured no faster on the H200)
+constexpr int kUpdThreads = 256;  // 8 warps: 512 sorted points each
 
-// The exact fixed-point sums of one block (kUpdPoints points x kUpdDims channels of
-// one group) per (cluster, channel), in shared memory as three 32-bit words
-// (fixed_split / fixed_join, encode_bodies.cuh), so that every shared atomic is a
-// native 32-bit one (a 64-bit shared atomicAdd compiles to a CAS loop). The
-// reassembled 64-bit total is exact: the same bits as one 64-bit sum in any order.
-// Each thread loads kUpdRows rows (ids, r) before its atomics: several loads in
-// flight instead of one.
-__global__ void update_accumulate_kernel(const Points r, const float* __restrict__ mu,
-                                         const float* __restrict__ maxabs, const uint8_t* __restrict__ ids, int64_t G,
-                                         int64_t S, int64_t D, int K, int64_t nchunk, int64_t nslice,
-                                         unsigned long long* __restrict__ sums, int* __restrict__ counts,
-                                         const int* __restrict__ changed, int it, double stop) {
-  extern __shared__ uint32_t accw[];  // lo [K][kUpdDims], mid [K][kUpdDims], hi [K][kUpdDims]
-  __shared__ int cnt[256];
+// The exact fixed-point sums of one block: kUpdPoints points of group g by kUpdLanes
+// channels (encode_bodies.cuh, "the update's block work"). Shared memory: the chunk's
+// ids, the per-cluster counts and cursors, the sorted keys (22.5 KB). The counts go to
+// the global ones from the channel slice 0's blocks. DT: r.dtype.
+template <int DT>
+__global__ void __launch_bounds__(kUpdThreads)
+    update_accumulate_kernel(const Points r, const float* __restrict__ mu, const float* __restrict__ maxabs,
+                             const uint8_t* __restrict__ ids, int64_t G, int64_t S, int64_t D, int K, int64_t nchunk,
+                             int64_t nslice, unsigned long long* __restrict__ sums, int* __restrict__ counts,
+                             const int* __restrict__ changed, int it, double stop) {
+  __shared__ uint32_t keys[kUpdPoints];
+  __shared__ uint8_t cid[kUpdPoints];
+  __shared__ int cnt[256], cursor[256];
   const int64_t g = blockIdx.x / (nchunk * nslice), rest = blockIdx.x % (nchunk * nslice);
   const int64_t slice = rest / nchunk, ch = rest % nchunk;
   if (!group_active(changed, G, g, it, stop)) return;
-  const int nw = K * kUpdDims;
-  uint32_t* lo = accw;
-  uint32_t* mid = accw + nw;
-  uint32_t* hi = accw + 2 * nw;
-  for (int i = threadIdx.x; i < 3 * nw; i += blockDim.x) accw[i] = 0u;
+  const int64_t t0 = ch * kUpdPoints;
+  const int n = int(min(S - t0, int64_t(kUpdPoints)));
   for (int i = threadIdx.x; i < 256; i += blockDim.x) cnt[i] = 0;
   __syncthreads();
-  const int fe = fixed_exponent(maxabs[g], S);
-  const int lane = threadIdx.x % kUpdDims, pg = threadIdx.x / kUpdDims, npg = blockDim.x / kUpdDims;
-  const int64_t d = slice * kUpdDims + lane;
-  const bool in_d = d < D;
-  const float m = in_d ? mu[g * D + d] : 0.0f;
-  const bool counter = slice == 0 && lane == 0;
-  const uint8_t* ig = ids + g * S;
-  const int64_t rbase = r.base(g) + (in_d ? d : 0), rstride = r.stride();
-  const int64_t t0 = ch * kUpdPoints, t1 = min(S, t0 + kUpdPoints);
-  for (int64_t tb = t0 + pg; tb < t1; tb += int64_t(npg) * kUpdRows) {
-    int id[kUpdRows];
-    float x[kUpdRows];
+  const uint8_t* ig = ids + g * S + t0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {  // the histogram
+    const uint8_t id = ig[i];
+    cid[i] = id;
+    atomicAdd(&cnt[id], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // its exclusive scan: 8 clusters per lane, then across the warp
+    const int l = int(threadIdx.x);
+    int v[8], s = 0;
 #pragma unroll
-    for (int k = 0; k < kUpdRows; ++k) {  // the loads first
-      const int64_t t = tb + int64_t(k) * npg;
-      id[k] = t < t1 ? int(ig[t]) : -1;
-      x[k] = t < t1 && in_d ? r.at(rbase + t * rstride) : 0.0f;
+    for (int j = 0; j < 8; ++j) s += (v[j] = cnt[8 * l + j]);
+    int incl = s;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+      if (l >= o) incl += y;
     }
+    int run = incl - s;
 #pragma unroll
-    for (int k = 0; k < kUpdRows; ++k) {
-      if (id[k] < 0) continue;
-      if (in_d) {
-        const FixedWords f = fixed_split(to_fixed(A::sub_rn(x[k], m), fe));
-        const int w = id[k] * kUpdDims + lane;
-        atomicAdd(&lo[w], f.lo);
-        atomicAdd(&mid[w], f.mid);
-        atomicAdd(&hi[w], f.hi);
-      }
-      if (counter) atomicAdd(&cnt[id[k]], 1);
+    for (int j = 0; j < 8; ++j) {
+      cursor[8 * l + j] = run;
+      run += v[j];
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < nw; i += blockDim.x) {
-    const int64_t dd = slice * kUpdDims + i % kUpdDims;
-    const unsigned long long total = fixed_join(lo[i], mid[i], hi[i]);  // the block's exact sum
-    if (total != 0ull && dd < D) atomicAdd(sums + (g * K + i / kUpdDims) * D + dd, total);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {  // the scatter (any order within a cluster)
+    const int id = cid[i];
+    keys[atomicAdd(&cursor[id], 1)] = update_key(id, i);
   }
+  __syncthreads();
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int64_t d = slice * kUpdLanes + lane;
+  const bool in_d = d < D;
+  const int64_t dv = in_d ? d : D - 1;  // a lane past D reads a valid channel and flushes nothing
+  int p0 = 0, p1 = 0;
+  update_warp_range(n, warp, int(blockDim.x / 32), &p0, &p1);
+  unsigned long long* sg = sums + g * K * D + dv;
+  update_run_sums<DT>(r, r.base(g) + dv, t0, keys, p0, p1, in_d, mu[g * D + dv], fixed_exponent(maxabs[g], S),
+                      [&](int id, unsigned long long s) { atomicAdd(sg + int64_t(id) * D, s); });
   if (slice == 0)
     for (int i = threadIdx.x; i < K; i += blockDim.x)
       if (cnt[i]) atomicAdd(counts + g * K + i, cnt[i]);
@@ -725,16 +716,18 @@ void update_centroids(const Points& r, const float* mu, const float* maxabs, con
                       cudaStream_t stream) {
   QVG_CUDA(cudaMemsetAsync(sums, 0, size_t(G * K * D) * sizeof(long long), stream));
   QVG_CUDA(cudaMemsetAsync(counts, 0, size_t(G * K) * sizeof(int), stream));
-  const int64_t nchunk = (S + kUpdPoints - 1) / kUpdPoints, nslice = (D + kUpdDims - 1) / kUpdDims;
-  const size_t smem = size_t(3) * size_t(K) * kUpdDims * sizeof(uint32_t);
-  static detail::PerDeviceOnce configured;  // per device and function (48 KB at K = 256)
-  configured.run(detail::current_device(), [] {
-    QVG_CUDA(cudaFuncSetAttribute(update_accumulate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(3 * 256 * kUpdDims * sizeof(uint32_t))));
-  });
+  const int64_t nchunk = (S + kUpdPoints - 1) / kUpdPoints, nslice = (D + kUpdLanes - 1) / kUpdLanes;
   auto* usums = reinterpret_cast<unsigned long long*>(sums);
-  update_accumulate_kernel<<<unsigned(G * nchunk * nslice), kThreads, smem, stream>>>(
-      r, mu, maxabs, ids, G, S, D, K, nchunk, nslice, usums, counts, changed, it, stop);
+  const auto launch = [&](auto kernel) {
+    kernel<<<unsigned(G * nchunk * nslice), kUpdThreads, 0, stream>>>(r, mu, maxabs, ids, G, S, D, K, nchunk, nslice,
+                                                                       usums, counts, changed, it, stop);
+  };
+  if (r.dtype == A::kBF16)
+    launch(update_accumulate_kernel<A::kBF16>);
+  else if (r.dtype == A::kF16)
+    launch(update_accumulate_kernel<A::kF16>);
+  else
+    launch(update_accumulate_kernel<A::kF32>);
   detail::check_launch("update_accumulate_kernel");
   const int64_t n = G * K * D;
   update_final_kernel<<<grid_for(n), kThreads, 0, stream>>>(usums, counts, maxabs, G, S, D, K, n, c, changed, it, stop);
