@@ -202,7 +202,8 @@ QVG_TEST(window_decode_tasks_match_cpu) {
 // relative; the replay alone would accept any valid ids); the relative MSE beside the
 // CPU encoder's is printed. Cases: the
 // tensor-core paths D = 64, 128 and 256 (hy-worldplay-8b's head dim), the generic
-// one (D = 48), S < K, two stages, every scale mode family, int2, int3 and int4. Each
+// one (D = 48), S < K, two stages, every scale mode family, int2, int3 and int4, S over
+// several of the update's chunks (bf16, f16 and f32 inputs). Each
 // input is also encoded from an address off 16 bytes, where the encoder reads stage
 // 0's points from an fp32 copy instead of the input itself: the same bytes.
 QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
@@ -225,11 +226,14 @@ QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
       {{1, 1500, 3, 256}, {4, true, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 2}, 128},   // D = 256 MMA
       {{1, 2048, 2, 128}, {3, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 1}, 128},  // int3
       {{1, 1000, 2, 64}, {3, true, qvg::ScaleDType::BF16, qvg::Scaling::Compat, 2}, 64},           // int3
+      // the update over three chunks of kUpdPoints (4,096) points, stage 0 from each input dtype
+      {{1, 9000, 2, 128}, {2, false, qvg::ScaleDType::FP8_E4M3, qvg::Scaling::TwoLevel, 2}, 256},
   };
   uint32_t seed = 500;
   int compared = 0;
   for (const Case& c : cases)
-    for (qvg::DType in : {qvg::DType::BF16, qvg::DType::F32}) {
+    for (qvg::DType in : c.sh.s > 4096 ? std::vector{qvg::DType::BF16, qvg::DType::F16, qvg::DType::F32}
+                                       : std::vector{qvg::DType::BF16, qvg::DType::F32}) {
       const qvg::CodecConfig cfg = config_of(c.m, c.K, 64 <= c.sh.d ? 64 : 16);
       const qvg::Tensor x = make_data(in, c.sh, seed++);
       DeviceBuffer dx = to_device(x.data(), x.nbytes(), st.s);
@@ -275,7 +279,7 @@ QVG_TEST(gpu_encode_equals_host_replay_of_its_assignments) {
                   describe(c.m).c_str(), std::string(qvg::dtype_name(in)).c_str(), c.sh.str().c_str(), c.K,
                   diff.empty() ? "equal" : "DIFFERS", agree.describe().c_str(), cpu_mse, gpu_mse, gpu_mse / cpu_mse);
     }
-  QVG_EXPECT(compared == 24) << compared;
+  QVG_EXPECT(compared == 27) << compared;
 }
 
 QVG_TEST(check_input_limits_reports_first_bad_element) {

@@ -303,8 +303,7 @@ QVG_HD int fixed_exponent(float maxabs, int64_t S) {
 /// its 24-bit significand shifted by its exponent plus e, the bits shifted out
 /// rounded to nearest even — the value of the exact product x * 2^e rounded, as
 /// nearbyint(double(x) * 2^e) gives it, without fp64 arithmetic (1/64 of the fp32 rate
-/// on consumer GPUs) or a 64-bit conversion (1/64 of the ALU rate there), and without
-/// a branch the compiler must keep (the update adds one per element).
+/// on consumer GPUs) or a conversion to a 64-bit integer (a slow-pipe instruction).
 QVG_HD long long to_fixed(float x, int e) {
   const uint32_t u = qvg::cuda_arith::bits_of(x);
   const uint32_t a = u & 0x7FFFFFFFu;
