@@ -106,12 +106,25 @@ struct TokenChannel {
 };
 
 namespace points_impl {
-/// Two 16-bit elements of a 32-bit word as fp32 (the low one first).
-QVG_HD void widen2(uint32_t w, int dtype, float* v) {
+/// The 16-bit elements of n 32-bit words as fp32 (each word's low one first). One
+/// test of the dtype for all of them: a test per element compiled to a branch per
+/// element around f16_to_f32 (the quantizer's and centring's loads).
+template <int N>
+QVG_HD void widen(const uint32_t (&w)[N], int dtype, float* v) {
   namespace A = qvg::cuda_arith;
-  const uint16_t lo = uint16_t(w & 0xFFFFu), hi = uint16_t(w >> 16);
-  v[0] = dtype == A::kBF16 ? A::bf16_to_f32(lo) : A::f16_to_f32(lo);
-  v[1] = dtype == A::kBF16 ? A::bf16_to_f32(hi) : A::f16_to_f32(hi);
+  if (dtype == A::kBF16) {
+    QVG_UNROLL
+    for (int i = 0; i < N; ++i) {
+      v[2 * i] = A::bf16_to_f32(uint16_t(w[i] & 0xFFFFu));
+      v[2 * i + 1] = A::bf16_to_f32(uint16_t(w[i] >> 16));
+    }
+  } else {
+    QVG_UNROLL
+    for (int i = 0; i < N; ++i) {
+      v[2 * i] = A::f16_to_f32(uint16_t(w[i] & 0xFFFFu));
+      v[2 * i + 1] = A::f16_to_f32(uint16_t(w[i] >> 16));
+    }
+  }
 }
 }  // namespace points_impl
 
@@ -124,8 +137,7 @@ QVG_HD void Points::at4(int64_t off, float (&v)[4]) const {
     return;
   }
   const Word2 w = load_as<Word2>(static_cast<const uint16_t*>(p) + off);
-  points_impl::widen2(w.v[0], dtype, v);
-  points_impl::widen2(w.v[1], dtype, v + 2);
+  points_impl::widen(w.v, dtype, v);
 }
 
 QVG_HD void Points::at8(int64_t off, float (&v)[8]) const {
@@ -141,8 +153,7 @@ QVG_HD void Points::at8(int64_t off, float (&v)[8]) const {
     return;
   }
   const Word4 w = load_word4(static_cast<const uint16_t*>(p) + off);
-  QVG_UNROLL
-  for (int i = 0; i < 4; ++i) points_impl::widen2(w.v[i], dtype, v + 2 * i);
+  points_impl::widen(w.v, dtype, v);
 }
 
 // ---- the assignment's fragments (mma.m16n8k16 bf16; host-tested against a model of
