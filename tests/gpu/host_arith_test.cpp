@@ -630,6 +630,35 @@ QVG_TEST(init_indices_match_cpu_codec) {
   QVG_EXPECT(checked > 200) << checked;
 }
 
+// The kernels' index division (idiv: a shift for powers of two, a 32-bit division
+// when both operands fit, else the 64-bit one) and log2_pow2 against the quotient, at
+// the boundaries of each path: divisors 1, powers of two up to 2^40, odd and even
+// non-powers, 2^32 - 1 and 2^32 + 1; dividends 0, d - 1, d, multiples, 2^31 - 1,
+// 2^32 - 1, 2^32 and random ones up to 2^62.
+QVG_TEST(index_division_matches_the_quotient) {
+  std::mt19937_64 rng(23);
+  std::vector<int64_t> ds = {1,         2,
+                             3,         7,
+                             8,         12,
+                             16,        29640,
+                             4096,      (1ll << 31) - 1,
+                             1ll << 31, (1ll << 32) - 1,
+                             1ll << 32, (1ll << 32) + 1,
+                             1ll << 40, 3ll << 33};
+  for (int i = 0; i < 200; ++i) ds.push_back(int64_t(1 + rng() % (i % 2 ? 100000u : (1ull << 40))));
+  int bad = 0, checked = 0;
+  for (const int64_t d : ds) {
+    std::vector<int64_t> ns = {0, d - 1, d, 2 * d - 1, 2 * d, 5 * d + 3, (1ll << 31) - 1, (1ll << 32) - 1, 1ll << 32};
+    for (int i = 0; i < 50; ++i) ns.push_back(int64_t(rng() % (i % 2 ? (1ull << 32) : (1ull << 62))));
+    for (const int64_t n : ns) {
+      bad += K::idiv(n, d) != n / d;
+      ++checked;
+    }
+    if ((d & (d - 1)) == 0) bad += (int64_t(1) << K::log2_pow2(d)) != d;
+  }
+  QVG_EXPECT(bad == 0 && checked > 10000) << bad << checked;
+}
+
 // The update rule of the device encoder: fixed_exponent keeps S * maxabs * 2^e in
 // [2^59, 2^61); to_fixed rounds half to even; centroid_from_fixed of an exact sum
 // is the correctly rounded mean (the reference: the mean in long double).

@@ -21,11 +21,22 @@
 
 namespace qvg::cuda::kernels {
 
-/// n / d for non-negative n and positive d: a 32-bit division when both fit (a few
-/// instructions on the device, where a 64-bit one is a subroutine call), else the
-/// 64-bit one; the same quotient either way. The quantizer's passes divide flat
-/// indices by row and block sizes on every thread.
+/// log2 of a power of two v >= 1: the shift that divides by it.
+QVG_HD int log2_pow2(int64_t v) {
+#if defined(__CUDA_ARCH__)
+  return __ffsll((long long)v) - 1;
+#else
+  return __builtin_ctzll((unsigned long long)v);
+#endif
+}
+/// n / d for non-negative n and positive d: a shift when d is a power of two (D / 8
+/// and the block sizes, as a rule), else a 32-bit division when both fit (~24
+/// instructions on the device, 3 of them on the slow conversion/reciprocal pipe,
+/// where a 64-bit one is a subroutine call), else the 64-bit one; the same quotient
+/// every way. The quantizer's passes divide flat indices by row and block sizes on
+/// every thread.
 QVG_HD int64_t idiv(int64_t n, int64_t d) {
+  if ((d & (d - 1)) == 0) return n >> log2_pow2(d);
   return ((uint64_t(n) | uint64_t(d)) >> 32) == 0 ? int64_t(uint32_t(n) / uint32_t(d)) : n / d;
 }
 
@@ -46,19 +57,13 @@ struct Points {
   /// Element offset of (g, 0, 0); (g, t, d) lies at base(g) + t * stride() + d.
   QVG_HD int64_t base(int64_t g) const {
     if (H == 1) return g * S * D;
-    const int64_t b = idiv(g, H);
+    const int64_t b = g < H ? 0 : idiv(g, H);  // batch 1: no division
     return (b * S * H + (g - b * H)) * D;
   }
   /// Elements between two tokens of a group.
   QVG_HD int64_t stride() const { return H * D; }
   /// Element offset of (g, t, 0).
   QVG_HD int64_t row(int64_t g, int64_t t) const { return base(g) + t * stride(); }
-  /// Element offset of (g, t, 0) for the flat row index g * S + t.
-  QVG_HD int64_t flat_row(int64_t gt) const {
-    if (H == 1) return gt * D;
-    const int64_t g = idiv(gt, S);
-    return row(g, gt - g * S);
-  }
   /// The element at offset `off` as fp32 (exact).
   QVG_HD float at(int64_t off) const { return qvg::cuda_arith::load_elem(p, dtype, off); }
   /// The 4 elements at offset `off` (one 16-byte load of fp32, one 8-byte load of
@@ -457,20 +462,19 @@ QVG_HD bool quantize_vectorizable(int64_t D, int bs) {
 
 /// Element d of the final residual of row `row` (= g * S + t).
 QVG_HD float residual_at(const QuantizeArgs& a, int64_t row, int64_t d) {
-  const float x = a.r.at(a.r.flat_row(row) + d);
+  const int64_t g = idiv(row, a.S);  // once, for the points' row and the centroid's
+  const float x = a.r.at(a.r.row(g, row - g * a.S) + d);
   if (a.stored == nullptr) return x;
-  const int64_t g = idiv(row, a.S);
   return qvg::cuda_arith::sub_rn(x, a.stored[(g * a.K + a.ids[row]) * a.D + d]);
 }
-/// Channels [8c, 8c + 8) of the final residual of row `row` (Points::at8 of r, two
-/// 128-bit loads of the stored centroid row). REQUIRES D % 8 == 0 and
+/// Channels [8c, 8c + 8) of the final residual of token t of group g (Points::at8 of
+/// r, two 128-bit loads of the stored centroid row). REQUIRES D % 8 == 0 and
 /// a.r.vector_ok(8).
-QVG_HD void residual8(const QuantizeArgs& a, int64_t row, int64_t c, float (&v)[8]) {
+QVG_HD void residual8(const QuantizeArgs& a, int64_t g, int64_t t, int64_t c, float (&v)[8]) {
   namespace A = qvg::cuda_arith;
-  a.r.at8(a.r.flat_row(row) + c * 8, v);
+  a.r.at8(a.r.row(g, t) + c * 8, v);
   if (a.stored == nullptr) return;
-  const int64_t g = idiv(row, a.S);
-  const float* s = a.stored + (g * a.K + a.ids[row]) * a.D + c * 8;
+  const float* s = a.stored + (g * a.K + a.ids[g * a.S + t]) * a.D + c * 8;
   const Word4 s0 = load_word4(s), s1 = load_word4(s + 4);
   QVG_UNROLL
   for (int i = 0; i < 4; ++i) {
@@ -563,7 +567,7 @@ QVG_HD RunStats stats_lane(const QuantizeArgs& a, int64_t g, int64_t w) {
   if (w >= a.S * cpr) return RunStats{};
   float v[8];
   const int64_t t = idiv(w, cpr);
-  residual8(a, g * a.S + t, w - t * cpr, v);
+  residual8(a, g, t, w - t * cpr, v);
   return run_stats8(v, a.asymmetric);
 }
 /// The same thread after the merge of its segment of bs/8 lanes (s = the merged
@@ -574,9 +578,10 @@ QVG_HD void stats_leader(const QuantizeArgs& a, int64_t g, int64_t w, const RunS
   const int64_t cpr = a.D / 8, width = a.block / 8;
   ms = 0.0f;
   mz = 0.0f;
-  if (w >= a.S * cpr || w - idiv(w, width) * width != 0) return;
+  if (w >= a.S * cpr || (w & (width - 1)) != 0) return;  // block and width: powers of two
   const int64_t t = idiv(w, cpr), row = g * a.S + t, c = w - t * cpr;
-  const int64_t si = row * idiv(a.D, a.block) + idiv(c * 8, a.block);
+  const int sh = log2_pow2(a.block);
+  const int64_t si = row * (a.D >> sh) + ((c * 8) >> sh);
   float rs = 0.0f, rz = 0.0f;
   block_raw(s, qvg::cuda_arith::qmax_of(a.bits, a.asymmetric), a.asymmetric, rs, rz);
   a.raw_s[si] = rs;
@@ -648,10 +653,11 @@ QVG_HD uint32_t pack8(const float (&v)[8], int qmax, bool asym, float s_eff, flo
 /// REQUIRES quantize_vectorizable, scale_block done.
 template <class W>
 QVG_HD void pack_word(const QuantizeArgs& a, int64_t w) {
-  const int64_t cpr = a.D / 8, row = idiv(w, cpr), c = w - row * cpr;
+  const int64_t cpr = a.D / 8, row = idiv(w, cpr), c = w - row * cpr, g = idiv(row, a.S);
   float v[8];
-  residual8(a, row, c, v);
-  const int64_t si = row * idiv(a.D, a.block) + idiv(c * 8, a.block);
+  residual8(a, g, row - g * a.S, c, v);
+  const int sh = log2_pow2(a.block);  // a power of two (quantize_vectorizable)
+  const int64_t si = row * (a.D >> sh) + ((c * 8) >> sh);
   const bool asym = a.asymmetric;
   // qmax from the argument's width (== W's), not the constant qmax_of<W>: pack_vec_kernel
   // then takes 34 registers, with the constant 48 (nvcc 13, sm_90a; 40 with the former run-time-width pack8).
