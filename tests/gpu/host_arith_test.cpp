@@ -720,7 +720,7 @@ QVG_TEST(fixed_point_update_rules) {
 // The update kernel's block work (update_accumulate_kernel) on the host: every block
 // of its grid (group, chunk of kUpdPoints, slice of kUpdLanes channels) sorts its
 // chunk's points by cluster with a random order within each cluster (the scatter's
-// shared atomics give any), splits the sorted positions among 8 (and 3, and 1) warps
+// shared atomics give any), splits the sorted positions among 16 (and 8, 3, 1) warps
 // as update_warp_range does, and runs update_run_sums for each lane; the flushed sums
 // (wrapping, as the 64-bit global atomics add them) must equal the direct sums of
 // to_fixed(r - mu) in point order, bit for bit, for every (group, cluster, channel).
@@ -771,7 +771,7 @@ QVG_TEST(update_block_sums_equal_the_direct_sums) {
               want[size_t((g * K + ids[size_t(g * S + t)]) * D + d)] += (unsigned long long)K::to_fixed(
                   A::sub_rn(buf[size_t((g * S + t) * D + d)], mu[size_t(g * D + d)]), fe[size_t(g)]);
         }
-        const int nwarp = checked % 3 == 0 ? 8 : checked % 3 == 1 ? 3 : 1;
+        const int nwarp = std::array{16, 8, 3, 1}[size_t(checked % 4)];  // 16: the kernel's
         bool once_per_run = true, in_range = true;
         for (int64_t g = 0; g < G; ++g)
           for (int64_t t0 = 0; t0 < S; t0 += K::kUpdPoints) {
@@ -826,7 +826,7 @@ QVG_TEST(update_block_sums_equal_the_direct_sums) {
   // update_warp_range: the warps' shares cover [0, n) once, in order, sizes within one.
   bool covers = true;
   for (const int n : {0, 1, 7, 8, 9, 4095, 4096})
-    for (const int nwarp : {1, 3, 8}) {
+    for (const int nwarp : {1, 3, 8, 16}) {
       int next = 0, lo = n, hi = 0;
       for (int w = 0; w < nwarp; ++w) {
         int p0 = 0, p1 = 0;

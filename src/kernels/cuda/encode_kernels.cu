@@ -494,7 +494,13 @@ __global__ void __launch_bounds__(kGenericThreads)
 
 // ---- centroid update (exact fixed point) -------------------------------------
 
-constexpr int kUpdThreads = 256;  // 8 warps: 512 sorted points each
+// 16 warps, 256 sorted points each (40 registers at sm_90a: 3 blocks, 48 warps, per
+// SM). A small tensor (the Self-Forcing chunk: 96 blocks, under one per SM) gets 16
+// warps per SM instead of 8 with 256-thread blocks, and half the sequential rows per
+// warp; more warps per block add global atomics only at the warp boundaries.
+constexpr int kUpdThreads = 512;
+constexpr int kUpdIdsPerThread = kUpdPoints / kUpdThreads;
+static_assert(kUpdPoints % kUpdThreads == 0, "a thread counts kUpdIdsPerThread ids");
 
 // The exact fixed-point sums of one block: kUpdPoints points of group g by kUpdLanes
 // channels (encode_bodies.cuh, "the update's block work"). Shared memory: the chunk's
@@ -517,10 +523,19 @@ __global__ void __launch_bounds__(kUpdThreads)
   for (int i = threadIdx.x; i < 256; i += blockDim.x) cnt[i] = 0;
   __syncthreads();
   const uint8_t* ig = ids + g * S + t0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {  // the histogram
-    const uint8_t id = ig[i];
-    cid[i] = id;
-    atomicAdd(&cnt[id], 1);
+  uint8_t own[kUpdIdsPerThread];  // the histogram: a thread's ids loaded together, then counted
+#pragma unroll
+  for (int j = 0; j < kUpdIdsPerThread; ++j) {
+    const int i = int(threadIdx.x) + j * kUpdThreads;
+    own[j] = i < n ? ig[i] : uint8_t(0);
+  }
+#pragma unroll
+  for (int j = 0; j < kUpdIdsPerThread; ++j) {
+    const int i = int(threadIdx.x) + j * kUpdThreads;
+    if (i < n) {
+      cid[i] = own[j];
+      atomicAdd(&cnt[own[j]], 1);
+    }
   }
   __syncthreads();
   if (threadIdx.x < 32) {  // its exclusive scan: 8 clusters per lane, then across the warp
@@ -542,7 +557,7 @@ __global__ void __launch_bounds__(kUpdThreads)
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {  // the scatter (any order within a cluster)
+  for (int i = int(threadIdx.x); i < n; i += kUpdThreads) {  // the scatter (any order within a cluster)
     const int id = cid[i];
     keys[atomicAdd(&cursor[id], 1)] = update_key(id, i);
   }
@@ -552,7 +567,7 @@ __global__ void __launch_bounds__(kUpdThreads)
   const bool in_d = d < D;
   const int64_t dv = in_d ? d : D - 1;  // a lane past D reads a valid channel and flushes nothing
   int p0 = 0, p1 = 0;
-  update_warp_range(n, warp, int(blockDim.x / 32), &p0, &p1);
+  update_warp_range(n, warp, kUpdThreads / 32, &p0, &p1);
   unsigned long long* sg = sums + g * K * D + dv;
   update_run_sums<DT>(r, r.base(g) + dv, t0, keys, p0, p1, in_d, mu[g * D + dv], fixed_exponent(maxabs[g], S),
                       [&](int id, unsigned long long s) { atomicAdd(sg + int64_t(id) * D, s); });
