@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <climits>
 
@@ -605,6 +606,28 @@ __global__ void store_centroids_kernel(const float* c, const float* mu, int64_t 
 }
 
 
+/// Resident blocks per multiprocessor of assign_mma_kernel<DIM> with k_eff (1..256)
+/// centroids' shared memory (at least 1): the occupancy query once per (device, k_eff)
+/// instead of on every launch (4 per layer update with 2 iterations). The value
+/// depends only on the device, the kernel and the shared memory; two threads that
+/// both miss store the same number.
+template <int DIM>
+int assign_blocks_per_sm(int k_eff, size_t smem) {
+  static std::atomic<int> known[detail::kMaxDevices][257] = {};
+  const int dev = detail::current_device();
+  const bool slot = dev >= 0 && dev < detail::kMaxDevices && k_eff >= 1 && k_eff <= 256;
+  if (slot) {
+    const int v = known[dev][k_eff].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int per_sm = 0;
+  QVG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, assign_mma_kernel<DIM>,
+                                                         MmaConfig<DIM>::WARPS * 32, smem));
+  per_sm = std::max(per_sm, 1);
+  if (slot) known[dev][k_eff].store(per_sm, std::memory_order_relaxed);
+  return per_sm;
+}
+
 /// Launches the tensor-core assignment for D = DIM if the device has the shared
 /// memory for k_eff centroids; false (nothing launched) otherwise.
 template <int DIM>
@@ -629,9 +652,7 @@ bool launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnor
   // should still fill the device (with half of the groups stopped they do). The
   // occupancy query is a host computation (no stream work, allowed during capture).
   constexpr int64_t kAssignWaves = 2;
-  int per_sm = 0;
-  QVG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, assign_mma_kernel<DIM>, threads, smem));
-  const int64_t resident = int64_t(std::max(per_sm, 1)) * detail::multiprocessor_count();
+  const int64_t resident = int64_t(assign_blocks_per_sm<DIM>(k_eff, smem)) * detail::multiprocessor_count();
   const int64_t bpg = std::clamp<int64_t>(kAssignWaves * resident / G, 1, ntiles);
   assign_mma_kernel<DIM><<<unsigned(G * bpg), threads, smem, stream>>>(xb, cb, cnorm, G, S, K, k_eff, ntiles, bpg,
                                                                        ids, changed, it, stop);
