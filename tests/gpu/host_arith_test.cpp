@@ -404,7 +404,7 @@ QVG_TEST(decode_plan_groups_tasks_by_mode) {
 
 // kernels::Points, how the encoder's kernels read a stage's points: over an input in
 // its [B, S, H, D] layout (bf16, f16, f32; B = 2, H = 3) and over the [G, S, D] fp32
-// residual buffer, element (g = b * H + h, t, d) by at, at4 and at8 against the
+// residual buffer, element (g = b * H + h, t, d) by at, at4, at4_pair and at8 against the
 // tensor's own element, bit for bit (NaN, infinities, -0, subnormals included); and
 // vector_ok refusing a pointer or D the vector loads cannot take.
 QVG_TEST(points_read_the_input_layout_and_the_residual_buffer) {
@@ -432,13 +432,17 @@ QVG_TEST(points_read_the_input_layout_and_the_residual_buffer) {
         for (int64_t t = 0; t < S; ++t) {
           const int64_t b = g / sh.h, h = g % sh.h, row = p.row(g, t);
           for (int64_t d = 0; d < D; d += 8) {
-            float v4[4], v8[8];
+            float v4[4], v8[8], q0[4], q1[4], z0[4], z1[4];
             p.at8(row + d, v8);
+            p.at4_pair(row + d, row + d + 4, true, q0, q1);   // the two halves of the 8
+            p.at4_pair(row + d + 4, row + d, false, z0, z1);  // the second not read: zeros
             for (int64_t i = 0; i < 8; ++i) {
               const float want = qvg::load_f32(x.data(), dt, size_t(((b * S + t) * sh.h + h) * D + d + i));
               if (i % 4 == 0) p.at4(row + d + i, v4);
               same = same && qvg::f32_bits(p.at(row + d + i)) == qvg::f32_bits(want) &&
-                     qvg::f32_bits(v8[i]) == qvg::f32_bits(want) && qvg::f32_bits(v4[i % 4]) == qvg::f32_bits(want);
+                     qvg::f32_bits(v8[i]) == qvg::f32_bits(want) && qvg::f32_bits(v4[i % 4]) == qvg::f32_bits(want) &&
+                     qvg::f32_bits(i < 4 ? q0[i] : q1[i - 4]) == qvg::f32_bits(want);
+              if (i >= 4) same = same && qvg::f32_bits(z0[i - 4]) == qvg::f32_bits(want) && z1[i - 4] == 0.0f;
             }
           }
         }

@@ -69,6 +69,9 @@ struct Points {
   /// The 4 elements at offset `off` (one 16-byte load of fp32, one 8-byte load of
   /// 16-bit elements). REQUIRES off % 4 == 0 and p 16-byte aligned (vector_ok).
   QVG_HD void at4(int64_t off, float (&v)[4]) const;
+  /// at4 of offsets off0 and off1 (off1 read only when `both`; v1 zeros otherwise),
+  /// both loads issued before either is widened: two loads in flight per thread.
+  QVG_HD void at4_pair(int64_t off0, int64_t off1, bool both, float (&v0)[4], float (&v1)[4]) const;
   /// The 8 elements at offset `off` (two 16-byte loads of fp32, one of 16-bit
   /// elements). REQUIRES off % 8 == 0 and p 16-byte aligned.
   QVG_HD void at8(int64_t off, float (&v)[8]) const;
@@ -143,6 +146,26 @@ QVG_HD void Points::at4(int64_t off, float (&v)[4]) const {
   }
   const Word2 w = load_as<Word2>(static_cast<const uint16_t*>(p) + off);
   points_impl::widen(w.v, dtype, v);
+}
+
+QVG_HD void Points::at4_pair(int64_t off0, int64_t off1, bool both, float (&v0)[4], float (&v1)[4]) const {
+  namespace A = qvg::cuda_arith;
+  if (dtype == A::kF32) {
+    const float* f = static_cast<const float*>(p);
+    const Word4 w0 = load_word4(f + off0);
+    const Word4 w1 = both ? load_word4(f + off1) : Word4{};
+    QVG_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      v0[i] = A::from_bits(w0.v[i]);
+      v1[i] = A::from_bits(w1.v[i]);
+    }
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(p);
+  const Word2 w0 = load_as<Word2>(h + off0);
+  const Word2 w1 = both ? load_as<Word2>(h + off1) : Word2{};
+  points_impl::widen(w0.v, dtype, v0);
+  points_impl::widen(w1.v, dtype, v1);
 }
 
 QVG_HD void Points::at8(int64_t off, float (&v)[8]) const {
@@ -267,7 +290,9 @@ inline bool center_vec4_ok(const Points& r, const float* mu, const uint16_t* xb)
 /// Thread `tid` of `nthreads` of centring block `blk` (group blk / bpg, elements
 /// [e0, e1) of its S * D, e0 = (blk % bpg) * kCenterChunk, element e = t * D + d):
 /// centres elements e0 + 4 tid, e0 + 4 (tid + nthreads), ..., 4 at a time, into
-/// xb[g * S * D + e], and returns the largest magnitude it saw.
+/// xb[g * S * D + e], and returns the largest magnitude it saw. Two steps per pass:
+/// both loads are issued before either is used (a thread's one 8-byte load in flight
+/// left the bandwidth to the number of resident warps).
 /// REQUIRES center_vec4_ok (then every 4 elements lie in one row: e and D multiples of 4).
 QVG_HD float center_thread_vec4(const Points& r, const float* mu, int64_t bpg, int64_t blk, int tid, int nthreads,
                                 uint16_t* xb) {
@@ -282,10 +307,8 @@ QVG_HD float center_thread_vec4(const Points& r, const float* mu, int64_t bpg, i
   int64_t e = e0 + 4 * int64_t(tid);
   TokenChannel at(e, step, D);
   float m = 0.0f;
-  for (; e < e1; e += step, at.advance()) {
-    float rv[4];
-    r.at4(rbase + at.t * rstride + at.d, rv);
-    const Word4 mv = load_word4(mg + at.d);
+  const auto centre = [&](int64_t ee, int d, const float (&rv)[4]) {
+    const Word4 mv = load_word4(mg + d);
     uint32_t h[4];
     QVG_UNROLL
     for (int i = 0; i < 4; ++i) {
@@ -293,7 +316,18 @@ QVG_HD float center_thread_vec4(const Points& r, const float* mu, int64_t bpg, i
       h[i] = A::f32_to_bf16(v);
       m = fmaxf(m, fabsf(v));
     }
-    store_as(xg + e, Word2{{h[0] | (h[1] << 16), h[2] | (h[3] << 16)}});
+    store_as(xg + ee, Word2{{h[0] | (h[1] << 16), h[2] | (h[3] << 16)}});
+  };
+  for (; e < e1; e += 2 * step) {
+    const TokenChannel a0 = at;
+    at.advance();
+    const TokenChannel a1 = at;
+    at.advance();
+    const bool second = e + step < e1;
+    float r0[4], r1[4];
+    r.at4_pair(rbase + a0.t * rstride + a0.d, rbase + a1.t * rstride + a1.d, second, r0, r1);
+    centre(e, a0.d, r0);
+    if (second) centre(e + step, a1.d, r1);
   }
   return m;
 }

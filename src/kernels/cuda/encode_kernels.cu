@@ -164,7 +164,7 @@ __global__ void center_kernel(const Points r, const float* __restrict__ mu, int6
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + g, m);
 }
 
-__global__ void center_vec4_kernel(const Points r, const float* __restrict__ mu, int64_t bpg,
+__global__ void __launch_bounds__(kThreads, 5) center_vec4_kernel(const Points r, const float* __restrict__ mu, int64_t bpg,
                                    uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
   __shared__ float red[32];
   float m = center_thread_vec4(r, mu, bpg, blockIdx.x, int(threadIdx.x), int(blockDim.x), xb);
