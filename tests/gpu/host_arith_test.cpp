@@ -808,16 +808,10 @@ QVG_TEST(update_block_sums_equal_the_direct_sums) {
                   };
                   const float m = mu[size_t(g * D + dv)];
                   const int64_t rd = pts.base(g) + dv;
-                  switch (pts.dtype) {
-                    case A::kBF16:
-                      K::update_run_sums<A::kBF16>(pts, rd, t0, keys.data(), p0, p1, in_d, m, fe[size_t(g)], flush);
-                      break;
-                    case A::kF16:
-                      K::update_run_sums<A::kF16>(pts, rd, t0, keys.data(), p0, p1, in_d, m, fe[size_t(g)], flush);
-                      break;
-                    default:
-                      K::update_run_sums<A::kF32>(pts, rd, t0, keys.data(), p0, p1, in_d, m, fe[size_t(g)], flush);
-                  }
+                  K::with_dtype(pts.dtype, [&](auto et) {
+                    K::update_run_sums<decltype(et)::value>(pts, rd, t0, keys.data(), p0, p1, in_d, m, fe[size_t(g)],
+                                                            flush);
+                  });
                 }
               }
           }

@@ -375,6 +375,20 @@ void with_decodable_width(int bits, G&& g) {
   });
 }
 
+/// An element type (cuda_arith's kBF16, kF16, kF32; any other value as kF32) as a
+/// compile-time constant: g(std::integral_constant<int, dt>), so that a kernel's loads
+/// do not branch on it. Host code (the launchers, and the host tests of the bodies).
+template <class G>
+decltype(auto) with_dtype(int dt, G&& g) {
+  using std::integral_constant;
+  namespace A = qvg::cuda_arith;
+  switch (dt) {
+    case A::kBF16: return g(integral_constant<int, A::kBF16>{});
+    case A::kF16: return g(integral_constant<int, A::kF16>{});
+    default: return g(integral_constant<int, A::kF32>{});
+  }
+}
+
 /// Calls f(bits, fp8, centroid dtype, output dtype, ref_bits) with each argument as a
 /// compile-time constant (std::integral_constant), for every supported mode of codes
 /// of width BITS: fp8 or bf16 scales, bf16/f16/f32 centroids and outputs (ref_bits 0)
@@ -384,17 +398,7 @@ void with_decodable_width(int bits, G&& g) {
 template <int BITS, class F>
 void with_decode_submode(bool fp8, int cdt, int odt, int ref_bits, F&& f) {
   using std::integral_constant;
-  using qvg::cuda_arith::kBF16;
-  using qvg::cuda_arith::kF16;
-  using qvg::cuda_arith::kF32;
-  // One dtype as a constant: g(integral_constant<int, dt>).
-  const auto by_dtype = [](int dt, auto&& g) {
-    switch (dt) {
-      case kBF16: return g(integral_constant<int, kBF16>{});
-      case kF16: return g(integral_constant<int, kF16>{});
-      default: return g(integral_constant<int, kF32>{});
-    }
-  };
+  const auto by_dtype = [](int dt, auto&& g) { with_dtype(dt, g); };
   const integral_constant<int, BITS> b;
   const auto modes = [&](auto f8) {
     if (ref_bits != 0)  // cdt == odt

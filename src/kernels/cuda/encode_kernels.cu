@@ -164,8 +164,9 @@ __global__ void center_kernel(const Points r, const float* __restrict__ mu, int6
   if (threadIdx.x == 0) atomic_max_nonneg(maxabs + g, m);
 }
 
-__global__ void __launch_bounds__(kThreads, 5) center_vec4_kernel(const Points r, const float* __restrict__ mu, int64_t bpg,
-                                   uint16_t* __restrict__ xb, float* __restrict__ maxabs) {
+__global__ void __launch_bounds__(kThreads, 5)
+    center_vec4_kernel(const Points r, const float* __restrict__ mu, int64_t bpg, uint16_t* __restrict__ xb,
+                       float* __restrict__ maxabs) {
   __shared__ float red[32];
   float m = center_thread_vec4(r, mu, bpg, blockIdx.x, int(threadIdx.x), int(blockDim.x), xb);
   m = block_max(m, red);
@@ -605,7 +606,6 @@ __global__ void store_centroids_kernel(const float* c, const float* mu, int64_t 
   }
 }
 
-
 /// Resident blocks per multiprocessor of assign_mma_kernel<DIM> with k_eff (1..256)
 /// centroids' shared memory (at least 1): the occupancy query once per (device, k_eff)
 /// instead of on every launch (4 per layer update with 2 iterations). The value
@@ -621,8 +621,8 @@ int assign_blocks_per_sm(int k_eff, size_t smem) {
     if (v > 0) return v;
   }
   int per_sm = 0;
-  QVG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, assign_mma_kernel<DIM>,
-                                                         MmaConfig<DIM>::WARPS * 32, smem));
+  QVG_CUDA(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, assign_mma_kernel<DIM>, MmaConfig<DIM>::WARPS * 32, smem));
   per_sm = std::max(per_sm, 1);
   if (slot) known[dev][k_eff].store(per_sm, std::memory_order_relaxed);
   return per_sm;
@@ -654,8 +654,8 @@ bool launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnor
   constexpr int64_t kAssignWaves = 2;
   const int64_t resident = int64_t(assign_blocks_per_sm<DIM>(k_eff, smem)) * detail::multiprocessor_count();
   const int64_t bpg = std::clamp<int64_t>(kAssignWaves * resident / G, 1, ntiles);
-  assign_mma_kernel<DIM><<<unsigned(G * bpg), threads, smem, stream>>>(xb, cb, cnorm, G, S, K, k_eff, ntiles, bpg,
-                                                                       ids, changed, it, stop);
+  assign_mma_kernel<DIM><<<unsigned(G * bpg), threads, smem, stream>>>(xb, cb, cnorm, G, S, K, k_eff, ntiles, bpg, ids,
+                                                                       changed, it, stop);
   detail::check_launch("assign_mma_kernel");
   return true;
 }
@@ -694,15 +694,10 @@ void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, in
   // the element type a template argument: no per-load branch on it (the loads of a batch stay in flight together)
   InitDraw d = init;
   d.G = init.idx != nullptr ? G : 0;  // the grid's first d.G blocks draw the indices
-  const auto launch = [&](auto kernel) {
-    kernel<<<unsigned(d.G + G * nchunk), kMeanThreads, 0, stream>>>(x, S, H, D, nchunk, r, partial, d);
-  };
-  if (dtype == A::kBF16)
-    launch(gather_mean_kernel<A::kBF16>);
-  else if (dtype == A::kF16)
-    launch(gather_mean_kernel<A::kF16>);
-  else
-    launch(gather_mean_kernel<A::kF32>);
+  with_dtype(dtype, [&](auto dt) {
+    gather_mean_kernel<decltype(dt)::value>
+        <<<unsigned(d.G + G * nchunk), kMeanThreads, 0, stream>>>(x, S, H, D, nchunk, r, partial, d);
+  });
   detail::check_launch("gather_mean_kernel");
   mean_final_kernel<<<unsigned(G), kMeanThreads, 0, stream>>>(partial, S, D, nchunk, mu);
   detail::check_launch("mean_final_kernel");
@@ -754,24 +749,19 @@ void update_centroids(const Points& r, const float* mu, const float* maxabs, con
   QVG_CUDA(cudaMemsetAsync(counts, 0, size_t(G * K) * sizeof(int), stream));
   const int64_t nchunk = (S + kUpdPoints - 1) / kUpdPoints, nslice = (D + kUpdLanes - 1) / kUpdLanes;
   auto* usums = reinterpret_cast<unsigned long long*>(sums);
-  const auto launch = [&](auto kernel) {
-    kernel<<<unsigned(G * nchunk * nslice), kUpdThreads, 0, stream>>>(r, mu, maxabs, ids, G, S, D, K, nchunk, nslice,
-                                                                       usums, counts, changed, it, stop);
-  };
-  if (r.dtype == A::kBF16)
-    launch(update_accumulate_kernel<A::kBF16>);
-  else if (r.dtype == A::kF16)
-    launch(update_accumulate_kernel<A::kF16>);
-  else
-    launch(update_accumulate_kernel<A::kF32>);
+  with_dtype(r.dtype, [&](auto dt) {
+    update_accumulate_kernel<decltype(dt)::value><<<unsigned(G * nchunk * nslice), kUpdThreads, 0, stream>>>(
+        r, mu, maxabs, ids, G, S, D, K, nchunk, nslice, usums, counts, changed, it, stop);
+  });
   detail::check_launch("update_accumulate_kernel");
   const int64_t n = G * K * D;
   update_final_kernel<<<grid_for(n), kThreads, 0, stream>>>(usums, counts, maxabs, G, S, D, K, n, c, changed, it, stop);
   detail::check_launch("update_final_kernel");
 }
 
-void finish_stage(const Points& src, float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S, int64_t D, int K,
-                  int k_eff, int dtype, void* out_c, float* stored, bool last, double* partial, cudaStream_t stream) {
+void finish_stage(const Points& src, float* r, const float* c, float* mu, const uint8_t* ids, int64_t G, int64_t S,
+                  int64_t D, int K, int k_eff, int dtype, void* out_c, float* stored, bool last, double* partial,
+                  cudaStream_t stream) {
   const int64_t nc = G * K * D;
   store_centroids_kernel<<<grid_for(nc), kThreads, 0, stream>>>(c, mu, D, K, k_eff, dtype, nc, out_c, stored);
   detail::check_launch("store_centroids_kernel");
