@@ -16,6 +16,7 @@
 
 namespace qvg::residual_impl {
 
+using numeric_impl::abs_f;
 using numeric_impl::add_rn;
 using numeric_impl::div_rn;
 using numeric_impl::from_bits;
@@ -107,6 +108,58 @@ QVG_HD int quantize_code(float x, int qmax, bool asymmetric, float s_eff, float 
   if (!asymmetric) return (s_eff == 0.0f ? 0 : round_clamp(div_rn(x, s_eff), -fq, fq)) + qmax;
   return s_eff == 0.0f ? 0 : round_clamp(div_rn(sub_rn(x, z_eff), s_eff), 0.0f, fq);
 }
+
+// ---- codes without a division per element (the device's scale search) -------------
+// round_clamp(div_rn(a, s), lo, hi) decides only on which side of a half-integer the
+// rounded quotient falls. A multiply by the rounded reciprocal gives q within
+// 2u|a/s| + u^2|a/s| of a/s (u = 2^-24: one rounding of 1/s, one of the product,
+// both normal), and div_rn(a, s) is within u|a/s| of it: when q is farther than
+// 8u|q| from every half-integer, no half-integer lies between q and div_rn(a, s) (3u
+// would do; 8u leaves room), and both round to the integer nearest q. Else (and
+// where the bound does not hold: the reciprocal not a normal float, q infinite or
+// NaN) the division decides, as before. The same code, bit for bit, for every a
+// (tests/gpu/host_arith_test.cpp, `reciprocal_codes_equal_the_divided_codes`).
+
+/// The reciprocal that code_value multiplies by: div_rn(1, s) where s is in
+/// [2^-125, 2^126) (so that 1 / s is a normal float), else 0 (code_value then
+/// divides). One division per block and scale instead of one per element.
+QVG_HD float code_reciprocal(float s) {
+  const uint32_t u = numeric_impl::bits_of(s), e = u >> 23;  // sign bit included: a negative s gives e > 255
+  return e >= 2u && e <= 252u ? div_rn(1.0f, s) : 0.0f;
+}
+/// code_value's multiply and test, for inv != 0: the code value round_clamp(div_rn(a, s),
+/// lo, hi) as a float (an integer of [lo, hi]; a zero of either sign), dividing only
+/// where q = a * inv lies within 8u|q| of a half-integer (about one quotient in 2^20
+/// of a uniform spread) or is not finite. REQUIRES inv = code_reciprocal(s) != 0,
+/// a / s not NaN (as round_clamp).
+QVG_HD float code_value_recip(float a, float s, float inv, float lo, float hi) {
+  const float q = mul_rn(a, inv);
+#if defined(__CUDA_ARCH__)
+  const float r = rintf(q);  // nearest integer (even on ties: a tie fails the test below)
+  // |q - r| is exact (r the nearest integer, Sterbenz); the sum rounds up past 0.5 at
+  // worst (a division then), never down below it. q infinite or NaN: the test is false.
+  if (__fadd_rn(fabsf(__fsub_rn(q, r)), __fmul_rn(fabsf(q), 0x1p-21f)) < 0.5f) return fmaxf(fminf(r, hi), lo);
+#else
+  const float r = std::rint(q);
+  if (std::fabs(q - r) + std::fabs(q) * 0x1p-21f < 0.5f) return std::fmax(std::fmin(r, hi), lo);
+#endif
+  return int_to_float(round_clamp(div_rn(a, s), lo, hi));
+}
+/// The code value round_clamp(div_rn(a, s), lo, hi) from inv = code_reciprocal(s):
+/// code_value_recip where inv != 0, else the division.
+QVG_HD float code_value(float a, float s, float inv, float lo, float hi) {
+  return inv != 0.0f ? code_value_recip(a, s, inv, lo, hi) : int_to_float(round_clamp(div_rn(a, s), lo, hi));
+}
+/// quantize_code through code_value_recip: the same code for every x, s_eff and
+/// z_eff, given inv = code_reciprocal(s_eff) (0, s_eff == 0 included: quantize_code
+/// itself). Symmetric, x - 0 is x (a zero keeps its sign): one expression for both.
+QVG_HD int quantize_code_recip(float x, int qmax, bool asymmetric, float s_eff, float z_eff, float inv) {
+  if (inv == 0.0f) return quantize_code(x, qmax, asymmetric, s_eff, z_eff);
+  const float fq = int_to_float(qmax);
+  return int(code_value_recip(sub_rn(x, asymmetric ? z_eff : 0.0f), s_eff, inv, asymmetric ? 0.0f : -fq, fq)) +
+         (asymmetric ? 0 : qmax);
+}
+
 /// The dequantized residual of one code (spec 1.3): (code - qmax) * s_eff, or code * s_eff + z_eff.
 QVG_HD float dequant(int code, int qmax, bool asymmetric, float s_eff, float z_eff) {
   if (!asymmetric) return mul_rn(int_to_float(code - qmax), s_eff);
@@ -174,6 +227,26 @@ QVG_HD float block_sq_error_at(const At& x, int64_t n, int qmax, bool asymmetric
       r = r > hi ? hi : r;
       d = sub_rn(x(i), add_rn(mul_rn(r, s_eff), z));
     }
+    acc = add_rn(acc, mul_rn(d, d));
+  }
+  return acc;
+}
+/// block_sq_error_at with each code from code_value (one reciprocal per candidate
+/// instead of a division per element): the same codes, hence the same operations on
+/// the same values and the same error bit for bit (only a zero's sign may differ in
+/// the code value r, and it cancels: r * s_eff + z is then +-0 or z, d the same, d^2
+/// the same). The device's scale search (span_bodies.cuh, search_lane).
+template <class At>
+QVG_HD float block_sq_error_recip_at(const At& x, int64_t n, int qmax, bool asymmetric, float s_eff, float z_eff) {
+  const float inv = code_reciprocal(s_eff);  // 0 for s_eff == 0 too
+  if (inv == 0.0f) return block_sq_error_at(x, n, qmax, asymmetric, s_eff, z_eff);
+  float acc = 0.0f;
+  const float hi = int_to_float(qmax), lo = asymmetric ? 0.0f : -hi;
+  const float z = asymmetric ? z_eff : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x(i);
+    const float r = code_value_recip(sub_rn(xi, z), s_eff, inv, lo, hi);
+    const float d = sub_rn(xi, add_rn(mul_rn(r, s_eff), z));
     acc = add_rn(acc, mul_rn(d, d));
   }
   return acc;

@@ -182,25 +182,38 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
       cfg.kmeans_iters = 2;
       cfg.block_size = 64;
       // The verdict times the encoder on the acceptance shape only (the LongCat tensor, int2).
+      // Where an encode's time goes: each phase's median over the repetitions (events
+      // between the phases; the sum is near the encode's median, the events add a little).
+      const auto phases = [&](const CodecConfig& c, const std::string& label, double enc_ms) {
+        std::vector<qvg::cuda::detail::EncodePhaseTimes> runs(static_cast<size_t>(reps));
+        for (auto& t : runs) (void)qvg::cuda::detail::encode_phases(xv, c, s, default_allocator(), t);
+        for (size_t p = 0; p < runs.front().names.size(); ++p) {
+          std::vector<double> v;
+          for (const auto& t : runs)
+            if (p < t.ms.size()) v.push_back(t.ms[p]);
+          std::sort(v.begin(), v.end());
+          const double ms = v[v.size() / 2];
+          rows.push_back({fmt::format("encode phase {}: {}", label, runs.front().names[p]), ms, ms / enc_ms,
+                          "of the encode", -1, ""});
+        }
+      };
       if (shp.encode && (!opt.verdict || (bits == 2 && &shp == &shapes.front()))) {
         const double enc_ms = timer.median_ms(reps, [&] { (void)encode(xv, cfg, s); });
         rows.push_back({fmt::format("encode {} int{} {} (K=256, 2 iters)", shp.name, bits, sh.str()), enc_ms,
                         double(sh.numel()) / (enc_ms * 1e6), "Gelem/s", -1, ""});
-        // Where that time goes: each phase's median over the repetitions (events between
-        // the phases; the sum is near the encode's median, the events add a little).
-        if (bits == 2) {
-          std::vector<qvg::cuda::detail::EncodePhaseTimes> runs(static_cast<size_t>(reps));
-          for (auto& t : runs) (void)qvg::cuda::detail::encode_phases(xv, cfg, s, default_allocator(), t);
-          for (size_t p = 0; p < runs.front().names.size(); ++p) {
-            std::vector<double> v;
-            for (const auto& t : runs)
-              if (p < t.ms.size()) v.push_back(t.ms[p]);
-            std::sort(v.begin(), v.end());
-            const double ms = v[v.size() / 2];
-            rows.push_back({fmt::format("encode phase {} int{}: {}", shp.name, bits, runs.front().names[p]), ms,
-                            ms / enc_ms, "of the encode", -1, ""});
-          }
-        }
+        if (bits == 2) phases(cfg, fmt::format("{} int{}", shp.name, bits), enc_ms);
+      }
+      // K's codec in the recommended profile (asymmetric, two_level, the scale search;
+      // docs/quality.md): the search is a phase of its own. Outside the verdict's budget.
+      if (shp.encode && !opt.verdict && bits == 2) {
+        CodecConfig k = cfg;
+        k.asymmetric = true;
+        k.scaling = Scaling::TwoLevel;
+        k.scale_search = ScaleSearch::Mse;
+        const double enc_ms = timer.median_ms(reps, [&] { (void)encode(xv, k, s); });
+        rows.push_back({fmt::format("encode {} int2 {} recommended K (asym, two_level, mse)", shp.name, sh.str()),
+                        enc_ms, double(sh.numel()) / (enc_ms * 1e6), "Gelem/s", -1, ""});
+        phases(k, fmt::format("{} int2 recommended K", shp.name), enc_ms);
       }
       if (!shp.decode) continue;
       std::vector<DeviceEncodedTensor> encs;

@@ -663,6 +663,103 @@ QVG_TEST(index_division_matches_the_quotient) {
   QVG_EXPECT(bad == 0 && checked > 10000) << bad << checked;
 }
 
+// code_value (the scale search's codes from one reciprocal per block and candidate,
+// residual_impl.h) gives round_clamp(div_rn(a, s), lo, hi) for every quotient: scales
+// of every exponent (subnormal, the reciprocal's bounds 2^-125 and 2^126, the largest
+// float), numerators on and 1 to 4 ulps around every half-integer multiple h * s up to
+// 16.5 (where a multiply by the rounded reciprocal and the division may round to
+// different sides), integer multiples, random bits of every exponent, zeros,
+// subnormals and infinities, over the clamp ranges of int2/int3/int4 symmetric and
+// asymmetric. quantize_code_recip equals quantize_code, and block_sq_error_recip_at
+// equals block_sq_error_at bit for bit on blocks of such values.
+QVG_TEST(reciprocal_codes_equal_the_divided_codes) {
+  std::mt19937_64 rng(41);
+  std::vector<float> scales;
+  for (uint32_t e = 0; e < 255; ++e)
+    for (int i = 0; i < 6; ++i) {
+      const uint32_t man = i == 0 ? 0u : i == 1 ? 0x7FFFFFu : uint32_t(rng() & 0x7FFFFFu);
+      const float s = A::from_bits((e << 23) | man);
+      if (s > 0.0f) scales.push_back(s);
+    }
+  for (const float s : {0x1p-125f, std::nextafter(0x1p-125f, 0.0f), 0x1p126f, std::nextafter(0x1p126f, 0.0f), 1.0f,
+                        1.0f / 3.0f, 0.1f, 448.0f, 0x1p-149f, 3.4028235e38f})
+    scales.push_back(s);
+  const std::array<std::pair<float, float>, 6> ranges{{{-1, 1}, {-3, 3}, {-7, 7}, {0, 3}, {0, 7}, {0, 15}}};
+  int64_t checked = 0, bad = 0, near_half = 0;
+  std::vector<float> as;
+  for (const float s : scales) {
+    const float inv = A::code_reciprocal(s);
+    const bool inv_ok = inv == 0.0f || (inv == 1.0f / s && std::isnormal(inv));
+    bad += !inv_ok;
+    as.clear();
+    for (int k = 0; k <= 16; ++k)
+      for (const float h : {float(k) + 0.5f, -(float(k) + 0.5f), float(k), -float(k)}) {
+        float a = A::mul_rn(h, s);
+        if (!std::isfinite(a)) continue;
+        as.push_back(a);
+        float up = a, down = a;
+        for (int step = 0; step < 4; ++step) {
+          up = std::nextafter(up, INFINITY);
+          down = std::nextafter(down, -INFINITY);
+          as.push_back(up);
+          as.push_back(down);
+        }
+      }
+    for (int i = 0; i < 24; ++i) {
+      const float a = A::from_bits(uint32_t(rng()));
+      if (!std::isnan(a)) as.push_back(a);
+    }
+    for (const float a : {0.0f, -0.0f, 0x1p-149f, -0x1p-149f, INFINITY, -INFINITY}) as.push_back(a);
+    for (const float a : as) {
+      const double ex = double(a) / double(s);  // the exact quotient's neighbourhood, for the count only
+      near_half += std::abs(std::abs(ex - std::floor(ex)) - 0.5) < 1e-6;
+      for (const auto& [lo, hi] : ranges) {
+        const float want = A::int_to_float(A::round_clamp(A::div_rn(a, s), lo, hi));
+        const float got = A::code_value(a, s, inv, lo, hi);
+        if (got != want) {
+          if (bad < 5)
+            std::printf("  code_value(%a, %a) in [%g, %g] = %g, the division gives %g\n", double(a), double(s),
+                        double(lo), double(hi), double(got), double(want));
+          ++bad;
+        }
+        ++checked;
+      }
+    }
+  }
+  // quantize_code_recip and block_sq_error_recip_at against their dividing rules.
+  int64_t qchecked = 0, echecked = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const float s = trial % 7 == 0 ? scales[size_t(rng() % scales.size())]
+                                   : std::ldexp(1.0f + float(rng() % 1024) / 1024.0f, int(rng() % 40) - 20);
+    const float z = trial % 3 == 0 ? 0.0f : std::ldexp(float(int(rng() % 2001) - 1000) / 1000.0f, int(rng() % 20) - 10);
+    const bool asym = trial % 2 == 1;
+    const int qmax = std::array<int, 3>{1, 3, 7}[size_t(trial % 3)] * (asym ? 2 : 1) + (asym ? 1 : 0);
+    std::array<float, 64> x;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float h = float(int(rng() % 33) - 16) * 0.5f;  // on the half-integers and integers
+      float v = A::add_rn(A::mul_rn(h, s), asym ? z : 0.0f);
+      for (int st = int(rng() % 7) - 3; st != 0; st += st > 0 ? -1 : 1)
+        v = std::nextafter(v, st > 0 ? INFINITY : -INFINITY);
+      x[i] = i % 9 == 8 ? A::from_bits(uint32_t(rng()) & 0xBFFFFFFFu) : v;  // and some of any exponent below 1
+    }
+    const float inv = A::code_reciprocal(s);
+    for (const float v : x) {
+      bad += A::quantize_code_recip(v, qmax, asym, s, z, inv) != A::quantize_code(v, qmax, asym, s, z);
+      ++qchecked;
+    }
+    for (const float se : {s, 0.0f}) {
+      const float e0 = A::block_sq_error(x.data(), int64_t(x.size()), qmax, asym, se, z);
+      const float e1 = A::block_sq_error_recip_at(A::ArrayAt{x.data()}, int64_t(x.size()), qmax, asym, se, z);
+      bad += A::bits_of(e0) != A::bits_of(e1) && !(std::isnan(e0) && std::isnan(e1));
+      ++echecked;
+    }
+  }
+  std::printf("  %lld code values (%lld quotients within 1e-6 of a half-integer), %lld codes, %lld block errors\n",
+              static_cast<long long>(checked), static_cast<long long>(near_half), static_cast<long long>(qchecked),
+              static_cast<long long>(echecked));
+  QVG_EXPECT(bad == 0 && checked > 1000000 && near_half > 100000 && qchecked > 100000) << bad;
+}
+
 // The update rule of the device encoder: fixed_exponent keeps S * maxabs * 2^e in
 // [2^59, 2^61); to_fixed rounds half to even; centroid_from_fixed of an exact sum
 // is the correctly rounded mean (the reference: the mean in long double).
@@ -847,9 +944,40 @@ namespace {
 /// each warp of 32 lanes, stats_leader; else stats_scan per block), the group
 /// maxima, the stored scales (scale_block per block), the pack (pack_word per 8
 /// channels, else pack_group_at per group of codes).
-/// search_block of a's width (the instantiation search_scales launches).
+/// search_block of a's width (the thread-per-block search, search_scales' path past
+/// 767 channels per block).
 void search_block_of_width(const K::QuantizeArgs& a, int64_t si) {
   qvg::dispatch_width(a.bits, [&](auto w) { K::search_block<decltype(w)>(a, si); });
+}
+
+/// search_half_kernel on block si, its 16 lanes run one after the other: the staging
+/// (search_stage per lane), each lane's key (search_lane), the kernel's butterfly of
+/// search_min over shfl_xor offsets 8, 4, 2, 1, candidate 0's error broadcast, the
+/// chosen candidate's fields read from lane `best`, and search_pack per lane. Returns
+/// false if the lanes end the butterfly with different keys (the kernel's shuffles
+/// would then read different candidates).
+bool search_half_of_width(const K::QuantizeArgs& a, int64_t si) {
+  return qvg::dispatch_width(a.bits, [&](auto w) {
+    using W = decltype(w);
+    constexpr int L = K::kSearchLanes;
+    std::vector<float> buf(size_t(a.block), std::nanf(""));
+    for (int l = 0; l < L; ++l) K::search_stage(a, si, l, buf.data());
+    std::array<A::ScaleCandidate, L> c;
+    std::array<K::SearchKey, L> key;
+    for (int l = 0; l < L; ++l) key[size_t(l)] = K::search_lane<W>(a, si, buf.data(), l, c[size_t(l)]);
+    const float err0 = key[0].err;
+    for (int o = L / 2; o > 0; o /= 2) {
+      std::array<K::SearchKey, L> next;
+      for (int l = 0; l < L; ++l) next[size_t(l)] = K::search_min(key[size_t(l)], key[size_t(l ^ o)]);
+      key = next;
+    }
+    bool same = true;
+    for (int l = 1; l < L; ++l) same = same && key[size_t(l)].k == key[0].k;
+    const int best = K::search_choice(key[0], err0);
+    const A::ScaleCandidate& b = c[size_t(best)];
+    for (int l = 0; l < L; ++l) K::search_pack<W>(a, si, buf.data(), l, b.s_bits, b.z_bits, b.s_eff, b.z_eff);
+    return same && best < A::kScaleSearchSteps;
+  });
 }
 
 /// The quantizer's outputs into the arrays of `t` (its asymmetric and scaling fields
@@ -1079,11 +1207,22 @@ QVG_TEST(quantize_kernels_match_quantize_residual_group) {
         qvg::EncodedTensor refm = e;
         for (int64_t g = 0; g < G; ++g)
           qvg::detail::quantize_residual_group(fin.data() + g * S * D, g, refm, qvg::ScaleSearch::Mse);
-        for (int64_t si = 0; si < G * S * nb; ++si) search_block_of_width(a, si);
+        qvg::EncodedTensor got_thread = got;  // the thread-per-block search, from the same state
+        {
+          std::vector<float> rs(raw_s), rz(raw_z), gm(gmax);
+          K::QuantizeArgs at = a;
+          outputs_into(at, got_thread, rs, rz, gm);
+          for (int64_t si = 0; si < G * S * nb; ++si) search_block_of_width(at, si);
+        }
+        bool lanes_agree = true;
+        for (int64_t si = 0; si < G * S * nb; ++si) lanes_agree = search_half_of_width(a, si) && lanes_agree;
+        QVG_EXPECT(lanes_agree) << what << "the half-warp's lanes chose different candidates";
         QVG_EXPECT(got.codes == refm.codes) << what << "mse codes";
         QVG_EXPECT(got.scales == refm.scales) << what << "mse scales";
         QVG_EXPECT(got.zeros == refm.zeros) << what << "mse zeros";
         QVG_EXPECT(got.scale_factor == refm.scale_factor) << what << "mse factors";
+        QVG_EXPECT(got_thread.codes == refm.codes && got_thread.scales == refm.scales && got_thread.zeros == refm.zeros)
+            << what << "mse by search_block";
         mse_changed += refm.scales != ref.scales;
         ++mse_checked;
       }
@@ -1200,8 +1339,12 @@ QVG_TEST(span_chunk_bodies_match_encode_span_chunk) {
             const K::QuantizeArgs a = host_quantize_args(
                 got, r.data(), stored.data(), cpu.ids[size_t(stages - 1)].data(), int(Kc), raw_s, raw_z, gmax);
             run_quantize_kernels(a);
-            if (search == qvg::ScaleSearch::Mse)
-              for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si) search_block_of_width(a, si);
+            if (search == qvg::ScaleSearch::Mse) {
+              bool agree = true;
+              for (int64_t si = 0; si < G * S * (D / cfg.block_size); ++si)
+                agree = search_half_of_width(a, si) && agree;
+              QVG_EXPECT(agree) << what << "the half-warp's lanes chose different candidates";
+            }
             QVG_EXPECT(got.codes == cpu.codes) << what << "codes";
             QVG_EXPECT(got.scales == cpu.scales) << what << "scales";
             QVG_EXPECT(got.zeros == cpu.zeros) << what << "zeros";

@@ -120,7 +120,9 @@ void quantize_residual(const QuantizeArgs& a, cudaStream_t stream);
 
 /// ScaleSearch::Mse after quantize_residual(a): every block's stored scale (and
 /// zero) and codes replaced by search_block's (bit-identical to
-/// quantize_residual_group with Mse). REQUIRES a's arrays as quantize_residual left them.
+/// quantize_residual_group with Mse): a half-warp per block (search_half_kernel) up
+/// to 767 channels per block, a thread per block beyond. REQUIRES a's arrays as
+/// quantize_residual left them.
 void search_scales(const QuantizeArgs& a, cudaStream_t stream);
 /// c[g, j, :] = warm[g, first + j, :] - mu[g, :] for j < k (warm: a codebook of K
 /// slots in `dtype`): the initial centred centroids of a warm start.

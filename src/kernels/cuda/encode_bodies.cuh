@@ -677,9 +677,16 @@ QVG_HD void scale_block(const QuantizeArgs& a, int64_t si) {
 template <class W>
 QVG_HD uint32_t pack8(const float (&v)[8], int qmax, bool asym, float s_eff, float z_eff) {
   namespace A = qvg::cuda_arith;
+  const float inv = A::code_reciprocal(s_eff);  // one division for the 8 codes (quantize_code_recip: the same codes)
   uint32_t w = 0;
-  QVG_UNROLL
-  for (int i = 0; i < 8; ++i) w |= uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff)) << code_word_shift<W>(i);
+  if (inv != 0.0f) {  // tested once, not per code
+    QVG_UNROLL
+    for (int i = 0; i < 8; ++i)
+      w |= uint32_t(A::quantize_code_recip(v[i], qmax, asym, s_eff, z_eff, inv)) << code_word_shift<W>(i);
+  } else {
+    QVG_UNROLL
+    for (int i = 0; i < 8; ++i) w |= uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff)) << code_word_shift<W>(i);
+  }
   return w;
 }
 /// Word w (= row * D/8 + c) of the vectorised pack pass: 8 channels of one block
@@ -711,9 +718,10 @@ QVG_HD void pack_group_at(const QuantizeArgs& a, int64_t e) {
   const int64_t d0 = j * G, si = row * idiv(a.D, a.block) + idiv(d0, a.block);
   const bool asym = a.asymmetric;
   const int qmax = A::qmax_of<W>(asym);
-  const float s_eff = a.raw_s[si], z_eff = asym ? a.raw_z[si] : 0.0f;
+  const float s_eff = a.raw_s[si], z_eff = asym ? a.raw_z[si] : 0.0f, inv = A::code_reciprocal(s_eff);
   int q[G];
-  for (int u = 0; u < G; ++u) q[u] = A::quantize_code(residual_at(a, row, d0 + u), qmax, asym, s_eff, z_eff);
+  for (int u = 0; u < G; ++u)
+    q[u] = A::quantize_code_recip(residual_at(a, row, d0 + u), qmax, asym, s_eff, z_eff, inv);
   qvg::pack_group<W>(q, a.codes + row * (gpr * W::kGroupBytes) + j * W::kGroupBytes);
 }
 /// Groups of codes of a's residual (the per-group pack pass's threads).

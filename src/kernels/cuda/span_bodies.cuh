@@ -65,6 +65,97 @@ QVG_HD void search_block(const QuantizeArgs& a, int64_t si) {
   }
 }
 
+// ---- the scale search, a half-warp per block (search_half_kernel) ----------------
+// search_block evaluates a block's up to 15 candidates one after another on one
+// thread, reading every element from global memory again per candidate (3 loads per
+// element and candidate, the 32 lanes of a warp on 32 different rows). Here 16 lanes
+// share a block: they stage its final residual in shared memory once (search_stage),
+// lane l evaluates candidate min(l, 14) from there (search_lane: the statistics
+// rescanned in channel order, the candidate, its error with one reciprocal instead of
+// a division per element), the 16 (error, lane) keys are reduced by search_min, and
+// the lanes pack the block's groups with the chosen candidate (search_pack). Same
+// bytes as search_block: candidates whose stored bits repeat the previous one's
+// (which scale_search_candidates skips) have the same error and a larger index, so
+// the first least error over all 15 is scale_search_best's choice over the distinct
+// ones; lane 15 repeats candidate 14 with index 15 and never wins.
+
+/// Lanes sharing one block of the scale search (a half-warp).
+inline constexpr int kSearchLanes = 16;
+
+/// Lane l's share of block si's final residual (channels l, l + 16, ... of
+/// residual_at) into buf[0, a.block).
+QVG_HD void search_stage(const QuantizeArgs& a, int64_t si, int l, float* buf) {
+  const int64_t nb = idiv(a.D, a.block), row = idiv(si, nb), d0 = (si - row * nb) * a.block;
+  for (int64_t i = l; i < a.block; i += kSearchLanes) buf[i] = residual_at(a, row, d0 + i);
+}
+
+/// A lane's candidate in the reduction: its error and its index.
+struct SearchKey {
+  float err = 0.0f;
+  int k = 0;
+};
+/// The preferred of two keys, a total order (so that every lane of a butterfly
+/// reduction ends with the same key): a number before NaN, then the smaller error,
+/// then the smaller index. scale_search_best's choice is the least key when
+/// candidate 0's error is a number (search_choice covers the other case).
+QVG_HD SearchKey search_min(const SearchKey& a, const SearchKey& b) {
+  const bool an = a.err != a.err, bn = b.err != b.err;
+  if (an != bn) return an ? b : a;
+  if (!an && b.err != a.err) return b.err < a.err ? b : a;
+  return b.k < a.k ? b : a;
+}
+/// scale_search_best's index from the least key and candidate 0's error: 0 when
+/// that error is NaN (nothing compares below it), else the least key's.
+QVG_HD int search_choice(const SearchKey& least, float err0) {
+  return err0 != err0 ? 0 : least.k;
+}
+
+/// Lane l (< 16) of block si's search, buf holding the block's final residual
+/// (search_stage): the block's statistics scanned in channel order (block_stats_scan's
+/// values), candidate min(l, 14) of scale_search_candidate into c, and its key (its
+/// error by block_sq_error_recip_at, the index l).
+template <class W>
+QVG_HD SearchKey search_lane(const QuantizeArgs& a, int64_t si, const float* buf, int l,
+                             qvg::cuda_arith::ScaleCandidate& c) {
+  namespace A = qvg::cuda_arith;
+  const int64_t nb = idiv(a.D, a.block), g = idiv(idiv(si, nb), a.S);
+  const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
+  const int qmax = A::qmax_of<W>(asym);
+  RunStats st = run_first(buf[0], asym);
+  for (int64_t i = 1; i < a.block; ++i) run_add(st, buf[i], asym);
+  float raw_s = 0.0f, raw_z = 0.0f;
+  block_raw(st, qmax, asym, raw_s, raw_z);
+  const float gf = divide ? a.scale_factor[g] : 1.0f;
+  const float gz = divide && asym ? a.zero_factor[g] : 1.0f;
+  const int k = l < A::kScaleSearchSteps ? l : A::kScaleSearchSteps - 1;
+  c = A::scale_search_candidate(raw_s, asym ? st.lo : 0.0f, asym ? st.hi : 0.0f, asym, divide, gf, gz, fp8, k);
+  return SearchKey{A::block_sq_error_recip_at(A::ArrayAt{buf}, a.block, qmax, asym, c.s_eff, c.z_eff), l};
+}
+
+/// Lane l's part of writing block si with the chosen candidate (stored bits s_bits,
+/// z_bits; effective s_eff, z_eff): lane 0 the stored scale (and zero), lane l the
+/// block's groups of codes l, l + 16, ... from buf (quantize_code's codes).
+template <class W>
+QVG_HD void search_pack(const QuantizeArgs& a, int64_t si, const float* buf, int l, uint32_t s_bits, uint32_t z_bits,
+                        float s_eff, float z_eff) {
+  namespace A = qvg::cuda_arith;
+  const bool asym = a.asymmetric;
+  if (l == 0) {
+    A::put_stored(a.scales, a.fp8, si, s_bits);
+    if (asym) A::put_stored(a.zeros, a.fp8, si, z_bits);
+  }
+  constexpr int G = W::kGroupCodes;
+  const int qmax = A::qmax_of<W>(asym);
+  const float inv = A::code_reciprocal(s_eff);
+  const int64_t nb = idiv(a.D, a.block), row = idiv(si, nb), k = si - row * nb;
+  uint8_t* out = a.codes + row * (a.D / G * W::kGroupBytes) + k * (a.block / G * W::kGroupBytes);
+  for (int64_t j = l; j < a.block / G; j += kSearchLanes) {
+    int q[G];
+    for (int u = 0; u < G; ++u) q[u] = A::quantize_code_recip(buf[j * G + u], qmax, asym, s_eff, z_eff, inv);
+    qvg::pack_group<W>(q, out + j * W::kGroupBytes);
+  }
+}
+
 // ---- incremental spans ----------------------------------------------------------
 
 /// Element e (= (g * k + j) * D + d, j < k) of the initial centred centroids of a

@@ -16,6 +16,8 @@ namespace qvg::cuda::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+// Shared memory a launch may take without an opt-in.
+constexpr size_t kSearchSmemLimit = 48 * 1024;
 unsigned blocks_for(int64_t n) {
   return unsigned(std::max<int64_t>(1, (n + kThreads - 1) / kThreads));
 }
@@ -24,6 +26,37 @@ template <int BITS>  // one instantiation per row of qvg/code_format.h
 __global__ void search_kernel(QuantizeArgs a, int64_t n) {
   const int64_t si = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (si < n) search_block<qvg::Width<BITS>>(a, si);
+}
+
+// A half-warp per block (span_bodies.cuh: search_stage, search_lane, search_min,
+// search_pack): 16 blocks per 256 threads, each block's residual staged in shared
+// memory once (row stride block + 1 floats, so that the two halves of a warp read
+// different banks).
+template <int BITS>
+__global__ void __launch_bounds__(kThreads) search_half_kernel(QuantizeArgs a, int64_t n) {
+  using W = qvg::Width<BITS>;
+  extern __shared__ float search_buf[];
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  const int l = int(threadIdx.x) % kSearchLanes, half = int(threadIdx.x) / kSearchLanes;
+  const int64_t si_own = int64_t(blockIdx.x) * (kThreads / kSearchLanes) + half;
+  const int64_t si = si_own < n ? si_own : n - 1;  // a half past the end repeats the last block, writes nothing
+  float* buf = search_buf + half * (a.block + 1);
+  search_stage(a, si, l, buf);
+  __syncwarp();
+  qvg::cuda_arith::ScaleCandidate c;
+  SearchKey key = search_lane<W>(a, si, buf, l, c);
+  const float err0 = __shfl_sync(kAll, key.err, 0, kSearchLanes);
+  QVG_UNROLL
+  for (int o = kSearchLanes / 2; o > 0; o /= 2) {
+    const SearchKey other{__shfl_xor_sync(kAll, key.err, o, kSearchLanes), __shfl_xor_sync(kAll, key.k, o, kSearchLanes)};
+    key = search_min(key, other);
+  }
+  const int best = search_choice(key, err0);
+  const uint32_t s_bits = __shfl_sync(kAll, c.s_bits, best, kSearchLanes);
+  const uint32_t z_bits = __shfl_sync(kAll, c.z_bits, best, kSearchLanes);
+  const float s_eff = __shfl_sync(kAll, c.s_eff, best, kSearchLanes);
+  const float z_eff = __shfl_sync(kAll, c.z_eff, best, kSearchLanes);
+  if (si_own < n) search_pack<W>(a, si, buf, l, s_bits, z_bits, s_eff, z_eff);
 }
 
 __global__ void warm_kernel(const void* warm, int t, int64_t K, int64_t first, int64_t k, int64_t D, const float* mu,
@@ -118,9 +151,17 @@ __global__ void refine_kernel(DecodeArgs T, int64_t n) {
 
 void search_scales(const QuantizeArgs& a, cudaStream_t stream) {
   const int64_t n = a.G * a.S * (a.D / a.block);
+  if (n == 0) return;
+  const size_t smem = size_t(kThreads / kSearchLanes) * size_t(a.block + 1) * sizeof(float);
   qvg::dispatch_width(a.bits, [&](auto w) {
-    search_kernel<decltype(w)::kBits><<<blocks_for(n), kThreads, 0, stream>>>(a, n);
-    detail::check_launch("search_kernel");
+    if (smem <= kSearchSmemLimit) {
+      const int64_t per = kThreads / kSearchLanes;
+      search_half_kernel<decltype(w)::kBits><<<unsigned((n + per - 1) / per), kThreads, smem, stream>>>(a, n);
+      detail::check_launch("search_half_kernel");
+    } else {  // blocks past 767 channels: a thread per block
+      search_kernel<decltype(w)::kBits><<<blocks_for(n), kThreads, 0, stream>>>(a, n);
+      detail::check_launch("search_kernel");
+    }
   });
 }
 
