@@ -788,9 +788,40 @@ QVG_TEST(fixed_point_update_rules) {
       }
       const long long want = (long long)std::nearbyint(std::ldexp(double(x), e));
       mismatched += K::to_fixed(x, e) != want;
+      mismatched += K::to_fixed_scaled(x, K::fixed_scale(e)) != want;  // the update's form
       ++compared;
     }
     QVG_EXPECT(mismatched == 0 && compared > 390000) << mismatched << compared;
+  }
+  // to_fixed_scaled at every exponent fixed_exponent can give (-99..208): the largest
+  // |x| the update passes (just below 2^(61 - e)), ties and their neighbours at
+  // several scales, tiny and subnormal x (a product that underflows), zeros.
+  {
+    std::mt19937 rng(29);
+    int compared = 0, mismatched = 0;
+    for (int e = -99; e <= 208; ++e) {
+      std::vector<float> xs = {0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1p-126f, std::nextafter(0x1p-126f, 0.0f)};
+      const float top = std::nextafter(std::ldexp(1.0f, 61 - e), 0.0f);
+      if (std::isfinite(top)) {
+        xs.push_back(top);
+        xs.push_back(-top);
+      }
+      for (int i = 0; i < 40; ++i) {
+        const int k = int(rng() % 40u);  // x * 2^e = n + 1/2 with n < 2^k
+        const float t = std::ldexp(float(rng() % (1u << std::min(k, 22))) + 0.5f, -e);
+        if (t == 0.0f || !std::isfinite(t)) continue;
+        for (const float v : {t, std::nextafter(t, 0.0f), std::nextafter(t, INFINITY)}) {
+          xs.push_back(v);
+          xs.push_back(-v);
+        }
+      }
+      for (const float x : xs) {
+        if (std::ldexp(std::fabs(double(x)), e) >= 0x1p62) continue;
+        mismatched += K::to_fixed_scaled(x, K::fixed_scale(e)) != K::to_fixed(x, e);
+        ++compared;
+      }
+    }
+    QVG_EXPECT(mismatched == 0 && compared > 30000) << mismatched << compared;
   }
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
