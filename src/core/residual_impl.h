@@ -118,7 +118,9 @@ QVG_HD int quantize_code(float x, int qmax, bool asymmetric, float s_eff, float 
 // would do; 8u leaves room), and both round to the integer nearest q. Else (and
 // where the bound does not hold: the reciprocal not a normal float, q infinite or
 // NaN) the division decides, as before. The same code, bit for bit, for every a
-// (tests/gpu/host_arith_test.cpp, `reciprocal_codes_equal_the_divided_codes`).
+// (tests/gpu/host_arith_test.cpp, `reciprocal_codes_equal_the_divided_codes`). The
+// CPU's SIMD scale search (src/kernels/cpu/encode-inl.h, ErrTasksN) multiplies by the
+// reciprocal the same way, with a fixed tolerance over the clamp's range.
 
 /// The reciprocal that code_value multiplies by: div_rn(1, s) where s is in
 /// [2^-125, 2^126) (so that 1 / s is a normal float), else 0 (code_value then

@@ -437,7 +437,7 @@ QVG_HD void update_warp_range(int n, int w, int nwarp, int* p0, int* p1) {
 
 /// One lane's work in update_accumulate_kernel. keys[p0, p1): a warp's share of the
 /// block's sorted keys (ids nondecreasing). For each run of equal ids, the sum modulo
-/// 2^64 of to_fixed(r - m, fe) over the run's points, in channel offset `rd`
+/// 2^64 of to_fixed(r - m, fe) (computed as to_fixed_scaled) over the run's points, in channel offset `rd`
 /// (r.base(g) + d) of token t0 + the key's index, goes to flush(id, sum) once, when
 /// it is not 0 and `in_d`. A lane past D (in_d false) passes a valid channel's rd and
 /// flushes nothing. Loads kUpdRows rows before it adds them (several loads in flight,

@@ -81,6 +81,7 @@ QVG_HD void search_block(const QuantizeArgs& a, int64_t si) {
 
 /// Lanes sharing one block of the scale search (a half-warp).
 inline constexpr int kSearchLanes = 16;
+static_assert(qvg::cuda_arith::kScaleSearchSteps <= kSearchLanes, "a lane per candidate (spare lanes repeat the last)");
 
 /// Lane l's share of block si's final residual (channels l, l + 16, ... of
 /// residual_at) into buf[0, a.block).
