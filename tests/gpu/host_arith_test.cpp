@@ -982,20 +982,37 @@ void search_block_of_width(const K::QuantizeArgs& a, int64_t si) {
 }
 
 /// search_half_kernel on block si, its 16 lanes run one after the other: the staging
-/// (search_stage per lane), each lane's key (search_lane), the kernel's butterfly of
+/// (search_stage per lane), the statistics (the lanes' runs merged, else a scan),
+/// each lane's key (search_lane), the kernel's butterfly of
 /// search_min over shfl_xor offsets 8, 4, 2, 1, candidate 0's error broadcast, the
 /// chosen candidate's fields read from lane `best`, and search_pack per lane. Returns
-/// false if the lanes end the butterfly with different keys (the kernel's shuffles
-/// would then read different candidates).
+/// false if the merged statistics differ from the scan's bits or the lanes end the
+/// butterfly with different keys (the kernel's shuffles would then read different
+/// candidates).
 bool search_half_of_width(const K::QuantizeArgs& a, int64_t si) {
   return qvg::dispatch_width(a.bits, [&](auto w) {
     using W = decltype(w);
     constexpr int L = K::kSearchLanes;
     std::vector<float> buf(size_t(a.block), std::nanf(""));
     for (int l = 0; l < L; ++l) K::search_stage(a, si, l, buf.data());
+    // The statistics: the kernel's merge of the lanes' runs (shfl_down over
+    // segment_merge_offset, width 16: a lane past the segment reads its own), else a scan.
+    K::RunStats st = K::search_scan(buf.data(), a.block, a.asymmetric);
+    if (a.block % L == 0) {
+      std::array<K::RunStats, L> run;
+      for (int l = 0; l < L; ++l) run[size_t(l)] = K::search_run(buf.data(), a.block, l, a.asymmetric);
+      for (int step = 0; (1 << step) < L; ++step) {
+        const int o = K::segment_merge_offset(step);
+        const std::array<K::RunStats, L> before = run;
+        for (int l = 0; l < L; ++l)
+          if (l % (2 * o) == 0) K::run_merge(run[size_t(l)], before[size_t(l + o < L ? l + o : l)], a.asymmetric);
+      }
+      if (A::bits_of(run[0].lo) != A::bits_of(st.lo) || A::bits_of(run[0].hi) != A::bits_of(st.hi)) return false;
+      st = run[0];
+    }
     std::array<A::ScaleCandidate, L> c;
     std::array<K::SearchKey, L> key;
-    for (int l = 0; l < L; ++l) key[size_t(l)] = K::search_lane<W>(a, si, buf.data(), l, c[size_t(l)]);
+    for (int l = 0; l < L; ++l) key[size_t(l)] = K::search_lane<W>(a, si, buf.data(), l, st, c[size_t(l)]);
     const float err0 = key[0].err;
     for (int o = L / 2; o > 0; o /= 2) {
       std::array<K::SearchKey, L> next;

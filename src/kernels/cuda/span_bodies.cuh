@@ -70,9 +70,10 @@ QVG_HD void search_block(const QuantizeArgs& a, int64_t si) {
 // thread, reading every element from global memory again per candidate (3 loads per
 // element and candidate, the 32 lanes of a warp on 32 different rows). Here 16 lanes
 // share a block: they stage its final residual in shared memory once (search_stage),
-// lane l evaluates candidate min(l, 14) from there (search_lane: the statistics
-// rescanned in channel order, the candidate, its error with one reciprocal instead of
-// a division per element), the 16 (error, lane) keys are reduced by search_min, and
+// merge the statistics of their runs of it (search_run; search_scan where the block
+// is not a multiple of 16 channels), lane l evaluates candidate min(l, 14) from there
+// (search_lane: the candidate, its error with one reciprocal instead of a division
+// per element), the 16 (error, lane) keys are reduced by search_min, and
 // the lanes pack the block's groups with the chosen candidate (search_pack). Same
 // bytes as search_block: candidates whose stored bits repeat the previous one's
 // (which scale_search_candidates skips) have the same error and a larger index, so
@@ -111,19 +112,34 @@ QVG_HD int search_choice(const SearchKey& least, float err0) {
   return err0 != err0 ? 0 : least.k;
 }
 
+/// The statistics of the block in buf[0, block), scanned in channel order
+/// (block_stats_scan's values; any block size).
+QVG_HD RunStats search_scan(const float* buf, int64_t block, bool asym) {
+  RunStats st = run_first(buf[0], asym);
+  for (int64_t i = 1; i < block; ++i) run_add(st, buf[i], asym);
+  return st;
+}
+/// Lane l's run for the statistics' merge: channels [l * c, l * c + c) of buf, c =
+/// block / 16. The kernel merges the 16 runs with shfl_down over
+/// segment_merge_offset's offsets 1, 2, 4, 8 (each lane l % 2o == 0 appends the run
+/// of lane l + o: the tree that keeps the sequential scan's value, -0/+0 ties
+/// included), lane 0 then holding search_scan's value. REQUIRES block % 16 == 0.
+QVG_HD RunStats search_run(const float* buf, int64_t block, int l, bool asym) {
+  const int64_t c = block / kSearchLanes;
+  return search_scan(buf + l * c, c, asym);
+}
+
 /// Lane l (< 16) of block si's search, buf holding the block's final residual
-/// (search_stage): the block's statistics scanned in channel order (block_stats_scan's
-/// values), candidate min(l, 14) of scale_search_candidate into c, and its key (its
-/// error by block_sq_error_recip_at, the index l).
+/// (search_stage) and st its statistics (search_scan's value): candidate min(l, 14)
+/// of scale_search_candidate into c, and its key (its error by
+/// block_sq_error_recip_at, the index l).
 template <class W>
-QVG_HD SearchKey search_lane(const QuantizeArgs& a, int64_t si, const float* buf, int l,
+QVG_HD SearchKey search_lane(const QuantizeArgs& a, int64_t si, const float* buf, int l, const RunStats& st,
                              qvg::cuda_arith::ScaleCandidate& c) {
   namespace A = qvg::cuda_arith;
   const int64_t nb = idiv(a.D, a.block), g = idiv(idiv(si, nb), a.S);
   const bool asym = a.asymmetric, fp8 = a.fp8, divide = a.two_level && a.fp8;
   const int qmax = A::qmax_of<W>(asym);
-  RunStats st = run_first(buf[0], asym);
-  for (int64_t i = 1; i < a.block; ++i) run_add(st, buf[i], asym);
   float raw_s = 0.0f, raw_z = 0.0f;
   block_raw(st, qmax, asym, raw_s, raw_z);
   const float gf = divide ? a.scale_factor[g] : 1.0f;

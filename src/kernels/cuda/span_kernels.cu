@@ -43,8 +43,22 @@ __global__ void __launch_bounds__(kThreads) search_half_kernel(QuantizeArgs a, i
   float* buf = search_buf + half * (a.block + 1);
   search_stage(a, si, l, buf);
   __syncwarp();
+  const bool asym = a.asymmetric;
+  RunStats st;
+  if (a.block % kSearchLanes == 0) {  // uniform over the grid
+    st = search_run(buf, a.block, l, asym);
+    QVG_UNROLL
+    for (int step = 0; (1 << step) < kSearchLanes; ++step) {
+      const int o = segment_merge_offset(step);
+      const RunStats later{__shfl_down_sync(kAll, st.lo, o, kSearchLanes), __shfl_down_sync(kAll, st.hi, o, kSearchLanes)};
+      if (l % (2 * o) == 0) run_merge(st, later, asym);
+    }
+    st = RunStats{__shfl_sync(kAll, st.lo, 0, kSearchLanes), __shfl_sync(kAll, st.hi, 0, kSearchLanes)};
+  } else {
+    st = search_scan(buf, a.block, asym);
+  }
   qvg::cuda_arith::ScaleCandidate c;
-  SearchKey key = search_lane<W>(a, si, buf, l, c);
+  SearchKey key = search_lane<W>(a, si, buf, l, st, c);
   const float err0 = __shfl_sync(kAll, key.err, 0, kSearchLanes);
   QVG_UNROLL
   for (int o = kSearchLanes / 2; o > 0; o /= 2) {
