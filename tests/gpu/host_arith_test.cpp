@@ -8,7 +8,10 @@
 //   modes (every code width: int2, int3, int4) against kernels::ref::decode_rows,
 //   into dense and strided sub-range targets;
 // - block_stats + pack_word / pack_group_at against quantize_residual_group, and the
-//   scale search (search_block) against quantize_residual_group with ScaleSearch::Mse;
+//   scale search (search_block, and the half-warp search's bodies with its lanes
+//   emulated) against quantize_residual_group with ScaleSearch::Mse; the codes from a
+//   reciprocal (code_value) against the division, the update's fixed-point term
+//   (to_fixed_scaled) against the exact product;
 // - the incremental spans' and refinement layers' bodies (span_bodies.cuh): a span
 //   chunk's quantizer inputs from its span's codebook against encode_span_chunk (same
 //   bytes given its assignments, and the same residual energy), the refinement error
