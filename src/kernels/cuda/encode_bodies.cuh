@@ -711,7 +711,8 @@ QVG_HD uint32_t pack8(const float (&v)[8], int qmax, bool asym, float s_eff, flo
       w |= uint32_t(A::quantize_code_recip(v[i], qmax, asym, s_eff, z_eff, inv)) << code_word_shift<W>(i);
   } else {
     QVG_UNROLL
-    for (int i = 0; i < 8; ++i) w |= uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff)) << code_word_shift<W>(i);
+    for (int i = 0; i < 8; ++i)
+      w |= uint32_t(A::quantize_code(v[i], qmax, asym, s_eff, z_eff)) << code_word_shift<W>(i);
   }
   return w;
 }
@@ -746,8 +747,7 @@ QVG_HD void pack_group_at(const QuantizeArgs& a, int64_t e) {
   const int qmax = A::qmax_of<W>(asym);
   const float s_eff = a.raw_s[si], z_eff = asym ? a.raw_z[si] : 0.0f, inv = A::code_reciprocal(s_eff);
   int q[G];
-  for (int u = 0; u < G; ++u)
-    q[u] = A::quantize_code_recip(residual_at(a, row, d0 + u), qmax, asym, s_eff, z_eff, inv);
+  for (int u = 0; u < G; ++u) q[u] = A::quantize_code_recip(residual_at(a, row, d0 + u), qmax, asym, s_eff, z_eff, inv);
   qvg::pack_group<W>(q, a.codes + row * (gpr * W::kGroupBytes) + j * W::kGroupBytes);
 }
 /// Groups of codes of a's residual (the per-group pack pass's threads).

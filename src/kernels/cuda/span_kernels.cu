@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) search_half_kernel(QuantizeArgs a, i
     QVG_UNROLL
     for (int step = 0; (1 << step) < kSearchLanes; ++step) {
       const int o = segment_merge_offset(step);
-      const RunStats later{__shfl_down_sync(kAll, st.lo, o, kSearchLanes), __shfl_down_sync(kAll, st.hi, o, kSearchLanes)};
+      const RunStats later{__shfl_down_sync(kAll, st.lo, o, kSearchLanes),
+                           __shfl_down_sync(kAll, st.hi, o, kSearchLanes)};
       if (l % (2 * o) == 0) run_merge(st, later, asym);
     }
     st = RunStats{__shfl_sync(kAll, st.lo, 0, kSearchLanes), __shfl_sync(kAll, st.hi, 0, kSearchLanes)};
@@ -62,7 +63,8 @@ __global__ void __launch_bounds__(kThreads) search_half_kernel(QuantizeArgs a, i
   const float err0 = __shfl_sync(kAll, key.err, 0, kSearchLanes);
   QVG_UNROLL
   for (int o = kSearchLanes / 2; o > 0; o /= 2) {
-    const SearchKey other{__shfl_xor_sync(kAll, key.err, o, kSearchLanes), __shfl_xor_sync(kAll, key.k, o, kSearchLanes)};
+    const SearchKey other{__shfl_xor_sync(kAll, key.err, o, kSearchLanes),
+                          __shfl_xor_sync(kAll, key.k, o, kSearchLanes)};
     key = search_min(key, other);
   }
   const int best = search_choice(key, err0);
