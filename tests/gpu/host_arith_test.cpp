@@ -763,6 +763,55 @@ QVG_TEST(reciprocal_codes_equal_the_divided_codes) {
   QVG_EXPECT(bad == 0 && checked > 1000000 && near_half > 100000 && qchecked > 100000) << bad;
 }
 
+// The half-warp search's choice (search_min's butterfly over 16 keys, search_choice)
+// is scale_search_best's over the distinct candidates, on error lists the quantizer
+// cases do not reach: 15 candidates whose stored bits repeat the previous one's in
+// runs (equal errors; scale_search_keep drops all but the first of a run), errors
+// from a few values with ties, +inf and NaN (candidate 0's included), lane 15 a
+// repeat of candidate 14 with index 15.
+QVG_TEST(search_keys_choose_what_scale_search_best_chooses) {
+  std::mt19937 rng(31);
+  const float pool[] = {0.0f, 1.0f, 1.0f, 2.0f, 0.5f, INFINITY, std::nanf("")};
+  constexpr int L = K::kSearchLanes, M = A::kScaleSearchSteps;
+  int checked = 0, bad = 0, nan_first = 0, repeats = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    // A run structure: candidate k repeats k - 1 (same bits, same error) or starts a new run.
+    std::array<float, M> full{};
+    std::array<int, M> first_of_run{};
+    std::vector<float> distinct;
+    std::vector<int> distinct_at;  // index in `full` of each kept candidate
+    for (int k = 0; k < M; ++k) {
+      const bool repeat = k > 0 && rng() % 3 == 0;
+      if (repeat) {
+        full[size_t(k)] = full[size_t(k - 1)];
+        first_of_run[size_t(k)] = first_of_run[size_t(k - 1)];
+        ++repeats;
+      } else {
+        full[size_t(k)] = pool[rng() % (sizeof(pool) / sizeof(pool[0]))];
+        first_of_run[size_t(k)] = k;
+        distinct.push_back(full[size_t(k)]);
+        distinct_at.push_back(k);
+      }
+    }
+    nan_first += std::isnan(full[0]);
+    const int want = distinct_at[size_t(A::scale_search_best(distinct.data(), int(distinct.size())))];
+    std::array<K::SearchKey, L> key;
+    for (int l = 0; l < L; ++l) key[size_t(l)] = K::SearchKey{full[size_t(std::min(l, M - 1))], l};
+    const float err0 = key[0].err;
+    for (int o = L / 2; o > 0; o /= 2) {
+      std::array<K::SearchKey, L> next;
+      for (int l = 0; l < L; ++l) next[size_t(l)] = K::search_min(key[size_t(l)], key[size_t(l ^ o)]);
+      key = next;
+    }
+    for (int l = 1; l < L; ++l) bad += key[size_t(l)].k != key[0].k;
+    const int got = K::search_choice(key[0], err0);
+    // The chosen candidate's stored bits: those of its run's first (kept) candidate.
+    bad += got >= M || first_of_run[size_t(got)] != want;
+    ++checked;
+  }
+  QVG_EXPECT(bad == 0 && checked == 20000 && nan_first > 1000 && repeats > 50000) << bad << nan_first << repeats;
+}
+
 // The update rule of the device encoder: fixed_exponent keeps S * maxabs * 2^e in
 // [2^59, 2^61); to_fixed rounds half to even; centroid_from_fixed of an exact sum
 // is the correctly rounded mean (the reference: the mean in long double).
