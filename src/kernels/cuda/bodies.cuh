@@ -398,13 +398,12 @@ decltype(auto) with_dtype(int dt, G&& g) {
 template <int BITS, class F>
 void with_decode_submode(bool fp8, int cdt, int odt, int ref_bits, F&& f) {
   using std::integral_constant;
-  const auto by_dtype = [](int dt, auto&& g) { with_dtype(dt, g); };
   const integral_constant<int, BITS> b;
   const auto modes = [&](auto f8) {
     if (ref_bits != 0)  // cdt == odt
-      with_decodable_width(ref_bits, [&](auto rb) { by_dtype(cdt, [&](auto c) { f(b, f8, c, c, rb); }); });
+      with_decodable_width(ref_bits, [&](auto rb) { with_dtype(cdt, [&](auto c) { f(b, f8, c, c, rb); }); });
     else
-      by_dtype(cdt, [&](auto c) { by_dtype(odt, [&](auto o) { f(b, f8, c, o, integral_constant<int, 0>{}); }); });
+      with_dtype(cdt, [&](auto c) { with_dtype(odt, [&](auto o) { f(b, f8, c, o, integral_constant<int, 0>{}); }); });
   };
   if (fp8)
     modes(std::true_type{});

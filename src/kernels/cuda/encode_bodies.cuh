@@ -352,8 +352,9 @@ QVG_HD int fixed_exponent(float maxabs, int64_t S) {
 /// round_half_even(x * 2^e) (|x| * 2^e < 2^62), in integer operations on x's bits:
 /// its 24-bit significand shifted by its exponent plus e, the bits shifted out
 /// rounded to nearest even — the value of the exact product x * 2^e rounded, as
-/// nearbyint(double(x) * 2^e) gives it, without fp64 arithmetic (1/64 of the fp32 rate
-/// on consumer GPUs) or a conversion to a 64-bit integer (a slow-pipe instruction).
+/// nearbyint(double(x) * 2^e) gives it. The rule as the host replay of the device
+/// encoder (tests/gpu/encode_replay.h) and the host tests compute it; the kernels take
+/// the same integer from to_fixed_scaled, below (fewer instructions).
 QVG_HD long long to_fixed(float x, int e) {
   const uint32_t u = qvg::cuda_arith::bits_of(x);
   const uint32_t a = u & 0x7FFFFFFFu;
@@ -437,10 +438,10 @@ QVG_HD void update_warp_range(int n, int w, int nwarp, int* p0, int* p1) {
 
 /// One lane's work in update_accumulate_kernel. keys[p0, p1): a warp's share of the
 /// block's sorted keys (ids nondecreasing). For each run of equal ids, the sum modulo
-/// 2^64 of to_fixed(r - m, fe) (computed as to_fixed_scaled) over the run's points, in channel offset `rd`
-/// (r.base(g) + d) of token t0 + the key's index, goes to flush(id, sum) once, when
-/// it is not 0 and `in_d`. A lane past D (in_d false) passes a valid channel's rd and
-/// flushes nothing. Loads kUpdRows rows before it adds them (several loads in flight,
+/// 2^64 of to_fixed(r - m, fe) (computed as to_fixed_scaled) over the run's points,
+/// in channel offset `rd` (r.base(g) + d) of token t0 + the key's index, goes to
+/// flush(id, sum) once, when it is not 0 and `in_d`. A lane past D (in_d false) passes
+/// a valid channel's rd and flushes nothing. Loads kUpdRows rows before it adds them (several loads in flight,
 /// no test between them; the element type DT == r.dtype a template argument, so that
 /// no load waits on a branch on it).
 template <int DT, class Flush>

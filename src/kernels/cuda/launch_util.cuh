@@ -1,10 +1,13 @@
 // src/kernels/cuda/launch_util.cuh — what the encoder's kernel files share: the block
-// size and grid sizing of their elementwise launches, and two block reductions.
-// Included by encode_kernels.cu and quantize_kernels.cu only (internal linkage).
+// size and grid sizing of their elementwise launches, two block reductions and the
+// in-order merge of run statistics across a segment of lanes. Included by
+// encode_kernels.cu, quantize_kernels.cu and span_kernels.cu only (internal linkage).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+
+#include "kernels/cuda/encode_bodies.cuh"  // RunStats, run_merge, segment_merge_offset
 
 namespace qvg::cuda::kernels {
 namespace {
@@ -30,6 +33,21 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   }
   return v;  // valid in thread 0
+}
+
+// The run statistics s of each lane merged down a segment of `width` lanes (a power of
+// two, at most 32) in channel order (segment_merge_offset: o = 1, 2, 4, ...; shfl_down:
+// lane l takes l + o, so after the step of o lane l, l % 2o == 0, holds lanes
+// l .. l + 2o - 1 merged in order). Every lane of the warp must call it; the result is
+// valid in each segment's first lane.
+__device__ __forceinline__ RunStats merge_segment_runs(RunStats s, int width, bool asym) {
+  for (int step = 0, o = segment_merge_offset(0); o < width; o = segment_merge_offset(++step)) {
+    RunStats later;
+    later.lo = __shfl_down_sync(0xFFFFFFFFu, s.lo, o, width);
+    later.hi = __shfl_down_sync(0xFFFFFFFFu, s.hi, o, width);
+    run_merge(s, later, asym);
+  }
+  return s;
 }
 
 inline unsigned grid_for(int64_t n) {

@@ -26,21 +26,14 @@ namespace A = qvg::cuda_arith;
 // g), the final residual computed in registers (residual8: r minus the stored
 // centroid, never written). A block of bs channels is a segment of bs/8 lanes;
 // the segment's run statistics merge down to its first lane in channel order
-// (segment_merge_offset: o = 1, 2, 4, ...; shfl_down: lane l takes l + o, so after
-// the step of o lane l, l % 2o == 0, holds lanes l .. l + 2o - 1 merged in order),
-// and the first lane writes the block's raw scale (and zero). The group's maxima:
+// (merge_segment_runs), and the first lane writes the block's raw scale (and zero). The group's maxima:
 // block reduction, then one atomic per block.
 __global__ void quantize_stats_vec_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg, int width) {
   __shared__ float red[32];
   const int64_t g = blockIdx.x / bpg, w = (blockIdx.x % bpg) * blockDim.x + threadIdx.x;
   const bool asym = a.asymmetric;
-  RunStats s = stats_lane(a, g, w);  // lanes past the group take part in the shuffles too
-  for (int step = 0, o = segment_merge_offset(0); o < width; o = segment_merge_offset(++step)) {
-    RunStats later;
-    later.lo = __shfl_down_sync(0xFFFFFFFFu, s.lo, o, width);
-    later.hi = __shfl_down_sync(0xFFFFFFFFu, s.hi, o, width);
-    run_merge(s, later, asym);
-  }
+  // lanes past the group take part in the shuffles too
+  const RunStats s = merge_segment_runs(stats_lane(a, g, w), width, asym);
   float ms = 0.0f, mz = 0.0f;
   stats_leader(a, g, w, s, ms, mz);
   ms = block_max(ms, red);

@@ -120,10 +120,10 @@ QVG_HD RunStats search_scan(const float* buf, int64_t block, bool asym) {
   return st;
 }
 /// Lane l's run for the statistics' merge: channels [l * c, l * c + c) of buf, c =
-/// block / 16. The kernel merges the 16 runs with shfl_down over
-/// segment_merge_offset's offsets 1, 2, 4, 8 (each lane l % 2o == 0 appends the run
-/// of lane l + o: the tree that keeps the sequential scan's value, -0/+0 ties
-/// included), lane 0 then holding search_scan's value. REQUIRES block % 16 == 0.
+/// block / 16. The kernel merges the 16 runs as the quantizer's statistics merge
+/// theirs (merge_segment_runs, launch_util.cuh: shfl_down over segment_merge_offset's
+/// 1, 2, 4, 8, the tree that keeps the sequential scan's value, -0/+0 ties included),
+/// lane 0 then holding search_scan's value. REQUIRES block % 16 == 0.
 QVG_HD RunStats search_run(const float* buf, int64_t block, int l, bool asym) {
   const int64_t c = block / kSearchLanes;
   return search_scan(buf + l * c, c, asym);

@@ -10,17 +10,14 @@
 #include "core/exact_sum_impl.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch_util.cuh"
 #include "kernels/cuda/span_bodies.cuh"
 
 namespace qvg::cuda::kernels {
 namespace {
 
-constexpr int kThreads = 256;
 // Shared memory a launch may take without an opt-in.
 constexpr size_t kSearchSmemLimit = 48 * 1024;
-unsigned blocks_for(int64_t n) {
-  return unsigned(std::max<int64_t>(1, (n + kThreads - 1) / kThreads));
-}
 
 template <int BITS>  // one instantiation per row of qvg/code_format.h
 __global__ void search_kernel(QuantizeArgs a, int64_t n) {
@@ -46,14 +43,7 @@ __global__ void __launch_bounds__(kThreads) search_half_kernel(QuantizeArgs a, i
   const bool asym = a.asymmetric;
   RunStats st;
   if (a.block % kSearchLanes == 0) {  // uniform over the grid
-    st = search_run(buf, a.block, l, asym);
-    QVG_UNROLL
-    for (int step = 0; (1 << step) < kSearchLanes; ++step) {
-      const int o = segment_merge_offset(step);
-      const RunStats later{__shfl_down_sync(kAll, st.lo, o, kSearchLanes),
-                           __shfl_down_sync(kAll, st.hi, o, kSearchLanes)};
-      if (l % (2 * o) == 0) run_merge(st, later, asym);
-    }
+    st = merge_segment_runs(search_run(buf, a.block, l, asym), kSearchLanes, asym);
     st = RunStats{__shfl_sync(kAll, st.lo, 0, kSearchLanes), __shfl_sync(kAll, st.hi, 0, kSearchLanes)};
   } else {
     st = search_scan(buf, a.block, asym);
