@@ -13,8 +13,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "codec/kmeans.h"
@@ -109,16 +111,45 @@ QVG_TEST(kmeanspp_distance_bodies_equal_the_cpu_sqdist) {
       for (float& v : r) v = n01(rng) * scale + 2.0f * scale;
       for (float& v : mu) v = n01(rng) * scale;
       for (int64_t d = 0; d < D; ++d) xp[size_t(d)] = A::sub_rn(r[size_t(5 * D + d)] + n01(rng) * scale, mu[size_t(d)]);
+      // The same rows as bf16 and fp16 (their values rounded there, then widened:
+      // the kernel's input rows) give the fp32 rows' distances of the widened values.
+      std::vector<uint16_t> rb(r.size()), rh(r.size());
+      for (size_t e = 0; e < r.size(); ++e) {
+        rb[e] = A::f32_to_bf16(r[e]);
+        rh[e] = A::f32_to_f16_sat(r[e]);
+      }
       for (int64_t i0 = 0; i0 < S; i0 += K::kKppPer) {
-        const float* rows[K::kKppPer];
-        for (int p = 0; p < K::kKppPer; ++p) rows[p] = i0 + p < S ? r.data() + (i0 + p) * D : nullptr;
-        float lanes[K::kKppLanes][K::kKppPer];
-        for (int l = 0; l < K::kKppLanes; ++l) K::kpp_lanes(rows, mu.data(), xp.data(), D, l, lanes[l]);
+        const void* rows[K::kKppPer];
+        const void* rows_b[K::kKppPer];
+        const void* rows_h[K::kKppPer];
+        for (int p = 0; p < K::kKppPer; ++p) {
+          rows[p] = i0 + p < S ? r.data() + (i0 + p) * D : nullptr;
+          rows_b[p] = i0 + p < S ? rb.data() + (i0 + p) * D : nullptr;
+          rows_h[p] = i0 + p < S ? rh.data() + (i0 + p) * D : nullptr;
+        }
+        float lanes[K::kKppLanes][K::kKppPer], lanes_b[K::kKppLanes][K::kKppPer], lanes_h[K::kKppLanes][K::kKppPer];
+        for (int l = 0; l < K::kKppLanes; ++l) {
+          K::kpp_lanes(rows, mu.data(), xp.data(), D, l, lanes[l]);
+          K::kpp_lanes<A::kBF16>(rows_b, mu.data(), xp.data(), D, l, lanes_b[l]);
+          K::kpp_lanes<A::kF16>(rows_h, mu.data(), xp.data(), D, l, lanes_h[l]);
+        }
         for (int p = 0; p < K::kKppPer && i0 + p < S; ++p) {
-          float v[K::kKppLanes];
-          for (int l = 0; l < K::kKppLanes; ++l) v[l] = lanes[l][p];
-          std::vector<float> xc(static_cast<size_t>(D));
-          for (int64_t d = 0; d < D; ++d) xc[size_t(d)] = A::sub_rn(rows[p][d], mu[size_t(d)]);
+          float v[K::kKppLanes], vb[K::kKppLanes], vh[K::kKppLanes];
+          for (int l = 0; l < K::kKppLanes; ++l) {
+            v[l] = lanes[l][p];
+            vb[l] = lanes_b[l][p];
+            vh[l] = lanes_h[l][p];
+          }
+          std::vector<float> xc(static_cast<size_t>(D)), xb(static_cast<size_t>(D)), xh(static_cast<size_t>(D));
+          for (int64_t d = 0; d < D; ++d) {
+            xc[size_t(d)] = A::sub_rn(r[size_t((i0 + p) * D + d)], mu[size_t(d)]);
+            xb[size_t(d)] = A::sub_rn(A::bf16_to_f32(rb[size_t((i0 + p) * D + d)]), mu[size_t(d)]);
+            xh[size_t(d)] = A::sub_rn(A::f16_to_f32(rh[size_t((i0 + p) * D + d)]), mu[size_t(d)]);
+          }
+          QVG_EXPECT(A::bits_of(K::kpp_combine(vb)) ==
+                         A::bits_of(qvg::detail::kmeans_sqdist(xb.data(), xp.data(), D)) &&
+                     A::bits_of(K::kpp_combine(vh)) == A::bits_of(qvg::detail::kmeans_sqdist(xh.data(), xp.data(), D)))
+              << "bf16/fp16 rows: D" << D << "scale" << scale << "point" << i0 + p;
           const float cpu = qvg::detail::kmeans_sqdist(xc.data(), xp.data(), D);
           QVG_EXPECT(A::bits_of(K::kpp_combine(v)) == A::bits_of(cpu))
               << "D" << D << "scale" << scale << "point" << i0 + p;
@@ -149,6 +180,8 @@ QVG_TEST(kmeanspp_bodies_make_the_cpu_picks) {
       }
       cases.push_back({S, D, int(std::min<int64_t>(S, 256)), S, 1e6f});  // k_eff == S when S <= 256
     }
+  for (const float scale : {1e-19f, 1e-15f, 1e15f})  // squares below the normal range; sums near 1e32
+    cases.push_back({500, 128, 64, 500, scale});
   for (const int64_t D : {1, 7, 48, 130}) cases.push_back({300, D, 32, 300, 1.0f});  // lane tails
   cases.push_back({4680, 128, 256, 4680, 1.0f});                                     // Self-Forcing's chunk, one group
   cases.push_back({600, 128, 256, 3, 1.0f});                                         // 3 distinct points
@@ -168,11 +201,22 @@ QVG_TEST(kmeanspp_bodies_make_the_cpu_picks) {
     K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, dev.data());
     QVG_EXPECT(cpu == dev) << "S" << c.S << "D" << c.D << "k" << c.k << "distinct" << c.distinct << "scale" << c.scale;
     // The weights' sums are exact integers: any tiling of the points (the kernel's
-    // threads) makes the same picks.
-    for (const int tiles : {1, 7, 64}) {
+    // threads) and any split into slices (its blocks) makes the same picks; and the
+    // pruning's skips are exact: without it (a test that skips nothing) the same.
+    for (const auto& [tiles, blocks] : {std::pair{1, 3}, std::pair{7, 1}, std::pair{64, 8}, std::pair{512, 2}}) {
       std::vector<uint32_t> other(size_t(c.k), 0xFFFFFFFFu);
-      K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, other.data(), tiles);
-      QVG_EXPECT(other == dev) << "tiles" << tiles << "S" << c.S << "k" << c.k;
+      K::KppHostRun run;
+      run.tiles = tiles;
+      run.blocks = blocks;
+      K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, other.data(), run);
+      QVG_EXPECT(other == dev) << "tiles" << tiles << "blocks" << blocks << "S" << c.S << "k" << c.k;
+    }
+    if (c.S <= 700) {
+      std::vector<uint32_t> other(size_t(c.k), 0xFFFFFFFFu);
+      K::KppHostRun run;
+      run.may_skip = [](float, float) { return false; };
+      K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, other.data(), run);
+      QVG_EXPECT(other == dev) << "without pruning: S" << c.S << "k" << c.k;
     }
     const std::set<uint32_t> uniq(dev.begin(), dev.end());
     QVG_EXPECT(uniq.size() == size_t(c.k) && *uniq.rbegin() < uint64_t(c.S)) << "picks not distinct or out of range";
@@ -217,6 +261,131 @@ QVG_TEST(kmeans_starts_from_kmeanspp_init_indices) {
       ++checked;
     }
   QVG_EXPECT(checked == 7) << checked;
+}
+
+// The pruning test (kpp_may_skip) keeps a point only where the new pick's computed
+// distance cannot be below its d2: on clustered sets, sets with duplicates, points
+// on a line (where b = 2a and b - a = a occur in every round) and magnitudes whose
+// squares leave the normal range, every skip is audited against the distance it
+// avoided (none changes d2), and most distances are skipped on clustered data.
+// Planted: the test without its factor 4 (cc >= d2) or a factor 3.9 makes wrong
+// skips and other picks.
+QVG_TEST(kmeanspp_pruning_skips_only_unchanged_points) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  struct Set {
+    std::vector<float> r;
+    int64_t S, D;
+    int k;
+  };
+  std::vector<Set> sets;
+  uint32_t seed = 500;
+  for (const float scale : {1e-19f, 1e-3f, 1.0f, 1e4f, 1e15f})
+    for (const int64_t D : {8, 64, 128}) sets.push_back({make_points(600, D, 600, scale, seed++), 600, D, 64});
+  sets.push_back({make_points(800, 64, 40, 1.0f, seed++), 800, 64, 64});  // duplicates: d2 = 0 and the total-0 branch
+  for (int line = 0; line < 6; ++line) {  // points on a line: position t_i along v, some on a coarse grid
+    const int64_t S = 400, D = 64;
+    std::vector<float> v(static_cast<size_t>(D)), r(static_cast<size_t>(S * D));
+    for (float& x : v) x = n01(rng);
+    for (int64_t i = 0; i < S; ++i) {
+      const float t = line % 2 ? float(int(rng() % 64)) * 0.25f : n01(rng) * 10.0f;
+      for (int64_t d = 0; d < D; ++d) r[size_t(i * D + d)] = t * v[size_t(d)] + 1.0f;
+    }
+    sets.push_back({r, S, D, 32});
+  }
+  int64_t skipped = 0, evaluated = 0, clustered_skipped = 0, clustered_all = 0;
+  int planted_wrong[2] = {0, 0}, planted_differ[2] = {0, 0};
+  for (size_t si = 0; si < sets.size(); ++si) {
+    const Set& st = sets[si];
+    const std::vector<float> mu = cpu_mean(st.r, st.S, st.D);
+    std::vector<uint32_t> ref(size_t(st.k)), got(size_t(st.k));
+    K::KppHostRun none;
+    none.may_skip = [](float, float) { return false; };
+    K::kmeanspp_picks_host(st.r.data(), mu.data(), st.S, st.D, st.k, 9, 0, 0, int64_t(si), ref.data(), none);
+    K::KppHostRun run;
+    run.audit = true;
+    K::kmeanspp_picks_host(st.r.data(), mu.data(), st.S, st.D, st.k, 9, 0, 0, int64_t(si), got.data(), run);
+    QVG_EXPECT(run.wrong_skips == 0 && got == ref) << "set" << si << "wrong skips" << run.wrong_skips;
+    skipped += run.skipped;
+    evaluated += run.evaluated;
+    if (si < 15 && si % 3 != 0) {  // clustered, D = 64 and 128
+      clustered_skipped += run.skipped;
+      clustered_all += run.skipped + run.evaluated;
+    }
+    const std::pair<int, bool (*)(float, float)> plants[] = {
+        {0, [](float cc, float d2) { return d2 == 0.0f || (d2 <= FLT_MAX && cc <= FLT_MAX && cc >= d2); }},
+        {1, [](float cc, float d2) { return d2 == 0.0f || (d2 <= FLT_MAX && cc <= FLT_MAX && cc >= 3.9f * d2); }}};
+    for (const auto& [p, fn] : plants) {
+      K::KppHostRun bad;
+      bad.may_skip = fn;
+      bad.audit = true;
+      std::vector<uint32_t> wrong(size_t(st.k));
+      K::kmeanspp_picks_host(st.r.data(), mu.data(), st.S, st.D, st.k, 9, 0, 0, int64_t(si), wrong.data(), bad);
+      planted_wrong[p] += bad.wrong_skips > 0;
+      planted_differ[p] += wrong != ref;
+    }
+  }
+  const double frac = double(clustered_skipped) / double(clustered_all);
+  std::printf(
+      "  %zu point sets: %lld distances skipped, %lld computed, none wrong (clustered D >= 64: %.1f %% skipped); "
+      "planted cc >= d2: %d sets with wrong skips, %d with other picks; cc >= 3.9 d2: %d, %d\n",
+      sets.size(), (long long)skipped, (long long)evaluated, 100.0 * frac, planted_wrong[0], planted_differ[0],
+      planted_wrong[1], planted_differ[1]);
+  QVG_EXPECT(frac > 0.5) << "the pruning skipped only" << frac << "of the clustered sets' distances";
+  QVG_EXPECT(planted_wrong[0] >= 10 && planted_differ[0] >= 5 && planted_wrong[1] >= 3)
+      << planted_wrong[0] << planted_differ[0] << planted_wrong[1] << planted_differ[1];
+}
+
+// kpp_may_skip's edges: d2 = 0 is always kept; d2 or cc +inf or NaN never; the
+// margin: cc = 4 d2 exactly, or within 2^-10 above it, is not enough.
+QVG_TEST(kmeanspp_may_skip_edges) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  QVG_EXPECT(K::kpp_may_skip(0.0f, 0.0f) && K::kpp_may_skip(nan, 0.0f) && K::kpp_may_skip(inf, 0.0f));
+  QVG_EXPECT(!K::kpp_may_skip(inf, inf) && !K::kpp_may_skip(1.0f, inf) && !K::kpp_may_skip(1e30f, nan));
+  QVG_EXPECT(!K::kpp_may_skip(inf, 1.0f) && !K::kpp_may_skip(nan, 1.0f));
+  int checked = 0;
+  for (const float d2 : {1e-44f, 1e-30f, 1e-3f, 1.0f, 7.0f, 1e30f}) {
+    const float c4 = 4.0f * d2;
+    QVG_EXPECT(!K::kpp_may_skip(c4, d2) && !K::kpp_may_skip(c4 * (1.0f + 0x1p-11f), d2)) << d2;
+    if (d2 > 1e-30f) {
+      QVG_EXPECT(K::kpp_may_skip(c4 * (1.0f + 0x1p-9f), d2)) << d2;
+    }
+    ++checked;
+  }
+  QVG_EXPECT(checked == 6);
+}
+
+// The total-0 branch's point from the list of picks (kpp_unchosen_index, the
+// iteration x <- r + #{picks <= x}) is the r-th unchosen point of a walk over
+// chosen flags, on 3,000 pick sets (sizes 1 to 255 of S up to 600, every r).
+QVG_TEST(kmeanspp_unchosen_index_is_the_walk_over_chosen_flags) {
+  std::mt19937 rng(43);
+  int checked = 0;
+  for (int rep = 0; rep < 3000; ++rep) {
+    const int64_t S = 2 + int64_t(rng() % 600);
+    const int count = 1 + int(rng() % uint32_t(std::min<int64_t>(S - 1, 255)));
+    std::vector<uint32_t> all(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) all[size_t(i)] = uint32_t(i);
+    if (rep % 3 != 0) std::shuffle(all.begin(), all.end(), rng);  // else a run of picks from point 0
+    std::vector<uint32_t> picks(all.begin(), all.begin() + count);
+    std::vector<uint8_t> chosen(static_cast<size_t>(S), 0);
+    for (const uint32_t p : picks) chosen[p] = 1;
+    const uint64_t r = rng() % uint64_t(S - count);
+    int64_t walk = -1;
+    for (int64_t i = 0, left = int64_t(r); i < S; ++i)
+      if (!chosen[size_t(i)] && left-- == 0) {
+        walk = i;
+        break;
+      }
+    const int64_t got = K::kpp_unchosen_index(r, [&](uint64_t x) {
+      uint32_t c = 0;
+      for (int first = 0; first < 3; ++first) c += K::kpp_count_le(picks.data(), count, first, 3, x);  // strided
+      return uint64_t(c);
+    });
+    QVG_EXPECT(got == walk) << "S" << S << "count" << count << "r" << r << got << walk;
+    ++checked;
+  }
+  QVG_EXPECT(checked == 3000);
 }
 
 // Spec 1.1's exact sums for span breaks (energy_kernel; exact_sum::energy_of on the

@@ -4,7 +4,9 @@
 //   (qvg::detail::kmeanspp_init_indices) from the device's own centred points
 //   (r - mu, downloaded after gather_points), at stage 0 and with another stage's
 //   stream, with a head_offset, with duplicated points (the total-0 branch) and
-//   k_eff == S;
+//   k_eff == S; with the kernel's own split of a group over blocks, one block per
+//   group, clusters of 2 and 8 blocks (where the device has clusters), and from the
+//   input's own rows (bf16 / fp32) as a stage-0 encode reads them;
 // - a device encode with init kmeans++ is deterministic and byte for byte the host
 //   replay of its own assignments (tests/gpu/encode_replay.h replays the picks with
 //   kmeanspp_picks_host, the kernel's bodies on the host), every stage.
@@ -24,6 +26,7 @@
 #include "gpu/device_support.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/host.h"
 #include "qvg/codec.h"
@@ -80,7 +83,7 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
       {{1, 100, 2, 64}, 256, 0, 0},    // k_eff == S
       {{1, 700, 2, 44}, 32, 0, 1},     // D not a multiple of 8: the lanes' tails
   };
-  int compared = 0;
+  int compared = 0, splits_run = 0;
   uint32_t seed = 700;
   for (const Case& c : cases)
     for (const qvg::DType in : {qvg::DType::BF16, qvg::DType::F32})
@@ -91,32 +94,55 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
         const int64_t nchunk = (S + KB::kMeanChunk - 1) / KB::kMeanChunk;
         DeviceBuffer dx = to_device(x.data(), x.nbytes(), st.s);
         DeviceBuffer r(size_t(G * S * D) * 4, st.s), partial(size_t(G * nchunk * D) * 8, st.s),
-            mu(size_t(G * D) * 4, st.s), d2(size_t(G * S) * 8, st.s), chosen(size_t(G * S), st.s),
-            xp(size_t(G * D) * 4, st.s), idx(size_t(G * c.K) * 4, st.s);
+            mu(size_t(G * D) * 4, st.s), scratch(KB::kmeanspp_scratch_bytes(G, S), st.s),
+            idx(size_t(G * c.K) * 4, st.s);
         auto* rp = static_cast<float*>(r.data());
         auto* mp = static_cast<float*>(mu.data());
         KB::gather_points(dx.data(), qvg::cuda::arith_dtype(in), B, S, H, D, rp, static_cast<double*>(partial.data()),
                           mp, st.s);
-        KB::kmeanspp_indices(rp, mp, G, H, S, D, c.K, k_eff, 99, stage, c.head_offset, static_cast<double*>(d2.data()),
-                             static_cast<uint8_t*>(chosen.data()), static_cast<float*>(xp.data()),
-                             static_cast<uint32_t*>(idx.data()), st.s);
         const std::vector<float> hr = to_host<float>(rp, size_t(G * S * D), st.s);
         const std::vector<float> hmu = to_host<float>(mp, size_t(G * D), st.s);
-        const std::vector<uint32_t> hidx = to_host<uint32_t>(idx.data(), size_t(G * c.K), st.s);
+        std::vector<std::vector<uint32_t>> cpu(static_cast<size_t>(G));  // the CPU rule's picks per group
         for (int64_t g = 0; g < G; ++g) {
           std::vector<float> xc(static_cast<size_t>(S * D));
           for (int64_t e = 0; e < S * D; ++e)
             xc[size_t(e)] = A::sub_rn(hr[size_t(g * S * D + e)], hmu[size_t(g * D + e % D)]);
-          const std::vector<uint32_t> cpu =
+          cpu[size_t(g)] =
               qvg::detail::kmeanspp_init_indices(99, stage, g / H, g % H + c.head_offset, xc.data(), S, D, k_eff);
-          const bool same = std::equal(cpu.begin(), cpu.end(), hidx.begin() + g * c.K);
-          QVG_EXPECT(same) << "shape" << c.sh.str() << "K" << c.K << "in" << qvg::dtype_name(in) << "stage" << stage
-                           << "group" << g << "device picks differ from the CPU rule's";
-          ++compared;
+        }
+        // The kernel's choice of blocks per group, then one block, and clusters of 2
+        // and 8 where the device has them (one split's picks are every split's); the
+        // points read from the fp32 residual buffer, and (the chosen split) from the
+        // input itself, as a stage-0 encode reads them.
+        std::vector<int> splits = {0, 1};
+        if (KB::kmeanspp_clusters_supported()) {
+          splits.push_back(2);
+          splits.push_back(8);
+        }
+        splits.push_back(-1);  // the input's points, the chosen split
+        for (const int split : splits) {
+          QVG_CUDA(cudaMemsetAsync(idx.data(), 0xFF, size_t(G * c.K) * 4, st.s));
+          const KB::Points pts = split < 0 ? KB::input_points(dx.data(), qvg::cuda::arith_dtype(in), H, S, D)
+                                           : KB::residual_points(rp, S, D);
+          KB::kmeanspp_indices(pts, mp, G, H, c.K, k_eff, 99, stage, c.head_offset, scratch.data(),
+                               static_cast<uint32_t*>(idx.data()), st.s, split < 0 ? 0 : split);
+          const std::vector<uint32_t> hidx = to_host<uint32_t>(idx.data(), size_t(G * c.K), st.s);
+          ++splits_run;
+          for (int64_t g = 0; g < G; ++g) {
+            const std::vector<uint32_t>& want = cpu[size_t(g)];
+            const bool same = std::equal(want.begin(), want.end(), hidx.begin() + g * c.K);
+            QVG_EXPECT(same) << "shape" << c.sh.str() << "K" << c.K << "in" << qvg::dtype_name(in) << "stage" << stage
+                             << "group" << g << "blocks per group" << split
+                             << "device picks differ from the CPU rule's";
+            ++compared;
+          }
         }
       }
-  std::printf("  %d groups' picks compared\n", compared);
-  QVG_EXPECT(compared == 2 * 2 * (3 + 4 + 2 + 2 + 2)) << compared;
+  const int per_split = 2 * 2 * (3 + 4 + 2 + 2 + 2);
+  std::printf("  %d groups' picks compared (%d launches; clusters %s)\n", compared, splits_run,
+              KB::kmeanspp_clusters_supported() ? "2, 8 and the chosen split; the input's points too"
+                                                : "not supported: one block per group; the input's points too");
+  QVG_EXPECT(compared == per_split * (KB::kmeanspp_clusters_supported() ? 5 : 3)) << compared;
 }
 
 // A device encode with init kmeans++: deterministic, and the host replay of its own

@@ -139,10 +139,10 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
 
   // Stage 0's points are the input itself (kernels::Points over x: r_0 = X, read as
   // fp32 exactly), not an fp32 copy of it, unless a kernel needs them in the residual
-  // buffer: kmeans++ (its picks read r), a span chunk with later stages (its next
-  // stage is subtracted in place), or an input the vector loads cannot read (not
-  // 16-byte aligned). The buffer exists for later stages' residuals too.
-  const bool direct = !kpp && !(span != nullptr && cfg.stages > 1) && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+  // buffer: a span chunk with later stages (its next stage is subtracted in place), or
+  // an input the vector loads cannot read (not 16-byte aligned). The buffer exists for
+  // later stages' residuals too.
+  const bool direct = !(span != nullptr && cfg.stages > 1) && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
   const bool has_r = !direct || cfg.stages > 1;
 
   Carver cv;
@@ -163,9 +163,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   const size_t o_raws = cv.take(size_t(G * S * nb) * 4);
   const size_t o_rawz = cv.take(cfg.asymmetric ? size_t(G * S * nb) * 4 : 0);
   const size_t o_gmax = cv.take(size_t(2 * G) * 4);
-  const size_t o_kd2 = cv.take(kpp ? size_t(G * S) * 8 : 0);  // kmeanspp_indices' scratch
-  const size_t o_kch = cv.take(kpp ? size_t(G * S) : 0);
-  const size_t o_kxp = cv.take(kpp ? size_t(G * D) * 4 : 0);
+  const size_t o_kpp = cv.take(kpp ? kernels::kmeanspp_scratch_bytes(G, S) : 0);
   DeviceBuffer scratch(cv.size(), stream, alloc);
   uint8_t* base = static_cast<uint8_t*>(scratch.data());
   const auto F = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
@@ -223,8 +221,8 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
                                 c, stream);
       else {
         if (kpp)
-          kernels::kmeanspp_indices(r, mu, G, H, S, D, K_t, k_eff, cfg.seed, st, cfg.head_offset,
-                                    reinterpret_cast<double*>(base + o_kd2), base + o_kch, F(o_kxp), idx, stream);
+          kernels::kmeanspp_indices(pts, mu, G, H, K_t, k_eff, cfg.seed, st, cfg.head_offset, base + o_kpp, idx,
+                                    stream);
         else if (st > 0 || draw.idx == nullptr)  // stage 0's: drawn by the gather's launch
           kernels::init_indices(G, H, S, K_t, k_eff, cfg.seed, st, cfg.head_offset, idx, stream);
         kernels::init_centroids(pts, mu, idx, G, K_t, k_eff, c, stream);

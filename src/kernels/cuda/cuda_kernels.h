@@ -56,16 +56,25 @@ void center_points(const Points& r, const float* mu, int64_t G, uint16_t* xb, fl
 void init_indices(int64_t G, int64_t H, int64_t S, int K, int k_eff, uint64_t seed, int stage, int64_t head_offset,
                   uint32_t* idx, cudaStream_t stream);
 /// Initial point indices idx[g * K + j], j < k_eff, as init kmeans++ of kmeans.cpp picks
-/// them (kmeanspp_init_indices) from the centred points r[g] - mu[g] (fp32, one rounded
+/// them (kmeanspp_init_indices) from the centred points r[g] - mu[g] (r: the stage's
+/// Points, the input or the fp32 residual buffer, read as fp32 exactly; one rounded
 /// subtraction each), with the same PRNG stream per (seed, stage, b, h + head_offset)
 /// as init_indices; 0..k_eff-1 in order when k_eff == S (kmeanspp.cuh states the
-/// rule). One block per group; k_eff - 1 rounds of S * D work each, the weights'
-/// exact integer sums spread over the block (kmeanspp_kernels.cu: cost). Scratch:
-/// `scratch_d2` G * S doubles, `scratch_chosen` G * S bytes, `scratch_xp` G * D
-/// floats. REQUIRES 1 <= k_eff <= min(K, S).
-void kmeanspp_indices(const float* r, const float* mu, int64_t G, int64_t H, int64_t S, int64_t D, int K, int k_eff,
-                      uint64_t seed, int stage, int64_t head_offset, double* scratch_d2, uint8_t* scratch_chosen,
-                      float* scratch_xp, uint32_t* idx, cudaStream_t stream);
+/// rule and its exact pruning). k_eff - 1 rounds; each group's points split over
+/// `blocks_per_group` blocks, a thread block cluster (0: chosen from G, S and the
+/// device; 1, 2, 4 or 8 otherwise, more than 1 only where kmeanspp_clusters_supported),
+/// kmeanspp_kernels.cu: cost. `scratch`: kmeanspp_scratch_bytes(G, S) bytes, 8-byte
+/// aligned. REQUIRES 1 <= k_eff <= min(K, S), K <= 256. Throws InvalidArgument for a
+/// blocks_per_group the device cannot run, a D whose shared memory it lacks.
+void kmeanspp_indices(const Points& r, const float* mu, int64_t G, int64_t H, int K, int k_eff, uint64_t seed,
+                      int stage, int64_t head_offset, void* scratch, uint32_t* idx, cudaStream_t stream,
+                      int blocks_per_group = 0);
+/// Bytes of kmeanspp_indices' scratch: 5 per point and 104 per group.
+size_t kmeanspp_scratch_bytes(int64_t G, int64_t S);
+/// Whether the current device runs kmeanspp_indices with several blocks per group
+/// (thread block clusters: a device of compute capability 9.0 or later and the
+/// kernel's code built for one). Queried once per device.
+bool kmeanspp_clusters_supported();
 /// Initial centred centroids: c[g, j, :] = r[g, idx[g*K + j], :] - mu[g, :] for j < k_eff,
 /// zero for k_eff <= j < K.
 void init_centroids(const Points& r, const float* mu, const uint32_t* idx, int64_t G, int K, int k_eff, float* c,
