@@ -116,13 +116,15 @@ struct DeviceSpanCodebook {
 /// Supported: every init (random and kmeans++ with the host's PRNG stream; S <= K;
 /// warm: the overload below) and every other codec option. init kmeans++ makes the
 /// host codec's picks (the same point indices) from the device's group-centred
-/// points; it costs k_eff - 1 sequential rounds per stage, each a pass over the
-/// group's points and S dependent fp64 additions (one thread block per group).
+/// points; it costs k_eff - 1 dependent rounds per stage, each a pass over the
+/// group's points whose distances can change (exact triangle-inequality pruning), on a
+/// cluster of up to 8 thread blocks per group on sm_90 and later (one block before).
 /// Throws InvalidArgument for a bad config/shape.
 /// The input limits of spec 1 (finite, |x| <= 1e16) are the caller's
 /// responsibility here (checking needs a synchronization): see check_input_limits.
-/// Scratch memory (about 6 bytes per input element plus the codebooks; init
-/// kmeans++ adds 17 bytes per (batch, token, head)) comes from `alloc` and is released
+/// Scratch memory (about 2 bytes per input element plus the codebooks with one stage
+/// and a 16-byte aligned input, 6 with later stages or a misaligned input; init
+/// kmeans++ adds 5 bytes per (batch, token, head)) comes from `alloc` and is released
 /// on `stream` before returning. Asynchronous.
 DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream stream,
                            Allocator& alloc = default_allocator());

@@ -234,8 +234,8 @@ void QuantArgs::apply_profile(std::string_view profile) {
     // presets against the engine's default (docs/quality.md, "The recommended profile"). Random
     // seeds, not kmeans++: kmeans++ measured 0.39x against random's 0.40x of the engine's error on
     // self-forcing, and its seeding is k - 1 rounds over a group's points, each waiting for the
-    // last (on the device one thread block per group: an estimated ~2.5 ms per stage at
-    // self-forcing's chunk, src/kernels/cuda/kmeanspp_kernels.cu), for ~1 % less error.
+    // last (on the device an estimated ~2-2.5 ms per stage at self-forcing's chunk,
+    // src/kernels/cuda/kmeanspp_kernels.cu), for ~1 % less error.
     //
     // For the time per step (docs/simulate.md): 2 k-means iterations (the default) and V's
     // scale search off.

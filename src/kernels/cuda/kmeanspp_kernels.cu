@@ -20,20 +20,19 @@
 //   every block's thread 0 draws u = below(total) from the same stream, the thread
 //   whose tile holds u walks it (kpp_walk_tile) and publishes the pick (barrier 3);
 // - or, with every d2 zero, warp 0 finds the below(left)-th unchosen point from the
-//   list of picks (kpp_unchosen_index), the same in every block.
+//   list of picks (kpp_unchosen_index), the same in every block, and a barrier keeps
+//   any block from writing the next round's largest d2 before all read this one's.
 // d2 and the nearest pick live in global memory (L2), each block touching only its
 // slice; the picks so far in shared memory. Nothing sums serially over S.
 //
-// Cost (estimates, not measured; H200, 4.8 TB/s): every round reads the rows of the
-// points not skipped (fp32, 512 bytes at D = 128) and 5 bytes of every point (L2).
-// The host's scratch program on the workload's Self-Forcing K/V skipped 71-73 % of
-// K's distances and 33 % of V's (docs/cuda.md). LongCat [1, 29640, 32, 128], K = 256:
-// 4 blocks per group (128 SMs), per round ~136 MB of K rows (~28 us) plus the
-// barriers, the picks' distances and the tile sums (~8 us): ~9 ms per stage for K
-// (~20 ms for V); one block per group, no pruning, read 486 MB per round on 32 SMs
-// (~64 KB of loads in flight each: ~2 TB/s, ~240 us per round, ~60 ms per stage).
-// Self-Forcing's chunk [1, 4680, 12, 128]: 8 blocks per group (96 SMs), ~8 MB of K
-// rows per round, ~1.5-2 ms per stage (was ~10 ms by the same reckoning).
+// Cost (estimates, not measured; H200, 4.8 TB/s; docs/cuda.md, "init kmeans++"): each
+// round reads the rows of the points not skipped (stage 0: the input's, 256 bytes at
+// D = 128 in bf16) and 5 bytes of every point (L2), plus ~8 us of barriers, the picks'
+// distances and the tile sums. The host emulation on the workload's chunks skipped
+// 57-81 % of K's distances and 24-37 % of V's. LongCat [1, 29640, 32, 128], K = 256,
+// 4 blocks per group: ~105 MB of K rows per round, ~30 us, ~8 ms per stage (V ~14 ms);
+// Self-Forcing [1, 4680, 12, 128], 8 blocks per group: ~2-2.5 ms per stage. One block
+// per group without pruning, on fp32 rows (before): ~60 ms and ~10 ms.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -242,15 +241,15 @@ __global__ void __launch_bounds__(kKppThreads)
     if (mx > 0.0f) {  // uniform over the cluster
       const int e = qvg::exact_sum::fixed_exponent(double(mx), S);
       const unsigned long long ts = kpp_weight_sum(d2, t0, t1, e);
-      unsigned long long x = ts;  // the warp's inclusive scan of its tiles' sums
+      unsigned long long scan = ts;  // the warp's inclusive scan of its tiles' sums
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long y = __shfl_up_sync(0xFFFFFFFFu, x, o);
-        if (lane >= o) x += y;
+        const unsigned long long y = __shfl_up_sync(0xFFFFFFFFu, scan, o);
+        if (lane >= o) scan += y;
       }
-      if (lane == 31) s_wsum[warp] = x;
+      if (lane == 31) s_wsum[warp] = scan;
       __syncthreads();
-      unsigned long long before = x - ts, btotal = 0;  // tile tid's prefix in the block, the block's sum
+      unsigned long long before = scan - ts, btotal = 0;  // tile tid's prefix in the block, the block's sum
       for (int w = 0; w < kKppWarps; ++w) {
         const unsigned long long v = s_wsum[w];
         before += w < warp ? v : 0ull;
@@ -273,27 +272,61 @@ __global__ void __launch_bounds__(kKppThreads)
       }
       kpp_group_sync(nblk);  // 3: the pick
       if (tid == 0) s_pick = __ldcg(slot_pick);
-    } else if (warp == 0) {  // every d2 zero: the same unchosen point in every block
-      unsigned long long rr = 0;
-      if (lane == 0) rr = rng.below(uint64_t(S - (j + 1)));
-      rr = __shfl_sync(0xFFFFFFFFu, rr, 0);
-      const int64_t p = kpp_unchosen_index(rr, [&](uint64_t xv) {
-        return uint64_t(__reduce_add_sync(0xFFFFFFFFu, kpp_count_le(s_picks, j + 1, lane, 32, xv)));
-      });
-      if (lane == 0) s_pick = (long long)p;
+    } else {  // every d2 zero: the same unchosen point in every block
+      if (warp == 0) {
+        unsigned long long rr = 0;
+        if (lane == 0) rr = rng.below(uint64_t(S - (j + 1)));
+        rr = __shfl_sync(0xFFFFFFFFu, rr, 0);
+        const int64_t p = kpp_unchosen_index(rr, [&](uint64_t xv) {
+          return uint64_t(__reduce_add_sync(0xFFFFFFFFu, kpp_count_le(s_picks, j + 1, lane, 32, xv)));
+        });
+        if (lane == 0) s_pick = (long long)p;
+      }
+      kpp_group_sync(nblk);  // every block has read this round's maxima before any writes the next's
     }
     __syncthreads();
   }
 }
 
+/// The launch of `kernel` with nblk blocks per group (a cluster when nblk > 1).
+template <class Kernel>
+cudaLaunchConfig_t kpp_config(Kernel, int64_t G, int nblk, size_t smem, cudaStream_t stream,
+                              cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(unsigned(G * nblk));
+  lc.blockDim = dim3(kKppThreads);
+  lc.dynamicSmemBytes = smem;
+  lc.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(nblk);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = nblk > 1 ? 1 : 0;
+  return lc;
+}
+
 /// Blocks per group: a cluster of up to kKppMaxBlocks where the device and the
 /// kernel's code allow clusters (sm_90 and later), as many as keep G * nblk within
-/// the multiprocessors and every slice at kKppMinSlice points or more; 1 elsewhere.
-int kpp_blocks_per_group(int64_t G, int64_t S) {
+/// the multiprocessors, every slice at kKppMinSlice points or more and all G clusters
+/// resident at once (cudaOccupancyMaxActiveClusters: a cluster's blocks share a GPC);
+/// 1 elsewhere.
+template <class Kernel>
+int kpp_blocks_per_group(Kernel kernel, int64_t G, int64_t S, size_t smem, cudaStream_t stream) {
   if (!kmeanspp_clusters_supported()) return 1;
   const int64_t sms = detail::multiprocessor_count();
   int nblk = kKppMaxBlocks;
   while (nblk > 1 && (G * nblk > sms || S < int64_t(nblk) * kKppMinSlice)) nblk /= 2;
+  for (; nblk > 1; nblk /= 2) {
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t lc = kpp_config(kernel, G, nblk, smem, stream, attr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &lc) != cudaSuccess) {
+      (void)cudaGetLastError();  // a refused query: no cluster of this size
+      continue;
+    }
+    if (clusters >= G) break;
+  }
   return nblk;
 }
 
@@ -326,13 +359,14 @@ void kmeanspp_indices(const Points& pts, const float* mu, int64_t G, int64_t H, 
                       int stage, int64_t head_offset, void* scratch, uint32_t* idx, cudaStream_t stream,
                       int blocks_per_group) {
   const int64_t S = pts.S, D = pts.D;
-  int nblk = blocks_per_group > 0 ? blocks_per_group : kpp_blocks_per_group(G, S);
-  if (nblk != 1 && nblk != 2 && nblk != 4 && nblk != 8)
+  if (blocks_per_group != 0 && blocks_per_group != 1 && blocks_per_group != 2 && blocks_per_group != 4 &&
+      blocks_per_group != 8)
     throw InvalidArgument(
         fmt::format("kmeanspp_indices: blocks_per_group must be 0 (chosen), 1, 2, 4 or 8, got {}", blocks_per_group));
-  if (nblk > 1 && !kmeanspp_clusters_supported())
+  if (blocks_per_group > 1 && !kmeanspp_clusters_supported())
     throw InvalidArgument(fmt::format(
-        "kmeanspp_indices: blocks_per_group={} needs thread block clusters (sm_90 or later code and device)", nblk));
+        "kmeanspp_indices: blocks_per_group={} needs thread block clusters (sm_90 or later code and device)",
+        blocks_per_group));
   const size_t smem = size_t(D + 2 * int64_t(K)) * 4;
   const auto launch = [&](auto kernel) {
     if (smem > 48 * 1024) {
@@ -342,18 +376,9 @@ void kmeanspp_indices(const Points& pts, const float* mu, int64_t G, int64_t H, 
                         detail::max_shared_optin()));
       QVG_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     }
-    cudaLaunchConfig_t lc{};
-    lc.gridDim = dim3(unsigned(G * nblk));
-    lc.blockDim = dim3(kKppThreads);
-    lc.dynamicSmemBytes = smem;
-    lc.stream = stream;
+    const int nblk = blocks_per_group > 0 ? blocks_per_group : kpp_blocks_per_group(kernel, G, S, smem, stream);
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(nblk);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    lc.attrs = attr;
-    lc.numAttrs = nblk > 1 ? 1 : 0;
+    const cudaLaunchConfig_t lc = kpp_config(kernel, G, nblk, smem, stream, attr);
     QVG_CUDA(cudaLaunchKernelEx(&lc, kernel, pts, mu, H, K, k_eff, seed, stage, head_offset, nblk,
                                 carve_scratch(scratch, G, S), idx));
   };
