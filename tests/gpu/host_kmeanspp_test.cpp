@@ -214,7 +214,7 @@ QVG_TEST(kmeanspp_bodies_make_the_cpu_picks) {
     if (c.S <= 700) {
       std::vector<uint32_t> other(size_t(c.k), 0xFFFFFFFFu);
       K::KppHostRun run;
-      run.may_skip = [](float, float) { return false; };
+      run.may_skip = [](float, float, double) { return false; };
       K::kmeanspp_picks_host(r.data(), mu.data(), c.S, c.D, c.k, kseed, stage, b, h, other.data(), run);
       QVG_EXPECT(other == dev) << "without pruning: S" << c.S << "k" << c.k;
     }
@@ -300,7 +300,7 @@ QVG_TEST(kmeanspp_pruning_skips_only_unchanged_points) {
     const std::vector<float> mu = cpu_mean(st.r, st.S, st.D);
     std::vector<uint32_t> ref(size_t(st.k)), got(size_t(st.k));
     K::KppHostRun none;
-    none.may_skip = [](float, float) { return false; };
+    none.may_skip = [](float, float, double) { return false; };
     K::kmeanspp_picks_host(st.r.data(), mu.data(), st.S, st.D, st.k, 9, 0, 0, int64_t(si), ref.data(), none);
     K::KppHostRun run;
     run.audit = true;
@@ -312,9 +312,10 @@ QVG_TEST(kmeanspp_pruning_skips_only_unchanged_points) {
       clustered_skipped += run.skipped;
       clustered_all += run.skipped + run.evaluated;
     }
-    const std::pair<int, bool (*)(float, float)> plants[] = {
-        {0, [](float cc, float d2) { return d2 == 0.0f || (d2 <= FLT_MAX && cc <= FLT_MAX && cc >= d2); }},
-        {1, [](float cc, float d2) { return d2 == 0.0f || (d2 <= FLT_MAX && cc <= FLT_MAX && cc >= 3.9f * d2); }}};
+    const std::pair<int, bool (*)(float, float, double)> plants[] = {
+        {0, [](float cc, float d2, double) { return d2 == 0.0f || (d2 <= FLT_MAX && cc <= FLT_MAX && cc >= d2); }},
+        {1,
+         [](float cc, float d2, double) { return d2 == 0.0f || (d2 <= FLT_MAX && cc <= FLT_MAX && cc >= 3.9f * d2); }}};
     for (const auto& [p, fn] : plants) {
       K::KppHostRun bad;
       bad.may_skip = fn;
@@ -337,18 +338,25 @@ QVG_TEST(kmeanspp_pruning_skips_only_unchanged_points) {
 }
 
 // kpp_may_skip's edges: d2 = 0 is always kept; d2 or cc +inf or NaN never; the
-// margin: cc = 4 d2 exactly, or within 2^-10 above it, is not enough.
+// margin: cc = 4 d2 exactly, or within 2^-10 above it, is not enough, 2^-9 above is;
+// kpp_skip_factor's eps grows with D past 2^-10 (D > 32,720) and stays above 2 gamma.
 QVG_TEST(kmeanspp_may_skip_edges) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  QVG_EXPECT(K::kpp_may_skip(0.0f, 0.0f) && K::kpp_may_skip(nan, 0.0f) && K::kpp_may_skip(inf, 0.0f));
-  QVG_EXPECT(!K::kpp_may_skip(inf, inf) && !K::kpp_may_skip(1.0f, inf) && !K::kpp_may_skip(1e30f, nan));
-  QVG_EXPECT(!K::kpp_may_skip(inf, 1.0f) && !K::kpp_may_skip(nan, 1.0f));
+  const double f = K::kpp_skip_factor(128);
+  QVG_EXPECT(f == 4.0 * (1.0 + 0x1p-10) && K::kpp_skip_factor(32720) == f && K::kpp_skip_factor(32800) > f);
+  for (const int64_t D : {1, 128, 4096, 32800, 60000, 1000000}) {
+    const double gamma = double(D / 8 + 5) * 0x1p-24;
+    QVG_EXPECT(K::kpp_skip_factor(D) >= 4.0 * (1.0 + 2.0 * gamma)) << D;
+  }
+  QVG_EXPECT(K::kpp_may_skip(0.0f, 0.0f, f) && K::kpp_may_skip(nan, 0.0f, f) && K::kpp_may_skip(inf, 0.0f, f));
+  QVG_EXPECT(!K::kpp_may_skip(inf, inf, f) && !K::kpp_may_skip(1.0f, inf, f) && !K::kpp_may_skip(1e30f, nan, f));
+  QVG_EXPECT(!K::kpp_may_skip(inf, 1.0f, f) && !K::kpp_may_skip(nan, 1.0f, f));
   int checked = 0;
   for (const float d2 : {1e-44f, 1e-30f, 1e-3f, 1.0f, 7.0f, 1e30f}) {
     const float c4 = 4.0f * d2;
-    QVG_EXPECT(!K::kpp_may_skip(c4, d2) && !K::kpp_may_skip(c4 * (1.0f + 0x1p-11f), d2)) << d2;
+    QVG_EXPECT(!K::kpp_may_skip(c4, d2, f) && !K::kpp_may_skip(c4 * (1.0f + 0x1p-11f), d2, f)) << d2;
     if (d2 > 1e-30f) {
-      QVG_EXPECT(K::kpp_may_skip(c4 * (1.0f + 0x1p-9f), d2)) << d2;
+      QVG_EXPECT(K::kpp_may_skip(c4 * (1.0f + 0x1p-9f), d2, f)) << d2;
     }
     ++checked;
   }

@@ -129,21 +129,32 @@ QVG_HD float kpp_min(float d2, float dist) {
   return dist < d2 ? dist : d2;
 }
 
+/// The factor of kpp_may_skip for D channels: 4 (1 + eps), eps = max(2^-10, 4 (D/8 +
+/// 6) 2^-24). Each sqdist here is within a relative gamma <= (D/8 + 5) 2^-24 (1 +
+/// tiny) of its exact value (a rounded subtraction and square per term, at most D/8
+/// additions per lane, 3 to combine the lanes; all terms >= 0) plus an absolute D
+/// 2^-150 (squares below the normal range), and the test is sound for eps >= 2 gamma.
+QVG_HD double kpp_skip_factor(int64_t D) {
+  const double eps = double(D / 2 + 24) * 0x1p-24;
+  return 4.0 * (1.0 + (eps > 0x1p-10 ? eps : 0x1p-10));
+}
+
 /// Whether a point with d2 (its computed distance to its nearest pick so far, `near`)
 /// keeps it for the new pick, given cc = the computed sqdist of the new pick and
-/// `near`: true only where the new pick's computed distance cannot be below d2.
+/// `near` and factor = kpp_skip_factor(D): true only where the new pick's computed
+/// distance cannot be below d2.
 /// - d2 == 0: no distance is below it (a sum of squares is >= +0).
 /// - d2 or cc not finite (+inf before the first pick, an overflow, a NaN): false.
-/// - else cc >= 4 d2 (1 + 2^-10) + 2^-100. Exactly, b >= 2a gives |x - c| >= a. The
-///   computed values: every sqdist here is within a relative gamma ~ (D/8 + 6) 2^-24
-///   of its exact value plus an absolute D 2^-150 (squares below the normal range);
-///   the factor 1 + 2^-10 covers gamma (so for D up to ~10^5) and 2^-100 the absolute
-///   part; then computed |x - c_new|^2 >= (1 - gamma) (b - a)^2 - D 2^-150 >= d2.
-///   Evaluated in double (4 d2 exact; the rest within 2^-52 relative).
-QVG_HD bool kpp_may_skip(float cc, float d2) {
+/// - else cc >= factor d2 + 2^-100. Exactly, b >= 2a gives |x - c| >= b - a >= a.
+///   With the computed values (a^2 and b^2 within gamma relative and D 2^-150
+///   absolute, kpp_skip_factor): b >= 2 a sqrt((1 + eps)(1 - gamma) / (1 + gamma)),
+///   so the computed |x - c|^2 >= (1 - gamma)(b - a)^2 - D 2^-150 >= d2 when eps >=
+///   2 gamma, 2^-100 covering the absolute parts (D < 2^47). Evaluated in double
+///   (factor d2 within 2^-52 relative).
+QVG_HD bool kpp_may_skip(float cc, float d2, double factor) {
   if (d2 == 0.0f) return true;
   if (!(d2 <= FLT_MAX) || !(cc <= FLT_MAX)) return false;
-  return double(cc) >= 4.0 * double(d2) * (1.0 + 0x1p-10) + 0x1p-100;
+  return double(cc) >= factor * double(d2) + 0x1p-100;
 }
 
 /// The points of tile t of `tiles` contiguous tiles over S points: [kpp_tile_begin(t),
@@ -201,8 +212,9 @@ QVG_HD int64_t kpp_unchosen_index(uint64_t r, CountLe count_le) {
 struct KppHostRun {
   int tiles = kKppTiles;  ///< tiles per block's slice (the kernel: kKppTiles)
   int blocks = 1;         ///< blocks (slices) per group (the kernel: 1..kKppMaxBlocks)
-  /// The pruning test (the kernel's: kpp_may_skip; a test plants others).
-  bool (*may_skip)(float cc, float d2) = kpp_may_skip;
+  /// The pruning test (the kernel's: kpp_may_skip; a test plants others), given
+  /// kpp_skip_factor(D).
+  bool (*may_skip)(float cc, float d2, double factor) = kpp_may_skip;
   /// With true, every skipped point's distance is computed too, and a skip whose
   /// distance is below the point's d2 (a wrong skip) is counted in `wrong_skips`.
   bool audit = false;
@@ -231,6 +243,7 @@ inline void kmeanspp_picks_host(const float* r, const float* mu, int64_t S, int6
   std::vector<uint8_t> near(static_cast<size_t>(S), 0);
   std::vector<float> xp(static_cast<size_t>(D)), cc(static_cast<size_t>(k));
   std::vector<int64_t> todo;
+  const double factor = kpp_skip_factor(D);
   A::Rng rng(seed, uint64_t(stage), uint64_t(b), uint64_t(h));
   int64_t pick = int64_t(rng.below(uint64_t(S)));
   // kKppPer rows' distances to xp at a time, as an octet of the kernel does them.
@@ -258,7 +271,7 @@ inline void kmeanspp_picks_host(const float* r, const float* mu, int64_t S, int6
     for (int64_t i = 0; i < S; ++i) {
       const float di = d2[size_t(i)];
       const float c = di > 0.0f && di <= FLT_MAX ? cc[near[size_t(i)]] : 0.0f;
-      if (run.may_skip(c, di)) {
+      if (run.may_skip(c, di, factor)) {
         ++run.skipped;
         if (run.audit) {
           float dist;
