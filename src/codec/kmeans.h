@@ -51,6 +51,9 @@ struct KMeansWorkspace {
   std::vector<int64_t> cnt;
   std::vector<uint32_t> idx;
   std::vector<char> chosen;
+  std::vector<uint8_t> near;  // kmeans++: each point's nearest pick so far
+  std::vector<float> cc;      // kmeans++: the earlier picks' distances to the new one
+  std::vector<int64_t> todo;  // kmeans++: the points measured in a round
 };
 
 /// The point indices init random picks for k centroids among n > k points of group

@@ -21,6 +21,7 @@
 
 #include "codec/kmeans.h"
 #include "core/exact_sum_impl.h"
+#include "core/kmeanspp_bound_impl.h"
 #include "gpu/harness.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/kmeanspp.cuh"
@@ -30,6 +31,7 @@ namespace {
 
 namespace A = qvg::cuda_arith;
 namespace K = qvg::cuda::kernels;
+namespace B = qvg::kmeanspp_bound;
 
 /// S points of dimension D (fp32, row-major): `distinct` clustered rows (scale
 /// `scale`, offset by 3 scales), each of the S a copy of one of them when distinct <
@@ -263,7 +265,7 @@ QVG_TEST(kmeans_starts_from_kmeanspp_init_indices) {
   QVG_EXPECT(checked == 7) << checked;
 }
 
-// The pruning test (kpp_may_skip) keeps a point only where the new pick's computed
+// The pruning test (kmeanspp_bound::may_skip) keeps a point only where the new pick's computed
 // distance cannot be below its d2: on clustered sets, sets with duplicates, points
 // on a line (where b = 2a and b - a = a occur in every round) and magnitudes whose
 // squares leave the normal range, every skip is audited against the distance it
@@ -337,26 +339,26 @@ QVG_TEST(kmeanspp_pruning_skips_only_unchanged_points) {
       << planted_wrong[0] << planted_differ[0] << planted_wrong[1] << planted_differ[1];
 }
 
-// kpp_may_skip's edges: d2 = 0 is always kept; d2 or cc +inf or NaN never; the
+// kmeanspp_bound::may_skip's edges: d2 = 0 is always kept; d2 or cc +inf or NaN never; the
 // margin: cc = 4 d2 exactly, or within 2^-10 above it, is not enough, 2^-9 above is;
-// kpp_skip_factor's eps grows with D past 2^-10 (D > 32,720) and stays above 2 gamma.
+// skip_factor's eps grows with D past 2^-10 (D > 32,720) and stays above 2 gamma.
 QVG_TEST(kmeanspp_may_skip_edges) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const double f = K::kpp_skip_factor(128);
-  QVG_EXPECT(f == 4.0 * (1.0 + 0x1p-10) && K::kpp_skip_factor(32720) == f && K::kpp_skip_factor(32800) > f);
+  const double f = B::skip_factor(128);
+  QVG_EXPECT(f == 4.0 * (1.0 + 0x1p-10) && B::skip_factor(32720) == f && B::skip_factor(32800) > f);
   for (const int64_t D : {1, 128, 4096, 32800, 60000, 1000000}) {
     const double gamma = double(D / 8 + 5) * 0x1p-24;
-    QVG_EXPECT(K::kpp_skip_factor(D) >= 4.0 * (1.0 + 2.0 * gamma)) << D;
+    QVG_EXPECT(B::skip_factor(D) >= 4.0 * (1.0 + 2.0 * gamma)) << D;
   }
-  QVG_EXPECT(K::kpp_may_skip(0.0f, 0.0f, f) && K::kpp_may_skip(nan, 0.0f, f) && K::kpp_may_skip(inf, 0.0f, f));
-  QVG_EXPECT(!K::kpp_may_skip(inf, inf, f) && !K::kpp_may_skip(1.0f, inf, f) && !K::kpp_may_skip(1e30f, nan, f));
-  QVG_EXPECT(!K::kpp_may_skip(inf, 1.0f, f) && !K::kpp_may_skip(nan, 1.0f, f));
+  QVG_EXPECT(B::may_skip(0.0f, 0.0f, f) && B::may_skip(nan, 0.0f, f) && B::may_skip(inf, 0.0f, f));
+  QVG_EXPECT(!B::may_skip(inf, inf, f) && !B::may_skip(1.0f, inf, f) && !B::may_skip(1e30f, nan, f));
+  QVG_EXPECT(!B::may_skip(inf, 1.0f, f) && !B::may_skip(nan, 1.0f, f));
   int checked = 0;
   for (const float d2 : {1e-44f, 1e-30f, 1e-3f, 1.0f, 7.0f, 1e30f}) {
     const float c4 = 4.0f * d2;
-    QVG_EXPECT(!K::kpp_may_skip(c4, d2, f) && !K::kpp_may_skip(c4 * (1.0f + 0x1p-11f), d2, f)) << d2;
+    QVG_EXPECT(!B::may_skip(c4, d2, f) && !B::may_skip(c4 * (1.0f + 0x1p-11f), d2, f)) << d2;
     if (d2 > 1e-30f) {
-      QVG_EXPECT(K::kpp_may_skip(c4 * (1.0f + 0x1p-9f), d2, f)) << d2;
+      QVG_EXPECT(B::may_skip(c4 * (1.0f + 0x1p-9f), d2, f)) << d2;
     }
     ++checked;
   }

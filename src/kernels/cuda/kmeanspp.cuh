@@ -22,20 +22,18 @@
 // thread each); the pick is found from the slices' and tiles' prefix sums and one
 // walk inside the tile that holds it (kpp_walk_tile).
 //
-// Pruning (the triangle inequality, exact): a point whose nearest pick so far (the
-// pick `near` that last lowered its d2) is far from the new pick cannot come nearer
-// to it: with a = |x - c_near|, b = |c_new - c_near|, |x - c_new| >= b - a >= a when
-// b >= 2a. kpp_may_skip makes that test on the computed values with a margin that
-// covers their rounding, so a skipped point's computed distance is never below its
-// d2 and its d2 would not have changed: the picks are the CPU's, bit for bit, with
-// fewer rows read (tests/gpu/host_kmeanspp_test.cpp checks every skip against the
-// distance it avoided).
+// Pruning (core/kmeanspp_bound_impl.h, the CPU's too): a point whose nearest pick so
+// far is at least twice as far from the new pick as from the point keeps its d2, by
+// the triangle inequality, tested with a margin that covers the computed distances'
+// rounding: the picks are the CPU's, bit for bit, with fewer rows read
+// (tests/gpu/host_kmeanspp_test.cpp checks every skip against the distance it avoided).
 #pragma once
 
 #include <cfloat>
 #include <cstdint>
 
 #include "core/exact_sum_impl.h"
+#include "core/kmeanspp_bound_impl.h"
 #include "kernels/cuda/arith.cuh"
 
 #if !defined(__CUDA_ARCH__)
@@ -129,34 +127,6 @@ QVG_HD float kpp_min(float d2, float dist) {
   return dist < d2 ? dist : d2;
 }
 
-/// The factor of kpp_may_skip for D channels: 4 (1 + eps), eps = max(2^-10, 4 (D/8 +
-/// 6) 2^-24). Each sqdist here is within a relative gamma <= (D/8 + 5) 2^-24 (1 +
-/// tiny) of its exact value (a rounded subtraction and square per term, at most D/8
-/// additions per lane, 3 to combine the lanes; all terms >= 0) plus an absolute D
-/// 2^-150 (squares below the normal range), and the test is sound for eps >= 2 gamma.
-QVG_HD double kpp_skip_factor(int64_t D) {
-  const double eps = double(D / 2 + 24) * 0x1p-24;
-  return 4.0 * (1.0 + (eps > 0x1p-10 ? eps : 0x1p-10));
-}
-
-/// Whether a point with d2 (its computed distance to its nearest pick so far, `near`)
-/// keeps it for the new pick, given cc = the computed sqdist of the new pick and
-/// `near` and factor = kpp_skip_factor(D): true only where the new pick's computed
-/// distance cannot be below d2.
-/// - d2 == 0: no distance is below it (a sum of squares is >= +0).
-/// - d2 or cc not finite (+inf before the first pick, an overflow, a NaN): false.
-/// - else cc >= factor d2 + 2^-100. Exactly, b >= 2a gives |x - c| >= b - a >= a.
-///   With the computed values (a^2 and b^2 within gamma relative and D 2^-150
-///   absolute, kpp_skip_factor): b >= 2 a sqrt((1 + eps)(1 - gamma) / (1 + gamma)),
-///   so the computed |x - c|^2 >= (1 - gamma)(b - a)^2 - D 2^-150 >= d2 when eps >=
-///   2 gamma, 2^-100 covering the absolute parts (D < 2^47). Evaluated in double
-///   (factor d2 within 2^-52 relative).
-QVG_HD bool kpp_may_skip(float cc, float d2, double factor) {
-  if (d2 == 0.0f) return true;
-  if (!(d2 <= FLT_MAX) || !(cc <= FLT_MAX)) return false;
-  return double(cc) >= factor * double(d2) + 0x1p-100;
-}
-
 /// The points of tile t of `tiles` contiguous tiles over S points: [kpp_tile_begin(t),
 /// kpp_tile_begin(t + 1)).
 QVG_HD int64_t kpp_tile_begin(int64_t t, int tiles, int64_t S) {
@@ -212,9 +182,9 @@ QVG_HD int64_t kpp_unchosen_index(uint64_t r, CountLe count_le) {
 struct KppHostRun {
   int tiles = kKppTiles;  ///< tiles per block's slice (the kernel: kKppTiles)
   int blocks = 1;         ///< blocks (slices) per group (the kernel: 1..kKppMaxBlocks)
-  /// The pruning test (the kernel's: kpp_may_skip; a test plants others), given
-  /// kpp_skip_factor(D).
-  bool (*may_skip)(float cc, float d2, double factor) = kpp_may_skip;
+  /// The pruning test (the kernel's: kmeanspp_bound::may_skip; a test plants others),
+  /// given kmeanspp_bound::skip_factor(D).
+  bool (*may_skip)(float cc, float d2, double factor) = qvg::kmeanspp_bound::may_skip;
   /// With true, every skipped point's distance is computed too, and a skip whose
   /// distance is below the point's d2 (a wrong skip) is counted in `wrong_skips`.
   bool audit = false;
@@ -243,7 +213,7 @@ inline void kmeanspp_picks_host(const float* r, const float* mu, int64_t S, int6
   std::vector<uint8_t> near(static_cast<size_t>(S), 0);
   std::vector<float> xp(static_cast<size_t>(D)), cc(static_cast<size_t>(k));
   std::vector<int64_t> todo;
-  const double factor = kpp_skip_factor(D);
+  const double factor = qvg::kmeanspp_bound::skip_factor(D);
   A::Rng rng(seed, uint64_t(stage), uint64_t(b), uint64_t(h));
   int64_t pick = int64_t(rng.below(uint64_t(S)));
   // kKppPer rows' distances to xp at a time, as an octet of the kernel does them.

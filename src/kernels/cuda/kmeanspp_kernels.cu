@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kKppThreads)
   }
   const void* x = pts.p;  // the group's rows: kpp_row(x, gb, stride, i)
   const int64_t gb = pts.base(g), stride = pts.stride();
-  const double factor = kpp_skip_factor(D);
+  const double factor = qvg::kmeanspp_bound::skip_factor(D);
   const float* mg = mu + g * D;
   const int64_t s0 = kpp_tile_begin(rank, nblk, S), s1 = kpp_tile_begin(rank + 1, nblk, S), n = s1 - s0;
   float* d2 = sc.d2 + g * S;
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kKppThreads)
         next_d2 = d2[i + kStride];
         next_near = near[i + kStride];
       }
-      const bool need = in && !kpp_may_skip(di > 0.0f && di <= FLT_MAX ? s_cc[ni] : 0.0f, di, factor);
+      const bool need = in && !qvg::kmeanspp_bound::may_skip(di > 0.0f && di <= FLT_MAX ? s_cc[ni] : 0.0f, di, factor);
       const unsigned mask = __ballot_sync(0xFFFFFFFFu, need);
       const int cnt = __popc(mask), pos = __popc(mask & ((1u << lane) - 1u));
       if (need) s_list[warp][pos] = (unsigned char)lane;
