@@ -204,8 +204,9 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
         if (bits == 2) phases(cfg, fmt::format("{} int{}", shp.name, bits), enc_ms);
       }
       // init kmeans++ (issue 41: <= 2 ms per stage at the LongCat tensor): the init phase
-      // of a one-stage kmeans++ encode (kmeanspp_kernel alone between its events), the
-      // median of min(reps, 5) runs after one warm-up; in the verdict on its shape only.
+      // of a one-stage kmeans++ encode (kmeanspp_kernel, then the initial centroids'
+      // gather, < 0.05 ms), the median of min(reps, 5) runs after one warm-up; in the
+      // verdict on its shape only.
       if (shp.encode && bits == 2 && (!opt.verdict || &shp == &shapes.front())) {
         CodecConfig kc = cfg;
         kc.init = Init::KMeansPlusPlus;
