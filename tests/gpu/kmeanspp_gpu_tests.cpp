@@ -5,7 +5,7 @@
 //   (r - mu, downloaded after gather_points), at stage 0 and with another stage's
 //   stream, with a head_offset, with duplicated points (the total-0 branch) and
 //   k_eff == S; with the kernel's own split of a group over blocks, one block per
-//   group, clusters of 2 and 8 blocks (where the device has clusters), and from the
+//   group, clusters of 2, 4 and 8 blocks (where the device has clusters), and from the
 //   input's own rows (bf16 / fp32) as a stage-0 encode reads them;
 // - a device encode with init kmeans++ is deterministic and byte for byte the host
 //   replay of its own assignments (tests/gpu/encode_replay.h replays the picks with
@@ -110,15 +110,13 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
           cpu[size_t(g)] =
               qvg::detail::kmeanspp_init_indices(99, stage, g / H, g % H + c.head_offset, xc.data(), S, D, k_eff);
         }
-        // The kernel's choice of blocks per group, then one block, and clusters of 2
-        // and 8 where the device has them (one split's picks are every split's); the
+        // The kernel's choice of blocks per group, then one block, and clusters of 2,
+        // 4 and 8 where the device has them (one split's picks are every split's); the
         // points read from the fp32 residual buffer, and (the chosen split) from the
         // input itself, as a stage-0 encode reads them.
         std::vector<int> splits = {0, 1};
-        if (KB::kmeanspp_clusters_supported()) {
-          splits.push_back(2);
-          splits.push_back(8);
-        }
+        if (KB::kmeanspp_clusters_supported())
+          for (const int n : {2, 4, 8}) splits.push_back(n);
         splits.push_back(-1);  // the input's points, the chosen split
         for (const int split : splits) {
           QVG_CUDA(cudaMemsetAsync(idx.data(), 0xFF, size_t(G * c.K) * 4, st.s));
@@ -140,9 +138,9 @@ QVG_TEST(gpu_kmeanspp_picks_equal_the_cpu_rule_on_the_device_points) {
       }
   const int per_split = 2 * 2 * (3 + 4 + 2 + 2 + 2);
   std::printf("  %d groups' picks compared (%d launches; clusters %s)\n", compared, splits_run,
-              KB::kmeanspp_clusters_supported() ? "2, 8 and the chosen split; the input's points too"
+              KB::kmeanspp_clusters_supported() ? "2, 4, 8 and the chosen split; the input's points too"
                                                 : "not supported: one block per group; the input's points too");
-  QVG_EXPECT(compared == per_split * (KB::kmeanspp_clusters_supported() ? 5 : 3)) << compared;
+  QVG_EXPECT(compared == per_split * (KB::kmeanspp_clusters_supported() ? 6 : 3)) << compared;
 }
 
 // A device encode with init kmeans++: deterministic, and the host replay of its own
