@@ -303,9 +303,8 @@ inline void kmeanspp_picks_host(const float* r, const float* mu, int64_t S, int6
         bbefore += block_sum[size_t(blk)];
       }
     } else {
-      std::vector<uint32_t> p32(idx, idx + j + 1);
       const uint64_t rr = rng.below(uint64_t(S - (j + 1)));
-      pick = kpp_unchosen_index(rr, [&](uint64_t x) { return kpp_count_le(p32.data(), j + 1, 0, 1, x); });
+      pick = kpp_unchosen_index(rr, [&](uint64_t x) { return kpp_count_le(idx, j + 1, 0, 1, x); });
     }
   }
 }

@@ -71,6 +71,15 @@ __device__ __forceinline__ void kpp_group_sync(int nblk) {
   __syncthreads();
 }
 
+/// kpp_combine's three steps by shuffles within each octet of lanes (offsets 4, 1, 2):
+/// the octet's first lane ends with its 8 lane sums combined in the CPU's order. Every
+/// lane of the warp must call it.
+__device__ __forceinline__ float kpp_octet_combine(float v) {
+  v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 4, 8));
+  v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 1, 8));
+  return A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 2, 8));
+}
+
 /// The kernel's global scratch (kmeanspp_scratch_bytes): per group, the slots of
 /// its blocks and its points' d2 and nearest pick.
 struct KppScratch {
@@ -80,6 +89,10 @@ struct KppScratch {
   float* d2;                  // [G][S]
   uint8_t* near;              // [G][S] the round of the nearest pick so far
 };
+
+/// Bytes of a group's slots in KppScratch (total, pick, max) and of a point's (d2, near).
+constexpr size_t kKppGroupBytes = kKppMaxBlocks * 8 + 8 + kKppMaxBlocks * 4;
+constexpr size_t kKppPointBytes = 4 + 1;
 
 KppScratch carve_scratch(void* scratch, int64_t G, int64_t S) {
   auto* p = static_cast<uint8_t*>(scratch);
@@ -167,10 +180,7 @@ __global__ void __launch_bounds__(kKppThreads)
       kpp_lanes<DT>(rows, mg, s_xp, D, l8, acc);
 #pragma unroll
       for (int q = 0; q < kKppPer; ++q) {  // uniform over the warp: the shuffles see every lane
-        float v = acc[q];
-        v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 4, 8));  // kpp_combine's steps
-        v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 1, 8));
-        v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 2, 8));
+        const float v = kpp_octet_combine(acc[q]);
         const int jp = base + q * kKppOctets + oct;
         if (jp < j && l8 == 0) s_cc[jp] = v;
       }
@@ -211,11 +221,7 @@ __global__ void __launch_bounds__(kKppThreads)
         float dist = 0.0f;
 #pragma unroll
         for (int q = 0; q < kKppPer; ++q) {
-          float v = acc[q];
-          v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 4, 8));
-          v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 1, 8));
-          v = A::add_rn(v, __shfl_down_sync(0xFFFFFFFFu, v, 2, 8));
-          const float w = __shfl_sync(0xFFFFFFFFu, v, 8 * (rel & 3));
+          const float w = __shfl_sync(0xFFFFFFFFu, kpp_octet_combine(acc[q]), 8 * (rel & 3));
           if (rel >> 2 == q) dist = w;
         }
         if (need && rel >= 0 && rel < 4 * kKppPer && dist < di) {  // kpp_min
@@ -289,10 +295,8 @@ __global__ void __launch_bounds__(kKppThreads)
   }
 }
 
-/// The launch of `kernel` with nblk blocks per group (a cluster when nblk > 1).
-template <class Kernel>
-cudaLaunchConfig_t kpp_config(Kernel, int64_t G, int nblk, size_t smem, cudaStream_t stream,
-                              cudaLaunchAttribute* attr) {
+/// The launch of nblk blocks per group (a cluster when nblk > 1); attr: its one attribute.
+cudaLaunchConfig_t kpp_config(int64_t G, int nblk, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(unsigned(G * nblk));
   lc.blockDim = dim3(kKppThreads);
@@ -320,7 +324,7 @@ int kpp_blocks_per_group(Kernel kernel, int64_t G, int64_t S, size_t smem, cudaS
   while (nblk > 1 && (G * nblk > sms || S < int64_t(nblk) * kKppMinSlice)) nblk /= 2;
   for (; nblk > 1; nblk /= 2) {
     cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t lc = kpp_config(kernel, G, nblk, smem, stream, attr);
+    const cudaLaunchConfig_t lc = kpp_config(G, nblk, smem, stream, attr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &lc) != cudaSuccess) {
       (void)cudaGetLastError();  // a refused query: no cluster of this size
@@ -353,7 +357,7 @@ bool kmeanspp_clusters_supported() {
 }
 
 size_t kmeanspp_scratch_bytes(int64_t G, int64_t S) {
-  return size_t(G) * (kKppMaxBlocks * 8 + 8 + kKppMaxBlocks * 4) + size_t(G * S) * 5;
+  return size_t(G) * kKppGroupBytes + size_t(G * S) * kKppPointBytes;
 }
 
 void kmeanspp_indices(const Points& pts, const float* mu, int64_t G, int64_t H, int K, int k_eff, uint64_t seed,
@@ -379,7 +383,7 @@ void kmeanspp_indices(const Points& pts, const float* mu, int64_t G, int64_t H, 
     }
     const int nblk = blocks_per_group > 0 ? blocks_per_group : kpp_blocks_per_group(kernel, G, S, smem, stream);
     cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t lc = kpp_config(kernel, G, nblk, smem, stream, attr);
+    const cudaLaunchConfig_t lc = kpp_config(G, nblk, smem, stream, attr);
     QVG_CUDA(cudaLaunchKernelEx(&lc, kernel, pts, mu, H, K, k_eff, seed, stage, head_offset, nblk,
                                 carve_scratch(scratch, G, S), idx));
   };
