@@ -57,9 +57,10 @@ class DeviceEncodedTensor : public EncodingLayout {
   /// (the arrays `parts` names). Throws InvalidArgument for a bad config or shape.
   static DeviceEncodedTensor allocate(Shape4 shape, DType dtype, const CodecConfig& cfg, Stream stream,
                                       Allocator& alloc = default_allocator(), EncodedParts parts = EncodedParts::All);
-  /// Copies a host encoding to the device (async on `stream`): a complete one
-  /// (validated first), a span chunk's (no centroid arrays) or a codebook (centroid
-  /// arrays only), which are copied as they are.
+  /// Copies a host encoding to the device on `stream`: a complete one (validated
+  /// first), a span chunk's (no centroid arrays; its ids checked < K: CorruptData) or a
+  /// codebook (centroid arrays only), which are copied as they are. Synchronizes
+  /// `stream` (`enc` may be freed on return).
   static DeviceEncodedTensor upload(const EncodedTensor& enc, Stream stream, Allocator& alloc = default_allocator());
   /// Copies the arrays back into a host EncodedTensor (arrays this tensor does not
   /// hold are empty there, as in the host span chunks and codebooks). Synchronizes `stream`.
@@ -119,7 +120,9 @@ struct DeviceSpanCodebook {
 /// points; it costs k_eff - 1 dependent rounds per stage, each a pass over the
 /// group's points whose distances can change (exact triangle-inequality pruning), on a
 /// cluster of up to 8 thread blocks per group on sm_90 and later (one block before).
-/// Throws InvalidArgument for a bad config/shape.
+/// Throws InvalidArgument for a bad config/shape, and for a head dim above what the
+/// device's shared memory serves (the assignment keeps an fp32 centroid row there:
+/// 24,576 channels on a device with 96 KB or more per block).
 /// The input limits of spec 1 (finite, |x| <= 1e16) are the caller's
 /// responsibility here (checking needs a synchronization): see check_input_limits.
 /// Scratch memory (about 2 bytes per input element plus the codebooks with one stage

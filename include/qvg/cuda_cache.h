@@ -13,8 +13,12 @@
 // Streams: every call that enqueues work takes an explicit Stream and returns without
 // waiting for the device; update() makes no synchronizing call and no copy back to the
 // host (docs/cuda.md, "update() does not wait"), so the host runs ahead across a
-// model's layers and an update() can be captured into a CUDA graph (after a first
-// update() outside the capture, which allocates the cache's pinned check record).
+// model's layers and an update() that rewrites the current chunk with a view of the
+// same size can be captured into a CUDA graph (after a first update() outside the
+// capture, which allocates the cache's pinned check record). Under a capture, an
+// advance to a new chunk, a view of another size and a dense growth throw Unsupported
+// before any change (each would free buffers allocated before the capture, which a
+// graph cannot free). Destroy a graph before its cache.
 //
 // The input check of spec 1 (finite, |x| <= 1e16) runs on the device and is reported
 // one call later: update() enqueues a scan of key and value, and the call's rows are

@@ -159,6 +159,15 @@ struct CudaDense {
     return owned_views(kv, call, keep, lender);
   }
   void before_mutation(Call& call) { detach_on(lender, call.stream); }
+  /// The caching allocator frees a block for reuse on the stream it was allocated on;
+  /// the caller's buffer may come from another stream than the call's, whose copies out
+  /// of it may still run: recorded, the block waits for them (a no-op for memory the
+  /// caching allocator did not give).
+  void retire(const at::Tensor& old, Call& call) {
+    if (old.defined() && old.is_cuda() && old.numel() > 0)
+      c10::cuda::CUDACachingAllocator::recordStream(old.storage().data_ptr(),
+                                                    c10::cuda::getStreamFromExternal(call.stream, call.device.index()));
+  }
   std::vector<uint8_t> snapshot_bytes(const Cache& c, Call& call) { return c.snapshot_bytes(call.stream); }
   void save(const Cache& c, Call& call, const std::string& path) { c.save(path, call.stream); }
   std::shared_ptr<Cache> load(const std::string& data, bool from_bytes, const qvg::SnapshotExpectation& x,

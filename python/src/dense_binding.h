@@ -8,6 +8,8 @@
 //   KVView update(cache, call, key, value, start, head_start, recent_window);
 //   copied_views(kv, call, keep) -> (k, v)        a two-range view as torch tensors
 //   void before_mutation(call);     what must happen before the cache may change (lent views)
+//   void retire(old, call);         an old buffer dropped after work enqueued by the call
+//                                   reads it (CUDA: recorded on the call's stream)
 //   snapshot_bytes(cache, call), save(cache, call, path), load(data, from_bytes,
 //   expectation, storage, call): the cache's snapshots (the CUDA cache's through host memory)
 //
@@ -89,6 +91,8 @@ class DenseBinding {
       }
     }
     if (grown_k_.defined()) {  // the call grew the cache into the buffers of the hook
+      backend_.retire(k_, call);  // the growth's copies out of them are enqueued on the call's stream
+      backend_.retire(v_, call);
       k_ = std::move(grown_k_);
       v_ = std::move(grown_v_);
       grown_k_ = at::Tensor();
@@ -151,6 +155,8 @@ class DenseBinding {
     }
     QVG_CHECK(grown_k_.defined());
     backend_.before_mutation(call);
+    backend_.retire(k_, call);  // the old cache's work may still use them
+    backend_.retire(v_, call);
     k_ = std::move(grown_k_);
     v_ = std::move(grown_v_);
     grown_k_ = at::Tensor();

@@ -7,9 +7,11 @@
 //   * update() on the packed cache (engine default and recommended profile, refined
 //     chunks, incremental spans) and on the dense cache makes no synchronizing call,
 //     no copy to or from host memory and no non-stream-ordered allocation once the
-//     cache is built, and runs while its stream "captures" a CUDA graph;
-//   * the settings that must wait (span_break_ratio > 0) refuse a capture before any
-//     change;
+//     cache is built, and runs while its stream "captures" a CUDA graph, freeing
+//     nothing allocated before the capture;
+//   * what a graph cannot hold refuses a capture before any change: the settings that
+//     must wait (span_break_ratio > 0), an advance to a new chunk and a view of another
+//     size (both would free older buffers), a dense cache's growth;
 //   * the deferred input check's host half: a bad call the device publishes into the
 //     pinned ring (written here as the publish kernel would) is raised by the next
 //     call — the CPU cache's message, naming the bad call's chunk — which changes
@@ -27,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,8 +74,19 @@ const char* kind_name(cudaMemcpyKind k) {
     default: return "Default";
   }
 }
+/// What the next pool allocations fail with (cudaSuccess: they succeed).
+cudaError_t& pool_error() {
+  static cudaError_t e = cudaSuccess;
+  return e;
+}
+/// The allocations made while "capturing" (a graph's own, which it may free).
+std::set<const void*>& graph_allocations() {
+  static std::set<const void*> s;
+  return s;
+}
 void* alloc(size_t n) {
   void* p = std::aligned_alloc(256, (std::max<size_t>(n, 1) + 255) / 256 * 256);
+  if (capturing()) graph_allocations().insert(p);
   return p;
 }
 struct LaunchConfig {
@@ -131,10 +145,16 @@ cudaError_t cudaGetDevice(int* d) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
-  *v = a == cudaDevAttrMultiProcessorCount ? 132 : 1;
+  *v = a == cudaDevAttrMultiProcessorCount            ? 132
+       : a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 232448  // an H100's
+                                                      : 1;
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int, size_t, unsigned) {
+  *n = 2;  // a host computation on a real device too (no stream work)
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError() {
@@ -169,11 +189,15 @@ cudaError_t cudaMemPoolDestroy(cudaMemPool_t) {
 }
 cudaError_t cudaMallocFromPoolAsync(void** p, size_t n, cudaMemPool_t, cudaStream_t) {
   fake::record("cudaMallocFromPoolAsync");
+  if (fake::pool_error() != cudaSuccess) return fake::pool_error();
   *p = fake::alloc(n);
   return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
-  fake::record("cudaFreeAsync");
+  // Inside a capture only the graph's own allocations may be freed (cudaFreeAsync's
+  // contract; a caching allocator would reuse an older buffer the graph still reads).
+  const bool own = fake::graph_allocations().erase(p) != 0;
+  fake::record(fake::capturing() && !own ? "cudaFreeAsync of memory allocated before the capture" : "cudaFreeAsync");
   std::free(p);
   return cudaSuccess;
 }
@@ -241,13 +265,14 @@ namespace {
 using Kind = qvg::testing::CallKind;
 
 /// What no update() may call once its cache is built: waits, copies to or from host
-/// memory (a captured copy from pageable memory would read it at replay), and
-/// allocations that are not stream-ordered.
+/// memory (a captured copy from pageable memory would read it at replay),
+/// allocations that are not stream-ordered, and (under a capture) frees of memory
+/// allocated before the capture.
 bool forbidden(const std::string& c) {
   return c == "cudaStreamSynchronize" || c.rfind("cudaMemcpy ", 0) == 0 || c.find("HtoD") != std::string::npos ||
          c.find("DtoH") != std::string::npos || c.find("HtoH") != std::string::npos ||
          c.find("Default") != std::string::npos || c == "cudaMalloc" || c == "cudaFree" || c == "cudaHostAlloc" ||
-         c == "cudaFreeHost";
+         c == "cudaFreeHost" || c.find("before the capture") != std::string::npos;
 }
 
 /// The calls of f(), and the first forbidden one (empty when none).
@@ -367,7 +392,8 @@ QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
              Kind::Unsupported)
       << msg;
   fake::capturing() = false;
-  QVG_EXPECT(msg.find("span_break_ratio") != std::string::npos) << msg;
+  // Refused as every captured advance is (it would free older chunks), before the energies' read.
+  QVG_EXPECT(msg.find("advance the cache") != std::string::npos) << msg;
   QVG_EXPECT(cache.global_end() == end && cache.num_segments() == segs);
   // Outside a capture the same call waits once per encoded chunk (as documented) and succeeds.
   fake::calls().clear();
@@ -375,6 +401,73 @@ QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
   int syncs = 0;
   for (const std::string& c : fake::calls()) syncs += c == "cudaStreamSynchronize";
   QVG_EXPECT(syncs >= 1 && cache.global_end() == end + kChunk) << syncs;
+}
+
+// What would free buffers allocated before a capture refuses it, changing nothing and
+// enqueuing nothing: the packed cache's advance to a new chunk (it packs or evicts
+// older chunks), a step whose view has another size than the last call's (the view
+// buffer replaced), and the dense cache's growth (the caller drops its old storage;
+// the dense view's resizing is refused by the same rule, not exercised here). Outside the
+// capture the same calls succeed; a captured step of the same size frees nothing
+// older (the fake's cudaFreeAsync check, packed_update_never_waits_and_runs_under_capture).
+QVG_TEST(a_capture_that_would_free_older_buffers_refuses_before_any_change) {
+  qvg::QuantArgs q =
+      qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
+  q.codec.centroids = 8;
+  qvg::cuda::PackedCausalCache cache(options(), q);
+  for (int c = 0; c < 7; ++c) {
+    const Chunk ch({1, kChunk, 2, 64}, uint32_t(800 + c));
+    (void)cache.update(ch.key, ch.value, c * kChunk, kStream);
+  }
+  const Chunk next({1, kChunk, 2, 64}, 899);
+  const auto refused = [&](auto&& call, const char* what, const char* why) {
+    fake::calls().clear();
+    fake::capturing() = true;
+    std::string msg;
+    const Kind k = qvg::testing::call_kind(call, &msg);
+    fake::capturing() = false;
+    int work = 0;
+    for (const std::string& c : fake::calls()) work += c != "cudaStreamIsCapturing";
+    QVG_EXPECT(k == Kind::Unsupported && msg.find(why) != std::string::npos && work == 0)
+        << what << msg << "calls" << work;
+  };
+  int64_t end = cache.global_end();
+  size_t segs = cache.num_segments();
+  refused([&] { (void)cache.update(next.key, next.value, end, kStream); }, "packed advance", "advance the cache");
+  QVG_EXPECT(cache.global_end() == end && cache.num_segments() == segs);
+  (void)cache.update(next.key, next.value, end, kStream);  // outside: it advances
+  QVG_EXPECT(cache.global_end() == end + kChunk);
+  end = cache.global_end();
+  segs = cache.num_segments();
+  // A step of the same chunk with a shorter view (recent_window_tokens): another view size.
+  refused([&] { (void)cache.update(next.key, next.value, end - kChunk, kStream, std::nullopt, 2 * kChunk); },
+          "packed view resize", "change the size of the view");
+  QVG_EXPECT(cache.global_end() == end && cache.num_segments() == segs);
+  QVG_EXPECT(qvg::testing::call_kind([&] {
+               (void)cache.update(next.key, next.value, end - kChunk, kStream, std::nullopt, 2 * kChunk);
+             }) == Kind::Ok);
+
+  // The dense cache: growth (its old storage is dropped by the caller) and a view resize.
+  qvg::CacheOptions o = options();
+  o.allow_growth = true;
+  o.cache_size = 4 * kChunk;
+  const size_t row = size_t(o.heads * o.head_dim);
+  std::vector<std::vector<uint16_t>> store;
+  store.emplace_back(size_t(o.cache_size) * row);
+  store.emplace_back(size_t(o.cache_size) * row);
+  qvg::cuda::DenseCausalCache dense(o, {store[0].data(), store[1].data()}, [&](int64_t cap) {
+    store.emplace_back(size_t(cap) * row);
+    void* k = store.back().data();
+    store.emplace_back(size_t(cap) * row);
+    return qvg::cuda::DenseCausalCache::ExternalStorage{k, store.back().data()};
+  });
+  int64_t dend = 0;
+  for (; dend < 4 * kChunk; dend += kChunk) {
+    const Chunk ch({1, kChunk, 2, 64}, uint32_t(900 + dend));
+    (void)dense.update(ch.key, ch.value, dend, kStream);
+  }
+  refused([&] { (void)dense.update(next.key, next.value, dend, kStream); }, "dense growth", "grow the cache");
+  QVG_EXPECT(qvg::testing::call_kind([&] { (void)dense.update(next.key, next.value, dend, kStream); }) == Kind::Ok);
 }
 
 /// Writes a bad call into the ring as the publish kernel does (fields, then its number).
@@ -613,6 +706,64 @@ QVG_TEST(dense_view_buffer_is_handed_to_the_caller) {
     QVG_EXPECT(held > 0 && mine.size() == held && mine.data() == w.k.data && cache.view_buffer_nbytes() == 0);
   }
   QVG_EXPECT(copied >= 4) << copied;
+}
+
+// The default allocator takes a pool allocation's failure for a pool that does not
+// work (and serves the device by cudaMalloc from then on, which synchronizing frees and
+// no capture allow) only outside a capture: a failure inside one (the capture's own,
+// e.g. invalidated by another library) and out-of-memory are thrown as CudaError, and
+// the next allocation uses the pool again. (The fallback itself is not exercised: it
+// lasts for the process.)
+QVG_TEST(a_pool_failure_inside_a_capture_is_thrown_and_leaves_the_pool_in_use) {
+  qvg::cuda::Allocator& a = qvg::cuda::default_allocator();
+  for (const cudaError_t e : {cudaErrorStreamCaptureInvalidated, cudaErrorMemoryAllocation}) {
+    fake::pool_error() = e;
+    fake::capturing() = e != cudaErrorMemoryAllocation;
+    fake::calls().clear();
+    bool thrown = false;
+    try {
+      (void)a.allocate(1024, kStream);
+    } catch (const qvg::cuda::CudaError&) {
+      thrown = true;
+    }
+    fake::capturing() = false;
+    fake::pool_error() = cudaSuccess;
+    QVG_EXPECT(thrown) << int(e);
+    fake::calls().clear();
+    void* p = a.allocate(1024, kStream);
+    a.deallocate(p, 1024, kStream);
+    const std::string bad = [] {
+      for (const std::string& c : fake::calls())
+        if (forbidden(c)) return c;
+      return std::string();
+    }();
+    QVG_EXPECT(p != nullptr && bad.empty() && fake::calls().front() == "cudaMallocFromPoolAsync")
+        << int(e) << "then called" << bad;
+  }
+}
+
+// The device encoder refuses a head dim its assignment cannot hold (one fp32 centroid
+// row in the shared memory of the device: 24,576 channels with the fake's H100 opt-in
+// limit) with InvalidArgument naming the limit and the value, before anything is
+// enqueued or allocated; the limit itself encodes.
+QVG_TEST(the_device_encoder_refuses_a_head_dim_beyond_its_shared_memory) {
+  qvg::CodecConfig cfg;
+  cfg.centroids = 2;
+  cfg.kmeans_iters = 1;
+  for (const int64_t D : {int64_t(24576 + 64), int64_t(24576)}) {
+    std::vector<uint16_t> x(size_t(2 * D), 0x3F80);  // [1, 2, 1, D] of bf16 ones
+    const qvg::ConstTensorView v{x.data(), qvg::DType::BF16, {1, 2, 1, D}};
+    fake::calls().clear();
+    std::string msg;
+    const Kind k = qvg::testing::call_kind([&] { (void)qvg::cuda::encode(v, cfg, kStream); }, &msg);
+    if (D > 24576) {
+      QVG_EXPECT(k == Kind::InvalidArgument && msg.find("head_dim must be at most 24576") != std::string::npos &&
+                 msg.find("got 24640") != std::string::npos && fake::calls().empty())
+          << msg << fake::calls().size();
+    } else {
+      QVG_EXPECT(k == Kind::Ok) << msg;
+    }
+  }
 }
 
 // The harness's filter (gpu-check: the verdict runs "-all_settings_,-part2_", part 2

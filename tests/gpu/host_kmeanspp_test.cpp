@@ -10,6 +10,7 @@
 // the chunk pipeline, the parallel search), checked on a GPU by
 // tests/gpu/kmeanspp_gpu_tests.cpp.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include "gpu/harness.h"
 #include "kernels/cuda/arith.cuh"
 #include "kernels/cuda/kmeanspp.cuh"
+#include "kernels/cuda/span_bodies.cuh"
 #include "qvg/codec.h"
 
 namespace {
@@ -398,10 +400,10 @@ QVG_TEST(kmeanspp_unchosen_index_is_the_walk_over_chosen_flags) {
   QVG_EXPECT(checked == 3000);
 }
 
-// Spec 1.1's exact sums for span breaks (energy_kernel; exact_sum::energy_of on the
-// host): the kernel's partition — 256 threads striding over the values, each adding its
-// fixed-point terms, the warps combining by xor shuffles, the warps' sums added by a
-// shared atomic in whatever order they arrive (here reversed and shuffled) — gives the
+// Spec 1.1's exact sums for span breaks (exact_sum::energy_of on the host): a
+// partition of the terms over threads — 256 threads striding over the values, each
+// adding its fixed-point terms, the warps combining by xor shuffles, the warps' sums
+// added by atomics in whatever order they arrive (here shuffled) — gives the
 // rule's bits on 120 value sets: sizes 1-5000, magnitudes 1e-20 to 1e16, all zeros,
 // all equal, a single non-zero value, fp32 subnormals. The value is within the rule's
 // rounding of the fp64 sum.
@@ -469,4 +471,101 @@ QVG_TEST(exact_energy_is_the_same_in_any_order_and_partition) {
     ++checked;
   }
   QVG_EXPECT(checked == 120) << checked;
+}
+
+// The energy kernels' partition (span_bodies.cuh, "the residual energy across the
+// device"): G x energy_blocks(S) blocks of kEnergyTokens tokens, each thread of a block
+// taking elements tid, tid + nthreads, ... (energy_squares); the blocks' maxima, then
+// their sums of terms, combined in any order (here shuffled), give group_energy's bits
+// (the sequential rule over residual_at) for every group. Shapes with S below, at and
+// past multiples of kEnergyTokens, D = 8..128 (not a power of two too), B > 1 and H > 1
+// in the [B, S, H, D] layout, 256, 64 and 7 threads per block, with and without a
+// stored centroid subtracted (the last stage's residual), all-zero groups. Every
+// element is visited exactly once: the squares visited are the group's squares as a
+// multiset (the values are distinct), so a block or thread that skipped or repeated
+// an element fails it.
+QVG_TEST(energy_blocks_equal_group_energy) {
+  const auto dbits = [](double d) {
+    uint64_t b;
+    std::memcpy(&b, &d, 8);
+    return b;
+  };
+  struct Case {
+    int64_t B, S, H, D;
+  };
+  std::mt19937 rng(43);
+  int checked = 0;
+  for (const Case c : {Case{1, 1, 1, 8}, Case{1, 31, 2, 16}, Case{2, 33, 3, 40}, Case{1, 100, 2, 128},
+                       Case{1, 64, 1, 24}, Case{3, 65, 2, 8}})
+    for (const int nthreads : {256, 64, 7})
+      for (const bool with_stored : {false, true}) {
+        const int64_t G = c.B * c.H, S = c.S, D = c.D, Kc = 5;
+        std::vector<float> x(size_t(G * S * D));  // [B, S, H, D], distinct magnitudes
+        for (size_t e = 0; e < x.size(); ++e)
+          x[e] = (rng() % 2 ? 1.0f : -1.0f) * std::ldexp(1.0f + float(e) * 0x1p-20f, int(rng() % 9) - 4);
+        const int64_t zero_g = G > 1 ? G - 1 : -1;  // an all-zero group
+        std::vector<float> stored(size_t(G * Kc * D), 0.0f);
+        std::vector<uint8_t> ids(size_t(G * S), 0);
+        if (with_stored) {
+          for (float& v : stored) v = float(rng() % 64) * 0.25f;
+          for (uint8_t& id : ids) id = uint8_t(rng() % Kc);
+        }
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.H; ++h) {
+            const int64_t g = b * c.H + h;
+            if (g != zero_g) continue;
+            for (int64_t t = 0; t < S; ++t)
+              for (int64_t d = 0; d < D; ++d)  // x = the stored centroid: a zero residual
+                x[size_t(((b * S + t) * c.H + h) * D + d)] = stored[size_t((g * Kc + ids[size_t(g * S + t)]) * D + d)];
+          }
+        K::QuantizeArgs a;
+        a.r = K::input_points(x.data(), A::kF32, c.H, S, D);
+        a.stored = with_stored ? stored.data() : nullptr;
+        a.ids = with_stored ? ids.data() : nullptr;
+        a.G = G;
+        a.S = S;
+        a.D = D;
+        a.K = int(Kc);
+        const int64_t bpg = K::energy_blocks(S);
+        for (int64_t g = 0; g < G; ++g) {
+          std::vector<double> seen, want;
+          for (int64_t i = 0; i < S * D; ++i) {
+            const double v = double(K::residual_at(a, g * S + i / D, i % D));
+            want.push_back(v * v);
+          }
+          double m = 0;
+          std::vector<uint64_t> block_max, block_sum;
+          for (int64_t blk = 0; blk < bpg; ++blk) {
+            double bm = 0;
+            for (int tid = 0; tid < nthreads; ++tid) {
+              K::energy_squares(a, g, blk, tid, nthreads, [&seen](double q) { seen.push_back(q); });
+              const double tm = K::energy_thread_max(a, g, blk, tid, nthreads);
+              bm = tm > bm ? tm : bm;
+            }
+            block_max.push_back(dbits(bm));
+          }
+          std::shuffle(block_max.begin(), block_max.end(), rng);
+          for (const uint64_t bm : block_max) m = std::max(m, std::bit_cast<double>(bm));
+          uint64_t q = 0;
+          if (m > 0) {
+            const int e = K::energy_exponent(a, m);
+            for (int64_t blk = 0; blk < bpg; ++blk) {
+              uint64_t bs = 0;
+              for (int tid = 0; tid < nthreads; ++tid) bs += K::energy_thread_sum(a, g, blk, tid, nthreads, e);
+              block_sum.push_back(bs);
+            }
+            std::shuffle(block_sum.begin(), block_sum.end(), rng);
+            for (const uint64_t bs : block_sum) q += bs;
+          }
+          std::sort(seen.begin(), seen.end());
+          std::sort(want.begin(), want.end());
+          const double got = K::energy_value(a, m, q), rule = K::group_energy(a, g);
+          QVG_EXPECT(seen == want && dbits(got) == dbits(rule))
+              << "B" << c.B << "S" << S << "H" << c.H << "D" << D << "threads" << nthreads << "stored" << with_stored
+              << "g" << g << "visited" << seen.size() << "of" << want.size() << got << rule;
+          QVG_EXPECT((g == zero_g) == (rule == 0.0)) << "zero group" << g << rule;
+          ++checked;
+        }
+      }
+  QVG_EXPECT(checked == 108) << checked;
 }

@@ -58,19 +58,23 @@ Lifetime of the returned views (``CausalAttentionKVView.k`` / ``.v``):
 CUDA caches (docs/python.md, "CUDA tensors"):
 
 * Work runs on ``torch.cuda.current_stream()`` of the cache's device, under a device
-  guard (a cache on ``cuda:1`` works while ``cuda:0`` is current); update() waits
-  for that stream once, to check the input values. A view is ready for work
+  guard (a cache on ``cuda:1`` works while ``cuda:0`` is current); update() does not
+  wait: the input values are checked on the device and a bad call is raised by the
+  next call or ``check()``. A view is ready for work
   enqueued on that stream after the call; to read it on another stream, make that
   stream wait (``wait_stream``) and finish with it before the next call.
 * Device memory comes from PyTorch's caching allocator: ``torch.cuda.memory_allocated()``
   counts ``resident_nbytes()`` plus ``view_buffer_nbytes()`` (each allocation rounded
   up to the allocator's 512-byte blocks) and ``torch.cuda.empty_cache()`` returns
   what was freed.
-* Views are CUDA tensors with the lifetime rules above; copied views of a CUDA cache
-  are lent from its view buffer (they receive a private copy if still alive at the
-  next call), not fresh tensors.
+* Views are CUDA tensors with the lifetime rules above; a copied view owns its
+  buffer; the packed current chunk's view is lent (a private copy if still alive at
+  the next call).
 * ``torch.compile``: a call is a graph break (the cache is opaque to dynamo);
-  ``fullgraph=True`` fails. CUDA graph capture is not supported (NotImplementedError).
+  ``fullgraph=True`` fails. CUDA graph capture: steps that rewrite the current chunk
+  with a view of the same size can be captured after a first eager update(); a first
+  update, an advance, a view of another size and a dense growth raise
+  NotImplementedError under a capture (docs/python.md).
 
 Not thread-safe: one caller per cache at a time (a second thread gets RuntimeError).
 """

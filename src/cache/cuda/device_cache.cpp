@@ -272,6 +272,10 @@ struct PackedCausalCache::Impl {
     const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim, h_in = p.call.heads, n = p.call.n;
     const int64_t head0 = p.call.head_start, T = p.view.tokens;
     const size_t view_bytes = p.copies ? 2 * size_t(B * T * h_in * D) * esz : 0;
+    cache_detail::refuse_freeing_under_capture(p.advance, s,
+                                               "advance the cache to a new chunk (packing or evicting older chunks)");
+    cache_detail::refuse_freeing_under_capture(view.size() != 0 && view.size() != view_bytes, s,
+                                               "change the size of the view (its buffer replaced or dropped)");
     // New buffers and the spans' encodings first (an allocation failure here still
     // changes nothing).
     SegData cur;
@@ -485,8 +489,8 @@ struct Down {
   EncodedTensor enc(const DeviceEncodedTensor& e) const { return e.download(s); }
   SpanCodebook book(const DeviceSpanCodebook& b) const { return b.download(s); }
 };
-/// Host to device copies (asynchronous on `s`; the host data outlives the call's copies:
-/// cudaMemcpyAsync from pageable memory returns once the source is staged).
+/// Host to device copies on `s` (the encodings' uploads synchronize; restored() waits for
+/// the raw copies before the host state can be freed).
 struct Up {
   Stream s;
   Allocator* alloc;
@@ -529,6 +533,9 @@ PackedCausalCache PackedCausalCache::restored(const qvg::detail::PackedStateData
   c.impl_->pol.restore(std::move(r.segments), d.global_end, d.chunk_tokens, std::move(r.spans));
   if (r.warm_k) c.impl_->warm_k = std::make_shared<const DeviceEncodedTensor>(std::move(*r.warm_k));
   if (r.warm_v) c.impl_->warm_v = std::make_shared<const DeviceEncodedTensor>(std::move(*r.warm_v));
+  // `d` may be freed on return: a copy from pageable memory is not promised to have read
+  // its source when cudaMemcpyAsync returns.
+  QVG_CUDA(cudaStreamSynchronize(stream));
   return c;
 }
 

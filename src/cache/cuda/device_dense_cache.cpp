@@ -89,8 +89,12 @@ struct DenseCausalCache::Impl {
     const bool copy = p.second.size() > 0;
     const size_t view_bytes = copy ? 2 * size_t(B * T * h_in * opt.head_dim) * esz : 0;
 
-    // --- allocations: a failure here still changes nothing -------------------
     const bool growing = p.new_capacity != capacity;
+    cache_detail::refuse_freeing_under_capture(growing, s, "grow the cache (the caller drops the old storage)");
+    cache_detail::refuse_freeing_under_capture(view.size() != 0 && view.size() != view_bytes, s,
+                                               "change the size of the view (its buffer replaced or dropped)");
+
+    // --- allocations: a failure here still changes nothing -------------------
     ExternalStorage grown;
     if (growing) {
       grown = grow(p.new_capacity);
@@ -293,9 +297,11 @@ DenseCausalCache DenseCausalCache::restored(qvg::detail::DenseStateData&& d, Gro
   m->window = d.window;
   m->global_end = d.global_end;
   m->local_end = d.local_end;
-  // From pageable host memory: each copy returns once its source is staged.
+  // From pageable host memory, which `d` frees on return: a copy from it is not promised
+  // to have read its source when cudaMemcpyAsync returns, so wait for both.
   QVG_CUDA(cudaMemcpyAsync(s.k, d.k.data(), d.k.size(), cudaMemcpyHostToDevice, stream));
   QVG_CUDA(cudaMemcpyAsync(s.v, d.v.data(), d.v.size(), cudaMemcpyHostToDevice, stream));
+  QVG_CUDA(cudaStreamSynchronize(stream));
   return DenseCausalCache(std::move(m));
 }
 

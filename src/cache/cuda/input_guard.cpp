@@ -41,14 +41,24 @@ void InputGuard::prepare(Stream s, Allocator& alloc) {
   void* d = nullptr;
   const cudaError_t e = cudaHostGetDevicePointer(&d, p, 0);
   if (e != cudaSuccess) {
-    (void)cudaFreeHost(p);
+    if (cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
     qvg::cuda::detail::throw_cuda(e, "cudaHostGetDevicePointer", __FILE__, __LINE__);
   }
   dev_slots_ = static_cast<CheckSlot*>(d);
 }
 
 InputGuard::~InputGuard() {
-  if (slots_ != nullptr) (void)cudaFreeHost(slots_);
+  if (slots_ == nullptr) return;
+  // A publish kernel of the last call may still be queued on the cache's stream (the
+  // flags' stream): wait for it before the ring is freed (cudaFreeHost is not promised
+  // to). Not inside a capture (a wait would end it; the captured kernels run only when
+  // the graph is launched, which must not happen after its cache is destroyed:
+  // docs/cuda.md). Failures are cleared, not thrown.
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (flags_.size() != 0 && cudaStreamIsCapturing(flags_.stream(), &st) == cudaSuccess &&
+      st == cudaStreamCaptureStatusNone && cudaStreamSynchronize(flags_.stream()) != cudaSuccess)
+    (void)cudaGetLastError();
+  if (cudaFreeHost(slots_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 InputGuard::InputGuard(InputGuard&& o) noexcept

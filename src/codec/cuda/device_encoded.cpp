@@ -86,10 +86,16 @@ DeviceEncodedTensor DeviceEncodedTensor::upload(const EncodedTensor& enc, Stream
   const EncodedParts parts = no_centroids     ? EncodedParts::WithoutCentroids
                              : only_centroids ? EncodedParts::CentroidsOnly
                                               : EncodedParts::All;
-  if (parts == EncodedParts::All)
+  if (parts == EncodedParts::All) {
     enc.validate();
-  else
+  } else {
     enc.check();
+    // A span chunk's ids index its span's codebook (decode reads row id of K): each < K.
+    for (size_t st = 0; st < enc.ids.size(); ++st)
+      for (const uint8_t id : enc.ids[st])
+        if (int64_t(id) >= int64_t(enc.centroids))
+          throw CorruptData(fmt::format("upload: ids.{} holds id {} >= {} (centroids)", st, id, enc.centroids));
+  }
   DeviceEncodedTensor e = allocate(enc.shape, enc.dtype, enc.config(), stream, alloc, parts);
   for (const ArrayDesc& a : e.arrays()) {
     if (!holds(parts, a.kind)) continue;
@@ -101,6 +107,10 @@ DeviceEncodedTensor DeviceEncodedTensor::upload(const EncodedTensor& enc, Stream
       QVG_CUDA(cudaMemcpyAsync(const_cast<uint8_t*>(array_address(e, a)), src.data(), src.size(),
                                cudaMemcpyHostToDevice, stream));
   }
+  // The caller may free `enc` on return: a copy from pageable memory is not promised to
+  // have read its source when cudaMemcpyAsync returns (it may DMA from it later where the
+  // device reads host memory directly), so wait for the copies.
+  QVG_CUDA(cudaStreamSynchronize(stream));
   return e;
 }
 

@@ -101,6 +101,16 @@ kernels::QuantizeArgs quantize_args(DeviceEncodedTensor& enc, int K) {
   return q;
 }
 
+/// InvalidArgument for a head dim the device encoder cannot serve on this device.
+void check_encode_head_dim(int64_t D) {
+  const int64_t most = kernels::max_encode_head_dim();
+  if (D > most)
+    throw InvalidArgument(fmt::format(
+        "head_dim must be at most {} for the device encoder on this device (its assignment keeps a centroid row of "
+        "4 x head_dim bytes in shared memory), got {}",
+        most, D));
+}
+
 DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const EncodeJob& job, Stream stream,
                                Allocator& alloc) {
   if (x.data == nullptr) throw InvalidArgument("encode input is null");
@@ -113,6 +123,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   }
   DeviceSpanCodebook* span = job.span;
   const int64_t B = sh.b, S = sh.s, H = sh.h, D = sh.d, G = B * H;
+  check_encode_head_dim(D);
   const int K = cfg.centroids, iters = cfg.kmeans_iters;
   int added = 0;
   if (span != nullptr) {
@@ -164,6 +175,7 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
   const size_t o_rawz = cv.take(cfg.asymmetric ? size_t(G * S * nb) * 4 : 0);
   const size_t o_gmax = cv.take(size_t(2 * G) * 4);
   const size_t o_kpp = cv.take(kpp ? kernels::kmeanspp_scratch_bytes(G, S) : 0);
+  const size_t o_energy = cv.take(job.energy != nullptr ? size_t(2 * G) * 8 : 0);
   DeviceBuffer scratch(cv.size(), stream, alloc);
   uint8_t* base = static_cast<uint8_t*>(scratch.data());
   const auto F = [&](size_t off) { return reinterpret_cast<float*>(base + off); };
@@ -279,7 +291,8 @@ DeviceEncodedTensor encode_job(ConstTensorView x, const CodecConfig& cfg, const 
     kernels::search_scales(q, stream);
     mark("scale search");
   }
-  if (job.energy != nullptr) kernels::residual_energies(q, job.energy, stream);
+  if (job.energy != nullptr)
+    kernels::residual_energies(q, reinterpret_cast<unsigned long long*>(base + o_energy), job.energy, stream);
   if (span) span->filled += added;
   return enc;  // `scratch` is freed on `stream`, after the kernels above
 }
@@ -378,7 +391,8 @@ void check_limits(std::initializer_list<std::pair<ConstTensorView, const char*>>
   if (!any) return;
   DeviceBuffer flag(sizeof init, stream, alloc);
   auto* p = static_cast<unsigned long long*>(flag.data());
-  QVG_CUDA(cudaMemcpyAsync(p, init, sizeof init, cudaMemcpyHostToDevice, stream));
+  // "none found" as every byte 0xFF (no copy from this frame, which a throw below would end)
+  QVG_CUDA(cudaMemsetAsync(p, 0xFF, sizeof init, stream));
   i = 0;
   for (const auto& [x, what] : xs) {
     if (x.shape.numel() > 0) kernels::first_out_of_limit(x.data, arith_dtype(x.dtype), x.shape.numel(), p + i, stream);

@@ -88,6 +88,9 @@ void prepare_centroids(const float* c, int64_t G, int64_t D, int K, int k_eff, u
 
 /// Whether group g still iterates at iteration `it`: changed[j * G + g] >= stop for
 /// every j < it (spec 1.1 early stop, decided on the device).
+/// The largest head dim the device encoder serves on the current device: the generic
+/// assignment keeps at least one fp32 centroid row (4 x D bytes) in shared memory.
+int64_t max_encode_head_dim();
 /// Assignment (spec 1.1 expanded form on group-centred points, argmin fused, no
 /// N x K matrix): ids[g, t] = argmin_j cnorm[g, j] - 2 xb[g, t] . cb[g, j], x.c on
 /// tensor cores (mma.sync bf16, fp32 accumulation) when D is 64, 128 or 256 (and
@@ -152,8 +155,9 @@ void assign_to_slots(const uint16_t* xb, const uint16_t* cb, const float* cnorm,
                      int64_t D, int used, uint8_t* ids, cudaStream_t stream);
 /// mu[g, d] = group_mean(r, ...).
 void group_means(const float* r, int64_t G, int64_t S, int64_t D, float* mu, cudaStream_t stream);
-/// out[g] = group_energy(a, g): G doubles.
-void residual_energies(const QuantizeArgs& a, double* out, cudaStream_t stream);
+/// out[g] = group_energy(a, g): G doubles, by G x energy_blocks(S) blocks (exact
+/// integer sums: the same bits). scratch: 2 * G words, overwritten.
+void residual_energies(const QuantizeArgs& a, unsigned long long* scratch, double* out, cudaStream_t stream);
 /// out[i] = refinement_error(x, decoded, dtype, lim, i), i < n.
 void refinement_errors(const void* x, const void* decoded, int dtype, float lim, int64_t n, float* out,
                        cudaStream_t stream);
@@ -161,7 +165,7 @@ void refinement_errors(const void* x, const void* decoded, int dtype, float lim,
 void refine_tasks(const DecodeArgs* tasks, int n, cudaStream_t stream);
 
 /// Index of the first element of x (n elements of `dtype`) that is not finite or has
-/// |x| > 1e16, written to *first_bad (initialised to n by the caller).
+/// |x| > 1e16, written to *first_bad by atomicMin (initialised by the caller to n or more).
 void first_out_of_limit(const void* x, int dtype, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
 
 // ---- the deferred input check of the device caches (guard_kernels.cu) -----

@@ -22,6 +22,7 @@ namespace qvg::cuda {
 namespace detail {
 
 void throw_cuda(cudaError_t e, const char* call, const char* file, int line) {
+  (void)cudaGetLastError();  // not reported again by the next check_launch (a sticky error stays)
   throw CudaError(fmt::format("CUDA call {} failed: {} ({}) at {}:{}", call, cudaGetErrorName(e), cudaGetErrorString(e),
                               file, line));
 }
@@ -60,8 +61,8 @@ namespace {
 //   cudaMalloc, and cudaFree after synchronizing the buffer's stream (so the free
 //   is stream-ordered; it blocks the host).
 // A device whose pool allocation fails at run time with anything but out-of-memory
-// (an attribute that promises pools is not proof that they work)
-// is switched to cudaMalloc from then on; the pointers cudaMalloc gave on such a
+// outside a capture (an attribute that promises pools is not proof that they work)
+// is switched to cudaMalloc from then on (pool_failed); the pointers cudaMalloc gave on such a
 // device are remembered, so that each is freed the way it was allocated.
 // The pools are never destroyed: they live as long as the process (destroying them
 // in a static destructor could run after the CUDA runtime has shut down).
@@ -110,6 +111,22 @@ cudaMemPool_t device_pool(int device) {
   return d.pools ? d.pool : nullptr;
 }
 
+/// Whether a failed pool allocation (error e on `stream`) says that the device's pool
+/// does not work, so that cudaMalloc should serve the device from now on. Not for
+/// out-of-memory, nor on a capturing stream (cudaMalloc cannot run in a capture and a
+/// capture's own failure says nothing of the pool), nor when the stream cannot be
+/// queried (a sticky fault of the context fails every later call too): those are
+/// thrown, and the next allocation tries the pool again.
+bool pool_failed(cudaError_t e, Stream stream) {
+  if (e == cudaErrorMemoryAllocation) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return st == cudaStreamCaptureStatusNone;
+}
+
 class DefaultAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes, Stream stream) override {
@@ -121,7 +138,7 @@ class DefaultAllocator final : public Allocator {
       const cudaError_t e = cudaMallocFromPoolAsync(&p, n, pool, stream);
       if (e == cudaSuccess) return p;
       (void)cudaGetLastError();
-      if (e == cudaErrorMemoryAllocation) detail::throw_cuda(e, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
+      if (!pool_failed(e, stream)) detail::throw_cuda(e, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
       g_pools[device].broken.store(true, std::memory_order_release);
     }
     QVG_CUDA(cudaMalloc(&p, n));
@@ -155,11 +172,13 @@ class DefaultAllocator final : public Allocator {
     } catch (...) {
       pooled = false;
     }
+    // A failure here cannot be thrown (noexcept); it is cleared so that the next
+    // check_launch does not report it against an unrelated kernel.
     if (pooled) {
-      (void)cudaFreeAsync(p, stream);
+      if (cudaFreeAsync(p, stream) != cudaSuccess) (void)cudaGetLastError();
     } else {
-      (void)cudaStreamSynchronize(stream);  // the work enqueued on `stream` is done with p
-      (void)cudaFree(p);
+      if (cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();  // enqueued work done with p
+      if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
     }
   }
 };

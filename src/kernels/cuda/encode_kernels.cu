@@ -660,10 +660,14 @@ bool launch_assign_mma(const uint16_t* xb, const uint16_t* cb, const float* cnor
   return true;
 }
 
+/// The dynamic shared memory the generic assignment may take on the current device.
+size_t generic_smem_budget() {
+  return std::min<size_t>(size_t(96) << 10, size_t(detail::max_shared_optin()));
+}
+
 void launch_assign_generic(const uint16_t* xb, const uint16_t* cb, const float* cnorm, int64_t G, int64_t S, int64_t D,
                            int K, int k_eff, uint8_t* ids, int* changed, int it, double stop, cudaStream_t stream) {
-  const int optin = detail::max_shared_optin();
-  const size_t budget = std::min<size_t>(size_t(96) << 10, size_t(optin));
+  const size_t budget = generic_smem_budget();
   const size_t xbytes = size_t(D) * kGenericXStride * 2;
   const bool xsmem = xbytes + size_t(D) * 4 <= budget;
   const size_t cbudget = xsmem ? budget - xbytes : std::min<size_t>(budget, size_t(48) << 10);
@@ -687,6 +691,10 @@ void launch_assign_generic(const uint16_t* xb, const uint16_t* cb, const float* 
 }
 
 }  // namespace
+
+int64_t max_encode_head_dim() {
+  return int64_t(generic_smem_budget() / 4);
+}
 
 void gather_points(const void* x, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, float* r, double* partial,
                    float* mu, cudaStream_t stream, const InitDraw& init) {

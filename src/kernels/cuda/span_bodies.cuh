@@ -253,10 +253,70 @@ QVG_HD float group_mean(const float* r, int64_t S, int64_t D, int64_t g, int64_t
 
 /// Group g's residual energy: the squared final residual (residual_at) summed by spec
 /// 1.1's exact, order-independent rule (exact_sum::energy_of), as the host encoder's
-/// EncodeStats sums it; energy_kernel makes the same bits with a parallel sum.
+/// EncodeStats sums it; the energy kernels make the same bits with a parallel sum
+/// (below).
 QVG_HD double group_energy(const QuantizeArgs& a, int64_t g) {
   return qvg::exact_sum::energy_of([&a, g](int64_t i) { return residual_at(a, g * a.S + i / a.D, i % a.D); },
                                    a.S * a.D);
+}
+
+// ---- the residual energy across the device (span_kernels.cu's energy kernels) --------
+//
+// group_energy's value from G x energy_blocks(S) blocks: block `blk` of group g takes
+// tokens [blk * kEnergyTokens, ...) and its threads their elements in turn
+// (energy_squares). Two launches: the largest square (a max: any order), then each
+// thread's sum of the squares' fixed-point terms on that scale (integers: any order),
+// and energy_value turns the group's two results into group_energy's double.
+
+inline constexpr int64_t kEnergyTokens = 32;  ///< tokens per block of the energy kernels
+
+/// Blocks per group of the energy kernels for S tokens.
+QVG_HD int64_t energy_blocks(int64_t S) {
+  return (S + kEnergyTokens - 1) / kEnergyTokens;
+}
+
+/// f(x * x) (fp64, exact) for each final-residual value x of block `blk` of group g
+/// that thread `tid` of `nthreads` takes: the block's elements e = tid, tid + nthreads,
+/// ... in (token, channel) order (one division when it starts, none per element).
+template <class F>
+QVG_HD void energy_squares(const QuantizeArgs& a, int64_t g, int64_t blk, int tid, int nthreads, F&& f) {
+  namespace A = qvg::cuda_arith;
+  const int64_t t0 = blk * kEnergyTokens, t1 = a.S < t0 + kEnergyTokens ? a.S : t0 + kEnergyTokens;
+  const int64_t n = (t1 - t0) * a.D;
+  if (tid >= n) return;
+  TokenChannel at(tid, nthreads, a.D);
+  for (int64_t e = tid; e < n; e += nthreads, at.advance()) {
+    const int64_t t = t0 + at.t;
+    float x = a.r.at(a.r.row(g, t) + at.d);
+    if (a.stored != nullptr) x = A::sub_rn(x, a.stored[(g * a.K + a.ids[g * a.S + t]) * a.D + at.d]);
+    const double v = double(x);
+    f(v * v);
+  }
+}
+
+/// The largest square of a thread's elements (0 for none): energy_of's maximum.
+QVG_HD double energy_thread_max(const QuantizeArgs& a, int64_t g, int64_t blk, int tid, int nthreads) {
+  double m = 0;
+  energy_squares(a, g, blk, tid, nthreads, [&m](double q) { m = q > m ? q : m; });
+  return m;
+}
+
+/// The scale of group g's sum given its largest square m > 0 (energy_of's).
+QVG_HD int energy_exponent(const QuantizeArgs& a, double m) {
+  return qvg::exact_sum::fixed_exponent(m, a.S * a.D);
+}
+
+/// The sum (modulo 2^64, exact below 2^62) of a thread's fixed-point terms on scale e.
+QVG_HD uint64_t energy_thread_sum(const QuantizeArgs& a, int64_t g, int64_t blk, int tid, int nthreads, int e) {
+  uint64_t q = 0;
+  energy_squares(a, g, blk, tid, nthreads, [&q, e](double v) { q += qvg::exact_sum::fixed_term(v, e); });
+  return q;
+}
+
+/// group_energy from the group's largest square m and its terms' sum q (unused when
+/// m is 0: every residual 0).
+QVG_HD double energy_value(const QuantizeArgs& a, double m, uint64_t q) {
+  return m > 0 ? qvg::exact_sum::fixed_value(q, energy_exponent(a, m)) : 0.0;
 }
 
 // ---- refinement layers ----------------------------------------------------------

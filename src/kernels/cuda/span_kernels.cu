@@ -100,41 +100,50 @@ __global__ void mean_kernel(const float* r, int64_t G, int64_t S, int64_t D, flo
   if (e < G * D) mu[e] = group_mean(r, S, D, e / D, e % D);
 }
 
-// One block per group: the group's residual energy by spec 1.1's exact,
-// order-independent rule, as the CPU encoder's exact_sum::energy_of: the largest
-// square (a max), then each thread's sum of the squares' fixed-point terms, added as
-// integers (warp shuffles, a shared atomic): the same bits whatever the order.
-__global__ void energy_kernel(QuantizeArgs a, double* out) {
-  __shared__ unsigned long long s_max, s_sum;
-  const int64_t g = blockIdx.x, n = a.S * a.D;
-  if (threadIdx.x == 0) {
-    s_max = 0;
-    s_sum = 0;
+// The residual energy (span_bodies.cuh, "the residual energy across the device"): G x
+// energy_blocks(S) blocks, each over kEnergyTokens tokens of its group. A block's
+// largest square (a max), then its sum of fixed-point terms (integers), each reduced
+// in the block and handed to one 64-bit global atomic per block: the same bits in any
+// order. gmax[g] holds the double's bits (non-negative doubles order like their bits),
+// gsum[g] the sum; both zeroed first.
+__device__ __forceinline__ unsigned long long block_reduce_u64(unsigned long long v, bool max,
+                                                               unsigned long long* red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long y = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    v = max ? (y > v ? y : v) : v + y;
   }
+  const int w = int(threadIdx.x / 32), l = int(threadIdx.x % 32);
+  if (l == 0) red[w] = v;
   __syncthreads();
-  double m = 0;
-  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
-    const double v = double(residual_at(a, g * a.S + e / a.D, e % a.D));
-    m = fmax(m, v * v);
-  }
-  for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  if (threadIdx.x % 32 == 0) atomicMax(&s_max, (unsigned long long)__double_as_longlong(m));
-  __syncthreads();
-  const double mx = __longlong_as_double((long long)s_max);
-  if (!(mx > 0)) {  // every residual 0 (uniform over the block)
-    if (threadIdx.x == 0) out[g] = 0.0;
-    return;
-  }
-  const int ex = qvg::exact_sum::fixed_exponent(mx, n);
-  unsigned long long q = 0;
-  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
-    const double v = double(residual_at(a, g * a.S + e / a.D, e % a.D));
-    q += qvg::exact_sum::fixed_term(v * v, ex);
-  }
-  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xFFFFFFFFu, q, o);
-  if (threadIdx.x % 32 == 0) atomicAdd(&s_sum, q);
-  __syncthreads();
-  if (threadIdx.x == 0) out[g] = qvg::exact_sum::fixed_value(s_sum, ex);
+  if (threadIdx.x == 0)
+    for (int i = 1; i < int(blockDim.x / 32); ++i) v = max ? (red[i] > v ? red[i] : v) : v + red[i];
+  return v;  // valid in thread 0
+}
+
+__global__ void energy_max_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg, unsigned long long* gmax) {
+  __shared__ unsigned long long red[kThreads / 32];
+  const int64_t g = blockIdx.x / bpg, blk = blockIdx.x % bpg;
+  const double m = energy_thread_max(a, g, blk, int(threadIdx.x), int(blockDim.x));
+  const unsigned long long bm = block_reduce_u64((unsigned long long)__double_as_longlong(m), true, red);
+  if (threadIdx.x == 0 && bm != 0ull) atomicMax(gmax + g, bm);
+}
+
+__global__ void energy_sum_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg, const unsigned long long* gmax,
+                                  unsigned long long* gsum) {
+  __shared__ unsigned long long red[kThreads / 32];
+  const int64_t g = blockIdx.x / bpg, blk = blockIdx.x % bpg;
+  const double m = __longlong_as_double((long long)gmax[g]);
+  if (!(m > 0)) return;  // every residual of the group 0 (uniform over the block)
+  const int e = energy_exponent(a, m);
+  const unsigned long long q =
+      block_reduce_u64(energy_thread_sum(a, g, blk, int(threadIdx.x), int(blockDim.x), e), false, red);
+  if (threadIdx.x == 0 && q != 0ull) atomicAdd(gsum + g, q);
+}
+
+__global__ void energy_final_kernel(const __grid_constant__ QuantizeArgs a, const unsigned long long* gmax,
+                                    const unsigned long long* gsum, double* out) {
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g < a.G) out[g] = energy_value(a, __longlong_as_double((long long)gmax[g]), gsum[g]);
 }
 
 __global__ void refinement_error_kernel(const void* x, const void* decoded, int t, float lim, int64_t n, float* out) {
@@ -210,9 +219,17 @@ void group_means(const float* r, int64_t G, int64_t S, int64_t D, float* mu, cud
   detail::check_launch("mean_kernel");
 }
 
-void residual_energies(const QuantizeArgs& a, double* out, cudaStream_t stream) {
-  energy_kernel<<<unsigned(a.G), kThreads, 0, stream>>>(a, out);
-  detail::check_launch("energy_kernel");
+void residual_energies(const QuantizeArgs& a, unsigned long long* scratch, double* out, cudaStream_t stream) {
+  if (a.G == 0) return;
+  unsigned long long *gmax = scratch, *gsum = scratch + a.G;
+  QVG_CUDA(cudaMemsetAsync(scratch, 0, size_t(2 * a.G) * sizeof(unsigned long long), stream));
+  const int64_t bpg = energy_blocks(a.S), blocks = a.G * bpg;
+  energy_max_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a, bpg, gmax);
+  detail::check_launch("energy_max_kernel");
+  energy_sum_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a, bpg, gmax, gsum);
+  detail::check_launch("energy_sum_kernel");
+  energy_final_kernel<<<blocks_for(a.G), kThreads, 0, stream>>>(a, gmax, gsum, out);
+  detail::check_launch("energy_final_kernel");
 }
 
 void refinement_errors(const void* x, const void* decoded, int dtype, float lim, int64_t n, float* out,
