@@ -18,7 +18,8 @@
 // capture, which allocates the cache's pinned check record). Under a capture, an
 // advance to a new chunk, a view of another size and a dense growth throw Unsupported
 // before any change (each would free buffers allocated before the capture, which a
-// graph cannot free). Destroy a graph before its cache.
+// graph cannot free). Destroy a graph before its cache, and the cache before its
+// stream (its buffers are freed on the stream they were allocated on).
 //
 // The input check of spec 1 (finite, |x| <= 1e16) runs on the device and is reported
 // one call later: update() enqueues a scan of key and value, and the call's rows are

@@ -302,17 +302,31 @@ def test_device_mismatch_is_a_value_error_naming_both_devices():
 
 
 def test_cuda_errors_have_the_cpu_messages():
+    """An argument error is raised by the call itself, with the CPU cache's message. A
+    value out of spec 1's limits is checked on the device without waiting (docs/cuda.md,
+    "update() does not wait"): check() (or the next call) raises the CPU's ValueError,
+    naming the bad call's chunk, once."""
     gpu = packed("cuda", 1, 16, 2, 8, torch.float32, sink=4)
     cpu = packed("cpu", 1, 16, 2, 8, torch.float32, sink=4)
     bad = torch.ones(1, 4, 2, 8)
     bad[0, 2, 1, 3] = float("nan")
-    for key, exc in ((bad, ValueError), (torch.ones(1, 17, 2, 8), RuntimeError)):
-        msgs = []
-        for cache, dev in ((cpu, "cpu"), (gpu, "cuda")):
-            with pytest.raises(exc) as e:
-                cache.update_and_get_attention_kv(key=key.to(dev), value=key.to(dev), current_chunk_start=0)
-            msgs.append(str(e.value))
-        assert msgs[0] == msgs[1]
+    with pytest.raises(ValueError) as e:
+        cpu.update_and_get_attention_kv(key=bad, value=bad, current_chunk_start=0)
+    cpu_msg = str(e.value)
+    gpu.update_and_get_attention_kv(key=bad.cuda(), value=bad.cuda(), current_chunk_start=0)  # returns at once
+    with pytest.raises(ValueError) as e:
+        gpu.check()
+    gpu_msg, core = str(e.value), "key must hold finite values with |x| <= 1e16, got nan at [0, 2, 1, 3]"
+    assert core in cpu_msg and core in gpu_msg and "the update() of chunk [0, 4)" in gpu_msg, (cpu_msg, gpu_msg)
+    gpu.check()  # reported once
+    msgs = []  # fresh caches: the bad call above advanced the CUDA cache (its rows zeros), not the CPU one
+    for cache, dev in ((packed("cpu", 1, 16, 2, 8, torch.float32, sink=4), "cpu"),
+                       (packed("cuda", 1, 16, 2, 8, torch.float32, sink=4), "cuda")):
+        with pytest.raises(RuntimeError) as e:
+            key = torch.ones(1, 17, 2, 8, device=dev)
+            cache.update_and_get_attention_kv(key=key, value=key, current_chunk_start=0)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]
 
 
 def test_out_of_memory_raises_torch_oom_and_changes_nothing():

@@ -18,8 +18,11 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return unsigned(std::max<int64_t>(1, (n + threads - 1) / threads));
 }
 
-// Non-negative floats order like their bit patterns.
+// Non-negative floats order like their bit patterns. *addr starts at +0; a v that is
+// not > 0 (0, -0, whose bits would rank above every positive float, or NaN) changes
+// nothing and is skipped.
 __device__ __forceinline__ void atomic_max_nonneg(float* addr, float v) {
+  if (!(v > 0.0f)) return;
   atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
 }
 
