@@ -135,9 +135,9 @@ DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, Stream str
 /// (a complete encoding or a codebook of the same B, H, D, K and stages; the first
 /// min(K, S) slots), as the host encode(x, cfg, warm). `warm` null: random init.
 /// `energy`: when not null, receives the per-group sum of the squared final residual
-/// (before quantization) as the host EncodeStats sums it (one fp64 sum per group in
-/// token-then-channel order; groups added in order by the caller): G doubles of
-/// device memory. Also accepts scale_search mse (bit-identical choice to the host).
+/// (before quantization) as the host EncodeStats sums it (spec 1.1's exact,
+/// order-independent sum, exact_sum::energy_of; groups added in order by the caller):
+/// G doubles of device memory. Also accepts scale_search mse (bit-identical choice to the host).
 DeviceEncodedTensor encode(ConstTensorView x, const CodecConfig& cfg, const DeviceEncodedTensor* warm, Stream stream,
                            Allocator& alloc = default_allocator(), double* energy = nullptr);
 /// The host encode_span_chunk on the device: per stage, min(add, S, K - filled) new

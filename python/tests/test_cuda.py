@@ -2,8 +2,8 @@
 
 They need a CUDA device and qvg._C built with its CUDA path, and are skipped
 otherwise (as on the CPU machines and in CI, which only compile that path).
-scripts/gpu-check runs them on a GPU machine (`scripts/gpu-check --python`;
-docs/python.md). What they check:
+scripts/gpu-check runs them on a GPU machine (its verdict's pytest_cuda step;
+docs/cuda.md). What they check:
 
 * CUDA caches vs CPU caches, bit for bit, quantization off, over random call
   sequences (rolling and eviction lifecycles, unaligned sinks, recent windows,
@@ -13,7 +13,8 @@ docs/python.md). What they check:
 * torch.cuda.memory_allocated() grows by resident_nbytes() + view_buffer_nbytes(),
   each allocation rounded up to the caching allocator's 512-byte blocks plus the
   256-byte alignment of the encoded arrays (the tolerance: allocated_nbytes() is the
-  exact padded size, + < 512 bytes per allocation); empty_cache() returns it;
+  exact padded size, + < 512 bytes per allocation), plus one block per cache for the
+  device input check's flags; empty_cache() returns it;
 * a model of packed caches holds one view window at a time (the copied view owns its
   buffer), and a view kept across the next update keeps its bytes;
 * a view consumed on a side stream after wait_stream is correct; a cache works on
@@ -157,7 +158,8 @@ def test_memory_allocated_counts_resident_and_view_buffer():
         del view  # not held across calls: no private copies
         torch.cuda.synchronize()
         delta = torch.cuda.memory_allocated() - base
-        exact = cache._c.allocated_nbytes() + cache.view_buffer_nbytes()  # the arrays with their alignment
+        # the arrays with their alignment, and the input check's flags (24 bytes: one block)
+        exact = cache._c.allocated_nbytes() + cache.view_buffer_nbytes() + BLOCK
         allocations = 2 * len(cache._segments()) + (1 if cache.view_buffer_nbytes() else 0)
         assert cache.resident_nbytes() + cache.view_buffer_nbytes() <= exact
         assert exact <= delta < exact + BLOCK * allocations, (i, delta, exact, allocations)
@@ -197,7 +199,7 @@ def test_a_model_of_packed_caches_holds_one_view_window_at_a_time():
         del x
         torch.cuda.synchronize()
         delta = torch.cuda.memory_allocated() - base
-        exact = sum(cache._c.allocated_nbytes() for cache in caches)
+        exact = sum(cache._c.allocated_nbytes() + BLOCK for cache in caches)  # + each one's input-check flags
         allocations = sum(2 * len(cache._segments()) for cache in caches)
         if kept is not None:
             exact += kept.k.nbytes + kept.v.nbytes  # one buffer, K then V
@@ -229,6 +231,7 @@ def test_view_consumed_on_a_side_stream():
 def test_non_default_current_stream():
     cpu_dense, cuda_dense = dense_pair(1, 32, 2, 8, torch.float32, sink=4)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # the buffers were zero-filled on the current stream
     gen = torch.Generator().manual_seed(6)
     with torch.cuda.stream(s):
         for c in range(0, 64, 8):
@@ -259,7 +262,8 @@ def test_cache_on_a_device_that_is_not_current():
 
 
 def test_held_view_keeps_its_values():
-    """A CUDA view still referenced at the next call gets a private copy (never dangles)."""
+    """A CUDA view still referenced at the next call keeps its values: a copied view owns
+    its buffer, the current chunk's zero-copy view gets a private copy (never dangles)."""
     cache = packed("cuda", 1, 16, 2, 8, torch.float32, sink=4)
     x = torch.ones(1, 4, 2, 8, device="cuda")
     held = []

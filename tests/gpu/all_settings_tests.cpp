@@ -41,6 +41,7 @@
 
 #include "codec/cuda/encode_traced.h"
 #include "codec/encode_impl.h"
+#include "core/exact_sum_impl.h"
 #include "gpu/device_support.h"
 #include "gpu/encode_replay.h"
 #include "gpu/harness.h"
@@ -215,9 +216,8 @@ QVG_TEST(all_settings_span_chunk_quantizer_equals_cpu_given_device_ids) {
               for (int64_t d = 0; d < D; ++d)
                 r[size_t(t * D + d)] = r[size_t(t * D + d)] - book.book.centroid_at(s2, g / sh.h, g % sh.h, id, d);
             }
-          double e = 0;
-          for (const float v : r) e += double(v) * double(v);
-          e_host += e;
+          // spec 1.1's exact, order-independent sum (the host EncodeStats' and the device's rule)
+          e_host += qvg::exact_sum::energy_of([&r](int64_t i) { return r[size_t(i)]; }, S * D);
           qvg::detail::quantize_residual_group(r.data(), g, want, search);
         }
         QVG_EXPECT(ids_ok) << what << "an id outside the slots in use";
@@ -342,7 +342,7 @@ QVG_TEST(all_settings_device_cache_profile_matches_cpu_decode_of_its_state) {
 // The same with init kmeans++ (the device cache refused it before the device encoder
 // seeded with kmeans++): every span chunk's new centroids and every whole encoding
 // start from kmeans++ picks; views as the CPU decode of the device's state.
-QVG_TEST(device_cache_kmeanspp_profile_matches_cpu_decode_of_its_state) {
+QVG_TEST(all_settings_device_cache_kmeanspp_profile_matches_cpu_decode_of_its_state) {
   int packed_rows = 0, refined_rows = 0, calls = 0;
   run_profile(0.0, packed_rows, refined_rows, calls, qvg::Init::KMeansPlusPlus);
   std::printf("  %d calls, %d packed view rows (%d refined) compared\n", calls, packed_rows, refined_rows);

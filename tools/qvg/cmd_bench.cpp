@@ -25,7 +25,9 @@ void run(const BenchArgs& a) {
   if (a.device == "cuda") {  // the GPU benchmarks of the CUDA backend (docs/cuda.md)
 #ifdef QVG_HAVE_CUDA
     std::string table;
-    const std::string json = perf::run_gpu_benchmarks(perf::GpuBenchOptions{a.quick, 20}, &table);
+    perf::GpuBenchOptions opt;
+    opt.quick = a.quick;
+    const std::string json = perf::run_gpu_benchmarks(opt, &table);
     fmt::print("qvg bench --device cuda{}\n{}", a.quick ? " (quick: reduced shapes)" : "", table);
     if (!a.json.empty()) {
       write_output_file(a.json, json, "--json");
