@@ -87,6 +87,17 @@ class Timer {
   cudaEvent_t a_{}, b_{};
 };
 
+/// The codec the encode and decode rows time (issue 41's: K = 256, 2 iterations,
+/// blocks of 64) at `bits`.
+CodecConfig bench_codec(int bits) {
+  CodecConfig cfg;
+  cfg.bits = bits;
+  cfg.centroids = 256;
+  cfg.kmeans_iters = 2;
+  cfg.block_size = 64;
+  return cfg;
+}
+
 struct Row {
   std::string name;
   double ms;
@@ -220,11 +231,7 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
     kernels::fill_clustered(x.data(), 0, sh.b, sh.s, sh.h, sh.d, 42, 1.0f, s);
     const ConstTensorView xv{x.data(), DType::BF16, sh};
     for (int bits : {2, 4}) {
-      CodecConfig cfg;
-      cfg.bits = bits;
-      cfg.centroids = 256;
-      cfg.kmeans_iters = 2;
-      cfg.block_size = 64;
+      const CodecConfig cfg = bench_codec(bits);
       // Where an encode's time goes: each phase's median over the repetitions (events
       // between the phases; the sum is near the encode's median, the events add a little).
       const auto phases = [&](const CodecConfig& c, const std::string& label, double enc_ms) {
@@ -424,11 +431,7 @@ std::string run_gpu_benchmarks(const GpuBenchOptions& opt, std::string* table) {
       DeviceBuffer x(size_t(sh.numel()) * 2, s);
       kernels::fill_clustered(x.data(), 0, sh.b, sh.s, sh.h, sh.d, 42, 1.0f, s);
       const ConstTensorView xv{x.data(), DType::BF16, sh};
-      CodecConfig kc;
-      kc.bits = 2;
-      kc.centroids = 256;
-      kc.kmeans_iters = 2;
-      kc.block_size = 64;
+      CodecConfig kc = bench_codec(2);
       kc.init = Init::KMeansPlusPlus;
       const int kreps = std::max(1, std::min(reps, 5));
       std::vector<double> init_ms;

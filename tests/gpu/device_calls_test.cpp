@@ -322,6 +322,21 @@ qvg::CacheOptions options() {
 constexpr int64_t kChunk = 32;
 const qvg::cuda::Stream kStream = reinterpret_cast<qvg::cuda::Stream>(0x1);
 
+/// The recommended profile at int2 with 8 centroids (small encodes on the fake runtime).
+qvg::QuantArgs recommended_int2() {
+  qvg::QuantArgs q =
+      qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
+  q.codec.centroids = 8;
+  return q;
+}
+/// `chunks` advances of `cache` from position 0, chunk c seeded seed + c.
+void feed(qvg::cuda::PackedCausalCache& cache, int chunks, uint32_t seed) {
+  for (int c = 0; c < chunks; ++c) {
+    const Chunk ch({1, kChunk, 2, 64}, seed + uint32_t(c));
+    (void)cache.update(ch.key, ch.value, c * kChunk, kStream);
+  }
+}
+
 QVG_TEST(packed_update_never_waits_and_runs_under_capture) {
   for (const char* profile : {"reference", "recommended"}) {
     qvg::QuantArgs q = qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", profile}});
@@ -374,15 +389,10 @@ QVG_TEST(the_first_update_refuses_a_capture_before_any_change) {
 }
 
 QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
-  qvg::QuantArgs q =
-      qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
-  q.codec.centroids = 8;
+  qvg::QuantArgs q = recommended_int2();
   q.span_break_ratio = 1.5;
   qvg::cuda::PackedCausalCache cache(options(), q);
-  for (int c = 0; c < 6; ++c) {
-    const Chunk ch({1, kChunk, 2, 64}, uint32_t(300 + c));
-    (void)cache.update(ch.key, ch.value, c * kChunk, kStream);
-  }
+  feed(cache, 6, 300);
   const Chunk next({1, kChunk, 2, 64}, 399);
   const int64_t end = cache.global_end();
   const size_t segs = cache.num_segments();
@@ -411,14 +421,8 @@ QVG_TEST(adaptive_span_breaks_refuse_a_capture_before_any_change) {
 // capture the same calls succeed; a captured step of the same size frees nothing
 // older (the fake's cudaFreeAsync check, packed_update_never_waits_and_runs_under_capture).
 QVG_TEST(a_capture_that_would_free_older_buffers_refuses_before_any_change) {
-  qvg::QuantArgs q =
-      qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
-  q.codec.centroids = 8;
-  qvg::cuda::PackedCausalCache cache(options(), q);
-  for (int c = 0; c < 7; ++c) {
-    const Chunk ch({1, kChunk, 2, 64}, uint32_t(800 + c));
-    (void)cache.update(ch.key, ch.value, c * kChunk, kStream);
-  }
+  qvg::cuda::PackedCausalCache cache(options(), recommended_int2());
+  feed(cache, 7, 800);
   const Chunk next({1, kChunk, 2, 64}, 899);
   const auto refused = [&](auto&& call, const char* what, const char* why) {
     fake::calls().clear();
@@ -620,14 +624,8 @@ QVG_TEST(device_dense_fork_copies_buffers_and_cursors) {
 }
 
 QVG_TEST(device_packed_fork_shares_the_encoded_history) {
-  qvg::QuantArgs q =
-      qvg::QuantArgs::from_flags({{"kv_cache_quant", "int2"}, {"kv_cache_quant_profile", "recommended"}});
-  q.codec.centroids = 8;
-  qvg::cuda::PackedCausalCache src(options(), q);
-  for (int c = 0; c < 10; ++c) {
-    const Chunk ch({1, kChunk, 2, 64}, uint32_t(700 + c));
-    (void)src.update(ch.key, ch.value, c * kChunk, kStream);
-  }
+  qvg::cuda::PackedCausalCache src(options(), recommended_int2());
+  feed(src, 10, 700);
   const size_t whole = src.resident_nbytes();
   QVG_EXPECT(src.shared_nbytes() == 0);
   size_t raw = 0;

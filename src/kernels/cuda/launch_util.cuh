@@ -1,5 +1,5 @@
 // src/kernels/cuda/launch_util.cuh — what the encoder's kernel files share: the block
-// size and grid sizing of their elementwise launches, two block reductions and the
+// size and grid sizing of their elementwise launches, three block reductions and the
 // in-order merge of run statistics across a segment of lanes. Included by
 // encode_kernels.cu, quantize_kernels.cu and span_kernels.cu only (internal linkage).
 #pragma once
@@ -35,6 +35,23 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     v = l < int(blockDim.x / 32) ? red[l] : 0.0f;
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   }
+  return v;  // valid in thread 0
+}
+
+// The block's largest (max) or sum (modulo 2^64) of the threads' v: xor shuffles in
+// each warp, then thread 0 over the warps' results in red[] (blockDim.x / 32 words).
+// Every thread of the block must call it; the result is valid in thread 0.
+__device__ __forceinline__ unsigned long long block_reduce_u64(unsigned long long v, bool max,
+                                                               unsigned long long* red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long y = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    v = max ? (y > v ? y : v) : v + y;
+  }
+  const int w = int(threadIdx.x / 32), l = int(threadIdx.x % 32);
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int i = 1; i < int(blockDim.x / 32); ++i) v = max ? (red[i] > v ? red[i] : v) : v + red[i];
   return v;  // valid in thread 0
 }
 

@@ -104,22 +104,8 @@ __global__ void mean_kernel(const float* r, int64_t G, int64_t S, int64_t D, flo
 // energy_blocks(S) blocks, each over kEnergyTokens tokens of its group. A block's
 // largest square (a max), then its sum of fixed-point terms (integers), each reduced
 // in the block and handed to one 64-bit global atomic per block: the same bits in any
-// order. gmax[g] holds the double's bits (non-negative doubles order like their bits),
-// gsum[g] the sum; both zeroed first.
-__device__ __forceinline__ unsigned long long block_reduce_u64(unsigned long long v, bool max,
-                                                               unsigned long long* red) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const unsigned long long y = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    v = max ? (y > v ? y : v) : v + y;
-  }
-  const int w = int(threadIdx.x / 32), l = int(threadIdx.x % 32);
-  if (l == 0) red[w] = v;
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int i = 1; i < int(blockDim.x / 32); ++i) v = max ? (red[i] > v ? red[i] : v) : v + red[i];
-  return v;  // valid in thread 0
-}
-
+// order (block_reduce_u64). gmax[g] holds the double's bits (non-negative doubles order
+// like their bits), gsum[g] the sum; both zeroed first.
 __global__ void energy_max_kernel(const __grid_constant__ QuantizeArgs a, int64_t bpg, unsigned long long* gmax) {
   __shared__ unsigned long long red[kThreads / 32];
   const int64_t g = blockIdx.x / bpg, blk = blockIdx.x % bpg;
